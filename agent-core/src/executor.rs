@@ -1,0 +1,495 @@
+//! The sequential executor: admits intents durably, runs one job at a time
+//! in arrival order, and reports through the durable outbox. Transports call
+//! [`Agent`]'s methods; the worker loop is [`Agent::run`].
+
+use crate::chain::{Chain, StepContext, StepOutcome};
+use crate::facts::{self, FactSources};
+use crate::ids::{DeviceId, JobId};
+use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
+use crate::model::{Heartbeat, HeldJob, JobState, JobStatus};
+use crate::store::{JobRecord, OutboxEntry, Store, StoreError};
+use crate::wire::IntentError;
+use crate::{Intent, model::StepState};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+/// A test-only pause: before running `step`, the worker writes `reached` and
+/// waits while `hold` exists, so a test can kill the agent mid-job.
+#[derive(Debug, Clone)]
+pub struct TestHold {
+    pub step: String,
+    pub hold: PathBuf,
+    pub reached: PathBuf,
+}
+
+pub struct Settings {
+    pub device_id: DeviceId,
+    pub boot_id: String,
+    pub agent_version: String,
+    pub limits: Limits,
+    /// Terminal jobs kept for `jobs` and duplicate detection.
+    pub keep_jobs: usize,
+    pub facts: FactSources,
+    pub test_hold: Option<TestHold>,
+}
+
+/// What a transport tells the agent about its link, for `status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkState {
+    pub transport: String,
+    pub connected: bool,
+    pub last_contact: Option<Timestamp>,
+    pub last_error: Option<String>,
+}
+
+/// The answer to `drover-agent status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    pub device_id: DeviceId,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub capabilities: Vec<String>,
+    pub link: LinkState,
+    pub current_job: Option<JobStatus>,
+    pub queued_jobs: usize,
+    pub outbox_pending: usize,
+}
+
+/// How an intent was answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmitReply {
+    pub status: JobStatus,
+    pub duplicate: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// The intent could not even be tied to a job id; nothing was recorded.
+    #[error("{0}")]
+    Unreadable(IntentError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub struct Agent {
+    settings: Settings,
+    store: Arc<dyn Store>,
+    chains: Vec<Arc<dyn Chain>>,
+    /// Serialises admission's read-check-write. A std Mutex: no await while held.
+    admission: Mutex<()>,
+    wake: Notify,
+    outbox_changed: Notify,
+    heartbeat_wanted: Notify,
+    link: Mutex<LinkState>,
+}
+
+impl Agent {
+    pub fn new(
+        settings: Settings,
+        store: Arc<dyn Store>,
+        chains: Vec<Arc<dyn Chain>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
+            store,
+            chains,
+            admission: Mutex::new(()),
+            wake: Notify::new(),
+            outbox_changed: Notify::new(),
+            heartbeat_wanted: Notify::new(),
+            link: Mutex::new(LinkState::default()),
+        })
+    }
+
+    pub fn device_id(&self) -> &DeviceId {
+        &self.settings.device_id
+    }
+
+    pub fn boot_id(&self) -> &str {
+        &self.settings.boot_id
+    }
+
+    pub fn capabilities(&self) -> Vec<String> {
+        self.chains.iter().map(|c| c.kind().to_owned()).collect()
+    }
+
+    fn chain(&self, kind: &str) -> Option<&Arc<dyn Chain>> {
+        self.chains.iter().find(|c| c.kind() == kind)
+    }
+
+    /// Records an intent durably before anything else happens to it (A1) and
+    /// returns the status to report. A known job id is answered with its
+    /// stored status and never runs again.
+    pub fn admit(&self, parsed: Result<Intent, IntentError>) -> Result<AdmitReply, AdmitError> {
+        let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let job_id = match &parsed {
+            Ok(intent) => Some(intent.job_id),
+            Err(e) => e.job_id,
+        };
+        let existing = match job_id {
+            Some(id) => self.store.job(id)?,
+            None => None,
+        };
+        let busy = existing.is_none()
+            && self
+                .store
+                .jobs()?
+                .iter()
+                .any(|r| !r.status.state.is_terminal());
+        let steps = match &parsed {
+            Ok(intent) => self.chain(intent.kind.name()).map(|c| c.steps()),
+            Err(_) => None,
+        };
+        let arrival = if existing.is_none() {
+            self.store.next("arrival")?
+        } else {
+            0
+        };
+        let ctx = AdmitContext {
+            device_id: &self.settings.device_id,
+            boot_id: &self.settings.boot_id,
+            now: Timestamp::now(),
+            arrival,
+            busy,
+            steps,
+        };
+        let admission = lifecycle::admit(existing, parsed, &ctx).map_err(AdmitError::Unreadable)?;
+        let (record, duplicate) = match admission {
+            Admission::New(record) => {
+                info!(job_id = %record.status.job_id, state = ?record.status.state, "job admitted");
+                (record, false)
+            }
+            Admission::Refused(record) => {
+                warn!(job_id = %record.status.job_id, error = ?record.status.error, "intent refused");
+                (record, false)
+            }
+            Admission::Duplicate(record) => {
+                info!(job_id = %record.status.job_id, state = ?record.status.state, "duplicate delivery answered with the stored status");
+                (record, true)
+            }
+        };
+        // A duplicate's status is reported again: the sender evidently lacks it.
+        self.store.save(&record, true)?;
+        self.outbox_changed.notify_one();
+        self.wake.notify_one();
+        Ok(AdmitReply {
+            status: record.status,
+            duplicate,
+        })
+    }
+
+    /// Cancels a job that has not started. A started job is never interrupted.
+    pub fn cancel(&self, job_id: JobId) -> Result<Option<JobStatus>, StoreError> {
+        let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(record) = self.store.job(job_id)? else {
+            return Ok(None);
+        };
+        let (record, persist, _) = lifecycle::transition(
+            record,
+            Event::Cancel {
+                now: Timestamp::now(),
+            },
+            self.settings.limits,
+        );
+        self.persist(&record, persist)?;
+        Ok(Some(record.status))
+    }
+
+    /// Jobs the agent still holds: unfinished ones and those whose final
+    /// status has not been confirmed yet.
+    pub fn held_jobs(&self) -> Result<Vec<HeldJob>, StoreError> {
+        let unconfirmed: std::collections::HashSet<JobId> = self
+            .store
+            .outbox(usize::MAX)?
+            .into_iter()
+            .map(|e| e.status.job_id)
+            .collect();
+        Ok(self
+            .store
+            .jobs()?
+            .into_iter()
+            .filter(|r| !r.status.state.is_terminal() || unconfirmed.contains(&r.status.job_id))
+            .map(|r| HeldJob {
+                job_id: r.status.job_id,
+                state: r.status.state,
+            })
+            .collect())
+    }
+
+    pub fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.store.outbox(limit)
+    }
+
+    pub fn outbox_ack(&self, id: u64) -> Result<(), StoreError> {
+        self.store.outbox_ack(id)
+    }
+
+    /// Woken whenever a status enters the outbox.
+    pub fn outbox_changed(&self) -> &Notify {
+        &self.outbox_changed
+    }
+
+    /// Woken when a heartbeat should go out now (a job just completed).
+    pub fn heartbeat_wanted(&self) -> &Notify {
+        &self.heartbeat_wanted
+    }
+
+    pub fn heartbeat(&self) -> Result<Heartbeat, StoreError> {
+        Ok(Heartbeat {
+            device_id: self.settings.device_id.clone(),
+            boot_id: self.settings.boot_id.clone(),
+            seq: self.store.next("heartbeat")?,
+            agent_version: self.settings.agent_version.clone(),
+            capabilities: self.capabilities(),
+            uptime_seconds: facts::uptime_seconds(),
+            os_release: self.settings.facts.os_release(),
+            architecture: facts::debian_architecture().to_owned(),
+            inventory_digest: self.settings.facts.inventory_digest(),
+            sent_at: Timestamp::now(),
+        })
+    }
+
+    pub fn update_link(&self, update: impl FnOnce(&mut LinkState)) {
+        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        update(&mut link);
+    }
+
+    pub fn info(&self) -> Result<AgentInfo, StoreError> {
+        let jobs = self.store.jobs()?;
+        let current_job = jobs
+            .iter()
+            .find(|r| matches!(r.status.state, JobState::Running | JobState::AwaitingReboot))
+            .map(|r| r.status.clone());
+        let queued_jobs = jobs
+            .iter()
+            .filter(|r| matches!(r.status.state, JobState::Accepted | JobState::Waiting))
+            .count();
+        Ok(AgentInfo {
+            device_id: self.settings.device_id.clone(),
+            agent_version: self.settings.agent_version.clone(),
+            boot_id: self.settings.boot_id.clone(),
+            capabilities: self.capabilities(),
+            link: self.link.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            current_job,
+            queued_jobs,
+            outbox_pending: self.store.outbox(usize::MAX)?.len(),
+        })
+    }
+
+    /// The newest `limit` jobs, newest first.
+    pub fn recent_jobs(&self, limit: usize) -> Result<Vec<JobStatus>, StoreError> {
+        let jobs = self.store.jobs()?;
+        Ok(jobs
+            .into_iter()
+            .rev()
+            .take(limit)
+            .map(|r| r.status)
+            .collect())
+    }
+
+    fn persist(&self, record: &JobRecord, persist: Persist) -> Result<(), StoreError> {
+        match persist {
+            Persist::Nothing => return Ok(()),
+            Persist::Save => self.store.save(record, false)?,
+            Persist::Report => {
+                self.store.save(record, true)?;
+                self.outbox_changed.notify_one();
+            }
+        }
+        if record.status.state == JobState::Succeeded {
+            self.heartbeat_wanted.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The next job to work on: an interrupted one first, else the oldest queued.
+    fn next_job(&self) -> Result<Option<JobRecord>, StoreError> {
+        let jobs = self.store.jobs()?;
+        let interrupted = jobs
+            .iter()
+            .find(|r| matches!(r.status.state, JobState::Running | JobState::AwaitingReboot));
+        if let Some(record) = interrupted {
+            return Ok(Some(record.clone()));
+        }
+        Ok(jobs
+            .into_iter()
+            .find(|r| matches!(r.status.state, JobState::Accepted | JobState::Waiting)))
+    }
+
+    /// The worker loop: one job at a time until `shutdown`. A job interrupted
+    /// by shutdown stays Running and resumes at its current step next time.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            match self.next_job() {
+                Ok(Some(record)) => {
+                    let job_id = record.status.job_id;
+                    let span = info_span!("job", job_id = %job_id, kind = %record.status.kind);
+                    let result = self.run_job(record, &shutdown).instrument(span).await;
+                    if let Err(e) = result {
+                        // A store error is not the job's fault; wait and pick it up again.
+                        error!(job_id = %job_id, error = %e, "cannot record job progress; retrying in 5 s");
+                        sleep_or_shutdown(Duration::from_secs(5), &shutdown).await;
+                    }
+                    if let Err(e) = self.store.prune(self.settings.keep_jobs) {
+                        warn!(error = %e, "cannot prune old jobs");
+                    }
+                }
+                Ok(None) => {
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "cannot read the job queue; retrying in 5 s");
+                    sleep_or_shutdown(Duration::from_secs(5), &shutdown).await;
+                }
+            }
+        }
+    }
+
+    async fn run_job(
+        &self,
+        mut record: JobRecord,
+        shutdown: &CancellationToken,
+    ) -> Result<(), StoreError> {
+        let limits = self.settings.limits;
+        let chain = self.chain(&record.status.kind).cloned();
+        let mut event = Event::Pick {
+            now: Timestamp::now(),
+            boot_id: self.settings.boot_id.clone(),
+        };
+        loop {
+            let (next_record, persist, next) = lifecycle::transition(record, event, limits);
+            record = next_record;
+            self.persist(&record, persist)?;
+            if persist == Persist::Report {
+                info!(state = ?record.status.state, step = current_step_name(&record), "job progress");
+            }
+            let Some(chain) = chain.as_ref() else {
+                if next != Next::Stop {
+                    // Only a job stored by an agent that had this kind gets here.
+                    event = Event::StepFinished {
+                        now: Timestamp::now(),
+                        boot_id: self.settings.boot_id.clone(),
+                        outcome: StepOutcome::Fail(format!(
+                            "this agent no longer supports {}",
+                            record.status.kind
+                        )),
+                    };
+                    continue;
+                }
+                return Ok(());
+            };
+            let index = match next {
+                Next::Stop => return Ok(()),
+                Next::RunStep(index) => index,
+                Next::RetryStep { index, after } => {
+                    if !sleep_or_shutdown(after, shutdown).await {
+                        return Ok(());
+                    }
+                    index
+                }
+                Next::Reboot => {
+                    info!("rebooting the device");
+                    match chain.reboot().await {
+                        Ok(()) => {
+                            // The device goes down under us; nothing more to do in this boot.
+                            shutdown.cancelled().await;
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            error!(error = %e, "reboot failed; asking again in 60 s");
+                            if !sleep_or_shutdown(Duration::from_secs(60), shutdown).await {
+                                return Ok(());
+                            }
+                            event = Event::Pick {
+                                now: Timestamp::now(),
+                                boot_id: self.settings.boot_id.clone(),
+                            };
+                            continue;
+                        }
+                    }
+                }
+            };
+            let step_name = record.status.steps[index].name.clone();
+            if !self.test_hold(&step_name, shutdown).await {
+                return Ok(());
+            }
+            let step = &record.status.steps[index];
+            let mut output = record.status.output.clone();
+            let ctx = StepContext {
+                job_id: record.status.job_id,
+                step: &step_name,
+                started_at: step.started_at.unwrap_or_else(Timestamp::now),
+                tries: step.tries,
+                output: &mut output,
+            };
+            let outcome = tokio::select! {
+                outcome = chain.run_step(ctx) => outcome,
+                _ = shutdown.cancelled() => {
+                    info!(step = %step_name, "stopping mid-step; the job resumes at this step");
+                    return Ok(());
+                }
+            };
+            record.status.output = output;
+            event = Event::StepFinished {
+                now: Timestamp::now(),
+                boot_id: self.settings.boot_id.clone(),
+                outcome,
+            };
+        }
+    }
+
+    /// Returns false when shutdown came while holding.
+    async fn test_hold(&self, step: &str, shutdown: &CancellationToken) -> bool {
+        let Some(hold) = &self.settings.test_hold else {
+            return true;
+        };
+        if hold.step != step {
+            return true;
+        }
+        if let Err(e) = std::fs::write(&hold.reached, step) {
+            warn!(error = %e, "test hold: cannot write the reached marker");
+        }
+        while hold.hold.exists() {
+            if !sleep_or_shutdown(Duration::from_millis(100), shutdown).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn current_step_name(record: &JobRecord) -> &str {
+    record
+        .status
+        .steps
+        .iter()
+        .find(|s| s.state != StepState::Done)
+        .map(|s| s.name.as_str())
+        .unwrap_or("-")
+}
+
+/// Sleeps; returns false if shutdown came first.
+async fn sleep_or_shutdown(duration: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+#[cfg(test)]
+#[path = "executor_tests.rs"]
+mod tests;

@@ -1,0 +1,177 @@
+//! The executor against a real redb store and a counting chain.
+
+use super::*;
+use crate::chain::BoxFuture;
+use crate::model::JobKind;
+use crate::store::RedbStore;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A chain whose steps count how often they ran.
+#[derive(Default)]
+struct Counting {
+    runs: Mutex<HashMap<String, u32>>,
+    total: AtomicU32,
+}
+
+impl Chain for Counting {
+    fn kind(&self) -> &'static str {
+        "systemUpgradeV1"
+    }
+    fn steps(&self) -> &'static [&'static str] {
+        &["first", "second"]
+    }
+    fn run_step<'a>(&'a self, ctx: StepContext<'a>) -> BoxFuture<'a, StepOutcome> {
+        Box::pin(async move {
+            *self
+                .runs
+                .lock()
+                .expect("lock")
+                .entry(ctx.step.to_owned())
+                .or_default() += 1;
+            self.total.fetch_add(1, Ordering::SeqCst);
+            StepOutcome::Done
+        })
+    }
+}
+
+fn settings(dir: &std::path::Path, hold: Option<TestHold>) -> Settings {
+    Settings {
+        device_id: DeviceId::new("device-1").expect("valid"),
+        boot_id: "boot-a".into(),
+        agent_version: "test".into(),
+        limits: Limits { max_resumes: 5 },
+        keep_jobs: 100,
+        facts: FactSources {
+            root: dir.to_owned(),
+        },
+        test_hold: hold,
+    }
+}
+
+fn intent(expires_in: i64) -> Intent {
+    let now = Timestamp::now();
+    Intent {
+        job_id: JobId::random(),
+        device_id: DeviceId::new("device-1").expect("valid"),
+        kind: JobKind::system_upgrade(),
+        attempt: 1,
+        created_at: now,
+        expires_at: now + jiff::SignedDuration::from_secs(expires_in),
+        timeout_seconds: 60,
+    }
+}
+
+async fn wait_for_state(agent: &Agent, job: JobId, state: JobState) -> JobStatus {
+    for _ in 0..200 {
+        if let Some(status) = agent
+            .recent_jobs(100)
+            .expect("jobs")
+            .into_iter()
+            .find(|s| s.job_id == job)
+        {
+            if status.state == state {
+                return status;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("job {job} never reached {state:?}");
+}
+
+#[tokio::test]
+async fn a_job_runs_once_and_a_duplicate_is_answered_from_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(RedbStore::open(&dir.path().join("a.redb")).expect("open"));
+    let chain = Arc::new(Counting::default());
+    let agent = Agent::new(settings(dir.path(), None), store, vec![chain.clone()]);
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+
+    let job = intent(3600);
+    let first = agent.admit(Ok(job.clone())).expect("admit");
+    assert!(!first.duplicate);
+    let done = wait_for_state(&agent, job.job_id, JobState::Succeeded).await;
+    assert!(done.completion_heartbeat_at.is_some());
+    let again = agent.admit(Ok(job.clone())).expect("admit again");
+    assert!(again.duplicate);
+    assert_eq!(again.status.state, JobState::Succeeded);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        chain.total.load(Ordering::SeqCst),
+        2,
+        "two steps, each once"
+    );
+
+    let expired = intent(-5);
+    let reply = agent.admit(Ok(expired)).expect("admit expired");
+    assert_eq!(reply.status.state, JobState::Expired);
+    assert_eq!(
+        chain.total.load(Ordering::SeqCst),
+        2,
+        "an expired intent never starts"
+    );
+    shutdown.cancel();
+    worker.await.expect("worker");
+}
+
+#[tokio::test]
+async fn a_job_interrupted_mid_step_resumes_at_that_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("a.redb");
+    let hold = TestHold {
+        step: "second".into(),
+        hold: dir.path().join("hold"),
+        reached: dir.path().join("reached"),
+    };
+    std::fs::write(&hold.hold, "").expect("hold");
+    let job = intent(3600);
+    let first_chain = Arc::new(Counting::default());
+    {
+        let store = Arc::new(RedbStore::open(&db).expect("open"));
+        let agent = Agent::new(
+            settings(dir.path(), Some(hold.clone())),
+            store,
+            vec![first_chain.clone()],
+        );
+        let shutdown = CancellationToken::new();
+        let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+        agent.admit(Ok(job.clone())).expect("admit");
+        for _ in 0..200 {
+            if hold.reached.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(hold.reached.exists(), "the job reached the held step");
+        shutdown.cancel();
+        worker.await.expect("worker");
+    }
+    std::fs::remove_file(&hold.hold).expect("release");
+    let second_chain = Arc::new(Counting::default());
+    let store = Arc::new(RedbStore::open(&db).expect("reopen"));
+    let agent = Agent::new(
+        settings(dir.path(), Some(hold)),
+        store,
+        vec![second_chain.clone()],
+    );
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+    let status = wait_for_state(&agent, job.job_id, JobState::Succeeded).await;
+    assert_eq!(
+        first_chain.runs.lock().expect("lock").get("first"),
+        Some(&1)
+    );
+    assert_eq!(
+        second_chain.runs.lock().expect("lock").get("first"),
+        None,
+        "a done step never runs again"
+    );
+    assert_eq!(
+        second_chain.runs.lock().expect("lock").get("second"),
+        Some(&1)
+    );
+    assert_eq!(status.steps[1].tries, 1);
+    shutdown.cancel();
+    worker.await.expect("worker");
+}

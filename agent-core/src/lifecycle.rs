@@ -1,0 +1,382 @@
+//! The job lifecycle as pure functions: admission of an intent and the
+//! transition of a job record on each event. No I/O happens here; the
+//! executor persists what these return and then performs the next action.
+
+use crate::chain::StepOutcome;
+use crate::ids::DeviceId;
+use crate::model::{Intent, JobState, JobStatus, StepRecord, StepState};
+use crate::store::{JobRecord, Origin};
+use crate::wire::IntentError;
+use crate::{MAX_ERROR_BYTES, bounded};
+use jiff::Timestamp;
+use std::time::Duration;
+
+/// What the agent knows when an intent arrives.
+pub struct AdmitContext<'a> {
+    pub device_id: &'a DeviceId,
+    pub boot_id: &'a str,
+    pub now: Timestamp,
+    pub arrival: u64,
+    /// Another job is queued or running (A2).
+    pub busy: bool,
+    /// The steps of the intent's kind, or None when this agent lacks the kind.
+    pub steps: Option<&'static [&'static str]>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// A new job, recorded as Accepted or Waiting (or Expired on arrival).
+    New(JobRecord),
+    /// The job id is known: answer with the stored status, run nothing (A1).
+    Duplicate(JobRecord),
+    /// Refused with a reason, recorded so a redelivery gets the same answer.
+    Refused(JobRecord),
+}
+
+/// Decides what to do with an intent. `existing` is the stored record with
+/// the same job id, if any. An error without a job id cannot be recorded and
+/// is returned to the transport to log and answer.
+pub fn admit(
+    existing: Option<JobRecord>,
+    parsed: Result<Intent, IntentError>,
+    ctx: &AdmitContext<'_>,
+) -> Result<Admission, IntentError> {
+    if let Some(record) = existing {
+        return Ok(Admission::Duplicate(record));
+    }
+    let intent = match parsed {
+        Ok(intent) => intent,
+        Err(error) => {
+            let Some(job_id) = error.job_id else {
+                return Err(error);
+            };
+            let mut status = new_status(ctx, job_id, error.attempt);
+            status.kind = error.kind.clone().unwrap_or_else(|| "unknown".into());
+            return Ok(Admission::Refused(refuse(status, &error.reason, ctx)));
+        }
+    };
+    let mut status = new_status(ctx, intent.job_id, intent.attempt);
+    status.kind = intent.kind.name().into();
+    if &intent.device_id != ctx.device_id {
+        let reason = format!(
+            "intent is for device {}, this agent is {}",
+            intent.device_id, ctx.device_id
+        );
+        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+    }
+    let Some(steps) = ctx.steps else {
+        let reason = format!(
+            "this agent does not support job kind {}",
+            intent.kind.name()
+        );
+        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+    };
+    status.steps = steps.iter().map(|s| StepRecord::pending(s)).collect();
+    if ctx.now >= intent.expires_at {
+        status.state = JobState::Expired;
+        status.finished_at = Some(ctx.now);
+        status.error = Some(format!(
+            "intent expired at {} before it could start",
+            intent.expires_at
+        ));
+    } else if ctx.busy {
+        status.state = JobState::Waiting;
+    }
+    Ok(Admission::New(JobRecord {
+        intent: Some(intent),
+        status,
+        origin: Origin::Fleet,
+        arrival: ctx.arrival,
+        resumes: 0,
+        reboot_from_boot: None,
+    }))
+}
+
+fn new_status(ctx: &AdmitContext<'_>, job_id: crate::JobId, attempt: u32) -> JobStatus {
+    JobStatus {
+        job_id,
+        device_id: ctx.device_id.clone(),
+        attempt,
+        kind: String::new(),
+        state: JobState::Accepted,
+        steps: Vec::new(),
+        error: None,
+        output: None,
+        accepted_at: ctx.now,
+        started_at: None,
+        finished_at: None,
+        boot_id: ctx.boot_id.to_owned(),
+        completion_heartbeat_at: None,
+        seq: 1,
+    }
+}
+
+fn refuse(mut status: JobStatus, reason: &str, ctx: &AdmitContext<'_>) -> JobRecord {
+    status.state = JobState::Rejected;
+    status.error = Some(bounded(reason, MAX_ERROR_BYTES));
+    status.finished_at = Some(ctx.now);
+    JobRecord {
+        intent: None,
+        status,
+        origin: Origin::Fleet,
+        arrival: ctx.arrival,
+        resumes: 0,
+        reboot_from_boot: None,
+    }
+}
+
+/// Something that happens to a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The worker takes the job up: for the first time, or again after the
+    /// agent stopped while it ran.
+    Pick { now: Timestamp, boot_id: String },
+    /// The current step ran to an outcome.
+    StepFinished {
+        now: Timestamp,
+        boot_id: String,
+        outcome: StepOutcome,
+    },
+    /// An operator or the control plane asked to cancel.
+    Cancel { now: Timestamp },
+}
+
+/// How the new record must be made durable before the next action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    Nothing,
+    Save,
+    /// Save and append the status to the outbox in the same transaction.
+    Report,
+}
+
+/// What the executor does once the record is durable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    RunStep(usize),
+    RetryStep {
+        index: usize,
+        after: Duration,
+    },
+    Reboot,
+    /// Nothing more to do for this job now (terminal, or refused an event).
+    Stop,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A job picked up again more often than this fails (A10).
+    pub max_resumes: u32,
+}
+
+/// The transition table of a job. Pure: same inputs, same outputs. Every
+/// change bumps the status sequence number, so receivers can drop stale copies.
+pub fn transition(record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Persist, Next) {
+    let (mut record, persist, next) = decide(record, event, limits);
+    if persist != Persist::Nothing {
+        record.status.seq += 1;
+    }
+    (record, persist, next)
+}
+
+fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let state = record.status.state;
+    match (state, event) {
+        (Succeeded | Failed | Expired | Rejected | Canceled, _) => {
+            (record, Persist::Nothing, Next::Stop)
+        }
+        (Accepted | Waiting, Event::Pick { now, .. }) => {
+            let expired = record
+                .intent
+                .as_ref()
+                .is_some_and(|intent| now >= intent.expires_at);
+            if expired {
+                let expires_at = record.intent.as_ref().map(|i| i.expires_at);
+                finish(&mut record, Expired, now);
+                record.status.error = expires_at
+                    .map(|at| format!("intent expired at {at} while it waited in the queue"));
+                return (record, Persist::Report, Next::Stop);
+            }
+            record.status.state = Running;
+            record.status.started_at = Some(now);
+            match start_step(&mut record, 0, now) {
+                Some(index) => (record, Persist::Report, Next::RunStep(index)),
+                None => {
+                    succeed(&mut record, now);
+                    (record, Persist::Report, Next::Stop)
+                }
+            }
+        }
+        (Running, Event::Pick { now, .. }) => {
+            record.resumes += 1;
+            if record.resumes > limits.max_resumes {
+                return give_up(record, now);
+            }
+            let index = current_step(&record);
+            match index {
+                Some(index) => {
+                    start_step(&mut record, index, now);
+                    (record, Persist::Save, Next::RunStep(index))
+                }
+                None => {
+                    succeed(&mut record, now);
+                    (record, Persist::Report, Next::Stop)
+                }
+            }
+        }
+        (AwaitingReboot, Event::Pick { now, boot_id }) => {
+            let rebooted = record
+                .reboot_from_boot
+                .as_deref()
+                .is_some_and(|before| before != boot_id);
+            if !rebooted {
+                // The agent restarted but the device did not: ask again.
+                record.resumes += 1;
+                if record.resumes > limits.max_resumes {
+                    return give_up(record, now);
+                }
+                return (record, Persist::Save, Next::Reboot);
+            }
+            record.reboot_from_boot = None;
+            record.status.state = Running;
+            record.status.boot_id = boot_id;
+            let Some(index) = current_step(&record) else {
+                succeed(&mut record, now);
+                return (record, Persist::Report, Next::Stop);
+            };
+            complete_step(&mut record, index, now);
+            match start_step(&mut record, index + 1, now) {
+                Some(next) => (record, Persist::Report, Next::RunStep(next)),
+                None => {
+                    succeed(&mut record, now);
+                    (record, Persist::Report, Next::Stop)
+                }
+            }
+        }
+        (
+            Running,
+            Event::StepFinished {
+                now,
+                boot_id,
+                outcome,
+            },
+        ) => {
+            let Some(index) = current_step(&record) else {
+                succeed(&mut record, now);
+                return (record, Persist::Report, Next::Stop);
+            };
+            record.status.steps[index].tries += 1;
+            match outcome {
+                StepOutcome::Done => {
+                    complete_step(&mut record, index, now);
+                    match start_step(&mut record, index + 1, now) {
+                        Some(next) => (record, Persist::Report, Next::RunStep(next)),
+                        None => {
+                            succeed(&mut record, now);
+                            (record, Persist::Report, Next::Stop)
+                        }
+                    }
+                }
+                StepOutcome::RetryAfter { after, reason } => {
+                    record.status.steps[index].error = Some(bounded(reason, MAX_ERROR_BYTES));
+                    (record, Persist::Save, Next::RetryStep { index, after })
+                }
+                StepOutcome::Reboot => {
+                    record.status.state = AwaitingReboot;
+                    record.reboot_from_boot = Some(boot_id);
+                    (record, Persist::Report, Next::Reboot)
+                }
+                StepOutcome::Fail(error) => {
+                    let error = bounded(error, MAX_ERROR_BYTES);
+                    let step = &mut record.status.steps[index];
+                    step.state = StepState::Failed;
+                    step.seconds = seconds_since(step.started_at, now);
+                    step.error = Some(error.clone());
+                    finish(&mut record, Failed, now);
+                    let message = format!("step {} failed: {error}", step_name(&record, index));
+                    record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
+                    (record, Persist::Report, Next::Stop)
+                }
+            }
+        }
+        (Accepted | Waiting, Event::Cancel { now }) => {
+            finish(&mut record, Canceled, now);
+            record.status.error = Some("canceled before it started".into());
+            (record, Persist::Report, Next::Stop)
+        }
+        // A started job is never interrupted: apt and dpkg run to the end (A3).
+        (Running | AwaitingReboot, Event::Cancel { .. }) => (record, Persist::Nothing, Next::Stop),
+        // A step cannot finish while the job is not running; ignore the stray event.
+        (Accepted | Waiting | AwaitingReboot, Event::StepFinished { .. }) => {
+            (record, Persist::Nothing, Next::Stop)
+        }
+    }
+}
+
+fn step_name(record: &JobRecord, index: usize) -> String {
+    record.status.steps[index].name.clone()
+}
+
+/// The first step not yet done.
+fn current_step(record: &JobRecord) -> Option<usize> {
+    record
+        .status
+        .steps
+        .iter()
+        .position(|s| s.state != StepState::Done)
+}
+
+/// Marks step `index` running if it is pending; returns it when it exists.
+fn start_step(record: &mut JobRecord, index: usize, now: Timestamp) -> Option<usize> {
+    let step = record.status.steps.get_mut(index)?;
+    if step.state == StepState::Pending {
+        step.state = StepState::Running;
+        step.started_at = Some(now);
+    }
+    Some(index)
+}
+
+fn complete_step(record: &mut JobRecord, index: usize, now: Timestamp) {
+    if let Some(step) = record.status.steps.get_mut(index) {
+        step.state = StepState::Done;
+        step.seconds = seconds_since(step.started_at, now);
+        step.error = None;
+    }
+}
+
+fn seconds_since(start: Option<Timestamp>, now: Timestamp) -> Option<f64> {
+    start.map(|s| (now.as_millisecond() - s.as_millisecond()).max(0) as f64 / 1000.0)
+}
+
+fn finish(record: &mut JobRecord, state: JobState, now: Timestamp) {
+    record.status.state = state;
+    record.status.finished_at = Some(now);
+}
+
+fn succeed(record: &mut JobRecord, now: Timestamp) {
+    finish(record, JobState::Succeeded, now);
+    // The heartbeat the executor sends right after this is the completion
+    // heartbeat; its time is recorded with the status it confirms (A6).
+    record.status.completion_heartbeat_at = Some(now);
+    record.status.error = None;
+}
+
+fn give_up(mut record: JobRecord, now: Timestamp) -> (JobRecord, Persist, Next) {
+    let resumes = record.resumes;
+    if let Some(index) = current_step(&record) {
+        let step = &mut record.status.steps[index];
+        step.state = StepState::Failed;
+        step.error = Some("interrupted too many times".into());
+    }
+    finish(&mut record, JobState::Failed, now);
+    record.status.error = Some(format!(
+        "job was picked up again {resumes} times after the agent stopped while it ran \
+         (a crash or reboot loop); giving up instead of looping"
+    ));
+    (record, Persist::Report, Next::Stop)
+}
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

@@ -1,0 +1,318 @@
+//! Table tests of the job lifecycle: each row is (state before, event,
+//! expected state, persist, next).
+
+use super::*;
+use crate::JobId;
+use crate::model::JobKind;
+
+const STEPS: &[&str] = &["preflight", "work", "reboot", "confirm"];
+const LIMITS: Limits = Limits { max_resumes: 3 };
+
+fn t(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("valid time")
+}
+
+fn device() -> DeviceId {
+    DeviceId::new("device-1").expect("valid")
+}
+
+fn intent(expires_in: i64) -> Intent {
+    Intent {
+        job_id: JobId::random(),
+        device_id: device(),
+        kind: JobKind::system_upgrade(),
+        attempt: 1,
+        created_at: t(0),
+        expires_at: t(expires_in),
+        timeout_seconds: 1500,
+    }
+}
+
+fn ctx<'a>(
+    device: &'a DeviceId,
+    busy: bool,
+    steps: Option<&'static [&'static str]>,
+) -> AdmitContext<'a> {
+    AdmitContext {
+        device_id: device,
+        boot_id: "boot-a",
+        now: t(10),
+        arrival: 1,
+        busy,
+        steps,
+    }
+}
+
+fn admitted(expires_in: i64) -> JobRecord {
+    let device = device();
+    match admit(
+        None,
+        Ok(intent(expires_in)),
+        &ctx(&device, false, Some(STEPS)),
+    ) {
+        Ok(Admission::New(record)) => record,
+        other => panic!("expected a new job, got {other:?}"),
+    }
+}
+
+fn pick(now: i64, boot: &str) -> Event {
+    Event::Pick {
+        now: t(now),
+        boot_id: boot.into(),
+    }
+}
+
+fn finished(now: i64, outcome: StepOutcome) -> Event {
+    Event::StepFinished {
+        now: t(now),
+        boot_id: "boot-a".into(),
+        outcome,
+    }
+}
+
+/// Drives a record through events and checks the last transition.
+fn check(events: Vec<Event>, expected: (JobState, Persist, Next)) -> JobRecord {
+    let mut record = admitted(3600);
+    let mut last = (Persist::Nothing, Next::Stop);
+    for event in events {
+        let (next_record, persist, next) = transition(record, event, LIMITS);
+        record = next_record;
+        last = (persist, next);
+    }
+    assert_eq!((record.status.state, last.0, last.1), expected);
+    record
+}
+
+#[test]
+fn admission_table() {
+    let me = device();
+    let fresh = intent(3600);
+    let cases: Vec<(
+        &str,
+        Result<Intent, IntentError>,
+        bool,
+        Option<&'static [&'static str]>,
+        &str,
+        JobState,
+    )> = vec![
+        (
+            "idle agent accepts",
+            Ok(fresh.clone()),
+            false,
+            Some(STEPS),
+            "",
+            JobState::Accepted,
+        ),
+        (
+            "busy agent queues",
+            Ok(fresh.clone()),
+            true,
+            Some(STEPS),
+            "",
+            JobState::Waiting,
+        ),
+        (
+            "expired on arrival",
+            Ok(intent(5)),
+            false,
+            Some(STEPS),
+            "expired",
+            JobState::Expired,
+        ),
+        (
+            "another device's intent",
+            Ok(Intent {
+                device_id: DeviceId::new("device-2").expect("valid"),
+                ..fresh.clone()
+            }),
+            false,
+            Some(STEPS),
+            "intent is for device device-2",
+            JobState::Rejected,
+        ),
+        (
+            "kind without a chain",
+            Ok(fresh.clone()),
+            false,
+            None,
+            "does not support",
+            JobState::Rejected,
+        ),
+        (
+            "unknown kind with a job id",
+            Err(IntentError {
+                job_id: Some(JobId::random()),
+                device_id: None,
+                kind: Some("containerV1".into()),
+                attempt: 1,
+                reason: "unknown job kind \"containerV1\"".into(),
+            }),
+            false,
+            Some(STEPS),
+            "unknown job kind",
+            JobState::Rejected,
+        ),
+    ];
+    for (name, parsed, busy, steps, error, state) in cases {
+        let got = admit(None, parsed, &ctx(&me, busy, steps)).expect(name);
+        let record = match got {
+            Admission::New(r) | Admission::Refused(r) => r,
+            Admission::Duplicate(_) => panic!("{name}: unexpected duplicate"),
+        };
+        assert_eq!(record.status.state, state, "{name}");
+        let got_error = record.status.error.unwrap_or_default();
+        assert!(got_error.contains(error), "{name}: {got_error}");
+    }
+}
+
+#[test]
+fn a_known_job_id_is_a_duplicate_and_an_unreadable_one_is_an_error() {
+    let me = device();
+    let record = admitted(3600);
+    let again = admit(
+        Some(record.clone()),
+        Ok(intent(3600)),
+        &ctx(&me, false, Some(STEPS)),
+    );
+    assert_eq!(again, Ok(Admission::Duplicate(record)));
+    let unreadable = IntentError {
+        job_id: None,
+        device_id: None,
+        kind: None,
+        attempt: 0,
+        reason: "not json".into(),
+    };
+    assert!(admit(None, Err(unreadable), &ctx(&me, false, Some(STEPS))).is_err());
+}
+
+#[test]
+fn transition_table() {
+    use JobState::*;
+    check(
+        vec![pick(20, "boot-a")],
+        (Running, Persist::Report, Next::RunStep(0)),
+    );
+    check(
+        vec![pick(4000, "boot-a")],
+        (Expired, Persist::Report, Next::Stop),
+    );
+    check(
+        vec![pick(20, "boot-a"), finished(21, StepOutcome::Done)],
+        (Running, Persist::Report, Next::RunStep(1)),
+    );
+    check(
+        vec![
+            pick(20, "boot-a"),
+            finished(
+                21,
+                StepOutcome::RetryAfter {
+                    after: Duration::from_secs(5),
+                    reason: "lock".into(),
+                },
+            ),
+        ],
+        (
+            Running,
+            Persist::Save,
+            Next::RetryStep {
+                index: 0,
+                after: Duration::from_secs(5),
+            },
+        ),
+    );
+    check(
+        vec![
+            pick(20, "boot-a"),
+            finished(21, StepOutcome::Fail("disk full".into())),
+        ],
+        (Failed, Persist::Report, Next::Stop),
+    );
+    // A crash while a step ran: the same step runs again, earlier ones do not.
+    check(
+        vec![
+            pick(20, "boot-a"),
+            finished(21, StepOutcome::Done),
+            pick(30, "boot-a"),
+        ],
+        (Running, Persist::Save, Next::RunStep(1)),
+    );
+    // Reboot: awaiting until a new boot id is seen.
+    let to_reboot = vec![
+        pick(20, "boot-a"),
+        finished(21, StepOutcome::Done),
+        finished(22, StepOutcome::Done),
+        finished(23, StepOutcome::Reboot),
+    ];
+    check(
+        to_reboot.clone(),
+        (AwaitingReboot, Persist::Report, Next::Reboot),
+    );
+    let mut same_boot = to_reboot.clone();
+    same_boot.push(pick(40, "boot-a"));
+    check(same_boot, (AwaitingReboot, Persist::Save, Next::Reboot));
+    let mut new_boot = to_reboot.clone();
+    new_boot.push(pick(90, "boot-b"));
+    let record = check(
+        new_boot.clone(),
+        (Running, Persist::Report, Next::RunStep(3)),
+    );
+    assert_eq!(record.status.steps[2].state, StepState::Done);
+    assert_eq!(record.status.boot_id, "boot-b");
+    new_boot.push(finished(91, StepOutcome::Done));
+    let record = check(new_boot, (Succeeded, Persist::Report, Next::Stop));
+    assert_eq!(record.status.completion_heartbeat_at, Some(t(91)));
+    // Cancel: only before start.
+    check(
+        vec![Event::Cancel { now: t(15) }],
+        (Canceled, Persist::Report, Next::Stop),
+    );
+    check(
+        vec![pick(20, "boot-a"), Event::Cancel { now: t(21) }],
+        (Running, Persist::Nothing, Next::Stop),
+    );
+    // A terminal job never advances.
+    check(
+        vec![
+            pick(20, "boot-a"),
+            finished(21, StepOutcome::Fail("x".into())),
+            pick(30, "boot-a"),
+        ],
+        (Failed, Persist::Nothing, Next::Stop),
+    );
+}
+
+#[test]
+fn the_loop_breaker_fails_a_job_resumed_too_often() {
+    let mut events = vec![pick(20, "boot-a")];
+    for n in 0..LIMITS.max_resumes {
+        events.push(pick(30 + i64::from(n), "boot-a"));
+    }
+    check(
+        events.clone(),
+        (JobState::Running, Persist::Save, Next::RunStep(0)),
+    );
+    events.push(pick(100, "boot-a"));
+    let record = check(events, (JobState::Failed, Persist::Report, Next::Stop));
+    assert!(
+        record
+            .status
+            .error
+            .unwrap_or_default()
+            .contains("crash or reboot loop")
+    );
+}
+
+#[test]
+fn every_change_bumps_the_sequence_and_steps_record_their_time() {
+    let record = check(
+        vec![pick(20, "boot-a"), finished(25, StepOutcome::Done)],
+        (JobState::Running, Persist::Report, Next::RunStep(1)),
+    );
+    assert_eq!(record.status.seq, 3);
+    let first = &record.status.steps[0];
+    assert_eq!(
+        (first.state, first.tries, first.seconds),
+        (StepState::Done, 1, Some(5.0))
+    );
+    assert_eq!(record.status.steps[1].started_at, Some(t(25)));
+}

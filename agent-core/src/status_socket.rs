@@ -1,0 +1,157 @@
+//! The local status socket: a Unix socket speaking one JSON request and one
+//! JSON response per line, mode 0660 so only root and the agent's group can
+//! ask. `drover-agent status` and `drover-agent jobs` are its clients.
+
+use crate::executor::{Agent, AgentInfo};
+use crate::model::JobStatus;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+const MAX_REQUEST_BYTES: usize = 4096;
+const MAX_CONNECTIONS: usize = 8;
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upper bound of jobs one `jobs` request returns.
+pub const MAX_JOBS_LISTED: usize = 200;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "camelCase")]
+pub enum Request {
+    Status,
+    Jobs { limit: Option<usize> },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Response {
+    Status(Box<AgentInfo>),
+    Jobs(Vec<JobStatus>),
+    Error(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("cannot bind the status socket {path}: {source}")]
+    Bind {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot reach the agent's status socket {path}: {source} (is drover-agent running, and may this user read the socket?)"
+    )]
+    Connect {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("status socket I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unreadable answer from the agent: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// Binds the socket (replacing a stale one) and serves until `shutdown`.
+pub async fn serve(
+    path: &Path,
+    agent: Arc<Agent>,
+    shutdown: CancellationToken,
+) -> Result<(), SocketError> {
+    let bind_error = |source| SocketError::Bind {
+        path: path.display().to_string(),
+        source,
+    };
+    if path.exists() {
+        std::fs::remove_file(path).map_err(bind_error)?;
+    }
+    let listener = UnixListener::bind(path).map_err(bind_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_error)?;
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        let (stream, _) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                warn!(error = %e, "status socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            debug!("status socket busy; dropping a connection");
+            continue;
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            if let Err(e) = tokio::time::timeout(IO_TIMEOUT, answer(stream, &agent)).await {
+                debug!(error = %e, "status socket client timed out");
+            }
+            drop(permit);
+        });
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
+    let mut line = String::new();
+    reader.read_line(&mut line).await?;
+    let response = match serde_json::from_str::<Request>(line.trim()) {
+        Err(e) => Response::Error(format!(
+            "bad request (expected {{\"request\":\"status\"}} or {{\"request\":\"jobs\"}}): {e}"
+        )),
+        Ok(Request::Status) => match agent.info() {
+            Ok(info) => Response::Status(Box::new(info)),
+            Err(e) => Response::Error(e.to_string()),
+        },
+        Ok(Request::Jobs { limit }) => {
+            let limit = limit.unwrap_or(20).min(MAX_JOBS_LISTED);
+            match agent.recent_jobs(limit) {
+                Ok(jobs) => Response::Jobs(jobs),
+                Err(e) => Response::Error(e.to_string()),
+            }
+        }
+    };
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|e| {
+        format!("{{\"error\":\"cannot encode the answer: {e}\"}}").into_bytes()
+    });
+    bytes.push(b'\n');
+    write.write_all(&bytes).await?;
+    write.shutdown().await
+}
+
+/// Sends one request to the agent's socket and returns its answer.
+pub async fn request(path: &Path, request: &Request) -> Result<Response, SocketError> {
+    let exchange = async {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| SocketError::Connect {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let (read, mut write) = stream.into_split();
+        let mut line = serde_json::to_vec(request)?;
+        line.push(b'\n');
+        write.write_all(&line).await?;
+        let mut answer = String::new();
+        BufReader::new(read).read_line(&mut answer).await?;
+        Ok::<_, SocketError>(serde_json::from_str(answer.trim())?)
+    };
+    tokio::time::timeout(IO_TIMEOUT, exchange)
+        .await
+        .map_err(|_| SocketError::Timeout(IO_TIMEOUT))?
+}

@@ -1,0 +1,346 @@
+//! The agent's durable state: job records, the status outbox and a few
+//! counters. Every write is one redb transaction committed with immediate
+//! durability (fsync) before the caller acts on it or reports it (A4).
+
+use crate::ids::JobId;
+use crate::model::{Intent, JobStatus};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Where a job came from: fleet jobs never resume once terminal; local jobs
+/// (`drover-agent upgrade`) may be resumed from their failed step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Origin {
+    Fleet,
+    Local,
+}
+
+/// Everything the agent keeps about one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// None for a refused intent that could not be parsed.
+    pub intent: Option<Intent>,
+    pub status: JobStatus,
+    pub origin: Origin,
+    /// Arrival order (A2: queued jobs run in arrival order).
+    pub arrival: u64,
+    /// How many times the job was picked up again after the agent stopped
+    /// while it ran (A10).
+    pub resumes: u32,
+    /// The boot id under which a reboot was requested, while awaiting it.
+    pub reboot_from_boot: Option<String>,
+}
+
+/// A status waiting in the outbox until a transport confirms it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    pub id: u64,
+    pub status: JobStatus,
+}
+
+/// Records on disk are versioned enums: postcard writes the variant index
+/// first, which is the schema version byte.
+#[derive(Serialize, Deserialize)]
+enum StoredJob {
+    V1(JobRecord),
+}
+
+#[derive(Serialize, Deserialize)]
+enum StoredStatus {
+    V1(JobStatus),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the agent database {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: Box<redb::DatabaseError>,
+    },
+    #[error("agent database error: {0}")]
+    Db(String),
+    #[error("corrupt record in the agent database ({what}): {source}")]
+    Corrupt {
+        what: &'static str,
+        #[source]
+        source: postcard::Error,
+    },
+    #[error("cannot encode a record: {0}")]
+    Encode(#[from] postcard::Error),
+}
+
+macro_rules! db_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Db(e.to_string()) }
+        }
+    )*};
+}
+db_err!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// The agent's storage, behind a trait so that another backend can be
+/// measured beside redb (DESIGN.md: Stores).
+pub trait Store: Send + Sync + 'static {
+    fn job(&self, id: JobId) -> Result<Option<JobRecord>, StoreError>;
+    /// All job records in arrival order.
+    fn jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    /// Writes the record and, when `report` is set, appends its status to the
+    /// outbox in the same durable transaction.
+    fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError>;
+    /// The oldest unconfirmed statuses.
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError>;
+    /// Drops a confirmed status from the outbox.
+    fn outbox_ack(&self, id: u64) -> Result<(), StoreError>;
+    /// Increments and returns a durable counter.
+    fn next(&self, counter: &str) -> Result<u64, StoreError>;
+    /// Removes the oldest terminal jobs beyond `keep` whose statuses left.
+    fn prune(&self, keep: usize) -> Result<usize, StoreError>;
+}
+
+const JOBS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("jobs");
+const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+
+pub struct RedbStore {
+    db: Database,
+}
+
+impl RedbStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(|e| StoreError::Open {
+            path: path.display().to_string(),
+            source: Box::new(e),
+        })?;
+        // Create the tables once so readers never meet a missing table.
+        let tx = db.begin_write()?;
+        tx.open_table(JOBS)?;
+        tx.open_table(OUTBOX)?;
+        tx.open_table(COUNTERS)?;
+        tx.commit()?;
+        Ok(Self { db })
+    }
+}
+
+fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
+    match postcard::from_bytes::<StoredJob>(bytes) {
+        Ok(StoredJob::V1(record)) => Ok(record),
+        Err(source) => Err(StoreError::Corrupt {
+            what: "job",
+            source,
+        }),
+    }
+}
+
+impl Store for RedbStore {
+    fn job(&self, id: JobId) -> Result<Option<JobRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(JOBS)?;
+        match table.get(id.as_bytes().as_slice())? {
+            Some(bytes) => Ok(Some(decode_job(bytes.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(JOBS)?;
+        let mut records = Vec::new();
+        for item in table.iter()? {
+            let (_, bytes) = item?;
+            records.push(decode_job(bytes.value())?);
+        }
+        records.sort_by_key(|r| r.arrival);
+        Ok(records)
+    }
+
+    fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError> {
+        let job_bytes = postcard::to_stdvec(&StoredJob::V1(record.clone()))?;
+        let tx = self.db.begin_write()?;
+        {
+            let mut jobs = tx.open_table(JOBS)?;
+            jobs.insert(
+                record.status.job_id.as_bytes().as_slice(),
+                job_bytes.as_slice(),
+            )?;
+            if report {
+                let mut outbox = tx.open_table(OUTBOX)?;
+                let next_id = outbox.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+                let bytes = postcard::to_stdvec(&StoredStatus::V1(record.status.clone()))?;
+                outbox.insert(next_id, bytes.as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(OUTBOX)?;
+        let mut entries = Vec::new();
+        for item in table.iter()?.take(limit) {
+            let (id, bytes) = item?;
+            let status = match postcard::from_bytes::<StoredStatus>(bytes.value()) {
+                Ok(StoredStatus::V1(status)) => status,
+                Err(source) => {
+                    return Err(StoreError::Corrupt {
+                        what: "outbox",
+                        source,
+                    });
+                }
+            };
+            entries.push(OutboxEntry {
+                id: id.value(),
+                status,
+            });
+        }
+        Ok(entries)
+    }
+
+    fn outbox_ack(&self, id: u64) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(OUTBOX)?.remove(id)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn next(&self, counter: &str) -> Result<u64, StoreError> {
+        let tx = self.db.begin_write()?;
+        let value = {
+            let mut table = tx.open_table(COUNTERS)?;
+            let value = table.get(counter)?.map(|v| v.value()).unwrap_or(0) + 1;
+            table.insert(counter, value)?;
+            value
+        };
+        tx.commit()?;
+        Ok(value)
+    }
+
+    fn prune(&self, keep: usize) -> Result<usize, StoreError> {
+        let records = self.jobs()?;
+        let pending: std::collections::HashSet<JobId> = self
+            .outbox(usize::MAX)?
+            .into_iter()
+            .map(|e| e.status.job_id)
+            .collect();
+        let terminal: Vec<&JobRecord> = records
+            .iter()
+            .filter(|r| r.status.state.is_terminal() && !pending.contains(&r.status.job_id))
+            .collect();
+        if terminal.len() <= keep {
+            return Ok(0);
+        }
+        let doomed = &terminal[..terminal.len() - keep];
+        let tx = self.db.begin_write()?;
+        {
+            let mut jobs = tx.open_table(JOBS)?;
+            for record in doomed {
+                jobs.remove(record.status.job_id.as_bytes().as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(doomed.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DeviceId;
+    use crate::model::{JobState, JobStatus};
+
+    pub(crate) fn status(state: JobState) -> JobStatus {
+        JobStatus {
+            job_id: JobId::random(),
+            device_id: DeviceId::new("device-1").expect("valid"),
+            attempt: 1,
+            kind: "systemUpgradeV1".into(),
+            state,
+            steps: vec![],
+            error: None,
+            output: None,
+            accepted_at: jiff::Timestamp::UNIX_EPOCH,
+            started_at: None,
+            finished_at: None,
+            boot_id: "boot-a".into(),
+            completion_heartbeat_at: None,
+            seq: 1,
+        }
+    }
+
+    fn record(state: JobState, arrival: u64) -> JobRecord {
+        JobRecord {
+            intent: None,
+            status: status(state),
+            origin: Origin::Fleet,
+            arrival,
+            resumes: 0,
+            reboot_from_boot: None,
+        }
+    }
+
+    #[test]
+    fn records_and_outbox_survive_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.redb");
+        let first = record(JobState::Accepted, 2);
+        let second = record(JobState::Succeeded, 1);
+        {
+            let store = RedbStore::open(&path).expect("open");
+            store.save(&first, true).expect("save");
+            store.save(&second, false).expect("save");
+            assert_eq!(store.next("heartbeat").expect("counter"), 1);
+            assert_eq!(store.next("heartbeat").expect("counter"), 2);
+        }
+        let store = RedbStore::open(&path).expect("reopen");
+        let jobs = store.jobs().expect("jobs");
+        assert_eq!(jobs, vec![second.clone(), first.clone()], "arrival order");
+        let outbox = store.outbox(10).expect("outbox");
+        assert_eq!(outbox.len(), 1);
+        assert_eq!(outbox[0].status, first.status);
+        store.outbox_ack(outbox[0].id).expect("ack");
+        assert!(store.outbox(10).expect("outbox").is_empty());
+        assert_eq!(store.next("heartbeat").expect("counter"), 3);
+    }
+
+    #[test]
+    fn prune_keeps_recent_and_unreported_jobs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("agent.redb")).expect("open");
+        for arrival in 0..5 {
+            store
+                .save(&record(JobState::Succeeded, arrival), false)
+                .expect("save");
+        }
+        let unreported = record(JobState::Failed, 5);
+        store.save(&unreported, true).expect("save");
+        let running = record(JobState::Running, 6);
+        store.save(&running, false).expect("save");
+        assert_eq!(store.prune(2).expect("prune"), 3);
+        let left: Vec<u64> = store
+            .jobs()
+            .expect("jobs")
+            .iter()
+            .map(|r| r.arrival)
+            .collect();
+        assert_eq!(left, vec![3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_corrupt_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.redb");
+        std::fs::write(&path, b"this is not a database").expect("write");
+        let err = RedbStore::open(&path).err().expect("must fail");
+        assert!(
+            err.to_string().contains("cannot open the agent database"),
+            "{err}"
+        );
+    }
+}
