@@ -1,1 +1,61 @@
-//! placeholder
+//! Drover's apt updaters as step chains: `SystemUpgradeV1` (AptFullUpgradeV1)
+//! and `InventoryRefreshV1`. Every command, option and reboot policy is
+//! compiled in here (A8); the local config may only choose the mode and point
+//! the updater at a sandbox root.
+
+mod command;
+mod inventory;
+mod parse;
+mod upgrade;
+
+pub use command::{CommandError, CommandOutput, run_bounded};
+pub use inventory::InventoryRefresh;
+pub use parse::parse_simulation;
+pub use upgrade::SystemUpgrade;
+
+use std::path::PathBuf;
+
+/// How `SystemUpgradeV1` treats the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `apt-get -s full-upgrade`: reports what would change, changes nothing,
+    /// works as non-root. The demo's mode.
+    Simulate,
+}
+
+#[derive(Debug, Clone)]
+pub struct AptSettings {
+    pub mode: Mode,
+    /// A sandbox root (a chroot directory) instead of the real system; for
+    /// tests and demos only.
+    pub root: Option<PathBuf>,
+    /// Free bytes required on / and /var before an upgrade starts.
+    pub min_free_bytes: u64,
+}
+
+impl AptSettings {
+    /// The directory the updater looks at: the sandbox root or "/".
+    pub fn system_root(&self) -> PathBuf {
+        self.root.clone().unwrap_or_else(|| PathBuf::from("/"))
+    }
+
+    /// Builds the argv for a command inside the updater's root.
+    pub(crate) fn argv(&self, program: &str, args: &[&str]) -> Vec<String> {
+        let mut argv = Vec::new();
+        if let Some(root) = &self.root {
+            argv.push("chroot".to_owned());
+            argv.push(root.display().to_string());
+        }
+        argv.push(program.to_owned());
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv
+    }
+}
+
+/// Whether this machine can run the updater at all (apt-get on PATH or in the root).
+pub fn apt_available(settings: &AptSettings) -> bool {
+    let root = settings.system_root();
+    ["usr/bin/apt-get", "bin/apt-get"]
+        .iter()
+        .any(|p| root.join(p).exists())
+}

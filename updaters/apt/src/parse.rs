@@ -1,0 +1,153 @@
+//! Reading what apt says it did or would do. apt's simulation lines
+//! (`Inst`, `Remv`) and its "kept back" list are stable under `LC_ALL=C`.
+
+use agent_core::model::{MAX_LISTED_PACKAGES, PackageChange, UpgradeOutput};
+
+/// Parses `apt-get -s full-upgrade` output into a bounded report.
+pub fn parse_simulation(stdout: &str) -> UpgradeOutput {
+    let mut output = UpgradeOutput {
+        simulated: true,
+        ..UpgradeOutput::default()
+    };
+    let mut listed = 0usize;
+    let mut in_kept_back = false;
+    for line in stdout.lines() {
+        if in_kept_back {
+            if line.starts_with(' ') {
+                for name in line.split_whitespace() {
+                    push_bounded(
+                        &mut output.kept_back,
+                        name.to_owned(),
+                        &mut listed,
+                        &mut output.omitted,
+                    );
+                }
+                continue;
+            }
+            in_kept_back = false;
+        }
+        if line.starts_with("The following packages have been kept back") {
+            in_kept_back = true;
+        } else if let Some(rest) = line.strip_prefix("Inst ") {
+            let (name, from, to) = parse_inst(rest);
+            let change = PackageChange {
+                name,
+                from: from.clone(),
+                to,
+            };
+            if from.is_some() {
+                push_bounded(
+                    &mut output.upgraded,
+                    change,
+                    &mut listed,
+                    &mut output.omitted,
+                );
+            } else {
+                push_bounded(
+                    &mut output.installed,
+                    change,
+                    &mut listed,
+                    &mut output.omitted,
+                );
+            }
+        } else if let Some(rest) = line.strip_prefix("Remv ") {
+            let name = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            push_bounded(&mut output.removed, name, &mut listed, &mut output.omitted);
+        }
+    }
+    output
+}
+
+fn push_bounded<T>(list: &mut Vec<T>, item: T, listed: &mut usize, omitted: &mut u32) {
+    if *listed < MAX_LISTED_PACKAGES {
+        list.push(item);
+        *listed += 1;
+    } else {
+        *omitted += 1;
+    }
+}
+
+/// `name [old] (new origin [arch])` or `name (new origin [arch])`.
+fn parse_inst(rest: &str) -> (String, Option<String>, String) {
+    let mut parts = rest.splitn(2, ' ');
+    let name = parts.next().unwrap_or_default().to_owned();
+    let tail = parts.next().unwrap_or_default();
+    let from = tail
+        .strip_prefix('[')
+        .and_then(|t| t.split(']').next())
+        .map(str::to_owned);
+    let to = tail
+        .split('(')
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned();
+    (name, from, to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "NOTE: This is only a simulation!
+Reading package lists...
+Calculating upgrade...
+The following packages have been kept back:
+  linux-image-amd64 raspi-firmware
+The following packages will be upgraded:
+  libfoo tzdata
+2 upgraded, 1 newly installed, 1 to remove and 2 not upgraded.
+Remv oldlib [0.9]
+Inst libfoo [1.0-1] (2.0-1 Debian:12.8/stable [amd64])
+Inst newdep (3.1 Debian:12.8/stable [amd64])
+Inst tzdata [2024a-0+deb12u1] (2025b-0+deb12u1 Debian-Security:12/stable-security [all])
+Conf libfoo (2.0-1 Debian:12.8/stable [amd64])
+";
+
+    #[test]
+    fn reads_changes_and_kept_back_packages() {
+        let out = parse_simulation(SAMPLE);
+        assert!(out.simulated);
+        assert_eq!(out.kept_back, vec!["linux-image-amd64", "raspi-firmware"]);
+        assert_eq!(out.removed, vec!["oldlib"]);
+        assert_eq!(
+            out.upgraded,
+            vec![
+                PackageChange {
+                    name: "libfoo".into(),
+                    from: Some("1.0-1".into()),
+                    to: "2.0-1".into()
+                },
+                PackageChange {
+                    name: "tzdata".into(),
+                    from: Some("2024a-0+deb12u1".into()),
+                    to: "2025b-0+deb12u1".into()
+                },
+            ]
+        );
+        assert_eq!(
+            out.installed,
+            vec![PackageChange {
+                name: "newdep".into(),
+                from: None,
+                to: "3.1".into()
+            }]
+        );
+        assert_eq!(out.omitted, 0);
+    }
+
+    #[test]
+    fn bounds_the_listed_packages() {
+        let many: String = (0..MAX_LISTED_PACKAGES + 25)
+            .map(|i| format!("Inst p{i} [1] (2 x [all])\n"))
+            .collect();
+        let out = parse_simulation(&many);
+        assert_eq!(out.upgraded.len(), MAX_LISTED_PACKAGES);
+        assert_eq!(out.omitted, 25);
+        assert!(parse_simulation("").upgraded.is_empty());
+    }
+}

@@ -1,0 +1,85 @@
+//! The chains against this machine's real apt and dpkg, in modes that change
+//! nothing: `apt-get -s full-upgrade` and the inventory.
+
+use agent_core::JobId;
+use agent_core::chain::{Chain, StepContext, StepOutcome};
+use agent_core::model::JobOutput;
+use std::path::Path;
+use updater_apt::{AptSettings, InventoryRefresh, Mode, SystemUpgrade};
+
+fn settings() -> AptSettings {
+    AptSettings {
+        mode: Mode::Simulate,
+        root: None,
+        min_free_bytes: 1,
+    }
+}
+
+async fn run_chain(chain: &dyn Chain) -> (Vec<StepOutcome>, Option<JobOutput>) {
+    let mut output = None;
+    let mut outcomes = Vec::new();
+    for step in chain.steps() {
+        let ctx = StepContext {
+            job_id: JobId::random(),
+            step,
+            started_at: jiff::Timestamp::now(),
+            tries: 0,
+            output: &mut output,
+        };
+        outcomes.push(chain.run_step(ctx).await);
+    }
+    (outcomes, output)
+}
+
+#[tokio::test]
+async fn simulated_upgrade_runs_real_apt_and_changes_nothing() {
+    if !Path::new("/usr/bin/apt-get").exists() {
+        eprintln!("no apt-get on this machine; nothing to simulate");
+        return;
+    }
+    let status_before = std::fs::read("/var/lib/dpkg/status").expect("dpkg status");
+    let (outcomes, output) = run_chain(&SystemUpgrade::new(settings())).await;
+    assert!(
+        outcomes.iter().all(|o| *o == StepOutcome::Done),
+        "{outcomes:?}"
+    );
+    match output {
+        Some(JobOutput::Upgrade(report)) => assert!(report.simulated),
+        other => panic!("expected an upgrade report, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read("/var/lib/dpkg/status").expect("dpkg status"),
+        status_before
+    );
+}
+
+#[tokio::test]
+async fn a_free_space_threshold_above_the_disk_fails_preflight_clearly() {
+    let chain = SystemUpgrade::new(AptSettings {
+        min_free_bytes: u64::MAX,
+        ..settings()
+    });
+    let (outcomes, _) = run_chain(&chain).await;
+    match &outcomes[0] {
+        StepOutcome::Fail(e) => assert!(
+            e.contains("not enough free space") || e.contains("apt-get not found"),
+            "{e}"
+        ),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inventory_reports_the_machine() {
+    if !Path::new("/usr/bin/dpkg-query").exists() {
+        return;
+    }
+    let (outcomes, output) = run_chain(&InventoryRefresh::new(settings())).await;
+    assert_eq!(outcomes, vec![StepOutcome::Done]);
+    let Some(JobOutput::Inventory(inv)) = output else {
+        panic!("no inventory")
+    };
+    assert!(inv.installed_packages > 10, "{inv:?}");
+    assert!(inv.memory_total_bytes > 0);
+    assert!(!inv.disks.is_empty());
+}
