@@ -64,15 +64,13 @@ fn intent(expires_in: i64) -> Intent {
 
 async fn wait_for_state(agent: &Agent, job: JobId, state: JobState) -> JobStatus {
     for _ in 0..200 {
-        if let Some(status) = agent
+        let found = agent
             .recent_jobs(100)
             .expect("jobs")
             .into_iter()
-            .find(|s| s.job_id == job)
-        {
-            if status.state == state {
-                return status;
-            }
+            .find(|s| s.job_id == job);
+        if let Some(status) = found.filter(|s| s.state == state) {
+            return status;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -10,6 +10,7 @@ pub mod facts;
 pub mod ids;
 pub mod lifecycle;
 pub mod model;
+pub mod report;
 pub mod status_socket;
 pub mod store;
 pub mod wire;

@@ -83,18 +83,21 @@ fn check(events: Vec<Event>, expected: (JobState, Persist, Next)) -> JobRecord {
     record
 }
 
+/// (name, parsed intent, busy, steps of the kind, error fragment, expected state)
+type AdmissionCase = (
+    &'static str,
+    Result<Intent, IntentError>,
+    bool,
+    Option<&'static [&'static str]>,
+    &'static str,
+    JobState,
+);
+
 #[test]
 fn admission_table() {
     let me = device();
     let fresh = intent(3600);
-    let cases: Vec<(
-        &str,
-        Result<Intent, IntentError>,
-        bool,
-        Option<&'static [&'static str]>,
-        &str,
-        JobState,
-    )> = vec![
+    let cases: Vec<AdmissionCase> = vec![
         (
             "idle agent accepts",
             Ok(fresh.clone()),

@@ -170,8 +170,12 @@ impl Store for RedbStore {
                 job_bytes.as_slice(),
             )?;
             if report {
+                // Ids come from a durable counter, never from the table's last
+                // key: an emptied outbox must not hand out an id again.
+                let mut counters = tx.open_table(COUNTERS)?;
+                let next_id = counters.get("outbox")?.map(|v| v.value()).unwrap_or(0) + 1;
+                counters.insert("outbox", next_id)?;
                 let mut outbox = tx.open_table(OUTBOX)?;
-                let next_id = outbox.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
                 let bytes = postcard::to_stdvec(&StoredStatus::V1(record.status.clone()))?;
                 outbox.insert(next_id, bytes.as_slice())?;
             }
@@ -306,6 +310,12 @@ mod tests {
         assert_eq!(outbox[0].status, first.status);
         store.outbox_ack(outbox[0].id).expect("ack");
         assert!(store.outbox(10).expect("outbox").is_empty());
+        store.save(&first, true).expect("save again");
+        let again = store.outbox(10).expect("outbox");
+        assert!(
+            again[0].id > outbox[0].id,
+            "an emptied outbox never reuses an id"
+        );
         assert_eq!(store.next("heartbeat").expect("counter"), 3);
     }
 

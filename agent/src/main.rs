@@ -1,1 +1,227 @@
-fn main() {}
+//! drover-agent: the device daemon (`run`) and its local tools (`status`,
+//! `jobs`). Only this binary reads config files; the libraries take values.
+
+mod config;
+mod display;
+
+use agent_core::executor::{Agent, Settings, TestHold};
+use agent_core::facts::FactSources;
+use agent_core::lifecycle::Limits;
+use agent_core::status_socket::{self, Request, Response};
+use agent_core::store::RedbStore;
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use config::{Config, DEFAULT_CONFIG, DEFAULT_SOCKET, Transport};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use updater_apt::{AptSettings, InventoryRefresh, Mode, SystemUpgrade};
+
+#[derive(Parser)]
+#[command(name = "drover-agent", version, about = "Drover's device agent")]
+struct Cli {
+    /// The agent's config file.
+    #[arg(long, global = true, env = "DROVER_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent daemon.
+    Run,
+    /// Show the running agent's state (from its status socket).
+    Status {
+        #[arg(long)]
+        json: bool,
+        /// The status socket, if not the one in the config.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// List recent jobs with their steps and errors.
+    Jobs {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Command::Run => {
+            init_logging();
+            runtime.block_on(run(&cli.config))
+        }
+        Command::Status { json, socket } => {
+            let socket = socket_path(socket, &cli.config);
+            match runtime.block_on(status_socket::request(&socket, &Request::Status))? {
+                Response::Status(info) if json => {
+                    println!("{}", serde_json::to_string_pretty(&info)?)
+                }
+                Response::Status(info) => display::print_status(&info),
+                Response::Error(e) => bail!("the agent answered with an error: {e}"),
+                Response::Jobs(_) => bail!("the agent answered a different question"),
+            }
+            Ok(())
+        }
+        Command::Jobs {
+            json,
+            limit,
+            socket,
+        } => {
+            let socket = socket_path(socket, &cli.config);
+            let request = Request::Jobs { limit: Some(limit) };
+            match runtime.block_on(status_socket::request(&socket, &request))? {
+                Response::Jobs(jobs) if json => {
+                    println!("{}", serde_json::to_string_pretty(&jobs)?)
+                }
+                Response::Jobs(jobs) => display::print_jobs(&jobs),
+                Response::Error(e) => bail!("the agent answered with an error: {e}"),
+                Response::Status(_) => bail!("the agent answered a different question"),
+            }
+            Ok(())
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The socket named on the command line, else the config's, else the default.
+fn socket_path(explicit: Option<PathBuf>, config: &Path) -> PathBuf {
+    explicit
+        .or_else(|| Config::load(config).ok().map(|c| c.status_socket))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+}
+
+async fn run(config_path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
+    let boot_id = agent_core::boot::read_boot_id(&config.boot_id_path)?;
+    std::fs::create_dir_all(&config.state_dir).with_context(|| {
+        format!(
+            "cannot create the state directory {}",
+            config.state_dir.display()
+        )
+    })?;
+    let store = Arc::new(RedbStore::open(&config.state_dir.join("agent.redb"))?);
+    let apt = AptSettings {
+        mode: Mode::Simulate,
+        root: config.updater.root.clone(),
+        min_free_bytes: config.updater.min_free_mib * 1024 * 1024,
+    };
+    let chains: Vec<Arc<dyn agent_core::chain::Chain>> = vec![
+        Arc::new(SystemUpgrade::new(apt.clone())),
+        Arc::new(InventoryRefresh::new(apt.clone())),
+    ];
+    let settings = Settings {
+        device_id: device_id.clone(),
+        boot_id: boot_id.clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        limits: Limits {
+            max_resumes: config.limits.max_resumes,
+        },
+        keep_jobs: config.limits.keep_jobs,
+        facts: FactSources {
+            root: apt.system_root(),
+        },
+        test_hold: config.testing.as_ref().map(|t| TestHold {
+            step: t.hold_before_step.clone(),
+            hold: t.hold_file.clone(),
+            reached: t.reached_file.clone(),
+        }),
+    };
+    let agent = Agent::new(settings, store, chains);
+    info!(device = %device_id, boot_id = %boot_id, "drover-agent starting");
+
+    let shutdown = CancellationToken::new();
+    if let Some(parent) = config.status_socket.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let socket = tokio::spawn({
+        let (path, agent, shutdown) = (
+            config.status_socket.clone(),
+            agent.clone(),
+            shutdown.clone(),
+        );
+        async move {
+            if let Err(e) = status_socket::serve(&path, agent, shutdown).await {
+                tracing::error!(error = %e, "status socket stopped");
+            }
+        }
+    });
+    let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+    let transport = match &config.transport {
+        Transport::Websocket {
+            server_url,
+            token,
+            token_file,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+        } => {
+            let token = match (token, token_file) {
+                (Some(token), _) => token.clone(),
+                (None, Some(file)) => std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read the token file {}", file.display()))?
+                    .trim()
+                    .to_owned(),
+                (None, None) => bail!("transport needs token or token_file"),
+            };
+            let settings = transport_websocket::client::ClientSettings {
+                server_url: server_url.clone(),
+                token,
+                ca_file: ca_file.clone(),
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_initial: Duration::from_millis(500),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+                connect_timeout: Duration::from_secs(10),
+            };
+            tokio::spawn(transport_websocket::client::run(
+                settings,
+                agent.clone(),
+                shutdown.clone(),
+            ))
+        }
+    };
+
+    wait_for_signal().await;
+    info!("stopping at a safe point");
+    shutdown.cancel();
+    let _ = tokio::join!(worker, transport, socket);
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

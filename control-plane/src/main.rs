@@ -1,1 +1,328 @@
-fn main() {}
+//! drover: the control plane (`serve`) and the operators' CLI.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use drover::client::ApiClient;
+use drover::records::DeviceRecord;
+use drover::serve::{self, ServeOptions};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "drover", version, about = "Drover's control plane and CLI")]
+struct Cli {
+    /// The control plane's API.
+    #[arg(
+        long,
+        global = true,
+        env = "DROVER_SERVER",
+        default_value = "http://127.0.0.1:7180"
+    )]
+    server: String,
+    /// The operator token (default: DATA/operator.token).
+    #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The control plane's data directory.
+    #[arg(
+        long,
+        global = true,
+        env = "DROVER_DATA",
+        default_value = "/var/lib/drover"
+    )]
+    data: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the control plane on the embedded store.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:7180")]
+        listen: SocketAddr,
+        /// Where agents connect over WebSocket.
+        #[arg(long, default_value = "127.0.0.1:7181")]
+        agent_listen: SocketAddr,
+        /// PEM certificate chain for wss:// (with --agent-tls-key).
+        #[arg(long, requires = "agent_tls_key")]
+        agent_tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "agent_tls_cert")]
+        agent_tls_key: Option<PathBuf>,
+        /// A job sent but not acked within this returns to `created`.
+        #[arg(long, default_value_t = 60)]
+        ack_timeout_seconds: u64,
+        #[arg(long, default_value_t = 1000)]
+        pass_interval_ms: u64,
+        /// Write the bound addresses here as JSON once listening.
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    /// Create or configure resources from a YAML or JSON file.
+    Apply {
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// Show devices, taskruns, or one taskrun.
+    Get {
+        #[arg(value_enum)]
+        resource: Resource,
+        name: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Follow task runs.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Print the bearer token a device's agent uses.
+    Token { device: String },
+    /// Run the end-to-end demo: control plane, agents and a task run.
+    Demo {
+        #[arg(long, default_value_t = 3)]
+        agents: usize,
+        /// Keep the demo's temporary directory.
+        #[arg(long)]
+        keep: bool,
+        /// The drover-agent binary (default: next to drover, or on PATH).
+        #[arg(long, env = "DROVER_AGENT_BIN")]
+        agent_bin: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// A live progress bar of a run until it finishes.
+    Watch { name: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Resource {
+    Devices,
+    Taskruns,
+    Taskrun,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        let default = if matches!(cli.command, Command::Serve { .. }) {
+            "info"
+        } else {
+            "warn"
+        };
+        tracing_subscriber::EnvFilter::new(default)
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let code = runtime.block_on(dispatch(cli))?;
+    std::process::exit(code);
+}
+
+fn client(cli: &Cli) -> Result<ApiClient> {
+    let token = match &cli.token {
+        Some(token) => token.clone(),
+        None => std::fs::read_to_string(cli.data.join("operator.token"))
+            .map(|t| t.trim().to_owned())
+            .with_context(|| {
+                format!(
+                    "no operator token: pass --token, set DROVER_TOKEN, or point --data at the control plane's \
+                     directory ({} was not readable)",
+                    cli.data.join("operator.token").display()
+                )
+            })?,
+    };
+    ApiClient::new(&cli.server, &token)
+}
+
+async fn dispatch(cli: Cli) -> Result<i32> {
+    match &cli.command {
+        Command::Serve {
+            listen,
+            agent_listen,
+            agent_tls_cert,
+            agent_tls_key,
+            ack_timeout_seconds,
+            pass_interval_ms,
+            ready_file,
+        } => {
+            let shutdown = CancellationToken::new();
+            let started = serve::start(
+                ServeOptions {
+                    data: cli.data.clone(),
+                    listen: *listen,
+                    agent_listen: *agent_listen,
+                    agent_tls: agent_tls_cert.clone().zip(agent_tls_key.clone()),
+                    ack_timeout: Duration::from_secs(*ack_timeout_seconds),
+                    pass_interval: Duration::from_millis(*pass_interval_ms),
+                    operator_token: cli.token.clone(),
+                },
+                shutdown.clone(),
+            )
+            .await?;
+            if let Some(path) = ready_file {
+                let ready =
+                    serde_json::json!({"api": started.api_addr, "agents": started.agent_addr});
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, ready.to_string())?;
+                std::fs::rename(&tmp, path)?;
+            }
+            wait_for_signal().await;
+            shutdown.cancel();
+            for task in started.tasks {
+                let _ = task.await;
+            }
+            Ok(0)
+        }
+        Command::Apply { file } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            for result in client(&cli)?.apply_text(&text).await? {
+                println!(
+                    "{}/{} {}",
+                    result["kind"].as_str().unwrap_or("?").to_lowercase(),
+                    result["name"].as_str().unwrap_or("?"),
+                    result["result"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(0)
+        }
+        Command::Get {
+            resource,
+            name,
+            output,
+        } => {
+            let api = client(&cli)?;
+            match resource {
+                Resource::Devices => {
+                    let devices: Vec<DeviceRecord> = api.get("/devices").await?;
+                    if *output == Output::Json {
+                        println!("{}", serde_json::to_string_pretty(&devices)?);
+                    } else {
+                        print_devices(&devices);
+                    }
+                }
+                Resource::Taskruns => {
+                    let runs: Vec<Value> = api.get("/taskruns").await?;
+                    if *output == Output::Json {
+                        println!("{}", serde_json::to_string_pretty(&runs)?);
+                    } else {
+                        print_runs(&runs);
+                    }
+                }
+                Resource::Taskrun => {
+                    let Some(name) = name else {
+                        bail!("drover get taskrun NAME")
+                    };
+                    let run: Value = api.get(&format!("/taskruns/{name}")).await?;
+                    if *output == Output::Json {
+                        println!("{}", serde_json::to_string_pretty(&run)?);
+                    } else {
+                        print_runs(std::slice::from_ref(&run));
+                        if let Some(error) = run["status"]["latestError"].as_str() {
+                            println!("latest error: {error}");
+                        }
+                    }
+                }
+            }
+            Ok(0)
+        }
+        Command::Runs {
+            command: RunsCommand::Watch { name },
+        } => {
+            let complete = drover::watch::watch(&client(&cli)?, name).await?;
+            Ok(if complete { 0 } else { 1 })
+        }
+        Command::Token { device } => {
+            let device = agent_core::DeviceId::new(device.clone())?;
+            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            println!("{}", secrets.device_token(&device));
+            Ok(0)
+        }
+        Command::Demo {
+            agents,
+            keep,
+            agent_bin,
+        } => {
+            let complete = drover::demo::run(drover::demo::DemoOptions {
+                agents: *agents,
+                keep: *keep,
+                agent_bin: agent_bin.clone(),
+            })
+            .await?;
+            Ok(if complete { 0 } else { 1 })
+        }
+    }
+}
+
+fn print_devices(devices: &[DeviceRecord]) {
+    println!(
+        "{:<20} {:<16} {:<24} {:<6} {:<21} CAPABILITIES",
+        "DEVICE", "GROUPS", "LABELS", "AGENT", "LAST HEARTBEAT"
+    );
+    for d in devices {
+        let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
+        let labels: Vec<String> = d.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<20} {:<16} {:<24} {:<6} {:<21} {}",
+            d.id,
+            groups.join(","),
+            labels.join(","),
+            if d.agent_present { "yes" } else { "no" },
+            d.last_heartbeat
+                .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
+                .unwrap_or_else(|| "-".into()),
+            d.capabilities.join(",")
+        );
+    }
+}
+
+fn print_runs(runs: &[Value]) {
+    println!(
+        "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  REASON",
+        "NAME", "PHASE", "TARGETS", "RELEASED", "SUCCEEDED", "FAILED"
+    );
+    for run in runs {
+        let s = &run["status"];
+        println!(
+            "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  {}",
+            run["metadata"]["name"].as_str().unwrap_or("?"),
+            s["phase"].as_str().unwrap_or("?"),
+            s["targets"],
+            s["released"],
+            s["succeeded"],
+            s["failed"],
+            s["reason"].as_str().unwrap_or("")
+        );
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,1 +1,26 @@
-//! placeholder
+//! Drover's WebSocket job protocol (the jobs seed), both ends of its wire
+//! contract in one place: the message shapes ([`protocol`]), the agent's
+//! client loop ([`client`]), TLS set-up ([`tls`]) and, behind the `server`
+//! feature, the control plane's handshake ([`server`]). docs/protocol.md
+//! describes the protocol for other implementations.
+
+pub mod client;
+pub mod protocol;
+#[cfg(feature = "server")]
+pub mod server;
+pub mod tls;
+
+/// The path agents connect to; the device id follows it.
+pub const AGENT_PATH_PREFIX: &str = "/agent/v1/ws/";
+/// Upper bound of one protocol message. Larger messages are refused with an
+/// `error` message and the connection goes on.
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
+/// The WebSocket layer's own limit: a frame above this closes the connection.
+pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+
+/// The WebSocket configuration both ends use.
+pub fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+}

@@ -1,0 +1,193 @@
+//! The agent's local configuration file (TOML). Unknown keys are errors, so
+//! a typo is reported instead of silently ignored. Nothing here can change
+//! what the system upgrade runs (A8): only its mode and a sandbox root.
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CONFIG: &str = "/etc/drover/agent.toml";
+pub const DEFAULT_SOCKET: &str = "/run/drover-agent/status.sock";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub device_id: String,
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    #[serde(default = "default_socket")]
+    pub status_socket: PathBuf,
+    #[serde(default = "default_boot_id_path")]
+    pub boot_id_path: PathBuf,
+    pub transport: Transport,
+    pub updater: Updater,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub testing: Option<Testing>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Transport {
+    Websocket {
+        server_url: String,
+        token: Option<String>,
+        token_file: Option<PathBuf>,
+        #[serde(default = "default_ca_file")]
+        ca_file: PathBuf,
+        #[serde(default = "default_heartbeat")]
+        heartbeat_seconds: u64,
+        #[serde(default = "default_backoff_max")]
+        backoff_max_seconds: u64,
+    },
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub enum UpdaterMode {
+    Simulate,
+    Upgrade,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Updater {
+    pub mode: UpdaterMode,
+    /// A sandbox root (chroot directory) for tests and demos.
+    pub root: Option<PathBuf>,
+    #[serde(default = "default_min_free_mib")]
+    pub min_free_mib: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default = "default_max_resumes")]
+    pub max_resumes: u32,
+    #[serde(default = "default_keep_jobs")]
+    pub keep_jobs: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_resumes: default_max_resumes(),
+            keep_jobs: default_keep_jobs(),
+        }
+    }
+}
+
+/// Test-only: pause before a step while `hold_file` exists, after writing
+/// `reached_file`, so a test can kill the agent in the middle of a job.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Testing {
+    pub hold_before_step: String,
+    pub hold_file: PathBuf,
+    pub reached_file: PathBuf,
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/drover-agent")
+}
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_boot_id_path() -> PathBuf {
+    PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH)
+}
+fn default_ca_file() -> PathBuf {
+    PathBuf::from(transport_websocket::tls::SYSTEM_CA_BUNDLE)
+}
+fn default_heartbeat() -> u64 {
+    30
+}
+fn default_backoff_max() -> u64 {
+    60
+}
+fn default_min_free_mib() -> u64 {
+    300
+}
+fn default_max_resumes() -> u32 {
+    5
+}
+fn default_keep_jobs() -> usize {
+    200
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the agent config {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("invalid agent config {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Self> {
+        let config: Config = toml::from_str(text)?;
+        agent_core::DeviceId::new(config.device_id.clone())?;
+        if config.updater.mode == UpdaterMode::Upgrade {
+            bail!(
+                "updater mode \"upgrade\" (the real apt upgrade) is not available in this build yet; \
+                 use mode = \"simulate\""
+            );
+        }
+        let Transport::Websocket {
+            heartbeat_seconds,
+            token,
+            token_file,
+            ..
+        } = &config.transport;
+        if *heartbeat_seconds == 0 {
+            bail!("transport.heartbeat_seconds must be at least 1");
+        }
+        if token.is_none() && token_file.is_none() {
+            bail!("transport needs token or token_file");
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+device_id = "device-1"
+[transport]
+kind = "websocket"
+server_url = "ws://127.0.0.1:7181"
+token = "abc"
+[updater]
+mode = "simulate"
+"#;
+
+    #[test]
+    fn a_good_config_parses_with_defaults() {
+        let config = Config::parse(GOOD).expect("parses");
+        assert_eq!(config.limits.max_resumes, 5);
+        assert_eq!(config.status_socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn bad_configs_are_clear_errors() {
+        let cases = [
+            (GOOD.replace("device-1", "Device 1"), "device id must be"),
+            (
+                GOOD.replace("mode = \"simulate\"", "mode = \"yolo\""),
+                "unknown variant",
+            ),
+            (
+                GOOD.replace("mode = \"simulate\"", "mode = \"upgrade\""),
+                "not available",
+            ),
+            (GOOD.replace("token = \"abc\"", ""), "token or token_file"),
+            (format!("{GOOD}\ncommand = \"rm -rf /\"\n"), "unknown field"),
+            ("device_id = ".to_owned(), "TOML parse error"),
+        ];
+        for (text, expected) in cases {
+            let err = format!("{:#}", Config::parse(&text).unwrap_err());
+            assert!(err.contains(expected), "{expected}: {err}");
+        }
+    }
+}

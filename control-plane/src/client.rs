@@ -1,0 +1,81 @@
+//! The CLI's HTTP client for the operators' API.
+
+use anyhow::{Context, Result, bail};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub struct ApiClient {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    pub fn new(base: &str, token: &str) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            http,
+        })
+    }
+
+    async fn check(response: reqwest::Response) -> Result<Value> {
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            let message = body
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or_else(|| body.to_string());
+            bail!("the control plane answered {status}: {message}");
+        }
+        Ok(body)
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let url = format!("{}/api/v1{path}", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+        Ok(serde_json::from_value(Self::check(response).await?)?)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let url = format!("{}/api/v1{path}", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+        Self::check(response).await
+    }
+
+    /// Applies every document of a YAML or JSON text; returns the results.
+    pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
+        let mut results = Vec::new();
+        for document in serde_yaml_ng::Deserializer::from_str(text) {
+            let value = <Value as serde::Deserialize>::deserialize(document)
+                .context("not valid YAML or JSON")?;
+            if value.is_null() {
+                continue;
+            }
+            results.push(self.post("/apply", &value).await?);
+        }
+        if results.is_empty() {
+            bail!("no manifest found");
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,315 @@
+//! `drover demo`: the whole system on one machine with nothing to install. A
+//! control plane in a temporary directory, three agents as real processes over
+//! WebSocket in simulate mode (one of them a canary), and a TaskRun followed
+//! to its end: the canary finishes before the others are released.
+
+use crate::client::ApiClient;
+use crate::serve::{self, ServeOptions};
+use agent_core::DeviceId;
+use agent_core::model::JobStatus;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+pub struct DemoOptions {
+    pub agents: usize,
+    pub keep: bool,
+    pub agent_bin: Option<PathBuf>,
+}
+
+const RUN: &str = "demo-upgrade";
+const GROUP: &str = "demo";
+
+/// Finds drover-agent: given, next to this binary, or on PATH.
+fn find_agent_binary(given: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path);
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(sibling) = exe.parent().map(|d| d.join("drover-agent"))
+        && sibling.exists()
+    {
+        return Ok(sibling);
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("drover-agent");
+            if candidate.exists() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!("drover-agent not found next to drover or on PATH; build both with `cargo build --bins`")
+}
+
+fn toml_string(value: &str) -> String {
+    // A JSON string literal is a valid TOML basic string.
+    serde_json::to_string(value).unwrap_or_else(|_| "\"\"".into())
+}
+
+fn agent_config(dir: &Path, device: &str, agent_addr: &str, token: &str) -> String {
+    format!(
+        "device_id = {device}\nstate_dir = {state}\nstatus_socket = {socket}\n\n\
+         [transport]\nkind = \"websocket\"\nserver_url = {url}\ntoken = {token}\n\
+         heartbeat_seconds = 5\nbackoff_max_seconds = 5\n\n\
+         [updater]\nmode = \"simulate\"\nmin_free_mib = 50\n",
+        device = toml_string(device),
+        state = toml_string(&dir.join("state").display().to_string()),
+        socket = toml_string(&dir.join("status.sock").display().to_string()),
+        url = toml_string(&format!("ws://{agent_addr}")),
+        token = toml_string(token),
+    )
+}
+
+struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for child in &mut self.0 {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub async fn run(options: DemoOptions) -> Result<bool> {
+    if !Path::new("/usr/bin/apt-get").exists() {
+        bail!(
+            "this machine has no apt-get: the demo's agents simulate a full system upgrade with \
+             `apt-get -s full-upgrade`, which needs a Debian-based system (Debian, Raspberry Pi OS, Ubuntu)"
+        );
+    }
+    if options.agents == 0 {
+        bail!("the demo needs at least one agent");
+    }
+    let agent_bin = find_agent_binary(options.agent_bin)?;
+    let dir = tempfile::Builder::new().prefix("drover-demo-").tempdir()?;
+    println!("demo directory: {}", dir.path().display());
+    let shutdown = CancellationToken::new();
+    let started = serve::start(
+        ServeOptions {
+            data: dir.path().join("control-plane"),
+            listen: "127.0.0.1:0".parse()?,
+            agent_listen: "127.0.0.1:0".parse()?,
+            agent_tls: None,
+            ack_timeout: Duration::from_secs(60),
+            pass_interval: Duration::from_millis(250),
+            operator_token: None,
+        },
+        shutdown.clone(),
+    )
+    .await?;
+    println!(
+        "control plane: API http://{}, agents ws://{}",
+        started.api_addr, started.agent_addr
+    );
+    let client = ApiClient::new(
+        &format!("http://{}", started.api_addr),
+        started.secrets.operator_token(),
+    )?;
+
+    let devices: Vec<String> = (1..=options.agents)
+        .map(|i| format!("device-{i}"))
+        .collect();
+    for (i, device) in devices.iter().enumerate() {
+        let mut labels = BTreeMap::new();
+        if i == 0 {
+            labels.insert("canary", "true");
+        }
+        client
+            .post(
+                "/apply",
+                &json!({
+                    "apiVersion": crate::records::API_VERSION, "kind": "Device",
+                    "metadata": {"name": device, "labels": labels},
+                    "spec": {"groups": [GROUP]}
+                }),
+            )
+            .await?;
+    }
+    println!(
+        "devices: {} in group {GROUP:?}; {} labelled canary=true",
+        devices.join(", "),
+        devices[0]
+    );
+
+    let mut agents = Agents(Vec::new());
+    for device in &devices {
+        let agent_dir = dir.path().join("agents").join(device);
+        std::fs::create_dir_all(&agent_dir)?;
+        let token = started
+            .secrets
+            .device_token(&DeviceId::new(device.clone())?);
+        let config = agent_dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            agent_config(&agent_dir, device, &started.agent_addr.to_string(), &token),
+        )?;
+        let log = std::fs::File::create(agent_dir.join("agent.log"))?;
+        let child = Command::new(&agent_bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", agent_bin.display()))?;
+        agents.0.push(child);
+    }
+    println!(
+        "agents: {} drover-agent processes started (simulate mode)",
+        devices.len()
+    );
+    wait_for_agents(&client, &devices, dir.path()).await?;
+
+    let result = client
+        .post(
+            "/apply",
+            &json!({
+                "apiVersion": crate::records::API_VERSION, "kind": "TaskRun",
+                "metadata": {"name": RUN},
+                "spec": {"allowedGroups": [GROUP], "targetSelector": {"matchLabels": {}},
+                         "deadlineSeconds": 600, "systemUpgradeV1": {}}
+            }),
+        )
+        .await?;
+    println!(
+        "taskrun {RUN} applied (uid {})",
+        result["uid"].as_str().unwrap_or("?")
+    );
+    let complete = follow(&client, RUN).await?;
+
+    let run: Value = client.get(&format!("/taskruns/{RUN}")).await?;
+    println!(
+        "\nfinal status of {RUN}:\n{}",
+        serde_json::to_string_pretty(&run["status"])?
+    );
+    let targets: Value = client.get(&format!("/taskruns/{RUN}/targets")).await?;
+    println!("\nsteps on each device:");
+    for item in targets["items"].as_array().into_iter().flatten() {
+        match serde_json::from_value::<JobStatus>(item["status"].clone()) {
+            Ok(status) => print!("{}", agent_core::report::format_job(&status)),
+            Err(_) => println!("{}: no status", item["device"].as_str().unwrap_or("?")),
+        }
+    }
+    drop(agents);
+    shutdown.cancel();
+    for task in started.tasks {
+        let _ = task.await;
+    }
+    if options.keep {
+        let kept = dir.keep();
+        println!("kept the demo directory {}", kept.display());
+    }
+    println!(
+        "\nrun {RUN} is {}",
+        if complete { "Complete" } else { "not Complete" }
+    );
+    Ok(complete)
+}
+
+async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed: Vec<crate::records::DeviceRecord> = client.get("/devices").await?;
+        let ready = devices.iter().all(|d| {
+            listed
+                .iter()
+                .any(|r| r.id.as_str() == d && r.agent_present && !r.capabilities.is_empty())
+        });
+        if ready {
+            println!(
+                "agents: all {} connected and advertising systemUpgradeV1",
+                devices.len()
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "agents did not connect within 30 s; see their logs under {}",
+                dir.join("agents").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Prints each change of the run and of its targets until the run ends.
+async fn follow(client: &ApiClient, name: &str) -> Result<bool> {
+    let start = Instant::now();
+    let stamp = || format!("[{:>6.1}s]", start.elapsed().as_secs_f64());
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_phase = String::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let run: Value = client.get(&format!("/taskruns/{name}")).await?;
+        let status = &run["status"];
+        let phase = status["phase"].as_str().unwrap_or("?").to_owned();
+        let targets: Value = client.get(&format!("/taskruns/{name}/targets")).await?;
+        for item in targets["items"].as_array().into_iter().flatten() {
+            let device = item["device"].as_str().unwrap_or("?").to_owned();
+            let canary = if item["canary"].as_bool() == Some(true) {
+                " (canary)"
+            } else {
+                ""
+            };
+            let state = match (&item["status"], item["released"].as_bool()) {
+                (Value::Null, Some(true)) => "released".to_owned(),
+                (Value::Null, _) => continue,
+                (status, _) => {
+                    let state = status["state"].as_str().unwrap_or("?");
+                    let step = status["steps"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|s| s["state"] == "Running")
+                        .and_then(|s| s["name"].as_str());
+                    match step {
+                        Some(step) if state == "Running" => format!("Running step {step}"),
+                        _ => state.to_owned(),
+                    }
+                }
+            };
+            if seen.get(&device) != Some(&state) {
+                println!("{} {device}{canary}: {state}", stamp());
+                seen.insert(device, state);
+            }
+        }
+        if phase != last_phase {
+            println!(
+                "{} run {name}: {phase} ({} targets, {} canary, {} succeeded, {} failed)",
+                stamp(),
+                status["targets"],
+                status["canaries"],
+                status["succeeded"],
+                status["failed"]
+            );
+            last_phase = phase.clone();
+        }
+        if phase == "Complete" || phase == "Failed" {
+            return Ok(phase == "Complete");
+        }
+        if Instant::now() > deadline {
+            bail!("run {name} did not finish within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}

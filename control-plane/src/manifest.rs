@@ -1,0 +1,272 @@
+//! Manifests as operators write them (`drover apply -f`): a TaskRun exactly as
+//! the fleet-tasks seed shows it, and a Device carrying groups and labels.
+//! Unknown fields are refused, so a typo never widens a rollout.
+
+use crate::records::{API_VERSION, TargetSelector, TaskRunRecord, TaskRunSpec};
+use agent_core::DeviceId;
+use agent_core::model::Empty;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Longest deadline a run may ask for: 30 days.
+pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Manifest {
+    TaskRun {
+        name: String,
+        spec: TaskRunSpec,
+    },
+    Device {
+        id: DeviceId,
+        labels: BTreeMap<String, String>,
+        spec: DeviceSpec,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceSpec {
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub time_zone: Option<String>,
+    #[serde(default)]
+    pub decommissioned: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Raw {
+    api_version: String,
+    kind: String,
+    metadata: Metadata,
+    spec: serde_json::Value,
+    /// Ignored: status is the control plane's to write.
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Metadata {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireTaskRunSpec {
+    #[serde(default)]
+    allowed_groups: Vec<String>,
+    #[serde(default)]
+    target_selector: WireSelector,
+    deadline_seconds: u64,
+    system_upgrade_v1: Option<Empty>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireSelector {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    match_expressions: Option<serde_json::Value>,
+}
+
+/// A resource name: 1 to 63 of `[a-z0-9-]`, starting and ending alphanumeric.
+pub fn valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Parses and validates one manifest; the error lists what is wrong.
+pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
+    let raw: Raw = serde_json::from_value(value).map_err(|e| format!("not a manifest: {e}"))?;
+    if raw.api_version != API_VERSION {
+        return Err(format!(
+            "apiVersion must be {API_VERSION}, got {}",
+            raw.api_version
+        ));
+    }
+    match raw.kind.as_str() {
+        "TaskRun" => {
+            if !valid_name(&raw.metadata.name) {
+                return Err(format!(
+                    "metadata.name {:?} must be 1 to 63 of [a-z0-9-], starting and ending alphanumeric",
+                    raw.metadata.name
+                ));
+            }
+            let wire: WireTaskRunSpec = serde_json::from_value(raw.spec)
+                .map_err(|e| format!("invalid TaskRun spec: {e}"))?;
+            let mut problems = Vec::new();
+            if wire.allowed_groups.is_empty() {
+                problems.push("spec.allowedGroups needs at least one group".to_owned());
+            }
+            if wire.target_selector.match_expressions.is_some() {
+                problems.push(
+                    "spec.targetSelector.matchExpressions is not implemented yet and fails closed; use matchLabels"
+                        .to_owned(),
+                );
+            }
+            if wire.deadline_seconds == 0 || wire.deadline_seconds > MAX_DEADLINE_SECONDS {
+                problems.push(format!(
+                    "spec.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
+                ));
+            }
+            let Some(system_upgrade_v1) = wire.system_upgrade_v1 else {
+                problems.push("spec needs a workload: systemUpgradeV1: {}".to_owned());
+                return Err(problems.join("; "));
+            };
+            if !problems.is_empty() {
+                return Err(problems.join("; "));
+            }
+            Ok(Manifest::TaskRun {
+                name: raw.metadata.name,
+                spec: TaskRunSpec {
+                    allowed_groups: wire.allowed_groups,
+                    target_selector: TargetSelector {
+                        match_labels: wire.target_selector.match_labels,
+                    },
+                    deadline_seconds: wire.deadline_seconds,
+                    system_upgrade_v1,
+                },
+            })
+        }
+        "Device" => {
+            let id = DeviceId::new(raw.metadata.name).map_err(|e| e.to_string())?;
+            let spec: DeviceSpec = serde_json::from_value(raw.spec)
+                .map_err(|e| format!("invalid Device spec: {e}"))?;
+            if raw.metadata.labels.contains_key("device-id") {
+                return Err("label device-id is implicit and cannot be set".into());
+            }
+            Ok(Manifest::Device {
+                id,
+                labels: raw.metadata.labels,
+                spec,
+            })
+        }
+        other => Err(format!(
+            "unknown kind {other:?}; this control plane serves TaskRun and Device"
+        )),
+    }
+}
+
+/// A run as the API shows it: the manifest with its status.
+pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "TaskRun",
+        "metadata": {
+            "name": run.name,
+            "uid": run.uid.to_string(),
+            "creationTimestamp": run.created_at.to_string(),
+        },
+        "spec": run.spec,
+        "status": run.status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of the fleet-tasks seed, unchanged.
+    pub const SEED_EXAMPLE: &str = r#"{
+        "apiVersion": "fleet.nationtech.io/v1alpha1",
+        "kind": "TaskRun",
+        "metadata": {"name": "upgrade-device-1"},
+        "spec": {
+            "allowedGroups": ["production"],
+            "targetSelector": {"matchLabels": {"device-id": "device-1"}},
+            "deadlineSeconds": 21600,
+            "systemUpgradeV1": {}
+        }
+    }"#;
+
+    fn check(edit: &dyn Fn(&mut serde_json::Value), expected: Result<(), &str>) {
+        let mut value: serde_json::Value = serde_json::from_str(SEED_EXAMPLE).expect("json");
+        edit(&mut value);
+        match (parse(value), expected) {
+            (Ok(_), Ok(())) => {}
+            (Err(e), Err(fragment)) => assert!(e.contains(fragment), "{e}"),
+            (got, expected) => panic!("got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn the_seed_example_applies_and_bad_specs_are_refused() {
+        check(&|_| {}, Ok(()));
+        check(
+            &|v| v["spec"]["allowedGroups"] = serde_json::json!([]),
+            Err("at least one group"),
+        );
+        check(
+            &|v| {
+                v["spec"]["targetSelector"]["matchExpressions"] = serde_json::json!([{"key": "a"}])
+            },
+            Err("fails closed"),
+        );
+        check(
+            &|v| v["spec"]["systemUpgradeV1"] = serde_json::json!({"packages": ["x"]}),
+            Err("unknown field"),
+        );
+        check(
+            &|v| v["spec"]["command"] = serde_json::json!("reboot"),
+            Err("unknown field"),
+        );
+        check(
+            &|v| v["spec"]["deadlineSeconds"] = serde_json::json!(0),
+            Err("deadlineSeconds"),
+        );
+        check(
+            &|v| {
+                v["spec"]
+                    .as_object_mut()
+                    .expect("object")
+                    .remove("systemUpgradeV1");
+            },
+            Err("needs a workload"),
+        );
+        check(
+            &|v| v["apiVersion"] = serde_json::json!("v1"),
+            Err("apiVersion must be"),
+        );
+        check(
+            &|v| v["kind"] = serde_json::json!("Pod"),
+            Err("unknown kind"),
+        );
+        check(
+            &|v| v["metadata"]["name"] = serde_json::json!("Bad_Name"),
+            Err("metadata.name"),
+        );
+    }
+
+    #[test]
+    fn devices_carry_groups_and_labels() {
+        let value = serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Device",
+            "metadata": {"name": "pi-1", "labels": {"canary": "true"}},
+            "spec": {"groups": ["production"], "timeZone": "Europe/Sofia"}
+        });
+        match parse(value).expect("device") {
+            Manifest::Device { id, labels, spec } => {
+                assert_eq!(id.as_str(), "pi-1");
+                assert_eq!(labels.get("canary").map(String::as_str), Some("true"));
+                assert_eq!(spec.groups, vec!["production"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The control plane's records and their keys. Records are postcard in a
+//! versioned envelope (the variant index is the schema version byte); every
+//! update goes through a compare-and-set retry loop ([`Db::update`]).
+
+use crate::store::{KvError, KvStore};
+use agent_core::model::{Intent, JobStatus};
+use agent_core::{DeviceId, JobId};
+use jiff::Timestamp;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+pub const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
+/// Targets per plan chunk: the plan of a 20,000-device run is 40 small values.
+pub const PLAN_CHUNK: usize = 500;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRecord {
+    pub id: DeviceId,
+    pub groups: BTreeSet<String>,
+    pub labels: BTreeMap<String, String>,
+    /// IANA time zone of the device's site, for maintenance windows.
+    pub time_zone: Option<String>,
+    pub decommissioned: bool,
+    /// An agent has connected with this device's credentials at least once.
+    pub agent_present: bool,
+    pub capabilities: Vec<String>,
+    pub agent_version: Option<String>,
+    pub boot_id: Option<String>,
+    pub os_release: Option<String>,
+    pub architecture: Option<String>,
+    pub last_heartbeat: Option<Timestamp>,
+    pub last_seen: Option<Timestamp>,
+}
+
+impl DeviceRecord {
+    pub fn new(id: DeviceId) -> Self {
+        Self {
+            id,
+            groups: BTreeSet::new(),
+            labels: BTreeMap::new(),
+            time_zone: None,
+            decommissioned: false,
+            agent_present: false,
+            capabilities: Vec::new(),
+            agent_version: None,
+            boot_id: None,
+            os_release: None,
+            architecture: None,
+            last_heartbeat: None,
+            last_seen: None,
+        }
+    }
+
+    /// The device's labels including the implicit `device-id` label, so a
+    /// selector can pick one device by name as the fleet-tasks seed does.
+    pub fn effective_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        labels.insert("device-id".into(), self.id.to_string());
+        labels
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRunSpec {
+    pub allowed_groups: Vec<String>,
+    pub target_selector: TargetSelector,
+    pub deadline_seconds: u64,
+    /// The only workload so far; always present in a valid spec.
+    pub system_upgrade_v1: agent_core::model::Empty,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    Planning,
+    Running,
+    Complete,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Complete | Phase::Failed)
+    }
+}
+
+/// Aggregate status only: no per-device map grows with the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStatus {
+    pub phase: Phase,
+    pub reason: Option<String>,
+    pub targets: u32,
+    pub canaries: u32,
+    pub released: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub start_time: Option<Timestamp>,
+    pub completion_time: Option<Timestamp>,
+    /// `<device>: <error>`, bounded to 1 KiB.
+    pub latest_error: Option<String>,
+    pub plan_chunks: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRunRecord {
+    pub name: String,
+    /// The run UID, which is also every target's job id and attempt id.
+    pub uid: JobId,
+    pub created_at: Timestamp,
+    pub spec: TaskRunSpec,
+    pub status: RunStatus,
+}
+
+impl TaskRunRecord {
+    pub fn deadline(&self) -> Timestamp {
+        let start = self.status.start_time.unwrap_or(self.created_at);
+        let seconds = i64::try_from(self.spec.deadline_seconds).unwrap_or(i64::MAX / 2);
+        start
+            .checked_add(jiff::SignedDuration::from_secs(seconds))
+            .unwrap_or(Timestamp::MAX)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanTarget {
+    pub device: DeviceId,
+    pub canary: bool,
+}
+
+/// Where a job is on its way to the device (the jobs seed's delivery states).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Delivery {
+    Created,
+    Sent { at: Timestamp },
+    Acked { at: Timestamp },
+}
+
+/// One job for one device: its intent, delivery state and latest status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobDelivery {
+    pub intent: Intent,
+    pub run: Option<String>,
+    pub delivery: Delivery,
+    pub status: Option<JobStatus>,
+    pub created_at: Timestamp,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Versioned<T> {
+    V1(T),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error("corrupt record {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("cannot encode a record: {0}")]
+    Encode(#[from] postcard::Error),
+    #[error("{key} kept changing under concurrent writers; gave up after {tries} tries")]
+    Contention { key: String, tries: u32 },
+}
+
+pub fn device_key(id: &DeviceId) -> String {
+    format!("devices/{id}")
+}
+pub fn run_key(name: &str) -> String {
+    format!("runs/{name}")
+}
+pub fn plan_key(uid: JobId, index: u32) -> String {
+    format!("plans/{uid}/{index:06}")
+}
+pub fn job_key(device: &DeviceId, job: JobId) -> String {
+    format!("jobs/{device}/{job}")
+}
+pub fn device_jobs_prefix(device: &DeviceId) -> String {
+    format!("jobs/{device}/")
+}
+
+/// Typed access to the key-value store.
+#[derive(Clone)]
+pub struct Db {
+    kv: Arc<dyn KvStore>,
+}
+
+impl Db {
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        Self { kv }
+    }
+
+    fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
+        match postcard::from_bytes::<Versioned<T>>(bytes) {
+            Ok(Versioned::V1(value)) => Ok(value),
+            Err(e) => Err(DbError::Corrupt {
+                key: key.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
+        match self.kv.get(key)? {
+            Some(entry) => Ok(Some((entry.revision, Self::decode(key, &entry.value)?))),
+            None => Ok(None),
+        }
+    }
+
+    pub fn put<T: Serialize>(&self, key: &str, value: &T, expected: u64) -> Result<u64, DbError> {
+        let bytes = postcard::to_stdvec(&Versioned::V1(value))?;
+        Ok(self.kv.put(key, &bytes, expected)?)
+    }
+
+    pub fn delete(&self, key: &str, expected: u64) -> Result<(), DbError> {
+        Ok(self.kv.delete(key, expected)?)
+    }
+
+    pub fn list<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, u64, T)>, DbError> {
+        self.kv
+            .list(prefix)?
+            .into_iter()
+            .map(|(key, entry)| {
+                let value = Self::decode(&key, &entry.value)?;
+                Ok((key, entry.revision, value))
+            })
+            .collect()
+    }
+
+    /// Read-modify-write under a revision check, retried on conflict. `change`
+    /// returns None to leave the record as it is.
+    pub fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DbError>
+    where
+        T: Serialize + DeserializeOwned + Clone,
+        F: FnMut(Option<T>) -> Option<T>,
+    {
+        const TRIES: u32 = 50;
+        for _ in 0..TRIES {
+            let current = self.get::<T>(key)?;
+            let (revision, value) = match current {
+                Some((revision, value)) => (revision, Some(value)),
+                None => (0, None),
+            };
+            let Some(next) = change(value.clone()) else {
+                return Ok(value);
+            };
+            match self.put(key, &next, revision) {
+                Ok(_) => return Ok(Some(next)),
+                Err(DbError::Kv(e)) if e.is_conflict() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(DbError::Contention {
+            key: key.to_owned(),
+            tries: TRIES,
+        })
+    }
+}

@@ -1,0 +1,314 @@
+//! The rollout rules of a TaskRun as one pure function over the frozen plan,
+//! each target's outcome and the clock: canaries first, every canary must
+//! succeed before the rest are released, a revoked target fails the run and
+//! is never replaced, the deadline bounds everything, a terminal run stays so.
+
+use agent_core::DeviceId;
+use jiff::Timestamp;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Not released yet.
+    Unreleased,
+    /// Released, no terminal status yet.
+    Pending,
+    Succeeded,
+    Failed(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetView {
+    pub device: DeviceId,
+    pub canary: bool,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    Complete,
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub targets: u32,
+    pub canaries: u32,
+    pub released: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub release: Vec<DeviceId>,
+    pub finish: Option<Finish>,
+    pub counts: Counts,
+}
+
+/// Decides one pass. `revoked` says whether a device lost its authorization.
+pub fn decide(
+    targets: &[TargetView],
+    now: Timestamp,
+    deadline: Timestamp,
+    revoked: &dyn Fn(&DeviceId) -> bool,
+) -> Decision {
+    let mut counts = Counts {
+        targets: targets.len() as u32,
+        ..Counts::default()
+    };
+    for t in targets {
+        counts.canaries += u32::from(t.canary);
+        match t.outcome {
+            Outcome::Unreleased => {}
+            Outcome::Pending => counts.released += 1,
+            Outcome::Succeeded => {
+                counts.released += 1;
+                counts.succeeded += 1;
+            }
+            Outcome::Failed(_) => {
+                counts.released += 1;
+                counts.failed += 1;
+            }
+        }
+    }
+    let done = |finish| Decision {
+        release: Vec::new(),
+        finish: Some(finish),
+        counts: counts.clone(),
+    };
+    let failed_canary = targets.iter().find_map(|t| match &t.outcome {
+        Outcome::Failed(error) if t.canary => Some(format!("{}: {error}", t.device)),
+        _ => None,
+    });
+    if let Some(message) = failed_canary {
+        return done(Finish::Failed {
+            reason: "CanaryFailed",
+            message,
+        });
+    }
+    let all_terminal = targets
+        .iter()
+        .all(|t| matches!(t.outcome, Outcome::Succeeded | Outcome::Failed(_)));
+    if all_terminal {
+        if counts.failed == 0 {
+            return done(Finish::Complete);
+        }
+        let message = targets
+            .iter()
+            .rev()
+            .find_map(|t| match &t.outcome {
+                Outcome::Failed(e) => Some(format!("{}: {e}", t.device)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        return done(Finish::Failed {
+            reason: "TargetsFailed",
+            message,
+        });
+    }
+    if now >= deadline {
+        return done(Finish::Failed {
+            reason: "DeadlineExceeded",
+            message: format!(
+                "{} of {} targets had not finished by the deadline {deadline}",
+                counts.targets - counts.succeeded - counts.failed,
+                counts.targets
+            ),
+        });
+    }
+    let canaries_pending = targets
+        .iter()
+        .any(|t| t.canary && t.outcome != Outcome::Succeeded);
+    let release: Vec<&TargetView> = targets
+        .iter()
+        .filter(|t| t.outcome == Outcome::Unreleased && (t.canary || !canaries_pending))
+        .collect();
+    if let Some(t) = release.iter().find(|t| revoked(&t.device)) {
+        return done(Finish::Failed {
+            reason: "TargetRevoked",
+            message: format!("{} is no longer in an allowed group", t.device),
+        });
+    }
+    Decision {
+        release: release.iter().map(|t| t.device.clone()).collect(),
+        finish: None,
+        counts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Outcome::*;
+
+    fn t(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("time")
+    }
+
+    fn view(spec: &[(&str, bool, Outcome)]) -> Vec<TargetView> {
+        spec.iter()
+            .map(|(id, canary, outcome)| TargetView {
+                device: DeviceId::new(*id).expect("valid"),
+                canary: *canary,
+                outcome: outcome.clone(),
+            })
+            .collect()
+    }
+
+    fn check(
+        targets: &[(&str, bool, Outcome)],
+        now: i64,
+        revoked: &[&str],
+        release: &[&str],
+        finish: Option<&str>,
+    ) {
+        let decision = decide(&view(targets), t(now), t(100), &|d| {
+            revoked.contains(&d.as_str())
+        });
+        let got: Vec<&str> = decision.release.iter().map(|d| d.as_str()).collect();
+        assert_eq!(got, release, "{targets:?}");
+        let reason = decision.finish.map(|f| match f {
+            Finish::Complete => "Complete",
+            Finish::Failed { reason, .. } => reason,
+        });
+        assert_eq!(reason, finish, "{targets:?}");
+    }
+
+    #[test]
+    fn canary_release_table() {
+        let f = || Failed("apt failed".into());
+        // No canary: everything at once.
+        check(
+            &[("a", false, Unreleased), ("b", false, Unreleased)],
+            0,
+            &[],
+            &["a", "b"],
+            None,
+        );
+        // Canaries first, the rest wait.
+        check(
+            &[("a", true, Unreleased), ("b", false, Unreleased)],
+            0,
+            &[],
+            &["a"],
+            None,
+        );
+        check(
+            &[("a", true, Pending), ("b", false, Unreleased)],
+            0,
+            &[],
+            &[],
+            None,
+        );
+        // Every canary must succeed before the rest go.
+        check(
+            &[
+                ("a", true, Succeeded),
+                ("c", true, Pending),
+                ("b", false, Unreleased),
+            ],
+            0,
+            &[],
+            &[],
+            None,
+        );
+        check(
+            &[("a", true, Succeeded), ("b", false, Unreleased)],
+            0,
+            &[],
+            &["b"],
+            None,
+        );
+        // A failed canary stops the rollout; the others never receive an intent.
+        check(
+            &[("a", true, f()), ("b", false, Unreleased)],
+            0,
+            &[],
+            &[],
+            Some("CanaryFailed"),
+        );
+        // Completion and failure.
+        check(
+            &[("a", true, Succeeded), ("b", false, Succeeded)],
+            0,
+            &[],
+            &[],
+            Some("Complete"),
+        );
+        check(
+            &[("a", false, Succeeded), ("b", false, f())],
+            0,
+            &[],
+            &[],
+            Some("TargetsFailed"),
+        );
+        // Deadline: unfinished targets fail the run; finished ones decide it.
+        check(
+            &[("a", false, Pending)],
+            100,
+            &[],
+            &[],
+            Some("DeadlineExceeded"),
+        );
+        check(
+            &[("a", true, Pending), ("b", false, Unreleased)],
+            150,
+            &[],
+            &[],
+            Some("DeadlineExceeded"),
+        );
+        check(&[("a", false, Succeeded)], 150, &[], &[], Some("Complete"));
+        // Revocation before release fails the run; nothing is substituted.
+        check(
+            &[("a", false, Unreleased), ("b", false, Unreleased)],
+            0,
+            &["b"],
+            &[],
+            Some("TargetRevoked"),
+        );
+        // Revocation of an already released device does not matter to release.
+        check(
+            &[("a", false, Pending), ("b", false, Unreleased)],
+            0,
+            &["a"],
+            &["b"],
+            None,
+        );
+        // A canary revoked while the rest wait fails the run at its release.
+        check(
+            &[("a", true, Unreleased), ("b", false, Unreleased)],
+            0,
+            &["a"],
+            &[],
+            Some("TargetRevoked"),
+        );
+    }
+
+    #[test]
+    fn counts_are_aggregates() {
+        let d = decide(
+            &view(&[
+                ("a", true, Succeeded),
+                ("b", false, Pending),
+                ("c", false, Failed("x".into())),
+                ("d", false, Unreleased),
+            ]),
+            t(0),
+            t(100),
+            &|_| false,
+        );
+        assert_eq!(
+            d.counts,
+            Counts {
+                targets: 4,
+                canaries: 1,
+                released: 3,
+                succeeded: 1,
+                failed: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,106 @@
+//! `drover serve`: the embedded store, the run engine, the agents' WebSocket
+//! listener and the operators' API, started together and stopped together.
+
+use crate::agents::AgentService;
+use crate::api::{self, ApiState};
+use crate::auth::Secrets;
+use crate::engine::Engine;
+use crate::hub::Hub;
+use crate::records::Db;
+use crate::store::RedbKv;
+use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub data: PathBuf,
+    pub listen: SocketAddr,
+    pub agent_listen: SocketAddr,
+    pub agent_tls: Option<(PathBuf, PathBuf)>,
+    pub ack_timeout: Duration,
+    pub pass_interval: Duration,
+    pub operator_token: Option<String>,
+}
+
+/// A started control plane.
+pub struct Started {
+    pub api_addr: SocketAddr,
+    pub agent_addr: SocketAddr,
+    pub secrets: Arc<Secrets>,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
+    std::fs::create_dir_all(&options.data).with_context(|| {
+        format!(
+            "cannot create the data directory {}",
+            options.data.display()
+        )
+    })?;
+    let kv = RedbKv::open(&options.data.join("drover.redb"))?;
+    let db = Db::new(Arc::new(kv));
+    let secrets = Arc::new(Secrets::load_or_create(
+        &options.data,
+        options.operator_token.clone(),
+    )?);
+    let hub = Arc::new(Hub::default());
+    let wake = Arc::new(Notify::new());
+    let engine = Arc::new(Engine::new(db.clone(), hub.clone(), wake.clone()));
+    let tls = match &options.agent_tls {
+        Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
+            transport_websocket::tls::server_config(cert, key)?,
+        )),
+        None => None,
+    };
+    let agents = Arc::new(AgentService {
+        db: db.clone(),
+        hub,
+        secrets: secrets.clone(),
+        engine_wake: wake.clone(),
+        tls,
+        ack_timeout: options.ack_timeout,
+    });
+    let api_listener = TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.listen))?;
+    let agent_listener = TcpListener::bind(options.agent_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.agent_listen))?;
+    let api_addr = api_listener.local_addr()?;
+    let agent_addr = agent_listener.local_addr()?;
+    let router = api::router(ApiState {
+        db,
+        secrets: secrets.clone(),
+        engine: engine.clone(),
+        engine_wake: wake,
+    });
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(
+        engine.run(options.pass_interval, shutdown.clone()),
+    ));
+    tasks.push(tokio::spawn(agents.serve(agent_listener, shutdown.clone())));
+    let api_shutdown = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let served = axum::serve(api_listener, router)
+            .with_graceful_shutdown(async move { api_shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "API server stopped");
+        }
+    }));
+    info!(api = %api_addr, agents = %agent_addr, data = %options.data.display(), "drover control plane serving");
+    Ok(Started {
+        api_addr,
+        agent_addr,
+        secrets,
+        tasks,
+    })
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The demo: a control plane, three agents and a task run, end to end, on the
+# embedded store. Nothing to install beyond a Rust toolchain on Debian.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --bins --quiet
+exec target/debug/drover demo "$@"

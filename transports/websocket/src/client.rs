@@ -1,0 +1,348 @@
+//! The agent's end: connect (TLS unless loopback), say `hello`, then move
+//! messages between the socket and [`agent_core::executor::Agent`] until the
+//! connection drops, and reconnect with capped, jittered backoff.
+
+use crate::protocol::{AgentMessage, ServerMessage};
+use crate::tls::{client_config, is_loopback};
+use crate::{AGENT_PATH_PREFIX, ws_config};
+use agent_core::executor::{AdmitError, Agent};
+use agent_core::wire::parse_intent_value;
+use futures_util::{SinkExt, StreamExt};
+use jiff::Timestamp;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{HeaderValue, Uri, header};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Any byte stream a WebSocket can run over (plain TCP or TLS).
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+#[derive(Debug, Clone)]
+pub struct ClientSettings {
+    /// `wss://host:port` (or `ws://` to a loopback host).
+    pub server_url: String,
+    /// This device's bearer token.
+    pub token: String,
+    /// CAs to trust for `wss://`.
+    pub ca_file: PathBuf,
+    pub heartbeat_interval: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("bad server_url {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("refusing plain ws:// to {0}, which is not a loopback address; use wss://")]
+    PlainToRemote(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting to {0} timed out")]
+    ConnectTimeout(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(std::io::Error),
+    #[error("WebSocket error: {0}")]
+    Ws(#[from] tungstenite::Error),
+    #[error("the server said nothing for {0:?}; reconnecting")]
+    Silent(Duration),
+    #[error("the server closed the connection")]
+    Closed,
+    #[error("agent store error: {0}")]
+    Store(#[from] agent_core::store::StoreError),
+}
+
+impl ClientError {
+    /// Configuration errors do not heal by retrying; they are still retried
+    /// (the file may be fixed), but logged as errors.
+    fn is_config(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Url { .. } | ClientError::PlainToRemote(_) | ClientError::Tls(_)
+        )
+    }
+}
+
+/// The delay before reconnect attempt `failures` (1-based): exponential, capped,
+/// with full jitter in its upper half so a fleet does not reconnect in step.
+pub fn backoff(failures: u32, initial: Duration, max: Duration) -> Duration {
+    let exp = initial.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)));
+    let ceiling = exp.min(max);
+    let half = ceiling / 2;
+    half + Duration::from_millis(fastrand::u64(0..=half.as_millis() as u64))
+}
+
+/// Runs the agent's connection until `shutdown`.
+pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
+    let mut failures = 0u32;
+    agent.update_link(|l| l.transport = "websocket".into());
+    loop {
+        let started = Instant::now();
+        let result = connect_and_serve(&settings, &agent, &shutdown).await;
+        agent.update_link(|l| l.connected = false);
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match result {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                // A connection that worked for a while resets the backoff.
+                if started.elapsed() > settings.backoff_max {
+                    failures = 0;
+                }
+                failures += 1;
+                if e.is_config() {
+                    tracing::error!(error = %e, "cannot connect to the control plane");
+                } else {
+                    warn!(error = %e, "connection to the control plane lost");
+                }
+                agent.update_link(|l| l.last_error = Some(e.to_string()));
+            }
+        }
+        let delay = backoff(
+            failures.max(1),
+            settings.backoff_initial,
+            settings.backoff_max,
+        );
+        debug!(?delay, "reconnecting after a delay");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn connect(
+    settings: &ClientSettings,
+    device: &str,
+) -> Result<WebSocketStream<Box<dyn Io>>, ClientError> {
+    let url_error = |reason: &str| ClientError::Url {
+        url: settings.server_url.clone(),
+        reason: reason.into(),
+    };
+    let base = settings.server_url.trim_end_matches('/');
+    let full = format!("{base}{AGENT_PATH_PREFIX}{device}");
+    let uri: Uri = full.parse().map_err(|_| url_error("not a URL"))?;
+    let host = uri.host().ok_or_else(|| url_error("no host"))?.to_owned();
+    let secure = match uri.scheme_str() {
+        Some("wss") => true,
+        Some("ws") => false,
+        _ => return Err(url_error("scheme must be ws:// or wss://")),
+    };
+    if !secure && !is_loopback(&host) {
+        return Err(ClientError::PlainToRemote(host));
+    }
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let addr = format!(
+        "{}:{port}",
+        host.trim_start_matches('[').trim_end_matches(']')
+    );
+    let tcp = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(&addr))
+        .await
+        .map_err(|_| ClientError::ConnectTimeout(addr.clone()))?
+        .map_err(|source| ClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+    let _ = tcp.set_nodelay(true);
+    let stream: Box<dyn Io> = if secure {
+        let config = client_config(&settings.ca_file)?;
+        let name = rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|_| url_error("host is not a valid TLS server name"))?;
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(ClientError::TlsHandshake)?;
+        Box::new(tls)
+    } else {
+        Box::new(tcp)
+    };
+    let mut request = uri.into_client_request()?;
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", settings.token))
+        .map_err(|_| url_error("token is not a valid header value"))?;
+    request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    let (ws, _) = tokio::time::timeout(
+        settings.connect_timeout,
+        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
+    )
+    .await
+    .map_err(|_| ClientError::ConnectTimeout(addr))??;
+    Ok(ws)
+}
+
+async fn connect_and_serve(
+    settings: &ClientSettings,
+    agent: &Arc<Agent>,
+    shutdown: &CancellationToken,
+) -> Result<(), ClientError> {
+    let ws = tokio::select! {
+        ws = connect(settings, agent.device_id().as_str()) => ws?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    info!(url = %settings.server_url, "connected to the control plane");
+    agent.update_link(|l| {
+        l.connected = true;
+        l.last_contact = Some(Timestamp::now());
+        l.last_error = None;
+    });
+    let (mut sink, mut stream) = ws.split();
+    let hello = AgentMessage::Hello {
+        device_id: agent.device_id().clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        boot_id: agent.boot_id().to_owned(),
+        capabilities: agent.capabilities(),
+        jobs: agent.held_jobs()?,
+    };
+    sink.send(Message::text(hello.encode())).await?;
+    let mut sent_this_connection: HashSet<u64> = HashSet::new();
+    let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
+    let silence_limit = settings.heartbeat_interval * 3;
+    let mut last_heard = Instant::now();
+    loop {
+        for entry in agent.outbox(64)? {
+            if sent_this_connection.insert(entry.id) {
+                let message = if entry.status.state.is_terminal() {
+                    AgentMessage::Result {
+                        outbox_id: entry.id,
+                        status: entry.status,
+                    }
+                } else {
+                    AgentMessage::Progress {
+                        outbox_id: entry.id,
+                        status: entry.status,
+                    }
+                };
+                sink.send(Message::text(message.encode())).await?;
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = sink.send(Message::Close(None)).await;
+                return Ok(());
+            }
+            _ = heartbeat.tick() => {
+                if last_heard.elapsed() > silence_limit {
+                    return Err(ClientError::Silent(silence_limit));
+                }
+                let beat = AgentMessage::Heartbeat { heartbeat: agent.heartbeat()? };
+                sink.send(Message::text(beat.encode())).await?;
+                sink.send(Message::Ping(Vec::new().into())).await?;
+            }
+            _ = agent.heartbeat_wanted().notified() => {
+                let beat = AgentMessage::Heartbeat { heartbeat: agent.heartbeat()? };
+                sink.send(Message::text(beat.encode())).await?;
+            }
+            _ = agent.outbox_changed().notified() => {}
+            frame = stream.next() => {
+                let frame = match frame {
+                    None => return Err(ClientError::Closed),
+                    Some(frame) => frame?,
+                };
+                last_heard = Instant::now();
+                agent.update_link(|l| l.last_contact = Some(Timestamp::now()));
+                if let Some(reply) = handle_frame(frame, agent) {
+                    sink.send(Message::text(reply.encode())).await?;
+                }
+            }
+        }
+    }
+}
+
+/// Handles one frame from the server; returns the reply to send, if any.
+/// Nothing here may panic or stall: bad input gets an `error` reply (A7).
+fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
+    let text = match frame {
+        Message::Text(text) => text,
+        Message::Binary(_) => {
+            warn!("server sent a binary frame; ignoring it");
+            return Some(error_reply(
+                crate::protocol::DecodeError::Binary.to_string(),
+            ));
+        }
+        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) | Message::Close(_) => return None,
+    };
+    let message = match ServerMessage::decode(text.as_str()) {
+        Ok(message) => message,
+        Err(e) => {
+            warn!(error = %e, "unusable message from the server");
+            return Some(error_reply(e.to_string()));
+        }
+    };
+    match message {
+        ServerMessage::Job { intent } => match agent.admit(parse_intent_value(intent)) {
+            Ok(reply) => Some(AgentMessage::Ack {
+                job_id: reply.status.job_id,
+            }),
+            Err(AdmitError::Unreadable(e)) => {
+                warn!(error = %e, "job refused before it could be recorded");
+                Some(error_reply(format!("job refused: {e}")))
+            }
+            Err(AdmitError::Store(e)) => {
+                // No ack: the server re-sends the job once the ack times out.
+                tracing::error!(error = %e, "cannot record a job");
+                Some(error_reply(format!("cannot record the job: {e}")))
+            }
+        },
+        ServerMessage::Cancel { job_id } => {
+            match agent.cancel(job_id) {
+                Ok(Some(status)) => {
+                    info!(job_id = %job_id, state = ?status.state, "cancel handled")
+                }
+                Ok(None) => info!(job_id = %job_id, "cancel for an unknown job ignored"),
+                Err(e) => warn!(job_id = %job_id, error = %e, "cannot cancel"),
+            }
+            None
+        }
+        ServerMessage::Received { outbox_id } => {
+            if let Err(e) = agent.outbox_ack(outbox_id) {
+                warn!(outbox_id, error = %e, "cannot drop a confirmed status from the outbox");
+            }
+            None
+        }
+        ServerMessage::Error { message } => {
+            warn!(%message, "the server could not use a message");
+            None
+        }
+    }
+}
+
+fn error_reply(message: String) -> AgentMessage {
+    AgentMessage::Error {
+        message: agent_core::bounded(message, agent_core::MAX_ERROR_BYTES),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let initial = Duration::from_secs(1);
+        let max = Duration::from_secs(60);
+        for failures in 1..40 {
+            let d = backoff(failures, initial, max);
+            let ceiling = initial
+                .saturating_mul(2u32.saturating_pow((failures - 1).min(20)))
+                .min(max);
+            assert!(d >= ceiling / 2 && d <= ceiling, "{failures}: {d:?}");
+        }
+        assert!(backoff(30, initial, max) <= max);
+    }
+}

@@ -1,0 +1,177 @@
+//! The protocol's messages. Every message is one JSON text frame with a
+//! `type` field. The agent sends `hello`, `ack`, `progress`, `result`,
+//! `heartbeat` and `error`; the server sends `job`, `cancel`, `received` and
+//! `error`. `received` confirms a status so the agent can drop it from its
+//! durable outbox (A4); until then the agent re-sends it on every connection.
+
+use crate::MAX_MESSAGE_BYTES;
+use agent_core::model::{Heartbeat, HeldJob, JobStatus};
+use agent_core::{DeviceId, JobId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum AgentMessage {
+    /// First message on every connection: who the agent is and which jobs it
+    /// still holds, so both sides resynchronise.
+    Hello {
+        device_id: DeviceId,
+        agent_version: String,
+        boot_id: String,
+        capabilities: Vec<String>,
+        jobs: Vec<HeldJob>,
+    },
+    /// The job is durably recorded on the device (accepted, duplicate or refused).
+    Ack {
+        job_id: JobId,
+    },
+    /// A non-terminal status from the outbox.
+    Progress {
+        outbox_id: u64,
+        status: JobStatus,
+    },
+    /// A terminal status from the outbox.
+    Result {
+        outbox_id: u64,
+        status: JobStatus,
+    },
+    Heartbeat {
+        heartbeat: Heartbeat,
+    },
+    /// The agent could not use a message the server sent.
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum ServerMessage {
+    /// An intent, kept as raw JSON so the agent can refuse an unknown kind
+    /// with a reason instead of failing to parse the whole message.
+    Job {
+        intent: serde_json::Value,
+    },
+    Cancel {
+        job_id: JobId,
+    },
+    /// The status with this outbox id is stored by the server.
+    Received {
+        outbox_id: u64,
+    },
+    /// The server could not use a message the agent sent.
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("message is {size} bytes, over the protocol limit of {MAX_MESSAGE_BYTES}")]
+    TooLarge { size: usize },
+    #[error("message is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("message has no string field \"type\"")]
+    NoType,
+    #[error("unknown message type {0:?}")]
+    UnknownType(String),
+    #[error("malformed {kind} message: {reason}")]
+    Malformed { kind: String, reason: String },
+    #[error("binary frames are not part of the protocol; send JSON text")]
+    Binary,
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(text: &str, known: &[&str]) -> Result<T, DecodeError> {
+    if text.len() > MAX_MESSAGE_BYTES {
+        return Err(DecodeError::TooLarge { size: text.len() });
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let kind = value
+        .get("type")
+        .and_then(|t| t.as_str())
+        .ok_or(DecodeError::NoType)?
+        .to_owned();
+    if !known.contains(&kind.as_str()) {
+        return Err(DecodeError::UnknownType(kind));
+    }
+    serde_json::from_value(value).map_err(|e| DecodeError::Malformed {
+        kind,
+        reason: e.to_string(),
+    })
+}
+
+impl AgentMessage {
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        decode(
+            text,
+            &["hello", "ack", "progress", "result", "heartbeat", "error"],
+        )
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            serde_json::json!({"type": "error", "message": format!("cannot encode: {e}")})
+                .to_string()
+        })
+    }
+}
+
+impl ServerMessage {
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        decode(text, &["job", "cancel", "received", "error"])
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            serde_json::json!({"type": "error", "message": format!("cannot encode: {e}")})
+                .to_string()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_bad_input_is_named() {
+        let msg = AgentMessage::Ack {
+            job_id: JobId::random(),
+        };
+        assert_eq!(AgentMessage::decode(&msg.encode()), Ok(msg));
+        let msg = ServerMessage::Received { outbox_id: 7 };
+        assert_eq!(msg.encode(), r#"{"type":"received","outboxId":7}"#);
+        assert_eq!(ServerMessage::decode(&msg.encode()), Ok(msg));
+
+        let cases: &[(&str, &str)] = &[
+            ("nope", "not valid JSON"),
+            ("{}", "no string field"),
+            (r#"{"type":"reboot"}"#, "unknown message type \"reboot\""),
+            (
+                r#"{"type":"cancel","jobId":"x"}"#,
+                "malformed cancel message",
+            ),
+        ];
+        for (input, expected) in cases {
+            let err = ServerMessage::decode(input).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err}");
+        }
+        let big = format!(
+            r#"{{"type":"error","message":"{}"}}"#,
+            "x".repeat(MAX_MESSAGE_BYTES)
+        );
+        assert!(matches!(
+            ServerMessage::decode(&big),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+}

@@ -1,0 +1,90 @@
+//! The control plane's end of the handshake: an agent connects to
+//! `/agent/v1/ws/<device-id>` with `Authorization: Bearer <token>`; the
+//! caller's `authorize` decides. What happens after the handshake (delivery,
+//! acks, results) is the control plane's, which owns the job state.
+
+use crate::{AGENT_PATH_PREFIX, ws_config};
+use agent_core::DeviceId;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{StatusCode, header};
+
+pub use crate::client::Io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    #[error("WebSocket handshake failed: {0}")]
+    Handshake(#[from] tokio_tungstenite::tungstenite::Error),
+    #[error("handshake refused: {0}")]
+    Refused(String),
+}
+
+pub struct AcceptedAgent<S> {
+    pub device_id: DeviceId,
+    pub ws: WebSocketStream<S>,
+}
+
+#[allow(clippy::result_large_err)]
+fn refuse(status: StatusCode, reason: &str) -> ErrorResponse {
+    let mut response = ErrorResponse::new(Some(reason.to_owned()));
+    *response.status_mut() = status;
+    response
+}
+
+/// Completes the WebSocket handshake of one agent connection, checking the
+/// path and the device's bearer token with `authorize(device, token)`.
+pub async fn accept<S, F>(stream: S, authorize: F) -> Result<AcceptedAgent<S>, AcceptError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: FnOnce(&DeviceId, &str) -> bool + Unpin,
+{
+    let mut accepted: Option<DeviceId> = None;
+    let mut refusal: Option<String> = None;
+    // The callback's signature is tungstenite's; its error response is large by design.
+    #[allow(clippy::result_large_err)]
+    let callback = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        let path = request.uri().path();
+        let Some(device) = path.strip_prefix(AGENT_PATH_PREFIX) else {
+            refusal = Some(format!("unknown path {path}"));
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "agents connect to /agent/v1/ws/<device-id>",
+            ));
+        };
+        let device = match DeviceId::new(device) {
+            Ok(device) => device,
+            Err(e) => {
+                refusal = Some(e.to_string());
+                return Err(refuse(StatusCode::BAD_REQUEST, &e.to_string()));
+            }
+        };
+        let token = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !authorize(&device, token) {
+            refusal = Some(format!("bad or missing token for device {device}"));
+            return Err(refuse(
+                StatusCode::UNAUTHORIZED,
+                "bad or missing device token",
+            ));
+        }
+        accepted = Some(device);
+        Ok(response)
+    };
+    let result =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config())).await;
+    match (result, accepted) {
+        (Ok(ws), Some(device_id)) => Ok(AcceptedAgent { device_id, ws }),
+        (Ok(_), None) => Err(AcceptError::Refused(
+            "handshake finished without a device".into(),
+        )),
+        (Err(e), _) => match refusal {
+            Some(reason) => Err(AcceptError::Refused(reason)),
+            None => Err(AcceptError::Handshake(e)),
+        },
+    }
+}
