@@ -1,1 +1,343 @@
-//! placeholder
+//! Harness for Drover's end-to-end tests: the control plane and agents run as
+//! real processes on loopback in temporary directories, and are killed when
+//! the test ends. Binaries come from the workspace's target directory (the
+//! README's test command builds them first).
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
+
+/// A built binary of the workspace.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+/// The last lines of a log file, for failure messages.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn kill(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(signal)
+        .arg(child.id().to_string())
+        .status();
+}
+
+fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    kill(child, "-TERM");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Polls `check` until it returns Some, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `drover serve` as a process.
+pub struct ControlPlane {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub api: String,
+    pub agent_url: String,
+    pub token: String,
+    http: reqwest::Client,
+}
+
+impl ControlPlane {
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("drover-cp-")
+            .tempdir()
+            .expect("tempdir");
+        let ready = dir.path().join("ready.json");
+        let log = std::fs::File::create(dir.path().join("drover.log")).expect("log");
+        let child = Command::new(bin("drover"))
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--agent-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--pass-interval-ms", "200", "--ready-file"])
+            .arg(&ready)
+            .args(extra)
+            .env("RUST_LOG", "info,drover=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start drover serve");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let addresses: Value = loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                break serde_json::from_str(&text).expect("ready file");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "drover serve did not start:\n{}",
+                log_tail(&dir.path().join("drover.log"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let token = std::fs::read_to_string(dir.path().join("data/operator.token"))
+            .expect("operator token")
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            api: format!("http://{}", addresses["api"].as_str().expect("api")),
+            agent_url: format!("ws://{}", addresses["agents"].as_str().expect("agents")),
+            token,
+            dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        log_tail(&self.dir.path().join("drover.log"))
+    }
+
+    pub fn device_token(&self, device: &str) -> String {
+        let out = Command::new(bin("drover"))
+            .arg("--data")
+            .arg(self.dir.path().join("data"))
+            .args(["token", device])
+            .output()
+            .expect("drover token");
+        assert!(
+            out.status.success(),
+            "drover token failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    pub async fn apply(&self, manifest: Value) -> Value {
+        let response = self
+            .http
+            .post(format!("{}/api/v1/apply", self.api))
+            .bearer_auth(&self.token)
+            .json(&manifest)
+            .send()
+            .await
+            .expect("apply");
+        let status = response.status();
+        let body: Value = response.json().await.expect("json");
+        assert!(status.is_success(), "apply failed with {status}: {body}");
+        body
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}/api/v1{path}", self.api))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    pub async fn apply_device(&self, id: &str, groups: &[&str], labels: Value) {
+        self.apply(json!({
+            "apiVersion": API_VERSION, "kind": "Device",
+            "metadata": {"name": id, "labels": labels},
+            "spec": {"groups": groups}
+        }))
+        .await;
+    }
+
+    pub async fn apply_upgrade_run(&self, name: &str, group: &str, deadline_seconds: u64) {
+        self.apply(json!({
+            "apiVersion": API_VERSION, "kind": "TaskRun",
+            "metadata": {"name": name},
+            "spec": {"allowedGroups": [group], "deadlineSeconds": deadline_seconds, "systemUpgradeV1": {}}
+        }))
+        .await;
+    }
+
+    /// Waits until every named device has an agent that advertised its capabilities.
+    pub async fn wait_for_agents(&self, devices: &[&str]) {
+        eventually(Duration::from_secs(30), "agents to register", || async {
+            let listed = self.get("/devices").await;
+            let ready = devices.iter().all(|d| {
+                listed.as_array().into_iter().flatten().any(|r| {
+                    r["id"] == *d
+                        && r["agentPresent"] == true
+                        && r["capabilities"].as_array().is_some_and(|c| !c.is_empty())
+                })
+            });
+            ready.then_some(())
+        })
+        .await
+    }
+
+    /// Waits for a run to reach a terminal phase and returns it.
+    pub async fn wait_run_finished(&self, name: &str, timeout: Duration) -> Value {
+        eventually(timeout, &format!("run {name} to finish"), || async {
+            let run = self.get(&format!("/taskruns/{name}")).await;
+            let phase = run["status"]["phase"].as_str().unwrap_or("").to_owned();
+            (phase == "Complete" || phase == "Failed").then_some(run)
+        })
+        .await
+    }
+
+    pub async fn targets(&self, name: &str) -> Vec<Value> {
+        let page = self.get(&format!("/taskruns/{name}/targets")).await;
+        page["items"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// `drover-agent run` as a process with its own directory.
+pub struct AgentProcess {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+}
+
+fn toml_string(value: &str) -> String {
+    serde_json::to_string(value).expect("string")
+}
+
+impl AgentProcess {
+    /// Writes a config (simulate mode, 1 s heartbeats) and starts the agent.
+    /// `extra` is appended to the config as TOML.
+    pub fn start(dir: &Path, device: &str, server_url: &str, token: &str, extra: &str) -> Self {
+        std::fs::create_dir_all(dir).expect("agent dir");
+        let config = dir.join("agent.toml");
+        let socket = dir.join("status.sock");
+        let text = format!(
+            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n\n[transport]\nkind = \"websocket\"\n\
+             server_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n\n\
+             [updater]\nmode = \"simulate\"\nmin_free_mib = 10\n\n{extra}\n",
+            toml_string(device),
+            toml_string(&dir.join("state").display().to_string()),
+            toml_string(&socket.display().to_string()),
+            toml_string(server_url),
+            toml_string(token),
+        );
+        std::fs::write(&config, text).expect("config");
+        let mut agent = Self {
+            child: None,
+            dir: dir.to_owned(),
+            config,
+            socket,
+        };
+        agent.restart();
+        agent
+    }
+
+    pub fn restart(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .expect("log");
+        let child = Command::new(bin("drover-agent"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("run")
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start drover-agent");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    pub fn log(&self) -> String {
+        log_tail(&self.dir.join("agent.log"))
+    }
+
+    /// `drover-agent jobs --json` against this agent's socket.
+    pub fn jobs(&self) -> Value {
+        let out = Command::new(bin("drover-agent"))
+            .args(["jobs", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("drover-agent jobs");
+        assert!(
+            out.status.success(),
+            "jobs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("jobs json")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop(&mut child);
+        }
+    }
+}
