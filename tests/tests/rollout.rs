@@ -1,0 +1,165 @@
+//! TaskRun rules through the real API and real agents: a failing canary stops
+//! the rollout before the others receive anything, a spec is immutable, a
+//! selector with no match fails with NoTargets, matchExpressions fail closed,
+//! and the agents' link works over TLS.
+
+use drover_tests::{API_VERSION, AgentProcess, ControlPlane};
+use serde_json::json;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_canary_stops_the_rollout() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("canary-1", &["fleet"], json!({"canary": "true"}))
+        .await;
+    cp.apply_device("worker-1", &["fleet"], json!({})).await;
+    cp.apply_device("worker-2", &["fleet"], json!({})).await;
+    let mut agents = Vec::new();
+    for device in ["canary-1", "worker-1", "worker-2"] {
+        let dir = cp.dir.path().join(device);
+        let token = cp.device_token(device);
+        let mut agent = AgentProcess::start(&dir, device, &cp.agent_url, &token, "");
+        if device == "canary-1" {
+            // Demand more free space than any disk has: preflight fails.
+            let config = std::fs::read_to_string(&agent.config).expect("config");
+            std::fs::write(
+                &agent.config,
+                config.replace("min_free_mib = 10", "min_free_mib = 999999999"),
+            )
+            .expect("write");
+            agent.kill9();
+            agent.restart();
+        }
+        agents.push(agent);
+    }
+    cp.wait_for_agents(&["canary-1", "worker-1", "worker-2"])
+        .await;
+    cp.apply_upgrade_run("canary-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("canary-run", Duration::from_secs(60))
+        .await;
+    let status = &run["status"];
+    assert_eq!(status["phase"], "Failed", "{run}");
+    assert_eq!(status["reason"], "CanaryFailed", "{run}");
+    assert!(
+        status["latestError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not enough free space"),
+        "{run}"
+    );
+    assert_eq!(status["released"], 1, "only the canary was released: {run}");
+    let targets = cp.targets("canary-run").await;
+    for target in targets {
+        let released = target["released"].as_bool().unwrap_or(true);
+        assert_eq!(released, target["canary"] == true, "{target}");
+    }
+    // The workers never received an intent.
+    for agent in &agents[1..] {
+        assert_eq!(agent.jobs(), json!([]), "{}", agent.log());
+    }
+    // A terminal run never advances, even after more passes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = cp.get("/taskruns/canary-run").await;
+    assert_eq!(later["status"], run["status"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn specs_are_immutable_and_bad_runs_are_refused() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("lone-1", &["prod"], json!({})).await;
+    let run = |name: &str, groups: serde_json::Value, selector: serde_json::Value| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "TaskRun", "metadata": {"name": name},
+            "spec": {"allowedGroups": groups, "targetSelector": selector, "deadlineSeconds": 600, "systemUpgradeV1": {}}
+        })
+    };
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let request = http
+            .post(format!("{}/api/v1/apply", cp.api))
+            .bearer_auth(&cp.token)
+            .json(&body);
+        async move {
+            let response = request.send().await.expect("post");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<serde_json::Value>().await.expect("json"),
+            )
+        }
+    };
+    // The device has no agent, so nothing matches: NoTargets.
+    let (code, _) = post(run("empty", json!(["prod"]), json!({}))).await;
+    assert_eq!(code, 201);
+    let finished = cp.wait_run_finished("empty", Duration::from_secs(10)).await;
+    assert_eq!(finished["status"]["reason"], "NoTargets", "{finished}");
+    // Same spec again: unchanged. A changed spec: refused.
+    let (code, body) = post(run("empty", json!(["prod"]), json!({}))).await;
+    assert_eq!((code, body["result"].as_str()), (200, Some("unchanged")));
+    let (code, body) = post(run("empty", json!(["prod", "lab"]), json!({}))).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("immutable"),
+        "{body}"
+    );
+    // matchExpressions fail closed; allowedGroups must not be empty.
+    let (code, body) = post(run(
+        "exprs",
+        json!(["prod"]),
+        json!({"matchExpressions": [{"key": "a", "operator": "In"}]}),
+    ))
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("matchExpressions"),
+        "{body}"
+    );
+    let (code, body) = post(run("nogroups", json!([]), json!({}))).await;
+    assert_eq!(code, 422, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_connect_over_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let cert_path = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
+    let cp = ControlPlane::start(&[
+        "--agent-tls-cert",
+        cert_path.to_str().expect("utf-8"),
+        "--agent-tls-key",
+        key_path.to_str().expect("utf-8"),
+    ]);
+    cp.apply_device("tls-1", &["secure"], json!({})).await;
+    let port = cp.agent_url.rsplit(':').next().expect("port");
+    let url = format!("wss://localhost:{port}");
+    let extra = "";
+    let agent_dir = cp.dir.path().join("tls-1");
+    let token = cp.device_token("tls-1");
+    let agent = AgentProcess::start(&agent_dir, "tls-1", &url, &token, extra);
+    // Point the agent at the test CA instead of the system bundle.
+    let config = std::fs::read_to_string(&agent.config).expect("config");
+    let config = config.replace(
+        "heartbeat_seconds = 1",
+        &format!(
+            "heartbeat_seconds = 1\nca_file = {:?}",
+            cert_path.display().to_string()
+        ),
+    );
+    std::fs::write(&agent.config, config).expect("config");
+    let mut agent = agent;
+    agent.kill9();
+    agent.restart();
+    cp.wait_for_agents(&["tls-1"]).await;
+    cp.apply_upgrade_run("tls-run", "secure", 600).await;
+    let run = cp
+        .wait_run_finished("tls-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+}
