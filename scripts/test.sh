@@ -5,10 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
 command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (apt-get)"; exit 1; }
-for tool in dpkg-query; do
-  command -v "$tool" >/dev/null || need_apt+=(dpkg)
+# Host tools of the tests: debootstrap makes the disposable Debian roots,
+# dpkg-deb and dpkg-scanpackages build their local repository, python3 holds
+# fcntl locks as apt takes them, setsid/chroot run apt inside the roots.
+need_apt=()
+for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils; do
+  command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
   # Mirrors sometimes serve a stale index; a failing update must not stop the install.

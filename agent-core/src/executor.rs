@@ -6,8 +6,9 @@ use crate::chain::{Chain, StepContext, StepOutcome};
 use crate::facts::{self, FactSources};
 use crate::ids::{DeviceId, JobId};
 use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
+use crate::model::JobKind;
 use crate::model::{Heartbeat, HeldJob, JobState, JobStatus};
-use crate::store::{JobRecord, OutboxEntry, Store, StoreError};
+use crate::store::{JobRecord, Origin, OutboxEntry, Store, StoreError};
 use crate::wire::IntentError;
 use crate::{Intent, model::StepState};
 use jiff::Timestamp;
@@ -71,6 +72,22 @@ pub struct AdmitReply {
 }
 
 #[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("no job {0} on this device")]
+    Unknown(JobId),
+    #[error(
+        "job {job_id} cannot be resumed: only a failed local job can ({origin:?} job, {state:?})"
+    )]
+    NotResumable {
+        job_id: JobId,
+        origin: Origin,
+        state: JobState,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
     /// The intent could not even be tied to a job id; nothing was recorded.
     #[error("{0}")]
@@ -129,6 +146,61 @@ impl Agent {
     /// returns the status to report. A known job id is answered with its
     /// stored status and never runs again.
     pub fn admit(&self, parsed: Result<Intent, IntentError>) -> Result<AdmitReply, AdmitError> {
+        self.admit_from(parsed, Origin::Fleet)
+    }
+
+    /// Queues a local, on-demand job (`drover-agent upgrade`). It goes through
+    /// the same queue as fleet jobs, so it never runs beside one (A2).
+    pub fn admit_local(&self, kind: JobKind) -> Result<AdmitReply, AdmitError> {
+        let now = Timestamp::now();
+        let intent = Intent {
+            job_id: JobId::random(),
+            device_id: self.settings.device_id.clone(),
+            kind,
+            attempt: 1,
+            created_at: now,
+            expires_at: now + jiff::SignedDuration::from_hours(24),
+            timeout_seconds: 1500,
+        };
+        self.admit_from(Ok(intent), Origin::Local)
+    }
+
+    /// Continues a failed local job from its failed step.
+    pub fn resume_local(&self, job_id: JobId) -> Result<JobStatus, ResumeError> {
+        let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let record = self
+            .store
+            .job(job_id)?
+            .ok_or(ResumeError::Unknown(job_id))?;
+        let (origin, state) = (record.origin, record.status.state);
+        let (record, persist, _) = lifecycle::transition(
+            record,
+            Event::Resume {
+                now: Timestamp::now(),
+            },
+            self.settings.limits,
+        );
+        if persist == Persist::Nothing {
+            return Err(ResumeError::NotResumable {
+                job_id,
+                origin,
+                state,
+            });
+        }
+        self.persist(&record, persist)?;
+        self.wake.notify_one();
+        Ok(record.status)
+    }
+
+    pub fn job(&self, job_id: JobId) -> Result<Option<JobStatus>, StoreError> {
+        Ok(self.store.job(job_id)?.map(|r| r.status))
+    }
+
+    fn admit_from(
+        &self,
+        parsed: Result<Intent, IntentError>,
+        origin: Origin,
+    ) -> Result<AdmitReply, AdmitError> {
         let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         let job_id = match &parsed {
             Ok(intent) => Some(intent.job_id),
@@ -162,7 +234,7 @@ impl Agent {
             steps,
         };
         let admission = lifecycle::admit(existing, parsed, &ctx).map_err(AdmitError::Unreadable)?;
-        let (record, duplicate) = match admission {
+        let (mut record, duplicate) = match admission {
             Admission::New(record) => {
                 info!(job_id = %record.status.job_id, state = ?record.status.state, "job admitted");
                 (record, false)
@@ -176,6 +248,9 @@ impl Agent {
                 (record, true)
             }
         };
+        if !duplicate {
+            record.origin = origin;
+        }
         // A duplicate's status is reported again: the sender evidently lacks it.
         self.store.save(&record, true)?;
         self.outbox_changed.notify_one();

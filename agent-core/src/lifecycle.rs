@@ -139,6 +139,9 @@ pub enum Event {
     },
     /// An operator or the control plane asked to cancel.
     Cancel { now: Timestamp },
+    /// An operator asked to continue a failed local job from its failed step
+    /// (`drover-agent upgrade --resume`). Fleet jobs never resume.
+    Resume { now: Timestamp },
 }
 
 /// How the new record must be made durable before the next action.
@@ -183,6 +186,26 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
     use JobState::*;
     let state = record.status.state;
     match (state, event) {
+        (Failed, Event::Resume { now }) if record.origin == Origin::Local => {
+            let Some(index) = record
+                .status
+                .steps
+                .iter()
+                .position(|s| s.state == StepState::Failed)
+            else {
+                return (record, Persist::Nothing, Next::Stop);
+            };
+            let step = &mut record.status.steps[index];
+            step.state = StepState::Running;
+            // A new durable start: the step's own deadlines count from here.
+            step.started_at = Some(now);
+            step.error = None;
+            record.status.state = Running;
+            record.status.error = None;
+            record.status.finished_at = None;
+            record.resumes = 0;
+            (record, Persist::Report, Next::RunStep(index))
+        }
         (Succeeded | Failed | Expired | Rejected | Canceled, _) => {
             (record, Persist::Nothing, Next::Stop)
         }
@@ -309,6 +332,10 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
         (Running | AwaitingReboot, Event::Cancel { .. }) => (record, Persist::Nothing, Next::Stop),
         // A step cannot finish while the job is not running; ignore the stray event.
         (Accepted | Waiting | AwaitingReboot, Event::StepFinished { .. }) => {
+            (record, Persist::Nothing, Next::Stop)
+        }
+        // Only a failed job can be resumed.
+        (Accepted | Waiting | Running | AwaitingReboot, Event::Resume { .. }) => {
             (record, Persist::Nothing, Next::Stop)
         }
     }

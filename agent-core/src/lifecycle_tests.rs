@@ -319,3 +319,40 @@ fn every_change_bumps_the_sequence_and_steps_record_their_time() {
     );
     assert_eq!(record.status.steps[1].started_at, Some(t(25)));
 }
+
+#[test]
+fn only_a_failed_local_job_resumes_from_its_failed_step() {
+    let failing = vec![
+        pick(20, "boot-a"),
+        finished(21, StepOutcome::Done),
+        finished(22, StepOutcome::Fail("lock".into())),
+    ];
+    // A fleet job never resumes.
+    let mut fleet = failing.clone();
+    fleet.push(Event::Resume { now: t(30) });
+    check(fleet, (JobState::Failed, Persist::Nothing, Next::Stop));
+    // A local one continues at the failed step, with a new start.
+    let mut record = admitted(3600);
+    record.origin = Origin::Local;
+    for event in failing {
+        record = transition(record, event, LIMITS).0;
+    }
+    let (record, persist, next) = transition(record, Event::Resume { now: t(30) }, LIMITS);
+    assert_eq!(
+        (record.status.state, persist, next),
+        (JobState::Running, Persist::Report, Next::RunStep(1))
+    );
+    let step = &record.status.steps[1];
+    assert_eq!(
+        (step.state, step.started_at, step.tries),
+        (StepState::Running, Some(t(30)), 1)
+    );
+    assert_eq!(
+        record.status.steps[0].tries, 1,
+        "the done step is untouched"
+    );
+    assert_eq!(record.status.error, None);
+    // A running job cannot be resumed.
+    let (_, persist, _) = transition(record, Event::Resume { now: t(31) }, LIMITS);
+    assert_eq!(persist, Persist::Nothing);
+}

@@ -2,8 +2,9 @@
 //! JSON response per line, mode 0660 so only root and the agent's group can
 //! ask. `drover-agent status` and `drover-agent jobs` are its clients.
 
+use crate::JobId;
 use crate::executor::{Agent, AgentInfo};
-use crate::model::JobStatus;
+use crate::model::{JobKind, JobStatus};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -25,7 +26,21 @@ pub const MAX_JOBS_LISTED: usize = 200;
 #[serde(tag = "request", rename_all = "camelCase")]
 pub enum Request {
     Status,
-    Jobs { limit: Option<usize> },
+    Jobs {
+        limit: Option<usize>,
+    },
+    /// One job's status.
+    #[serde(rename_all = "camelCase")]
+    Job {
+        job_id: JobId,
+    },
+    /// Queue a local system upgrade (root or the agent's own user only).
+    Upgrade,
+    /// Continue a failed local upgrade from its failed step (root or the agent's own user only).
+    #[serde(rename_all = "camelCase")]
+    Resume {
+        job_id: JobId,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,6 +48,7 @@ pub enum Request {
 pub enum Response {
     Status(Box<AgentInfo>),
     Jobs(Vec<JobStatus>),
+    Job(Box<JobStatus>),
     Error(String),
 }
 
@@ -105,14 +121,25 @@ pub async fn serve(
     Ok(())
 }
 
+/// Whether the peer may change things: root, or the user the agent runs as.
+fn privileged(stream: &UnixStream) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let own_uid = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    match stream.peer_cred() {
+        Ok(cred) => cred.uid() == 0 || Some(cred.uid()) == own_uid,
+        Err(_) => false,
+    }
+}
+
 async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error> {
+    let may_change = privileged(&stream);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
     let mut line = String::new();
     reader.read_line(&mut line).await?;
     let response = match serde_json::from_str::<Request>(line.trim()) {
         Err(e) => Response::Error(format!(
-            "bad request (expected {{\"request\":\"status\"}} or {{\"request\":\"jobs\"}}): {e}"
+            "bad request (expected {{\"request\":\"status\"}}, \"jobs\", \"job\", \"upgrade\" or \"resume\"): {e}"
         )),
         Ok(Request::Status) => match agent.info() {
             Ok(info) => Response::Status(Box::new(info)),
@@ -125,6 +152,22 @@ async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error>
                 Err(e) => Response::Error(e.to_string()),
             }
         }
+        Ok(Request::Job { job_id }) => match agent.job(job_id) {
+            Ok(Some(status)) => Response::Job(Box::new(status)),
+            Ok(None) => Response::Error(format!("no job {job_id} on this device")),
+            Err(e) => Response::Error(e.to_string()),
+        },
+        Ok(Request::Upgrade | Request::Resume { .. }) if !may_change => {
+            Response::Error("only root or the agent's user may start or resume an upgrade".into())
+        }
+        Ok(Request::Upgrade) => match agent.admit_local(JobKind::system_upgrade()) {
+            Ok(reply) => Response::Job(Box::new(reply.status)),
+            Err(e) => Response::Error(e.to_string()),
+        },
+        Ok(Request::Resume { job_id }) => match agent.resume_local(job_id) {
+            Ok(status) => Response::Job(Box::new(status)),
+            Err(e) => Response::Error(e.to_string()),
+        },
     };
     let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|e| {
         format!("{{\"error\":\"cannot encode the answer: {e}\"}}").into_bytes()

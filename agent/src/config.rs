@@ -46,7 +46,9 @@ pub enum Transport {
 #[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
 #[serde(rename_all = "lowercase")]
 pub enum UpdaterMode {
+    /// `apt-get -s full-upgrade`: report only, change nothing.
     Simulate,
+    /// The real full upgrade, with dpkg repair and reboot.
     Upgrade,
 }
 
@@ -126,12 +128,6 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self> {
         let config: Config = toml::from_str(text)?;
         agent_core::DeviceId::new(config.device_id.clone())?;
-        if config.updater.mode == UpdaterMode::Upgrade {
-            bail!(
-                "updater mode \"upgrade\" (the real apt upgrade) is not available in this build yet; \
-                 use mode = \"simulate\""
-            );
-        }
         let Transport::Websocket {
             heartbeat_seconds,
             token,
@@ -178,8 +174,12 @@ mode = "simulate"
                 "unknown variant",
             ),
             (
-                GOOD.replace("mode = \"simulate\"", "mode = \"upgrade\""),
-                "not available",
+                // A8: the config cannot add packages, commands or repositories.
+                GOOD.replace(
+                    "mode = \"simulate\"",
+                    "mode = \"upgrade\"\npackages = [\"x\"]",
+                ),
+                "unknown field `packages`",
             ),
             (GOOD.replace("token = \"abc\"", ""), "token or token_file"),
             (format!("{GOOD}\ncommand = \"rm -rf /\"\n"), "unknown field"),

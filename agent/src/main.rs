@@ -11,13 +11,13 @@ use agent_core::status_socket::{self, Request, Response};
 use agent_core::store::RedbStore;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use config::{Config, DEFAULT_CONFIG, DEFAULT_SOCKET, Transport};
+use config::{Config, DEFAULT_CONFIG, DEFAULT_SOCKET, Transport, UpdaterMode};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
-use updater_apt::{AptSettings, InventoryRefresh, Mode, SystemUpgrade};
+use updater_apt::{AptSettings, InventoryRefresh, Launcher, Mode, SystemUpgrade};
 
 #[derive(Parser)]
 #[command(name = "drover-agent", version, about = "Drover's device agent")]
@@ -38,6 +38,15 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// The status socket, if not the one in the config.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Run a system upgrade now, as a local job of the running agent, and
+    /// print each step as it finishes.
+    Upgrade {
+        /// Continue this failed local upgrade from its failed step instead.
+        #[arg(long, value_name = "JOB_ID")]
+        resume: Option<String>,
         #[arg(long)]
         socket: Option<PathBuf>,
     },
@@ -72,7 +81,9 @@ fn main() -> Result<()> {
                 }
                 Response::Status(info) => display::print_status(&info),
                 Response::Error(e) => bail!("the agent answered with an error: {e}"),
-                Response::Jobs(_) => bail!("the agent answered a different question"),
+                Response::Jobs(_) | Response::Job(_) => {
+                    bail!("the agent answered a different question")
+                }
             }
             Ok(())
         }
@@ -89,9 +100,88 @@ fn main() -> Result<()> {
                 }
                 Response::Jobs(jobs) => display::print_jobs(&jobs),
                 Response::Error(e) => bail!("the agent answered with an error: {e}"),
-                Response::Status(_) => bail!("the agent answered a different question"),
+                Response::Status(_) | Response::Job(_) => {
+                    bail!("the agent answered a different question")
+                }
             }
             Ok(())
+        }
+        Command::Upgrade { resume, socket } => {
+            let socket = socket_path(socket, &cli.config);
+            let request = match resume {
+                Some(id) => Request::Resume {
+                    job_id: id.parse().map_err(|e| anyhow::anyhow!("{e}"))?,
+                },
+                None => Request::Upgrade,
+            };
+            let succeeded = runtime.block_on(local_upgrade(&socket, request))?;
+            if !succeeded {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Asks the running agent for a local upgrade (or a resume) and prints each
+/// step as it finishes. Local jobs go through the agent's queue, so they never
+/// run beside a fleet job (A2). Returns whether the job succeeded.
+async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
+    let job = match status_socket::request(socket, &request).await? {
+        Response::Job(job) => job,
+        Response::Error(e) => bail!("the agent refused: {e}"),
+        Response::Status(_) | Response::Jobs(_) => bail!("the agent answered a different question"),
+    };
+    let job_id = job.job_id;
+    println!("job {job_id}: {:?}", job.state);
+    let mut printed = vec![false; job.steps.len()];
+    loop {
+        let job = match status_socket::request(socket, &Request::Job { job_id }).await? {
+            Response::Job(job) => job,
+            Response::Error(e) => bail!("the agent answered with an error: {e}"),
+            Response::Status(_) | Response::Jobs(_) => {
+                bail!("the agent answered a different question")
+            }
+        };
+        printed.resize(job.steps.len(), false);
+        for (done, step) in printed.iter_mut().zip(&job.steps) {
+            let finished = matches!(
+                step.state,
+                agent_core::StepState::Done | agent_core::StepState::Failed
+            );
+            if finished && !*done {
+                *done = true;
+                println!(
+                    "  {:<14} {:?} after {:.1} s, {} tries{}",
+                    step.name,
+                    step.state,
+                    step.seconds.unwrap_or(0.0),
+                    step.tries,
+                    step.error
+                        .as_ref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        match job.state {
+            state if state.is_terminal() => {
+                println!("job {job_id}: {state:?}");
+                if let Some(error) = &job.error {
+                    println!("error: {error}");
+                    if state == agent_core::JobState::Failed {
+                        println!("continue it with: drover-agent upgrade --resume {job_id}");
+                    }
+                }
+                return Ok(state == agent_core::JobState::Succeeded);
+            }
+            agent_core::JobState::AwaitingReboot => {
+                println!(
+                    "job {job_id}: the device is rebooting; the job is confirmed once it is back"
+                );
+                return Ok(true);
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }
 }
@@ -124,9 +214,14 @@ async fn run(config_path: &Path) -> Result<()> {
     })?;
     let store = Arc::new(RedbStore::open(&config.state_dir.join("agent.redb"))?);
     let apt = AptSettings {
-        mode: Mode::Simulate,
+        mode: match config.updater.mode {
+            UpdaterMode::Simulate => Mode::Simulate,
+            UpdaterMode::Upgrade => Mode::Upgrade,
+        },
         root: config.updater.root.clone(),
         min_free_bytes: config.updater.min_free_mib * 1024 * 1024,
+        calls_dir: config.state_dir.join("calls"),
+        launcher: Launcher::detect(),
     };
     let chains: Vec<Arc<dyn agent_core::chain::Chain>> = vec![
         Arc::new(SystemUpgrade::new(apt.clone())),

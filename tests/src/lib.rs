@@ -4,6 +4,9 @@
 //! README's test command builds them first).
 
 use serde_json::{Value, json};
+
+pub mod debroot;
+pub mod script;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -249,7 +252,7 @@ pub struct AgentProcess {
     pub socket: PathBuf,
 }
 
-fn toml_string(value: &str) -> String {
+pub fn toml_string(value: &str) -> String {
     serde_json::to_string(value).expect("string")
 }
 
@@ -257,13 +260,35 @@ impl AgentProcess {
     /// Writes a config (simulate mode, 1 s heartbeats) and starts the agent.
     /// `extra` is appended to the config as TOML.
     pub fn start(dir: &Path, device: &str, server_url: &str, token: &str, extra: &str) -> Self {
+        Self::start_with(
+            dir,
+            device,
+            server_url,
+            token,
+            "",
+            "mode = \"simulate\"\nmin_free_mib = 10",
+            extra,
+        )
+    }
+
+    /// Like [`AgentProcess::start`], with top-level keys (`top`) and the
+    /// `[updater]` table given by the test.
+    pub fn start_with(
+        dir: &Path,
+        device: &str,
+        server_url: &str,
+        token: &str,
+        top: &str,
+        updater: &str,
+        extra: &str,
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("agent dir");
         let config = dir.join("agent.toml");
         let socket = dir.join("status.sock");
         let text = format!(
-            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n\n[transport]\nkind = \"websocket\"\n\
+            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n[transport]\nkind = \"websocket\"\n\
              server_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n\n\
-             [updater]\nmode = \"simulate\"\nmin_free_mib = 10\n\n{extra}\n",
+             [updater]\n{updater}\n\n{extra}\n",
             toml_string(device),
             toml_string(&dir.join("state").display().to_string()),
             toml_string(&socket.display().to_string()),

@@ -2,97 +2,13 @@
 //! protocol: duplicates, expired intents, malformed, oversize and foreign
 //! messages. The agent answers each clearly and keeps working.
 
+use drover_tests::script::{Script, intent, new_job};
 use drover_tests::{AgentProcess, eventually};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-
-type Ws = WebSocketStream<tokio::net::TcpStream>;
-
-/// A fake control plane holding one agent connection.
-struct Script {
-    ws: Ws,
-    /// Every message the agent sent, in order.
-    seen: Vec<Value>,
-}
-
-impl Script {
-    async fn accept(listener: &TcpListener) -> Self {
-        let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), listener.accept())
-            .await
-            .expect("agent connects")
-            .expect("accept");
-        let ws = tokio_tungstenite::accept_async(tcp)
-            .await
-            .expect("handshake");
-        let mut script = Self {
-            ws,
-            seen: Vec::new(),
-        };
-        let hello = script.next_of("hello").await;
-        assert_eq!(hello["deviceId"], "proto-1");
-        script
-    }
-
-    async fn send_text(&mut self, text: String) {
-        self.ws.send(Message::text(text)).await.expect("send");
-    }
-
-    async fn send_job(&mut self, intent: Value) {
-        self.send_text(json!({"type": "job", "intent": intent}).to_string())
-            .await;
-    }
-
-    /// Reads until a message matching `pred` arrives; confirms every status.
-    async fn until(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let frame = tokio::time::timeout_at(deadline, self.ws.next())
-                .await
-                .unwrap_or_else(|_| panic!("timed out waiting for {what}; saw {:#?}", self.seen))
-                .expect("stream open")
-                .expect("frame");
-            let Message::Text(text) = frame else { continue };
-            let message: Value = serde_json::from_str(text.as_str()).expect("agent sends JSON");
-            if let Some(id) = message.get("outboxId").and_then(Value::as_u64) {
-                self.send_text(json!({"type": "received", "outboxId": id}).to_string())
-                    .await;
-            }
-            self.seen.push(message.clone());
-            if pred(&message) {
-                return message;
-            }
-        }
-    }
-
-    async fn next_of(&mut self, kind: &str) -> Value {
-        self.until(kind, |m| m["type"] == kind).await
-    }
-
-    async fn result_of(&mut self, job: &str) -> Value {
-        self.until(&format!("result of {job}"), |m| {
-            m["type"] == "result" && m["status"]["jobId"] == job
-        })
-        .await
-    }
-}
-
-fn intent(job: &str, device: &str, kind: Value, expires_in: i64) -> Value {
-    let now = jiff::Timestamp::now();
-    json!({
-        "jobId": job, "deviceId": device, "kind": kind, "attempt": 1,
-        "createdAt": now.to_string(),
-        "expiresAt": (now + jiff::SignedDuration::from_secs(expires_in)).to_string(),
-        "timeoutSeconds": 600
-    })
-}
-
-fn new_job() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
 
 async fn start() -> (TcpListener, tempfile::TempDir, AgentProcess) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -105,7 +21,7 @@ async fn start() -> (TcpListener, tempfile::TempDir, AgentProcess) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_of_a_finished_job_is_not_executed() {
     let (listener, _dir, mut agent) = start().await;
-    let mut server = Script::accept(&listener).await;
+    let mut server = Script::accept(&listener, "proto-1").await;
     let job = new_job();
     let payload = intent(&job, "proto-1", json!({"inventoryRefreshV1": {}}), 600);
     server.send_job(payload.clone()).await;
@@ -150,7 +66,7 @@ async fn a_duplicate_delivery_of_a_finished_job_is_not_executed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intent_past_its_expiry_is_reported_expired_and_never_started() {
     let (listener, _dir, mut agent) = start().await;
-    let mut server = Script::accept(&listener).await;
+    let mut server = Script::accept(&listener, "proto-1").await;
     let job = new_job();
     server
         .send_job(intent(&job, "proto-1", json!({"systemUpgradeV1": {}}), -30))
@@ -172,7 +88,7 @@ async fn an_intent_past_its_expiry_is_reported_expired_and_never_started() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_get_clear_errors_and_the_agent_keeps_working() {
     let (listener, _dir, mut agent) = start().await;
-    let mut server = Script::accept(&listener).await;
+    let mut server = Script::accept(&listener, "proto-1").await;
 
     let cases: Vec<(Message, &str)> = vec![
         (Message::text("this is not json"), "not valid JSON"),
@@ -279,7 +195,7 @@ async fn bad_messages_get_clear_errors_and_the_agent_keeps_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statuses_not_confirmed_are_sent_again_on_the_next_connection() {
     let (listener, _dir, agent) = start().await;
-    let mut server = Script::accept(&listener).await;
+    let mut server = Script::accept(&listener, "proto-1").await;
     let job = new_job();
     server
         .send_job(intent(
@@ -304,7 +220,7 @@ async fn statuses_not_confirmed_are_sent_again_on_the_next_connection() {
         }
     }
     drop(server);
-    let mut server = Script::accept(&listener).await;
+    let mut server = Script::accept(&listener, "proto-1").await;
     let hello = server.seen.first().cloned().expect("hello");
     assert!(
         hello["jobs"]

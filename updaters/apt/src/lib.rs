@@ -3,14 +3,18 @@
 //! compiled in here (A8); the local config may only choose the mode and point
 //! the updater at a sandbox root.
 
+pub mod call;
 mod command;
+pub mod dpkg;
 mod inventory;
+pub mod kernel;
 mod parse;
 mod upgrade;
 
+pub use call::{CallError, CallOutcome, Calls, Launcher};
 pub use command::{CommandError, CommandOutput, run_bounded};
 pub use inventory::InventoryRefresh;
-pub use parse::parse_simulation;
+pub use parse::{parse_simulation, parse_upgrade_run};
 pub use upgrade::SystemUpgrade;
 
 use std::path::PathBuf;
@@ -21,16 +25,22 @@ pub enum Mode {
     /// `apt-get -s full-upgrade`: reports what would change, changes nothing,
     /// works as non-root. The demo's mode.
     Simulate,
+    /// The real thing: repair dpkg, update lists, full-upgrade, reboot if needed.
+    Upgrade,
 }
 
 #[derive(Debug, Clone)]
 pub struct AptSettings {
     pub mode: Mode,
     /// A sandbox root (a chroot directory) instead of the real system; for
-    /// tests and demos only.
+    /// tests and demos only. In a sandbox the reboot is only recorded, in
+    /// `ROOT/run/drover-reboot-requested`.
     pub root: Option<PathBuf>,
     /// Free bytes required on / and /var before an upgrade starts.
     pub min_free_bytes: u64,
+    /// Where detached apt and dpkg calls keep their state.
+    pub calls_dir: PathBuf,
+    pub launcher: Launcher,
 }
 
 impl AptSettings {

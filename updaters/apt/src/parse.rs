@@ -62,6 +62,76 @@ pub fn parse_simulation(stdout: &str) -> UpgradeOutput {
     output
 }
 
+/// Parses the output of a real `apt-get full-upgrade`: dpkg's `Unpacking`
+/// and `Removing` lines say what changed; apt's summary says what was kept back.
+pub fn parse_upgrade_run(stdout: &str) -> UpgradeOutput {
+    let mut output = UpgradeOutput::default();
+    let mut listed = 0usize;
+    let mut in_kept_back = false;
+    for line in stdout.lines() {
+        if in_kept_back {
+            if line.starts_with(' ') {
+                for name in line.split_whitespace() {
+                    push_bounded(
+                        &mut output.kept_back,
+                        name.to_owned(),
+                        &mut listed,
+                        &mut output.omitted,
+                    );
+                }
+                continue;
+            }
+            in_kept_back = false;
+        }
+        if line.starts_with("The following packages have been kept back") {
+            in_kept_back = true;
+        } else if let Some(rest) = line.strip_prefix("Unpacking ") {
+            // "NAME (NEW) over (OLD) ..." or "NAME (NEW) ..."
+            let mut words = rest.split_whitespace();
+            let name = words.next().unwrap_or_default().to_owned();
+            let to = words
+                .next()
+                .unwrap_or_default()
+                .trim_matches(|c| c == '(' || c == ')')
+                .to_owned();
+            let from = match (words.next(), words.next()) {
+                (Some("over"), Some(old)) => {
+                    Some(old.trim_matches(|c| c == '(' || c == ')').to_owned())
+                }
+                _ => None,
+            };
+            let change = PackageChange {
+                name,
+                from: from.clone(),
+                to,
+            };
+            if from.is_some() {
+                push_bounded(
+                    &mut output.upgraded,
+                    change,
+                    &mut listed,
+                    &mut output.omitted,
+                );
+            } else {
+                push_bounded(
+                    &mut output.installed,
+                    change,
+                    &mut listed,
+                    &mut output.omitted,
+                );
+            }
+        } else if let Some(rest) = line.strip_prefix("Removing ") {
+            let name = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            push_bounded(&mut output.removed, name, &mut listed, &mut output.omitted);
+        }
+    }
+    output
+}
+
 fn push_bounded<T>(list: &mut Vec<T>, item: T, listed: &mut usize, omitted: &mut u32) {
     if *listed < MAX_LISTED_PACKAGES {
         list.push(item);
@@ -138,6 +208,42 @@ Conf libfoo (2.0-1 Debian:12.8/stable [amd64])
             }]
         );
         assert_eq!(out.omitted, 0);
+    }
+
+    #[test]
+    fn reads_what_a_real_upgrade_did() {
+        let run = "Reading package lists...
+The following packages have been kept back:
+  linux-image-arm64
+The following packages will be upgraded:
+  drover-fake-base drover-fake-conf
+Preparing to unpack .../drover-fake-base_2.0_all.deb ...
+Unpacking drover-fake-base (2.0) over (1.0) ...
+Preparing to unpack .../newdep_3.1_arm64.deb ...
+Unpacking newdep:arm64 (3.1) ...
+Removing oldlib (0.9) ...
+Setting up drover-fake-base (2.0) ...
+";
+        let out = parse_upgrade_run(run);
+        assert!(!out.simulated);
+        assert_eq!(
+            out.upgraded,
+            vec![PackageChange {
+                name: "drover-fake-base".into(),
+                from: Some("1.0".into()),
+                to: "2.0".into()
+            }]
+        );
+        assert_eq!(
+            out.installed,
+            vec![PackageChange {
+                name: "newdep:arm64".into(),
+                from: None,
+                to: "3.1".into()
+            }]
+        );
+        assert_eq!(out.removed, vec!["oldlib"]);
+        assert_eq!(out.kept_back, vec!["linux-image-arm64"]);
     }
 
     #[test]

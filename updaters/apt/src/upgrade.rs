@@ -2,19 +2,27 @@
 //! full-upgrade, reboot, confirm. In simulate mode the chain keeps its shape
 //! but changes nothing: update-lists is skipped, full-upgrade runs
 //! `apt-get -s`, and the reboot step only reports whether one would be needed.
+//! In upgrade mode every apt and dpkg call is a detached [`Calls`] call (A9).
 
+use crate::call::{CallError, CallOutcome, Calls};
 use crate::command::run_bounded;
-use crate::parse::parse_simulation;
-use crate::{AptSettings, Mode, apt_available};
+use crate::parse::{parse_simulation, parse_upgrade_run};
+use crate::{AptSettings, Mode, apt_available, dpkg, kernel};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
 use agent_core::model::{JobOutput, UpgradeOutput};
+use jiff::Timestamp;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Each child call's bound: the package job has 1500 s, so lock waits leave
 /// time for package work.
 pub const CHILD_CALL_LIMIT: Duration = Duration::from_secs(1440);
+/// How long `update-lists` keeps retrying while another process holds the
+/// lists lock: apt does not apply `DPkg::Lock::Timeout` to that lock.
+pub const LISTS_LOCK_WAIT: Duration = Duration::from_secs(300);
+/// apt's own wait for the dpkg frontend lock.
+const DPKG_LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=600";
 
 const STEPS: &[&str] = &[
     "preflight",
@@ -26,14 +34,44 @@ const STEPS: &[&str] = &[
 
 pub struct SystemUpgrade {
     settings: AptSettings,
+    calls: Calls,
+}
+
+/// Seconds since the step's durable start.
+fn elapsed(ctx: &StepContext<'_>) -> Duration {
+    let seconds = Timestamp::now().as_second() - ctx.started_at.as_second();
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+fn lock_message(outcome: &CallOutcome, lock: &str) -> Option<String> {
+    outcome
+        .stderr
+        .lines()
+        .chain(outcome.stdout.lines())
+        .find(|l| l.contains("Could not get lock") && l.contains(lock))
+        .map(str::to_owned)
 }
 
 impl SystemUpgrade {
     pub fn new(settings: AptSettings) -> Self {
-        Self { settings }
+        let calls = Calls::new(settings.calls_dir.clone(), settings.launcher);
+        Self { settings, calls }
     }
 
-    async fn preflight(&self) -> StepOutcome {
+    /// A detached call whose id is stable for this job, step, try and purpose,
+    /// so a restarted agent re-attaches to it instead of starting it again.
+    async fn call(
+        &self,
+        ctx: &StepContext<'_>,
+        purpose: &str,
+        argv: Vec<String>,
+    ) -> Result<CallOutcome, CallError> {
+        let id = format!("{}-{}-{}-{purpose}", ctx.job_id, ctx.step, ctx.tries);
+        info!(call = %id, argv = ?argv, "apt call");
+        self.calls.run(&id, &argv, CHILD_CALL_LIMIT).await
+    }
+
+    async fn preflight(&self, ctx: &StepContext<'_>) -> StepOutcome {
         if !apt_available(&self.settings) {
             return StepOutcome::Fail(format!(
                 "apt-get not found under {}: this updater needs a Debian-based system",
@@ -61,74 +99,262 @@ impl SystemUpgrade {
                 }
             }
         }
-        StepOutcome::Done
+        match self.settings.mode {
+            Mode::Simulate => StepOutcome::Done,
+            Mode::Upgrade => self.repair_dpkg(ctx).await,
+        }
     }
 
-    async fn full_upgrade(&self, output: &mut Option<JobOutput>) -> StepOutcome {
-        match self.settings.mode {
-            Mode::Simulate => {
-                let argv = self.settings.argv(
-                    "apt-get",
-                    &[
-                        "-s",
-                        "-o",
-                        "Debug::NoLocking=1",
-                        "-o",
-                        "APT::Color=0",
-                        "full-upgrade",
-                    ],
-                );
-                match run_bounded(&argv, CHILD_CALL_LIMIT).await {
-                    Ok(out) if out.success() => {
-                        let report = parse_simulation(&out.stdout);
-                        info!(
-                            upgraded = report.upgraded.len(),
-                            installed = report.installed.len(),
-                            removed = report.removed.len(),
-                            kept_back = report.kept_back.len(),
-                            "simulated full-upgrade"
-                        );
-                        *output = Some(JobOutput::Upgrade(report));
-                        StepOutcome::Done
-                    }
-                    Ok(out) => StepOutcome::Fail(format!(
-                        "apt-get -s full-upgrade exited with {:?}: {}",
-                        out.status,
-                        out.tail()
-                    )),
-                    Err(e) => StepOutcome::Fail(e.to_string()),
+    /// Finishes what an interrupted dpkg left: `dpkg --configure -a` for
+    /// unconfigured packages, a reinstall for half-installed ones, then checks
+    /// the package states again.
+    async fn repair_dpkg(&self, ctx: &StepContext<'_>) -> StepOutcome {
+        let root = self.settings.system_root();
+        let mut broken = match self.broken_packages().await {
+            Ok(broken) => broken,
+            Err(e) => return StepOutcome::Fail(e),
+        };
+        if dpkg::interrupted(&root) || broken.iter().any(|b| !b.needs_reinstall()) {
+            warn!(broken = ?broken, "dpkg was interrupted; running dpkg --configure -a");
+            let argv = self.settings.argv(
+                "dpkg",
+                &["--force-confdef", "--force-confold", "--configure", "-a"],
+            );
+            match self.call(ctx, "configure", argv).await {
+                Ok(out) if out.success() => {}
+                Ok(out) if out.stderr.contains("lock") && elapsed(ctx) < LISTS_LOCK_WAIT => {
+                    return StepOutcome::RetryAfter {
+                        after: Duration::from_secs(10),
+                        reason: format!("dpkg is locked by another process: {}", out.tail()),
+                    };
+                }
+                // Half-installed packages make --configure -a fail; the reinstall below handles them.
+                Ok(out) => {
+                    warn!(exit = out.exit_code, error = %out.tail(), "dpkg --configure -a did not finish cleanly")
+                }
+                Err(e) => return StepOutcome::Fail(format!("dpkg --configure -a: {e}")),
+            }
+            broken = match self.broken_packages().await {
+                Ok(broken) => broken,
+                Err(e) => return StepOutcome::Fail(e),
+            };
+        }
+        let reinstall: Vec<String> = broken
+            .iter()
+            .filter(|b| b.needs_reinstall())
+            .map(|b| b.name.clone())
+            .collect();
+        if !reinstall.is_empty() {
+            warn!(packages = ?reinstall, "reinstalling half-installed packages");
+            let mut args = vec![
+                "-y",
+                "-q",
+                "-o",
+                DPKG_LOCK_TIMEOUT,
+                "-o",
+                "Dpkg::Options::=--force-confdef",
+                "-o",
+                "Dpkg::Options::=--force-confold",
+                "install",
+                "--reinstall",
+            ];
+            args.extend(reinstall.iter().map(String::as_str));
+            let argv = self.settings.argv("apt-get", &args);
+            match self.call(ctx, "reinstall", argv).await {
+                Ok(out) if out.success() => {}
+                Ok(out) => {
+                    warn!(exit = out.exit_code, error = %out.tail(), "reinstall did not finish cleanly")
+                }
+                Err(e) => {
+                    return StepOutcome::Fail(format!(
+                        "reinstall of {}: {e}",
+                        reinstall.join(", ")
+                    ));
                 }
             }
+            broken = match self.broken_packages().await {
+                Ok(broken) => broken,
+                Err(e) => return StepOutcome::Fail(e),
+            };
+        }
+        if broken.is_empty() {
+            StepOutcome::Done
+        } else {
+            let list: Vec<String> = broken.iter().map(|b| b.describe()).collect();
+            StepOutcome::Fail(format!(
+                "dpkg still reports broken packages after repair: {}",
+                list.join(", ")
+            ))
+        }
+    }
+
+    /// Reads package states (a read-only query, run attached).
+    async fn broken_packages(&self) -> Result<Vec<dpkg::BrokenPackage>, String> {
+        let argv = self
+            .settings
+            .argv("dpkg-query", &["-W", "-f", dpkg::QUERY_FORMAT]);
+        let out = run_bounded(&argv, Duration::from_secs(120))
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.success() {
+            return Err(format!("dpkg-query failed: {}", out.tail()));
+        }
+        Ok(dpkg::broken_packages(&out.stdout))
+    }
+
+    async fn update_lists(&self, ctx: &StepContext<'_>) -> StepOutcome {
+        if self.settings.mode == Mode::Simulate {
+            // Refreshing lists changes the machine; a simulation must not.
+            return StepOutcome::Done;
+        }
+        let argv = self
+            .settings
+            .argv("apt-get", &["-q", "-o", "APT::Color=0", "update"]);
+        match self.call(ctx, "update", argv).await {
+            Ok(out) if out.success() => StepOutcome::Done,
+            Ok(out) => {
+                if let Some(line) = lock_message(&out, "/var/lib/apt/lists/lock") {
+                    if elapsed(ctx) < LISTS_LOCK_WAIT {
+                        return StepOutcome::RetryAfter {
+                            after: Duration::from_secs(5),
+                            reason: format!("waiting for the apt lists lock: {line}"),
+                        };
+                    }
+                    return StepOutcome::Fail(format!(
+                        "the apt lists lock was held for more than {} s: {line}",
+                        LISTS_LOCK_WAIT.as_secs()
+                    ));
+                }
+                if ctx.tries < 2 {
+                    return StepOutcome::RetryAfter {
+                        after: Duration::from_secs(30),
+                        reason: format!(
+                            "apt-get update failed (exit {}): {}",
+                            out.exit_code,
+                            out.tail()
+                        ),
+                    };
+                }
+                StepOutcome::Fail(format!(
+                    "apt-get update failed (exit {}): {}",
+                    out.exit_code,
+                    out.tail()
+                ))
+            }
+            Err(CallError::Lost { .. }) => StepOutcome::RetryAfter {
+                after: Duration::from_secs(1),
+                reason: "apt-get update ended without an outcome; running it again".into(),
+            },
+            Err(e) => StepOutcome::Fail(e.to_string()),
+        }
+    }
+
+    async fn full_upgrade(
+        &self,
+        ctx: &StepContext<'_>,
+        output: &mut Option<JobOutput>,
+    ) -> StepOutcome {
+        if self.settings.mode == Mode::Simulate {
+            let argv = self.settings.argv(
+                "apt-get",
+                &[
+                    "-s",
+                    "-o",
+                    "Debug::NoLocking=1",
+                    "-o",
+                    "APT::Color=0",
+                    "full-upgrade",
+                ],
+            );
+            return match run_bounded(&argv, CHILD_CALL_LIMIT).await {
+                Ok(out) if out.success() => {
+                    let report = parse_simulation(&out.stdout);
+                    info!(
+                        upgraded = report.upgraded.len(),
+                        kept_back = report.kept_back.len(),
+                        "simulated full-upgrade"
+                    );
+                    *output = Some(JobOutput::Upgrade(report));
+                    StepOutcome::Done
+                }
+                Ok(out) => StepOutcome::Fail(format!(
+                    "apt-get -s full-upgrade exited with {:?}: {}",
+                    out.status,
+                    out.tail()
+                )),
+                Err(e) => StepOutcome::Fail(e.to_string()),
+            };
+        }
+        let argv = self.settings.argv(
+            "apt-get",
+            &[
+                "-y",
+                "-q",
+                "-o",
+                DPKG_LOCK_TIMEOUT,
+                "-o",
+                "Dpkg::Options::=--force-confdef",
+                "-o",
+                "Dpkg::Options::=--force-confold",
+                "-o",
+                "APT::Color=0",
+                "full-upgrade",
+            ],
+        );
+        match self.call(ctx, "full-upgrade", argv).await {
+            Ok(out) if out.success() => {
+                let report = parse_upgrade_run(&out.stdout);
+                info!(
+                    upgraded = report.upgraded.len(),
+                    installed = report.installed.len(),
+                    removed = report.removed.len(),
+                    kept_back = report.kept_back.len(),
+                    reattached = out.reattached,
+                    "full-upgrade finished"
+                );
+                *output = Some(JobOutput::Upgrade(report));
+                StepOutcome::Done
+            }
+            Ok(out) => {
+                if let Some(line) = lock_message(&out, "/var/lib/dpkg/lock")
+                    && elapsed(ctx) < CHILD_CALL_LIMIT
+                {
+                    return StepOutcome::RetryAfter {
+                        after: Duration::from_secs(10),
+                        reason: format!("waiting for the dpkg lock: {line}"),
+                    };
+                }
+                StepOutcome::Fail(format!(
+                    "apt-get full-upgrade failed (exit {}): {}",
+                    out.exit_code,
+                    out.tail()
+                ))
+            }
+            Err(e) => StepOutcome::Fail(format!("apt-get full-upgrade: {e}")),
         }
     }
 
     fn reboot_step(&self, output: &mut Option<JobOutput>) -> StepOutcome {
-        let needed = reboot_required(&self.settings.system_root());
-        let report = match output {
+        let reason =
+            kernel::reboot_needed(&self.settings.system_root(), &kernel::running_release());
+        let mut report = match output.take() {
             Some(JobOutput::Upgrade(report)) => report,
-            other => {
-                *other = Some(JobOutput::Upgrade(UpgradeOutput {
-                    simulated: self.settings.mode == Mode::Simulate,
-                    ..UpgradeOutput::default()
-                }));
-                match other {
-                    Some(JobOutput::Upgrade(report)) => report,
-                    _ => return StepOutcome::Fail("invariant: upgrade output just set".into()),
-                }
-            }
+            _ => UpgradeOutput {
+                simulated: self.settings.mode == Mode::Simulate,
+                ..UpgradeOutput::default()
+            },
         };
-        report.reboot_required = needed;
-        match self.settings.mode {
+        report.reboot_required = reason.is_some();
+        *output = Some(JobOutput::Upgrade(report));
+        match (self.settings.mode, reason) {
             // Simulation never reboots; it reports whether a reboot is pending.
-            Mode::Simulate => StepOutcome::Done,
+            (Mode::Simulate, _) | (Mode::Upgrade, None) => StepOutcome::Done,
+            (Mode::Upgrade, Some(reason)) => {
+                info!(%reason, "reboot needed");
+                StepOutcome::Reboot
+            }
         }
     }
-}
-
-/// A reboot is needed when apt's hooks asked for one. The path is read under
-/// the root: from the host, `ROOT/var/run` would resolve to the host's /run.
-fn reboot_required(root: &Path) -> bool {
-    root.join("run/reboot-required").exists()
 }
 
 /// Free bytes on the filesystem holding `path`, via the longest mount prefix.
@@ -153,16 +379,47 @@ impl Chain for SystemUpgrade {
 
     fn run_step<'a>(&'a self, ctx: StepContext<'a>) -> BoxFuture<'a, StepOutcome> {
         Box::pin(async move {
+            let ctx = ctx;
             match ctx.step {
-                "preflight" => self.preflight().await,
-                "update-lists" => match self.settings.mode {
-                    // Refreshing lists changes the machine; a simulation must not.
-                    Mode::Simulate => StepOutcome::Done,
-                },
-                "full-upgrade" => self.full_upgrade(ctx.output).await,
+                "preflight" => self.preflight(&ctx).await,
+                "update-lists" => self.update_lists(&ctx).await,
+                "full-upgrade" => {
+                    let mut output = ctx.output.take();
+                    let outcome = self.full_upgrade(&ctx, &mut output).await;
+                    *ctx.output = output;
+                    outcome
+                }
                 "reboot" => self.reboot_step(ctx.output),
                 "confirm" => StepOutcome::Done,
                 other => StepOutcome::Fail(format!("unknown step {other} in systemUpgradeV1")),
+            }
+        })
+    }
+
+    /// Reboots with the compiled-in command. In a sandbox root the host is
+    /// never rebooted: the request is recorded in `ROOT/run/drover-reboot-requested`.
+    fn reboot(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            if let Some(root) = &self.settings.root {
+                let marker = root.join("run/drover-reboot-requested");
+                std::fs::create_dir_all(root.join("run")).map_err(|e| e.to_string())?;
+                std::fs::write(&marker, Timestamp::now().to_string()).map_err(|e| e.to_string())?;
+                return Ok(());
+            }
+            let argv: Vec<String> = if Path::new("/run/systemd/system").exists() {
+                vec!["systemctl".into(), "reboot".into()]
+            } else {
+                vec!["/sbin/reboot".into()]
+            };
+            match run_bounded(&argv, Duration::from_secs(60)).await {
+                Ok(out) if out.success() => Ok(()),
+                Ok(out) => Err(format!(
+                    "{} exited with {:?}: {}",
+                    argv.join(" "),
+                    out.status,
+                    out.tail()
+                )),
+                Err(e) => Err(e.to_string()),
             }
         })
     }

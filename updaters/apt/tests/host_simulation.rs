@@ -12,6 +12,8 @@ fn settings() -> AptSettings {
         mode: Mode::Simulate,
         root: None,
         min_free_bytes: 1,
+        calls_dir: std::env::temp_dir().join("drover-test-calls"),
+        launcher: updater_apt::Launcher::Setsid,
     }
 }
 

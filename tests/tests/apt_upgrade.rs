@@ -1,0 +1,627 @@
+//! The real system upgrade against real apt and dpkg inside disposable Debian
+//! roots (debootstrap, cached per machine, copied per test) fed by a local
+//! repository the test builds. A real drover-agent process runs the job; a
+//! scripted control plane sends it. The host's packages are never touched.
+
+use drover_tests::debroot::{Pkg, Sandbox};
+use drover_tests::script::{Script, intent, new_job};
+use drover_tests::{AgentProcess, bin, eventually, toml_string};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+const DEVICE: &str = "apt-1";
+const APT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A sandbox, an agent in upgrade mode pointed at it, and a scripted server.
+struct Rig {
+    sandbox: Sandbox,
+    listener: TcpListener,
+    agent: AgentProcess,
+    boot_id: PathBuf,
+    server: Script,
+}
+
+impl Rig {
+    async fn start(installed: &[Pkg], min_free_mib: u64) -> Self {
+        let sandbox = Sandbox::new();
+        sandbox.publish(installed);
+        let names: Vec<&str> = installed.iter().map(|p| p.name.as_str()).collect();
+        sandbox.install(&names);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("ws://{}", listener.local_addr().expect("addr"));
+        let boot_id = sandbox.dir.path().join("boot_id");
+        std::fs::write(&boot_id, "boot-1\n").expect("boot id");
+        let agent = AgentProcess::start_with(
+            &sandbox.dir.path().join("agent"),
+            DEVICE,
+            &url,
+            "token",
+            &format!(
+                "boot_id_path = {}",
+                toml_string(&boot_id.display().to_string())
+            ),
+            &format!(
+                "mode = \"upgrade\"\nroot = {}\nmin_free_mib = {min_free_mib}",
+                toml_string(&sandbox.root.display().to_string())
+            ),
+            "",
+        );
+        let server = Script::accept(&listener, DEVICE).await;
+        Self {
+            sandbox,
+            listener,
+            agent,
+            boot_id,
+            server,
+        }
+    }
+
+    /// Sends a system upgrade and returns its job id.
+    async fn upgrade(&mut self, expires_in: i64) -> String {
+        let job = new_job();
+        self.server
+            .send_job(intent(
+                &job,
+                DEVICE,
+                json!({"systemUpgradeV1": {}}),
+                expires_in,
+            ))
+            .await;
+        job
+    }
+
+    async fn result(&mut self, job: &str) -> Value {
+        let result = self.server.result_within(job, APT_TIMEOUT).await;
+        result["status"].clone()
+    }
+
+    /// Kills the agent (SIGKILL) and starts it again; the old connection is dropped.
+    async fn restart_agent(&mut self) {
+        self.agent.kill9();
+        self.agent.restart();
+        self.server = Script::accept(&self.listener, DEVICE).await;
+    }
+
+    fn version(&self, name: &str) -> String {
+        self.sandbox.package(name).unwrap_or_default()
+    }
+
+    fn touch(&self, inside: &str) {
+        std::fs::write(self.sandbox.path(inside), "").expect("touch");
+    }
+
+    fn remove(&self, inside: &str) {
+        let _ = std::fs::remove_file(self.sandbox.path(inside));
+    }
+
+    async fn wait_for_file(&self, inside: &str) {
+        let path = self.sandbox.path(inside);
+        eventually(
+            Duration::from_secs(60),
+            &format!("{} to appear", path.display()),
+            || {
+                let found = path.exists();
+                async move { found.then_some(()) }
+            },
+        )
+        .await;
+    }
+
+    /// How many full-upgrade runs apt recorded in its history.
+    fn full_upgrade_runs(&self) -> usize {
+        std::fs::read_to_string(self.sandbox.path("/var/log/apt/history.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("Commandline:") && l.contains("full-upgrade"))
+            .count()
+    }
+}
+
+fn steps(status: &Value) -> Vec<(String, String, u64)> {
+    status["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_owned(),
+                s["state"].as_str().unwrap_or("").to_owned(),
+                s["tries"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn step<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["steps"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .expect("step")
+}
+
+fn all_done_once(status: &Value) -> bool {
+    steps(status)
+        .iter()
+        .all(|(_, state, tries)| state == "Done" && *tries == 1)
+}
+
+fn base(version: &str) -> Pkg {
+    Pkg::new("drover-fake-base", version)
+}
+
+fn conf(version: &str) -> Pkg {
+    Pkg::new("drover-fake-conf", version).conffile(
+        "/etc/drover-fake/fake.conf",
+        &format!("setting = {version}\n"),
+    )
+}
+
+/// Its 2.0 maintainer scripts mark that they run and wait while a hold file exists.
+fn slow(version: &str) -> Pkg {
+    let pkg = Pkg::new("drover-fake-slow", version);
+    if version == "1.0" {
+        return pkg;
+    }
+    pkg.preinst("touch /tmp/IN_PREINST\nwhile [ -e /tmp/HOLD_PREINST ]; do sleep 0.1; done")
+        .postinst("touch /tmp/IN_POSTINST\nwhile [ -e /tmp/HOLD_POSTINST ]; do sleep 0.1; done")
+}
+
+fn reboot_pkg(version: &str) -> Pkg {
+    let pkg = Pkg::new("drover-fake-reboot", version);
+    if version == "1.0" {
+        return pkg;
+    }
+    pkg.postinst("touch /run/reboot-required\necho drover-fake-reboot >> /run/reboot-required.pkgs")
+}
+
+/// Stands for the agent's own package: its upgrade is when a naive package
+/// would restart the agent.
+fn agent_pkg(version: &str) -> Pkg {
+    let pkg = Pkg::new("drover-agent", version);
+    if version == "1.0" {
+        return pkg;
+    }
+    pkg.preinst(
+        "touch /tmp/AGENT_PKG_PREINST\nwhile [ -e /tmp/HOLD_AGENT_PKG ]; do sleep 0.1; done",
+    )
+}
+
+/// Holds a POSIX (fcntl) lock as apt takes it; flock would not block apt.
+struct LockHolder(Child);
+
+impl LockHolder {
+    fn hold(path: &Path, seconds: u32) -> Self {
+        let script = "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.lockf(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(float(sys.argv[2]))\n";
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(path)
+            .arg(seconds.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 holds the lock");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line.trim(), "locked");
+        Self(child)
+    }
+}
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Kills the dpkg process running inside this sandbox.
+fn kill_dpkg_in(root: &Path) -> bool {
+    let root = root.canonicalize().expect("root");
+    let mut killed = false;
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let in_root = std::fs::read_link(entry.path().join("root")).is_ok_and(|r| r == root);
+        if comm.trim() == "dpkg" && in_root {
+            killed |= Command::new("kill")
+                .args(["-KILL", &pid])
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+    }
+    killed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_upgrade_keeps_local_conffiles() {
+    let mut rig = Rig::start(&[base("1.0"), conf("1.0")], 10).await;
+    std::fs::write(
+        rig.sandbox.path("/etc/drover-fake/fake.conf"),
+        "setting = local edit\n",
+    )
+    .expect("edit");
+    rig.sandbox.publish(&[base("2.0"), conf("2.0")]);
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert!(all_done_once(&status), "{:?}", steps(&status));
+    assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
+    assert_eq!(rig.version("drover-fake-conf"), "2.0 ii");
+    let conf_text =
+        std::fs::read_to_string(rig.sandbox.path("/etc/drover-fake/fake.conf")).expect("conf");
+    assert_eq!(
+        conf_text, "setting = local edit\n",
+        "the local edit is kept (--force-confold)"
+    );
+    assert!(
+        rig.sandbox
+            .path("/etc/drover-fake/fake.conf.dpkg-dist")
+            .exists(),
+        "the new default is beside it"
+    );
+    let report = &status["output"]["upgrade"];
+    assert_eq!(report["simulated"], false);
+    let upgraded: Vec<&str> = report["upgraded"]
+        .as_array()
+        .expect("upgraded")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(
+        upgraded,
+        vec!["drover-fake-base", "drover-fake-conf"],
+        "{report}"
+    );
+    assert_eq!(report["rebootRequired"], false);
+    assert_eq!(rig.full_upgrade_runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lists_lock_is_waited_for() {
+    let mut rig = Rig::start(&[base("1.0")], 10).await;
+    rig.sandbox.publish(&[base("2.0")]);
+    let _lock = LockHolder::hold(&rig.sandbox.path("/var/lib/apt/lists/lock"), 20);
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    let update = step(&status, "update-lists");
+    assert!(
+        update["tries"].as_u64().unwrap_or(0) >= 2,
+        "retried while locked: {update}"
+    );
+    assert!(
+        update["seconds"].as_f64().unwrap_or(0.0) >= 15.0,
+        "waited for the lock: {update}"
+    );
+    assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_dpkg_frontend_lock_is_waited_for() {
+    let mut rig = Rig::start(&[base("1.0")], 10).await;
+    rig.sandbox.publish(&[base("2.0")]);
+    let _lock = LockHolder::hold(&rig.sandbox.path("/var/lib/dpkg/lock-frontend"), 8);
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    let upgrade = step(&status, "full-upgrade");
+    assert!(
+        upgrade["seconds"].as_f64().unwrap_or(0.0) >= 5.0,
+        "apt waited for the lock: {upgrade}"
+    );
+    assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apt_survives_an_agent_killed_mid_upgrade_and_nothing_runs_twice() {
+    let mut rig = Rig::start(&[slow("1.0")], 10).await;
+    rig.sandbox.publish(&[slow("2.0")]);
+    rig.touch("/tmp/HOLD_PREINST");
+    let job = rig.upgrade(3600).await;
+    rig.wait_for_file("/tmp/IN_PREINST").await;
+    rig.agent.kill9();
+    rig.remove("/tmp/HOLD_PREINST");
+    // apt goes on without the agent.
+    eventually(
+        Duration::from_secs(60),
+        "apt to finish without the agent",
+        || {
+            let done = rig.version("drover-fake-slow") == "2.0 ii";
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+    rig.agent.restart();
+    rig.server = Script::accept(&rig.listener, DEVICE).await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert!(all_done_once(&status), "{:?}", steps(&status));
+    assert_eq!(rig.full_upgrade_runs(), 1, "apt's full-upgrade ran once");
+    assert!(
+        rig.agent
+            .log()
+            .contains("reading the outcome of a call an earlier agent started")
+    );
+}
+
+async fn dpkg_killed_during(phase: &str, broken_state: &str) {
+    let mut rig = Rig::start(&[slow("1.0")], 10).await;
+    rig.sandbox.publish(&[slow("2.0")]);
+    let hold = format!("/tmp/HOLD_{phase}");
+    rig.touch(&hold);
+    let first = rig.upgrade(3600).await;
+    rig.wait_for_file(&format!("/tmp/IN_{phase}")).await;
+    assert!(kill_dpkg_in(&rig.sandbox.root), "found dpkg to kill");
+    rig.remove(&hold);
+    let status = rig.result(&first).await;
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    assert_eq!(step(&status, "full-upgrade")["state"], "Failed");
+    assert!(
+        rig.version("drover-fake-slow").starts_with(broken_state),
+        "{}",
+        rig.version("drover-fake-slow")
+    );
+
+    let second = rig.upgrade(3600).await;
+    let status = rig.result(&second).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert_eq!(
+        rig.version("drover-fake-slow"),
+        "2.0 ii",
+        "the next run repaired dpkg"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dpkg_killed_in_postinst_is_repaired_by_the_next_run() {
+    // Half-configured: dpkg --configure -a finishes it.
+    dpkg_killed_during("POSTINST", "2.0 iF").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dpkg_killed_in_preinst_is_repaired_by_the_next_run() {
+    // Half-installed, reinst-required: only a reinstall fixes it.
+    dpkg_killed_during("PREINST", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reboot_is_confirmed_only_under_a_new_boot_id() {
+    let mut rig = Rig::start(&[reboot_pkg("1.0")], 10).await;
+    rig.sandbox.publish(&[reboot_pkg("2.0")]);
+    let job = rig.upgrade(3600).await;
+    let waiting = rig
+        .server
+        .state_of(&job, "AwaitingReboot", APT_TIMEOUT)
+        .await;
+    assert_eq!(step(&waiting["status"], "reboot")["state"], "Running");
+    rig.wait_for_file("/run/drover-reboot-requested").await;
+    // The same boot: a restarted agent asks for the reboot again, and waits.
+    rig.restart_agent().await;
+    rig.server.pump(Duration::from_secs(2)).await;
+    let jobs = rig.agent.jobs();
+    assert_eq!(
+        jobs[0]["state"], "AwaitingReboot",
+        "no success without a new boot: {jobs}"
+    );
+    // The device comes back: a new boot id, and /run is empty again.
+    std::fs::write(&rig.boot_id, "boot-2\n").expect("boot id");
+    rig.remove("/run/reboot-required");
+    rig.remove("/run/reboot-required.pkgs");
+    rig.remove("/run/drover-reboot-requested");
+    rig.restart_agent().await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert_eq!(status["bootId"], "boot-2");
+    assert_eq!(step(&status, "reboot")["state"], "Done");
+    assert_eq!(step(&status, "confirm")["state"], "Done");
+    assert_eq!(status["output"]["upgrade"]["rebootRequired"], true);
+    assert!(status["completionHeartbeatAt"].is_string());
+    assert_eq!(rig.version("drover-fake-reboot"), "2.0 ii");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_own_package_upgrade_does_not_kill_dpkg() {
+    let mut rig = Rig::start(&[agent_pkg("1.0"), base("1.0")], 10).await;
+    rig.sandbox.publish(&[agent_pkg("2.0"), base("2.0")]);
+    rig.touch("/tmp/HOLD_AGENT_PKG");
+    let job = rig.upgrade(3600).await;
+    rig.wait_for_file("/tmp/AGENT_PKG_PREINST").await;
+    // What a naive package would do: restart the agent in the middle of its own upgrade.
+    rig.restart_agent().await;
+    eventually(
+        Duration::from_secs(20),
+        "the new agent to re-attach",
+        || {
+            let attached = rig
+                .agent
+                .log()
+                .contains("re-attaching to a call still running");
+            async move { attached.then_some(()) }
+        },
+    )
+    .await;
+    rig.remove("/tmp/HOLD_AGENT_PKG");
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert!(all_done_once(&status), "{:?}", steps(&status));
+    assert_eq!(rig.version("drover-agent"), "2.0 ii");
+    assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
+    assert_eq!(rig.full_upgrade_runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_enough_disk_space_fails_before_apt_runs() {
+    let mut rig = Rig::start(&[base("1.0")], 100_000_000).await;
+    rig.sandbox.publish(&[base("2.0")]);
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(status["state"], "Failed");
+    let error = status["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("step preflight failed: not enough free space on"),
+        "{error}"
+    );
+    assert!(error.contains("MiB required"), "{error}");
+    assert_eq!(rig.version("drover-fake-base"), "1.0 ii");
+    assert_eq!(rig.full_upgrade_runs(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_that_expired_while_queued_never_starts() {
+    let mut rig = Rig::start(&[slow("1.0")], 10).await;
+    rig.sandbox.publish(&[slow("2.0")]);
+    rig.touch("/tmp/HOLD_PREINST");
+    let first = rig.upgrade(3600).await;
+    rig.wait_for_file("/tmp/IN_PREINST").await;
+    let second = rig.upgrade(3).await;
+    let waiting = rig
+        .server
+        .state_of(&second, "Waiting", Duration::from_secs(10))
+        .await;
+    assert_eq!(waiting["type"], "progress");
+    rig.server.pump(Duration::from_secs(4)).await;
+    rig.remove("/tmp/HOLD_PREINST");
+    assert_eq!(rig.result(&first).await["state"], "Succeeded");
+    let status = rig.result(&second).await;
+    assert_eq!(status["state"], "Expired", "{status:#}");
+    assert!(
+        status["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("while it waited in the queue"),
+        "{status}"
+    );
+    assert!(
+        steps(&status)
+            .iter()
+            .all(|(_, state, tries)| state == "Pending" && *tries == 0)
+    );
+    assert_eq!(rig.full_upgrade_runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_upgrade_prints_its_steps_and_resumes_from_its_failed_step() {
+    let fail = |version: &str| {
+        let pkg = Pkg::new("drover-fake-fail", version);
+        if version == "1.0" {
+            return pkg;
+        }
+        pkg.postinst("if [ -e /tmp/FAIL ]; then echo 'configured to fail' >&2; exit 1; fi")
+    };
+    let rig = Rig::start(&[base("1.0"), fail("1.0")], 10).await;
+    rig.sandbox.publish(&[base("2.0"), fail("2.0")]);
+    rig.touch("/tmp/FAIL");
+    let socket = rig.agent.socket.clone();
+    let run = |args: Vec<String>| {
+        let out = Command::new(bin("drover-agent"))
+            .args(args)
+            .output()
+            .expect("drover-agent upgrade");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let socket_arg = socket.display().to_string();
+    let (code, stdout) = run(vec![
+        "upgrade".into(),
+        "--socket".into(),
+        socket_arg.clone(),
+    ]);
+    assert_eq!(code, Some(1), "{stdout}\n{}", rig.agent.log());
+    assert!(
+        stdout.contains("preflight") && stdout.contains("Done"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("full-upgrade") && stdout.contains("Failed"),
+        "{stdout}"
+    );
+    let job_id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("job ").and_then(|r| r.split(':').next()))
+        .expect("job id")
+        .to_owned();
+    assert!(
+        stdout.contains(&format!("drover-agent upgrade --resume {job_id}")),
+        "{stdout}"
+    );
+
+    rig.remove("/tmp/FAIL");
+    let (code, stdout) = run(vec![
+        "upgrade".into(),
+        "--resume".into(),
+        job_id.clone(),
+        "--socket".into(),
+        socket_arg.clone(),
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{}", rig.agent.log());
+    assert!(
+        stdout.contains(&format!("job {job_id}: Succeeded")),
+        "{stdout}"
+    );
+    assert_eq!(rig.version("drover-fake-fail"), "2.0 ii");
+    assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
+    let jobs = rig.agent.jobs();
+    let steps = steps(&jobs[0]);
+    assert_eq!(
+        steps[0],
+        ("preflight".to_owned(), "Done".to_owned(), 1),
+        "preflight did not run again"
+    );
+    assert_eq!(steps[2].0, "full-upgrade");
+    assert_eq!(steps[2].2, 2, "full-upgrade ran again after the resume");
+
+    // A fleet job or a finished job cannot be resumed.
+    let (code, _) = run(vec![
+        "upgrade".into(),
+        "--resume".into(),
+        job_id,
+        "--socket".into(),
+        socket_arg,
+    ]);
+    assert_eq!(code, Some(1));
+}

@@ -1,0 +1,499 @@
+//! Child calls that outlive the agent (A9). apt and dpkg run in their own
+//! session — a transient systemd unit where systemd runs, `setsid` elsewhere —
+//! under a small shell wrapper that writes the exit status to a file in the
+//! call's directory, durably, when the command ends. A crash, a restart, or the
+//! agent's own package being upgraded never kills dpkg: a restarted agent finds
+//! the call's directory, waits for the running call or reads its outcome.
+//!
+//! A call directory holds `argv`, `started`, `pid` (written by the wrapper),
+//! `out`, `err` and finally `exit`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+use tokio::process::Command;
+use tracing::{info, warn};
+
+/// The wrapper: records its pid, runs the command with no stdin, then writes
+/// the exit status and syncs it before renaming it into place.
+const WRAPPER: &str = r#"d="$1"; shift
+echo $$ > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
+"$@" > "$d/out" 2> "$d/err" < /dev/null
+rc=$?
+echo "$rc" > "$d/exit.tmp"
+sync "$d/exit.tmp" 2>/dev/null
+mv "$d/exit.tmp" "$d/exit"
+sync "$d" 2>/dev/null
+exit 0"#;
+
+/// Upper bound of captured output read back, per stream (the tail is kept).
+const MAX_OUTPUT_BYTES: u64 = 4 * 1024 * 1024;
+/// Call directories older than this are removed when a new call starts.
+const KEEP_CALLS: Duration = Duration::from_secs(7 * 24 * 3600);
+const POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// `systemd-run`: the call gets its own transient unit and cgroup.
+    SystemdRun,
+    /// `setsid`: the call gets its own session and process group.
+    Setsid,
+}
+
+impl Launcher {
+    pub fn detect() -> Self {
+        if Path::new("/run/systemd/system").exists() {
+            Launcher::SystemdRun
+        } else {
+            Launcher::Setsid
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// The outcome belongs to a call started before this agent process.
+    pub reattached: bool,
+}
+
+impl CallOutcome {
+    pub fn success(&self) -> bool {
+        self.exit_code == 0
+    }
+
+    /// The last lines of stderr (or stdout), for an error message.
+    pub fn tail(&self) -> String {
+        let text = if self.stderr.trim().is_empty() {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(4)..].join(" | ")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot prepare the call directory {path}: {source}")]
+    Dir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start {program} through {launcher:?}: {reason}")]
+    Start {
+        program: String,
+        launcher: Launcher,
+        reason: String,
+    },
+    #[error("{program} did not finish within {seconds} s and was stopped")]
+    Timeout { program: String, seconds: u64 },
+    #[error("{program} ended without recording an exit status (killed, or the machine lost power)")]
+    Lost { program: String },
+}
+
+/// Runs calls in `dir`, one subdirectory per call id.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    dir: PathBuf,
+    launcher: Launcher,
+}
+
+impl Calls {
+    pub fn new(dir: PathBuf, launcher: Launcher) -> Self {
+        Self { dir, launcher }
+    }
+
+    /// Runs `argv` as call `id`, or re-attaches to the call of that id if an
+    /// earlier agent process started it. `limit` counts from the call's
+    /// durable start.
+    pub async fn run(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+    ) -> Result<CallOutcome, CallError> {
+        let dir = self.dir.join(id);
+        let program = argv.first().cloned().unwrap_or_default();
+        if dir.join("exit").exists() {
+            info!(
+                call = id,
+                "reading the outcome of a call an earlier agent started"
+            );
+            return Ok(read_outcome(&dir, true));
+        }
+        if dir.join("started").exists() {
+            if let Some(pid) = live_pid(&dir) {
+                info!(call = id, pid, "re-attaching to a call still running");
+                return self.wait(&dir, &program, pid, limit, true).await;
+            }
+            if dir.join("exit").exists() {
+                return Ok(read_outcome(&dir, true));
+            }
+            if dir.join("pid").exists() {
+                // It ran and died without an outcome; the step is idempotent,
+                // so report it and let the step decide to run it again.
+                let lost = dir.with_extension(format!("lost-{}", unix_seconds()));
+                let _ = std::fs::rename(&dir, &lost);
+                return Err(CallError::Lost { program });
+            }
+            // Started but the wrapper never ran (the agent died in between): start over.
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        self.prune();
+        let io = |source| CallError::Dir {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        write_durably(&dir.join("argv"), argv.join("\n").as_bytes()).map_err(io)?;
+        write_durably(&dir.join("started"), unix_seconds().to_string().as_bytes()).map_err(io)?;
+        sync_dir(&dir);
+        self.launch(id, &dir, argv).await?;
+        // The wrapper writes its pid first thing; wait for it (or for the exit).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if dir.join("exit").exists() {
+                return Ok(read_outcome(&dir, false));
+            }
+            if let Some(pid) = read_pid(&dir) {
+                return self.wait(&dir, &program, pid, limit, false).await;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(CallError::Start {
+                    program,
+                    launcher: self.launcher,
+                    reason: "the wrapper did not start within 30 s".into(),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn launch(&self, id: &str, dir: &Path, argv: &[String]) -> Result<(), CallError> {
+        let program = argv.first().cloned().unwrap_or_default();
+        let mut command = match self.launcher {
+            Launcher::Setsid => {
+                let mut c = Command::new("setsid");
+                c.arg("sh");
+                c
+            }
+            Launcher::SystemdRun => {
+                let mut c = Command::new("systemd-run");
+                c.arg(format!("--unit=drover-call-{id}"))
+                    .args(["--collect", "--quiet", "--service-type=exec"])
+                    .args([
+                        "--setenv=DEBIAN_FRONTEND=noninteractive",
+                        "--setenv=LC_ALL=C",
+                    ])
+                    .args(["--", "sh"]);
+                c
+            }
+        };
+        command
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg("drover-call")
+            .arg(dir)
+            .args(argv)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .env("LC_ALL", "C")
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = command.spawn().map_err(|e| CallError::Start {
+            program: program.clone(),
+            launcher: self.launcher,
+            reason: e.to_string(),
+        })?;
+        match self.launcher {
+            // setsid execs the wrapper; reap it in the background so it never
+            // lingers as a zombie while this agent lives.
+            Launcher::Setsid => {
+                tokio::spawn(async move {
+                    let _ = child.wait().await;
+                });
+                Ok(())
+            }
+            // systemd-run returns once the unit started.
+            Launcher::SystemdRun => match child.wait().await {
+                Ok(status) if status.success() => Ok(()),
+                Ok(status) => Err(CallError::Start {
+                    program,
+                    launcher: self.launcher,
+                    reason: format!("systemd-run exited with {status}"),
+                }),
+                Err(e) => Err(CallError::Start {
+                    program,
+                    launcher: self.launcher,
+                    reason: e.to_string(),
+                }),
+            },
+        }
+    }
+
+    async fn wait(
+        &self,
+        dir: &Path,
+        program: &str,
+        pid: u32,
+        limit: Duration,
+        reattached: bool,
+    ) -> Result<CallOutcome, CallError> {
+        let started = std::fs::read_to_string(dir.join("started"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or_else(unix_seconds);
+        loop {
+            if dir.join("exit").exists() {
+                return Ok(read_outcome(dir, reattached));
+            }
+            if !alive(pid, dir) {
+                // The wrapper may have written `exit` just before it ended.
+                if dir.join("exit").exists() {
+                    return Ok(read_outcome(dir, reattached));
+                }
+                let lost = dir.with_extension(format!("lost-{}", unix_seconds()));
+                let _ = std::fs::rename(dir, &lost);
+                return Err(CallError::Lost {
+                    program: program.to_owned(),
+                });
+            }
+            if unix_seconds().saturating_sub(started) > limit.as_secs() {
+                warn!(
+                    pid,
+                    program, "call over its time limit; stopping its process group"
+                );
+                stop_group(pid, dir).await;
+                return Err(CallError::Timeout {
+                    program: program.to_owned(),
+                    seconds: limit.as_secs(),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Removes call directories older than a week.
+    fn prune(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_some_and(|age| age > KEEP_CALLS);
+            if old {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(file) = std::fs::File::open(dir) {
+        let _ = file.sync_all();
+    }
+}
+
+fn read_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The call's wrapper pid if that process still runs. The wrapper's command
+/// line holds the call directory, so a reused pid is not mistaken for it.
+fn live_pid(dir: &Path) -> Option<u32> {
+    let pid = read_pid(dir)?;
+    alive(pid, dir).then_some(pid)
+}
+
+fn alive(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    if is_zombie(pid) {
+        return false;
+    }
+    let marker = dir.display().to_string();
+    cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == marker.as_bytes())
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+async fn stop_group(pid: u32, dir: &Path) {
+    let group = format!("-{pid}");
+    let _ = Command::new("kill")
+        .args(["-TERM", "--", &group])
+        .status()
+        .await;
+    for _ in 0..150 {
+        if dir.join("exit").exists() || !alive(pid, dir) {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &group])
+        .status()
+        .await;
+}
+
+fn read_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > MAX_OUTPUT_BYTES {
+        let _ = file.seek(SeekFrom::Start(len - MAX_OUTPUT_BYTES));
+    }
+    let mut bytes = Vec::new();
+    let _ = file.take(MAX_OUTPUT_BYTES).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn read_outcome(dir: &Path, reattached: bool) -> CallOutcome {
+    let exit_code = std::fs::read_to_string(dir.join("exit"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(-1);
+    CallOutcome {
+        exit_code,
+        stdout: read_tail(&dir.join("out")),
+        stderr: read_tail(&dir.join("err")),
+        reattached,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_call_records_its_outcome_and_is_not_run_twice() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let counter = dir.path().join("count");
+        let script = format!(
+            "echo run >> {}; echo out; echo err >&2; exit 7",
+            counter.display()
+        );
+        let first = calls
+            .run(
+                "job-a",
+                &argv(&["sh", "-c", &script]),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("runs");
+        assert_eq!(
+            (first.exit_code, first.stdout.as_str(), first.reattached),
+            (7, "out\n", false)
+        );
+        assert_eq!(first.tail(), "err");
+        let again = calls
+            .run(
+                "job-a",
+                &argv(&["sh", "-c", &script]),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("reads");
+        assert!(again.reattached);
+        assert_eq!(again.exit_code, 7);
+        assert_eq!(
+            std::fs::read_to_string(&counter).expect("count"),
+            "run\n",
+            "ran once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_outlives_the_caller_and_is_re_attached() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let done = dir.path().join("done");
+        let script = format!("sleep 1; touch {}; exit 0", done.display());
+        let args = argv(&["sh", "-c", &script]);
+        // The first caller gives up waiting (as a killed agent would).
+        let first = tokio::time::timeout(
+            Duration::from_millis(400),
+            calls.run("job-b", &args, Duration::from_secs(30)),
+        )
+        .await;
+        assert!(first.is_err(), "the caller stopped waiting");
+        assert!(!done.exists(), "the call still runs");
+        let outcome = calls
+            .run("job-b", &args, Duration::from_secs(30))
+            .await
+            .expect("re-attaches");
+        assert!(outcome.reattached && outcome.success());
+        assert!(done.exists());
+    }
+
+    #[tokio::test]
+    async fn a_call_over_its_limit_is_stopped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let err = calls
+            .run("job-c", &argv(&["sleep", "30"]), Duration::from_secs(1))
+            .await
+            .expect_err("times out");
+        assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_an_exit_status_not_a_hang() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let outcome = calls
+            .run(
+                "job-d",
+                &argv(&["/nonexistent/apt-get"]),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("outcome");
+        assert_eq!(outcome.exit_code, 127);
+    }
+}
