@@ -19,6 +19,9 @@ pub struct DemoOptions {
     pub agents: usize,
     pub keep: bool,
     pub agent_bin: Option<PathBuf>,
+    /// Run the real upgrade, each agent inside its own disposable Debian root,
+    /// instead of simulating it on this machine.
+    pub upgrade: bool,
 }
 
 const RUN: &str = "demo-upgrade";
@@ -51,12 +54,25 @@ fn toml_string(value: &str) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "\"\"".into())
 }
 
-fn agent_config(dir: &Path, device: &str, agent_addr: &str, token: &str) -> String {
+fn agent_config(
+    dir: &Path,
+    device: &str,
+    agent_addr: &str,
+    token: &str,
+    root: Option<&Path>,
+) -> String {
+    let updater = match root {
+        Some(root) => format!(
+            "mode = \"upgrade\"\nroot = {}",
+            toml_string(&root.display().to_string())
+        ),
+        None => "mode = \"simulate\"".to_owned(),
+    };
     format!(
         "device_id = {device}\nstate_dir = {state}\nstatus_socket = {socket}\n\n\
          [transport]\nkind = \"websocket\"\nserver_url = {url}\ntoken = {token}\n\
          heartbeat_seconds = 5\nbackoff_max_seconds = 5\n\n\
-         [updater]\nmode = \"simulate\"\nmin_free_mib = 50\n",
+         [updater]\n{updater}\nmin_free_mib = 50\n",
         device = toml_string(device),
         state = toml_string(&dir.join("state").display().to_string()),
         socket = toml_string(&dir.join("status.sock").display().to_string()),
@@ -100,6 +116,9 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         bail!("the demo needs at least one agent");
     }
     let agent_bin = find_agent_binary(options.agent_bin)?;
+    if options.upgrade {
+        check_sandbox_tools()?;
+    }
     let dir = tempfile::Builder::new().prefix("drover-demo-").tempdir()?;
     println!("demo directory: {}", dir.path().display());
     let shutdown = CancellationToken::new();
@@ -150,17 +169,45 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         devices[0]
     );
 
+    let sandboxes = if options.upgrade {
+        println!(
+            "preparing {} disposable Debian roots (debootstrap the first time, about a minute; cached in {})",
+            devices.len(),
+            drover_sandbox::cache_dir().display()
+        );
+        tokio::task::block_in_place(|| {
+            devices
+                .iter()
+                .map(|_| {
+                    let sandbox = drover_sandbox::Sandbox::new();
+                    sandbox.publish(&demo_packages("1.0"));
+                    sandbox.install(&["drover-demo-tool", "drover-demo-conf"]);
+                    sandbox.publish(&demo_packages("2.0"));
+                    sandbox
+                })
+                .collect::<Vec<_>>()
+        })
+    } else {
+        Vec::new()
+    };
     let mut agents = Agents(Vec::new());
-    for device in &devices {
+    for (i, device) in devices.iter().enumerate() {
         let agent_dir = dir.path().join("agents").join(device);
         std::fs::create_dir_all(&agent_dir)?;
         let token = started
             .secrets
             .device_token(&DeviceId::new(device.clone())?);
         let config = agent_dir.join("agent.toml");
+        let root = sandboxes.get(i).map(|s| s.root.as_path());
         std::fs::write(
             &config,
-            agent_config(&agent_dir, device, &started.agent_addr.to_string(), &token),
+            agent_config(
+                &agent_dir,
+                device,
+                &started.agent_addr.to_string(),
+                &token,
+                root,
+            ),
         )?;
         let log = std::fs::File::create(agent_dir.join("agent.log"))?;
         let child = Command::new(&agent_bin)
@@ -210,6 +257,18 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             Err(_) => println!("{}: no status", item["device"].as_str().unwrap_or("?")),
         }
     }
+    for (device, sandbox) in devices.iter().zip(&sandboxes) {
+        let versions: Vec<String> = ["drover-demo-tool", "drover-demo-conf"]
+            .iter()
+            .map(|p| {
+                format!(
+                    "{p} {}",
+                    sandbox.package(p).unwrap_or_else(|| "missing".into())
+                )
+            })
+            .collect();
+        println!("{device} root now has: {}", versions.join(", "));
+    }
     drop(agents);
     shutdown.cancel();
     for task in started.tasks {
@@ -224,6 +283,41 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         if complete { "Complete" } else { "not Complete" }
     );
     Ok(complete)
+}
+
+/// The packages of the upgrade demo: a tool and a conffile, 1.0 then 2.0.
+fn demo_packages(version: &str) -> Vec<drover_sandbox::Pkg> {
+    vec![
+        drover_sandbox::Pkg::new("drover-demo-tool", version),
+        drover_sandbox::Pkg::new("drover-demo-conf", version).conffile(
+            "/etc/drover-demo/demo.conf",
+            &format!("setting = {version}\n"),
+        ),
+    ]
+}
+
+/// The upgrade demo runs apt in chroots: it needs root and the root-making tools.
+fn check_sandbox_tools() -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        bail!("drover demo --upgrade needs root: it runs apt inside disposable chroots");
+    }
+    for (tool, package) in [
+        ("debootstrap", "debootstrap"),
+        ("dpkg-scanpackages", "dpkg-dev"),
+        ("chroot", "coreutils"),
+    ] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(tool).exists()));
+        if !found {
+            bail!("drover demo --upgrade needs {tool}: apt-get install {package}");
+        }
+    }
+    Ok(())
 }
 
 async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> Result<()> {

@@ -90,6 +90,10 @@ enum Command {
         /// The drover-agent binary (default: next to drover, or on PATH).
         #[arg(long, env = "DROVER_AGENT_BIN")]
         agent_bin: Option<PathBuf>,
+        /// Run the real apt upgrade, each agent in its own disposable Debian
+        /// root (needs root and debootstrap), instead of simulating it.
+        #[arg(long)]
+        upgrade: bool,
     },
 }
 
@@ -258,11 +262,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             agents,
             keep,
             agent_bin,
+            upgrade,
         } => {
             let complete = drover::demo::run(drover::demo::DemoOptions {
                 agents: *agents,
                 keep: *keep,
                 agent_bin: agent_bin.clone(),
+                upgrade: *upgrade,
             })
             .await?;
             Ok(if complete { 0 } else { 1 })

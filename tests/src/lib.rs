@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-pub mod debroot;
+pub use drover_sandbox as debroot;
 pub mod script;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -87,3 +87,42 @@ async fn a_job_interrupted_by_sigkill_resumes_and_reports_once() {
         "the restarted agent resumed the job"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("loop-1", &["loop"], json!({})).await;
+    let dir = cp.dir.path().join("agent-loop-1");
+    let hold = dir.join("hold");
+    let reached = dir.join("reached");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(&hold, "").expect("hold file");
+    // The hold is never released: every start dies in the same step.
+    let extra = format!(
+        "[limits]\nmax_resumes = 2\n\n[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
+        hold.display().to_string(),
+        reached.display().to_string()
+    );
+    let token = cp.device_token("loop-1");
+    let mut agent = AgentProcess::start(&dir, "loop-1", &cp.agent_url, &token, &extra);
+    cp.wait_for_agents(&["loop-1"]).await;
+    cp.apply_upgrade_run("loop-run", "loop", 600).await;
+    for _ in 0..3 {
+        eventually(
+            Duration::from_secs(30),
+            "the agent to reach the step",
+            || async { reached.exists().then_some(()) },
+        )
+        .await;
+        std::fs::remove_file(&reached).expect("reset marker");
+        agent.kill9();
+        agent.restart();
+    }
+    let run = cp
+        .wait_run_finished("loop-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed", "{run}");
+    let error = run["status"]["latestError"].as_str().unwrap_or("");
+    assert!(error.contains("crash or reboot loop"), "{error}");
+    assert!(!reached.exists(), "the step did not run a fourth time");
+}

@@ -34,3 +34,25 @@ fn the_demo_completes_with_the_canary_first() {
         "each device's steps are printed:\n{stdout}"
     );
 }
+
+#[test]
+fn the_upgrade_demo_upgrades_each_disposable_root() {
+    let out = Command::new(bin("drover"))
+        .args(["demo", "--upgrade"])
+        .env("DROVER_AGENT_BIN", bin("drover-agent"))
+        .output()
+        .expect("run drover demo --upgrade");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("run demo-upgrade is Complete"), "{stdout}");
+    for device in ["device-1", "device-2", "device-3"] {
+        let line =
+            format!("{device} root now has: drover-demo-tool 2.0 ii, drover-demo-conf 2.0 ii");
+        assert!(stdout.contains(&line), "{line}\n{stdout}");
+    }
+    assert!(stdout.contains("upgrade: 2 upgraded"), "{stdout}");
+}

@@ -1,8 +1,9 @@
-//! Disposable Debian roots for the apt tests. One minbase root is made per
-//! machine with debootstrap and cached; each test copies it, points apt at a
-//! local flat repository that the test builds with dpkg-deb, and throws the
-//! copy away. Nothing here touches the host's packages: every apt and dpkg
-//! call runs chrooted into the copy.
+//! Disposable Debian roots for the apt tests and `drover demo --upgrade`.
+//! One minbase root is made per machine with debootstrap and cached; each
+//! user copies it, points apt at a local flat repository built with dpkg-deb,
+//! and throws the copy away. Nothing here touches the host's packages: every
+//! apt and dpkg call runs chrooted into the copy. Failures panic with the
+//! tool's output: this is test and demo scaffolding, not agent code.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
