@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (apt-get)"; exit 1; }
 # Host tools of the tests: debootstrap makes the disposable Debian roots,
 # dpkg-deb and dpkg-scanpackages build their local repository, python3 holds
-# fcntl locks as apt takes them, setsid/chroot run apt inside the roots.
+# fcntl locks as apt takes them, setsid/chroot run apt inside the roots;
+# nats-server (with JetStream) is the broker of the NATS tests.
 need_apt=()
-for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils; do
+for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -41,6 +41,55 @@ pub enum Transport {
         #[serde(default = "default_backoff_max")]
         backoff_max_seconds: u64,
     },
+    /// NATS JetStream: the device logs in with its id as user and its token
+    /// as password.
+    Nats {
+        url: String,
+        token: Option<String>,
+        token_file: Option<PathBuf>,
+        /// CA certificate of the nats-server; setting it requires TLS.
+        ca_file: Option<PathBuf>,
+        #[serde(default = "default_heartbeat")]
+        heartbeat_seconds: u64,
+        #[serde(default = "default_backoff_max")]
+        backoff_max_seconds: u64,
+    },
+}
+
+impl Transport {
+    pub fn token(&self) -> (Option<&String>, Option<&PathBuf>) {
+        match self {
+            Transport::Websocket {
+                token, token_file, ..
+            }
+            | Transport::Nats {
+                token, token_file, ..
+            } => (token.as_ref(), token_file.as_ref()),
+        }
+    }
+
+    pub fn heartbeat_seconds(&self) -> u64 {
+        match self {
+            Transport::Websocket {
+                heartbeat_seconds, ..
+            }
+            | Transport::Nats {
+                heartbeat_seconds, ..
+            } => *heartbeat_seconds,
+        }
+    }
+
+    /// The device's token, inline or from its file.
+    pub fn read_token(&self) -> Result<String> {
+        match self.token() {
+            (Some(token), _) => Ok(token.clone()),
+            (None, Some(file)) => Ok(std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the token file {}", file.display()))?
+                .trim()
+                .to_owned()),
+            (None, None) => bail!("transport needs token or token_file"),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
@@ -128,16 +177,10 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self> {
         let config: Config = toml::from_str(text)?;
         agent_core::DeviceId::new(config.device_id.clone())?;
-        let Transport::Websocket {
-            heartbeat_seconds,
-            token,
-            token_file,
-            ..
-        } = &config.transport;
-        if *heartbeat_seconds == 0 {
+        if config.transport.heartbeat_seconds() == 0 {
             bail!("transport.heartbeat_seconds must be at least 1");
         }
-        if token.is_none() && token_file.is_none() {
+        if config.transport.token() == (None, None) {
             bail!("transport needs token or token_file");
         }
         Ok(config)

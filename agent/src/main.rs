@@ -265,23 +265,15 @@ async fn run(config_path: &Path) -> Result<()> {
         }
     });
     let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+    let token = config.transport.read_token()?;
     let transport = match &config.transport {
         Transport::Websocket {
             server_url,
-            token,
-            token_file,
             ca_file,
             heartbeat_seconds,
             backoff_max_seconds,
+            ..
         } => {
-            let token = match (token, token_file) {
-                (Some(token), _) => token.clone(),
-                (None, Some(file)) => std::fs::read_to_string(file)
-                    .with_context(|| format!("cannot read the token file {}", file.display()))?
-                    .trim()
-                    .to_owned(),
-                (None, None) => bail!("transport needs token or token_file"),
-            };
             let settings = transport_websocket::client::ClientSettings {
                 server_url: server_url.clone(),
                 token,
@@ -292,6 +284,30 @@ async fn run(config_path: &Path) -> Result<()> {
                 connect_timeout: Duration::from_secs(10),
             };
             tokio::spawn(transport_websocket::client::run(
+                settings,
+                agent.clone(),
+                shutdown.clone(),
+            ))
+        }
+        Transport::Nats {
+            url,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_nats::agent::AgentSettings {
+                nats: transport_nats::NatsSettings {
+                    url: url.clone(),
+                    user: Some(device_id.to_string()),
+                    password: Some(token),
+                    ca_file: ca_file.clone(),
+                    connect_timeout: Duration::from_secs(10),
+                },
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            tokio::spawn(transport_nats::agent::run(
                 settings,
                 agent.clone(),
                 shutdown.clone(),

@@ -6,18 +6,16 @@
 
 use crate::auth::Secrets;
 use crate::hub::Hub;
-use crate::records::{
-    Db, DbError, Delivery, DeviceRecord, JobDelivery, device_jobs_prefix, device_key, job_key,
-};
+use crate::intake::{Intake, StatusOutcome};
+use crate::records::{Db, DbError, Delivery, JobDelivery, device_jobs_prefix, job_key};
 use agent_core::DeviceId;
-use agent_core::model::{Heartbeat, HeldJob, JobStatus};
+use agent_core::model::HeldJob;
 use futures_util::{SinkExt, StreamExt};
 use jiff::Timestamp;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +30,7 @@ pub struct AgentService {
     pub db: Db,
     pub hub: Arc<Hub>,
     pub secrets: Arc<Secrets>,
-    pub engine_wake: Arc<Notify>,
+    pub intake: Intake,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub ack_timeout: Duration,
 }
@@ -172,7 +170,13 @@ impl AgentService {
                         let _ = sink.send(error_frame(&message)).await;
                         return Err(SessionError::Protocol(message));
                     }
-                    self.on_hello(device, agent_version, boot_id, capabilities)?;
+                    self.intake.on_hello(
+                        device,
+                        &agent_version,
+                        &boot_id,
+                        &capabilities,
+                        "websocket",
+                    )?;
                     jobs
                 }
                 Ok(_) => {
@@ -220,28 +224,6 @@ impl AgentService {
                 }
             }
         }
-    }
-
-    fn on_hello(
-        &self,
-        device: &DeviceId,
-        version: String,
-        boot_id: String,
-        capabilities: Vec<String>,
-    ) -> Result<(), DbError> {
-        let now = Timestamp::now();
-        self.db
-            .update::<DeviceRecord, _>(&device_key(device), |current| {
-                let mut record = current.unwrap_or_else(|| DeviceRecord::new(device.clone()));
-                record.agent_present = true;
-                record.agent_version = Some(version.clone());
-                record.boot_id = Some(boot_id.clone());
-                record.capabilities = capabilities.clone();
-                record.last_seen = Some(now);
-                Some(record)
-            })?;
-        self.engine_wake.notify_one();
-        Ok(())
     }
 
     /// After a hello: jobs the agent holds are acked; jobs sent but not held
@@ -333,7 +315,7 @@ impl AgentService {
             AgentMessage::Progress { outbox_id, status }
             | AgentMessage::Result { outbox_id, status } => {
                 let mut replies = Vec::new();
-                if let Some(problem) = self.on_status(device, status)? {
+                if let StatusOutcome::Refused(problem) = self.intake.on_status(device, status)? {
                     replies.push(ServerMessage::Error { message: problem });
                 }
                 // Confirmed even when refused: the decision is made and stored,
@@ -342,7 +324,8 @@ impl AgentService {
                 Ok(replies)
             }
             AgentMessage::Heartbeat { heartbeat } => Ok(self
-                .on_heartbeat(device, heartbeat)?
+                .intake
+                .on_heartbeat(device, &heartbeat, "websocket")?
                 .map(|message| vec![ServerMessage::Error { message }])
                 .unwrap_or_default()),
             AgentMessage::Error { message } => {
@@ -350,79 +333,6 @@ impl AgentService {
                 Ok(vec![])
             }
         }
-    }
-
-    /// Stores a status unless it is stale, a duplicate, or not this device's.
-    /// Returns a problem to report back, if any.
-    fn on_status(&self, device: &DeviceId, status: JobStatus) -> Result<Option<String>, DbError> {
-        if &status.device_id != device {
-            return Ok(Some(format!(
-                "status for device {} refused on the connection of {device}",
-                status.device_id
-            )));
-        }
-        let key = job_key(device, status.job_id);
-        let Some((_, job)) = self.db.get::<JobDelivery>(&key)? else {
-            return Ok(Some(format!("unknown job {}", status.job_id)));
-        };
-        if job.intent.attempt != status.attempt {
-            return Ok(Some(format!(
-                "status for attempt {} of job {} refused: the current attempt is {}",
-                status.attempt, status.job_id, job.intent.attempt
-            )));
-        }
-        let now = Timestamp::now();
-        let mut stored = false;
-        self.db.update::<JobDelivery, _>(&key, |current| {
-            let mut job = current?;
-            if let Some(old) = &job.status {
-                // A finished job's status never changes; older copies are stale.
-                if old.state.is_terminal() || old.seq >= status.seq {
-                    return None;
-                }
-            }
-            job.status = Some(status.clone());
-            if !matches!(job.delivery, Delivery::Acked { .. }) {
-                job.delivery = Delivery::Acked { at: now };
-            }
-            stored = true;
-            Some(job)
-        })?;
-        if stored {
-            debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
-            self.engine_wake.notify_one();
-        } else {
-            debug!(job_id = %status.job_id, seq = status.seq, "duplicate or stale status ignored");
-        }
-        Ok(None)
-    }
-
-    fn on_heartbeat(
-        &self,
-        device: &DeviceId,
-        heartbeat: Heartbeat,
-    ) -> Result<Option<String>, DbError> {
-        if &heartbeat.device_id != device {
-            return Ok(Some(format!(
-                "heartbeat for device {} refused on the connection of {device}",
-                heartbeat.device_id
-            )));
-        }
-        let now = Timestamp::now();
-        self.db
-            .update::<DeviceRecord, _>(&device_key(device), |current| {
-                let mut record = current.unwrap_or_else(|| DeviceRecord::new(device.clone()));
-                record.agent_present = true;
-                record.boot_id = Some(heartbeat.boot_id.clone());
-                record.capabilities = heartbeat.capabilities.clone();
-                record.agent_version = Some(heartbeat.agent_version.clone());
-                record.os_release = Some(heartbeat.os_release.clone());
-                record.architecture = Some(heartbeat.architecture.clone());
-                record.last_heartbeat = Some(now);
-                record.last_seen = Some(now);
-                Some(record)
-            })?;
-        Ok(None)
     }
 }
 

@@ -61,6 +61,16 @@ fn read_or_create(path: &Path) -> Result<String> {
 impl Secrets {
     /// Loads the secrets of a data directory, creating them on first use.
     pub fn load_or_create(data_dir: &Path, operator_token: Option<String>) -> Result<Self> {
+        if !data_dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(data_dir)
+                .with_context(|| {
+                    format!("cannot create the data directory {}", data_dir.display())
+                })?;
+        }
         let key_hex = read_or_create(&data_dir.join("secret.key"))?;
         let key_bytes = unhex(&key_hex).filter(|k| k.len() >= 32).with_context(|| {
             format!(

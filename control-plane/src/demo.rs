@@ -131,6 +131,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             ack_timeout: Duration::from_secs(60),
             pass_interval: Duration::from_millis(250),
             operator_token: None,
+            nats: None,
         },
         shutdown.clone(),
     )

@@ -12,6 +12,9 @@ pub struct Hub {
     /// A std Mutex: no await happens while it is held.
     sessions: Mutex<HashMap<DeviceId, (u64, mpsc::Sender<()>)>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Woken on every release, for transports that deliver to all devices
+    /// at once (NATS puts intents into a bucket).
+    any: tokio::sync::Notify,
 }
 
 impl Hub {
@@ -39,10 +42,16 @@ impl Hub {
     }
 
     pub fn notify(&self, device: &DeviceId) {
+        self.any.notify_one();
         let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, tx)) = sessions.get(device) {
             let _ = tx.try_send(());
         }
+    }
+
+    /// Resolves after the next release of any intent.
+    pub async fn released(&self) {
+        self.any.notified().await
     }
 
     pub fn connected(&self) -> usize {

@@ -59,6 +59,20 @@ enum Command {
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
+    },
+    /// Print a nats-server authorization block: the control plane may do
+    /// anything; each device may read only its own intents and write only its
+    /// own statuses and heartbeat (its password is its device token).
+    NatsConfig {
+        /// A device to authorize (repeat for each).
+        #[arg(long = "device", required = true)]
+        devices: Vec<String>,
+        #[arg(long, default_value = "drover-control-plane")]
+        control_plane_user: String,
+        #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
+        control_plane_password: String,
     },
     /// Create or configure resources from a YAML or JSON file.
     Apply {
@@ -95,6 +109,38 @@ enum Command {
         #[arg(long)]
         upgrade: bool,
     },
+}
+
+/// Serving agents over NATS JetStream as well as WebSocket.
+#[derive(clap::Args)]
+struct NatsArgs {
+    /// nats://HOST:PORT (or tls://) of a nats-server with JetStream.
+    #[arg(long)]
+    nats_url: Option<String>,
+    #[arg(long, requires = "nats_url")]
+    nats_user: Option<String>,
+    #[arg(
+        long,
+        env = "DROVER_NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_url"
+    )]
+    nats_password: Option<String>,
+    /// CA certificate of the nats-server (requires TLS).
+    #[arg(long, requires = "nats_url")]
+    nats_ca: Option<PathBuf>,
+}
+
+impl NatsArgs {
+    fn settings(&self) -> Option<transport_nats::NatsSettings> {
+        Some(transport_nats::NatsSettings {
+            url: self.nats_url.clone()?,
+            user: self.nats_user.clone(),
+            password: self.nats_password.clone(),
+            ca_file: self.nats_ca.clone(),
+            connect_timeout: Duration::from_secs(10),
+        })
+    }
 }
 
 #[derive(Subcommand)]
@@ -164,6 +210,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             ack_timeout_seconds,
             pass_interval_ms,
             ready_file,
+            nats,
         } => {
             let shutdown = CancellationToken::new();
             let started = serve::start(
@@ -175,6 +222,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     ack_timeout: Duration::from_secs(*ack_timeout_seconds),
                     pass_interval: Duration::from_millis(*pass_interval_ms),
                     operator_token: cli.token.clone(),
+                    nats: nats.settings(),
                 },
                 shutdown.clone(),
             )
@@ -251,6 +299,29 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         } => {
             let complete = drover::watch::watch(&client(&cli)?, name).await?;
             Ok(if complete { 0 } else { 1 })
+        }
+        Command::NatsConfig {
+            devices,
+            control_plane_user,
+            control_plane_password,
+        } => {
+            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            let devices = devices
+                .iter()
+                .map(|d| {
+                    let id = agent_core::DeviceId::new(d.clone())?;
+                    let token = secrets.device_token(&id);
+                    Ok((id, token))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            print!(
+                "{}",
+                transport_nats::server::authorization_config(
+                    (control_plane_user, control_plane_password),
+                    &devices
+                )
+            );
+            Ok(0)
         }
         Command::Token { device } => {
             let device = agent_core::DeviceId::new(device.clone())?;

@@ -33,6 +33,8 @@ pub struct DeviceRecord {
     pub architecture: Option<String>,
     pub last_heartbeat: Option<Timestamp>,
     pub last_seen: Option<Timestamp>,
+    /// The transport the agent last spoke over (`websocket`, `nats`).
+    pub transport: Option<String>,
 }
 
 impl DeviceRecord {
@@ -51,6 +53,7 @@ impl DeviceRecord {
             architecture: None,
             last_heartbeat: None,
             last_seen: None,
+            transport: None,
         }
     }
 

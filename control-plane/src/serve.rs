@@ -6,6 +6,7 @@ use crate::api::{self, ApiState};
 use crate::auth::Secrets;
 use crate::engine::Engine;
 use crate::hub::Hub;
+use crate::intake::Intake;
 use crate::records::Db;
 use crate::store::RedbKv;
 use anyhow::{Context, Result};
@@ -28,6 +29,8 @@ pub struct ServeOptions {
     pub ack_timeout: Duration,
     pub pass_interval: Duration,
     pub operator_token: Option<String>,
+    /// Serve agents over NATS JetStream too.
+    pub nats: Option<transport_nats::NatsSettings>,
 }
 
 /// A started control plane.
@@ -62,9 +65,12 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     };
     let agents = Arc::new(AgentService {
         db: db.clone(),
-        hub,
+        hub: hub.clone(),
         secrets: secrets.clone(),
-        engine_wake: wake.clone(),
+        intake: Intake {
+            db: db.clone(),
+            engine_wake: wake.clone(),
+        },
         tls,
         ack_timeout: options.ack_timeout,
     });
@@ -77,12 +83,31 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let api_addr = api_listener.local_addr()?;
     let agent_addr = agent_listener.local_addr()?;
     let router = api::router(ApiState {
-        db,
+        db: db.clone(),
         secrets: secrets.clone(),
         engine: engine.clone(),
-        engine_wake: wake,
+        engine_wake: wake.clone(),
     });
     let mut tasks = Vec::new();
+    if let Some(nats) = &options.nats {
+        let client = transport_nats::server::connect(nats, "drover control plane").await?;
+        let buckets = transport_nats::server::ensure_buckets(
+            client,
+            transport_nats::server::BucketLimits::default(),
+        )
+        .await?;
+        let service = Arc::new(crate::nats_agents::NatsAgents {
+            db: db.clone(),
+            hub: hub.clone(),
+            intake: Intake {
+                db: db.clone(),
+                engine_wake: wake.clone(),
+            },
+            buckets,
+        });
+        info!(url = %nats.url, "serving agents over NATS JetStream");
+        tasks.push(tokio::spawn(service.run(shutdown.clone())));
+    }
     tasks.push(tokio::spawn(
         engine.run(options.pass_interval, shutdown.clone()),
     ));

@@ -79,6 +79,95 @@ where
     }
 }
 
+/// A free TCP port on loopback (bound and released; a small race is acceptable in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// `nats-server -js` as a process with its own store directory and config.
+pub struct NatsServer {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    config: PathBuf,
+}
+
+impl NatsServer {
+    /// Starts a server; `extra` is appended to its config (authorization, tls).
+    pub fn start(extra: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("drover-nats-")
+            .tempdir()
+            .expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("nats.conf");
+        let text = format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {} }}\n{extra}\n",
+            toml_string(&dir.path().join("js").display().to_string())
+        );
+        std::fs::write(&config, text).expect("config");
+        let mut server = Self {
+            child: None,
+            dir,
+            port,
+            config,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts (again) on the same port and store directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .expect("log");
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("nats-server is installed (the README's test command installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start:\n{}",
+                log_tail(&self.dir.path().join("nats.log"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop(&mut child);
+        }
+    }
+}
+
 /// `drover serve` as a process.
 pub struct ControlPlane {
     child: Child,
@@ -91,10 +180,34 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
+        Self::start_in(Self::prepare(), extra)
+    }
+
+    /// The control plane's directory, before it starts (its data is `DIR/data`).
+    pub fn prepare() -> tempfile::TempDir {
+        tempfile::Builder::new()
             .prefix("drover-cp-")
             .tempdir()
-            .expect("tempdir");
+            .expect("tempdir")
+    }
+
+    /// Runs `drover --data DIR/data ARGS` and returns its stdout (asserting success).
+    pub fn drover_in(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new(bin("drover"))
+            .arg("--data")
+            .arg(dir.join("data"))
+            .args(args)
+            .output()
+            .expect("run drover");
+        assert!(
+            out.status.success(),
+            "drover {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
         let ready = dir.path().join("ready.json");
         let log = std::fs::File::create(dir.path().join("drover.log")).expect("log");
         let child = Command::new(bin("drover"))
@@ -271,6 +384,33 @@ impl AgentProcess {
         )
     }
 
+    /// An agent in simulate mode speaking NATS (user = device id, password = token).
+    pub fn start_nats(
+        dir: &Path,
+        device: &str,
+        nats_url: &str,
+        token: &str,
+        ca_file: Option<&Path>,
+        extra: &str,
+    ) -> Self {
+        let ca = ca_file
+            .map(|p| format!("ca_file = {}\n", toml_string(&p.display().to_string())))
+            .unwrap_or_default();
+        let transport = format!(
+            "kind = \"nats\"\nurl = {}\ntoken = {}\n{ca}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+            toml_string(nats_url),
+            toml_string(token)
+        );
+        Self::start_full(
+            dir,
+            device,
+            &transport,
+            "",
+            "mode = \"simulate\"\nmin_free_mib = 10",
+            extra,
+        )
+    }
+
     /// Like [`AgentProcess::start`], with top-level keys (`top`) and the
     /// `[updater]` table given by the test.
     pub fn start_with(
@@ -282,18 +422,31 @@ impl AgentProcess {
         updater: &str,
         extra: &str,
     ) -> Self {
+        let transport = format!(
+            "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+            toml_string(server_url),
+            toml_string(token)
+        );
+        Self::start_full(dir, device, &transport, top, updater, extra)
+    }
+
+    fn start_full(
+        dir: &Path,
+        device: &str,
+        transport: &str,
+        top: &str,
+        updater: &str,
+        extra: &str,
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("agent dir");
         let config = dir.join("agent.toml");
         let socket = dir.join("status.sock");
         let text = format!(
-            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n[transport]\nkind = \"websocket\"\n\
-             server_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n\n\
+            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n[transport]\n{transport}\n\
              [updater]\n{updater}\n\n{extra}\n",
             toml_string(device),
             toml_string(&dir.join("state").display().to_string()),
             toml_string(&socket.display().to_string()),
-            toml_string(server_url),
-            toml_string(token),
         );
         std::fs::write(&config, text).expect("config");
         let mut agent = Self {

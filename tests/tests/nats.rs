@@ -1,0 +1,371 @@
+//! Fleet tasks over NATS JetStream against a real `nats-server -js` with
+//! per-device credentials from `drover nats-config`: the seed's TaskRun
+//! completes on five agents, a device cannot read another's intent or write
+//! another's status, a server restart mid-run loses no status, a duplicate
+//! intent put by hand does not run twice, and TLS works.
+
+use drover_tests::{AgentProcess, ControlPlane, NatsServer, eventually};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+const CP_USER: &str = "drover-control-plane";
+const CP_PASSWORD: &str = "cp-secret";
+
+/// A nats-server whose authorization comes from `drover nats-config`, and a
+/// control plane serving over it.
+fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let mut args = vec![
+        "nats-config",
+        "--control-plane-user",
+        CP_USER,
+        "--control-plane-password",
+        CP_PASSWORD,
+    ];
+    for device in devices {
+        args.push("--device");
+        args.push(device);
+    }
+    let mut config = ControlPlane::drover_in(dir.path(), &args);
+    if let Some((cert, key)) = tls {
+        config.push_str(&format!(
+            "tls {{ cert_file: {:?}, key_file: {:?} }}\n",
+            cert.display().to_string(),
+            key.display().to_string()
+        ));
+    }
+    let nats = NatsServer::start(&config);
+    let url = if tls.is_some() {
+        format!("nats://localhost:{}", nats.port)
+    } else {
+        nats.url()
+    };
+    let mut extra = vec![
+        "--nats-url".to_owned(),
+        url,
+        "--nats-user".into(),
+        CP_USER.into(),
+        "--nats-password".into(),
+        CP_PASSWORD.into(),
+    ];
+    if let Some((cert, _)) = tls {
+        extra.push("--nats-ca".into());
+        extra.push(cert.display().to_string());
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let cp = ControlPlane::start_in(dir, &extra);
+    (nats, cp)
+}
+
+fn nats_agent(
+    cp: &ControlPlane,
+    nats_url: &str,
+    device: &str,
+    ca: Option<&Path>,
+    extra: &str,
+) -> AgentProcess {
+    let token = cp.device_token(device);
+    AgentProcess::start_nats(
+        &cp.dir.path().join(device),
+        device,
+        nats_url,
+        &token,
+        ca,
+        extra,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_taskrun_completes_on_five_agents_over_nats() {
+    let devices = ["nats-1", "nats-2", "nats-3", "nats-4", "nats-5"];
+    let (nats, cp) = fleet(&devices, None);
+    for device in devices {
+        let labels = if device == "nats-1" {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        cp.apply_device(device, &["production"], labels).await;
+    }
+    let _agents: Vec<AgentProcess> = devices
+        .iter()
+        .map(|d| nats_agent(&cp, &nats.url(), d, None, ""))
+        .collect();
+    cp.wait_for_agents(&devices).await;
+    cp.apply_upgrade_run("nats-run", "production", 600).await;
+    let run = cp
+        .wait_run_finished("nats-run", Duration::from_secs(120))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 5);
+    // The canary finished before any other device accepted its intent.
+    let targets = cp.targets("nats-run").await;
+    let canary = targets
+        .iter()
+        .find(|t| t["canary"] == true)
+        .expect("canary");
+    let canary_done = canary["status"]["finishedAt"]
+        .as_str()
+        .expect("finished")
+        .to_owned();
+    for target in targets.iter().filter(|t| t["canary"] != true) {
+        let accepted = target["status"]["acceptedAt"].as_str().expect("accepted");
+        assert!(
+            accepted > canary_done.as_str(),
+            "{} accepted before the canary finished",
+            target["device"]
+        );
+    }
+    // Terminal intents are removed from the bucket; statuses stay.
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let intents = js
+        .get_key_value("system-upgrade-intent")
+        .await
+        .expect("bucket");
+    let statuses = js
+        .get_key_value("system-upgrade-status")
+        .await
+        .expect("bucket");
+    let uid = run["metadata"]["uid"].as_str().expect("uid");
+    for device in devices {
+        let key = format!("{device}.{uid}");
+        assert_eq!(
+            intents.get(&key).await.expect("get"),
+            None,
+            "intent {key} removed"
+        );
+        let status: Value =
+            serde_json::from_slice(&statuses.get(&key).await.expect("get").expect("status kept"))
+                .expect("json");
+        assert_eq!(status["state"], "Succeeded");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_cannot_read_anothers_intent_or_write_anothers_status() {
+    let (nats, cp) = fleet(&["dev-a", "dev-b"], None);
+    cp.apply_device("dev-b", &["fleet"], json!({})).await;
+    let _agent_b = nats_agent(&cp, &nats.url(), "dev-b", None, "");
+    cp.wait_for_agents(&["dev-b"]).await;
+
+    // Device A logs in with its own credentials and tries B's subjects.
+    let token_a = cp.device_token("dev-a");
+    let client = async_nats::ConnectOptions::with_user_and_password("dev-a".into(), token_a)
+        .custom_inbox_prefix("_INBOX_dev-a")
+        .connect(nats.url())
+        .await
+        .expect("A connects");
+    let mut snoop = client
+        .subscribe("drover.rp.intent.dev-b.>")
+        .await
+        .expect("subscribe call");
+    let js = async_nats::jetstream::new(client.clone());
+    let forged = json!({"jobId": "00000000-0000-4000-8000-000000000001", "deviceId": "dev-b"});
+    let write = js
+        .publish(
+            "$KV.system-upgrade-status.dev-b.00000000-0000-4000-8000-000000000001",
+            forged.to_string().into(),
+        )
+        .await;
+    let write_acked = match write {
+        Ok(ack) => tokio::time::timeout(Duration::from_secs(3), ack)
+            .await
+            .is_ok_and(|a| a.is_ok()),
+        Err(_) => false,
+    };
+    assert!(!write_acked, "A must not write B's status");
+    let config = async_nats::jetstream::consumer::pull::Config {
+        name: Some("intent-dev-b".into()),
+        filter_subject: "$KV.system-upgrade-intent.dev-b.>".into(),
+        ..Default::default()
+    };
+    let consumer = tokio::time::timeout(
+        Duration::from_secs(5),
+        js.create_consumer_on_stream(config, "KV_system-upgrade-intent"),
+    )
+    .await;
+    assert!(
+        !matches!(consumer, Ok(Ok(_))),
+        "A must not read B's intents through a consumer"
+    );
+
+    // B gets a job; A sees nothing of it.
+    cp.apply_upgrade_run("b-run", "fleet", 600).await;
+    let run = cp.wait_run_finished("b-run", Duration::from_secs(60)).await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    let seen = tokio::time::timeout(Duration::from_secs(1), snoop.next()).await;
+    assert!(!matches!(seen, Ok(Some(_))), "A received B's intent");
+    // The forged status never reached the bucket.
+    let cp_client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("connect");
+    let statuses = async_nats::jetstream::new(cp_client)
+        .get_key_value("system-upgrade-status")
+        .await
+        .expect("bucket");
+    let forged_key = "dev-b.00000000-0000-4000-8000-000000000001";
+    assert_eq!(statuses.get(forged_key).await.expect("get"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_restart_mid_run_loses_no_status() {
+    let (mut nats, cp) = fleet(&["restart-1"], None);
+    cp.apply_device("restart-1", &["fleet"], json!({})).await;
+    let dir = cp.dir.path().join("restart-1");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hold = dir.join("hold");
+    let reached = dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = format!(
+        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
+        hold.display().to_string(),
+        reached.display().to_string()
+    );
+    let _agent = nats_agent(&cp, &nats.url(), "restart-1", None, &testing);
+    cp.wait_for_agents(&["restart-1"]).await;
+    cp.apply_upgrade_run("restart-run", "fleet", 600).await;
+    eventually(
+        Duration::from_secs(30),
+        "the job to reach full-upgrade",
+        || async { reached.exists().then_some(()) },
+    )
+    .await;
+    nats.kill9();
+    // The job finishes while the server is down: its statuses wait in the outbox.
+    std::fs::remove_file(&hold).expect("release");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.restart();
+    let run = cp
+        .wait_run_finished("restart-run", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    let targets = cp.targets("restart-run").await;
+    assert_eq!(targets[0]["status"]["state"], "Succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
+    let (nats, cp) = fleet(&["dup-1"], None);
+    cp.apply_device("dup-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &nats.url(), "dup-1", None, "");
+    cp.wait_for_agents(&["dup-1"]).await;
+    cp.apply_upgrade_run("dup-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("dup-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete");
+    let targets = cp.targets("dup-run").await;
+    let intent = serde_json::json!({
+        "jobId": run["metadata"]["uid"], "deviceId": "dup-1", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
+        "createdAt": jiff::Timestamp::now().to_string(),
+        "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
+        "timeoutSeconds": 1500
+    });
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("connect");
+    let intents = async_nats::jetstream::new(client)
+        .get_key_value("system-upgrade-intent")
+        .await
+        .expect("bucket");
+    let key = format!("dup-1.{}", run["metadata"]["uid"].as_str().expect("uid"));
+    intents
+        .put(&key, intent.to_string().into())
+        .await
+        .expect("put by hand");
+    eventually(
+        Duration::from_secs(20),
+        "the agent to answer the duplicate",
+        || async {
+            agent
+                .log()
+                .contains("duplicate delivery answered with the stored status")
+                .then_some(())
+        },
+    )
+    .await;
+    let jobs = agent.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    let tries: Vec<u64> = jobs[0]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["tries"].as_u64().unwrap_or(9))
+        .collect();
+    assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice");
+    let again = cp.targets("dup-run").await;
+    assert_eq!(
+        again[0]["status"], targets[0]["status"],
+        "the stored status is unchanged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_and_the_control_plane_speak_tls_to_nats() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let cert_path = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("cert");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("key");
+    let (nats, cp) = fleet(&["tls-n1"], Some((&cert_path, &key_path)));
+    cp.apply_device("tls-n1", &["fleet"], json!({})).await;
+    let url = format!("nats://localhost:{}", nats.port);
+    let _agent = nats_agent(&cp, &url, "tls-n1", Some(&cert_path), "");
+    cp.wait_for_agents(&["tls-n1"]).await;
+    cp.apply_upgrade_run("tls-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("tls-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    // A plain connection is refused by the TLS-only server.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url()),
+    )
+    .await;
+    assert!(!matches!(plain, Ok(Ok(_))), "plain text must not connect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_offline_at_release_reads_its_intent_when_it_returns() {
+    let (nats, cp) = fleet(&["away-1"], None);
+    cp.apply_device("away-1", &["fleet"], json!({})).await;
+    let mut agent = nats_agent(&cp, &nats.url(), "away-1", None, "");
+    cp.wait_for_agents(&["away-1"]).await;
+    agent.kill9();
+    cp.apply_upgrade_run("away-run", "fleet", 600).await;
+    // The intent is in the bucket while the device is away.
+    eventually(
+        Duration::from_secs(20),
+        "the intent to be released",
+        || async {
+            let targets = cp.targets("away-run").await;
+            (targets.first()?["released"] == true).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    agent.restart();
+    let run = cp
+        .wait_run_finished("away-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert!(
+        !agent.log().contains("cannot read current intents"),
+        "{}",
+        agent.log()
+    );
+}

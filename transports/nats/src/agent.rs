@@ -1,0 +1,272 @@
+//! The agent's end over NATS: subscribe to its republished intent subject,
+//! read its current intents after every (re)connect, put its statuses into
+//! the status bucket (a JetStream ack confirms them, A4), and publish
+//! heartbeats. Reconnects are async-nats's own; the first connection is
+//! retried with capped, jittered backoff.
+
+use crate::{
+    HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
+    STATUS_BUCKET, connect_options, heartbeat_subject, inbox_prefix, intent_reader_name, key,
+    key_subject, stream_name,
+};
+use agent_core::executor::{AdmitError, Agent};
+use agent_core::wire::parse_intent_bytes;
+use async_nats::jetstream::{self, consumer};
+use futures_util::StreamExt;
+use jiff::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Upper bound of current intents read after a (re)connect.
+const MAX_CURRENT_INTENTS: usize = 1000;
+
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub nats: NatsSettings,
+    pub heartbeat_interval: Duration,
+    pub backoff_max: Duration,
+}
+
+/// Runs the agent's NATS link until `shutdown`.
+pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
+    agent.update_link(|l| l.transport = "nats".into());
+    let mut failures = 0u32;
+    loop {
+        match serve(&settings, &agent, &shutdown).await {
+            Ok(()) => return,
+            Err(e) => {
+                failures += 1;
+                warn!(error = %e, "NATS link failed");
+                agent.update_link(|l| {
+                    l.connected = false;
+                    l.last_error = Some(e.to_string());
+                });
+            }
+        }
+        let ceiling = Duration::from_millis(500)
+            .saturating_mul(2u32.saturating_pow(failures.min(16)))
+            .min(settings.backoff_max);
+        let delay = ceiling / 2
+            + Duration::from_millis(fastrand::u64(0..=(ceiling / 2).as_millis() as u64));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn serve(
+    settings: &AgentSettings,
+    agent: &Arc<Agent>,
+    shutdown: &CancellationToken,
+) -> Result<(), NatsError> {
+    let device = agent.device_id().clone();
+    let (events_tx, mut events) = mpsc::channel::<async_nats::Event>(16);
+    let options = connect_options(&settings.nats)
+        .custom_inbox_prefix(inbox_prefix(&device))
+        .name(format!("drover-agent {device}"))
+        .event_callback(move |event| {
+            let tx = events_tx.clone();
+            async move {
+                let _ = tx.try_send(event);
+            }
+        });
+    let client = tokio::select! {
+        client = options.connect(settings.nats.url.as_str()) => client.map_err(|e| NatsError::Connect {
+            url: settings.nats.url.clone(),
+            reason: e.to_string(),
+        })?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    let js = jetstream::new(client.clone());
+    // Subscribe before reading current values, so nothing falls in between.
+    let mut intents = client
+        .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"))
+        .await
+        .map_err(|e| NatsError::JetStream(e.to_string()))?;
+    info!(url = %settings.nats.url, "connected to NATS");
+    mark_connected(agent);
+    read_current(&js, agent).await;
+    send_heartbeat(&client, agent).await;
+    flush_outbox(&js, agent).await;
+    let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
+    let mut outbox_retry = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = client.flush().await;
+                return Ok(());
+            }
+            event = events.recv() => match event {
+                Some(async_nats::Event::Connected) => {
+                    info!("reconnected to NATS; reading current intents again");
+                    mark_connected(agent);
+                    read_current(&js, agent).await;
+                    flush_outbox(&js, agent).await;
+                }
+                Some(async_nats::Event::Disconnected) => agent.update_link(|l| l.connected = false),
+                Some(other) => debug!(event = %other, "NATS event"),
+                None => {}
+            },
+            message = intents.next() => {
+                let Some(message) = message else {
+                    return Err(NatsError::JetStream("intent subscription closed".into()));
+                };
+                agent.update_link(|l| l.last_contact = Some(Timestamp::now()));
+                let deleted = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("KV-Operation"))
+                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                if !deleted {
+                    admit(agent, &message.payload);
+                    flush_outbox(&js, agent).await;
+                }
+            }
+            _ = heartbeat.tick() => send_heartbeat(&client, agent).await,
+            _ = agent.heartbeat_wanted().notified() => {
+                flush_outbox(&js, agent).await;
+                send_heartbeat(&client, agent).await;
+            }
+            _ = agent.outbox_changed().notified() => flush_outbox(&js, agent).await,
+            _ = outbox_retry.tick() => flush_outbox(&js, agent).await,
+        }
+    }
+}
+
+fn mark_connected(agent: &Agent) {
+    agent.update_link(|l| {
+        l.connected = true;
+        l.last_contact = Some(Timestamp::now());
+        l.last_error = None;
+    });
+}
+
+fn admit(agent: &Agent, payload: &[u8]) {
+    match agent.admit(parse_intent_bytes(payload)) {
+        Ok(reply) => {
+            debug!(job_id = %reply.status.job_id, duplicate = reply.duplicate, "intent recorded")
+        }
+        // Nothing to answer on NATS without a job id: log and drop (A7).
+        Err(AdmitError::Unreadable(e)) => warn!(error = %e, "unusable intent dropped"),
+        Err(AdmitError::Store(e)) => {
+            warn!(error = %e, "cannot record an intent; it is read again on reconnect")
+        }
+    }
+}
+
+/// Reads this device's current intents through a consumer filtered to its
+/// own keys (last value per key), then deletes the consumer.
+async fn read_current(js: &jetstream::Context, agent: &Agent) {
+    let device = agent.device_id();
+    let name = intent_reader_name(device);
+    let stream = stream_name(INTENT_BUCKET);
+    let config = consumer::pull::Config {
+        name: Some(name.clone()),
+        filter_subject: key_subject(INTENT_BUCKET, &format!("{device}.>")),
+        deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+        ack_policy: consumer::AckPolicy::None,
+        inactive_threshold: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let consumer: consumer::PullConsumer = match js.create_consumer_on_stream(config, &stream).await
+    {
+        Ok(consumer) => consumer,
+        Err(e) => {
+            warn!(error = %e, "cannot read current intents");
+            return;
+        }
+    };
+    let batch = consumer
+        .fetch()
+        .max_messages(MAX_CURRENT_INTENTS)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await;
+    let mut count = 0usize;
+    if let Ok(mut messages) = batch {
+        while let Some(Ok(message)) = messages.next().await {
+            let deleted = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some();
+            if !deleted {
+                admit(agent, &message.payload);
+                count += 1;
+            }
+        }
+    }
+    let _ = js.delete_consumer_from_stream(&name, &stream).await;
+    debug!(count, "current intents read");
+}
+
+/// Puts every unconfirmed status into the status bucket; a JetStream ack is
+/// the confirmation that drops it from the outbox.
+async fn flush_outbox(js: &jetstream::Context, agent: &Agent) {
+    let entries = match agent.outbox(64) {
+        Ok(entries) => entries,
+        Err(e) => {
+            warn!(error = %e, "cannot read the outbox");
+            return;
+        }
+    };
+    for entry in entries {
+        let subject = key_subject(
+            STATUS_BUCKET,
+            &key(&entry.status.device_id, entry.status.job_id),
+        );
+        let payload = match serde_json::to_vec(&entry.status) {
+            Ok(payload) => payload,
+            Err(e) => {
+                warn!(error = %e, "cannot encode a status");
+                continue;
+            }
+        };
+        let acked = match js.publish(subject, payload.into()).await {
+            Ok(ack) => tokio::time::timeout(Duration::from_secs(10), ack).await,
+            Err(e) => {
+                debug!(error = %e, "status not sent; retrying later");
+                return;
+            }
+        };
+        match acked {
+            Ok(Ok(_)) => {
+                if let Err(e) = agent.outbox_ack(entry.id) {
+                    warn!(error = %e, "cannot drop a confirmed status");
+                }
+            }
+            Ok(Err(e)) => {
+                debug!(error = %e, "status not stored; retrying later");
+                return;
+            }
+            Err(_) => {
+                debug!("no ack for a status; retrying later");
+                return;
+            }
+        }
+    }
+}
+
+async fn send_heartbeat(client: &async_nats::Client, agent: &Agent) {
+    let heartbeat = match agent.heartbeat() {
+        Ok(heartbeat) => heartbeat,
+        Err(e) => {
+            warn!(error = %e, "cannot build a heartbeat");
+            return;
+        }
+    };
+    let subject = heartbeat_subject(agent.device_id());
+    debug_assert!(subject.starts_with(HEARTBEAT_PREFIX));
+    match serde_json::to_vec(&heartbeat) {
+        Ok(payload) => {
+            if let Err(e) = client.publish(subject, payload.into()).await {
+                debug!(error = %e, "heartbeat not sent");
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot encode a heartbeat"),
+    }
+}

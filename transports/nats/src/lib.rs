@@ -1,0 +1,107 @@
+//! Drover over NATS JetStream (the fleet-tasks seed): both ends of the mapping
+//! in one place. Buckets `system-upgrade-intent` and `system-upgrade-status`
+//! hold one value per key `<device-id>.<run-uid>`. The intent bucket
+//! republishes every change to a plain per-device subject, which each agent
+//! subscribes to: one KV watch (a JetStream consumer) per device does not
+//! scale on nats-server 2.9 (../shared/research/nats-mqtt.md). After every
+//! (re)connect the agent reads its current intents through a short-lived
+//! consumer filtered to its own keys. Heartbeats go to a per-device subject.
+
+pub mod agent;
+#[cfg(feature = "server")]
+pub mod server;
+
+use agent_core::{DeviceId, JobId};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const INTENT_BUCKET: &str = "system-upgrade-intent";
+pub const STATUS_BUCKET: &str = "system-upgrade-status";
+/// Where the intent bucket republishes its changes: `<prefix>.<device>.<run-uid>`.
+pub const INTENT_REPUBLISH_PREFIX: &str = "drover.rp.intent";
+/// Heartbeats: `<prefix>.<device>`.
+pub const HEARTBEAT_PREFIX: &str = "drover.heartbeat";
+
+pub fn stream_name(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
+
+pub fn key(device: &DeviceId, job: JobId) -> String {
+    format!("{device}.{job}")
+}
+
+/// The stream subject of a key.
+pub fn key_subject(bucket: &str, key: &str) -> String {
+    format!("$KV.{bucket}.{key}")
+}
+
+/// Splits `<device>.<run-uid>` back into its parts.
+pub fn parse_key(key: &str) -> Option<(DeviceId, JobId)> {
+    let (device, job) = key.split_once('.')?;
+    Some((DeviceId::new(device).ok()?, job.parse().ok()?))
+}
+
+pub fn heartbeat_subject(device: &DeviceId) -> String {
+    format!("{HEARTBEAT_PREFIX}.{device}")
+}
+
+/// The name of the consumer an agent reads its current intents through.
+pub fn intent_reader_name(device: &DeviceId) -> String {
+    format!("intent-{device}")
+}
+
+/// The inbox prefix of a device's connection, so its permissions can allow
+/// replies to it and to no one else.
+pub fn inbox_prefix(device: &DeviceId) -> String {
+    format!("_INBOX_{device}")
+}
+
+#[derive(Debug, Clone)]
+pub struct NatsSettings {
+    /// `nats://host:port` or `tls://host:port`.
+    pub url: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// CA certificate to trust; setting it requires TLS.
+    pub ca_file: Option<PathBuf>,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("JetStream: {0}")]
+    JetStream(String),
+}
+
+pub(crate) fn connect_options(settings: &NatsSettings) -> async_nats::ConnectOptions {
+    let mut options =
+        async_nats::ConnectOptions::new().connection_timeout(settings.connect_timeout);
+    if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(ca) = &settings.ca_file {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let device = DeviceId::new("pi-1").expect("valid");
+        let job = JobId::random();
+        let k = key(&device, job);
+        assert_eq!(parse_key(&k), Some((device, job)));
+        assert_eq!(parse_key("pi-1"), None);
+        assert_eq!(parse_key("Pi.x"), None);
+        assert_eq!(
+            key_subject(INTENT_BUCKET, &k),
+            format!("$KV.system-upgrade-intent.{k}")
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The control plane's end over NATS: creating or checking the two buckets,
+//! and the nats-server authorization that lets each device read only its own
+//! intents and write only its own statuses and heartbeat.
+
+use crate::{
+    HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
+    STATUS_BUCKET, connect_options, inbox_prefix, intent_reader_name, key_subject, stream_name,
+};
+use agent_core::DeviceId;
+use async_nats::jetstream::{self, kv, stream};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+pub struct BucketLimits {
+    pub max_bytes: i64,
+    pub max_age: Duration,
+}
+
+impl Default for BucketLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1024 * 1024 * 1024,
+            // Longer than the longest deadline (30 days), so no live intent ages out.
+            max_age: Duration::from_secs(31 * 24 * 3600),
+        }
+    }
+}
+
+pub struct Buckets {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub intents: kv::Store,
+    pub statuses: kv::Store,
+}
+
+pub async fn connect(settings: &NatsSettings, name: &str) -> Result<async_nats::Client, NatsError> {
+    connect_options(settings)
+        .name(name)
+        .retry_on_initial_connect()
+        .connect(settings.url.as_str())
+        .await
+        .map_err(|e| NatsError::Connect {
+            url: settings.url.clone(),
+            reason: e.to_string(),
+        })
+}
+
+/// Creates the buckets, or checks them if they exist. The streams are made
+/// directly because async-nats 0.51 cannot create a bucket on nats-server 2.9
+/// (the account info reply lacks fields it requires); the configuration is
+/// the one it would build, plus a republish on the intent bucket.
+pub async fn ensure_buckets(
+    client: async_nats::Client,
+    limits: BucketLimits,
+) -> Result<Buckets, NatsError> {
+    let js = jetstream::new(client.clone());
+    for bucket in [INTENT_BUCKET, STATUS_BUCKET] {
+        let republish = (bucket == INTENT_BUCKET).then(|| stream::Republish {
+            source: format!("$KV.{bucket}.>"),
+            destination: format!("{INTENT_REPUBLISH_PREFIX}.>"),
+            headers_only: false,
+        });
+        let config = stream::Config {
+            name: stream_name(bucket),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_bytes: limits.max_bytes,
+            max_age: limits.max_age,
+            storage: stream::StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: limits.max_age.min(Duration::from_secs(120)),
+            max_message_size: -1,
+            num_replicas: 1,
+            republish,
+            ..Default::default()
+        };
+        js.get_or_create_stream(config).await.map_err(|e| {
+            NatsError::JetStream(format!("cannot create or open the {bucket} bucket: {e}"))
+        })?;
+    }
+    let intents = js
+        .get_key_value(INTENT_BUCKET)
+        .await
+        .map_err(|e| NatsError::JetStream(e.to_string()))?;
+    let statuses = js
+        .get_key_value(STATUS_BUCKET)
+        .await
+        .map_err(|e| NatsError::JetStream(e.to_string()))?;
+    Ok(Buckets {
+        client,
+        js,
+        intents,
+        statuses,
+    })
+}
+
+/// A nats-server `authorization` block: the control plane may do anything;
+/// each device may read only its own intents (its republished subject and a
+/// consumer filtered to its keys) and write only its own status keys and
+/// heartbeat. Device passwords are their Drover tokens.
+pub fn authorization_config(control_plane: (&str, &str), devices: &[(DeviceId, String)]) -> String {
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    let mut out = String::from("authorization {\n  users = [\n");
+    out.push_str(&format!(
+        "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
+        quote(control_plane.0),
+        quote(control_plane.1)
+    ));
+    let intent_stream = stream_name(INTENT_BUCKET);
+    for (device, token) in devices {
+        let reader = intent_reader_name(device);
+        let publish = [
+            key_subject(STATUS_BUCKET, &format!("{device}.*")),
+            format!("{HEARTBEAT_PREFIX}.{device}"),
+            format!(
+                "$JS.API.CONSUMER.CREATE.{intent_stream}.{reader}.{}",
+                key_subject(INTENT_BUCKET, &format!("{device}.>"))
+            ),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{intent_stream}.{reader}"),
+            format!("$JS.API.CONSUMER.DELETE.{intent_stream}.{reader}"),
+        ];
+        let subscribe = [
+            format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"),
+            format!("{}.>", inbox_prefix(device)),
+        ];
+        let list = |items: &[String]| {
+            items
+                .iter()
+                .map(|s| quote(s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&format!(
+            "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }} }} }}\n",
+            quote(device.as_str()),
+            quote(token),
+            list(&publish),
+            list(&subscribe)
+        ));
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_scoped_to_its_own_subjects() {
+        let a = DeviceId::new("dev-a").expect("valid");
+        let config = authorization_config(("cp", "secret"), &[(a, "tok".into())]);
+        assert!(
+            config.contains("\"$KV.system-upgrade-status.dev-a.*\""),
+            "{config}"
+        );
+        assert!(config.contains("\"drover.rp.intent.dev-a.>\""), "{config}");
+        assert!(config.contains(
+            "\"$JS.API.CONSUMER.CREATE.KV_system-upgrade-intent.intent-dev-a.$KV.system-upgrade-intent.dev-a.>\""
+        ));
+        assert!(config.contains("\"_INBOX_dev-a.>\""));
+        assert!(!config.contains("dev-b"));
+    }
+}
