@@ -205,3 +205,54 @@ async fn a_device_token_opens_only_its_own_device() {
         .expect("get");
     assert_eq!(anonymous.status(), 401);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_after_the_deadline_cannot_reopen_a_failed_run() {
+    let cp = ControlPlane::start(&["--ack-timeout-seconds", "60"]);
+    cp.apply_device("late-1", &["late"], json!({})).await;
+    let token = cp.device_token("late-1");
+    let mut ws = connect(&cp, "late-1", &token).await.expect("connect");
+    hello(&mut ws, "late-1", json!([])).await;
+    cp.wait_for_agents(&["late-1"]).await;
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "TaskRun", "metadata": {"name": "late-run"},
+        "spec": {"allowedGroups": ["late"], "deadlineSeconds": 3, "systemUpgradeV1": {}}
+    }))
+    .await;
+    let job = next_json(&mut ws, Duration::from_secs(10))
+        .await
+        .expect("job");
+    let job_id = job["intent"]["jobId"].as_str().expect("job id").to_owned();
+    ws.send(Message::text(
+        json!({"type": "ack", "jobId": job_id}).to_string(),
+    ))
+    .await
+    .expect("ack");
+    let run = cp
+        .wait_run_finished("late-run", Duration::from_secs(20))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed");
+    assert_eq!(run["status"]["reason"], "DeadlineExceeded");
+    // The device finishes late and says so.
+    let now = jiff::Timestamp::now().to_string();
+    let status = json!({
+        "jobId": job_id, "deviceId": "late-1", "attempt": 1, "kind": "systemUpgradeV1",
+        "state": "Succeeded", "steps": [], "error": null, "output": null, "acceptedAt": now,
+        "startedAt": now, "finishedAt": now, "bootId": "boot-1", "completionHeartbeatAt": now, "seq": 9
+    });
+    ws.send(Message::text(
+        json!({"type": "result", "outboxId": 1, "status": status}).to_string(),
+    ))
+    .await
+    .expect("late result");
+    let received = next_json(&mut ws, Duration::from_secs(5))
+        .await
+        .expect("received");
+    assert_eq!(received["type"], "received");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = cp.get("/taskruns/late-run").await;
+    assert_eq!(
+        after["status"], run["status"],
+        "a terminal run never advances"
+    );
+}

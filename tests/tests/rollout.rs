@@ -163,3 +163,68 @@ async fn agents_connect_over_tls() {
         .await;
     assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_revoked_before_release_fails_the_run_with_target_revoked() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("rv-canary", &["fleet"], json!({"canary": "true"}))
+        .await;
+    cp.apply_device("rv-worker", &["fleet"], json!({})).await;
+    let canary_dir = cp.dir.path().join("rv-canary");
+    std::fs::create_dir_all(&canary_dir).expect("dir");
+    let hold = canary_dir.join("hold");
+    let reached = canary_dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = format!(
+        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
+        hold.display().to_string(),
+        reached.display().to_string()
+    );
+    let _canary = AgentProcess::start(
+        &canary_dir,
+        "rv-canary",
+        &cp.agent_url,
+        &cp.device_token("rv-canary"),
+        &testing,
+    );
+    let worker = AgentProcess::start(
+        &cp.dir.path().join("rv-worker"),
+        "rv-worker",
+        &cp.agent_url,
+        &cp.device_token("rv-worker"),
+        "",
+    );
+    cp.wait_for_agents(&["rv-canary", "rv-worker"]).await;
+    cp.apply_upgrade_run("rv-run", "fleet", 600).await;
+    drover_tests::eventually(
+        Duration::from_secs(30),
+        "the canary to be mid-job",
+        || async { reached.exists().then_some(()) },
+    )
+    .await;
+    // The worker leaves the allowed group while the canary runs.
+    cp.apply_device("rv-worker", &["elsewhere"], json!({}))
+        .await;
+    std::fs::remove_file(&hold).expect("release");
+    let run = cp
+        .wait_run_finished("rv-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed", "{run}");
+    assert_eq!(run["status"]["reason"], "TargetRevoked", "{run}");
+    assert!(
+        run["status"]["latestError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("rv-worker"),
+        "{run}"
+    );
+    assert_eq!(
+        run["status"]["targets"], 2,
+        "the frozen plan kept both; nobody was substituted"
+    );
+    assert_eq!(
+        worker.jobs(),
+        json!([]),
+        "the revoked device never received an intent"
+    );
+}
