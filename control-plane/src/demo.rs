@@ -132,6 +132,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             pass_interval: Duration::from_millis(250),
             operator_token: None,
             nats: None,
+            store_on_nats: false,
         },
         shutdown.clone(),
     )

@@ -6,8 +6,8 @@
 use crate::hub::Hub;
 use crate::placement;
 use crate::records::{
-    Db, DbError, Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanTarget, TaskRunRecord,
-    device_key, job_key, plan_key, run_key,
+    Db, DbError, Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget,
+    TaskRunRecord, device_key, job_key, plan_header_key, plan_key, run_key,
 };
 use crate::rollout::{self, Finish, Outcome, TargetView};
 use agent_core::model::{Intent, JobKind, JobState};
@@ -22,7 +22,12 @@ use tracing::{info, warn};
 /// The updater's package job budget, copied into each intent.
 const JOB_TIMEOUT_SECONDS: u32 = 1500;
 
+/// A plan claim older than this is taken over by another planner.
+const PLAN_CLAIM_TTL: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
 pub struct Engine {
+    /// This process's planner id, for plan claims.
+    id: String,
     db: Db,
     hub: Arc<Hub>,
     wake: Arc<Notify>,
@@ -30,7 +35,12 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(db: Db, hub: Arc<Hub>, wake: Arc<Notify>) -> Self {
-        Self { db, hub, wake }
+        Self {
+            id: agent_core::JobId::random().to_string(),
+            db,
+            hub,
+            wake,
+        }
     }
 
     /// Passes every `interval`, and whenever something is applied or reported.
@@ -73,8 +83,25 @@ impl Engine {
 
     /// Freezes the target plan in bounded chunks outside the run, then moves
     /// the run to Running. A store error leaves it in Planning for the next
-    /// pass instead of becoming NoTargets.
+    /// pass instead of becoming NoTargets. See [`PlanHeader`] for how
+    /// concurrent planners agree on one plan.
     fn plan(&self, revision: u64, mut run: TaskRunRecord, now: Timestamp) -> Result<(), DbError> {
+        let header_key = plan_header_key(run.uid);
+        let existing = self.db.get::<PlanHeader>(&header_key)?;
+        let (header_revision, header) = match existing {
+            Some((_, header)) if header.complete => {
+                return self.start_running(revision, run, &header, now);
+            }
+            Some((_, header))
+                if header.planner != self.id
+                    && now.duration_since(header.claimed_at) < PLAN_CLAIM_TTL =>
+            {
+                // Another replica is writing this plan; its result is used on a later pass.
+                return Ok(());
+            }
+            Some((header_revision, header)) => (header_revision, Some(header)),
+            None => (0, None),
+        };
         let devices: Vec<DeviceRecord> = self
             .db
             .list::<DeviceRecord>("devices/")?
@@ -82,35 +109,70 @@ impl Engine {
             .map(|(_, _, d)| d)
             .collect();
         let targets = placement::plan(&run.spec, &devices);
-        run.status.start_time = Some(now);
-        if targets.is_empty() {
+        if targets.is_empty() && header.is_none() {
+            run.status.start_time = Some(now);
             run.status.phase = Phase::Failed;
             run.status.reason = Some("NoTargets".into());
             run.status.completion_time = Some(now);
             run.status.latest_error =
                 Some("no authorized device with an agent matches the selector".into());
-        } else {
-            let chunks: Vec<&[PlanTarget]> = targets.chunks(PLAN_CHUNK).collect();
-            for (index, chunk) in chunks.iter().enumerate() {
-                let key = plan_key(run.uid, index as u32);
-                let existing = self
-                    .db
-                    .get::<Vec<PlanTarget>>(&key)?
-                    .map(|(r, _)| r)
-                    .unwrap_or(0);
-                self.db.put(&key, &chunk.to_vec(), existing)?;
-            }
-            run.status.phase = Phase::Running;
-            run.status.targets = targets.len() as u32;
-            run.status.canaries = targets.iter().filter(|t| t.canary).count() as u32;
-            run.status.plan_chunks = chunks.len() as u32;
+            return self.put_run(revision, &run);
         }
-        match self.db.put(&run_key(&run.name), &run, revision) {
+        let chunks: Vec<&[PlanTarget]> = targets.chunks(PLAN_CHUNK).collect();
+        let mut claim = PlanHeader {
+            planner: self.id.clone(),
+            claimed_at: now,
+            targets: targets.len() as u32,
+            canaries: targets.iter().filter(|t| t.canary).count() as u32,
+            chunks: chunks.len() as u32,
+            complete: false,
+        };
+        let claim_revision = match self.db.put(&header_key, &claim, header_revision) {
+            Ok(revision) => revision,
+            Err(DbError::Kv(e)) if e.is_conflict() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for (index, chunk) in chunks.iter().enumerate() {
+            let key = plan_key(run.uid, index as u32);
+            let existing = self
+                .db
+                .get::<Vec<PlanTarget>>(&key)?
+                .map(|(r, _)| r)
+                .unwrap_or(0);
+            self.db.put(&key, &chunk.to_vec(), existing)?;
+        }
+        claim.complete = true;
+        match self.db.put(&header_key, &claim, claim_revision) {
+            Ok(_) => self.start_running(revision, run, &claim, now),
+            // Our claim was taken over while we wrote; the new claimant's plan wins.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn start_running(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        plan: &PlanHeader,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        run.status.start_time = Some(now);
+        run.status.phase = Phase::Running;
+        run.status.targets = plan.targets;
+        run.status.canaries = plan.canaries;
+        run.status.plan_chunks = plan.chunks;
+        self.put_run(revision, &run)
+    }
+
+    fn put_run(&self, revision: u64, run: &TaskRunRecord) -> Result<(), DbError> {
+        match self.db.put(&run_key(&run.name), run, revision) {
             Ok(_) => {
                 info!(run = %run.name, phase = ?run.status.phase, targets = run.status.targets, "run planned");
                 self.wake.notify_one();
                 Ok(())
             }
+            // Another pass or replica moved the run first.
             Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
             Err(e) => Err(e),
         }
@@ -255,3 +317,7 @@ pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

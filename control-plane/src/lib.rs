@@ -17,4 +17,5 @@ pub mod records;
 pub mod rollout;
 pub mod serve;
 pub mod store;
+pub mod store_nats;
 pub mod watch;

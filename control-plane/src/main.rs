@@ -61,6 +61,10 @@ enum Command {
         ready_file: Option<PathBuf>,
         #[command(flatten)]
         nats: NatsArgs,
+        /// Where the control plane keeps its state: `embedded` (redb in
+        /// --data; one replica) or `nats` (JetStream KV; several replicas).
+        #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
+        store: StoreKind,
     },
     /// Print a nats-server authorization block: the control plane may do
     /// anything; each device may read only its own intents and write only its
@@ -149,6 +153,12 @@ enum RunsCommand {
     Watch { name: String },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    Embedded,
+    Nats,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Resource {
     Devices,
@@ -211,6 +221,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             pass_interval_ms,
             ready_file,
             nats,
+            store,
         } => {
             let shutdown = CancellationToken::new();
             let started = serve::start(
@@ -223,6 +234,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     pass_interval: Duration::from_millis(*pass_interval_ms),
                     operator_token: cli.token.clone(),
                     nats: nats.settings(),
+                    store_on_nats: *store == StoreKind::Nats,
                 },
                 shutdown.clone(),
             )

@@ -136,6 +136,22 @@ impl TaskRunRecord {
     }
 }
 
+/// The frozen plan's header, outside the run record. A planner claims it
+/// (create-only, or taking over a claim older than a minute), writes the
+/// chunks, then marks it complete; only then does the run enter Running. So
+/// concurrent replicas load one plan, and a planner that died mid-way is
+/// replaced instead of leaving half a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanHeader {
+    pub planner: String,
+    pub claimed_at: Timestamp,
+    pub targets: u32,
+    pub canaries: u32,
+    pub chunks: u32,
+    pub complete: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanTarget {
@@ -188,6 +204,9 @@ pub fn run_key(name: &str) -> String {
 }
 pub fn plan_key(uid: JobId, index: u32) -> String {
     format!("plans/{uid}/{index:06}")
+}
+pub fn plan_header_key(uid: JobId) -> String {
+    format!("plans/{uid}/header")
 }
 pub fn job_key(device: &DeviceId, job: JobId) -> String {
     format!("jobs/{device}/{job}")

@@ -31,6 +31,9 @@ pub struct ServeOptions {
     pub operator_token: Option<String>,
     /// Serve agents over NATS JetStream too.
     pub nats: Option<transport_nats::NatsSettings>,
+    /// Keep the control plane's state in NATS JetStream KV (several replicas)
+    /// instead of the embedded database (one replica).
+    pub store_on_nats: bool,
 }
 
 /// A started control plane.
@@ -48,8 +51,17 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             options.data.display()
         )
     })?;
-    let kv = RedbKv::open(&options.data.join("drover.redb"))?;
-    let db = Db::new(Arc::new(kv));
+    let nats_client = match &options.nats {
+        Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
+        None => None,
+    };
+    let db = match (&nats_client, options.store_on_nats) {
+        (Some(client), true) => Db::new(Arc::new(
+            crate::store_nats::NatsKv::open(client.clone()).await?,
+        )),
+        (None, true) => anyhow::bail!("--store nats needs --nats-url"),
+        (_, false) => Db::new(Arc::new(RedbKv::open(&options.data.join("drover.redb"))?)),
+    };
     let secrets = Arc::new(Secrets::load_or_create(
         &options.data,
         options.operator_token.clone(),
@@ -89,8 +101,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         engine_wake: wake.clone(),
     });
     let mut tasks = Vec::new();
-    if let Some(nats) = &options.nats {
-        let client = transport_nats::server::connect(nats, "drover control plane").await?;
+    if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
         let buckets = transport_nats::server::ensure_buckets(
             client,
             transport_nats::server::BucketLimits::default(),

@@ -201,3 +201,70 @@ mod tests {
         assert_eq!(kv.get("runs/a").expect("get"), None);
     }
 }
+
+/// An in-memory backend with the same revision rules, for fast tests of the
+/// engine at fleet scale.
+#[cfg(test)]
+pub mod mem {
+    use super::{Entry, KvError, KvStore};
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    pub struct MemKv {
+        /// (next revision, entries). A std Mutex: nothing awaits while it is held.
+        inner: Mutex<(u64, BTreeMap<String, Entry>)>,
+    }
+
+    impl KvStore for MemKv {
+        fn get(&self, key: &str) -> Result<Option<Entry>, KvError> {
+            Ok(self.inner.lock().expect("lock").1.get(key).cloned())
+        }
+
+        fn put(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, KvError> {
+            let mut inner = self.inner.lock().expect("lock");
+            let found = inner.1.get(key).map(|e| e.revision).unwrap_or(0);
+            if found != expected {
+                return Err(KvError::Conflict {
+                    key: key.to_owned(),
+                    expected,
+                    found,
+                });
+            }
+            inner.0 += 1;
+            let revision = inner.0;
+            inner.1.insert(
+                key.to_owned(),
+                Entry {
+                    revision,
+                    value: value.to_vec(),
+                },
+            );
+            Ok(revision)
+        }
+
+        fn delete(&self, key: &str, expected: u64) -> Result<(), KvError> {
+            let mut inner = self.inner.lock().expect("lock");
+            let found = inner.1.get(key).map(|e| e.revision).unwrap_or(0);
+            if found != expected {
+                return Err(KvError::Conflict {
+                    key: key.to_owned(),
+                    expected,
+                    found,
+                });
+            }
+            inner.1.remove(key);
+            Ok(())
+        }
+
+        fn list(&self, prefix: &str) -> Result<Vec<(String, Entry)>, KvError> {
+            let inner = self.inner.lock().expect("lock");
+            Ok(inner
+                .1
+                .range(prefix.to_owned()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect())
+        }
+    }
+}

@@ -175,6 +175,7 @@ pub struct ControlPlane {
     pub api: String,
     pub agent_url: String,
     pub token: String,
+    extra: Vec<String>,
     http: reqwest::Client,
 }
 
@@ -208,11 +209,34 @@ impl ControlPlane {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
-        let ready = dir.path().join("ready.json");
-        let log = std::fs::File::create(dir.path().join("drover.log")).expect("log");
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let (child, api, agent_url) = Self::spawn(dir.path(), &extra);
+        let token = std::fs::read_to_string(dir.path().join("data/operator.token"))
+            .expect("operator token")
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            api,
+            agent_url,
+            token,
+            dir,
+            extra,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn spawn(dir: &Path, extra: &[String]) -> (Child, String, String) {
+        let ready = dir.join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("drover.log"))
+            .expect("log");
         let child = Command::new(bin("drover"))
             .arg("--data")
-            .arg(dir.path().join("data"))
+            .arg(dir.join("data"))
             .args([
                 "serve",
                 "--listen",
@@ -229,7 +253,7 @@ impl ControlPlane {
             .stderr(log)
             .spawn()
             .expect("start drover serve");
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(20);
         let addresses: Value = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 break serde_json::from_str(&text).expect("ready file");
@@ -237,22 +261,30 @@ impl ControlPlane {
             assert!(
                 Instant::now() < deadline,
                 "drover serve did not start:\n{}",
-                log_tail(&dir.path().join("drover.log"))
+                log_tail(&dir.join("drover.log"))
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let token = std::fs::read_to_string(dir.path().join("data/operator.token"))
-            .expect("operator token")
-            .trim()
-            .to_owned();
-        Self {
+        (
             child,
-            api: format!("http://{}", addresses["api"].as_str().expect("api")),
-            agent_url: format!("ws://{}", addresses["agents"].as_str().expect("agents")),
-            token,
-            dir,
-            http: reqwest::Client::new(),
-        }
+            format!("http://{}", addresses["api"].as_str().expect("api")),
+            format!("ws://{}", addresses["agents"].as_str().expect("agents")),
+        )
+    }
+
+    /// SIGKILL: the control plane dies without any shutdown path.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same data (new ports).
+    pub fn restart(&mut self) {
+        self.kill9();
+        let (child, api, agent_url) = Self::spawn(self.dir.path(), &self.extra);
+        self.child = child;
+        self.api = api;
+        self.agent_url = agent_url;
     }
 
     pub fn log(&self) -> String {

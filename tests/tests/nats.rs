@@ -369,3 +369,157 @@ async fn an_agent_offline_at_release_reads_its_intent_when_it_returns() {
         agent.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing_twice() {
+    let devices = ["rep-1", "rep-2", "rep-3", "rep-4", "rep-5"];
+    let dir = ControlPlane::prepare();
+    let mut args = vec![
+        "nats-config",
+        "--control-plane-user",
+        CP_USER,
+        "--control-plane-password",
+        CP_PASSWORD,
+    ];
+    for device in devices {
+        args.push("--device");
+        args.push(device);
+    }
+    let config = ControlPlane::drover_in(dir.path(), &args);
+    let nats = NatsServer::start(&config);
+    let url = nats.url();
+    let serve_args = [
+        "--store",
+        "nats",
+        "--nats-url",
+        &url,
+        "--nats-user",
+        CP_USER,
+        "--nats-password",
+        CP_PASSWORD,
+    ];
+    // The second replica shares the secrets (device tokens, operator token), not the data.
+    let dir_b = ControlPlane::prepare();
+    std::fs::create_dir_all(dir_b.path().join("data")).expect("data");
+    for file in ["secret.key", "operator.token"] {
+        std::fs::copy(
+            dir.path().join("data").join(file),
+            dir_b.path().join("data").join(file),
+        )
+        .expect("copy secret");
+    }
+    let mut first = ControlPlane::start_in(dir, &serve_args);
+    let second = ControlPlane::start_in(dir_b, &serve_args);
+
+    for device in devices {
+        let labels = if device == "rep-1" {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        first.apply_device(device, &["production"], labels).await;
+    }
+    let canary_dir = first.dir.path().join("rep-1");
+    std::fs::create_dir_all(&canary_dir).expect("dir");
+    let hold = canary_dir.join("hold");
+    let reached = canary_dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = format!(
+        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
+        hold.display().to_string(),
+        reached.display().to_string()
+    );
+    let agents: Vec<AgentProcess> = devices
+        .iter()
+        .map(|d| {
+            nats_agent(
+                &first,
+                &url,
+                d,
+                None,
+                if *d == "rep-1" { &testing } else { "" },
+            )
+        })
+        .collect();
+    second.wait_for_agents(&devices).await;
+    first
+        .apply_upgrade_run("replicated", "production", 600)
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the canary to be mid-job",
+        || async { reached.exists().then_some(()) },
+    )
+    .await;
+
+    // One replica dies mid-run; the other carries on.
+    first.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    let run = second
+        .wait_run_finished("replicated", Duration::from_secs(90))
+        .await;
+    assert_eq!(
+        run["status"]["phase"],
+        "Complete",
+        "{run}\n{}",
+        second.log()
+    );
+    assert_eq!(run["status"]["succeeded"], 5);
+    // The dead replica comes back and agrees; nothing is released again.
+    first.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen_by_first = first.get("/taskruns/replicated").await;
+    assert_eq!(seen_by_first["status"], run["status"]);
+    for agent in &agents {
+        let jobs = agent.jobs();
+        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+        let tries: Vec<u64> = jobs[0]["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| s["tries"].as_u64().unwrap_or(9))
+            .collect();
+        assert_eq!(tries, vec![1, 1, 1, 1, 1], "{jobs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_canary_over_nats_stops_the_rollout() {
+    let devices = ["fc-canary", "fc-1", "fc-2"];
+    let (nats, cp) = fleet(&devices, None);
+    for device in devices {
+        let labels = if device == "fc-canary" {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        cp.apply_device(device, &["fleet"], labels).await;
+    }
+    let agents: Vec<AgentProcess> = devices
+        .iter()
+        .map(|d| {
+            let mut agent = nats_agent(&cp, &nats.url(), d, None, "");
+            if *d == "fc-canary" {
+                let config = std::fs::read_to_string(&agent.config).expect("config");
+                std::fs::write(
+                    &agent.config,
+                    config.replace("min_free_mib = 10", "min_free_mib = 999999999"),
+                )
+                .expect("write");
+                agent.kill9();
+                agent.restart();
+            }
+            agent
+        })
+        .collect();
+    cp.wait_for_agents(&devices).await;
+    cp.apply_upgrade_run("fc-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("fc-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["reason"], "CanaryFailed", "{run}");
+    assert_eq!(run["status"]["released"], 1);
+    for agent in &agents[1..] {
+        assert_eq!(agent.jobs(), json!([]), "a worker received an intent");
+    }
+}

@@ -1,0 +1,162 @@
+//! The engine over an in-memory store: plans at fleet scale stay outside the
+//! run record, and two engines (replicas) over one store agree on one plan
+//! and release each device once.
+
+use super::*;
+use crate::records::{RunStatus, TargetSelector, TaskRunSpec};
+use crate::store::mem::MemKv;
+use agent_core::model::Empty;
+use agent_core::{DeviceId, JobId};
+
+fn db_with_devices(count: usize, canaries: usize) -> Db {
+    let db = Db::new(Arc::new(MemKv::default()));
+    for i in 0..count {
+        let mut device = DeviceRecord::new(DeviceId::new(format!("dev-{i:05}")).expect("valid"));
+        device.groups.insert("fleet".into());
+        device.agent_present = true;
+        device.capabilities = vec!["systemUpgradeV1".into()];
+        if i < canaries {
+            device.labels.insert("canary".into(), "true".into());
+        }
+        db.put(&device_key(&device.id), &device, 0)
+            .expect("put device");
+    }
+    db
+}
+
+fn new_run(db: &Db, name: &str) -> TaskRunRecord {
+    let run = TaskRunRecord {
+        name: name.into(),
+        uid: JobId::random(),
+        created_at: Timestamp::now(),
+        spec: TaskRunSpec {
+            allowed_groups: vec!["fleet".into()],
+            target_selector: TargetSelector::default(),
+            deadline_seconds: 3600,
+            system_upgrade_v1: Empty {},
+        },
+        status: RunStatus {
+            phase: Phase::Planning,
+            reason: None,
+            targets: 0,
+            canaries: 0,
+            released: 0,
+            succeeded: 0,
+            failed: 0,
+            start_time: None,
+            completion_time: None,
+            latest_error: None,
+            plan_chunks: 0,
+        },
+    };
+    db.put(&run_key(name), &run, 0).expect("put run");
+    run
+}
+
+fn engine(db: &Db) -> Engine {
+    Engine::new(
+        db.clone(),
+        Arc::new(Hub::default()),
+        Arc::new(Notify::new()),
+    )
+}
+
+fn run_of(db: &Db, name: &str) -> TaskRunRecord {
+    db.get::<TaskRunRecord>(&run_key(name))
+        .expect("get")
+        .expect("run")
+        .1
+}
+
+#[test]
+fn the_status_of_a_run_with_20000_targets_stays_bounded() {
+    let db = db_with_devices(20_000, 0);
+    new_run(&db, "big");
+    let engine = engine(&db);
+    let now = Timestamp::now();
+    engine.pass_all(now).expect("plan");
+    let run = run_of(&db, "big");
+    assert_eq!(run.status.phase, Phase::Running);
+    assert_eq!(run.status.targets, 20_000);
+    assert_eq!(run.status.plan_chunks, 40, "500 targets per chunk");
+    engine.pass_all(now).expect("release");
+    let run = run_of(&db, "big");
+    assert_eq!(run.status.released, 20_000);
+    let stored = postcard::to_stdvec(&run).expect("encode").len();
+    let rendered = crate::manifest::render_run(&run).to_string().len();
+    assert!(stored < 1024, "the run record is {stored} bytes");
+    assert!(
+        rendered < 2048,
+        "the run as the API shows it is {rendered} bytes"
+    );
+    for index in 0..run.status.plan_chunks {
+        let (_, chunk) = db
+            .get::<Vec<PlanTarget>>(&plan_key(run.uid, index))
+            .expect("get")
+            .expect("chunk");
+        assert!(chunk.len() <= PLAN_CHUNK);
+    }
+    assert_eq!(engine.load_plan(&run).expect("plan").len(), 20_000);
+}
+
+#[test]
+fn two_engines_over_one_store_agree_on_one_plan_and_release_once() {
+    let db = db_with_devices(30, 2);
+    new_run(&db, "shared");
+    let (a, b) = (engine(&db), engine(&db));
+    let now = Timestamp::now();
+    // Interleaved passes, as two replicas would run them.
+    for _ in 0..3 {
+        a.pass_all(now).expect("a");
+        b.pass_all(now).expect("b");
+    }
+    let run = run_of(&db, "shared");
+    assert_eq!(
+        (run.status.phase, run.status.targets, run.status.canaries),
+        (Phase::Running, 30, 2)
+    );
+    // Only the canaries are out, each released once.
+    let jobs = db.list::<JobDelivery>("jobs/").expect("jobs");
+    assert_eq!(jobs.len(), 2);
+    assert!(
+        jobs.iter()
+            .all(|(_, revision, job)| job.intent.job_id == run.uid && *revision > 0)
+    );
+    let revisions: Vec<u64> = jobs.iter().map(|(_, r, _)| *r).collect();
+    a.pass_all(now).expect("a");
+    b.pass_all(now).expect("b");
+    let again: Vec<u64> = db
+        .list::<JobDelivery>("jobs/")
+        .expect("jobs")
+        .iter()
+        .map(|(_, r, _)| *r)
+        .collect();
+    assert_eq!(revisions, again, "no intent was written twice");
+}
+
+#[test]
+fn a_stale_claim_of_a_dead_planner_is_taken_over() {
+    let db = db_with_devices(5, 0);
+    let run = new_run(&db, "orphan");
+    let dead = PlanHeader {
+        planner: "dead-replica".into(),
+        claimed_at: Timestamp::now() - jiff::SignedDuration::from_mins(5),
+        targets: 99,
+        canaries: 0,
+        chunks: 1,
+        complete: false,
+    };
+    db.put(&plan_header_key(run.uid), &dead, 0).expect("claim");
+    engine(&db).pass_all(Timestamp::now()).expect("plan");
+    let run = run_of(&db, "orphan");
+    assert_eq!((run.status.phase, run.status.targets), (Phase::Running, 5));
+    // A fresh claim of another planner is respected.
+    let run = new_run(&db, "claimed");
+    let live = PlanHeader {
+        claimed_at: Timestamp::now(),
+        ..dead
+    };
+    db.put(&plan_header_key(run.uid), &live, 0).expect("claim");
+    engine(&db).pass_all(Timestamp::now()).expect("pass");
+    assert_eq!(run_of(&db, "claimed").status.phase, Phase::Planning);
+}
