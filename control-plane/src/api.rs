@@ -4,8 +4,7 @@ use crate::auth::Secrets;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
 use crate::records::{
-    Db, DbError, DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key,
-    run_key,
+    Db, DbError, DeviceRecord, JobDelivery, RunStatus, TaskRunRecord, device_key, job_key, run_key,
 };
 use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};
@@ -133,19 +132,7 @@ async fn apply(
                 uid: JobId::random(),
                 created_at: Timestamp::now(),
                 spec,
-                status: RunStatus {
-                    phase: Phase::Planning,
-                    reason: None,
-                    targets: 0,
-                    canaries: 0,
-                    released: 0,
-                    succeeded: 0,
-                    failed: 0,
-                    start_time: None,
-                    completion_time: None,
-                    latest_error: None,
-                    plan_chunks: 0,
-                },
+                status: RunStatus::planning(),
             };
             match state.db.put(&key, &run, 0) {
                 Ok(_) => {}

@@ -35,19 +35,7 @@ fn new_run(db: &Db, name: &str) -> TaskRunRecord {
             deadline_seconds: 3600,
             system_upgrade_v1: Empty {},
         },
-        status: RunStatus {
-            phase: Phase::Planning,
-            reason: None,
-            targets: 0,
-            canaries: 0,
-            released: 0,
-            succeeded: 0,
-            failed: 0,
-            start_time: None,
-            completion_time: None,
-            latest_error: None,
-            plan_chunks: 0,
-        },
+        status: RunStatus::planning(),
     };
     db.put(&run_key(name), &run, 0).expect("put run");
     run
@@ -159,4 +147,47 @@ fn a_stale_claim_of_a_dead_planner_is_taken_over() {
     db.put(&plan_header_key(run.uid), &live, 0).expect("claim");
     engine(&db).pass_all(Timestamp::now()).expect("pass");
     assert_eq!(run_of(&db, "claimed").status.phase, Phase::Planning);
+}
+
+/// A store whose device listing fails, as an unreachable group source would.
+struct DevicesUnreadable(MemKv);
+
+impl crate::store::KvStore for DevicesUnreadable {
+    fn get(&self, key: &str) -> Result<Option<crate::store::Entry>, crate::store::KvError> {
+        self.0.get(key)
+    }
+    fn put(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, crate::store::KvError> {
+        self.0.put(key, value, expected)
+    }
+    fn delete(&self, key: &str, expected: u64) -> Result<(), crate::store::KvError> {
+        self.0.delete(key, expected)
+    }
+    fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, crate::store::Entry)>, crate::store::KvError> {
+        if prefix == "devices/" {
+            return Err(crate::store::KvError::Db("group source unavailable".into()));
+        }
+        self.0.list(prefix)
+    }
+}
+
+#[test]
+fn a_group_source_error_retries_planning_instead_of_no_targets() {
+    let db = Db::new(Arc::new(DevicesUnreadable(MemKv::default())));
+    new_run(&db, "patient");
+    let engine = engine(&db);
+    for _ in 0..3 {
+        engine
+            .pass_all(Timestamp::now())
+            .expect("the pass itself goes on");
+    }
+    let run = run_of(&db, "patient");
+    assert_eq!(
+        run.status.phase,
+        Phase::Planning,
+        "still planning, not NoTargets"
+    );
+    assert_eq!(run.status.reason, None);
 }

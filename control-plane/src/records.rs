@@ -115,6 +115,25 @@ pub struct RunStatus {
     pub plan_chunks: u32,
 }
 
+impl RunStatus {
+    /// A new run's status: Planning, nothing counted yet.
+    pub fn planning() -> Self {
+        Self {
+            phase: Phase::Planning,
+            reason: None,
+            targets: 0,
+            canaries: 0,
+            released: 0,
+            succeeded: 0,
+            failed: 0,
+            start_time: None,
+            completion_time: None,
+            latest_error: None,
+            plan_chunks: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskRunRecord {

@@ -79,6 +79,16 @@ where
     }
 }
 
+/// The agent's `[testing]` table: before `full-upgrade` it writes `reached`
+/// and waits while `hold` exists, so a test can act in the middle of a job.
+pub fn hold_config(hold: &Path, reached: &Path) -> String {
+    format!(
+        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {}\nreached_file = {}\n",
+        toml_string(&hold.display().to_string()),
+        toml_string(&reached.display().to_string())
+    )
+}
+
 /// A free TCP port on loopback (bound and released; a small race is acceptable in tests).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

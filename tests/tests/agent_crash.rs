@@ -15,11 +15,7 @@ async fn a_job_interrupted_by_sigkill_resumes_and_reports_once() {
     let reached = dir.join("reached");
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(&hold, "").expect("hold file");
-    let testing = format!(
-        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
-        hold.display().to_string(),
-        reached.display().to_string()
-    );
+    let testing = drover_tests::hold_config(&hold, &reached);
     let token = cp.device_token("crash-1");
     let mut agent = AgentProcess::start(&dir, "crash-1", &cp.agent_url, &token, &testing);
     cp.wait_for_agents(&["crash-1"]).await;
@@ -99,9 +95,8 @@ async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
     std::fs::write(&hold, "").expect("hold file");
     // The hold is never released: every start dies in the same step.
     let extra = format!(
-        "[limits]\nmax_resumes = 2\n\n[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
-        hold.display().to_string(),
-        reached.display().to_string()
+        "[limits]\nmax_resumes = 2\n\n{}",
+        drover_tests::hold_config(&hold, &reached)
     );
     let token = cp.device_token("loop-1");
     let mut agent = AgentProcess::start(&dir, "loop-1", &cp.agent_url, &token, &extra);

@@ -225,11 +225,7 @@ async fn a_nats_server_restart_mid_run_loses_no_status() {
     let hold = dir.join("hold");
     let reached = dir.join("reached");
     std::fs::write(&hold, "").expect("hold");
-    let testing = format!(
-        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
-        hold.display().to_string(),
-        reached.display().to_string()
-    );
+    let testing = drover_tests::hold_config(&hold, &reached);
     let _agent = nats_agent(&cp, &nats.url(), "restart-1", None, &testing);
     cp.wait_for_agents(&["restart-1"]).await;
     cp.apply_upgrade_run("restart-run", "fleet", 600).await;
@@ -424,11 +420,7 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
     let hold = canary_dir.join("hold");
     let reached = canary_dir.join("reached");
     std::fs::write(&hold, "").expect("hold");
-    let testing = format!(
-        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
-        hold.display().to_string(),
-        reached.display().to_string()
-    );
+    let testing = drover_tests::hold_config(&hold, &reached);
     let agents: Vec<AgentProcess> = devices
         .iter()
         .map(|d| {

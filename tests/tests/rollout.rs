@@ -175,11 +175,7 @@ async fn a_device_revoked_before_release_fails_the_run_with_target_revoked() {
     let hold = canary_dir.join("hold");
     let reached = canary_dir.join("reached");
     std::fs::write(&hold, "").expect("hold");
-    let testing = format!(
-        "[testing]\nhold_before_step = \"full-upgrade\"\nhold_file = {:?}\nreached_file = {:?}\n",
-        hold.display().to_string(),
-        reached.display().to_string()
-    );
+    let testing = drover_tests::hold_config(&hold, &reached);
     let _canary = AgentProcess::start(
         &canary_dir,
         "rv-canary",

@@ -66,13 +66,7 @@ impl CallOutcome {
 
     /// The last lines of stderr (or stdout), for an error message.
     pub fn tail(&self) -> String {
-        let text = if self.stderr.trim().is_empty() {
-            &self.stdout
-        } else {
-            &self.stderr
-        };
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines[lines.len().saturating_sub(4)..].join(" | ")
+        crate::command::tail(&self.stdout, &self.stderr)
     }
 }
 

@@ -24,14 +24,19 @@ impl CommandOutput {
 
     /// The last lines of stderr (or stdout), for an error message.
     pub fn tail(&self) -> String {
-        let text = if self.stderr.trim().is_empty() {
-            &self.stdout
-        } else {
-            &self.stderr
-        };
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines[lines.len().saturating_sub(4)..].join(" | ")
+        tail(&self.stdout, &self.stderr)
     }
+}
+
+/// The last four non-empty lines of stderr, or of stdout when stderr is empty.
+pub(crate) fn tail(stdout: &str, stderr: &str) -> String {
+    let text = if stderr.trim().is_empty() {
+        stdout
+    } else {
+        stderr
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(4)..].join(" | ")
 }
 
 #[derive(Debug, thiserror::Error)]

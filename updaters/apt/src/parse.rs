@@ -3,142 +3,113 @@
 
 use agent_core::model::{MAX_LISTED_PACKAGES, PackageChange, UpgradeOutput};
 
-/// Parses `apt-get -s full-upgrade` output into a bounded report.
-pub fn parse_simulation(stdout: &str) -> UpgradeOutput {
-    let mut output = UpgradeOutput {
-        simulated: true,
-        ..UpgradeOutput::default()
-    };
-    let mut listed = 0usize;
-    let mut in_kept_back = false;
-    for line in stdout.lines() {
-        if in_kept_back {
-            if line.starts_with(' ') {
-                for name in line.split_whitespace() {
-                    push_bounded(
-                        &mut output.kept_back,
-                        name.to_owned(),
-                        &mut listed,
-                        &mut output.omitted,
-                    );
-                }
-                continue;
-            }
-            in_kept_back = false;
-        }
-        if line.starts_with("The following packages have been kept back") {
-            in_kept_back = true;
-        } else if let Some(rest) = line.strip_prefix("Inst ") {
-            let (name, from, to) = parse_inst(rest);
-            let change = PackageChange {
-                name,
-                from: from.clone(),
-                to,
-            };
-            if from.is_some() {
-                push_bounded(
-                    &mut output.upgraded,
-                    change,
-                    &mut listed,
-                    &mut output.omitted,
-                );
-            } else {
-                push_bounded(
-                    &mut output.installed,
-                    change,
-                    &mut listed,
-                    &mut output.omitted,
-                );
-            }
-        } else if let Some(rest) = line.strip_prefix("Remv ") {
-            let name = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            push_bounded(&mut output.removed, name, &mut listed, &mut output.omitted);
+/// A report being filled in, bounded to [`MAX_LISTED_PACKAGES`] names.
+struct Report {
+    output: UpgradeOutput,
+    listed: usize,
+}
+
+impl Report {
+    fn push<T>(list: &mut Vec<T>, item: T, listed: &mut usize, omitted: &mut u32) {
+        if *listed < MAX_LISTED_PACKAGES {
+            list.push(item);
+            *listed += 1;
+        } else {
+            *omitted += 1;
         }
     }
-    output
+
+    fn change(&mut self, change: PackageChange) {
+        let out = &mut self.output;
+        let list = if change.from.is_some() {
+            &mut out.upgraded
+        } else {
+            &mut out.installed
+        };
+        Self::push(list, change, &mut self.listed, &mut out.omitted);
+    }
+
+    fn removed(&mut self, name: &str) {
+        let out = &mut self.output;
+        Self::push(
+            &mut out.removed,
+            name.to_owned(),
+            &mut self.listed,
+            &mut out.omitted,
+        );
+    }
+
+    fn kept_back(&mut self, name: &str) {
+        let out = &mut self.output;
+        Self::push(
+            &mut out.kept_back,
+            name.to_owned(),
+            &mut self.listed,
+            &mut out.omitted,
+        );
+    }
+}
+
+/// Walks apt's output: the indented list under "have been kept back" is read
+/// here; every other line goes to `line`.
+fn parse(stdout: &str, simulated: bool, line: impl Fn(&mut Report, &str)) -> UpgradeOutput {
+    let mut report = Report {
+        output: UpgradeOutput {
+            simulated,
+            ..UpgradeOutput::default()
+        },
+        listed: 0,
+    };
+    let mut in_kept_back = false;
+    for text in stdout.lines() {
+        if in_kept_back && text.starts_with(' ') {
+            text.split_whitespace()
+                .for_each(|name| report.kept_back(name));
+            continue;
+        }
+        in_kept_back = text.starts_with("The following packages have been kept back");
+        if !in_kept_back {
+            line(&mut report, text);
+        }
+    }
+    report.output
+}
+
+fn first_word(text: &str) -> &str {
+    text.split_whitespace().next().unwrap_or_default()
+}
+
+/// Parses `apt-get -s full-upgrade` output (`Inst`, `Remv` lines) into a bounded report.
+pub fn parse_simulation(stdout: &str) -> UpgradeOutput {
+    parse(stdout, true, |report, line| {
+        if let Some(rest) = line.strip_prefix("Inst ") {
+            let (name, from, to) = parse_inst(rest);
+            report.change(PackageChange { name, from, to });
+        } else if let Some(rest) = line.strip_prefix("Remv ") {
+            report.removed(first_word(rest));
+        }
+    })
 }
 
 /// Parses the output of a real `apt-get full-upgrade`: dpkg's `Unpacking`
 /// and `Removing` lines say what changed; apt's summary says what was kept back.
 pub fn parse_upgrade_run(stdout: &str) -> UpgradeOutput {
-    let mut output = UpgradeOutput::default();
-    let mut listed = 0usize;
-    let mut in_kept_back = false;
-    for line in stdout.lines() {
-        if in_kept_back {
-            if line.starts_with(' ') {
-                for name in line.split_whitespace() {
-                    push_bounded(
-                        &mut output.kept_back,
-                        name.to_owned(),
-                        &mut listed,
-                        &mut output.omitted,
-                    );
-                }
-                continue;
-            }
-            in_kept_back = false;
-        }
-        if line.starts_with("The following packages have been kept back") {
-            in_kept_back = true;
-        } else if let Some(rest) = line.strip_prefix("Unpacking ") {
+    let strip = |word: &str| word.trim_matches(|c| c == '(' || c == ')').to_owned();
+    parse(stdout, false, |report, line| {
+        if let Some(rest) = line.strip_prefix("Unpacking ") {
             // "NAME (NEW) over (OLD) ..." or "NAME (NEW) ..."
             let mut words = rest.split_whitespace();
             let name = words.next().unwrap_or_default().to_owned();
-            let to = words
-                .next()
-                .unwrap_or_default()
-                .trim_matches(|c| c == '(' || c == ')')
-                .to_owned();
+            let to = strip(words.next().unwrap_or_default());
             let from = match (words.next(), words.next()) {
-                (Some("over"), Some(old)) => {
-                    Some(old.trim_matches(|c| c == '(' || c == ')').to_owned())
-                }
+                (Some("over"), Some(old)) => Some(strip(old)),
                 _ => None,
             };
-            let change = PackageChange {
-                name,
-                from: from.clone(),
-                to,
-            };
-            if from.is_some() {
-                push_bounded(
-                    &mut output.upgraded,
-                    change,
-                    &mut listed,
-                    &mut output.omitted,
-                );
-            } else {
-                push_bounded(
-                    &mut output.installed,
-                    change,
-                    &mut listed,
-                    &mut output.omitted,
-                );
-            }
+            report.change(PackageChange { name, from, to });
         } else if let Some(rest) = line.strip_prefix("Removing ") {
-            let name = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            push_bounded(&mut output.removed, name, &mut listed, &mut output.omitted);
+            report.removed(first_word(rest));
         }
-    }
-    output
-}
-
-fn push_bounded<T>(list: &mut Vec<T>, item: T, listed: &mut usize, omitted: &mut u32) {
-    if *listed < MAX_LISTED_PACKAGES {
-        list.push(item);
-        *listed += 1;
-    } else {
-        *omitted += 1;
-    }
+    })
 }
 
 /// `name [old] (new origin [arch])` or `name (new origin [arch])`.
