@@ -76,9 +76,11 @@ pub enum SocketError {
     Decode(#[from] serde_json::Error),
 }
 
-/// Binds the socket (replacing a stale one) and serves until `shutdown`.
+/// Binds the socket (replacing a stale one), gives it to group `gid` when
+/// set (the group whose members may read status), and serves until `shutdown`.
 pub async fn serve(
     path: &Path,
+    gid: Option<u32>,
     agent: Arc<Agent>,
     shutdown: CancellationToken,
 ) -> Result<(), SocketError> {
@@ -91,6 +93,9 @@ pub async fn serve(
     }
     let listener = UnixListener::bind(path).map_err(bind_error)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_error)?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(bind_error)?;
+    }
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {

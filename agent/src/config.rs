@@ -19,6 +19,9 @@ pub struct Config {
     pub status_socket: PathBuf,
     #[serde(default = "default_boot_id_path")]
     pub boot_id_path: PathBuf,
+    /// Members of this group may read the status socket (if the group exists).
+    #[serde(default = "default_status_group")]
+    pub status_group: String,
     pub transport: Transport,
     pub updater: Updater,
     #[serde(default)]
@@ -144,6 +147,9 @@ fn default_state_dir() -> PathBuf {
 }
 fn default_socket() -> PathBuf {
     PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_status_group() -> String {
+    "drover".into()
 }
 fn default_boot_id_path() -> PathBuf {
     PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH)

@@ -33,6 +33,8 @@ struct Cli {
 enum Command {
     /// Run the agent daemon.
     Run,
+    /// Check the config file and say what it sets up.
+    Check,
     /// Show the running agent's state (from its status socket).
     Status {
         #[arg(long)]
@@ -72,6 +74,21 @@ fn main() -> Result<()> {
         Command::Run => {
             init_logging();
             runtime.block_on(run(&cli.config))
+        }
+        Command::Check => {
+            let config = Config::load(&cli.config)?;
+            config.transport.read_token()?;
+            let transport = match &config.transport {
+                Transport::Websocket { server_url, .. } => format!("websocket to {server_url}"),
+                Transport::Nats { url, .. } => format!("nats at {url}"),
+            };
+            println!(
+                "{}: device {}, {transport}, updater mode {:?}",
+                cli.config.display(),
+                config.device_id,
+                config.updater.mode
+            );
+            Ok(())
         }
         Command::Status { json, socket } => {
             let socket = socket_path(socket, &cli.config);
@@ -252,6 +269,7 @@ async fn run(config_path: &Path) -> Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
+    let gid = group_id(&config.status_group);
     let socket = tokio::spawn({
         let (path, agent, shutdown) = (
             config.status_socket.clone(),
@@ -259,7 +277,7 @@ async fn run(config_path: &Path) -> Result<()> {
             shutdown.clone(),
         );
         async move {
-            if let Err(e) = status_socket::serve(&path, agent, shutdown).await {
+            if let Err(e) = status_socket::serve(&path, gid, agent, shutdown).await {
                 tracing::error!(error = %e, "status socket stopped");
             }
         }
@@ -315,11 +333,74 @@ async fn run(config_path: &Path) -> Result<()> {
         }
     };
 
-    wait_for_signal().await;
+    // Tell systemd we are up (a no-op without NOTIFY_SOCKET), then keep its
+    // watchdog fed while the agent can still read its own store.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    let watchdog = tokio::spawn(feed_watchdog(agent.clone(), shutdown.clone()));
+    let restart = tokio::select! {
+        _ = wait_for_signal() => false,
+        _ = wait_for_new_binary(agent.clone()) => true,
+    };
     info!("stopping at a safe point");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     shutdown.cancel();
-    let _ = tokio::join!(worker, transport, socket);
+    let _ = tokio::join!(worker, transport, socket, watchdog);
+    if restart {
+        // systemd restarts us on this status (RestartForceExitStatus).
+        std::process::exit(EXIT_NEW_BINARY);
+    }
     Ok(())
+}
+
+/// The exit status that asks systemd to start the new binary.
+const EXIT_NEW_BINARY: i32 = 75;
+
+/// Resolves once the agent's own binary was replaced on disk (its package was
+/// upgraded) and no job is running or queued: the safe point to restart. The
+/// package itself never restarts the agent, so an upgrade of the agent's own
+/// package never interrupts apt (A9).
+async fn wait_for_new_binary(agent: Arc<Agent>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let replaced = std::fs::read_link("/proc/self/exe")
+            .map(|p| p.to_string_lossy().ends_with(" (deleted)"))
+            .unwrap_or(false);
+        if !replaced {
+            continue;
+        }
+        match agent.info() {
+            Ok(info) if info.current_job.is_none() && info.queued_jobs == 0 => {
+                info!("a new drover-agent binary is installed; restarting into it");
+                return;
+            }
+            Ok(_) => tracing::debug!("a new binary is installed; restarting after the current job"),
+            Err(e) => tracing::warn!(error = %e, "cannot read the job queue"),
+        }
+    }
+}
+
+async fn feed_watchdog(agent: Arc<Agent>, shutdown: CancellationToken) {
+    let Some(timeout) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(timeout / 2) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if agent.info().is_ok() {
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+        }
+    }
+}
+
+/// The id of group `name` from /etc/group, if it exists.
+fn group_id(name: &str) -> Option<u32> {
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
+    })
 }
 
 async fn wait_for_signal() {

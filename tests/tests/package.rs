@@ -1,0 +1,198 @@
+//! The .deb packages, built by cross/package-deb.sh from this build's
+//! binaries: lintian reports no errors; in a disposable Debian root the agent
+//! installs with dpkg, runs, answers on its status socket; remove keeps the
+//! config and the state directory, purge leaves nothing behind.
+
+use drover_tests::debroot::Sandbox;
+use drover_tests::{bin, eventually};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_owned()
+}
+
+/// Builds both packages for amd64 from the binaries next to the test.
+fn build_packages(out: &Path) -> (PathBuf, PathBuf) {
+    let bin_dir = bin("drover-agent").parent().expect("bin dir").to_owned();
+    let status = Command::new("bash")
+        .arg(workspace().join("cross/package-deb.sh"))
+        .arg("amd64")
+        .arg(&bin_dir)
+        .arg(out)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run package-deb.sh");
+    assert!(status.success(), "package-deb.sh failed");
+    let find = |name: &str| {
+        std::fs::read_dir(out)
+            .expect("out dir")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with(&format!("{name}_")))
+            })
+            .expect("package built")
+    };
+    (find("drover-agent"), find("drover"))
+}
+
+fn chroot_ok(sandbox: &Sandbox, args: &[&str]) -> String {
+    let out = sandbox.chroot(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (agent_deb, drover_deb) = build_packages(out.path());
+
+    let lintian = Command::new("lintian")
+        .args(["--fail-on", "error", "--tag-display-limit", "0"])
+        .arg(&agent_deb)
+        .arg(&drover_deb)
+        .output()
+        .expect("lintian is installed (the README's test command installs it)");
+    let report = String::from_utf8_lossy(&lintian.stdout);
+    assert!(
+        lintian.status.success() && !report.lines().any(|l| l.starts_with("E:")),
+        "lintian errors:\n{report}"
+    );
+
+    let sandbox = Sandbox::new();
+    for deb in [&agent_deb, &drover_deb] {
+        std::fs::copy(
+            deb,
+            sandbox.path("/tmp").join(deb.file_name().expect("name")),
+        )
+        .expect("copy deb");
+    }
+    let inside = |deb: &Path| format!("/tmp/{}", deb.file_name().expect("name").to_string_lossy());
+    chroot_ok(
+        &sandbox,
+        &["dpkg", "-i", &inside(&agent_deb), &inside(&drover_deb)],
+    );
+    assert!(chroot_ok(&sandbox, &["drover-agent", "--version"]).starts_with("drover-agent 0.1.0"));
+    assert!(chroot_ok(&sandbox, &["drover", "--version"]).starts_with("drover 0.1.0"));
+    let groups = std::fs::read_to_string(sandbox.path("/etc/group")).expect("group file");
+    assert!(
+        groups.lines().any(|l| l.starts_with("drover:")),
+        "the status group exists"
+    );
+    assert!(
+        sandbox
+            .path("/lib/systemd/system/drover-agent.service")
+            .exists()
+    );
+    let shipped =
+        std::fs::read_to_string(sandbox.path("/etc/drover/agent.toml")).expect("conffile");
+    assert!(shipped.contains("#device_id"), "commented defaults");
+
+    // Configure the device and run the agent from the package.
+    std::fs::write(sandbox.path("/etc/drover/boot_id"), "boot-pkg\n").expect("boot id");
+    let config = concat!(
+        "device_id = \"pkg-1\"\nboot_id_path = \"/etc/drover/boot_id\"\n\n[transport]\nkind = \"websocket\"\n",
+        "server_url = \"ws://127.0.0.1:9\"\ntoken = \"t\"\n\n[updater]\nmode = \"simulate\"\n"
+    );
+    std::fs::write(sandbox.path("/etc/drover/agent.toml"), config).expect("config");
+    assert!(
+        chroot_ok(
+            &sandbox,
+            &[
+                "drover-agent",
+                "--config",
+                "/etc/drover/agent.toml",
+                "check"
+            ]
+        )
+        .contains("device pkg-1")
+    );
+    let mut agent = Command::new("chroot")
+        .arg(&sandbox.root)
+        .args(["drover-agent", "--config", "/etc/drover/agent.toml", "run"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the packaged agent");
+    let socket = sandbox.path("/run/drover-agent/status.sock");
+    eventually(Duration::from_secs(20), "the status socket", || {
+        let ready = socket.exists();
+        async move { ready.then_some(()) }
+    })
+    .await;
+    let status = chroot_ok(
+        &sandbox,
+        &[
+            "drover-agent",
+            "--config",
+            "/etc/drover/agent.toml",
+            "status",
+            "--json",
+        ],
+    );
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    assert_eq!(status["deviceId"], "pkg-1");
+    assert_eq!(status["bootId"], "boot-pkg");
+    use std::os::unix::fs::MetadataExt;
+    let gid = std::fs::metadata(&socket).expect("socket").gid();
+    let drover_gid: u32 = groups
+        .lines()
+        .find(|l| l.starts_with("drover:"))
+        .and_then(|l| l.split(':').nth(2))
+        .and_then(|g| g.parse().ok())
+        .expect("gid");
+    assert_eq!(gid, drover_gid, "the socket belongs to the status group");
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status();
+    let _ = agent.wait();
+    let _ = std::fs::remove_dir_all(sandbox.path("/run/drover-agent"));
+
+    // Remove: binaries and unit go, config and state stay.
+    chroot_ok(&sandbox, &["dpkg", "-r", "drover-agent"]);
+    assert!(!sandbox.path("/usr/bin/drover-agent").exists());
+    assert!(
+        !sandbox
+            .path("/lib/systemd/system/drover-agent.service")
+            .exists()
+    );
+    assert!(
+        sandbox.path("/etc/drover/agent.toml").exists(),
+        "remove keeps the conffile"
+    );
+    assert!(
+        sandbox.path("/var/lib/drover-agent").exists(),
+        "remove keeps the state directory"
+    );
+    // Purge: nothing of the agent is left (the operator's own files in
+    // /etc/drover would keep the directory; this test's boot id file goes first).
+    std::fs::remove_file(sandbox.path("/etc/drover/boot_id")).expect("boot id");
+    chroot_ok(&sandbox, &["dpkg", "-P", "drover-agent"]);
+    for path in [
+        "/etc/drover",
+        "/var/lib/drover-agent",
+        "/usr/share/doc/drover-agent",
+        "/usr/bin/drover-agent",
+    ] {
+        assert!(!sandbox.path(path).exists(), "{path} is left after purge");
+    }
+    chroot_ok(&sandbox, &["dpkg", "-P", "drover"]);
+    assert!(!sandbox.path("/usr/bin/drover").exists());
+    let leftovers = chroot_ok(
+        &sandbox,
+        &["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n"],
+    );
+    assert!(!leftovers.contains("drover"), "{leftovers}");
+}
