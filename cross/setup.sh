@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Sets up the cross-compilation toolchain from Debian's packages alone:
+# Debian's rustc-web (the newest the configured archive offers, at or above
+# the workspace's floor), its standard library for arm64 and armhf, the cross
+# gcc toolchains (linkers), and qemu-user-static to run what was built.
+# Nothing is installed with dpkg for foreign architectures: the rustc-web
+# packages are unpacked into cross/toolchain/, so the host's dpkg and its
+# architectures are left alone. Checksums are verified: amd64 packages by
+# apt, foreign ones against Packages indexes whose checksums are checked
+# against the gpgv-verified InRelease.
+#
+#   bash cross/setup.sh        # then: bash cross/build.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+toolchain=$here/toolchain
+floor=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$here/../Cargo.toml" | head -n1)
+
+export DEBIAN_FRONTEND=noninteractive
+# A mirror mid-sync can fail one index; the rest is still usable.
+apt-get update || true
+apt-get install -y --no-install-recommends \
+    gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf libc6-dev-arm64-cross libc6-dev-armhf-cross \
+    qemu-user-static dpkg-dev binutils xz-utils curl gpgv debian-archive-keyring
+
+# The newest rustc-web at or above the floor.
+version=$(apt-cache madison rustc-web | awk '{print $3}' | while read -r v; do
+    upstream=${v%%+*}
+    if dpkg --compare-versions "$upstream" ge "$floor"; then echo "$v"; fi
+done | sort -V | tail -n1)
+if [ -z "$version" ]; then
+    echo "no rustc-web >= $floor in the configured archive (is bookworm-security in the apt sources?)" >&2
+    exit 1
+fi
+minor=$(echo "$version" | sed 's/^\([0-9]*\.[0-9]*\).*/\1/')
+echo "rustc-web $version"
+
+debs=$toolchain/debs
+stamp=$toolchain/.ready-$version
+if [ -e "$stamp" ]; then
+    echo "toolchain $version already in $toolchain"
+    exit 0
+fi
+rm -rf "$toolchain"
+mkdir -p "$debs"
+cd "$debs"
+
+# Which archive (main or security) and mirror serve this version; asked
+# before anything is downloaded (apt prints no URI for a file already here).
+pool=$(apt-cache show "libstd-rust-web-dev=$version" | sed -n 's/^Filename: //p' | head -n1)
+uri=$(apt-get download --print-uris "libstd-rust-web-dev=$version" 2>/dev/null | sed -n "s/^'\(.*\)\/pool\/.*/\1/p" | head -n1)
+
+# amd64 (the host): apt downloads and verifies them.
+llvm=$(apt-cache show "libstd-rust-web-$minor=$version" | sed -n 's/^Depends:.*\(libllvm[0-9]*\).*/\1/p' | head -n1)
+apt-get download "rustc-web=$version" "libstd-rust-web-$minor=$version" "libstd-rust-web-dev=$version" "$llvm"
+
+# arm64 and armhf standard libraries: from the archive's signed indexes.
+[ -n "$uri" ] || { echo "cannot tell which mirror serves rustc-web $version" >&2; exit 1; }
+case "$pool" in
+  pool/updates/*) suite=bookworm-security ;;
+  *) suite=$(. /etc/os-release && echo "$VERSION_CODENAME") ;;
+esac
+curl -fsSL "$uri/dists/$suite/InRelease" -o InRelease
+gpgv --keyring /usr/share/keyrings/debian-archive-keyring.gpg InRelease 2>/dev/null \
+    || { echo "InRelease of $suite does not verify" >&2; exit 1; }
+for arch in arm64 armhf; do
+    index=main/binary-$arch/Packages.xz
+    expected=$(awk -v f="$index" '/^SHA256:/{s=1;next} /^[A-Za-z]/{s=0} s && $3==f {print $1}' InRelease)
+    curl -fsSL "$uri/dists/$suite/$index" -o "Packages-$arch.xz"
+    if ! echo "$expected  Packages-$arch.xz" | sha256sum -c --quiet; then
+        # Seen here: the mirror serving a stale armhf index mid-sync. Without a
+        # verified index there is no trusted checksum for the package: skip the
+        # architecture (build.sh then says it is missing) unless told otherwise.
+        if [ "${DROVER_CROSS_UNVERIFIED_INDEX:-}" != 1 ]; then
+            echo "WARNING: the $arch index does not match the signed InRelease (mirror mid-sync?);" \
+                 "skipping $arch (set DROVER_CROSS_UNVERIFIED_INDEX=1 to trust the index's own checksum)" >&2
+            continue
+        fi
+        echo "WARNING: using the unverified $arch index" >&2
+    fi
+    entry=$(xz -dc "Packages-$arch.xz" | awk -v v="$version" 'BEGIN{RS=""} index($0, "Package: libstd-rust-web-dev\n") == 1 && index($0, "\nVersion: " v "\n")')
+    file=$(echo "$entry" | sed -n 's/^Filename: //p')
+    sha=$(echo "$entry" | sed -n 's/^SHA256: //p')
+    [ -n "$file" ] || { echo "libstd-rust-web-dev $version missing for $arch" >&2; exit 1; }
+    curl -fsSL "$uri/$file" -o "libstd-rust-web-dev_$arch.deb"
+    echo "$sha  libstd-rust-web-dev_$arch.deb" | sha256sum -c --quiet
+done
+
+for deb in *.deb; do dpkg-deb -x "$deb" "$toolchain"; done
+mkdir -p "$toolchain/bin"
+cat > "$toolchain/bin/rustc" <<WRAPPER
+#!/bin/sh
+# Debian's rustc-web, unpacked: its sysroot ($toolchain/usr) holds the
+# x86_64, aarch64 and armv7 standard libraries.
+LD_LIBRARY_PATH=$toolchain/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $toolchain/usr/bin/rustc "\$@"
+WRAPPER
+chmod +x "$toolchain/bin/rustc"
+"$toolchain/bin/rustc" --version
+ls "$toolchain/usr/lib/rustlib"
+touch "$stamp"
