@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update || true
 apt-get install -y --no-install-recommends \
     gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf libc6-dev-arm64-cross libc6-dev-armhf-cross \
-    qemu-user-static dpkg-dev binutils xz-utils curl gpgv debian-archive-keyring
+    qemu-user-static dpkg-dev binutils xz-utils curl gpgv debian-archive-keyring debootstrap
 
 # The newest rustc-web at or above the floor.
 version=$(apt-cache madison rustc-web | awk '{print $3}' | while read -r v; do
