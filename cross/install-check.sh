@@ -54,7 +54,8 @@ trap cleanup EXIT
 cp -a "$pristine" "$work/root"
 cp "$deb" "$work/root/tmp/"
 run dpkg -i "/tmp/$(basename "$deb")"
-run drover-agent --version | grep -q "^drover-agent ${version%-1}" || { echo "--version failed" >&2; exit 1; }
+reported=$(run drover-agent --version)
+[[ "$reported" == "drover-agent ${version%-1}" ]] || { echo "--version said: $reported" >&2; exit 1; }
 grep -q '^drover:' "$work/root/etc/group" || { echo "no drover group" >&2; exit 1; }
 [ -f "$work/root/lib/systemd/system/drover-agent.service" ] || { echo "no unit" >&2; exit 1; }
 echo "$arch: installed, --version runs"
@@ -74,8 +75,9 @@ CONFIG
 run drover-agent --config "$config" run 2>"$work/agent.log" &
 agent=$config
 for _ in $(seq 300); do [ -S "$work/root/run/drover-agent/status.sock" ] && break; sleep 0.1; done
-run drover-agent --config "$config" status --json | grep -q "\"deviceId\": \"install-$arch\"" \
-    || { echo "the agent did not answer on its status socket" >&2; cat "$work/agent.log" >&2; exit 1; }
+status=$(run drover-agent --config "$config" status --json || true)
+grep -q "\"deviceId\": \"install-$arch\"" <<<"$status" \
+    || { echo "the agent did not answer on its status socket: $status" >&2; tail -20 "$work/agent.log" >&2; exit 1; }
 echo "$arch: the agent answers on its status socket"
 stop_agent
 rm -rf "$work/root/run/drover-agent" "$work/root/etc/drover/boot_id" "$work/root$config"

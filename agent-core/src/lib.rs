@@ -20,6 +20,21 @@ pub use model::{
     Heartbeat, Intent, JobKind, JobOutput, JobState, JobStatus, StepRecord, StepState,
 };
 
+/// `println!` for command-line tools: ends the process quietly when stdout
+/// was closed (a pager, `head` or `grep -q` went away) instead of panicking
+/// on the broken pipe.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 /// Upper bound of a job's latest error and of each step's error, in bytes.
 pub const MAX_ERROR_BYTES: usize = 1024;
 /// Upper bound of the step records a job may hold.

@@ -2,14 +2,15 @@
 
 use agent_core::executor::AgentInfo;
 use agent_core::model::JobStatus;
+use agent_core::out;
 
 pub fn print_status(info: &AgentInfo) {
-    println!("device:        {}", info.device_id);
-    println!("agent:         {}", info.agent_version);
-    println!("boot id:       {}", info.boot_id);
-    println!("capabilities:  {}", info.capabilities.join(", "));
+    out!("device:        {}", info.device_id);
+    out!("agent:         {}", info.agent_version);
+    out!("boot id:       {}", info.boot_id);
+    out!("capabilities:  {}", info.capabilities.join(", "));
     let link = &info.link;
-    println!(
+    out!(
         "link:          {} {}{}",
         if link.transport.is_empty() {
             "-"
@@ -26,27 +27,30 @@ pub fn print_status(info: &AgentInfo) {
             .unwrap_or_default()
     );
     if let Some(error) = &link.last_error {
-        println!("link error:    {error}");
+        out!("link error:    {error}");
     }
     match &info.current_job {
-        Some(job) => println!("current job:   {} {} {:?}", job.job_id, job.kind, job.state),
-        None => println!("current job:   none"),
+        Some(job) => out!("current job:   {} {} {:?}", job.job_id, job.kind, job.state),
+        None => out!("current job:   none"),
     }
-    println!("queued jobs:   {}", info.queued_jobs);
-    println!("unsent status: {}", info.outbox_pending);
+    out!("queued jobs:   {}", info.queued_jobs);
+    out!("unsent status: {}", info.outbox_pending);
 }
 
 pub fn print_jobs(jobs: &[JobStatus]) {
     if jobs.is_empty() {
-        println!("no jobs");
+        out!("no jobs");
         return;
     }
     for job in jobs {
         print_job(job);
-        println!();
+        out!();
     }
 }
 
 pub fn print_job(job: &JobStatus) {
-    print!("{}", agent_core::report::format_job(job));
+    out!(
+        "{}",
+        agent_core::report::format_job(job).trim_end_matches('\n')
+    );
 }

@@ -1,6 +1,8 @@
 //! drover-agent: the device daemon (`run`) and its local tools (`status`,
 //! `jobs`). Only this binary reads config files; the libraries take values.
 
+use agent_core::out;
+
 mod config;
 mod display;
 
@@ -82,7 +84,7 @@ fn main() -> Result<()> {
                 Transport::Websocket { server_url, .. } => format!("websocket to {server_url}"),
                 Transport::Nats { url, .. } => format!("nats at {url}"),
             };
-            println!(
+            out!(
                 "{}: device {}, {transport}, updater mode {:?}",
                 cli.config.display(),
                 config.device_id,
@@ -94,7 +96,7 @@ fn main() -> Result<()> {
             let socket = socket_path(socket, &cli.config);
             match runtime.block_on(status_socket::request(&socket, &Request::Status))? {
                 Response::Status(info) if json => {
-                    println!("{}", serde_json::to_string_pretty(&info)?)
+                    out!("{}", serde_json::to_string_pretty(&info)?)
                 }
                 Response::Status(info) => display::print_status(&info),
                 Response::Error(e) => bail!("the agent answered with an error: {e}"),
@@ -113,7 +115,7 @@ fn main() -> Result<()> {
             let request = Request::Jobs { limit: Some(limit) };
             match runtime.block_on(status_socket::request(&socket, &request))? {
                 Response::Jobs(jobs) if json => {
-                    println!("{}", serde_json::to_string_pretty(&jobs)?)
+                    out!("{}", serde_json::to_string_pretty(&jobs)?)
                 }
                 Response::Jobs(jobs) => display::print_jobs(&jobs),
                 Response::Error(e) => bail!("the agent answered with an error: {e}"),
@@ -150,7 +152,7 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
         Response::Status(_) | Response::Jobs(_) => bail!("the agent answered a different question"),
     };
     let job_id = job.job_id;
-    println!("job {job_id}: {:?}", job.state);
+    out!("job {job_id}: {:?}", job.state);
     let mut printed = vec![false; job.steps.len()];
     loop {
         let job = match status_socket::request(socket, &Request::Job { job_id }).await? {
@@ -168,7 +170,7 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
             );
             if finished && !*done {
                 *done = true;
-                println!(
+                out!(
                     "  {:<14} {:?} after {:.1} s, {} tries{}",
                     step.name,
                     step.state,
@@ -183,19 +185,17 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
         }
         match job.state {
             state if state.is_terminal() => {
-                println!("job {job_id}: {state:?}");
+                out!("job {job_id}: {state:?}");
                 if let Some(error) = &job.error {
-                    println!("error: {error}");
+                    out!("error: {error}");
                     if state == agent_core::JobState::Failed {
-                        println!("continue it with: drover-agent upgrade --resume {job_id}");
+                        out!("continue it with: drover-agent upgrade --resume {job_id}");
                     }
                 }
                 return Ok(state == agent_core::JobState::Succeeded);
             }
             agent_core::JobState::AwaitingReboot => {
-                println!(
-                    "job {job_id}: the device is rebooting; the job is confirmed once it is back"
-                );
+                out!("job {job_id}: the device is rebooting; the job is confirmed once it is back");
                 return Ok(true);
             }
             _ => tokio::time::sleep(Duration::from_millis(300)).await,

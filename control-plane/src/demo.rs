@@ -7,6 +7,7 @@ use crate::client::ApiClient;
 use crate::serve::{self, ServeOptions};
 use agent_core::DeviceId;
 use agent_core::model::JobStatus;
+use agent_core::out;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -120,7 +121,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         check_sandbox_tools()?;
     }
     let dir = tempfile::Builder::new().prefix("drover-demo-").tempdir()?;
-    println!("demo directory: {}", dir.path().display());
+    out!("demo directory: {}", dir.path().display());
     let shutdown = CancellationToken::new();
     let started = serve::start(
         ServeOptions {
@@ -137,9 +138,10 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         shutdown.clone(),
     )
     .await?;
-    println!(
+    out!(
         "control plane: API http://{}, agents ws://{}",
-        started.api_addr, started.agent_addr
+        started.api_addr,
+        started.agent_addr
     );
     let client = ApiClient::new(
         &format!("http://{}", started.api_addr),
@@ -165,14 +167,14 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             )
             .await?;
     }
-    println!(
+    out!(
         "devices: {} in group {GROUP:?}; {} labelled canary=true",
         devices.join(", "),
         devices[0]
     );
 
     let sandboxes = if options.upgrade {
-        println!(
+        out!(
             "preparing {} disposable Debian roots (debootstrap the first time, about a minute; cached in {})",
             devices.len(),
             drover_sandbox::cache_dir().display()
@@ -223,7 +225,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             .with_context(|| format!("cannot start {}", agent_bin.display()))?;
         agents.0.push(child);
     }
-    println!(
+    out!(
         "agents: {} drover-agent processes started (simulate mode)",
         devices.len()
     );
@@ -240,23 +242,26 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             }),
         )
         .await?;
-    println!(
+    out!(
         "taskrun {RUN} applied (uid {})",
         result["uid"].as_str().unwrap_or("?")
     );
     let complete = follow(&client, RUN).await?;
 
     let run: Value = client.get(&format!("/taskruns/{RUN}")).await?;
-    println!(
+    out!(
         "\nfinal status of {RUN}:\n{}",
         serde_json::to_string_pretty(&run["status"])?
     );
     let targets: Value = client.get(&format!("/taskruns/{RUN}/targets")).await?;
-    println!("\nsteps on each device:");
+    out!("\nsteps on each device:");
     for item in targets["items"].as_array().into_iter().flatten() {
         match serde_json::from_value::<JobStatus>(item["status"].clone()) {
-            Ok(status) => print!("{}", agent_core::report::format_job(&status)),
-            Err(_) => println!("{}: no status", item["device"].as_str().unwrap_or("?")),
+            Ok(status) => out!(
+                "{}",
+                agent_core::report::format_job(&status).trim_end_matches('\n')
+            ),
+            Err(_) => out!("{}: no status", item["device"].as_str().unwrap_or("?")),
         }
     }
     for (device, sandbox) in devices.iter().zip(&sandboxes) {
@@ -269,7 +274,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
                 )
             })
             .collect();
-        println!("{device} root now has: {}", versions.join(", "));
+        out!("{device} root now has: {}", versions.join(", "));
     }
     drop(agents);
     shutdown.cancel();
@@ -278,9 +283,9 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     }
     if options.keep {
         let kept = dir.keep();
-        println!("kept the demo directory {}", kept.display());
+        out!("kept the demo directory {}", kept.display());
     }
-    println!(
+    out!(
         "\nrun {RUN} is {}",
         if complete { "Complete" } else { "not Complete" }
     );
@@ -332,7 +337,7 @@ async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> 
                 .any(|r| r.id.as_str() == d && r.agent_present && !r.capabilities.is_empty())
         });
         if ready {
-            println!(
+            out!(
                 "agents: all {} connected and advertising systemUpgradeV1",
                 devices.len()
             );
@@ -385,12 +390,12 @@ async fn follow(client: &ApiClient, name: &str) -> Result<bool> {
                 }
             };
             if seen.get(&device) != Some(&state) {
-                println!("{} {device}{canary}: {state}", stamp());
+                out!("{} {device}{canary}: {state}", stamp());
                 seen.insert(device, state);
             }
         }
         if phase != last_phase {
-            println!(
+            out!(
                 "{} run {name}: {phase} ({} targets, {} canary, {} succeeded, {} failed)",
                 stamp(),
                 status["targets"],

@@ -1,5 +1,6 @@
 //! drover: the control plane (`serve`) and the operators' CLI.
 
+use agent_core::out;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use drover::client::ApiClient;
@@ -257,7 +258,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             for result in client(&cli)?.apply_text(&text).await? {
-                println!(
+                out!(
                     "{}/{} {}",
                     result["kind"].as_str().unwrap_or("?").to_lowercase(),
                     result["name"].as_str().unwrap_or("?"),
@@ -276,7 +277,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 Resource::Devices => {
                     let devices: Vec<DeviceRecord> = api.get("/devices").await?;
                     if *output == Output::Json {
-                        println!("{}", serde_json::to_string_pretty(&devices)?);
+                        out!("{}", serde_json::to_string_pretty(&devices)?);
                     } else {
                         print_devices(&devices);
                     }
@@ -284,7 +285,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 Resource::Taskruns => {
                     let runs: Vec<Value> = api.get("/taskruns").await?;
                     if *output == Output::Json {
-                        println!("{}", serde_json::to_string_pretty(&runs)?);
+                        out!("{}", serde_json::to_string_pretty(&runs)?);
                     } else {
                         print_runs(&runs);
                     }
@@ -295,11 +296,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     };
                     let run: Value = api.get(&format!("/taskruns/{name}")).await?;
                     if *output == Output::Json {
-                        println!("{}", serde_json::to_string_pretty(&run)?);
+                        out!("{}", serde_json::to_string_pretty(&run)?);
                     } else {
                         print_runs(std::slice::from_ref(&run));
                         if let Some(error) = run["status"]["latestError"].as_str() {
-                            println!("latest error: {error}");
+                            out!("latest error: {error}");
                         }
                     }
                 }
@@ -326,19 +327,17 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     Ok((id, token))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            print!(
-                "{}",
-                transport_nats::server::authorization_config(
-                    (control_plane_user, control_plane_password),
-                    &devices
-                )
+            let config = transport_nats::server::authorization_config(
+                (control_plane_user, control_plane_password),
+                &devices,
             );
+            out!("{}", config.trim_end());
             Ok(0)
         }
         Command::Token { device } => {
             let device = agent_core::DeviceId::new(device.clone())?;
             let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
-            println!("{}", secrets.device_token(&device));
+            out!("{}", secrets.device_token(&device));
             Ok(0)
         }
         Command::Demo {
@@ -360,14 +359,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
 }
 
 fn print_devices(devices: &[DeviceRecord]) {
-    println!(
+    out!(
         "{:<20} {:<16} {:<24} {:<6} {:<21} CAPABILITIES",
-        "DEVICE", "GROUPS", "LABELS", "AGENT", "LAST HEARTBEAT"
+        "DEVICE",
+        "GROUPS",
+        "LABELS",
+        "AGENT",
+        "LAST HEARTBEAT"
     );
     for d in devices {
         let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
         let labels: Vec<String> = d.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!(
+        out!(
             "{:<20} {:<16} {:<24} {:<6} {:<21} {}",
             d.id,
             groups.join(","),
@@ -382,13 +385,18 @@ fn print_devices(devices: &[DeviceRecord]) {
 }
 
 fn print_runs(runs: &[Value]) {
-    println!(
+    out!(
         "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  REASON",
-        "NAME", "PHASE", "TARGETS", "RELEASED", "SUCCEEDED", "FAILED"
+        "NAME",
+        "PHASE",
+        "TARGETS",
+        "RELEASED",
+        "SUCCEEDED",
+        "FAILED"
     );
     for run in runs {
         let s = &run["status"];
-        println!(
+        out!(
             "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  {}",
             run["metadata"]["name"].as_str().unwrap_or("?"),
             s["phase"].as_str().unwrap_or("?"),

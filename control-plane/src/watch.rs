@@ -2,6 +2,7 @@
 //! finishes. Exits non-zero unless the run is Complete.
 
 use crate::client::ApiClient;
+use agent_core::out;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -31,10 +32,10 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
         if phase == "Complete" || phase == "Failed" {
             bar.finish();
             if let Some(reason) = status["reason"].as_str() {
-                println!("reason: {reason}");
+                out!("reason: {reason}");
             }
             if let Some(error) = status["latestError"].as_str() {
-                println!("latest error: {error}");
+                out!("latest error: {error}");
             }
             return Ok(phase == "Complete");
         }
