@@ -11,6 +11,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod model;
 pub mod report;
+pub mod shutdown;
 pub mod status_socket;
 pub mod store;
 pub mod wire;

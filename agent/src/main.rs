@@ -338,7 +338,7 @@ async fn run(config_path: &Path) -> Result<()> {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let watchdog = tokio::spawn(feed_watchdog(agent.clone(), shutdown.clone()));
     let restart = tokio::select! {
-        _ = wait_for_signal() => false,
+        _ = agent_core::shutdown::wait_for_signal() => false,
         _ = wait_for_new_binary(agent.clone()) => true,
     };
     info!("stopping at a safe point");
@@ -401,19 +401,4 @@ fn group_id(name: &str) -> Option<u32> {
         let mut fields = line.split(':');
         (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

@@ -247,7 +247,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 std::fs::write(&tmp, ready.to_string())?;
                 std::fs::rename(&tmp, path)?;
             }
-            wait_for_signal().await;
+            agent_core::shutdown::wait_for_signal().await;
             shutdown.cancel();
             for task in started.tasks {
                 let _ = task.await;
@@ -406,20 +406,5 @@ fn print_runs(runs: &[Value]) {
             s["failed"],
             s["reason"].as_str().unwrap_or("")
         );
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }

@@ -15,8 +15,9 @@ const CP_PASSWORD: &str = "cp-secret";
 
 /// A nats-server whose authorization comes from `drover nats-config`, and a
 /// control plane serving over it.
-fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlPlane) {
-    let dir = ControlPlane::prepare();
+/// The authorization block `drover nats-config` prints for these devices,
+/// with the device tokens of the control plane in `dir`.
+fn nats_config(dir: &Path, devices: &[&str]) -> String {
     let mut args = vec![
         "nats-config",
         "--control-plane-user",
@@ -28,7 +29,12 @@ fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlP
         args.push("--device");
         args.push(device);
     }
-    let mut config = ControlPlane::drover_in(dir.path(), &args);
+    ControlPlane::drover_in(dir, &args)
+}
+
+fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let mut config = nats_config(dir.path(), devices);
     if let Some((cert, key)) = tls {
         config.push_str(&format!(
             "tls {{ cert_file: {:?}, key_file: {:?} }}\n",
@@ -370,19 +376,7 @@ async fn an_agent_offline_at_release_reads_its_intent_when_it_returns() {
 async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing_twice() {
     let devices = ["rep-1", "rep-2", "rep-3", "rep-4", "rep-5"];
     let dir = ControlPlane::prepare();
-    let mut args = vec![
-        "nats-config",
-        "--control-plane-user",
-        CP_USER,
-        "--control-plane-password",
-        CP_PASSWORD,
-    ];
-    for device in devices {
-        args.push("--device");
-        args.push(device);
-    }
-    let config = ControlPlane::drover_in(dir.path(), &args);
-    let nats = NatsServer::start(&config);
+    let nats = NatsServer::start(&nats_config(dir.path(), &devices));
     let url = nats.url();
     let serve_args = [
         "--store",
