@@ -21,8 +21,20 @@ pub const CHILD_CALL_LIMIT: Duration = Duration::from_secs(1440);
 /// How long `update-lists` keeps retrying while another process holds the
 /// lists lock: apt does not apply `DPkg::Lock::Timeout` to that lock.
 pub const LISTS_LOCK_WAIT: Duration = Duration::from_secs(300);
-/// apt's own wait for the dpkg frontend lock.
-const DPKG_LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=600";
+/// Options of every apt-get call that changes packages: no questions, apt's
+/// own wait for the dpkg frontend lock, and locally edited conffiles kept.
+const APT_CHANGE_OPTIONS: &[&str] = &[
+    "-y",
+    "-q",
+    "-o",
+    "DPkg::Lock::Timeout=600",
+    "-o",
+    "Dpkg::Options::=--force-confdef",
+    "-o",
+    "Dpkg::Options::=--force-confold",
+    "-o",
+    "APT::Color=0",
+];
 
 const STEPS: &[&str] = &[
     "preflight",
@@ -146,18 +158,8 @@ impl SystemUpgrade {
             .collect();
         if !reinstall.is_empty() {
             warn!(packages = ?reinstall, "reinstalling half-installed packages");
-            let mut args = vec![
-                "-y",
-                "-q",
-                "-o",
-                DPKG_LOCK_TIMEOUT,
-                "-o",
-                "Dpkg::Options::=--force-confdef",
-                "-o",
-                "Dpkg::Options::=--force-confold",
-                "install",
-                "--reinstall",
-            ];
+            let mut args = APT_CHANGE_OPTIONS.to_vec();
+            args.extend(["install", "--reinstall"]);
             args.extend(reinstall.iter().map(String::as_str));
             let argv = self.settings.argv("apt-get", &args);
             match self.call(ctx, "reinstall", argv).await {
@@ -285,22 +287,9 @@ impl SystemUpgrade {
                 Err(e) => StepOutcome::Fail(e.to_string()),
             };
         }
-        let argv = self.settings.argv(
-            "apt-get",
-            &[
-                "-y",
-                "-q",
-                "-o",
-                DPKG_LOCK_TIMEOUT,
-                "-o",
-                "Dpkg::Options::=--force-confdef",
-                "-o",
-                "Dpkg::Options::=--force-confold",
-                "-o",
-                "APT::Color=0",
-                "full-upgrade",
-            ],
-        );
+        let mut args = APT_CHANGE_OPTIONS.to_vec();
+        args.push("full-upgrade");
+        let argv = self.settings.argv("apt-get", &args);
         match self.call(ctx, "full-upgrade", argv).await {
             Ok(out) if out.success() => {
                 let report = parse_upgrade_run(&out.stdout);
