@@ -19,12 +19,10 @@ for arch in arm64 armhf amd64; do
     $run "$bin/drover-agent" --version
     $run "$bin/drover" --version
     work=$(mktemp -d)
-    echo "boot-$arch" > "$work/boot_id"
     cat > "$work/agent.toml" <<CONFIG
 device_id = "cross-$arch"
 state_dir = "$work/state"
 status_socket = "$work/status.sock"
-boot_id_path = "$work/boot_id"
 [transport]
 kind = "websocket"
 server_url = "ws://127.0.0.1:9"
@@ -39,6 +37,7 @@ CONFIG
     grep -q "\"deviceId\": \"cross-$arch\"" <<<"$status" \
         || { echo "$arch: the agent did not answer on its status socket"; cat "$work/agent.log"; kill "$agent"; exit 1; }
     echo "$arch: status socket answers"
+    bash "$root/scripts/check-no-test-hooks.sh" "$bin/drover-agent" $run
     kill -TERM "$agent"; wait "$agent" || true
     rm -rf "$work"
     for pkg in drover-agent drover; do

@@ -60,11 +60,9 @@ grep -q '^drover:' "$work/root/etc/group" || { echo "no drover group" >&2; exit 
 [ -f "$work/root/lib/systemd/system/drover-agent.service" ] || { echo "no unit" >&2; exit 1; }
 echo "$arch: installed, --version runs"
 
-echo "boot-$arch" > "$work/root/etc/drover/boot_id"
 config=/etc/drover/install-check-$arch.toml
 cat > "$work/root$config" <<CONFIG
 device_id = "install-$arch"
-boot_id_path = "/etc/drover/boot_id"
 [transport]
 kind = "websocket"
 server_url = "ws://127.0.0.1:9"
@@ -80,7 +78,7 @@ grep -q "\"deviceId\": \"install-$arch\"" <<<"$status" \
     || { echo "the agent did not answer on its status socket: $status" >&2; tail -20 "$work/agent.log" >&2; exit 1; }
 echo "$arch: the agent answers on its status socket"
 stop_agent
-rm -rf "$work/root/run/drover-agent" "$work/root/etc/drover/boot_id" "$work/root$config"
+rm -rf "$work/root/run/drover-agent" "$work/root$config"
 
 run dpkg -r drover-agent
 [ ! -e "$work/root/usr/bin/drover-agent" ] || { echo "binary left after remove" >&2; exit 1; }

@@ -24,6 +24,10 @@ fi
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-# The end-to-end tests run drover and drover-agent as processes.
+# The end-to-end tests run drover and drover-agent as processes. First the
+# agent as the .deb ships it (no test hooks), which must refuse every test
+# hook in its config; then the agent the end-to-end tests drive, with hooks.
 cargo build --workspace --bins
+bash scripts/check-no-test-hooks.sh target/debug/drover-agent
+cargo build -p drover-agent --bins --features testing
 cargo test --workspace --all-features

@@ -30,6 +30,11 @@ pub struct StepContext<'a> {
     pub step: &'a str,
     /// The step's first start, durable across restarts: deadlines count from here.
     pub started_at: Timestamp,
+    /// The job's durable start: the whole job's budget counts from here,
+    /// across calls, retries and resumes.
+    pub job_started_at: Timestamp,
+    /// The whole job's budget (the intent's `timeoutSeconds`).
+    pub budget: Duration,
     /// How many times this step already ran to an outcome.
     pub tries: u32,
     /// The job's output so far; a step fills in what it found.

@@ -3,6 +3,7 @@
 //! [`Agent`]'s methods; the worker loop is [`Agent::run`].
 
 use crate::chain::{Chain, StepContext, StepOutcome};
+use crate::clock::{self, ControlPlaneClock};
 use crate::facts::{self, FactSources};
 use crate::ids::{DeviceId, JobId};
 use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
@@ -19,6 +20,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
+
+/// A job's budget when its intent names none (local jobs): the package job's
+/// 1500 s of the jobs seed.
+pub const DEFAULT_JOB_BUDGET_SECONDS: u32 = 1500;
 
 /// A test-only pause: before running `step`, the worker writes `reached` and
 /// waits while `hold` exists, so a test can kill the agent mid-job.
@@ -37,7 +42,11 @@ pub struct Settings {
     /// Terminal jobs kept for `jobs` and duplicate detection.
     pub keep_jobs: usize,
     pub facts: FactSources,
+    /// Set only by a binary built with its `testing` feature.
     pub test_hold: Option<TestHold>,
+    /// The whole job's budget in place of the intent's `timeoutSeconds`; set
+    /// only by a binary built with its `testing` feature.
+    pub test_job_budget: Option<Duration>,
 }
 
 /// What a transport tells the agent about its link, for `status`.
@@ -106,6 +115,7 @@ pub struct Agent {
     outbox_changed: Notify,
     heartbeat_wanted: Notify,
     link: Mutex<LinkState>,
+    control_plane_clock: ControlPlaneClock,
 }
 
 impl Agent {
@@ -123,6 +133,7 @@ impl Agent {
             outbox_changed: Notify::new(),
             heartbeat_wanted: Notify::new(),
             link: Mutex::new(LinkState::default()),
+            control_plane_clock: ControlPlaneClock::default(),
         })
     }
 
@@ -136,6 +147,12 @@ impl Agent {
 
     pub fn capabilities(&self) -> Vec<String> {
         self.chains.iter().map(|c| c.kind().to_owned()).collect()
+    }
+
+    /// A transport calls this with every time the control plane sends, so
+    /// that expiry is judged on the control plane's clock (A12).
+    pub fn observe_control_plane_time(&self, time: Timestamp) {
+        self.control_plane_clock.observe(time);
     }
 
     fn chain(&self, kind: &str) -> Option<&Arc<dyn Chain>> {
@@ -152,7 +169,7 @@ impl Agent {
     /// Queues a local, on-demand job (`drover-agent upgrade`). It goes through
     /// the same queue as fleet jobs, so it never runs beside one (A2).
     pub fn admit_local(&self, kind: JobKind) -> Result<AdmitReply, AdmitError> {
-        let now = Timestamp::now();
+        let now = clock::now();
         let intent = Intent {
             job_id: JobId::random(),
             device_id: self.settings.device_id.clone(),
@@ -160,7 +177,7 @@ impl Agent {
             attempt: 1,
             created_at: now,
             expires_at: now + jiff::SignedDuration::from_hours(24),
-            timeout_seconds: 1500,
+            timeout_seconds: DEFAULT_JOB_BUDGET_SECONDS,
         };
         self.admit_from(Ok(intent), Origin::Local)
     }
@@ -175,9 +192,7 @@ impl Agent {
         let (origin, state) = (record.origin, record.status.state);
         let (record, persist, _) = lifecycle::transition(
             record,
-            Event::Resume {
-                now: Timestamp::now(),
-            },
+            Event::Resume { now: clock::now() },
             self.settings.limits,
         );
         if persist == Persist::Nothing {
@@ -210,17 +225,19 @@ impl Agent {
             Some(id) => self.store.job(id)?,
             None => None,
         };
-        let busy = existing.is_none()
+        // A new job, or one that takes the place of a recorded refusal.
+        let fresh = existing.as_ref().is_none_or(|r| r.intent.is_none());
+        let busy = fresh
             && self
                 .store
                 .jobs()?
                 .iter()
-                .any(|r| !r.status.state.is_terminal());
+                .any(|r| !r.status.state.is_terminal() && Some(r.status.job_id) != job_id);
         let steps = match &parsed {
             Ok(intent) => self.chain(intent.kind.name()).map(|c| c.steps()),
             Err(_) => None,
         };
-        let arrival = if existing.is_none() {
+        let arrival = if fresh {
             self.store.next("arrival")?
         } else {
             0
@@ -228,7 +245,8 @@ impl Agent {
         let ctx = AdmitContext {
             device_id: &self.settings.device_id,
             boot_id: &self.settings.boot_id,
-            now: Timestamp::now(),
+            now: clock::now(),
+            control_plane_now: self.control_plane_clock.now_or_local(),
             arrival,
             busy,
             steps,
@@ -269,9 +287,7 @@ impl Agent {
         };
         let (record, persist, _) = lifecycle::transition(
             record,
-            Event::Cancel {
-                now: Timestamp::now(),
-            },
+            Event::Cancel { now: clock::now() },
             self.settings.limits,
         );
         self.persist(&record, persist)?;
@@ -328,7 +344,7 @@ impl Agent {
             os_release: self.settings.facts.os_release(),
             architecture: facts::debian_architecture().to_owned(),
             inventory_digest: self.settings.facts.inventory_digest(),
-            sent_at: Timestamp::now(),
+            sent_at: clock::now(),
         })
     }
 
@@ -441,10 +457,14 @@ impl Agent {
     ) -> Result<(), StoreError> {
         let limits = self.settings.limits;
         let chain = self.chain(&record.status.kind).cloned();
-        let mut event = Event::Pick {
-            now: Timestamp::now(),
-            boot_id: self.settings.boot_id.clone(),
-        };
+        let mut event = self.pick_event();
+        if record.status.state == JobState::Running {
+            warn!(
+                step = current_step_name(&record),
+                resumes = record.resumes + 1,
+                "the agent stopped while this job ran; resuming it at its current step"
+            );
+        }
         loop {
             let (next_record, persist, next) = lifecycle::transition(record, event, limits);
             record = next_record;
@@ -456,7 +476,7 @@ impl Agent {
                 if next != Next::Stop {
                     // Only a job stored by an agent that had this kind gets here.
                     event = Event::StepFinished {
-                        now: Timestamp::now(),
+                        now: clock::now(),
                         boot_id: self.settings.boot_id.clone(),
                         outcome: StepOutcome::Fail(format!(
                             "this agent no longer supports {}",
@@ -489,10 +509,7 @@ impl Agent {
                             if !sleep_or_shutdown(Duration::from_secs(60), shutdown).await {
                                 return Ok(());
                             }
-                            event = Event::Pick {
-                                now: Timestamp::now(),
-                                boot_id: self.settings.boot_id.clone(),
-                            };
+                            event = self.pick_event();
                             continue;
                         }
                     }
@@ -504,10 +521,22 @@ impl Agent {
             }
             let step = &record.status.steps[index];
             let mut output = record.status.output.clone();
+            let now = clock::now();
+            let budget = self.settings.test_job_budget.unwrap_or_else(|| {
+                Duration::from_secs(
+                    record
+                        .intent
+                        .as_ref()
+                        .map_or(DEFAULT_JOB_BUDGET_SECONDS, |i| i.timeout_seconds)
+                        .into(),
+                )
+            });
             let ctx = StepContext {
                 job_id: record.status.job_id,
                 step: &step_name,
-                started_at: step.started_at.unwrap_or_else(Timestamp::now),
+                started_at: step.started_at.unwrap_or(now),
+                job_started_at: record.status.started_at.unwrap_or(now),
+                budget,
                 tries: step.tries,
                 output: &mut output,
             };
@@ -520,10 +549,18 @@ impl Agent {
             };
             record.status.output = output;
             event = Event::StepFinished {
-                now: Timestamp::now(),
+                now: clock::now(),
                 boot_id: self.settings.boot_id.clone(),
                 outcome,
             };
+        }
+    }
+
+    fn pick_event(&self) -> Event {
+        Event::Pick {
+            now: clock::now(),
+            control_plane_now: self.control_plane_clock.now_or_local(),
+            boot_id: self.settings.boot_id.clone(),
         }
     }
 

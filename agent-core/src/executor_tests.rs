@@ -46,6 +46,7 @@ fn settings(dir: &std::path::Path, hold: Option<TestHold>) -> Settings {
             root: dir.to_owned(),
         },
         test_hold: hold,
+        test_job_budget: None,
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod boot;
 pub mod chain;
+pub mod clock;
 pub mod executor;
 pub mod facts;
 pub mod ids;

@@ -15,7 +15,11 @@ use std::time::Duration;
 pub struct AdmitContext<'a> {
     pub device_id: &'a DeviceId,
     pub boot_id: &'a str,
+    /// The device's clock, for the timestamps recorded.
     pub now: Timestamp,
+    /// The control plane's time as the agent last heard it (or the device's
+    /// own clock before it heard any): expiry is judged by it (A12).
+    pub control_plane_now: Timestamp,
     pub arrival: u64,
     /// Another job is queued or running (A2).
     pub busy: bool,
@@ -35,15 +39,42 @@ pub enum Admission {
 
 /// Decides what to do with an intent. `existing` is the stored record with
 /// the same job id, if any. An error without a job id cannot be recorded and
-/// is returned to the transport to log and answer.
+/// is returned to the transport to log and answer; so is an intent addressed
+/// to another device, which is dropped without a trace in the store so that
+/// it can never shadow this device's own job of the same id (A11).
 pub fn admit(
     existing: Option<JobRecord>,
     parsed: Result<Intent, IntentError>,
     ctx: &AdmitContext<'_>,
 ) -> Result<Admission, IntentError> {
-    if let Some(record) = existing {
-        return Ok(Admission::Duplicate(record));
+    let addressee = match &parsed {
+        Ok(intent) => Some(&intent.device_id),
+        Err(error) => error.device_id.as_ref(),
+    };
+    if let Some(other) = addressee.filter(|d| *d != ctx.device_id) {
+        let (job_id, attempt) = match &parsed {
+            Ok(intent) => (Some(intent.job_id), intent.attempt),
+            Err(error) => (error.job_id, error.attempt),
+        };
+        return Err(IntentError {
+            job_id,
+            device_id: Some(other.clone()),
+            kind: None,
+            attempt,
+            reason: format!(
+                "intent is for device {other}, this agent is {}; dropped without recording it",
+                ctx.device_id
+            ),
+        });
     }
+    // A recorded refusal never shadows a valid intent of the same id: the
+    // control plane's own redelivery would have been refused the same way, so
+    // the refused copy was not the control plane's intent.
+    let superseded = match existing {
+        Some(record) if record.intent.is_none() && parsed.is_ok() => Some(record.status.seq),
+        Some(record) => return Ok(Admission::Duplicate(record)),
+        None => None,
+    };
     let intent = match parsed {
         Ok(intent) => intent,
         Err(error) => {
@@ -57,12 +88,8 @@ pub fn admit(
     };
     let mut status = new_status(ctx, intent.job_id, intent.attempt);
     status.kind = intent.kind.name().into();
-    if &intent.device_id != ctx.device_id {
-        let reason = format!(
-            "intent is for device {}, this agent is {}",
-            intent.device_id, ctx.device_id
-        );
-        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+    if let Some(seq) = superseded {
+        status.seq = seq + 1;
     }
     let Some(steps) = ctx.steps else {
         let reason = format!(
@@ -72,7 +99,7 @@ pub fn admit(
         return Ok(Admission::Refused(refuse(status, &reason, ctx)));
     };
     status.steps = steps.iter().map(|s| StepRecord::pending(s)).collect();
-    if ctx.now >= intent.expires_at {
+    if ctx.control_plane_now >= intent.expires_at {
         status.state = JobState::Expired;
         status.finished_at = Some(ctx.now);
         status.error = Some(format!(
@@ -129,8 +156,12 @@ fn refuse(mut status: JobStatus, reason: &str, ctx: &AdmitContext<'_>) -> JobRec
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The worker takes the job up: for the first time, or again after the
-    /// agent stopped while it ran.
-    Pick { now: Timestamp, boot_id: String },
+    /// agent stopped while it ran. `control_plane_now` judges expiry (A12).
+    Pick {
+        now: Timestamp,
+        control_plane_now: Timestamp,
+        boot_id: String,
+    },
     /// The current step ran to an outcome.
     StepFinished {
         now: Timestamp,
@@ -209,11 +240,18 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
         (Succeeded | Failed | Expired | Rejected | Canceled, _) => {
             (record, Persist::Nothing, Next::Stop)
         }
-        (Accepted | Waiting, Event::Pick { now, .. }) => {
+        (
+            Accepted | Waiting,
+            Event::Pick {
+                now,
+                control_plane_now,
+                ..
+            },
+        ) => {
             let expired = record
                 .intent
                 .as_ref()
-                .is_some_and(|intent| now >= intent.expires_at);
+                .is_some_and(|intent| control_plane_now >= intent.expires_at);
             if expired {
                 let expires_at = record.intent.as_ref().map(|i| i.expires_at);
                 finish(&mut record, Expired, now);
@@ -240,6 +278,11 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
             match index {
                 Some(index) => {
                     start_step(&mut record, index, now);
+                    // Visible in `drover-agent jobs` until the step ends.
+                    record.status.steps[index].error = Some(format!(
+                        "the agent stopped while this step ran; resumed ({} of at most {})",
+                        record.resumes, limits.max_resumes
+                    ));
                     (record, Persist::Save, Next::RunStep(index))
                 }
                 None => {
@@ -248,7 +291,7 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
                 }
             }
         }
-        (AwaitingReboot, Event::Pick { now, boot_id }) => {
+        (AwaitingReboot, Event::Pick { now, boot_id, .. }) => {
             let rebooted = record
                 .reboot_from_boot
                 .as_deref()

@@ -37,6 +37,7 @@ fn ctx<'a>(
         device_id: device,
         boot_id: "boot-a",
         now: t(10),
+        control_plane_now: t(10),
         arrival: 1,
         busy,
         steps,
@@ -58,6 +59,7 @@ fn admitted(expires_in: i64) -> JobRecord {
 fn pick(now: i64, boot: &str) -> Event {
     Event::Pick {
         now: t(now),
+        control_plane_now: t(now),
         boot_id: boot.into(),
     }
 }
@@ -123,17 +125,6 @@ fn admission_table() {
             JobState::Expired,
         ),
         (
-            "another device's intent",
-            Ok(Intent {
-                device_id: DeviceId::new("device-2").expect("valid"),
-                ..fresh.clone()
-            }),
-            false,
-            Some(STEPS),
-            "intent is for device device-2",
-            JobState::Rejected,
-        ),
-        (
             "kind without a chain",
             Ok(fresh.clone()),
             false,
@@ -186,6 +177,139 @@ fn a_known_job_id_is_a_duplicate_and_an_unreadable_one_is_an_error() {
         reason: "not json".into(),
     };
     assert!(admit(None, Err(unreadable), &ctx(&me, false, Some(STEPS))).is_err());
+}
+
+#[test]
+fn an_intent_for_another_device_is_dropped_and_never_recorded() {
+    let me = device();
+    let other = DeviceId::new("device-2").expect("valid");
+    let foreign = Intent {
+        device_id: other.clone(),
+        ..intent(3600)
+    };
+    let own_job = admitted(3600);
+    // Even when this device holds a job of that id, the foreign copy is
+    // dropped rather than answered as a duplicate.
+    for existing in [None, Some(own_job)] {
+        let err = admit(existing, Ok(foreign.clone()), &ctx(&me, false, Some(STEPS)))
+            .expect_err("dropped");
+        assert_eq!(err.job_id, Some(foreign.job_id));
+        assert!(
+            err.reason.contains("is for device device-2"),
+            "{}",
+            err.reason
+        );
+    }
+    let malformed_foreign = IntentError {
+        job_id: Some(JobId::random()),
+        device_id: Some(other),
+        kind: Some("containerV1".into()),
+        attempt: 1,
+        reason: "unknown job kind".into(),
+    };
+    assert!(admit(None, Err(malformed_foreign), &ctx(&me, false, Some(STEPS))).is_err());
+}
+
+#[test]
+fn a_recorded_refusal_never_shadows_a_valid_intent_of_the_same_id() {
+    let me = device();
+    let valid = intent(3600);
+    let refused = match admit(
+        None,
+        Err(IntentError {
+            job_id: Some(valid.job_id),
+            device_id: Some(me.clone()),
+            kind: Some("containerV1".into()),
+            attempt: 1,
+            reason: "unknown job kind \"containerV1\"".into(),
+        }),
+        &ctx(&me, false, Some(STEPS)),
+    ) {
+        Ok(Admission::Refused(record)) => record,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // The same refusal again is a duplicate; a valid intent takes its place.
+    let bad_again = IntentError {
+        job_id: Some(valid.job_id),
+        device_id: Some(me.clone()),
+        kind: None,
+        attempt: 1,
+        reason: "malformed".into(),
+    };
+    assert!(matches!(
+        admit(
+            Some(refused.clone()),
+            Err(bad_again),
+            &ctx(&me, false, Some(STEPS))
+        ),
+        Ok(Admission::Duplicate(_))
+    ));
+    match admit(
+        Some(refused.clone()),
+        Ok(valid.clone()),
+        &ctx(&me, false, Some(STEPS)),
+    ) {
+        Ok(Admission::New(record)) => {
+            assert_eq!(record.status.state, JobState::Accepted);
+            assert_eq!(record.status.job_id, valid.job_id);
+            assert!(
+                record.status.seq > refused.status.seq,
+                "ordered after the refusal"
+            );
+        }
+        other => panic!("expected the valid intent admitted, got {other:?}"),
+    }
+    // An accepted job is never replaced.
+    let accepted = admitted(3600);
+    assert!(matches!(
+        admit(Some(accepted), Ok(valid), &ctx(&me, false, Some(STEPS))),
+        Ok(Admission::Duplicate(_))
+    ));
+}
+
+#[test]
+fn expiry_is_judged_on_the_control_planes_clock_not_the_devices() {
+    let me = device();
+    // The device's clock is two hours fast; the control plane says t(10).
+    let fast = AdmitContext {
+        now: t(10 + 7200),
+        ..ctx(&me, false, Some(STEPS))
+    };
+    match admit(None, Ok(intent(600)), &fast) {
+        Ok(Admission::New(record)) => assert_eq!(record.status.state, JobState::Accepted),
+        other => panic!("a fast device clock must not expire the intent: {other:?}"),
+    }
+    // The device's clock is two hours slow, but the control plane is past expiry.
+    let slow = AdmitContext {
+        now: t(10 - 7200),
+        control_plane_now: t(700),
+        ..ctx(&me, false, Some(STEPS))
+    };
+    match admit(None, Ok(intent(600)), &slow) {
+        Ok(Admission::New(record)) => assert_eq!(record.status.state, JobState::Expired),
+        other => panic!("expected expired, got {other:?}"),
+    }
+    // At pick-up too.
+    let (record, _, _) = transition(
+        admitted(600),
+        Event::Pick {
+            now: t(20),
+            control_plane_now: t(601),
+            boot_id: "boot-a".into(),
+        },
+        LIMITS,
+    );
+    assert_eq!(record.status.state, JobState::Expired);
+    let (record, _, _) = transition(
+        admitted(600),
+        Event::Pick {
+            now: t(9000),
+            control_plane_now: t(20),
+            boot_id: "boot-a".into(),
+        },
+        LIMITS,
+    );
+    assert_eq!(record.status.state, JobState::Running);
 }
 
 #[test]

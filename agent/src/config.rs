@@ -17,6 +17,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     #[serde(default = "default_socket")]
     pub status_socket: PathBuf,
+    /// Test hook: where the boot id is read, so a test can play a reboot.
+    #[cfg(feature = "testing")]
     #[serde(default = "default_boot_id_path")]
     pub boot_id_path: PathBuf,
     /// Members of this group may read the status socket (if the group exists).
@@ -26,9 +28,14 @@ pub struct Config {
     pub updater: Updater,
     #[serde(default)]
     pub limits: Limits,
+    #[cfg(feature = "testing")]
     #[serde(default)]
     pub testing: Option<Testing>,
 }
+
+/// Keys only an agent built with its `testing` feature accepts; a release
+/// agent (the .deb) refuses them by name.
+const TEST_HOOK_KEYS: &[&str] = &["testing", "boot_id_path"];
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -132,14 +139,22 @@ impl Default for Limits {
     }
 }
 
-/// Test-only: pause before a step while `hold_file` exists, after writing
-/// `reached_file`, so a test can kill the agent in the middle of a job.
+/// Test hooks, compiled only with the `testing` feature: pause before a step
+/// while `hold_file` exists (after writing `reached_file`), so a test can
+/// act in the middle of a job; skew the device's clock; shorten the job's
+/// budget.
+#[cfg(feature = "testing")]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Testing {
-    pub hold_before_step: String,
-    pub hold_file: PathBuf,
-    pub reached_file: PathBuf,
+    pub hold_before_step: Option<String>,
+    pub hold_file: Option<PathBuf>,
+    pub reached_file: Option<PathBuf>,
+    /// Seconds added to the device's clock (negative: a slow clock).
+    #[serde(default)]
+    pub clock_offset_seconds: i64,
+    /// The whole job's budget in place of the intent's `timeoutSeconds`.
+    pub job_budget_seconds: Option<u64>,
 }
 
 fn default_state_dir() -> PathBuf {
@@ -151,6 +166,7 @@ fn default_socket() -> PathBuf {
 fn default_status_group() -> String {
     "drover".into()
 }
+#[cfg(feature = "testing")]
 fn default_boot_id_path() -> PathBuf {
     PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH)
 }
@@ -181,6 +197,15 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Self> {
+        if !cfg!(feature = "testing") {
+            let table: toml::Table = toml::from_str(text)?;
+            if let Some(key) = TEST_HOOK_KEYS.iter().find(|k| table.contains_key(**k)) {
+                bail!(
+                    "`{key}` is a test hook, and this drover-agent was built without test hooks \
+                     (cargo feature `testing`); remove it from the config"
+                );
+            }
+        }
         let config: Config = toml::from_str(text)?;
         agent_core::DeviceId::new(config.device_id.clone())?;
         if config.transport.heartbeat_seconds() == 0 {
@@ -231,6 +256,16 @@ mode = "simulate"
                 "unknown field `packages`",
             ),
             (GOOD.replace("token = \"abc\"", ""), "token or token_file"),
+            #[cfg(not(feature = "testing"))]
+            (
+                format!("{GOOD}\n[testing]\nclock_offset_seconds = 5\n"),
+                "`testing` is a test hook",
+            ),
+            #[cfg(not(feature = "testing"))]
+            (
+                format!("boot_id_path = \"/tmp/b\"\n{GOOD}"),
+                "`boot_id_path` is a test hook",
+            ),
             (format!("{GOOD}\ncommand = \"rm -rf /\"\n"), "unknown field"),
             ("device_id = ".to_owned(), "TOML parse error"),
         ];

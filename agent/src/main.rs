@@ -6,7 +6,7 @@ use agent_core::out;
 mod config;
 mod display;
 
-use agent_core::executor::{Agent, Settings, TestHold};
+use agent_core::executor::{Agent, Settings};
 use agent_core::facts::FactSources;
 use agent_core::lifecycle::Limits;
 use agent_core::status_socket::{self, Request, Response};
@@ -222,7 +222,11 @@ fn socket_path(explicit: Option<PathBuf>, config: &Path) -> PathBuf {
 async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
-    let boot_id = agent_core::boot::read_boot_id(&config.boot_id_path)?;
+    #[cfg(feature = "testing")]
+    let boot_id_path = config.boot_id_path.clone();
+    #[cfg(not(feature = "testing"))]
+    let boot_id_path = std::path::PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH);
+    let boot_id = agent_core::boot::read_boot_id(&boot_id_path)?;
     std::fs::create_dir_all(&config.state_dir).with_context(|| {
         format!(
             "cannot create the state directory {}",
@@ -255,12 +259,11 @@ async fn run(config_path: &Path) -> Result<()> {
         facts: FactSources {
             root: apt.system_root(),
         },
-        test_hold: config.testing.as_ref().map(|t| TestHold {
-            step: t.hold_before_step.clone(),
-            hold: t.hold_file.clone(),
-            reached: t.reached_file.clone(),
-        }),
+        test_hold: None,
+        test_job_budget: None,
     };
+    #[cfg(feature = "testing")]
+    let settings = test_hooks(settings, config.testing.as_ref());
     let agent = Agent::new(settings, store, chains);
     info!(device = %device_id, boot_id = %boot_id, "drover-agent starting");
 
@@ -350,6 +353,36 @@ async fn run(config_path: &Path) -> Result<()> {
         std::process::exit(EXIT_NEW_BINARY);
     }
     Ok(())
+}
+
+/// Applies the config's `[testing]` table (only in a build with test hooks).
+#[cfg(feature = "testing")]
+fn test_hooks(mut settings: Settings, testing: Option<&config::Testing>) -> Settings {
+    let Some(testing) = testing else {
+        return settings;
+    };
+    if let (Some(step), Some(hold), Some(reached)) = (
+        &testing.hold_before_step,
+        &testing.hold_file,
+        &testing.reached_file,
+    ) {
+        settings.test_hold = Some(agent_core::executor::TestHold {
+            step: step.clone(),
+            hold: hold.clone(),
+            reached: reached.clone(),
+        });
+    }
+    if testing.clock_offset_seconds != 0 {
+        tracing::warn!(
+            seconds = testing.clock_offset_seconds,
+            "test hook: the device's clock is skewed"
+        );
+        agent_core::clock::set_test_offset(jiff::SignedDuration::from_secs(
+            testing.clock_offset_seconds,
+        ));
+    }
+    settings.test_job_budget = testing.job_budget_seconds.map(Duration::from_secs);
+    settings
 }
 
 /// The exit status that asks systemd to start the new binary.

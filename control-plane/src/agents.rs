@@ -9,10 +9,8 @@ use crate::hub::Hub;
 use crate::intake::{Intake, StatusOutcome};
 use crate::records::{Db, DbError, Delivery, JobDelivery, device_jobs_prefix, job_key};
 use agent_core::DeviceId;
-use agent_core::model::HeldJob;
 use futures_util::{SinkExt, StreamExt};
 use jiff::Timestamp;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -195,7 +193,7 @@ impl AgentService {
             None => return Ok(()),
         };
         info!(held = held.len(), "agent connected");
-        self.resync(device, &held)?;
+        self.intake.resync(device, &held)?;
         self.deliver(device, &mut sink).await?;
         loop {
             tokio::select! {
@@ -226,31 +224,6 @@ impl AgentService {
         }
     }
 
-    /// After a hello: jobs the agent holds are acked; jobs sent but not held
-    /// were lost on the way and go out again now.
-    fn resync(&self, device: &DeviceId, held: &[HeldJob]) -> Result<(), DbError> {
-        let held: HashSet<_> = held.iter().map(|h| h.job_id).collect();
-        let now = Timestamp::now();
-        for (key, _, job) in self.db.list::<JobDelivery>(&device_jobs_prefix(device))? {
-            let holds = held.contains(&job.intent.job_id);
-            let needs = match job.delivery {
-                Delivery::Created | Delivery::Sent { .. } if holds => {
-                    Some(Delivery::Acked { at: now })
-                }
-                Delivery::Sent { .. } if job.status.is_none() => Some(Delivery::Created),
-                _ => None,
-            };
-            if let Some(delivery) = needs {
-                self.db.update::<JobDelivery, _>(&key, |current| {
-                    let mut job = current?;
-                    job.delivery = delivery.clone();
-                    Some(job)
-                })?;
-            }
-        }
-        Ok(())
-    }
-
     /// Sends every job in `created` and marks it `sent`.
     async fn deliver<S>(&self, device: &DeviceId, sink: &mut S) -> Result<(), SessionError>
     where
@@ -263,8 +236,11 @@ impl AgentService {
             }
             let intent = serde_json::to_value(&job.intent)
                 .map_err(|e| SessionError::Protocol(e.to_string()))?;
-            sink.send(Message::text(ServerMessage::Job { intent }.encode()))
-                .await?;
+            let job_message = ServerMessage::Job {
+                intent,
+                server_time: Some(Timestamp::now()),
+            };
+            sink.send(Message::text(job_message.encode())).await?;
             let now = Timestamp::now();
             self.db.update::<JobDelivery, _>(&key, |current| {
                 let mut job = current?;
@@ -315,7 +291,10 @@ impl AgentService {
             AgentMessage::Progress { outbox_id, status }
             | AgentMessage::Result { outbox_id, status } => {
                 let mut replies = Vec::new();
-                if let StatusOutcome::Refused(problem) = self.intake.on_status(device, status)? {
+                let received_at = Timestamp::now();
+                if let StatusOutcome::Refused(problem) =
+                    self.intake.on_status(device, status, received_at)?
+                {
                     replies.push(ServerMessage::Error { message: problem });
                 }
                 // Confirmed even when refused: the decision is made and stored,

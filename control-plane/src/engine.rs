@@ -22,6 +22,9 @@ use tracing::{info, warn};
 /// The updater's package job budget, copied into each intent.
 const JOB_TIMEOUT_SECONDS: u32 = 1500;
 
+/// How long the engine's first pass waits for the status backlog.
+const INTAKE_WAIT: Duration = Duration::from_secs(60);
+
 /// A plan claim older than this is taken over by another planner.
 const PLAN_CLAIM_TTL: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
@@ -44,7 +47,23 @@ impl Engine {
     }
 
     /// Passes every `interval`, and whenever something is applied or reported.
-    pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
+    /// The first pass waits (at most [`INTAKE_WAIT`]) until `intake_ready`
+    /// says the statuses reported while the control plane was down are read,
+    /// so no run fails its deadline for a result that is already in.
+    pub async fn run(
+        self: Arc<Self>,
+        interval: Duration,
+        mut intake_ready: tokio::sync::watch::Receiver<bool>,
+        shutdown: CancellationToken,
+    ) {
+        tokio::select! {
+            ready = tokio::time::timeout(INTAKE_WAIT, intake_ready.wait_for(|ready| *ready)) => {
+                if ready.is_err() {
+                    warn!("the statuses reported while the control plane was down are not all read yet; passing anyway");
+                }
+            }
+            _ = shutdown.cancelled() => return,
+        }
         loop {
             if let Err(e) = self.pass_all(Timestamp::now()) {
                 warn!(error = %e, "run pass failed; retrying on the next pass");
@@ -242,6 +261,7 @@ impl Engine {
                 delivery: Delivery::Created,
                 status: None,
                 created_at: now,
+                terminal_received_at: None,
             };
             match self.db.put(&job_key(device, run.uid), &job, 0) {
                 Ok(_) => info!(run = %run.name, device = %device, "intent released"),
@@ -288,8 +308,10 @@ impl Engine {
     }
 }
 
-/// What a target's job means for the run. Success counts only with a
-/// completion heartbeat before the deadline (A6); a late one is a failure.
+/// What a target's job means for the run. Success counts only when the
+/// control plane received it (the result with its completion heartbeat, A6)
+/// by the deadline, on the control plane's own clock (A12); the device's
+/// clock never decides. A late success is a failure.
 pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
     let Some(job) = job else {
         return Outcome::Unreleased;
@@ -298,11 +320,14 @@ pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
         return Outcome::Pending;
     };
     match status.state {
-        JobState::Succeeded => match status.completion_heartbeat_at {
+        JobState::Succeeded if status.completion_heartbeat_at.is_none() => Outcome::Pending,
+        // Records stored before the control plane kept its receive time
+        // (layout V1) are judged by the device's completion time, as then.
+        JobState::Succeeded => match job.terminal_received_at.or(status.completion_heartbeat_at) {
             Some(at) if at <= deadline => Outcome::Succeeded,
-            Some(at) => {
-                Outcome::Failed(format!("completed at {at}, after the deadline {deadline}"))
-            }
+            Some(at) => Outcome::Failed(format!(
+                "the result reached the control plane at {at}, after the deadline {deadline}"
+            )),
             None => Outcome::Pending,
         },
         JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {

@@ -191,3 +191,66 @@ fn a_group_source_error_retries_planning_instead_of_no_targets() {
     );
     assert_eq!(run.status.reason, None);
 }
+
+/// Success before the deadline is judged by when the control plane received
+/// the result, never by the device's clock (A12).
+#[test]
+fn success_is_judged_by_the_control_planes_receive_time() {
+    let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).expect("time");
+    let deadline = t(100);
+    let job = |device_done: i64, received: Option<i64>| {
+        let device = DeviceId::new("dev-1").expect("valid");
+        let job_id = JobId::random();
+        JobDelivery {
+            intent: Intent {
+                job_id,
+                device_id: device.clone(),
+                kind: JobKind::system_upgrade(),
+                attempt: 1,
+                created_at: t(0),
+                expires_at: deadline,
+                timeout_seconds: 1500,
+            },
+            run: Some("r".into()),
+            delivery: Delivery::Acked { at: t(1) },
+            status: Some(agent_core::JobStatus {
+                job_id,
+                device_id: device,
+                attempt: 1,
+                kind: "systemUpgradeV1".into(),
+                state: JobState::Succeeded,
+                steps: Vec::new(),
+                error: None,
+                output: None,
+                accepted_at: t(device_done),
+                started_at: Some(t(device_done)),
+                finished_at: Some(t(device_done)),
+                boot_id: "b".into(),
+                completion_heartbeat_at: Some(t(device_done)),
+                seq: 3,
+            }),
+            created_at: t(0),
+            terminal_received_at: received.map(t),
+        }
+    };
+    // (device's completion time, control plane's receive time, succeeded?)
+    let cases = [
+        (50, Some(60), true),
+        // A slow device clock claims 50, but the result arrived at 150.
+        (50, Some(150), false),
+        // A fast device clock claims 3700; the result arrived in time.
+        (3700, Some(60), true),
+        (100, Some(100), true),
+        // Stored before the receive time was kept: the device's time, as then.
+        (50, None, true),
+        (150, None, false),
+    ];
+    for (done, received, succeeded) in cases {
+        let outcome = outcome_of(Some(job(done, received)), deadline);
+        assert_eq!(
+            outcome == Outcome::Succeeded,
+            succeeded,
+            "{done} {received:?}: {outcome:?}"
+        );
+    }
+}

@@ -3,10 +3,13 @@
 //! duplicate, for another device, or for another attempt. A finished job's
 //! status never changes again.
 
-use crate::records::{Db, DbError, Delivery, DeviceRecord, JobDelivery, device_key, job_key};
+use crate::records::{
+    Db, DbError, Delivery, DeviceRecord, JobDelivery, device_jobs_prefix, device_key, job_key,
+};
 use agent_core::DeviceId;
-use agent_core::model::{Heartbeat, JobStatus};
+use agent_core::model::{Heartbeat, HeldJob, JobStatus};
 use jiff::Timestamp;
+use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use tracing::debug;
@@ -52,10 +55,46 @@ impl Intake {
         Ok(())
     }
 
+    /// After a hello, whatever the transport: jobs the agent holds are acked;
+    /// jobs sent but not held were lost on the way and return to `created`,
+    /// so they go out again now. Returns whether anything must be delivered.
+    pub fn resync(&self, device: &DeviceId, held: &[HeldJob]) -> Result<bool, DbError> {
+        let held: HashSet<_> = held.iter().map(|h| h.job_id).collect();
+        let now = Timestamp::now();
+        let mut deliver = false;
+        for (key, _, job) in self.db.list::<JobDelivery>(&device_jobs_prefix(device))? {
+            let holds = held.contains(&job.intent.job_id);
+            let finished = job.status.as_ref().is_some_and(|s| s.state.is_terminal());
+            let needs = match job.delivery {
+                Delivery::Created | Delivery::Sent { .. } if holds => {
+                    Some(Delivery::Acked { at: now })
+                }
+                Delivery::Sent { .. } if job.status.is_none() => Some(Delivery::Created),
+                _ => None,
+            };
+            deliver |= !finished
+                && (needs == Some(Delivery::Created) || job.delivery == Delivery::Created)
+                && !holds;
+            if let Some(delivery) = needs {
+                self.db.update::<JobDelivery, _>(&key, |current| {
+                    let mut job = current?;
+                    job.delivery = delivery.clone();
+                    Some(job)
+                })?;
+            }
+        }
+        Ok(deliver)
+    }
+
+    /// Stores a status. `received_at` is when it reached the control plane's
+    /// side, on the control plane's clock (or the broker's, for a status the
+    /// broker kept while no control plane ran); it decides whether a result
+    /// came before the deadline (A12).
     pub fn on_status(
         &self,
         device: &DeviceId,
         status: JobStatus,
+        received_at: Timestamp,
     ) -> Result<StatusOutcome, DbError> {
         if &status.device_id != device {
             return Ok(StatusOutcome::Refused(format!(
@@ -89,6 +128,9 @@ impl Intake {
                 }
             }
             job.status = Some(status.clone());
+            if status.state.is_terminal() {
+                job.terminal_received_at = Some(received_at.min(now));
+            }
             if !matches!(job.delivery, Delivery::Acked { .. }) {
                 job.delivery = Delivery::Acked { at: now };
             }

@@ -18,4 +18,5 @@ pub mod rollout;
 pub mod serve;
 pub mod store;
 pub mod store_nats;
+pub mod stored;
 pub mod watch;

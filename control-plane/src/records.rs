@@ -1,12 +1,12 @@
-//! The control plane's records and their keys. Records are postcard in a
-//! versioned envelope (the variant index is the schema version byte); every
-//! update goes through a compare-and-set retry loop ([`Db::update`]).
+//! The control plane's records and their keys. How each is laid out on disk
+//! is [`crate::stored`]'s business; every update goes through a
+//! compare-and-set retry loop ([`Db::update`]).
 
 use crate::store::{KvError, KvStore};
+use crate::stored::Record;
 use agent_core::model::{Intent, JobStatus};
 use agent_core::{DeviceId, JobId};
 use jiff::Timestamp;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -188,7 +188,7 @@ pub enum Delivery {
 }
 
 /// One job for one device: its intent, delivery state and latest status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobDelivery {
     pub intent: Intent,
@@ -196,11 +196,9 @@ pub struct JobDelivery {
     pub delivery: Delivery,
     pub status: Option<JobStatus>,
     pub created_at: Timestamp,
-}
-
-#[derive(Serialize, Deserialize)]
-enum Versioned<T> {
-    V1(T),
+    /// The control plane's time when the terminal status arrived: success
+    /// before the deadline is judged by it, never by the device's clock (A12).
+    pub terminal_received_at: Option<Timestamp>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -245,25 +243,22 @@ impl Db {
         Self { kv }
     }
 
-    fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
-        match postcard::from_bytes::<Versioned<T>>(bytes) {
-            Ok(Versioned::V1(value)) => Ok(value),
-            Err(e) => Err(DbError::Corrupt {
-                key: key.to_owned(),
-                reason: e.to_string(),
-            }),
-        }
+    fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
+        T::from_bytes(bytes).map_err(|e| DbError::Corrupt {
+            key: key.to_owned(),
+            reason: e.to_string(),
+        })
     }
 
-    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
+    pub fn get<T: Record>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
         match self.kv.get(key)? {
             Some(entry) => Ok(Some((entry.revision, Self::decode(key, &entry.value)?))),
             None => Ok(None),
         }
     }
 
-    pub fn put<T: Serialize>(&self, key: &str, value: &T, expected: u64) -> Result<u64, DbError> {
-        let bytes = postcard::to_stdvec(&Versioned::V1(value))?;
+    pub fn put<T: Record>(&self, key: &str, value: &T, expected: u64) -> Result<u64, DbError> {
+        let bytes = value.to_bytes()?;
         Ok(self.kv.put(key, &bytes, expected)?)
     }
 
@@ -271,10 +266,7 @@ impl Db {
         Ok(self.kv.delete(key, expected)?)
     }
 
-    pub fn list<T: DeserializeOwned>(
-        &self,
-        prefix: &str,
-    ) -> Result<Vec<(String, u64, T)>, DbError> {
+    pub fn list<T: Record>(&self, prefix: &str) -> Result<Vec<(String, u64, T)>, DbError> {
         self.kv
             .list(prefix)?
             .into_iter()
@@ -289,7 +281,7 @@ impl Db {
     /// returns None to leave the record as it is.
     pub fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DbError>
     where
-        T: Serialize + DeserializeOwned + Clone,
+        T: Record + Clone,
         F: FnMut(Option<T>) -> Option<T>,
     {
         const TRIES: u32 = 50;

@@ -101,6 +101,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         engine_wake: wake.clone(),
     });
     let mut tasks = Vec::new();
+    // The engine judges no deadline before the statuses agents reported while
+    // this control plane was down are read (A12); only NATS keeps such a backlog.
+    let (caught_up, intake_ready) = tokio::sync::watch::channel(options.nats.is_none());
     if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
         let buckets = transport_nats::server::ensure_buckets(
             client,
@@ -115,13 +118,16 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
                 engine_wake: wake.clone(),
             },
             buckets,
+            caught_up,
         });
         info!(url = %nats.url, "serving agents over NATS JetStream");
         tasks.push(tokio::spawn(service.run(shutdown.clone())));
     }
-    tasks.push(tokio::spawn(
-        engine.run(options.pass_interval, shutdown.clone()),
-    ));
+    tasks.push(tokio::spawn(engine.run(
+        options.pass_interval,
+        intake_ready,
+        shutdown.clone(),
+    )));
     tasks.push(tokio::spawn(agents.serve(agent_listener, shutdown.clone())));
     let api_shutdown = shutdown.clone();
     tasks.push(tokio::spawn(async move {

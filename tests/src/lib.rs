@@ -538,6 +538,43 @@ impl AgentProcess {
         log_tail(&self.dir.join("agent.log"))
     }
 
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `drover-agent status --json` against this agent's socket.
+    pub fn status(&self) -> Value {
+        let out = Command::new(bin("drover-agent"))
+            .args(["status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("drover-agent status");
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status json")
+    }
+
+    /// Waits until the agent holds no running or queued job and its outbox is
+    /// empty: every status it has is confirmed by the transport.
+    pub async fn wait_idle_and_flushed(&self, timeout: Duration) {
+        eventually(
+            timeout,
+            "the agent to finish and flush its outbox",
+            || async {
+                let status = self.status();
+                (status["currentJob"].is_null()
+                    && status["queuedJobs"] == 0
+                    && status["outboxPending"] == 0)
+                    .then_some(())
+            },
+        )
+        .await
+    }
+
     /// `drover-agent jobs --json` against this agent's socket.
     pub fn jobs(&self) -> Value {
         let out = Command::new(bin("drover-agent"))

@@ -5,7 +5,7 @@
 
 use drover_tests::debroot::{Pkg, Sandbox};
 use drover_tests::script::{Script, intent, new_job};
-use drover_tests::{AgentProcess, bin, eventually, toml_string};
+use drover_tests::{AgentProcess, ControlPlane, bin, eventually, toml_string};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +26,11 @@ struct Rig {
 
 impl Rig {
     async fn start(installed: &[Pkg], min_free_mib: u64) -> Self {
+        Self::start_with(installed, min_free_mib, "").await
+    }
+
+    /// `testing` is appended to the agent's config (a `[testing]` table).
+    async fn start_with(installed: &[Pkg], min_free_mib: u64, testing: &str) -> Self {
         let sandbox = Sandbox::new();
         sandbox.publish(installed);
         let names: Vec<&str> = installed.iter().map(|p| p.name.as_str()).collect();
@@ -47,7 +52,7 @@ impl Rig {
                 "mode = \"upgrade\"\nroot = {}\nmin_free_mib = {min_free_mib}",
                 toml_string(&sandbox.root.display().to_string())
             ),
-            "",
+            testing,
         );
         let server = Script::accept(&listener, DEVICE).await;
         Self {
@@ -624,4 +629,172 @@ async fn a_local_upgrade_prints_its_steps_and_resumes_from_its_failed_step() {
         socket_arg,
     ]);
     assert_eq!(code, Some(1));
+}
+
+/// The session id of a process (field 6 of /proc/PID/stat).
+fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// What a power cut does to processes: the agent and every process of the
+/// detached call's session (the wrapper, apt-get, dpkg, the maintainer
+/// script) stop in one instant, before any of them can react or write.
+fn power_cut(agent: &mut AgentProcess, call_dir: &Path) {
+    let wrapper: u32 = std::fs::read_to_string(call_dir.join("pid"))
+        .expect("the call's pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let session = session_of(wrapper).expect("the call's session");
+    let mut pids: Vec<String> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| session_of(*pid) == Some(session))
+        .map(|pid| pid.to_string())
+        .collect();
+    assert!(pids.len() >= 3, "wrapper, apt-get and dpkg: {pids:?}");
+    pids.push(agent.pid().expect("agent runs").to_string());
+    for signal in ["-STOP", "-KILL"] {
+        Command::new("kill")
+            .arg(signal)
+            .args(&pids)
+            .status()
+            .expect("kill");
+    }
+    agent.kill9();
+}
+
+/// Issue 8, 2: the power fails while dpkg unpacks; after the "reboot" the
+/// agent repairs dpkg and runs full-upgrade again instead of failing the
+/// job. One job, Succeeded, every package installed, and the step's tries
+/// show the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_while_dpkg_unpacks_resumes_the_upgrade() {
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[slow("1.0"), base("1.0")]);
+    sandbox.install(&["drover-fake-slow", "drover-fake-base"]);
+    sandbox.publish(&[slow("2.0"), base("2.0")]);
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device(DEVICE, &["fleet"], json!({})).await;
+    let boot_id = sandbox.dir.path().join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").expect("boot id");
+    let agent_dir = sandbox.dir.path().join("agent");
+    let mut agent = AgentProcess::start_with(
+        &agent_dir,
+        DEVICE,
+        &cp.agent_url,
+        &cp.device_token(DEVICE),
+        &format!(
+            "boot_id_path = {}",
+            toml_string(&boot_id.display().to_string())
+        ),
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&[DEVICE]).await;
+    std::fs::write(sandbox.path("/tmp/HOLD_PREINST"), "").expect("hold");
+    cp.apply_upgrade_run("power-run", "fleet", 3600).await;
+    let in_preinst = sandbox.path("/tmp/IN_PREINST");
+    eventually(
+        Duration::from_secs(120),
+        "dpkg to unpack the slow package",
+        || {
+            let found = in_preinst.exists();
+            async move { found.then_some(()) }
+        },
+    )
+    .await;
+    let calls = agent_dir.join("state/calls");
+    let call_dir = std::fs::read_dir(&calls)
+        .expect("calls")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.to_string_lossy()
+                .ends_with("-full-upgrade-0-full-upgrade")
+        })
+        .expect("the full-upgrade call");
+    power_cut(&mut agent, &call_dir);
+    // The device boots again: a new boot id; nothing holds dpkg any more.
+    std::fs::write(&boot_id, "boot-2\n").expect("boot id");
+    let _ = std::fs::remove_file(sandbox.path("/tmp/HOLD_PREINST"));
+    let _ = std::fs::remove_file(&in_preinst);
+    assert!(
+        !sandbox
+            .package("drover-fake-slow")
+            .unwrap_or_default()
+            .ends_with("ii"),
+        "the power cut left dpkg mid-way"
+    );
+    agent.restart();
+    let run = cp
+        .wait_run_finished("power-run", Duration::from_secs(240))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert_eq!(run["status"]["succeeded"], 1);
+    let targets = cp.targets("power-run").await;
+    assert_eq!(targets.len(), 1, "one job on the control plane");
+    let status = &targets[0]["status"];
+    assert_eq!(status["state"], "Succeeded");
+    let upgrade = step(status, "full-upgrade");
+    assert_eq!(upgrade["state"], "Done");
+    assert_eq!(
+        upgrade["tries"], 2,
+        "the lost call, then the resumed one: {upgrade}"
+    );
+    assert_eq!(step(status, "preflight")["tries"], 1, "preflight ran once");
+    let jobs = agent.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    let states = sandbox.chroot(&["dpkg-query", "-W", "-f", "${db:Status-Abbrev}${Package}\n"]);
+    let states = String::from_utf8_lossy(&states.stdout);
+    assert!(
+        states.lines().all(|l| l.starts_with("ii ")),
+        "every package installed: {states}"
+    );
+    assert_eq!(
+        sandbox.package("drover-fake-slow").as_deref(),
+        Some("2.0 ii")
+    );
+    assert_eq!(
+        sandbox.package("drover-fake-base").as_deref(),
+        Some("2.0 ii")
+    );
+    let log = agent.log();
+    assert!(log.contains("resuming it at its current step"), "{log}");
+}
+
+/// Issue 8: the whole job's budget counts from the job's durable start,
+/// across the agent's restart: a call re-attached after the budget ran out
+/// is stopped and the job fails, naming the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_budget_holds_across_calls_and_restarts() {
+    let mut rig = Rig::start_with(&[slow("1.0")], 10, "[testing]\njob_budget_seconds = 10\n").await;
+    rig.sandbox.publish(&[slow("2.0")]);
+    rig.touch("/tmp/HOLD_PREINST");
+    let job = rig.upgrade(3600).await;
+    rig.wait_for_file("/tmp/IN_PREINST").await;
+    let reached = jiff::Timestamp::now();
+    rig.agent.kill9();
+    // Past the budget while no agent runs (the job started before `reached`).
+    eventually(Duration::from_secs(30), "the budget to run out", || async {
+        (jiff::Timestamp::now() > reached + jiff::SignedDuration::from_secs(11)).then_some(())
+    })
+    .await;
+    rig.agent.restart();
+    rig.server = Script::accept(&rig.listener, DEVICE).await;
+    let status = rig.result(&job).await;
+    assert_eq!(status["state"], "Failed", "{status:#}\n{}", rig.agent.log());
+    let error = status["error"].as_str().unwrap_or("");
+    assert!(error.contains("budget"), "{error}");
+    assert_eq!(step(&status, "full-upgrade")["state"], "Failed");
+    assert!(
+        rig.sandbox.path("/tmp/HOLD_PREINST").exists(),
+        "the call was stopped, not released"
+    );
 }

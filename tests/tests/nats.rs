@@ -509,3 +509,212 @@ async fn a_failing_canary_over_nats_stops_the_rollout() {
         assert_eq!(agent.jobs(), json!([]), "a worker received an intent");
     }
 }
+
+/// A hold before full-upgrade plus any other test hooks, for `device`'s directory.
+fn held(
+    cp: &ControlPlane,
+    device: &str,
+    more: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let dir = cp.dir.path().join(device);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hold = dir.join("hold");
+    let reached = dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = format!("{}{more}\n", drover_tests::hold_config(&hold, &reached));
+    (hold, reached, testing)
+}
+
+async fn wait_for_file(path: &Path, what: &str) {
+    eventually(Duration::from_secs(60), what, || async {
+        path.exists().then_some(())
+    })
+    .await
+}
+
+/// Issue 8, 1: a status the agent put while no control plane ran, and then
+/// dropped from its outbox (JetStream confirmed it), is still processed when
+/// the control plane comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_put_while_the_control_plane_is_down_is_processed_when_it_returns() {
+    let (nats, mut cp) = fleet(&["down-1"], None);
+    cp.apply_device("down-1", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "down-1", "");
+    let agent = nats_agent(&cp, &nats.url(), "down-1", None, &testing);
+    cp.wait_for_agents(&["down-1"]).await;
+    cp.apply_upgrade_run("down-run", "fleet", 600).await;
+    wait_for_file(&reached, "the job to reach full-upgrade").await;
+    cp.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    // The job finishes and JetStream confirms every status: the outbox empties.
+    agent.wait_idle_and_flushed(Duration::from_secs(60)).await;
+    assert_eq!(agent.jobs()[0]["state"], "Succeeded");
+    cp.restart();
+    let run = cp
+        .wait_run_finished("down-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 1);
+    assert_eq!(run["status"]["failed"], 0);
+    assert_eq!(run["status"]["released"], 1);
+}
+
+/// Issue 8, 3b: no device may create a consumer at all, so none can push its
+/// intents onto another device's subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_cannot_create_a_consumer_that_delivers_to_another_device() {
+    let (nats, cp) = fleet(&["shadow-a", "shadow-b"], None);
+    let token_a = cp.device_token("shadow-a");
+    let client = async_nats::ConnectOptions::with_user_and_password("shadow-a".into(), token_a)
+        .custom_inbox_prefix("_INBOX_shadow-a")
+        .connect(nats.url())
+        .await
+        .expect("A connects");
+    let js = async_nats::jetstream::new(client);
+    // Filtered to A's own keys (what the old permissions allowed), delivering to B.
+    let config = async_nats::jetstream::consumer::push::Config {
+        name: Some("intent-shadow-a".into()),
+        deliver_subject: "drover.rp.intent.shadow-b.00000000-0000-4000-8000-000000000001".into(),
+        filter_subject: "$KV.system-upgrade-intent.shadow-a.>".into(),
+        ..Default::default()
+    };
+    let created = tokio::time::timeout(
+        Duration::from_secs(5),
+        js.create_consumer_on_stream(config, "KV_system-upgrade-intent"),
+    )
+    .await;
+    assert!(
+        !matches!(created, Ok(Ok(_))),
+        "A created a consumer delivering to B's intent subject"
+    );
+}
+
+/// Issue 8, 3a: an intent for another device delivered straight onto B's
+/// subject is dropped, before B's own intent of the same job id arrives and
+/// while it runs; B's own job runs and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_intent_on_a_devices_subject_is_dropped_and_never_shadows_its_job() {
+    let devices = ["fi-canary", "fi-b"];
+    let (nats, cp) = fleet(&devices, None);
+    cp.apply_device("fi-canary", &["fleet"], json!({"canary": "true"}))
+        .await;
+    cp.apply_device("fi-b", &["fleet"], json!({})).await;
+    let (canary_hold, canary_reached, canary_testing) = held(&cp, "fi-canary", "");
+    let (b_hold, b_reached, b_testing) = held(&cp, "fi-b", "");
+    let _canary = nats_agent(&cp, &nats.url(), "fi-canary", None, &canary_testing);
+    let b = nats_agent(&cp, &nats.url(), "fi-b", None, &b_testing);
+    cp.wait_for_agents(&devices).await;
+    cp.apply_upgrade_run("fi-run", "fleet", 600).await;
+    wait_for_file(&canary_reached, "the canary to be mid-job").await;
+    let uid = cp.get("/taskruns/fi-run").await["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_owned();
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("connect");
+    let foreign = |job: &str| {
+        json!({
+            "jobId": job, "deviceId": "fi-other", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
+            "createdAt": jiff::Timestamp::now().to_string(),
+            "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
+            "timeoutSeconds": 1500
+        })
+        .to_string()
+    };
+    // Before B's own intent of the same job id exists.
+    client
+        .publish(format!("drover.rp.intent.fi-b.{uid}"), foreign(&uid).into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    eventually(
+        Duration::from_secs(20),
+        "B to handle the foreign intent",
+        || async {
+            (b.log().contains("is for device fi-other") || b.jobs() != json!([])).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(b.jobs(), json!([]), "nothing recorded for a foreign intent");
+    // The canary finishes; B receives its own intent and runs it.
+    std::fs::remove_file(&canary_hold).expect("release");
+    wait_for_file(&b_reached, "B's own job to run").await;
+    // While B's job runs, another foreign intent arrives.
+    let other = "00000000-0000-4000-8000-0000000000aa";
+    client
+        .publish(
+            format!("drover.rp.intent.fi-b.{other}"),
+            foreign(other).into(),
+        )
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    eventually(
+        Duration::from_secs(20),
+        "B to drop the second foreign intent",
+        || async { (b.log().matches("is for device fi-other").count() >= 2).then_some(()) },
+    )
+    .await;
+    std::fs::remove_file(&b_hold).expect("release");
+    let run = cp
+        .wait_run_finished("fi-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", b.log());
+    let jobs = b.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert_eq!(jobs[0]["jobId"], uid.as_str());
+    assert_eq!(jobs[0]["state"], "Succeeded");
+}
+
+/// Issue 8, 4: a device whose clock is an hour slow finishes after the
+/// deadline while no control plane runs; its own completion time says "in
+/// time", but the control plane judges by when the result reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
+    let (nats, mut cp) = fleet(&["slow-1"], None);
+    cp.apply_device("slow-1", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "slow-1", "clock_offset_seconds = -3600");
+    let agent = nats_agent(&cp, &nats.url(), "slow-1", None, &testing);
+    cp.wait_for_agents(&["slow-1"]).await;
+    cp.apply_upgrade_run("slow-run", "fleet", 15).await;
+    wait_for_file(&reached, "the job to reach full-upgrade").await;
+    let run = cp.get("/taskruns/slow-run").await;
+    let start: jiff::Timestamp = run["status"]["startTime"]
+        .as_str()
+        .expect("start")
+        .parse()
+        .expect("time");
+    let deadline = start + jiff::SignedDuration::from_secs(15);
+    cp.kill9();
+    eventually(Duration::from_secs(30), "the deadline to pass", || async {
+        (jiff::Timestamp::now() > deadline + jiff::SignedDuration::from_secs(1)).then_some(())
+    })
+    .await;
+    std::fs::remove_file(&hold).expect("release");
+    agent.wait_idle_and_flushed(Duration::from_secs(60)).await;
+    cp.restart();
+    let run = cp
+        .wait_run_finished("slow-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed", "{run}\n{}", cp.log());
+    let targets = cp.targets("slow-run").await;
+    let status = &targets[0]["status"];
+    assert_eq!(status["state"], "Succeeded", "the device did finish");
+    let claimed: jiff::Timestamp = status["completionHeartbeatAt"]
+        .as_str()
+        .expect("completion")
+        .parse()
+        .expect("time");
+    assert!(
+        claimed < deadline,
+        "the device's clock claims it was in time"
+    );
+    let error = run["status"]["latestError"].as_str().unwrap_or("");
+    assert!(
+        error.contains("reached the control plane at") && error.contains("after the deadline"),
+        "{run}"
+    );
+}

@@ -42,6 +42,28 @@ fn build_packages(out: &Path) -> (PathBuf, PathBuf) {
     (find("drover-agent"), find("drover"))
 }
 
+/// /proc mounted inside the sandbox while the agent runs there; unmounted
+/// when dropped, also when the test fails.
+struct ProcMount(PathBuf);
+
+impl ProcMount {
+    fn new(target: &Path) -> Self {
+        let status = Command::new("mount")
+            .args(["-t", "proc", "proc"])
+            .arg(target)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "cannot mount /proc in the sandbox");
+        Self(target.to_owned())
+    }
+}
+
+impl Drop for ProcMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 fn chroot_ok(sandbox: &Sandbox, args: &[&str]) -> String {
     let out = sandbox.chroot(args);
     assert!(
@@ -99,10 +121,11 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
         std::fs::read_to_string(sandbox.path("/etc/drover/agent.toml")).expect("conffile");
     assert!(shipped.contains("#device_id"), "commented defaults");
 
-    // Configure the device and run the agent from the package.
-    std::fs::write(sandbox.path("/etc/drover/boot_id"), "boot-pkg\n").expect("boot id");
+    // Configure the device and run the agent from the package. It reads the
+    // boot id from /proc, as on a device.
+    let _proc = ProcMount::new(&sandbox.path("/proc"));
     let config = concat!(
-        "device_id = \"pkg-1\"\nboot_id_path = \"/etc/drover/boot_id\"\n\n[transport]\nkind = \"websocket\"\n",
+        "device_id = \"pkg-1\"\n\n[transport]\nkind = \"websocket\"\n",
         "server_url = \"ws://127.0.0.1:9\"\ntoken = \"t\"\n\n[updater]\nmode = \"simulate\"\n"
     );
     std::fs::write(sandbox.path("/etc/drover/agent.toml"), config).expect("config");
@@ -144,7 +167,8 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
     );
     let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
     assert_eq!(status["deviceId"], "pkg-1");
-    assert_eq!(status["bootId"], "boot-pkg");
+    let host_boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    assert_eq!(status["bootId"], host_boot_id.trim());
     use std::os::unix::fs::MetadataExt;
     let gid = std::fs::metadata(&socket).expect("socket").gid();
     let drover_gid: u32 = groups
@@ -176,9 +200,7 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
         sandbox.path("/var/lib/drover-agent").exists(),
         "remove keeps the state directory"
     );
-    // Purge: nothing of the agent is left (the operator's own files in
-    // /etc/drover would keep the directory; this test's boot id file goes first).
-    std::fs::remove_file(sandbox.path("/etc/drover/boot_id")).expect("boot id");
+    // Purge: nothing of the agent is left.
     chroot_ok(&sandbox, &["dpkg", "-P", "drover-agent"]);
     for path in [
         "/etc/drover",

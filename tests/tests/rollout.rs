@@ -224,3 +224,44 @@ async fn a_device_revoked_before_release_fails_the_run_with_target_revoked() {
         "the revoked device never received an intent"
     );
 }
+
+/// Issue 8, 4: a device whose clock is two hours fast is neither refused as
+/// expired on arrival nor failed as late: expiry is judged on the control
+/// plane's time (sent with every job) and success by when the result
+/// reached the control plane (A12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_device_clock_is_not_failed_early() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("fast-1", &["fleet"], json!({})).await;
+    let dir = cp.dir.path().join("fast-1");
+    let token = cp.device_token("fast-1");
+    let agent = AgentProcess::start(
+        &dir,
+        "fast-1",
+        &cp.agent_url,
+        &token,
+        "[testing]\nclock_offset_seconds = 7200\n",
+    );
+    cp.wait_for_agents(&["fast-1"]).await;
+    cp.apply_upgrade_run("fast-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("fast-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let targets = cp.targets("fast-run").await;
+    let status = &targets[0]["status"];
+    let start: jiff::Timestamp = run["status"]["startTime"]
+        .as_str()
+        .expect("start")
+        .parse()
+        .expect("time");
+    let claimed: jiff::Timestamp = status["completionHeartbeatAt"]
+        .as_str()
+        .expect("completion")
+        .parse()
+        .expect("time");
+    assert!(
+        claimed > start + jiff::SignedDuration::from_secs(600),
+        "the device's clock was past the deadline: {status}"
+    );
+}

@@ -1,27 +1,29 @@
 //! The agent's end over NATS: subscribe to its republished intent subject,
-//! read its current intents after every (re)connect, put its statuses into
-//! the status bucket (a JetStream ack confirms them, A4), and publish
-//! heartbeats. Reconnects are async-nats's own; the first connection is
-//! retried with capped, jittered backoff.
+//! say hello (with the jobs it holds) after every (re)connect until a control
+//! plane answers, put its statuses into the status bucket (a JetStream ack
+//! confirms them, A4), and publish heartbeats. Reconnects are async-nats's
+//! own; the first connection is retried with capped, jittered backoff.
 
 use crate::{
-    HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
-    STATUS_BUCKET, connect_options, heartbeat_subject, inbox_prefix, intent_reader_name, key,
-    key_subject, stream_name,
+    HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
+    STATUS_BUCKET, connect_options, heartbeat_subject, hello_subject, inbox_prefix, key,
+    key_subject,
 };
+use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::parse_intent_bytes;
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use futures_util::StreamExt;
-use jiff::Timestamp;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// Upper bound of current intents read after a (re)connect.
-const MAX_CURRENT_INTENTS: usize = 1000;
+/// How long a hello waits for its answer, and how often an unanswered hello
+/// is sent again (no control plane runs, or none answered in time).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+const HELLO_RETRY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
@@ -89,11 +91,12 @@ async fn serve(
         .map_err(|e| NatsError::JetStream(e.to_string()))?;
     info!(url = %settings.nats.url, "connected to NATS");
     mark_connected(agent);
-    read_current(&js, agent).await;
+    let mut greeted = hello(&client, agent).await;
     send_heartbeat(&client, agent).await;
     flush_outbox(&js, agent).await;
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
     let mut outbox_retry = tokio::time::interval(Duration::from_secs(5));
+    let mut hello_retry = tokio::time::interval(HELLO_RETRY);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
@@ -102,9 +105,9 @@ async fn serve(
             }
             event = events.recv() => match event {
                 Some(async_nats::Event::Connected) => {
-                    info!("reconnected to NATS; reading current intents again");
+                    info!("reconnected to NATS; saying hello again");
                     mark_connected(agent);
-                    read_current(&js, agent).await;
+                    greeted = hello(&client, agent).await;
                     flush_outbox(&js, agent).await;
                 }
                 Some(async_nats::Event::Disconnected) => agent.update_link(|l| l.connected = false),
@@ -115,7 +118,7 @@ async fn serve(
                 let Some(message) = message else {
                     return Err(NatsError::JetStream("intent subscription closed".into()));
                 };
-                agent.update_link(|l| l.last_contact = Some(Timestamp::now()));
+                agent.update_link(|l| l.last_contact = Some(clock::now()));
                 let deleted = message
                     .headers
                     .as_ref()
@@ -127,6 +130,7 @@ async fn serve(
                 }
             }
             _ = heartbeat.tick() => send_heartbeat(&client, agent).await,
+            _ = hello_retry.tick(), if !greeted => greeted = hello(&client, agent).await,
             _ = agent.heartbeat_wanted().notified() => {
                 flush_outbox(&js, agent).await;
                 send_heartbeat(&client, agent).await;
@@ -140,7 +144,7 @@ async fn serve(
 fn mark_connected(agent: &Agent) {
     agent.update_link(|l| {
         l.connected = true;
-        l.last_contact = Some(Timestamp::now());
+        l.last_contact = Some(clock::now());
         l.last_error = None;
     });
 }
@@ -150,7 +154,7 @@ fn admit(agent: &Agent, payload: &[u8]) {
         Ok(reply) => {
             debug!(job_id = %reply.status.job_id, duplicate = reply.duplicate, "intent recorded")
         }
-        // Nothing to answer on NATS without a job id: log and drop (A7).
+        // Nothing to answer on NATS: log and drop (A7, A11).
         Err(AdmitError::Unreadable(e)) => warn!(error = %e, "unusable intent dropped"),
         Err(AdmitError::Store(e)) => {
             warn!(error = %e, "cannot record an intent; it is read again on reconnect")
@@ -158,50 +162,62 @@ fn admit(agent: &Agent, payload: &[u8]) {
     }
 }
 
-/// Reads this device's current intents through a consumer filtered to its
-/// own keys (last value per key), then deletes the consumer.
-async fn read_current(js: &jetstream::Context, agent: &Agent) {
-    let device = agent.device_id();
-    let name = intent_reader_name(device);
-    let stream = stream_name(INTENT_BUCKET);
-    let config = consumer::pull::Config {
-        name: Some(name.clone()),
-        filter_subject: key_subject(INTENT_BUCKET, &format!("{device}.>")),
-        deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-        ack_policy: consumer::AckPolicy::None,
-        inactive_threshold: Duration::from_secs(60),
-        ..Default::default()
-    };
-    let consumer: consumer::PullConsumer = match js.create_consumer_on_stream(config, &stream).await
-    {
-        Ok(consumer) => consumer,
+/// Says hello: the control plane records the agent, puts again every intent
+/// the agent does not hold, and answers with its clock. Returns whether a
+/// control plane answered; an unanswered hello is sent again later.
+async fn hello(client: &async_nats::Client, agent: &Agent) -> bool {
+    let jobs = match agent.held_jobs() {
+        Ok(jobs) => jobs,
         Err(e) => {
-            warn!(error = %e, "cannot read current intents");
-            return;
+            warn!(error = %e, "cannot list the jobs this agent holds");
+            return false;
         }
     };
-    let batch = consumer
-        .fetch()
-        .max_messages(MAX_CURRENT_INTENTS)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await;
-    let mut count = 0usize;
-    if let Ok(mut messages) = batch {
-        while let Some(Ok(message)) = messages.next().await {
-            let deleted = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("KV-Operation"))
-                .is_some();
-            if !deleted {
-                admit(agent, &message.payload);
-                count += 1;
-            }
+    let hello = Hello {
+        device_id: agent.device_id().clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        boot_id: agent.boot_id().to_owned(),
+        capabilities: agent.capabilities(),
+        jobs,
+    };
+    let Ok(payload) = serde_json::to_vec(&hello) else {
+        return false;
+    };
+    let request = client.request(hello_subject(agent.device_id()), payload.into());
+    let reply = match tokio::time::timeout(HELLO_TIMEOUT, request).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(e)) => {
+            debug!(error = %e, "no control plane answered the hello; trying again later");
+            return false;
+        }
+        Err(_) => {
+            debug!("the hello timed out; trying again later");
+            return false;
+        }
+    };
+    match serde_json::from_slice::<HelloReply>(&reply.payload) {
+        Ok(HelloReply {
+            server_time,
+            error: None,
+        }) => {
+            agent.observe_control_plane_time(server_time);
+            info!(
+                held = hello.jobs.len(),
+                "the control plane answered the hello"
+            );
+            true
+        }
+        Ok(HelloReply {
+            error: Some(error), ..
+        }) => {
+            warn!(%error, "the control plane refused the hello; trying again later");
+            false
+        }
+        Err(e) => {
+            warn!(error = %e, "unreadable answer to the hello; trying again later");
+            false
         }
     }
-    let _ = js.delete_consumer_from_stream(&name, &stream).await;
-    debug!(count, "current intents read");
 }
 
 /// Puts every unconfirmed status into the status bucket; a JetStream ack is

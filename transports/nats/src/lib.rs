@@ -4,8 +4,13 @@
 //! republishes every change to a plain per-device subject, which each agent
 //! subscribes to: one KV watch (a JetStream consumer) per device does not
 //! scale on nats-server 2.9 (../shared/research/nats-mqtt.md). After every
-//! (re)connect the agent reads its current intents through a short-lived
-//! consumer filtered to its own keys. Heartbeats go to a per-device subject.
+//! (re)connect the agent sends a `hello` request with the jobs it holds; the
+//! control plane answers with its time and puts again every intent the agent
+//! lacks, so a reboot or an outage loses nothing. Devices create no
+//! consumers: a consumer's deliver subject cannot be restricted by
+//! nats-server permissions, so the right to create one would let a device
+//! push its intents onto another device's subject. Heartbeats go to a
+//! per-device subject.
 
 pub mod agent;
 #[cfg(feature = "server")]
@@ -21,6 +26,35 @@ pub const STATUS_BUCKET: &str = "system-upgrade-status";
 pub const INTENT_REPUBLISH_PREFIX: &str = "drover.rp.intent";
 /// Heartbeats: `<prefix>.<device>`.
 pub const HEARTBEAT_PREFIX: &str = "drover.heartbeat";
+/// Hello requests: `<prefix>.<device>`, answered by one control-plane replica.
+pub const HELLO_PREFIX: &str = "drover.hello";
+/// The queue group control-plane replicas answer hellos in.
+pub const HELLO_QUEUE: &str = "drover-control-plane";
+
+/// An agent's hello over NATS: who it is and which jobs it holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    pub device_id: DeviceId,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub capabilities: Vec<String>,
+    pub jobs: Vec<agent_core::model::HeldJob>,
+}
+
+/// The control plane's answer to a hello: its clock, by which the agent
+/// judges expiry (A12), or why the hello was refused.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelloReply {
+    pub server_time: jiff::Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub fn hello_subject(device: &DeviceId) -> String {
+    format!("{HELLO_PREFIX}.{device}")
+}
 
 pub fn stream_name(bucket: &str) -> String {
     format!("KV_{bucket}")
@@ -43,11 +77,6 @@ pub fn parse_key(key: &str) -> Option<(DeviceId, JobId)> {
 
 pub fn heartbeat_subject(device: &DeviceId) -> String {
     format!("{HEARTBEAT_PREFIX}.{device}")
-}
-
-/// The name of the consumer an agent reads its current intents through.
-pub fn intent_reader_name(device: &DeviceId) -> String {
-    format!("intent-{device}")
 }
 
 /// The inbox prefix of a device's connection, so its permissions can allow

@@ -4,7 +4,7 @@
 
 use crate::{
     HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
-    STATUS_BUCKET, connect_options, inbox_prefix, intent_reader_name, key_subject, stream_name,
+    STATUS_BUCKET, connect_options, hello_subject, inbox_prefix, key_subject, stream_name,
 };
 use agent_core::DeviceId;
 use async_nats::jetstream::{self, kv, stream};
@@ -98,9 +98,12 @@ pub async fn ensure_buckets(
 }
 
 /// A nats-server `authorization` block: the control plane may do anything;
-/// each device may read only its own intents (its republished subject and a
-/// consumer filtered to its keys) and write only its own status keys and
-/// heartbeat. Device passwords are their Drover tokens.
+/// each device may read only its own intents (its republished subject) and
+/// write only its own status keys, heartbeat and hello. A device may create
+/// no JetStream consumer: nats-server checks a consumer's filter subject but
+/// not its deliver subject, so that right would let a device push messages
+/// onto another device's intent subject (A11). Device passwords are their
+/// Drover tokens.
 pub fn authorization_config(control_plane: (&str, &str), devices: &[(DeviceId, String)]) -> String {
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     let mut out = String::from("authorization {\n  users = [\n");
@@ -109,18 +112,11 @@ pub fn authorization_config(control_plane: (&str, &str), devices: &[(DeviceId, S
         quote(control_plane.0),
         quote(control_plane.1)
     ));
-    let intent_stream = stream_name(INTENT_BUCKET);
     for (device, token) in devices {
-        let reader = intent_reader_name(device);
         let publish = [
             key_subject(STATUS_BUCKET, &format!("{device}.*")),
             format!("{HEARTBEAT_PREFIX}.{device}"),
-            format!(
-                "$JS.API.CONSUMER.CREATE.{intent_stream}.{reader}.{}",
-                key_subject(INTENT_BUCKET, &format!("{device}.>"))
-            ),
-            format!("$JS.API.CONSUMER.MSG.NEXT.{intent_stream}.{reader}"),
-            format!("$JS.API.CONSUMER.DELETE.{intent_stream}.{reader}"),
+            hello_subject(device),
         ];
         let subscribe = [
             format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"),
@@ -158,9 +154,8 @@ mod tests {
             "{config}"
         );
         assert!(config.contains("\"drover.rp.intent.dev-a.>\""), "{config}");
-        assert!(config.contains(
-            "\"$JS.API.CONSUMER.CREATE.KV_system-upgrade-intent.intent-dev-a.$KV.system-upgrade-intent.dev-a.>\""
-        ));
+        assert!(config.contains("\"drover.hello.dev-a\""), "{config}");
+        assert!(!config.contains("$JS.API"), "no consumer rights: {config}");
         assert!(config.contains("\"_INBOX_dev-a.>\""));
         assert!(!config.contains("dev-b"));
     }

@@ -8,7 +8,6 @@ use crate::{AGENT_PATH_PREFIX, ws_config};
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::parse_intent_value;
 use futures_util::{SinkExt, StreamExt};
-use jiff::Timestamp;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -198,7 +197,7 @@ async fn connect_and_serve(
     info!(url = %settings.server_url, "connected to the control plane");
     agent.update_link(|l| {
         l.connected = true;
-        l.last_contact = Some(Timestamp::now());
+        l.last_contact = Some(agent_core::clock::now());
         l.last_error = None;
     });
     let (mut sink, mut stream) = ws.split();
@@ -255,7 +254,7 @@ async fn connect_and_serve(
                     Some(frame) => frame?,
                 };
                 last_heard = Instant::now();
-                agent.update_link(|l| l.last_contact = Some(Timestamp::now()));
+                agent.update_link(|l| l.last_contact = Some(agent_core::clock::now()));
                 if let Some(reply) = handle_frame(frame, agent) {
                     sink.send(Message::text(reply.encode())).await?;
                 }
@@ -285,20 +284,28 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
         }
     };
     match message {
-        ServerMessage::Job { intent } => match agent.admit(parse_intent_value(intent)) {
-            Ok(reply) => Some(AgentMessage::Ack {
-                job_id: reply.status.job_id,
-            }),
-            Err(AdmitError::Unreadable(e)) => {
-                warn!(error = %e, "job refused before it could be recorded");
-                Some(error_reply(format!("job refused: {e}")))
+        ServerMessage::Job {
+            intent,
+            server_time,
+        } => {
+            if let Some(time) = server_time {
+                agent.observe_control_plane_time(time);
             }
-            Err(AdmitError::Store(e)) => {
-                // No ack: the server re-sends the job once the ack times out.
-                tracing::error!(error = %e, "cannot record a job");
-                Some(error_reply(format!("cannot record the job: {e}")))
+            match agent.admit(parse_intent_value(intent)) {
+                Ok(reply) => Some(AgentMessage::Ack {
+                    job_id: reply.status.job_id,
+                }),
+                Err(AdmitError::Unreadable(e)) => {
+                    warn!(error = %e, "job refused before it could be recorded");
+                    Some(error_reply(format!("job refused: {e}")))
+                }
+                Err(AdmitError::Store(e)) => {
+                    // No ack: the server re-sends the job once the ack times out.
+                    tracing::error!(error = %e, "cannot record a job");
+                    Some(error_reply(format!("cannot record the job: {e}")))
+                }
             }
-        },
+        }
         ServerMessage::Cancel { job_id } => {
             match agent.cancel(job_id) {
                 Ok(Some(status)) => {

@@ -59,6 +59,10 @@ pub enum ServerMessage {
     /// with a reason instead of failing to parse the whole message.
     Job {
         intent: serde_json::Value,
+        /// The server's clock when it sent the job: the agent judges expiry
+        /// by the control plane's time, never by its own clock alone (A12).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server_time: Option<jiff::Timestamp>,
     },
     Cancel {
         job_id: JobId,

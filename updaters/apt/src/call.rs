@@ -8,6 +8,7 @@
 //! A call directory holds `argv`, `started`, `pid` (written by the wrapper),
 //! `out`, `err` and finally `exit`.
 
+use jiff::Timestamp;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
@@ -86,8 +87,31 @@ pub enum CallError {
     },
     #[error("{program} did not finish within {seconds} s and was stopped")]
     Timeout { program: String, seconds: u64 },
+    #[error("{program} was not run or was stopped: the job's budget ran out at {not_after}")]
+    BudgetSpent {
+        program: String,
+        not_after: Timestamp,
+    },
     #[error("{program} ended without recording an exit status (killed, or the machine lost power)")]
     Lost { program: String },
+}
+
+/// How long a call may run: at most `limit` from its own durable start, and
+/// never past `not_after`, the end of the whole job's budget.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub limit: Duration,
+    pub not_after: Timestamp,
+}
+
+impl Bound {
+    /// Only the per-call limit.
+    pub fn limit(limit: Duration) -> Self {
+        Self {
+            limit,
+            not_after: Timestamp::MAX,
+        }
+    }
 }
 
 /// Runs calls in `dir`, one subdirectory per call id.
@@ -102,17 +126,22 @@ impl Calls {
         Self { dir, launcher }
     }
 
+    /// Whether call `id` was started (by this agent process or an earlier one).
+    pub fn started(&self, id: &str) -> bool {
+        self.dir.join(id).join("started").exists()
+    }
+
     /// Runs `argv` as call `id`, or re-attaches to the call of that id if an
-    /// earlier agent process started it. `limit` counts from the call's
-    /// durable start.
+    /// earlier agent process started it. The bound's limit counts from the
+    /// call's durable start; a call is never started past the job's budget.
     pub async fn run(
         &self,
         id: &str,
         argv: &[String],
-        limit: Duration,
+        bound: Bound,
     ) -> Result<CallOutcome, CallError> {
         let dir = self.dir.join(id);
-        let program = argv.first().cloned().unwrap_or_default();
+        let program = program_name(argv);
         if dir.join("exit").exists() {
             info!(
                 call = id,
@@ -123,7 +152,7 @@ impl Calls {
         if dir.join("started").exists() {
             if let Some(pid) = live_pid(&dir) {
                 info!(call = id, pid, "re-attaching to a call still running");
-                return self.wait(&dir, &program, pid, limit, true).await;
+                return self.wait(&dir, &program, pid, bound, true).await;
             }
             if dir.join("exit").exists() {
                 return Ok(read_outcome(&dir, true));
@@ -137,6 +166,12 @@ impl Calls {
             }
             // Started but the wrapper never ran (the agent died in between): start over.
             let _ = std::fs::remove_dir_all(&dir);
+        }
+        if agent_core::clock::now() >= bound.not_after {
+            return Err(CallError::BudgetSpent {
+                program,
+                not_after: bound.not_after,
+            });
         }
         self.prune();
         let io = |source| CallError::Dir {
@@ -155,7 +190,7 @@ impl Calls {
                 return Ok(read_outcome(&dir, false));
             }
             if let Some(pid) = read_pid(&dir) {
-                return self.wait(&dir, &program, pid, limit, false).await;
+                return self.wait(&dir, &program, pid, bound, false).await;
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(CallError::Start {
@@ -169,7 +204,7 @@ impl Calls {
     }
 
     async fn launch(&self, id: &str, dir: &Path, argv: &[String]) -> Result<(), CallError> {
-        let program = argv.first().cloned().unwrap_or_default();
+        let program = program_name(argv);
         let mut command = match self.launcher {
             Launcher::Setsid => {
                 let mut c = Command::new("setsid");
@@ -236,7 +271,7 @@ impl Calls {
         dir: &Path,
         program: &str,
         pid: u32,
-        limit: Duration,
+        bound: Bound,
         reattached: bool,
     ) -> Result<CallOutcome, CallError> {
         let started = std::fs::read_to_string(dir.join("started"))
@@ -258,7 +293,7 @@ impl Calls {
                     program: program.to_owned(),
                 });
             }
-            if unix_seconds().saturating_sub(started) > limit.as_secs() {
+            if unix_seconds().saturating_sub(started) > bound.limit.as_secs() {
                 warn!(
                     pid,
                     program, "call over its time limit; stopping its process group"
@@ -266,7 +301,21 @@ impl Calls {
                 stop_group(pid, dir).await;
                 return Err(CallError::Timeout {
                     program: program.to_owned(),
-                    seconds: limit.as_secs(),
+                    seconds: bound.limit.as_secs(),
+                });
+            }
+            if agent_core::clock::now() >= bound.not_after {
+                warn!(
+                    pid,
+                    program, "the job's budget ran out; stopping the call's process group"
+                );
+                stop_group(pid, dir).await;
+                if dir.join("exit").exists() {
+                    return Ok(read_outcome(dir, reattached));
+                }
+                return Err(CallError::BudgetSpent {
+                    program: program.to_owned(),
+                    not_after: bound.not_after,
                 });
             }
             tokio::time::sleep(POLL).await;
@@ -292,11 +341,19 @@ impl Calls {
     }
 }
 
+/// The program a call runs, for messages: past `chroot ROOT` in a sandbox.
+fn program_name(argv: &[String]) -> String {
+    match argv {
+        [chroot, _root, program, ..] if chroot == "chroot" => program.clone(),
+        [program, ..] => program.clone(),
+        [] => String::new(),
+    }
+}
+
+/// The device's clock in seconds: the call's start and its limits are
+/// measured on the same clock as the job's records.
 fn unix_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    u64::try_from(agent_core::clock::now().as_second()).unwrap_or(0)
 }
 
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -416,7 +473,7 @@ mod tests {
             .run(
                 "job-a",
                 &argv(&["sh", "-c", &script]),
-                Duration::from_secs(10),
+                Bound::limit(Duration::from_secs(10)),
             )
             .await
             .expect("runs");
@@ -429,7 +486,7 @@ mod tests {
             .run(
                 "job-a",
                 &argv(&["sh", "-c", &script]),
-                Duration::from_secs(10),
+                Bound::limit(Duration::from_secs(10)),
             )
             .await
             .expect("reads");
@@ -452,13 +509,13 @@ mod tests {
         // The first caller gives up waiting (as a killed agent would).
         let first = tokio::time::timeout(
             Duration::from_millis(400),
-            calls.run("job-b", &args, Duration::from_secs(30)),
+            calls.run("job-b", &args, Bound::limit(Duration::from_secs(30))),
         )
         .await;
         assert!(first.is_err(), "the caller stopped waiting");
         assert!(!done.exists(), "the call still runs");
         let outcome = calls
-            .run("job-b", &args, Duration::from_secs(30))
+            .run("job-b", &args, Bound::limit(Duration::from_secs(30)))
             .await
             .expect("re-attaches");
         assert!(outcome.reattached && outcome.success());
@@ -470,10 +527,35 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
         let err = calls
-            .run("job-c", &argv(&["sleep", "30"]), Duration::from_secs(1))
+            .run(
+                "job-c",
+                &argv(&["sleep", "30"]),
+                Bound::limit(Duration::from_secs(1)),
+            )
             .await
             .expect_err("times out");
         assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_jobs_budget_stops_a_call_and_refuses_a_new_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let bound = Bound {
+            limit: Duration::from_secs(60),
+            not_after: agent_core::clock::now() + jiff::SignedDuration::from_secs(1),
+        };
+        let err = calls
+            .run("job-e", &argv(&["sleep", "30"]), bound)
+            .await
+            .expect_err("stopped at the budget");
+        assert!(matches!(err, CallError::BudgetSpent { .. }), "{err}");
+        let err = calls
+            .run("job-f", &argv(&["true"]), bound)
+            .await
+            .expect_err("not started past the budget");
+        assert!(matches!(err, CallError::BudgetSpent { .. }), "{err}");
+        assert!(!dir.path().join("job-f").exists(), "nothing was started");
     }
 
     #[tokio::test]
@@ -484,7 +566,7 @@ mod tests {
             .run(
                 "job-d",
                 &argv(&["/nonexistent/apt-get"]),
-                Duration::from_secs(10),
+                Bound::limit(Duration::from_secs(10)),
             )
             .await
             .expect("outcome");

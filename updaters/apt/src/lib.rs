@@ -11,7 +11,7 @@ pub mod kernel;
 mod parse;
 mod upgrade;
 
-pub use call::{CallError, CallOutcome, Calls, Launcher};
+pub use call::{Bound, CallError, CallOutcome, Calls, Launcher};
 pub use command::{CommandError, CommandOutput, run_bounded};
 pub use inventory::InventoryRefresh;
 pub use parse::{parse_simulation, parse_upgrade_run};

@@ -4,7 +4,7 @@
 //! `apt-get -s`, and the reboot step only reports whether one would be needed.
 //! In upgrade mode every apt and dpkg call is a detached [`Calls`] call (A9).
 
-use crate::call::{CallError, CallOutcome, Calls};
+use crate::call::{Bound, CallError, CallOutcome, Calls};
 use crate::command::run_bounded;
 use crate::parse::{parse_simulation, parse_upgrade_run};
 use crate::{AptSettings, Mode, apt_available, dpkg, kernel};
@@ -49,10 +49,46 @@ pub struct SystemUpgrade {
     calls: Calls,
 }
 
+/// How often a step runs again after one of its calls was lost (a power
+/// cut, or its processes killed) before the job fails. A power cut that
+/// repeats at every boot is stopped earlier by the resume breaker (A10).
+pub const MAX_LOST_RETRIES: u32 = 3;
+
 /// Seconds since the step's durable start.
 fn elapsed(ctx: &StepContext<'_>) -> Duration {
-    let seconds = Timestamp::now().as_second() - ctx.started_at.as_second();
+    let seconds = agent_core::clock::now().as_second() - ctx.started_at.as_second();
     Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+/// A detached call's id: stable for this job, step, try and purpose.
+fn call_id(ctx: &StepContext<'_>, purpose: &str) -> String {
+    format!("{}-{}-{}-{purpose}", ctx.job_id, ctx.step, ctx.tries)
+}
+
+/// The end of the whole job's budget, counted from its durable start.
+fn budget_end(ctx: &StepContext<'_>) -> Timestamp {
+    let budget = jiff::SignedDuration::try_from(ctx.budget).unwrap_or(jiff::SignedDuration::MAX);
+    ctx.job_started_at
+        .checked_add(budget)
+        .unwrap_or(Timestamp::MAX)
+}
+
+/// What a failed call means for its step: a lost call (no exit status: the
+/// machine lost power, or the call's processes were killed) runs the step
+/// again, which repairs dpkg first; anything else fails the job.
+fn call_failed(ctx: &StepContext<'_>, what: &str, error: CallError) -> StepOutcome {
+    match error {
+        CallError::Lost { .. } if ctx.tries < MAX_LOST_RETRIES => {
+            warn!(%what, error = %error, tries = ctx.tries, "a call was lost; running the step again");
+            StepOutcome::RetryAfter {
+                after: Duration::from_secs(1),
+                reason: format!(
+                    "{what} was interrupted ({error}); repairing dpkg and running it again"
+                ),
+            }
+        }
+        error => StepOutcome::Fail(format!("{what}: {error}")),
+    }
 }
 
 fn lock_message(outcome: &CallOutcome, lock: &str) -> Option<String> {
@@ -78,9 +114,13 @@ impl SystemUpgrade {
         purpose: &str,
         argv: Vec<String>,
     ) -> Result<CallOutcome, CallError> {
-        let id = format!("{}-{}-{}-{purpose}", ctx.job_id, ctx.step, ctx.tries);
+        let id = call_id(ctx, purpose);
         info!(call = %id, argv = ?argv, "apt call");
-        self.calls.run(&id, &argv, CHILD_CALL_LIMIT).await
+        let bound = Bound {
+            limit: CHILD_CALL_LIMIT,
+            not_after: budget_end(ctx),
+        };
+        self.calls.run(&id, &argv, bound).await
     }
 
     async fn preflight(&self, ctx: &StepContext<'_>) -> StepOutcome {
@@ -144,7 +184,7 @@ impl SystemUpgrade {
                 Ok(out) => {
                     warn!(exit = out.exit_code, error = %out.tail(), "dpkg --configure -a did not finish cleanly")
                 }
-                Err(e) => return StepOutcome::Fail(format!("dpkg --configure -a: {e}")),
+                Err(e) => return call_failed(ctx, "dpkg --configure -a", e),
             }
             broken = match self.broken_packages().await {
                 Ok(broken) => broken,
@@ -168,10 +208,7 @@ impl SystemUpgrade {
                     warn!(exit = out.exit_code, error = %out.tail(), "reinstall did not finish cleanly")
                 }
                 Err(e) => {
-                    return StepOutcome::Fail(format!(
-                        "reinstall of {}: {e}",
-                        reinstall.join(", ")
-                    ));
+                    return call_failed(ctx, &format!("reinstall of {}", reinstall.join(", ")), e);
                 }
             }
             broken = match self.broken_packages().await {
@@ -243,11 +280,7 @@ impl SystemUpgrade {
                     out.tail()
                 ))
             }
-            Err(CallError::Lost { .. }) => StepOutcome::RetryAfter {
-                after: Duration::from_secs(1),
-                reason: "apt-get update ended without an outcome; running it again".into(),
-            },
-            Err(e) => StepOutcome::Fail(e.to_string()),
+            Err(e) => call_failed(ctx, "apt-get update", e),
         }
     }
 
@@ -287,6 +320,15 @@ impl SystemUpgrade {
                 Err(e) => StepOutcome::Fail(e.to_string()),
             };
         }
+        // Before a new try (not a re-attach to a call that runs or ran):
+        // after a power cut or a kill mid-run, dpkg must be repaired before
+        // apt runs again; on a healthy system this only reads dpkg's state.
+        if !self.calls.started(&call_id(ctx, "full-upgrade")) {
+            match self.repair_dpkg(ctx).await {
+                StepOutcome::Done => {}
+                other => return other,
+            }
+        }
         let mut args = APT_CHANGE_OPTIONS.to_vec();
         args.push("full-upgrade");
         let argv = self.settings.argv("apt-get", &args);
@@ -319,7 +361,7 @@ impl SystemUpgrade {
                     out.tail()
                 ))
             }
-            Err(e) => StepOutcome::Fail(format!("apt-get full-upgrade: {e}")),
+            Err(e) => call_failed(ctx, "apt-get full-upgrade", e),
         }
     }
 
@@ -392,7 +434,8 @@ impl Chain for SystemUpgrade {
             if let Some(root) = &self.settings.root {
                 let marker = root.join("run/drover-reboot-requested");
                 std::fs::create_dir_all(root.join("run")).map_err(|e| e.to_string())?;
-                std::fs::write(&marker, Timestamp::now().to_string()).map_err(|e| e.to_string())?;
+                std::fs::write(&marker, agent_core::clock::now().to_string())
+                    .map_err(|e| e.to_string())?;
                 return Ok(());
             }
             let argv: Vec<String> = if Path::new("/run/systemd/system").exists() {

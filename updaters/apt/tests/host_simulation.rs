@@ -25,6 +25,8 @@ async fn run_chain(chain: &dyn Chain) -> (Vec<StepOutcome>, Option<JobOutput>) {
             job_id: JobId::random(),
             step,
             started_at: jiff::Timestamp::now(),
+            job_started_at: jiff::Timestamp::now(),
+            budget: std::time::Duration::from_secs(1500),
             tries: 0,
             output: &mut output,
         };

@@ -1,0 +1,146 @@
+//! How records are laid out on disk, apart from the domain types. Every
+//! record is postcard behind a version byte (the variant index of a stored
+//! enum). A record type whose layout changed keeps each old layout as a
+//! frozen struct and migrates it on read; a fixture test decodes bytes
+//! written by the old code, so a layout change that forgets its new version
+//! fails the tests instead of silently changing the stored format.
+
+use crate::records::{Delivery, DeviceRecord, JobDelivery, PlanHeader, PlanTarget, TaskRunRecord};
+use agent_core::model::{Intent, JobStatus};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// A type the store can keep.
+pub trait Record: Sized {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error>;
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error>;
+}
+
+/// Layout V1 of the records that have had one layout so far.
+#[derive(Serialize, Deserialize)]
+enum Versioned<T> {
+    V1(T),
+}
+
+macro_rules! one_layout {
+    ($($t:ty),*) => {$(
+        impl Record for $t {
+            fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+                postcard::to_stdvec(&Versioned::V1(self))
+            }
+            fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+                let Versioned::V1(value) = postcard::from_bytes(bytes)?;
+                Ok(value)
+            }
+        }
+    )*};
+}
+one_layout!(
+    DeviceRecord,
+    TaskRunRecord,
+    PlanHeader,
+    Vec<PlanTarget>,
+    u64
+);
+
+/// A job record as stored: V1 until the control plane recorded its own
+/// receive time of the terminal status (A12), V2 since.
+#[derive(Serialize, Deserialize)]
+enum StoredJob {
+    V1(JobV1),
+    V2(JobV2),
+}
+
+/// Frozen: the layout written before V2. Never change it.
+#[derive(Serialize, Deserialize)]
+struct JobV1 {
+    intent: Intent,
+    run: Option<String>,
+    delivery: Delivery,
+    status: Option<JobStatus>,
+    created_at: Timestamp,
+}
+
+/// Frozen once a V3 exists.
+#[derive(Serialize, Deserialize)]
+struct JobV2 {
+    intent: Intent,
+    run: Option<String>,
+    delivery: Delivery,
+    status: Option<JobStatus>,
+    created_at: Timestamp,
+    terminal_received_at: Option<Timestamp>,
+}
+
+impl Record for JobDelivery {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredJob::V2(JobV2 {
+            intent: self.intent.clone(),
+            run: self.run.clone(),
+            delivery: self.delivery.clone(),
+            status: self.status.clone(),
+            created_at: self.created_at,
+            terminal_received_at: self.terminal_received_at,
+        }))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 never recorded when the control plane received a result;
+            // such a record is judged as before (see engine::outcome_of).
+            StoredJob::V1(v1) => JobDelivery {
+                intent: v1.intent,
+                run: v1.run,
+                delivery: v1.delivery,
+                status: v1.status,
+                created_at: v1.created_at,
+                terminal_received_at: None,
+            },
+            StoredJob::V2(v2) => JobDelivery {
+                intent: v2.intent,
+                run: v2.run,
+                delivery: v2.delivery,
+                status: v2.status,
+                created_at: v2.created_at,
+                terminal_received_at: v2.terminal_received_at,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(text: &str) -> Vec<u8> {
+        let text = text.trim();
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// Bytes written by the control plane at commit 020709c (layout V1).
+    #[test]
+    fn a_v1_job_record_still_decodes_and_migrates() {
+        let bytes = hex(include_str!("fixtures/job_v1.hex"));
+        let job = JobDelivery::from_bytes(&bytes).expect("V1 decodes");
+        assert_eq!(job.intent.device_id.as_str(), "pi-kitchen");
+        assert_eq!(
+            job.intent.job_id.to_string(),
+            "6f1c3b1e-3f7e-4a55-9a3c-2f1f0e9f8a01"
+        );
+        assert_eq!(job.intent.timeout_seconds, 1500);
+        assert_eq!(job.run.as_deref(), Some("upgrade-kitchen"));
+        assert!(matches!(job.delivery, Delivery::Acked { .. }));
+        let status = job.status.clone().expect("status");
+        assert_eq!(status.state, agent_core::JobState::Succeeded);
+        assert_eq!(status.seq, 7);
+        assert_eq!(status.steps[0].name, "preflight");
+        assert_eq!(job.terminal_received_at, None, "V1 had no receive time");
+        // Written back, it is V2 and reads back the same.
+        let again = job.to_bytes().expect("encode");
+        assert_eq!(again[0], 1, "the version byte of V2");
+        assert_eq!(JobDelivery::from_bytes(&again).expect("V2 decodes"), job);
+    }
+}
