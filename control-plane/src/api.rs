@@ -1,6 +1,7 @@
 //! The operators' HTTP/JSON API under `/api/v1`, behind a bearer token.
 
 use crate::auth::Secrets;
+use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
 use crate::records::{
@@ -21,8 +22,10 @@ use tokio::sync::Notify;
 
 /// Upper bound of targets one page lists.
 pub const MAX_PAGE: usize = 500;
-/// Upper bound of a request body.
-const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Upper bound of a request body: a List of 20,000 devices fits.
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Upper bound of manifests in one List.
+const MAX_LIST_ITEMS: usize = 20_000;
 
 #[derive(Clone)]
 pub struct ApiState {
@@ -30,6 +33,8 @@ pub struct ApiState {
     pub secrets: Arc<Secrets>,
     pub engine: Arc<Engine>,
     pub engine_wake: Arc<Notify>,
+    /// Live presence on this replica: fresher than the stored times.
+    pub presence: Arc<Presence>,
 }
 
 pub struct ApiError(StatusCode, String);
@@ -52,6 +57,7 @@ fn not_found(what: String) -> ApiError {
 
 pub fn router(state: ApiState) -> Router {
     let api = Router::new()
+        .route("/summary", get(summary))
         .route("/devices", get(list_devices))
         .route("/devices/{id}", get(get_device))
         .route("/apply", post(apply))
@@ -86,9 +92,34 @@ async fn require_operator(State(state): State<ApiState>, request: Request, next:
     next.run(request).await
 }
 
+/// Fleet counts, cheap enough to poll.
+async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let devices = state.db.list::<DeviceRecord>("devices/").await?;
+    let present = devices.iter().filter(|(_, _, d)| d.agent_present).count();
+    Ok(Json(json!({
+        "devices": devices.len(),
+        "agentsPresent": present,
+        "connectedHere": state.presence.connected(),
+    })))
+}
+
+/// A device as stored, with the fresher times this replica has seen.
+fn with_presence(state: &ApiState, mut device: DeviceRecord) -> DeviceRecord {
+    if let Some(live) = state.presence.get(&device.id) {
+        device.last_seen = device.last_seen.max(Some(live.last_seen));
+        device.last_heartbeat = device.last_heartbeat.max(live.last_heartbeat);
+    }
+    device
+}
+
 async fn list_devices(State(state): State<ApiState>) -> Result<Json<Vec<DeviceRecord>>, ApiError> {
-    let devices = state.db.list::<DeviceRecord>("devices/")?;
-    Ok(Json(devices.into_iter().map(|(_, _, d)| d).collect()))
+    let devices = state.db.list::<DeviceRecord>("devices/").await?;
+    Ok(Json(
+        devices
+            .into_iter()
+            .map(|(_, _, d)| with_presence(&state, d))
+            .collect(),
+    ))
 }
 
 async fn get_device(
@@ -96,22 +127,135 @@ async fn get_device(
     Path(id): Path<String>,
 ) -> Result<Json<DeviceRecord>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    match state.db.get::<DeviceRecord>(&device_key(&id))? {
-        Some((_, device)) => Ok(Json(device)),
+    match state.db.get::<DeviceRecord>(&device_key(&id)).await? {
+        Some((_, device)) => Ok(Json(with_presence(&state, device))),
         None => Err(not_found(format!("device {id}"))),
     }
 }
 
+/// Applies one manifest, a JSON array of them, or a `kind: List` with
+/// `items` (what `drover apply -f` sends for a file of several documents):
+/// many devices register in one request.
 async fn apply(
     State(state): State<ApiState>,
     Json(body): Json<Value>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let items = match body {
+        Value::Array(items) => items,
+        Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+            match map.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                _ => {
+                    return Err(ApiError(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "a List needs an array `items`".into(),
+                    ));
+                }
+            }
+        }
+        single => return apply_one(&state, single).await,
+    };
+    if items.len() > MAX_LIST_ITEMS {
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("at most {MAX_LIST_ITEMS} manifests per request"),
+        ));
+    }
+    // Every manifest is checked before any is applied.
+    let mut manifests = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        manifests.push(manifest::parse(item.clone()).map_err(|e| {
+            ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("item {index}: {e}"),
+            )
+        })?);
+    }
+    // Devices go in together: one commit for the lot.
+    let devices: Vec<&Manifest> = manifests
+        .iter()
+        .filter(|m| matches!(m, Manifest::Device { .. }))
+        .collect();
+    let mut device_results = apply_devices(&state, &devices).await?.into_iter();
+    let mut results = Vec::with_capacity(items.len());
+    for (item, manifest) in items.into_iter().zip(&manifests) {
+        if matches!(manifest, Manifest::Device { .. }) {
+            results.push(device_results.next().unwrap_or(Value::Null));
+        } else {
+            let (_, Json(result)) = apply_one(&state, item).await?;
+            results.push(result);
+        }
+    }
+    Ok((
+        StatusCode::OK,
+        Json(json!({"kind": "List", "items": results})),
+    ))
+}
+
+/// Creates or configures many devices in one commit (retried for those whose
+/// record changed meanwhile, as an agent's hello may do).
+async fn apply_devices(state: &ApiState, manifests: &[&Manifest]) -> Result<Vec<Value>, ApiError> {
+    let mut results: Vec<Value> = vec![Value::Null; manifests.len()];
+    let mut todo: Vec<usize> = (0..manifests.len()).collect();
+    for _ in 0..10 {
+        if todo.is_empty() {
+            break;
+        }
+        let mut ops = Vec::with_capacity(todo.len());
+        let mut created = Vec::with_capacity(todo.len());
+        for &index in &todo {
+            let Manifest::Device { id, labels, spec } = manifests[index] else {
+                continue;
+            };
+            let current = state.db.get::<DeviceRecord>(&device_key(id)).await?;
+            let (expected, mut device) =
+                current.unwrap_or_else(|| (0, DeviceRecord::new(id.clone())));
+            created.push(expected == 0);
+            device.groups = spec.groups.iter().cloned().collect();
+            device.labels = labels.clone();
+            device.time_zone = spec.time_zone.clone();
+            device.decommissioned = spec.decommissioned;
+            ops.push(crate::store::Op::Put {
+                key: device_key(id),
+                value: Db::encode(&device)?,
+                expected,
+            });
+        }
+        let outcomes = state.db.commit(ops).await?;
+        let mut again = Vec::new();
+        for ((index, created), outcome) in todo.iter().zip(created).zip(outcomes) {
+            let Manifest::Device { id, .. } = manifests[*index] else {
+                continue;
+            };
+            match outcome {
+                Ok(_) => {
+                    let result = if created { "created" } else { "configured" };
+                    results[*index] =
+                        json!({"kind": "Device", "name": id.to_string(), "result": result});
+                }
+                Err(e) if e.is_conflict() => again.push(*index),
+                Err(e) => return Err(DbError::from(e).into()),
+            }
+        }
+        todo = again;
+    }
+    if !todo.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            "some devices kept changing; apply again".into(),
+        ));
+    }
+    state.engine_wake.notify_one();
+    Ok(results)
+}
+
+async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Value>), ApiError> {
     let manifest =
         manifest::parse(body).map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     match manifest {
         Manifest::TaskRun { name, spec } => {
             let key = run_key(&name);
-            if let Some((_, existing)) = state.db.get::<TaskRunRecord>(&key)? {
+            if let Some((_, existing)) = state.db.get::<TaskRunRecord>(&key).await? {
                 if existing.spec == spec {
                     return Ok((
                         StatusCode::OK,
@@ -134,7 +278,7 @@ async fn apply(
                 spec,
                 status: RunStatus::planning(),
             };
-            match state.db.put(&key, &run, 0) {
+            match state.db.put(&key, &run, 0).await {
                 Ok(_) => {}
                 Err(DbError::Kv(e)) if e.is_conflict() => {
                     return Err(ApiError(
@@ -164,7 +308,8 @@ async fn apply(
                     device.time_zone = spec.time_zone.clone();
                     device.decommissioned = spec.decommissioned;
                     Some(device)
-                })?;
+                })
+                .await?;
             // Group changes matter to runs waiting to release (revocation).
             state.engine_wake.notify_one();
             let result = if created { "created" } else { "configured" };
@@ -177,7 +322,7 @@ async fn apply(
 }
 
 async fn list_runs(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
-    let runs = state.db.list::<TaskRunRecord>("runs/")?;
+    let runs = state.db.list::<TaskRunRecord>("runs/").await?;
     Ok(Json(
         runs.iter()
             .map(|(_, _, r)| manifest::render_run(r))
@@ -189,7 +334,7 @@ async fn get_run(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    match state.db.get::<TaskRunRecord>(&run_key(&name))? {
+    match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
         Some((_, run)) => Ok(Json(manifest::render_run(&run))),
         None => Err(not_found(format!("TaskRun {name}"))),
     }
@@ -208,16 +353,17 @@ async fn run_targets(
     Path(name): Path<String>,
     Query(page): Query<Page>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some((_, run)) = state.db.get::<TaskRunRecord>(&run_key(&name))? else {
+    let Some((_, run)) = state.db.get::<TaskRunRecord>(&run_key(&name)).await? else {
         return Err(not_found(format!("TaskRun {name}")));
     };
-    let plan = state.engine.load_plan(&run)?;
+    let plan = state.engine.load_plan(&run).await?;
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
     let mut items = Vec::new();
     for target in plan.iter().skip(page.offset).take(limit) {
         let job = state
             .db
-            .get::<JobDelivery>(&job_key(&target.device, run.uid))?
+            .get::<JobDelivery>(&job_key(&target.device, run.uid))
+            .await?
             .map(|(_, j)| j);
         items.push(json!({
             "device": target.device,

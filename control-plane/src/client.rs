@@ -62,20 +62,30 @@ impl ApiClient {
         Self::check(response).await
     }
 
-    /// Applies every document of a YAML or JSON text; returns the results.
+    /// Applies every document of a YAML or JSON text in one request (a
+    /// List when there are several); returns the results.
     pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
-        let mut results = Vec::new();
+        let mut documents = Vec::new();
         for document in serde_yaml_ng::Deserializer::from_str(text) {
             let value = <Value as serde::Deserialize>::deserialize(document)
                 .context("not valid YAML or JSON")?;
-            if value.is_null() {
-                continue;
+            if !value.is_null() {
+                documents.push(value);
             }
-            results.push(self.post("/apply", &value).await?);
         }
-        if results.is_empty() {
-            bail!("no manifest found");
+        match documents.len() {
+            0 => bail!("no manifest found"),
+            1 => Ok(vec![self.post("/apply", &documents[0]).await?]),
+            _ => {
+                let list =
+                    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
+                let answer = self.post("/apply", &list).await?;
+                Ok(answer
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default())
+            }
         }
-        Ok(results)
     }
 }

@@ -1,26 +1,35 @@
-//! The run engine: passes over every unfinished TaskRun that plan it, release
-//! intents as the pure [`rollout::decide`] says, and keep the run's aggregate
-//! status. Every write is a compare-and-set, so a pass that loses a race
+//! The run engine: plans TaskRuns, releases intents as the pure
+//! [`rollout::decide`] says, and keeps each run's aggregate status. It
+//! learns what changed from the store's change feed (a status stored, a run
+//! applied, a device regrouped), whichever replica wrote it, and keeps a view
+//! of each unfinished run in memory, so a pass costs what changed, not the
+//! fleet. It emits what it released to the delivery core and never sees a
+//! connection. Every write is a compare-and-set, so a pass that loses a race
 //! simply leaves the work to the next pass.
 
-use crate::hub::Hub;
+use crate::dispatch::Released;
 use crate::placement;
 use crate::records::{
     Db, DbError, Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget,
     TaskRunRecord, device_key, job_key, plan_header_key, plan_key, run_key,
 };
 use crate::rollout::{self, Finish, Outcome, TargetView};
+use crate::store::Op;
 use agent_core::model::{Intent, JobKind, JobState};
-use agent_core::{MAX_ERROR_BYTES, bounded};
+use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
 use jiff::Timestamp;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::{Mutex, Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// The updater's package job budget, copied into each intent.
 const JOB_TIMEOUT_SECONDS: u32 = 1500;
+
+/// How long the engine gathers changes before a pass.
+const GATHER: Duration = Duration::from_millis(50);
 
 /// How long the engine's first pass waits for the status backlog.
 const INTAKE_WAIT: Duration = Duration::from_secs(60);
@@ -28,34 +37,53 @@ const INTAKE_WAIT: Duration = Duration::from_secs(60);
 /// A plan claim older than this is taken over by another planner.
 const PLAN_CLAIM_TTL: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
+/// An unfinished run as the engine keeps it between passes.
+struct RunView {
+    uid: JobId,
+    plan: Vec<PlanTarget>,
+    index: HashMap<DeviceId, usize>,
+    outcomes: Vec<Seen>,
+}
+
+#[derive(Default)]
+struct Views {
+    runs: HashMap<String, RunView>,
+    by_uid: HashMap<JobId, String>,
+}
+
 pub struct Engine {
     /// This process's planner id, for plan claims.
     id: String,
     db: Db,
-    hub: Arc<Hub>,
     wake: Arc<Notify>,
+    released: Option<Released>,
+    /// An async Mutex: passes await the store while they hold it.
+    views: Mutex<Views>,
 }
 
 impl Engine {
-    pub fn new(db: Db, hub: Arc<Hub>, wake: Arc<Notify>) -> Self {
+    pub fn new(db: Db, wake: Arc<Notify>, released: Option<Released>) -> Self {
         Self {
             id: agent_core::JobId::random().to_string(),
             db,
-            hub,
             wake,
+            released,
+            views: Mutex::new(Views::default()),
         }
     }
 
-    /// Passes every `interval`, and whenever something is applied or reported.
-    /// The first pass waits (at most [`INTAKE_WAIT`]) until `intake_ready`
-    /// says the statuses reported while the control plane was down are read,
-    /// so no run fails its deadline for a result that is already in.
+    /// Passes whenever the store says something changed, every `interval`
+    /// (deadlines), and when woken. The first pass waits (at most
+    /// [`INTAKE_WAIT`]) until `intake_ready` says the statuses reported
+    /// while the control plane was down are read, so no run fails its
+    /// deadline for a result that is already in.
     pub async fn run(
         self: Arc<Self>,
         interval: Duration,
         mut intake_ready: tokio::sync::watch::Receiver<bool>,
         shutdown: CancellationToken,
     ) {
+        let mut feed = self.db.changes();
         tokio::select! {
             ready = tokio::time::timeout(INTAKE_WAIT, intake_ready.wait_for(|ready| *ready)) => {
                 if ready.is_err() {
@@ -64,39 +92,149 @@ impl Engine {
             }
             _ = shutdown.cancelled() => return,
         }
+        let mut tick = tokio::time::interval(interval);
+        let mut full = true;
+        let mut dirty: HashSet<String> = HashSet::new();
         loop {
-            if let Err(e) = self.pass_all(Timestamp::now()) {
+            let now = Timestamp::now();
+            let result = if full {
+                self.pass_all(now).await
+            } else {
+                self.pass(std::mem::take(&mut dirty), now).await
+            };
+            full = false;
+            if let Err(e) = result {
                 warn!(error = %e, "run pass failed; retrying on the next pass");
+                full = true;
             }
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => {}
+                _ = tick.tick() => {
+                    // Deadlines: every unfinished run is looked at.
+                    dirty.extend(self.views.lock().await.runs.keys().cloned());
+                    dirty.insert(String::new());
+                }
+                _ = self.wake.notified() => full = true,
+                change = feed.recv() => match change {
+                    Ok(change) => {
+                        // Statuses come in waves: gather a moment's worth, so a
+                        // pass over a large run is not repeated per status.
+                        tokio::time::sleep(GATHER).await;
+                        let mut changes = vec![change];
+                        while let Ok(more) = feed.try_recv() {
+                            changes.push(more);
+                        }
+                        if let Err(e) = self.route(changes, &mut dirty).await {
+                            warn!(error = %e, "cannot follow the store's changes; passing over everything");
+                            full = true;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => full = true,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
                 _ = shutdown.cancelled() => return,
             }
         }
     }
 
-    pub fn pass_all(&self, now: Timestamp) -> Result<(), DbError> {
-        for (_, _, run) in self.db.list::<TaskRunRecord>("runs/")? {
-            if run.status.phase.is_terminal() {
-                continue;
+    /// Updates the views from changed keys; collects the runs to pass over.
+    async fn route(
+        &self,
+        changes: Vec<crate::store::Change>,
+        dirty: &mut HashSet<String>,
+    ) -> Result<(), DbError> {
+        let mut views = self.views.lock().await;
+        let mut devices_changed = false;
+        for change in changes {
+            if let Some(name) = change.key.strip_prefix("runs/") {
+                dirty.insert(name.to_owned());
+            } else if change.key.starts_with("devices/") {
+                devices_changed = true;
+            } else if let Some(rest) = change.key.strip_prefix("jobs/") {
+                let Some((device, uid)) = rest.split_once('/') else {
+                    continue;
+                };
+                let Ok(uid) = uid.parse::<JobId>() else {
+                    continue;
+                };
+                let Some(name) = views.by_uid.get(&uid).cloned() else {
+                    continue;
+                };
+                let Ok(device) = DeviceId::new(device) else {
+                    continue;
+                };
+                let job = self.db.get::<JobDelivery>(&change.key).await?;
+                let Some(view) = views.runs.get_mut(&name) else {
+                    continue;
+                };
+                if let Some(&index) = view.index.get(&device) {
+                    view.outcomes[index] = seen_of(job.map(|(_, j)| j));
+                    dirty.insert(name);
+                }
             }
-            if let Err(e) = self.reconcile(&run.name, now) {
-                warn!(run = %run.name, error = %e, "cannot advance run");
+        }
+        if devices_changed {
+            // Regrouped devices matter to runs that still release (revocation),
+            // and new agents to runs still planning.
+            dirty.extend(views.runs.keys().cloned());
+            dirty.insert(String::new());
+        }
+        Ok(())
+    }
+
+    /// Forgets every view and passes over every unfinished run.
+    pub async fn pass_all(&self, now: Timestamp) -> Result<(), DbError> {
+        let names: HashSet<String> = {
+            let mut views = self.views.lock().await;
+            *views = Views::default();
+            self.db
+                .list::<TaskRunRecord>("runs/")
+                .await?
+                .into_iter()
+                .filter(|(_, _, run)| !run.status.phase.is_terminal())
+                .map(|(_, _, run)| run.name)
+                .collect()
+        };
+        self.pass(names, now).await
+    }
+
+    /// Passes over the named runs; the empty name stands for runs still
+    /// planning, whose views do not exist yet.
+    async fn pass(&self, mut names: HashSet<String>, now: Timestamp) -> Result<(), DbError> {
+        if names.remove("") {
+            for (_, _, run) in self.db.list::<TaskRunRecord>("runs/").await? {
+                if run.status.phase == Phase::Planning {
+                    names.insert(run.name);
+                }
+            }
+        }
+        for name in names {
+            if let Err(e) = self.reconcile(&name, now).await {
+                warn!(run = %name, error = %e, "cannot advance run");
             }
         }
         Ok(())
     }
 
-    pub fn reconcile(&self, name: &str, now: Timestamp) -> Result<(), DbError> {
-        let Some((revision, run)) = self.db.get::<TaskRunRecord>(&run_key(name))? else {
+    pub async fn reconcile(&self, name: &str, now: Timestamp) -> Result<(), DbError> {
+        let Some((revision, run)) = self.db.get::<TaskRunRecord>(&run_key(name)).await? else {
+            self.forget(name).await;
             return Ok(());
         };
         match run.status.phase {
             // A terminal run never advances.
-            Phase::Complete | Phase::Failed => Ok(()),
-            Phase::Planning => self.plan(revision, run, now),
-            Phase::Running => self.advance(revision, run, now),
+            Phase::Complete | Phase::Failed => {
+                self.forget(name).await;
+                Ok(())
+            }
+            Phase::Planning => self.plan(revision, run, now).await,
+            Phase::Running => self.advance(revision, run, now).await,
+        }
+    }
+
+    async fn forget(&self, name: &str) {
+        let mut views = self.views.lock().await;
+        if let Some(view) = views.runs.remove(name) {
+            views.by_uid.remove(&view.uid);
         }
     }
 
@@ -104,12 +242,17 @@ impl Engine {
     /// the run to Running. A store error leaves it in Planning for the next
     /// pass instead of becoming NoTargets. See [`PlanHeader`] for how
     /// concurrent planners agree on one plan.
-    fn plan(&self, revision: u64, mut run: TaskRunRecord, now: Timestamp) -> Result<(), DbError> {
+    async fn plan(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
         let header_key = plan_header_key(run.uid);
-        let existing = self.db.get::<PlanHeader>(&header_key)?;
+        let existing = self.db.get::<PlanHeader>(&header_key).await?;
         let (header_revision, header) = match existing {
             Some((_, header)) if header.complete => {
-                return self.start_running(revision, run, &header, now);
+                return self.start_running(revision, run, &header, now).await;
             }
             Some((_, header))
                 if header.planner != self.id
@@ -123,7 +266,8 @@ impl Engine {
         };
         let devices: Vec<DeviceRecord> = self
             .db
-            .list::<DeviceRecord>("devices/")?
+            .list::<DeviceRecord>("devices/")
+            .await?
             .into_iter()
             .map(|(_, _, d)| d)
             .collect();
@@ -135,7 +279,7 @@ impl Engine {
             run.status.completion_time = Some(now);
             run.status.latest_error =
                 Some("no authorized device with an agent matches the selector".into());
-            return self.put_run(revision, &run);
+            return self.put_run(revision, &run).await;
         }
         let chunks: Vec<&[PlanTarget]> = targets.chunks(PLAN_CHUNK).collect();
         let mut claim = PlanHeader {
@@ -146,30 +290,39 @@ impl Engine {
             chunks: chunks.len() as u32,
             complete: false,
         };
-        let claim_revision = match self.db.put(&header_key, &claim, header_revision) {
+        let claim_revision = match self.db.put(&header_key, &claim, header_revision).await {
             Ok(revision) => revision,
             Err(DbError::Kv(e)) if e.is_conflict() => return Ok(()),
             Err(e) => return Err(e),
         };
+        let mut ops = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
             let key = plan_key(run.uid, index as u32);
             let existing = self
                 .db
-                .get::<Vec<PlanTarget>>(&key)?
+                .get::<Vec<PlanTarget>>(&key)
+                .await?
                 .map(|(r, _)| r)
                 .unwrap_or(0);
-            self.db.put(&key, &chunk.to_vec(), existing)?;
+            ops.push(Op::Put {
+                key,
+                value: Db::encode(&chunk.to_vec())?,
+                expected: existing,
+            });
+        }
+        for result in self.db.commit(ops).await? {
+            result?;
         }
         claim.complete = true;
-        match self.db.put(&header_key, &claim, claim_revision) {
-            Ok(_) => self.start_running(revision, run, &claim, now),
+        match self.db.put(&header_key, &claim, claim_revision).await {
+            Ok(_) => self.start_running(revision, run, &claim, now).await,
             // Our claim was taken over while we wrote; the new claimant's plan wins.
             Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    fn start_running(
+    async fn start_running(
         &self,
         revision: u64,
         mut run: TaskRunRecord,
@@ -181,14 +334,13 @@ impl Engine {
         run.status.targets = plan.targets;
         run.status.canaries = plan.canaries;
         run.status.plan_chunks = plan.chunks;
-        self.put_run(revision, &run)
+        self.put_run(revision, &run).await
     }
 
-    fn put_run(&self, revision: u64, run: &TaskRunRecord) -> Result<(), DbError> {
-        match self.db.put(&run_key(&run.name), run, revision) {
+    async fn put_run(&self, revision: u64, run: &TaskRunRecord) -> Result<(), DbError> {
+        match self.db.put(&run_key(&run.name), run, revision).await {
             Ok(_) => {
                 info!(run = %run.name, phase = ?run.status.phase, targets = run.status.targets, "run planned");
-                self.wake.notify_one();
                 Ok(())
             }
             // Another pass or replica moved the run first.
@@ -197,85 +349,136 @@ impl Engine {
         }
     }
 
-    pub fn load_plan(&self, run: &TaskRunRecord) -> Result<Vec<PlanTarget>, DbError> {
+    pub async fn load_plan(&self, run: &TaskRunRecord) -> Result<Vec<PlanTarget>, DbError> {
         let mut plan = Vec::with_capacity(run.status.targets as usize);
         for index in 0..run.status.plan_chunks {
-            if let Some((_, chunk)) = self.db.get::<Vec<PlanTarget>>(&plan_key(run.uid, index))? {
+            if let Some((_, chunk)) = self
+                .db
+                .get::<Vec<PlanTarget>>(&plan_key(run.uid, index))
+                .await?
+            {
                 plan.extend(chunk);
             }
         }
         Ok(plan)
     }
 
-    fn advance(
+    /// Builds the view of a running run: its plan and every target's job.
+    async fn load_view(&self, run: &TaskRunRecord) -> Result<RunView, DbError> {
+        let plan = self.load_plan(run).await?;
+        let mut outcomes = Vec::with_capacity(plan.len());
+        let mut index = HashMap::with_capacity(plan.len());
+        for (position, target) in plan.iter().enumerate() {
+            let job = self
+                .db
+                .get::<JobDelivery>(&job_key(&target.device, run.uid))
+                .await?;
+            outcomes.push(seen_of(job.map(|(_, j)| j)));
+            index.insert(target.device.clone(), position);
+        }
+        Ok(RunView {
+            uid: run.uid,
+            plan,
+            index,
+            outcomes,
+        })
+    }
+
+    async fn advance(
         &self,
         revision: u64,
         mut run: TaskRunRecord,
         now: Timestamp,
     ) -> Result<(), DbError> {
-        let plan = self.load_plan(&run)?;
-        let deadline = run.deadline();
-        let mut views = Vec::with_capacity(plan.len());
-        let mut latest_error = run.status.latest_error.clone();
-        for target in &plan {
-            let job = self
-                .db
-                .get::<JobDelivery>(&job_key(&target.device, run.uid))?;
-            let outcome = outcome_of(job.map(|(_, j)| j), deadline);
-            if let Outcome::Failed(error) = &outcome {
-                latest_error = Some(bounded(
-                    format!("{}: {error}", target.device),
-                    MAX_ERROR_BYTES,
-                ));
-            }
-            views.push(TargetView {
-                device: target.device.clone(),
-                canary: target.canary,
-                outcome,
-            });
+        let mut views = self.views.lock().await;
+        if !views.runs.contains_key(&run.name) {
+            let view = self.load_view(&run).await?;
+            views.by_uid.insert(run.uid, run.name.clone());
+            views.runs.insert(run.name.clone(), view);
         }
-        // Group authorization is read now, just before release.
-        let revoked = |device: &agent_core::DeviceId| match self
-            .db
-            .get::<DeviceRecord>(&device_key(device))
-        {
-            Ok(Some((_, record))) => !placement::authorized(&run.spec, &record),
-            Ok(None) => true,
-            // An unreadable registry is not a revocation; the caller retries the pass.
-            Err(_) => false,
+        let deadline = run.deadline();
+        // The views hold outcomes without the deadline; judge it now.
+        let (targets, latest_error) = {
+            let Some(view) = views.runs.get(&run.name) else {
+                return Ok(());
+            };
+            judge(view, deadline)
         };
-        let decision = rollout::decide(&views, now, deadline, &revoked);
-        for device in &decision.release {
-            let intent = Intent {
-                job_id: run.uid,
-                device_id: device.clone(),
-                kind: JobKind::system_upgrade(),
-                attempt: 1,
-                created_at: now,
-                expires_at: deadline,
-                timeout_seconds: JOB_TIMEOUT_SECONDS,
-            };
-            let job = JobDelivery {
-                intent,
-                run: Some(run.name.clone()),
-                delivery: Delivery::Created,
-                status: None,
-                created_at: now,
-                terminal_received_at: None,
-            };
-            match self.db.put(&job_key(device, run.uid), &job, 0) {
-                Ok(_) => info!(run = %run.name, device = %device, "intent released"),
-                // Already released by an earlier pass: creation is idempotent.
-                Err(DbError::Kv(e)) if e.is_conflict() => {}
+        let candidates = rollout::decide(&targets, now, deadline, &|_| false).release;
+        // Group authorization is read now, just before release.
+        let mut revoked_devices = HashSet::new();
+        for device in &candidates {
+            match self.db.get::<DeviceRecord>(&device_key(device)).await {
+                Ok(Some((_, record))) if placement::authorized(&run.spec, &record) => {}
+                Ok(_) => {
+                    revoked_devices.insert(device.clone());
+                }
+                // An unreadable registry is not a revocation; the next pass retries.
                 Err(e) => return Err(e),
             }
-            self.hub.notify(device);
+        }
+        let decision = rollout::decide(&targets, now, deadline, &|d| revoked_devices.contains(d));
+        let mut released_keys = Vec::new();
+        if !decision.release.is_empty() {
+            let mut ops = Vec::with_capacity(decision.release.len());
+            let mut keys = Vec::with_capacity(decision.release.len());
+            for device in &decision.release {
+                let job = JobDelivery {
+                    intent: Intent {
+                        job_id: run.uid,
+                        device_id: device.clone(),
+                        kind: JobKind::system_upgrade(),
+                        attempt: 1,
+                        created_at: now,
+                        expires_at: deadline,
+                        timeout_seconds: JOB_TIMEOUT_SECONDS,
+                    },
+                    run: Some(run.name.clone()),
+                    delivery: Delivery::Created,
+                    status: None,
+                    created_at: now,
+                    terminal_received_at: None,
+                };
+                let key = job_key(device, run.uid);
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value: Db::encode(&job)?,
+                    // Create-only: a repeated pass never releases twice.
+                    expected: 0,
+                });
+                keys.push(key);
+            }
+            let results = self.db.commit(ops).await?;
+            for (key, result) in keys.into_iter().zip(results) {
+                match result {
+                    Ok(_) => released_keys.push(key),
+                    // Already released by an earlier pass or another replica.
+                    Err(e) if e.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if let Some(view) = views.runs.get_mut(&run.name) {
+                for device in &decision.release {
+                    if let Some(&i) = view.index.get(device)
+                        && view.outcomes[i] == Seen::Unreleased
+                    {
+                        view.outcomes[i] = Seen::Pending;
+                    }
+                }
+            }
+            info!(run = %run.name, released = released_keys.len(), "intents released");
+        }
+        drop(views);
+        if !released_keys.is_empty()
+            && let Some(released) = &self.released
+        {
+            let _ = released.send(released_keys);
         }
         let mut status = run.status.clone();
         status.released = decision.counts.released + decision.release.len() as u32;
         status.succeeded = decision.counts.succeeded;
         status.failed = decision.counts.failed;
-        status.latest_error = latest_error;
+        status.latest_error = latest_error.or(status.latest_error);
         match decision.finish {
             None => {}
             Some(Finish::Complete) => {
@@ -295,10 +498,11 @@ impl Engine {
         }
         let finished = status.phase.is_terminal();
         run.status = status;
-        match self.db.put(&run_key(&run.name), &run, revision) {
+        match self.db.put(&run_key(&run.name), &run, revision).await {
             Ok(_) => {
                 if finished {
                     info!(run = %run.name, phase = ?run.status.phase, reason = ?run.status.reason, "run finished");
+                    self.forget(&run.name).await;
                 }
                 Ok(())
             }
@@ -308,39 +512,92 @@ impl Engine {
     }
 }
 
-/// What a target's job means for the run. Success counts only when the
-/// control plane received it (the result with its completion heartbeat, A6)
-/// by the deadline, on the control plane's own clock (A12); the device's
-/// clock never decides. A late success is a failure.
-pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
+/// A target's job as the view keeps it, before the deadline is applied.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Unreleased,
+    Pending,
+    /// Succeeded; when the control plane received it (or, for a record from
+    /// before that was kept, the device's completion time).
+    Succeeded {
+        at: Timestamp,
+    },
+    Failed(String),
+}
+
+fn seen_of(job: Option<JobDelivery>) -> Seen {
     let Some(job) = job else {
-        return Outcome::Unreleased;
+        return Seen::Unreleased;
     };
+    if matches!(job.delivery, Delivery::Expired { .. }) && job.status.is_none() {
+        return Seen::Failed("the intent expired before the device took it".into());
+    }
     let Some(status) = job.status else {
-        return Outcome::Pending;
+        return Seen::Pending;
     };
     match status.state {
-        JobState::Succeeded if status.completion_heartbeat_at.is_none() => Outcome::Pending,
-        // Records stored before the control plane kept its receive time
-        // (layout V1) are judged by the device's completion time, as then.
-        JobState::Succeeded => match job.terminal_received_at.or(status.completion_heartbeat_at) {
-            Some(at) if at <= deadline => Outcome::Succeeded,
-            Some(at) => Outcome::Failed(format!(
-                "the result reached the control plane at {at}, after the deadline {deadline}"
-            )),
-            None => Outcome::Pending,
+        JobState::Succeeded => match status.completion_heartbeat_at {
+            None => Seen::Pending,
+            // Records stored before the control plane kept its receive time
+            // (layout V1) are judged by the device's completion time, as then.
+            Some(device_time) => Seen::Succeeded {
+                at: job.terminal_received_at.unwrap_or(device_time),
+            },
         },
         JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {
-            Outcome::Failed(
+            Seen::Failed(
                 status
                     .error
                     .unwrap_or_else(|| format!("{:?}", status.state)),
             )
         }
         JobState::Accepted | JobState::Waiting | JobState::Running | JobState::AwaitingReboot => {
-            Outcome::Pending
+            Seen::Pending
         }
     }
+}
+
+fn judged(seen: &Seen, deadline: Timestamp) -> Outcome {
+    match seen {
+        Seen::Unreleased => Outcome::Unreleased,
+        Seen::Pending => Outcome::Pending,
+        Seen::Succeeded { at } if *at <= deadline => Outcome::Succeeded,
+        Seen::Succeeded { at } => Outcome::Failed(format!(
+            "the result reached the control plane at {at}, after the deadline {deadline}"
+        )),
+        Seen::Failed(error) => Outcome::Failed(error.clone()),
+    }
+}
+
+/// The targets as the rollout rules see them, with the deadline applied to
+/// successes (one the control plane received late is a failure), and the
+/// latest error.
+fn judge(view: &RunView, deadline: Timestamp) -> (Vec<TargetView>, Option<String>) {
+    let mut targets = Vec::with_capacity(view.plan.len());
+    let mut latest_error = None;
+    for (target, seen) in view.plan.iter().zip(&view.outcomes) {
+        let outcome = judged(seen, deadline);
+        if let Outcome::Failed(error) = &outcome {
+            latest_error = Some(bounded(
+                format!("{}: {error}", target.device),
+                MAX_ERROR_BYTES,
+            ));
+        }
+        targets.push(TargetView {
+            device: target.device.clone(),
+            canary: target.canary,
+            outcome,
+        });
+    }
+    (targets, latest_error)
+}
+
+/// What a target's job means for the run. Success counts only when the
+/// control plane received it (the result with its completion heartbeat, A6)
+/// by the deadline, on the control plane's own clock (A12); the device's
+/// clock never decides. A late success is a failure.
+pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
+    judged(&seen_of(job), deadline)
 }
 
 #[cfg(test)]

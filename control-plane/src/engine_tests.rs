@@ -8,7 +8,7 @@ use crate::store::mem::MemKv;
 use agent_core::model::Empty;
 use agent_core::{DeviceId, JobId};
 
-fn db_with_devices(count: usize, canaries: usize) -> Db {
+async fn db_with_devices(count: usize, canaries: usize) -> Db {
     let db = Db::new(Arc::new(MemKv::default()));
     for i in 0..count {
         let mut device = DeviceRecord::new(DeviceId::new(format!("dev-{i:05}")).expect("valid"));
@@ -19,12 +19,13 @@ fn db_with_devices(count: usize, canaries: usize) -> Db {
             device.labels.insert("canary".into(), "true".into());
         }
         db.put(&device_key(&device.id), &device, 0)
+            .await
             .expect("put device");
     }
     db
 }
 
-fn new_run(db: &Db, name: &str) -> TaskRunRecord {
+async fn new_run(db: &Db, name: &str) -> TaskRunRecord {
     let run = TaskRunRecord {
         name: name.into(),
         uid: JobId::random(),
@@ -37,38 +38,35 @@ fn new_run(db: &Db, name: &str) -> TaskRunRecord {
         },
         status: RunStatus::planning(),
     };
-    db.put(&run_key(name), &run, 0).expect("put run");
+    db.put(&run_key(name), &run, 0).await.expect("put run");
     run
 }
 
 fn engine(db: &Db) -> Engine {
-    Engine::new(
-        db.clone(),
-        Arc::new(Hub::default()),
-        Arc::new(Notify::new()),
-    )
+    Engine::new(db.clone(), Arc::new(Notify::new()), None)
 }
 
-fn run_of(db: &Db, name: &str) -> TaskRunRecord {
+async fn run_of(db: &Db, name: &str) -> TaskRunRecord {
     db.get::<TaskRunRecord>(&run_key(name))
+        .await
         .expect("get")
         .expect("run")
         .1
 }
 
-#[test]
-fn the_status_of_a_run_with_20000_targets_stays_bounded() {
-    let db = db_with_devices(20_000, 0);
-    new_run(&db, "big");
+#[tokio::test]
+async fn the_status_of_a_run_with_20000_targets_stays_bounded() {
+    let db = db_with_devices(20_000, 0).await;
+    new_run(&db, "big").await;
     let engine = engine(&db);
     let now = Timestamp::now();
-    engine.pass_all(now).expect("plan");
-    let run = run_of(&db, "big");
+    engine.pass_all(now).await.expect("plan");
+    let run = run_of(&db, "big").await;
     assert_eq!(run.status.phase, Phase::Running);
     assert_eq!(run.status.targets, 20_000);
     assert_eq!(run.status.plan_chunks, 40, "500 targets per chunk");
-    engine.pass_all(now).expect("release");
-    let run = run_of(&db, "big");
+    engine.pass_all(now).await.expect("release");
+    let run = run_of(&db, "big").await;
     assert_eq!(run.status.released, 20_000);
     let stored = postcard::to_stdvec(&run).expect("encode").len();
     let rendered = crate::manifest::render_run(&run).to_string().len();
@@ -80,41 +78,43 @@ fn the_status_of_a_run_with_20000_targets_stays_bounded() {
     for index in 0..run.status.plan_chunks {
         let (_, chunk) = db
             .get::<Vec<PlanTarget>>(&plan_key(run.uid, index))
+            .await
             .expect("get")
             .expect("chunk");
         assert!(chunk.len() <= PLAN_CHUNK);
     }
-    assert_eq!(engine.load_plan(&run).expect("plan").len(), 20_000);
+    assert_eq!(engine.load_plan(&run).await.expect("plan").len(), 20_000);
 }
 
-#[test]
-fn two_engines_over_one_store_agree_on_one_plan_and_release_once() {
-    let db = db_with_devices(30, 2);
-    new_run(&db, "shared");
+#[tokio::test]
+async fn two_engines_over_one_store_agree_on_one_plan_and_release_once() {
+    let db = db_with_devices(30, 2).await;
+    new_run(&db, "shared").await;
     let (a, b) = (engine(&db), engine(&db));
     let now = Timestamp::now();
     // Interleaved passes, as two replicas would run them.
     for _ in 0..3 {
-        a.pass_all(now).expect("a");
-        b.pass_all(now).expect("b");
+        a.pass_all(now).await.expect("a");
+        b.pass_all(now).await.expect("b");
     }
-    let run = run_of(&db, "shared");
+    let run = run_of(&db, "shared").await;
     assert_eq!(
         (run.status.phase, run.status.targets, run.status.canaries),
         (Phase::Running, 30, 2)
     );
     // Only the canaries are out, each released once.
-    let jobs = db.list::<JobDelivery>("jobs/").expect("jobs");
+    let jobs = db.list::<JobDelivery>("jobs/").await.expect("jobs");
     assert_eq!(jobs.len(), 2);
     assert!(
         jobs.iter()
             .all(|(_, revision, job)| job.intent.job_id == run.uid && *revision > 0)
     );
     let revisions: Vec<u64> = jobs.iter().map(|(_, r, _)| *r).collect();
-    a.pass_all(now).expect("a");
-    b.pass_all(now).expect("b");
+    a.pass_all(now).await.expect("a");
+    b.pass_all(now).await.expect("b");
     let again: Vec<u64> = db
         .list::<JobDelivery>("jobs/")
+        .await
         .expect("jobs")
         .iter()
         .map(|(_, r, _)| *r)
@@ -122,10 +122,10 @@ fn two_engines_over_one_store_agree_on_one_plan_and_release_once() {
     assert_eq!(revisions, again, "no intent was written twice");
 }
 
-#[test]
-fn a_stale_claim_of_a_dead_planner_is_taken_over() {
-    let db = db_with_devices(5, 0);
-    let run = new_run(&db, "orphan");
+#[tokio::test]
+async fn a_stale_claim_of_a_dead_planner_is_taken_over() {
+    let db = db_with_devices(5, 0).await;
+    let run = new_run(&db, "orphan").await;
     let dead = PlanHeader {
         planner: "dead-replica".into(),
         claimed_at: Timestamp::now() - jiff::SignedDuration::from_mins(5),
@@ -134,56 +134,74 @@ fn a_stale_claim_of_a_dead_planner_is_taken_over() {
         chunks: 1,
         complete: false,
     };
-    db.put(&plan_header_key(run.uid), &dead, 0).expect("claim");
-    engine(&db).pass_all(Timestamp::now()).expect("plan");
-    let run = run_of(&db, "orphan");
+    db.put(&plan_header_key(run.uid), &dead, 0)
+        .await
+        .expect("claim");
+    engine(&db).pass_all(Timestamp::now()).await.expect("plan");
+    let run = run_of(&db, "orphan").await;
     assert_eq!((run.status.phase, run.status.targets), (Phase::Running, 5));
     // A fresh claim of another planner is respected.
-    let run = new_run(&db, "claimed");
+    let run = new_run(&db, "claimed").await;
     let live = PlanHeader {
         claimed_at: Timestamp::now(),
         ..dead
     };
-    db.put(&plan_header_key(run.uid), &live, 0).expect("claim");
-    engine(&db).pass_all(Timestamp::now()).expect("pass");
-    assert_eq!(run_of(&db, "claimed").status.phase, Phase::Planning);
+    db.put(&plan_header_key(run.uid), &live, 0)
+        .await
+        .expect("claim");
+    engine(&db).pass_all(Timestamp::now()).await.expect("pass");
+    assert_eq!(run_of(&db, "claimed").await.status.phase, Phase::Planning);
 }
 
 /// A store whose device listing fails, as an unreachable group source would.
 struct DevicesUnreadable(MemKv);
 
 impl crate::store::KvStore for DevicesUnreadable {
-    fn get(&self, key: &str) -> Result<Option<crate::store::Entry>, crate::store::KvError> {
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> drover_contract::BoxFuture<'a, Result<Option<crate::store::Entry>, crate::store::KvError>>
+    {
         self.0.get(key)
     }
-    fn put(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, crate::store::KvError> {
-        self.0.put(key, value, expected)
-    }
-    fn delete(&self, key: &str, expected: u64) -> Result<(), crate::store::KvError> {
-        self.0.delete(key, expected)
-    }
-    fn list(
-        &self,
-        prefix: &str,
-    ) -> Result<Vec<(String, crate::store::Entry)>, crate::store::KvError> {
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> drover_contract::BoxFuture<
+        'a,
+        Result<Vec<(String, crate::store::Entry)>, crate::store::KvError>,
+    > {
         if prefix == "devices/" {
-            return Err(crate::store::KvError::Db("group source unavailable".into()));
+            return Box::pin(async {
+                Err(crate::store::KvError::Db("group source unavailable".into()))
+            });
         }
         self.0.list(prefix)
     }
+    fn commit(
+        &self,
+        ops: Vec<crate::store::Op>,
+    ) -> drover_contract::BoxFuture<'_, Result<crate::store::OpResults, crate::store::KvError>>
+    {
+        self.0.commit(ops)
+    }
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<crate::store::Change> {
+        self.0.changes()
+    }
 }
 
-#[test]
-fn a_group_source_error_retries_planning_instead_of_no_targets() {
+#[tokio::test]
+async fn a_group_source_error_retries_planning_instead_of_no_targets() {
     let db = Db::new(Arc::new(DevicesUnreadable(MemKv::default())));
-    new_run(&db, "patient");
+    new_run(&db, "patient").await;
     let engine = engine(&db);
     for _ in 0..3 {
         engine
             .pass_all(Timestamp::now())
+            .await
             .expect("the pass itself goes on");
     }
-    let run = run_of(&db, "patient");
+    let run = run_of(&db, "patient").await;
     assert_eq!(
         run.status.phase,
         Phase::Planning,

@@ -1,22 +1,21 @@
 //! Drover's reference control plane: the embedded store, the device
-//! registry, TaskRuns with frozen plans and canary-first release, the agents'
-//! WebSocket endpoint and the operators' API. `main.rs` is its CLI.
+//! registry, TaskRuns with frozen plans and canary-first release, one
+//! delivery core under every transport's agent link, and the operators'
+//! API. `main.rs` is its CLI. No wire library is used here: the transports'
+//! server sides plug in through `drover-contract`.
 
-pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod delivery;
 pub mod demo;
+pub mod dispatch;
 pub mod engine;
-pub mod hub;
-pub mod intake;
 pub mod manifest;
-pub mod nats_agents;
 pub mod placement;
 pub mod records;
 pub mod rollout;
 pub mod serve;
 pub mod store;
-pub mod store_nats;
 pub mod stored;
 pub mod watch;

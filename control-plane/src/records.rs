@@ -2,7 +2,7 @@
 //! is [`crate::stored`]'s business; every update goes through a
 //! compare-and-set retry loop ([`Db::update`]).
 
-use crate::store::{KvError, KvStore};
+use crate::store::{Change, KvError, KvStore, Op, OpResults};
 use crate::stored::Record;
 use agent_core::model::{Intent, JobStatus};
 use agent_core::{DeviceId, JobId};
@@ -183,8 +183,18 @@ pub struct PlanTarget {
 #[serde(rename_all = "camelCase")]
 pub enum Delivery {
     Created,
-    Sent { at: Timestamp },
-    Acked { at: Timestamp },
+    /// Kept in memory only (see `delivery.rs`); a record read back from
+    /// layout V1 may still say so.
+    Sent {
+        at: Timestamp,
+    },
+    Acked {
+        at: Timestamp,
+    },
+    /// The intent expired before the device took it; it never starts (A3).
+    Expired {
+        at: Timestamp,
+    },
 }
 
 /// One job for one device: its intent, delivery state and latest status.
@@ -243,32 +253,52 @@ impl Db {
         Self { kv }
     }
 
-    fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
+    pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
         T::from_bytes(bytes).map_err(|e| DbError::Corrupt {
             key: key.to_owned(),
             reason: e.to_string(),
         })
     }
 
-    pub fn get<T: Record>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
-        match self.kv.get(key)? {
+    pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, DbError> {
+        Ok(value.to_bytes()?)
+    }
+
+    pub async fn get<T: Record>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
+        match self.kv.get(key).await? {
             Some(entry) => Ok(Some((entry.revision, Self::decode(key, &entry.value)?))),
             None => Ok(None),
         }
     }
 
-    pub fn put<T: Record>(&self, key: &str, value: &T, expected: u64) -> Result<u64, DbError> {
-        let bytes = value.to_bytes()?;
-        Ok(self.kv.put(key, &bytes, expected)?)
+    /// One write, committed on its own (it still shares an fsync with
+    /// whatever else is being committed at that moment).
+    pub async fn put<T: Record>(
+        &self,
+        key: &str,
+        value: &T,
+        expected: u64,
+    ) -> Result<u64, DbError> {
+        let op = Op::Put {
+            key: key.to_owned(),
+            value: Self::encode(value)?,
+            expected,
+        };
+        let mut results = self.kv.commit(vec![op]).await?;
+        Ok(results
+            .pop()
+            .unwrap_or_else(|| Err(KvError::Db("the store answered nothing".into())))?)
     }
 
-    pub fn delete(&self, key: &str, expected: u64) -> Result<(), DbError> {
-        Ok(self.kv.delete(key, expected)?)
+    /// Many writes in one commit; each is checked on its own.
+    pub async fn commit(&self, ops: Vec<Op>) -> Result<OpResults, DbError> {
+        Ok(self.kv.commit(ops).await?)
     }
 
-    pub fn list<T: Record>(&self, prefix: &str) -> Result<Vec<(String, u64, T)>, DbError> {
+    pub async fn list<T: Record>(&self, prefix: &str) -> Result<Vec<(String, u64, T)>, DbError> {
         self.kv
-            .list(prefix)?
+            .list(prefix)
+            .await?
             .into_iter()
             .map(|(key, entry)| {
                 let value = Self::decode(&key, &entry.value)?;
@@ -277,16 +307,20 @@ impl Db {
             .collect()
     }
 
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.kv.changes()
+    }
+
     /// Read-modify-write under a revision check, retried on conflict. `change`
     /// returns None to leave the record as it is.
-    pub fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DbError>
+    pub async fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DbError>
     where
         T: Record + Clone,
         F: FnMut(Option<T>) -> Option<T>,
     {
         const TRIES: u32 = 50;
         for _ in 0..TRIES {
-            let current = self.get::<T>(key)?;
+            let current = self.get::<T>(key).await?;
             let (revision, value) = match current {
                 Some((revision, value)) => (revision, Some(value)),
                 None => (0, None),
@@ -294,7 +328,7 @@ impl Db {
             let Some(next) = change(value.clone()) else {
                 return Ok(value);
             };
-            match self.put(key, &next, revision) {
+            match self.put(key, &next, revision).await {
                 Ok(_) => return Ok(Some(next)),
                 Err(DbError::Kv(e)) if e.is_conflict() => continue,
                 Err(e) => return Err(e),

@@ -1,24 +1,29 @@
-//! `drover serve`: the embedded store, the run engine, the agents' WebSocket
-//! listener and the operators' API, started together and stopped together.
+//! `drover serve`: the store, the engine, the delivery core, the agents'
+//! links (WebSocket always, NATS JetStream when configured) and the
+//! operators' API, started together and stopped together.
 
-use crate::agents::AgentService;
 use crate::api::{self, ApiState};
 use crate::auth::Secrets;
+use crate::dispatch::{DispatchSettings, Dispatcher, Presence, cursor_key};
 use crate::engine::Engine;
-use crate::hub::Hub;
-use crate::intake::Intake;
 use crate::records::Db;
 use crate::store::RedbKv;
 use anyhow::{Context, Result};
+use drover_contract::link::AgentLinks;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+use transport_websocket::links::WsLinks;
+
+/// Inbound events waiting for the delivery core; a full queue slows the
+/// links down rather than growing without bound.
+const EVENT_QUEUE: usize = 1 << 16;
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -57,7 +62,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     };
     let db = match (&nats_client, options.store_on_nats) {
         (Some(client), true) => Db::new(Arc::new(
-            crate::store_nats::NatsKv::open(client.clone()).await?,
+            transport_nats::kv::NatsKv::open(client.clone()).await?,
         )),
         (None, true) => anyhow::bail!("--store nats needs --nats-url"),
         (_, false) => Db::new(Arc::new(RedbKv::open(&options.data.join("drover.redb"))?)),
@@ -66,26 +71,45 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         &options.data,
         options.operator_token.clone(),
     )?);
-    let hub = Arc::new(Hub::default());
+    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let (released_tx, released) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
-    let engine = Arc::new(Engine::new(db.clone(), hub.clone(), wake.clone()));
+    let engine = Arc::new(Engine::new(db.clone(), wake.clone(), Some(released_tx)));
+    let presence = Arc::new(Presence::default());
+
+    let websocket = WsLinks::new(events_tx.clone());
+    let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];
+    let mut tasks = Vec::new();
+    if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
+        let buckets = transport_nats::server::ensure_buckets(
+            client,
+            transport_nats::server::BucketLimits::default(),
+        )
+        .await?;
+        let resume_after = db
+            .get::<u64>(&cursor_key(transport_nats::links::TRANSPORT))
+            .await?
+            .map(|(_, position)| position)
+            .unwrap_or(0);
+        let link = transport_nats::links::NatsLinks::new(buckets, events_tx.clone());
+        links.push(link.clone());
+        info!(url = %nats.url, resume_after, "serving agents over NATS JetStream");
+        tasks.push(tokio::spawn(link.run(resume_after, shutdown.clone())));
+    }
     let tls = match &options.agent_tls {
-        Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
-            transport_websocket::tls::server_config(cert, key)?,
-        )),
+        Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
         None => None,
     };
-    let agents = Arc::new(AgentService {
-        db: db.clone(),
-        hub: hub.clone(),
-        secrets: secrets.clone(),
-        intake: Intake {
-            db: db.clone(),
-            engine_wake: wake.clone(),
+    let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
+    let dispatcher = Dispatcher::new(
+        db.clone(),
+        links,
+        DispatchSettings {
+            ack_timeout: options.ack_timeout,
         },
-        tls,
-        ack_timeout: options.ack_timeout,
-    });
+        presence.clone(),
+        caught_up,
+    );
     let api_listener = TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -99,36 +123,25 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         secrets: secrets.clone(),
         engine: engine.clone(),
         engine_wake: wake.clone(),
+        presence,
     });
-    let mut tasks = Vec::new();
-    // The engine judges no deadline before the statuses agents reported while
-    // this control plane was down are read (A12); only NATS keeps such a backlog.
-    let (caught_up, intake_ready) = tokio::sync::watch::channel(options.nats.is_none());
-    if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
-        let buckets = transport_nats::server::ensure_buckets(
-            client,
-            transport_nats::server::BucketLimits::default(),
-        )
-        .await?;
-        let service = Arc::new(crate::nats_agents::NatsAgents {
-            db: db.clone(),
-            hub: hub.clone(),
-            intake: Intake {
-                db: db.clone(),
-                engine_wake: wake.clone(),
-            },
-            buckets,
-            caught_up,
-        });
-        info!(url = %nats.url, "serving agents over NATS JetStream");
-        tasks.push(tokio::spawn(service.run(shutdown.clone())));
-    }
+    tasks.push(tokio::spawn(dispatcher.run(
+        events,
+        released,
+        shutdown.clone(),
+    )));
     tasks.push(tokio::spawn(engine.run(
         options.pass_interval,
         intake_ready,
         shutdown.clone(),
     )));
-    tasks.push(tokio::spawn(agents.serve(agent_listener, shutdown.clone())));
+    let verify = secrets.clone();
+    tasks.push(tokio::spawn(websocket.serve(
+        agent_listener,
+        tls,
+        Arc::new(move |device, token| verify.verify_device(device, token)),
+        shutdown.clone(),
+    )));
     let api_shutdown = shutdown.clone();
     tasks.push(tokio::spawn(async move {
         let served = axum::serve(api_listener, router)
@@ -145,4 +158,11 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         secrets,
         tasks,
     })
+}
+
+fn tokio_rustls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<transport_websocket::tls::Acceptor> {
+    Ok(transport_websocket::tls::acceptor(cert, key)?)
 }

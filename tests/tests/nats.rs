@@ -451,6 +451,25 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
         second.log()
     );
     assert_eq!(run["status"]["succeeded"], 5);
+    // Released once, by the records: every job record was created once
+    // (create-only), and the intent bucket saw exactly one put and one
+    // withdrawal per device, whichever replica delivered it.
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(url.clone())
+            .await
+            .expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut intents = js
+        .get_stream("KV_system-upgrade-intent")
+        .await
+        .expect("intent stream");
+    let state = intents.info().await.expect("info").state.clone();
+    assert_eq!(
+        state.last_sequence,
+        2 * devices.len() as u64,
+        "one put and one delete per device: {state:?}"
+    );
     // The dead replica comes back and agrees; nothing is released again.
     first.restart();
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -14,6 +14,10 @@
 
 pub mod agent;
 #[cfg(feature = "server")]
+pub mod kv;
+#[cfg(feature = "server")]
+pub mod links;
+#[cfg(feature = "server")]
 pub mod server;
 
 use agent_core::{DeviceId, JobId};

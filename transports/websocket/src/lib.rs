@@ -1,10 +1,13 @@
 //! Drover's WebSocket job protocol (the jobs seed), both ends of its wire
 //! contract in one place: the message shapes ([`protocol`]), the agent's
 //! client loop ([`client`]), TLS set-up ([`tls`]) and, behind the `server`
-//! feature, the control plane's handshake ([`server`]). docs/protocol.md
+//! feature, the control plane's handshake ([`server`]) and its agent link
+//! ([`links`]). docs/protocol.md
 //! describes the protocol for other implementations.
 
 pub mod client;
+#[cfg(feature = "server")]
+pub mod links;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;

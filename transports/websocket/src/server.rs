@@ -1,7 +1,6 @@
 //! The control plane's end of the handshake: an agent connects to
 //! `/agent/v1/ws/<device-id>` with `Authorization: Bearer <token>`; the
-//! caller's `authorize` decides. What happens after the handshake (delivery,
-//! acks, results) is the control plane's, which owns the job state.
+//! caller's `authorize` decides. What happens after it is [`crate::links`].
 
 use crate::{AGENT_PATH_PREFIX, ws_config};
 use agent_core::DeviceId;
@@ -34,7 +33,11 @@ fn refuse(status: StatusCode, reason: &str) -> ErrorResponse {
 
 /// Completes the WebSocket handshake of one agent connection, checking the
 /// path and the device's bearer token with `authorize(device, token)`.
-pub async fn accept<S, F>(stream: S, authorize: F) -> Result<AcceptedAgent<S>, AcceptError>
+pub async fn accept<S, F>(
+    stream: S,
+    authorize: F,
+    config: Option<tokio_tungstenite::tungstenite::protocol::WebSocketConfig>,
+) -> Result<AcceptedAgent<S>, AcceptError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     F: FnOnce(&DeviceId, &str) -> bool + Unpin,
@@ -75,8 +78,12 @@ where
         accepted = Some(device);
         Ok(response)
     };
-    let result =
-        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config())).await;
+    let result = tokio_tungstenite::accept_hdr_async_with_config(
+        stream,
+        callback,
+        config.or_else(|| Some(ws_config())),
+    )
+    .await;
     match (result, accepted) {
         (Ok(ws), Some(device_id)) => Ok(AcceptedAgent { device_id, ws }),
         (Ok(_), None) => Err(AcceptError::Refused(

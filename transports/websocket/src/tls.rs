@@ -80,6 +80,18 @@ pub fn is_loopback(host: &str) -> bool {
             .unwrap_or(false)
 }
 
+/// The TLS acceptor of the control plane's agent listener.
+#[cfg(feature = "server")]
+pub type Acceptor = tokio_rustls::TlsAcceptor;
+
+/// Builds the agent listener's TLS acceptor from PEM files.
+#[cfg(feature = "server")]
+pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<Acceptor, TlsError> {
+    Ok(tokio_rustls::TlsAcceptor::from(server_config(
+        cert_file, key_file,
+    )?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ pub use call::{Bound, CallError, CallOutcome, Calls, Launcher};
 pub use command::{CommandError, CommandOutput, run_bounded};
 pub use inventory::InventoryRefresh;
 pub use parse::{parse_simulation, parse_upgrade_run};
-pub use upgrade::SystemUpgrade;
+pub use upgrade::{STEPS as SYSTEM_UPGRADE_STEPS, SystemUpgrade};
 
 use std::path::PathBuf;
 

@@ -36,7 +36,9 @@ const APT_CHANGE_OPTIONS: &[&str] = &[
     "APT::Color=0",
 ];
 
-const STEPS: &[&str] = &[
+/// The steps of `systemUpgradeV1`, in order; they never change (a job
+/// resumed by a newer agent finds its place).
+pub const STEPS: &[&str] = &[
     "preflight",
     "update-lists",
     "full-upgrade",

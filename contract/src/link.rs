@@ -1,0 +1,140 @@
+//! What a transport's server side offers the control plane. Inbound, one
+//! closed enum for every transport; outbound, deliver or withdraw an intent.
+//! The control plane's delivery core answers every event that needs an
+//! answer through its [`Reply`] only after the event's effects are committed
+//! to the store: a transport confirms a status to the agent no sooner (A4).
+
+use crate::BoxFuture;
+use agent_core::model::{Heartbeat, HeldJob, Intent, JobStatus};
+use agent_core::{DeviceId, JobId};
+use jiff::Timestamp;
+use tokio::sync::oneshot;
+
+/// Who an agent says it is when it (re)connects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentHello {
+    pub agent_version: String,
+    pub boot_id: String,
+    pub capabilities: Vec<String>,
+    /// Jobs the agent still holds: unfinished, or finished but unconfirmed.
+    pub held: Vec<HeldJob>,
+}
+
+/// Something that came in over a transport. The device is the one the
+/// transport authenticated, never one a message names.
+#[derive(Debug)]
+pub enum Inbound {
+    Hello {
+        device: DeviceId,
+        hello: Box<AgentHello>,
+        reply: Reply,
+    },
+    /// The agent recorded the job durably.
+    Ack { device: DeviceId, job_id: JobId },
+    Status {
+        device: DeviceId,
+        /// Boxed: events wait in a queue, and most are small.
+        status: Box<JobStatus>,
+        /// When it reached the control plane's side, on a clock no device
+        /// sets: the control plane's, or the broker's for a status the
+        /// broker kept while no control plane ran (A12).
+        received_at: Timestamp,
+        /// The broker's position of this status, for transports that replay
+        /// from a position after a restart; committed with the status.
+        position: Option<u64>,
+        reply: Reply,
+    },
+    Heartbeat {
+        device: DeviceId,
+        heartbeat: Box<Heartbeat>,
+    },
+    /// The device's connection to this replica ended.
+    Gone { device: DeviceId },
+    /// Every status the broker kept while no control plane ran has been
+    /// handed over; deadlines may be judged now.
+    CaughtUp,
+}
+
+/// One inbound event and the transport it came over.
+#[derive(Debug)]
+pub struct Event {
+    pub transport: &'static str,
+    pub inbound: Inbound,
+}
+
+/// The delivery core's answer to an event, sent after its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Committed (or a duplicate of what is committed): confirm it.
+    Stored,
+    /// Decided and refused with a reason; confirm it, and say why.
+    Refused(String),
+    /// Not committed (a store error): do not confirm; the agent sends it again.
+    Failed(String),
+}
+
+/// Where an event's answer goes; dropping it unanswered means `Failed`.
+#[derive(Debug)]
+pub struct Reply(Option<oneshot::Sender<Answer>>);
+
+impl Reply {
+    /// An event nobody waits on.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// A reply and the receiver its answer arrives on.
+    pub fn channel() -> (Self, oneshot::Receiver<Answer>) {
+        let (tx, rx) = oneshot::channel();
+        (Self(Some(tx)), rx)
+    }
+
+    pub fn send(mut self, answer: Answer) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(answer);
+        }
+    }
+}
+
+/// What became of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// Written to the device's connection, or stored for it by a broker.
+    Sent,
+    /// This replica cannot reach the device now (no connection here).
+    NotConnected,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{transport}: {reason}")]
+pub struct LinkError {
+    pub transport: &'static str,
+    pub reason: String,
+}
+
+/// One transport's server side.
+pub trait AgentLinks: Send + Sync + 'static {
+    /// The transport's name (`websocket`, `nats`, `mqtt`), as devices record it.
+    fn transport(&self) -> &'static str;
+
+    /// True when a broker holds intents for devices (NATS, MQTT): any
+    /// replica reaches any device, so only one should deliver. False when
+    /// only the replica holding the device's connection can (WebSocket).
+    fn brokered(&self) -> bool;
+
+    /// Delivers an intent; `server_time` goes with it where the wire carries
+    /// the control plane's clock (A12).
+    fn deliver<'a>(
+        &'a self,
+        intent: &'a Intent,
+        server_time: Timestamp,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
+
+    /// Withdraws an intent that is decided (finished or expired): a broker
+    /// forgets it. A no-op where nothing is kept.
+    fn withdraw<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+    ) -> BoxFuture<'a, Result<(), LinkError>>;
+}

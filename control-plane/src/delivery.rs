@@ -1,0 +1,175 @@
+//! Where a job is on its way to its device, as one pure function: the jobs
+//! seed's delivery states (created, sent, acked) plus expired, and what to do
+//! next (send the intent, withdraw it from a broker). Every transport and
+//! every kind of work goes through this one function; `dispatch.rs` runs
+//! the effects.
+//!
+//! `Sent` lives in memory only: after a restart a job that was sent but not
+//! acknowledged is simply sent again, which the agent answers from its store
+//! (A1). `Created`, `Acked` and `Expired` are stored with the job.
+
+use crate::records::Delivery;
+use jiff::{SignedDuration, Timestamp};
+
+/// What the delivery core knows about a job when an event arrives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFacts {
+    pub delivery: Delivery,
+    /// A status has been stored for the job.
+    pub has_status: bool,
+    /// The stored status is terminal: the job is decided.
+    pub finished: bool,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeliveryEvent {
+    /// Look at the job now: it was just released, or found.
+    Consider { now: Timestamp },
+    /// The link took the intent (written to the connection, or stored by a broker).
+    Delivered { at: Timestamp },
+    /// The agent recorded the job.
+    Ack { at: Timestamp },
+    /// A status was stored; `terminal` if it decides the job.
+    Status { terminal: bool, at: Timestamp },
+    /// The agent (re)connected; `holds` says whether it lists this job.
+    Hello { holds: bool, at: Timestamp },
+    /// The sweeper's periodic look.
+    Tick {
+        now: Timestamp,
+        ack_timeout: SignedDuration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Send the intent to the device.
+    Send,
+    /// Withdraw the intent from wherever a broker keeps it.
+    Withdraw,
+}
+
+/// The delivery transition table. Pure: same inputs, same outputs; every
+/// arm is spelled out.
+pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) {
+    use Delivery::*;
+    use DeliveryEvent as E;
+    let unchanged = (facts.delivery.clone(), Vec::new());
+    let acked = |at: Timestamp| match &facts.delivery {
+        Acked { at } => Acked { at: *at },
+        _ => Acked { at },
+    };
+    // A decided job is never sent again; its only effect is the withdrawal
+    // when its terminal status first arrives.
+    if facts.finished {
+        return match event {
+            E::Status { terminal: true, at } => (acked(*at), vec![Effect::Withdraw]),
+            E::Consider { .. }
+            | E::Delivered { .. }
+            | E::Ack { .. }
+            | E::Status { .. }
+            | E::Hello { .. }
+            | E::Tick { .. } => unchanged,
+        };
+    }
+    match (&facts.delivery, event) {
+        // An expired job never goes out again (A3).
+        (Expired { .. }, _) => unchanged,
+        (_, E::Status { terminal, at }) => {
+            let effects = if *terminal {
+                vec![Effect::Withdraw]
+            } else {
+                Vec::new()
+            };
+            (acked(*at), effects)
+        }
+        (Created | Sent { .. }, E::Ack { at }) => (acked(*at), Vec::new()),
+        (Acked { .. }, E::Ack { .. }) => unchanged,
+        (Created, E::Consider { now }) => {
+            if *now >= facts.expires_at && !facts.has_status {
+                (Expired { at: *now }, vec![Effect::Withdraw])
+            } else {
+                (Created, vec![Effect::Send])
+            }
+        }
+        (Sent { .. } | Acked { .. }, E::Consider { .. }) => unchanged,
+        (Created | Sent { .. }, E::Delivered { at }) => (Sent { at: *at }, Vec::new()),
+        (Acked { .. }, E::Delivered { .. }) => unchanged,
+        (Created | Sent { .. }, E::Hello { holds: true, at }) => (acked(*at), Vec::new()),
+        // Sent but not held: it was lost on the way; send it again now.
+        (Created | Sent { .. }, E::Hello { holds: false, .. }) => (Created, vec![Effect::Send]),
+        // The agent acknowledged it once; a hello without it means the agent
+        // pruned or lost it. Sending it again could run it twice (A1).
+        (Acked { .. }, E::Hello { .. }) => unchanged,
+        (Created | Sent { .. }, E::Tick { now, .. })
+            if *now >= facts.expires_at && !facts.has_status =>
+        {
+            (Expired { at: *now }, vec![Effect::Withdraw])
+        }
+        (Sent { at }, E::Tick { now, ack_timeout }) if now.duration_since(*at) >= *ack_timeout => {
+            (Created, vec![Effect::Send])
+        }
+        (Created | Sent { .. } | Acked { .. }, E::Tick { .. }) => unchanged,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Delivery::*;
+    use DeliveryEvent as E;
+
+    fn t(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("time")
+    }
+
+    fn facts(delivery: Delivery, has_status: bool, finished: bool) -> JobFacts {
+        JobFacts {
+            delivery,
+            has_status,
+            finished,
+            expires_at: t(1000),
+        }
+    }
+
+    fn tick(now: i64) -> DeliveryEvent {
+        E::Tick {
+            now: t(now),
+            ack_timeout: SignedDuration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn delivery_table() {
+        let send = vec![Effect::Send];
+        let withdraw = vec![Effect::Withdraw];
+        let none: Vec<Effect> = Vec::new();
+        #[rustfmt::skip]
+        let cases: Vec<(&str, JobFacts, DeliveryEvent, Delivery, Vec<Effect>)> = vec![
+            ("released: send", facts(Created, false, false), E::Consider { now: t(0) }, Created, send.clone()),
+            ("released after expiry: never sent", facts(Created, false, false), E::Consider { now: t(1000) }, Expired { at: t(1000) }, withdraw.clone()),
+            ("sent", facts(Created, false, false), E::Delivered { at: t(1) }, Sent { at: t(1) }, none.clone()),
+            ("considered again while sent: wait", facts(Sent { at: t(1) }, false, false), E::Consider { now: t(2) }, Sent { at: t(1) }, none.clone()),
+            ("acked", facts(Sent { at: t(1) }, false, false), E::Ack { at: t(2) }, Acked { at: t(2) }, none.clone()),
+            ("ack before the send was recorded", facts(Created, false, false), E::Ack { at: t(2) }, Acked { at: t(2) }, none.clone()),
+            ("a second ack keeps the first time", facts(Acked { at: t(2) }, false, false), E::Ack { at: t(3) }, Acked { at: t(2) }, none.clone()),
+            ("a status acks", facts(Sent { at: t(1) }, false, false), E::Status { terminal: false, at: t(3) }, Acked { at: t(3) }, none.clone()),
+            ("a terminal status withdraws", facts(Acked { at: t(2) }, true, false), E::Status { terminal: true, at: t(9) }, Acked { at: t(2) }, withdraw.clone()),
+            ("a decided job is never sent again", facts(Acked { at: t(2) }, true, true), tick(5000), Acked { at: t(2) }, none.clone()),
+            ("a decided job ignores a hello", facts(Created, true, true), E::Hello { holds: false, at: t(3) }, Created, none.clone()),
+            ("no ack in time: send again", facts(Sent { at: t(1) }, false, false), tick(61), Created, send.clone()),
+            ("ack not yet due", facts(Sent { at: t(1) }, false, false), tick(60), Sent { at: t(1) }, none.clone()),
+            ("hello holding it: acked", facts(Sent { at: t(1) }, false, false), E::Hello { holds: true, at: t(4) }, Acked { at: t(4) }, none.clone()),
+            ("hello without it: lost on the way, send again", facts(Sent { at: t(1) }, false, false), E::Hello { holds: false, at: t(4) }, Created, send.clone()),
+            ("hello of an agent that never got it", facts(Created, false, false), E::Hello { holds: false, at: t(4) }, Created, send.clone()),
+            ("acked, then a hello without it: never twice (A1)", facts(Acked { at: t(2) }, true, false), E::Hello { holds: false, at: t(4) }, Acked { at: t(2) }, none.clone()),
+            ("unacked past expiry: expired and withdrawn", facts(Sent { at: t(1) }, false, false), tick(1000), Expired { at: t(1000) }, withdraw.clone()),
+            ("acked past expiry: it may run, never interrupted (A3)", facts(Acked { at: t(2) }, true, false), tick(2000), Acked { at: t(2) }, none.clone()),
+            ("expired stays expired", facts(Expired { at: t(1000) }, false, false), E::Hello { holds: false, at: t(1001) }, Expired { at: t(1000) }, none.clone()),
+            ("created waits on a tick (nobody reachable)", facts(Created, false, false), tick(10), Created, none.clone()),
+        ];
+        for (name, facts, event, delivery, effects) in cases {
+            assert_eq!(step(&facts, &event), (delivery, effects), "{name}");
+        }
+    }
+}

@@ -1,0 +1,1149 @@
+//! The delivery core: the one place where the control plane meets agents,
+//! whatever the transport and whatever the kind of work. Links (one per
+//! transport) hand it inbound events; it applies them to the store in
+//! batches (every event that arrives together shares one commit) and
+//! answers each only after its commit; it delivers what the engine releases
+//! through the device's link, and one sweeper sends again what was not
+//! acknowledged and expires what was never taken. The delivery rules are
+//! the pure [`delivery::step`]; this is the shell that runs their effects.
+//!
+//! In memory (rebuilt from the store at start, and from the store's change
+//! feed as other replicas write): the open jobs and their delivery state,
+//! and each device's presence. Heartbeats and last-seen times stay in
+//! memory and reach the store only when something material changed or the
+//! stored time is older than [`PRESENCE_PERSIST`].
+
+use crate::delivery::{self, DeliveryEvent, Effect, JobFacts};
+use crate::records::{Db, DbError, Delivery, DeviceRecord, JobDelivery, device_key};
+use crate::store::{Change, Op};
+use agent_core::DeviceId;
+use agent_core::model::{Heartbeat, Intent, JobStatus};
+use drover_contract::link::{
+    AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
+};
+use jiff::{SignedDuration, Timestamp};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// A stored last-seen time older than this is written again.
+pub const PRESENCE_PERSIST: SignedDuration = SignedDuration::from_secs(300);
+/// Upper bound of events applied in one commit.
+const MAX_BATCH: usize = 8192;
+/// Upper bound of deliveries in flight at once.
+const MAX_IN_FLIGHT: usize = 512;
+/// How long a small batch waits for more events before its commit.
+const GATHER: Duration = Duration::from_millis(3);
+/// How often a batch that lost a revision race is tried again.
+const ROUNDS: usize = 5;
+
+/// What this replica knows of a device's connection right now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Live {
+    pub transport: &'static str,
+    pub connected: bool,
+    pub last_seen: Timestamp,
+    pub last_heartbeat: Option<Timestamp>,
+}
+
+/// Live presence, shared with the API so that it can show fresh times.
+#[derive(Default)]
+pub struct Presence {
+    /// A std Mutex: nothing awaits while it is held.
+    live: Mutex<HashMap<DeviceId, Live>>,
+}
+
+impl Presence {
+    pub fn get(&self, device: &DeviceId) -> Option<Live> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(device)
+            .cloned()
+    }
+
+    /// Devices connected to this replica, per transport.
+    pub fn connected(&self) -> HashMap<&'static str, usize> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = HashMap::new();
+        for entry in live.values().filter(|l| l.connected) {
+            *counts.entry(entry.transport).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    fn update(&self, device: &DeviceId, change: impl FnOnce(Option<&mut Live>) -> Option<Live>) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        match live.get_mut(device) {
+            Some(entry) => {
+                if let Some(new) = change(Some(entry)) {
+                    *entry = new;
+                }
+            }
+            None => {
+                if let Some(new) = change(None) {
+                    live.insert(device.clone(), new);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// A job sent but not acknowledged within this is sent again.
+    pub ack_timeout: Duration,
+}
+
+/// A job not yet decided, as the delivery core tracks it.
+#[derive(Debug, Clone)]
+struct OpenJob {
+    intent: Intent,
+    delivery: Delivery,
+    has_status: bool,
+    /// The stored revision this state reflects.
+    revision: u64,
+    /// When a delivery was last tried; None: never.
+    last_attempt: Option<Timestamp>,
+}
+
+impl OpenJob {
+    fn facts(&self) -> JobFacts {
+        JobFacts {
+            delivery: self.delivery.clone(),
+            has_status: self.has_status,
+            finished: false,
+            expires_at: self.intent.expires_at,
+        }
+    }
+}
+
+/// A write of a batch: its key and the record it put.
+type Written = (
+    String,
+    Option<JobDelivery>,
+    Option<(DeviceId, DeviceRecord)>,
+);
+
+/// The writes one batch of events makes, and what follows their commit.
+#[derive(Default)]
+struct Work {
+    jobs: HashMap<String, (u64, JobDelivery)>,
+    devices: HashMap<String, (u64, DeviceRecord)>,
+    cursors: HashMap<&'static str, u64>,
+    /// Brokers whose backlog is handed over once this batch is committed.
+    caught_up: Vec<&'static str>,
+    /// Per event: its reply, its answer, the keys it wrote, its effects.
+    outcomes: Vec<EventOutcome>,
+}
+
+struct EventOutcome {
+    reply: Option<Reply>,
+    answer: Answer,
+    keys: Vec<String>,
+    effects: Vec<(String, Effect)>,
+    /// The event itself, to run again if its keys lost a revision race.
+    retry: Option<Event>,
+}
+
+pub fn job_key(device: &DeviceId, job: agent_core::JobId) -> String {
+    crate::records::job_key(device, job)
+}
+
+pub struct Dispatcher {
+    db: Db,
+    links: HashMap<&'static str, Arc<dyn AgentLinks>>,
+    settings: DispatchSettings,
+    open: HashMap<String, OpenJob>,
+    by_device: HashMap<DeviceId, HashSet<String>>,
+    /// Stored device records as last read or written, with their revision.
+    devices: HashMap<DeviceId, (u64, DeviceRecord)>,
+    presence: Arc<Presence>,
+    /// Broker links that have not handed over their backlog yet.
+    behind: HashSet<&'static str>,
+    caught_up: watch::Sender<bool>,
+    in_flight: JoinSet<(String, &'static str, Result<Delivered, LinkError>)>,
+    queued: VecDeque<String>,
+}
+
+/// What the engine sends the delivery core: job keys it just released.
+pub type Released = mpsc::UnboundedSender<Vec<String>>;
+
+impl Dispatcher {
+    pub fn new(
+        db: Db,
+        links: Vec<Arc<dyn AgentLinks>>,
+        settings: DispatchSettings,
+        presence: Arc<Presence>,
+        caught_up: watch::Sender<bool>,
+    ) -> Self {
+        let behind: HashSet<&'static str> = links
+            .iter()
+            .filter(|l| l.brokered())
+            .map(|l| l.transport())
+            .collect();
+        if behind.is_empty() {
+            caught_up.send_replace(true);
+        }
+        Self {
+            db,
+            links: links.into_iter().map(|l| (l.transport(), l)).collect(),
+            settings,
+            open: HashMap::new(),
+            by_device: HashMap::new(),
+            devices: HashMap::new(),
+            presence,
+            behind,
+            caught_up,
+            in_flight: JoinSet::new(),
+            queued: VecDeque::new(),
+        }
+    }
+
+    fn ack_timeout(&self) -> SignedDuration {
+        SignedDuration::try_from(self.settings.ack_timeout).unwrap_or(SignedDuration::MAX)
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut released: mpsc::UnboundedReceiver<Vec<String>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut feed = self.db.changes();
+        if let Err(e) = self.load().await {
+            warn!(error = %e, "cannot load the open jobs; the sweeper will find them");
+        }
+        let period = (self.settings.ack_timeout / 4).max(Duration::from_millis(200));
+        let mut sweep = tokio::time::interval(period);
+        let mut flush = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = events.recv() => {
+                    let Some(first) = event else { return };
+                    let mut batch = vec![first];
+                    drain(&mut events, &mut batch);
+                    if batch.len() < MAX_BATCH / 8 {
+                        // Writes that arrive within a few milliseconds share
+                        // one commit and one fsync (group commit).
+                        tokio::time::sleep(GATHER).await;
+                        drain(&mut events, &mut batch);
+                    }
+                    self.handle(batch).await;
+                }
+                keys = released.recv() => {
+                    let Some(mut keys) = keys else { continue };
+                    while let Ok(more) = released.try_recv() {
+                        keys.extend(more);
+                    }
+                    self.released(keys).await;
+                }
+                change = feed.recv() => match change {
+                    Ok(change) => {
+                        let mut changes = vec![change];
+                        while let Ok(more) = feed.try_recv() {
+                            changes.push(more);
+                        }
+                        self.changed(changes).await;
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        debug!(missed, "the change feed ran ahead; reloading the open jobs");
+                        if let Err(e) = self.load().await {
+                            warn!(error = %e, "cannot reload the open jobs");
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                done = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    if let Some(Ok((key, transport, result))) = done {
+                        self.delivered(&key, transport, result);
+                    }
+                    self.start_queued();
+                }
+                _ = sweep.tick() => self.sweep().await,
+                _ = flush.tick() => self.flush_presence().await,
+            }
+        }
+    }
+
+    /// Reads every undecided job from the store (at start, or after the
+    /// change feed ran ahead).
+    async fn load(&mut self) -> Result<(), DbError> {
+        let now = Timestamp::now();
+        let jobs = self.db.list::<JobDelivery>("jobs/").await?;
+        let mut count = 0usize;
+        for (key, revision, job) in jobs {
+            let remembered = self
+                .open
+                .get(&key)
+                .map(|o| (o.delivery.clone(), o.last_attempt));
+            if self.track(&key, revision, &job) {
+                count += 1;
+                if let Some(open) = self.open.get_mut(&key) {
+                    match remembered {
+                        Some((delivery, attempt)) => {
+                            if matches!(delivery, Delivery::Sent { .. } | Delivery::Acked { .. })
+                                && open.delivery == Delivery::Created
+                            {
+                                open.delivery = delivery;
+                            }
+                            open.last_attempt = attempt;
+                        }
+                        // Found at start: whoever released it may have sent
+                        // it; the sweeper or a hello sends it again if needed.
+                        None => open.last_attempt = Some(now),
+                    }
+                }
+            }
+        }
+        info!(open = count, "undecided jobs loaded");
+        Ok(())
+    }
+
+    /// Tracks a stored job; returns whether it is open (undecided).
+    fn track(&mut self, key: &str, revision: u64, job: &JobDelivery) -> bool {
+        let finished = job.status.as_ref().is_some_and(|s| s.state.is_terminal());
+        let expired = matches!(job.delivery, Delivery::Expired { .. });
+        if finished || expired {
+            self.forget(key);
+            return false;
+        }
+        let device = job.intent.device_id.clone();
+        let entry = self.open.entry(key.to_owned()).or_insert_with(|| OpenJob {
+            intent: job.intent.clone(),
+            delivery: job.delivery.clone(),
+            has_status: job.status.is_some(),
+            revision,
+            last_attempt: None,
+        });
+        entry.revision = entry.revision.max(revision);
+        entry.has_status |= job.status.is_some();
+        // A stored Acked wins over an in-memory Created or Sent.
+        if matches!(job.delivery, Delivery::Acked { .. }) {
+            entry.delivery = job.delivery.clone();
+        }
+        self.by_device
+            .entry(device)
+            .or_default()
+            .insert(key.to_owned());
+        true
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some(job) = self.open.remove(key)
+            && let Some(keys) = self.by_device.get_mut(&job.intent.device_id)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_device.remove(&job.intent.device_id);
+            }
+        }
+    }
+
+    /// The engine released these jobs: deliver them now.
+    async fn released(&mut self, keys: Vec<String>) {
+        let now = Timestamp::now();
+        for key in keys {
+            if !self.open.contains_key(&key) {
+                match self.db.get::<JobDelivery>(&key).await {
+                    Ok(Some((revision, job))) => {
+                        self.track(&key, revision, &job);
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        warn!(key, error = %e, "cannot read a released job");
+                        continue;
+                    }
+                }
+            }
+            self.ensure_device(&key).await;
+            self.consider(&key, now);
+        }
+        self.start_queued();
+    }
+
+    /// Reads the device's record into the cache if it is not there: the
+    /// link a device is reached through may come from it.
+    async fn ensure_device(&mut self, key: &str) {
+        let Some(device) = self.open.get(key).map(|o| o.intent.device_id.clone()) else {
+            return;
+        };
+        if self.devices.contains_key(&device) || self.presence.get(&device).is_some() {
+            return;
+        }
+        match self.db.get::<DeviceRecord>(&device_key(&device)).await {
+            Ok(Some(found)) => {
+                self.devices.insert(device, found);
+            }
+            Ok(None) => {}
+            Err(e) => warn!(device = %device, error = %e, "cannot read a device record"),
+        }
+    }
+
+    /// Runs the delivery step of `Consider` for an open job.
+    fn consider(&mut self, key: &str, now: Timestamp) {
+        let Some(job) = self.open.get_mut(key) else {
+            return;
+        };
+        let (delivery, effects) = delivery::step(&job.facts(), &DeliveryEvent::Consider { now });
+        job.delivery = delivery;
+        for effect in effects {
+            self.effect(key.to_owned(), effect);
+        }
+    }
+
+    /// Other writers changed these keys (another replica, the API, or this
+    /// process: those are skipped by revision).
+    async fn changed(&mut self, changes: Vec<Change>) {
+        let now = Timestamp::now();
+        let mut consider = Vec::new();
+        for change in changes {
+            if change.key.starts_with("devices/") {
+                if let Some(id) = change
+                    .key
+                    .strip_prefix("devices/")
+                    .and_then(|id| DeviceId::new(id).ok())
+                    && self
+                        .devices
+                        .get(&id)
+                        .is_some_and(|(rev, _)| *rev < change.revision)
+                {
+                    self.devices.remove(&id);
+                }
+                continue;
+            }
+            if !change.key.starts_with("jobs/") {
+                continue;
+            }
+            if change.deleted {
+                self.forget(&change.key);
+                continue;
+            }
+            if self
+                .open
+                .get(&change.key)
+                .is_some_and(|o| o.revision >= change.revision)
+            {
+                continue;
+            }
+            let known = self.open.contains_key(&change.key);
+            match self.db.get::<JobDelivery>(&change.key).await {
+                Ok(Some((revision, job))) => {
+                    if self.track(&change.key, revision, &job) && !known {
+                        consider.push(change.key);
+                    }
+                }
+                Ok(None) => self.forget(&change.key),
+                Err(e) => warn!(key = %change.key, error = %e, "cannot read a changed job"),
+            }
+        }
+        // A job another writer released: a link that reaches the device
+        // only from here (a WebSocket connection) delivers it now; a broker
+        // link leaves it to its releaser, and takes over after the ack
+        // timeout (the sweeper).
+        for key in consider {
+            self.ensure_device(&key).await;
+            let brokered = self.link_for_key(&key).is_none_or(|link| link.brokered());
+            if brokered {
+                if let Some(job) = self.open.get_mut(&key) {
+                    job.last_attempt.get_or_insert(now);
+                }
+            } else {
+                self.consider(&key, now);
+            }
+        }
+        self.start_queued();
+    }
+
+    fn link_for_key(&self, key: &str) -> Option<Arc<dyn AgentLinks>> {
+        let device = &self.open.get(key)?.intent.device_id;
+        self.link_for(device)
+    }
+
+    /// The link a device is reached through: the one it is connected over
+    /// here, else the one it last spoke over.
+    fn link_for(&self, device: &DeviceId) -> Option<Arc<dyn AgentLinks>> {
+        let transport = match self.presence.get(device) {
+            Some(live) if live.connected => Some(live.transport.to_owned()),
+            _ => self
+                .devices
+                .get(device)
+                .and_then(|(_, d)| d.transport.clone()),
+        }?;
+        self.links.get(transport.as_str()).cloned()
+    }
+
+    fn effect(&mut self, key: String, effect: Effect) {
+        match effect {
+            Effect::Send => {
+                if !self.queued.contains(&key) {
+                    self.queued.push_back(key);
+                }
+            }
+            Effect::Withdraw => {
+                let Some((device, job)) = parse_job_key(&key) else {
+                    return;
+                };
+                let Some(link) = self.link_for(&device) else {
+                    return;
+                };
+                self.in_flight.spawn(async move {
+                    let result = link.withdraw(&device, job).await.map(|()| Delivered::Sent);
+                    (String::new(), link.transport(), result)
+                });
+            }
+        }
+    }
+
+    /// Starts queued deliveries while fewer than [`MAX_IN_FLIGHT`] run.
+    fn start_queued(&mut self) {
+        let now = Timestamp::now();
+        while self.in_flight.len() < MAX_IN_FLIGHT {
+            let Some(key) = self.queued.pop_front() else {
+                return;
+            };
+            let Some(job) = self.open.get_mut(&key) else {
+                continue;
+            };
+            if job.delivery != Delivery::Created {
+                continue;
+            }
+            job.last_attempt = Some(now);
+            let intent = job.intent.clone();
+            let Some(link) = self.link_for(&intent.device_id) else {
+                debug!(key, "no link reaches the device yet; delivery waits for it");
+                continue;
+            };
+            self.in_flight.spawn(async move {
+                let result = link.deliver(&intent, Timestamp::now()).await;
+                (key, link.transport(), result)
+            });
+        }
+    }
+
+    fn delivered(
+        &mut self,
+        key: &str,
+        transport: &'static str,
+        result: Result<Delivered, LinkError>,
+    ) {
+        if key.is_empty() {
+            if let Err(e) = result {
+                debug!(error = %e, "cannot withdraw an intent");
+            }
+            return;
+        }
+        match result {
+            Ok(Delivered::Sent) => {
+                if let Some(job) = self.open.get_mut(key) {
+                    let (delivery, _) = delivery::step(
+                        &job.facts(),
+                        &DeliveryEvent::Delivered {
+                            at: Timestamp::now(),
+                        },
+                    );
+                    job.delivery = delivery;
+                    debug!(key, transport, "intent delivered");
+                }
+            }
+            Ok(Delivered::NotConnected) => debug!(key, transport, "device not connected here"),
+            Err(e) => warn!(key, error = %e, "cannot deliver an intent; trying again later"),
+        }
+    }
+
+    /// The sweeper: sends again what was not acknowledged in time, tries
+    /// again what never got out, and expires what was never taken.
+    async fn sweep(&mut self) {
+        let now = Timestamp::now();
+        let timeout = self.ack_timeout();
+        let mut expired = Vec::new();
+        let keys: Vec<String> = self.open.keys().cloned().collect();
+        for key in keys {
+            let Some(job) = self.open.get_mut(&key) else {
+                continue;
+            };
+            let retry_created = job.delivery == Delivery::Created
+                && job
+                    .last_attempt
+                    .is_none_or(|at| now.duration_since(at) >= timeout);
+            if retry_created {
+                self.ensure_device(&key).await;
+            }
+            let Some(job) = self.open.get_mut(&key) else {
+                continue;
+            };
+            let event = if retry_created {
+                DeliveryEvent::Consider { now }
+            } else {
+                DeliveryEvent::Tick {
+                    now,
+                    ack_timeout: timeout,
+                }
+            };
+            let (delivery, effects) = delivery::step(&job.facts(), &event);
+            if matches!(delivery, Delivery::Expired { .. }) {
+                expired.push((key, delivery));
+                continue;
+            }
+            if delivery == Delivery::Created && matches!(job.delivery, Delivery::Sent { .. }) {
+                info!(job_id = %job.intent.job_id, device = %job.intent.device_id, "no ack in time; sending the job again");
+            }
+            job.delivery = delivery;
+            for effect in effects {
+                self.effect(key.clone(), effect);
+            }
+        }
+        for (key, delivery) in expired {
+            self.expire(&key, delivery).await;
+        }
+        self.start_queued();
+    }
+
+    async fn expire(&mut self, key: &str, delivery: Delivery) {
+        let result = self
+            .db
+            .update::<JobDelivery, _>(key, |current| {
+                let mut job = current?;
+                if job.status.is_some() || matches!(job.delivery, Delivery::Expired { .. }) {
+                    return None;
+                }
+                job.delivery = delivery.clone();
+                Some(job)
+            })
+            .await;
+        match result {
+            Ok(Some(job)) if matches!(job.delivery, Delivery::Expired { .. }) => {
+                info!(job_id = %job.intent.job_id, device = %job.intent.device_id, "intent expired before the device took it");
+                self.forget(key);
+                self.effect(key.to_owned(), Effect::Withdraw);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(key, error = %e, "cannot expire a job"),
+        }
+    }
+
+    /// Applies a batch of inbound events in as few commits as it takes.
+    async fn handle(&mut self, batch: Vec<Event>) {
+        let mut pending = batch;
+        for round in 0..ROUNDS {
+            let mut work = Work::default();
+            for event in pending {
+                self.apply(event, &mut work).await;
+            }
+            pending = self.commit(work, round + 1 == ROUNDS).await;
+            if pending.is_empty() {
+                break;
+            }
+            debug!(
+                events = pending.len(),
+                "events lost a revision race; applying them again"
+            );
+        }
+        self.start_queued();
+    }
+
+    /// Commits a batch's writes, then answers its events and runs their
+    /// effects. Returns the events to apply again (their keys lost a race).
+    async fn commit(&mut self, work: Work, last_round: bool) -> Vec<Event> {
+        let mut ops = Vec::new();
+        let mut written: Vec<Written> = Vec::new();
+        for (key, (expected, job)) in &work.jobs {
+            match Db::encode(job) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), Some(job.clone()), None));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode a job record"),
+            }
+        }
+        for (key, (expected, device)) in &work.devices {
+            match Db::encode(device) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), None, Some((device.id.clone(), device.clone()))));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode a device record"),
+            }
+        }
+        let mut cursor_keys = Vec::new();
+        for (transport, position) in &work.cursors {
+            let key = cursor_key(transport);
+            match self.db.get::<u64>(&key).await {
+                Ok(current) => {
+                    let (expected, stored) = current.unwrap_or((0, 0));
+                    if *position > stored
+                        && let Ok(value) = Db::encode(position)
+                    {
+                        ops.push(Op::Put {
+                            key: key.clone(),
+                            value,
+                            expected,
+                        });
+                        cursor_keys.push(key);
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot read a status cursor"),
+            }
+        }
+        let results = if ops.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.db.commit(ops).await
+        };
+        let results = match results {
+            Ok(results) => results,
+            Err(e) => {
+                warn!(error = %e, "cannot commit what agents reported; they send it again");
+                for outcome in work.outcomes {
+                    if let Some(reply) = outcome.reply {
+                        reply.send(Answer::Failed(e.to_string()));
+                    }
+                }
+                return Vec::new();
+            }
+        };
+        let mut lost: HashSet<String> = HashSet::new();
+        for ((key, job, device), result) in written.into_iter().zip(&results) {
+            match result {
+                Ok(revision) => {
+                    if let Some(job) = job {
+                        let was_open = self.open.get(&key).map(|o| o.delivery.clone());
+                        if self.track(&key, *revision, &job)
+                            && let (Some(open), Some(delivery)) =
+                                (self.open.get_mut(&key), was_open)
+                            && matches!(job.delivery, Delivery::Created)
+                        {
+                            // The in-memory state (sent, acked) is ahead of the stored one.
+                            open.delivery = delivery;
+                        }
+                    }
+                    if let Some((id, record)) = device {
+                        self.devices.insert(id, (*revision, record));
+                    }
+                }
+                Err(e) if e.is_conflict() => {
+                    if let Some((id, _)) = device {
+                        self.devices.remove(&id);
+                    }
+                    lost.insert(key);
+                }
+                Err(e) => {
+                    warn!(key, error = %e, "a write was not applied");
+                    lost.insert(key);
+                }
+            }
+        }
+        for transport in work.caught_up {
+            if self.behind.remove(transport) && self.behind.is_empty() {
+                info!("every broker's backlog of statuses is committed");
+                self.caught_up.send_replace(true);
+            }
+        }
+        let mut again = Vec::new();
+        for outcome in work.outcomes {
+            let raced = outcome.keys.iter().any(|k| lost.contains(k));
+            if raced
+                && !last_round
+                && let Some(mut event) = outcome.retry
+            {
+                put_reply(&mut event, outcome.reply);
+                again.push(event);
+                continue;
+            }
+            if let Some(reply) = outcome.reply {
+                if raced {
+                    reply.send(Answer::Failed("the record kept changing; try again".into()));
+                } else {
+                    reply.send(outcome.answer);
+                }
+            }
+            if !raced {
+                for (key, effect) in outcome.effects {
+                    self.effect(key, effect);
+                }
+            }
+        }
+        again
+    }
+
+    async fn apply(&mut self, mut event: Event, work: &mut Work) {
+        let transport = event.transport;
+        let reply = take_reply(&mut event);
+        let outcome = match &event.inbound {
+            Inbound::Status {
+                device,
+                status,
+                received_at,
+                position,
+                ..
+            } => {
+                if let Some(position) = position {
+                    let cursor = work.cursors.entry(transport).or_insert(0);
+                    *cursor = (*cursor).max(*position);
+                }
+                self.status(device, status, *received_at, work).await
+            }
+            Inbound::Ack { device, job_id } => {
+                let key = job_key(device, *job_id);
+                if let Some(job) = self.open.get_mut(&key) {
+                    let (delivery, _) = delivery::step(
+                        &job.facts(),
+                        &DeliveryEvent::Ack {
+                            at: Timestamp::now(),
+                        },
+                    );
+                    job.delivery = delivery;
+                }
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::Hello { device, hello, .. } => {
+                self.hello(transport, device, hello, work).await
+            }
+            Inbound::Heartbeat { device, heartbeat } => {
+                self.heartbeat(transport, device, heartbeat, work).await
+            }
+            Inbound::Gone { device } => {
+                self.presence.update(device, |live| {
+                    let live = live?;
+                    (live.transport == transport).then(|| Live {
+                        connected: false,
+                        ..live.clone()
+                    })
+                });
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::CaughtUp => {
+                work.caught_up.push(transport);
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+        };
+        let (answer, keys, effects) = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => (Answer::Failed(e.to_string()), Vec::new(), Vec::new()),
+        };
+        let retry = (!keys.is_empty()).then_some(event);
+        work.outcomes.push(EventOutcome {
+            reply,
+            answer,
+            keys,
+            effects,
+            retry,
+        });
+    }
+
+    /// The current record of a job: this batch's pending write, else the store.
+    async fn job_record(
+        &self,
+        key: &str,
+        work: &Work,
+    ) -> Result<Option<(u64, JobDelivery)>, DbError> {
+        if let Some((expected, job)) = work.jobs.get(key) {
+            return Ok(Some((*expected, job.clone())));
+        }
+        self.db.get::<JobDelivery>(key).await
+    }
+
+    /// A status, whatever the transport: stored unless stale, a duplicate,
+    /// for another device or another attempt; a finished job's status never
+    /// changes again.
+    async fn status(
+        &mut self,
+        device: &DeviceId,
+        status: &JobStatus,
+        received_at: Timestamp,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if &status.device_id != device {
+            return Ok((
+                Answer::Refused(format!(
+                    "status for device {} refused on the connection of {device}",
+                    status.device_id
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        let key = job_key(device, status.job_id);
+        let Some((expected, mut job)) = self.job_record(&key, work).await? else {
+            return Ok((
+                Answer::Refused(format!("unknown job {}", status.job_id)),
+                Vec::new(),
+                Vec::new(),
+            ));
+        };
+        if job.intent.attempt != status.attempt {
+            return Ok((
+                Answer::Refused(format!(
+                    "status for attempt {} of job {} refused: the current attempt is {}",
+                    status.attempt, status.job_id, job.intent.attempt
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        let finished = job.status.as_ref().is_some_and(|s| s.state.is_terminal());
+        if let Some(old) = &job.status
+            && (finished || old.seq >= status.seq)
+        {
+            debug!(job_id = %status.job_id, seq = status.seq, "duplicate or stale status ignored");
+            let effects = if finished {
+                vec![(key.clone(), Effect::Withdraw)]
+            } else {
+                Vec::new()
+            };
+            return Ok((Answer::Stored, Vec::new(), effects));
+        }
+        let now = Timestamp::now();
+        let terminal = status.state.is_terminal();
+        let facts = JobFacts {
+            delivery: self
+                .open
+                .get(&key)
+                .map_or_else(|| job.delivery.clone(), |o| o.delivery.clone()),
+            has_status: job.status.is_some(),
+            finished,
+            expires_at: job.intent.expires_at,
+        };
+        let (delivery, effects) =
+            delivery::step(&facts, &DeliveryEvent::Status { terminal, at: now });
+        // `Sent` is never stored.
+        job.delivery = match delivery {
+            Delivery::Sent { .. } => Delivery::Created,
+            other => other,
+        };
+        job.status = Some(status.clone());
+        if terminal {
+            job.terminal_received_at = Some(received_at.min(now));
+        }
+        debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
+        work.jobs.insert(key.clone(), (expected, job));
+        let effects = effects.into_iter().map(|e| (key.clone(), e)).collect();
+        Ok((Answer::Stored, vec![key], effects))
+    }
+
+    /// The stored device record (cached), or a new one.
+    async fn device_record(
+        &mut self,
+        device: &DeviceId,
+        work: &Work,
+    ) -> Result<(u64, DeviceRecord), DbError> {
+        let key = device_key(device);
+        if let Some(pending) = work.devices.get(&key) {
+            return Ok(pending.clone());
+        }
+        if let Some(cached) = self.devices.get(device) {
+            return Ok(cached.clone());
+        }
+        let found = self
+            .db
+            .get::<DeviceRecord>(&key)
+            .await?
+            .unwrap_or_else(|| (0, DeviceRecord::new(device.clone())));
+        self.devices.insert(device.clone(), found.clone());
+        Ok(found)
+    }
+
+    /// Writes the device record if `change` altered anything an operator or
+    /// the planner reads, or its last-seen time is stale in the store.
+    async fn touch_device(
+        &mut self,
+        device: &DeviceId,
+        work: &mut Work,
+        change: impl FnOnce(&mut DeviceRecord),
+    ) -> Result<Vec<String>, DbError> {
+        let (expected, stored) = self.device_record(device, work).await?;
+        let mut record = stored.clone();
+        change(&mut record);
+        let now = Timestamp::now();
+        let stale = record
+            .last_seen
+            .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST);
+        if record == stored && !stale && expected != 0 {
+            return Ok(Vec::new());
+        }
+        record.last_seen = Some(now);
+        let key = device_key(device);
+        work.devices.insert(key.clone(), (expected, record));
+        Ok(vec![key])
+    }
+
+    async fn hello(
+        &mut self,
+        transport: &'static str,
+        device: &DeviceId,
+        hello: &AgentHello,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        let now = Timestamp::now();
+        self.presence.update(device, |live| {
+            Some(Live {
+                transport,
+                connected: true,
+                last_seen: now,
+                last_heartbeat: live.and_then(|l| l.last_heartbeat),
+            })
+        });
+        let keys = self
+            .touch_device(device, work, |record| {
+                record.agent_present = true;
+                record.agent_version = Some(hello.agent_version.clone());
+                record.boot_id = Some(hello.boot_id.clone());
+                record.capabilities = hello.capabilities.clone();
+                record.transport = Some(transport.to_owned());
+            })
+            .await?;
+        // Resync: jobs it holds are acknowledged; jobs sent but not held
+        // were lost on the way and go out again.
+        let held: HashSet<_> = hello.held.iter().map(|h| h.job_id).collect();
+        let mut effects = Vec::new();
+        let open: Vec<String> = self
+            .by_device
+            .get(device)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default();
+        for key in open {
+            let Some(job) = self.open.get_mut(&key) else {
+                continue;
+            };
+            let holds = held.contains(&job.intent.job_id);
+            let (delivery, these) =
+                delivery::step(&job.facts(), &DeliveryEvent::Hello { holds, at: now });
+            job.delivery = delivery;
+            effects.extend(these.into_iter().map(|e| (key.clone(), e)));
+        }
+        info!(device = %device, transport, held = hello.held.len(), "agent connected");
+        Ok((Answer::Stored, keys, effects))
+    }
+
+    async fn heartbeat(
+        &mut self,
+        transport: &'static str,
+        device: &DeviceId,
+        heartbeat: &Heartbeat,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if &heartbeat.device_id != device {
+            return Ok((
+                Answer::Refused(format!(
+                    "heartbeat for device {} refused on the connection of {device}",
+                    heartbeat.device_id
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        let now = Timestamp::now();
+        self.presence.update(device, |_| {
+            Some(Live {
+                transport,
+                connected: true,
+                last_seen: now,
+                last_heartbeat: Some(now),
+            })
+        });
+        let keys = self
+            .touch_device(device, work, |record| {
+                record.agent_present = true;
+                record.boot_id = Some(heartbeat.boot_id.clone());
+                record.capabilities = heartbeat.capabilities.clone();
+                record.agent_version = Some(heartbeat.agent_version.clone());
+                record.os_release = Some(heartbeat.os_release.clone());
+                record.architecture = Some(heartbeat.architecture.clone());
+                record.transport = Some(transport.to_owned());
+                if record
+                    .last_heartbeat
+                    .is_none_or(|at| now.duration_since(at) >= PRESENCE_PERSIST)
+                {
+                    record.last_heartbeat = Some(now);
+                }
+            })
+            .await?;
+        Ok((Answer::Stored, keys, Vec::new()))
+    }
+
+    /// Writes last-seen times that went stale in the store, in one commit.
+    async fn flush_presence(&mut self) {
+        let now = Timestamp::now();
+        let stale: Vec<DeviceId> = self
+            .devices
+            .iter()
+            .filter(|(id, (_, record))| {
+                self.presence.get(id).is_some_and(|live| {
+                    live.connected
+                        && record
+                            .last_seen
+                            .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST)
+                })
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let mut work = Work::default();
+        for device in &stale {
+            if let Err(e) = self.touch_device(device, &mut work, |_| {}).await {
+                warn!(device = %device, error = %e, "cannot refresh a last-seen time");
+            }
+        }
+        let _ = self.commit(work, true).await;
+    }
+}
+
+fn drain(events: &mut mpsc::Receiver<Event>, batch: &mut Vec<Event>) {
+    while batch.len() < MAX_BATCH {
+        match events.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
+        }
+    }
+}
+
+fn take_reply(event: &mut Event) -> Option<Reply> {
+    match &mut event.inbound {
+        Inbound::Hello { reply, .. } | Inbound::Status { reply, .. } => {
+            Some(std::mem::replace(reply, Reply::none()))
+        }
+        Inbound::Ack { .. }
+        | Inbound::Heartbeat { .. }
+        | Inbound::Gone { .. }
+        | Inbound::CaughtUp => None,
+    }
+}
+
+fn put_reply(event: &mut Event, reply: Option<Reply>) {
+    let Some(reply) = reply else { return };
+    match &mut event.inbound {
+        Inbound::Hello { reply: slot, .. } | Inbound::Status { reply: slot, .. } => *slot = reply,
+        Inbound::Ack { .. }
+        | Inbound::Heartbeat { .. }
+        | Inbound::Gone { .. }
+        | Inbound::CaughtUp => {}
+    }
+}
+
+/// Where a transport's replay position is kept: every status up to it is committed.
+pub fn cursor_key(transport: &str) -> String {
+    format!("cursors/{transport}")
+}
+
+fn parse_job_key(key: &str) -> Option<(DeviceId, agent_core::JobId)> {
+    let mut parts = key.strip_prefix("jobs/")?.splitn(2, '/');
+    let device = DeviceId::new(parts.next()?).ok()?;
+    let job = parts.next()?.parse().ok()?;
+    Some((device, job))
+}

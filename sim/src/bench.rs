@@ -1,0 +1,435 @@
+//! The fleet benchmark: for each fleet size, a fresh `drover serve` (and
+//! nats-server for NATS) in a temporary directory, N devices registered in
+//! one request, N simulated agents connected, then one TaskRun applied and
+//! followed to Complete. It prints figures; it asserts nothing about time.
+//!
+//! Measured on the control plane's process: wall time from apply to
+//! Complete, CPU time per device during the run, resident memory per
+//! connected idle device, and bytes written to storage per device per run.
+
+use crate::procstat::{self, Usage};
+use crate::{Behaviour, SimAgent, Stats, device_ids};
+use agent_core::DeviceId;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Websocket,
+    Nats,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub sizes: Vec<usize>,
+    pub transport: Transport,
+    /// The `drover` binary to benchmark (a release build, normally).
+    pub drover: PathBuf,
+    /// Statuses each simulated agent sends per job.
+    pub statuses_per_job: usize,
+    /// How long to wait for a run to complete before giving up on a size.
+    pub run_timeout: Duration,
+    /// Keep the temporary directories.
+    pub keep: bool,
+}
+
+/// One row of the benchmark's table.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub devices: usize,
+    pub transport: Transport,
+    pub connect_seconds: f64,
+    pub run_seconds: f64,
+    pub cpu_ms_per_device: f64,
+    pub idle_rss_kib_per_device: f64,
+    pub written_kib_per_device: f64,
+    pub complete: bool,
+}
+
+impl Figures {
+    pub fn header() -> &'static str {
+        "| devices | transport | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) |\n|---|---|---|---|---|---|---|"
+    }
+
+    pub fn row(&self) -> String {
+        format!(
+            "| {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} |",
+            self.devices,
+            match self.transport {
+                Transport::Websocket => "WebSocket",
+                Transport::Nats => "NATS",
+            },
+            self.connect_seconds,
+            if self.complete {
+                ""
+            } else {
+                "not complete after "
+            },
+            self.run_seconds,
+            self.cpu_ms_per_device,
+            self.idle_rss_kib_per_device,
+            self.written_kib_per_device,
+        )
+    }
+}
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+const CP_USER: &str = "drover-control-plane";
+const CP_PASSWORD: &str = "bench-secret";
+
+/// Starts nats-server with JetStream and one user per device.
+fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+    let port = free_port()?;
+    let auth = transport_nats::server::authorization_config((CP_USER, CP_PASSWORD), tokens);
+    let config = format!(
+        "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
+         jetstream {{ store_dir: {:?} }}\n{auth}",
+        dir.join("js").display().to_string()
+    );
+    let path = dir.join("nats.conf");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join("nats.log"))?;
+    let child = Command::new("nats-server")
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start nats-server (apt-get install nats-server)")?;
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "nats-server did not start; see {}",
+                dir.join("nats.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((process, format!("nats://127.0.0.1:{port}")))
+}
+
+/// `drover serve` on the embedded store; returns the process, API and agent addresses.
+fn start_drover(
+    drover: &Path,
+    dir: &Path,
+    nats_url: Option<&str>,
+) -> Result<(Process, String, String)> {
+    let ready = dir.join("ready.json");
+    let log = std::fs::File::create(dir.join("drover.log"))?;
+    let mut command = Command::new(drover);
+    command
+        .arg("--data")
+        .arg(dir.join("data"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    if let Some(url) = nats_url {
+        command.args([
+            "--nats-url",
+            url,
+            "--nats-user",
+            CP_USER,
+            "--nats-password",
+            CP_PASSWORD,
+        ]);
+    }
+    let process = Process(
+        command
+            .spawn()
+            .with_context(|| format!("cannot start {}", drover.display()))?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addresses: Value = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            break serde_json::from_str(&text)?;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "drover serve did not start; see {}",
+                dir.join("drover.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let field = |name: &str| -> Result<String> {
+        Ok(addresses[name]
+            .as_str()
+            .context("ready file without addresses")?
+            .to_owned())
+    };
+    Ok((process, field("api")?, field("agents")?))
+}
+
+struct Api {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let response = self
+            .http
+            .post(format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{path} answered {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        Ok(self
+            .http
+            .get(format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+}
+
+/// Registers every device in one request (a List of Device manifests).
+pub async fn register(api_base: &str, token: &str, devices: &[DeviceId]) -> Result<()> {
+    let api = Api {
+        base: api_base.to_owned(),
+        token: token.to_owned(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()?,
+    };
+    let items: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            json!({"apiVersion": drover::records::API_VERSION, "kind": "Device",
+                   "metadata": {"name": d.as_str()}, "spec": {"groups": ["bench"]}})
+        })
+        .collect();
+    api.post(
+        "/apply",
+        &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Starts `count` simulated agents; returns their shared counters.
+pub fn spawn_agents(
+    transport: Transport,
+    agent_url: &str,
+    tokens: &[(DeviceId, String)],
+    behaviour: Behaviour,
+    shutdown: &CancellationToken,
+) -> Result<Arc<Stats>> {
+    let stats = Arc::new(Stats::default());
+    let behaviour = Arc::new(behaviour);
+    let ws_target = match transport {
+        Transport::Websocket => Some(crate::ws::Target {
+            addr: agent_url
+                .trim_start_matches("ws://")
+                .parse()
+                .context("agent address")?,
+        }),
+        Transport::Nats => None,
+    };
+    for (index, (device, token)) in tokens.iter().enumerate() {
+        let agent = SimAgent::new(device.clone(), behaviour.clone(), stats.clone());
+        let token = token.clone();
+        let shutdown = shutdown.clone();
+        match ws_target {
+            Some(target) => {
+                tokio::spawn(crate::ws::play(target, index, token, agent, shutdown));
+            }
+            None => {
+                tokio::spawn(crate::nats::play(
+                    agent_url.to_owned(),
+                    token,
+                    agent,
+                    shutdown,
+                ));
+            }
+        }
+    }
+    Ok(stats)
+}
+
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl AsyncFnMut() -> Result<bool>,
+) -> Result<f64> {
+    let start = Instant::now();
+    loop {
+        if ready().await? {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs the benchmark for one fleet size.
+pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> {
+    let dir = tempfile::Builder::new().prefix("drover-bench-").tempdir()?;
+    let secrets = drover::auth::Secrets::load_or_create(&dir.path().join("data"), None)?;
+    let ids = device_ids("bench-", devices);
+    let tokens: Vec<(DeviceId, String)> = ids
+        .iter()
+        .map(|d| (d.clone(), secrets.device_token(d)))
+        .collect();
+    let nats = match options.transport {
+        Transport::Nats => Some(start_nats(dir.path(), &tokens)?),
+        Transport::Websocket => None,
+    };
+    let nats_url = nats.as_ref().map(|(_, url)| url.clone());
+    let (cp, api_base, agent_addr) =
+        start_drover(&options.drover, dir.path(), nats_url.as_deref())?;
+    let pid = cp.0.id();
+    let api = Api {
+        base: format!("http://{api_base}"),
+        token: secrets.operator_token().to_owned(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()?,
+    };
+    register(&api.base, &api.token, &ids).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before_agents = procstat::usage(pid).context("control-plane usage")?;
+
+    let shutdown = CancellationToken::new();
+    let agent_url = match &nats_url {
+        Some(url) => url.clone(),
+        None => format!("ws://{agent_addr}"),
+    };
+    let behaviour = Behaviour {
+        statuses_per_job: options.statuses_per_job,
+        ..Behaviour::default()
+    };
+    let stats = spawn_agents(options.transport, &agent_url, &tokens, behaviour, &shutdown)?;
+    let connect_seconds = wait_for(
+        "every simulated agent to be registered",
+        Duration::from_secs(600),
+        async || {
+            if stats.connected.load(Ordering::Relaxed) < devices {
+                return Ok(false);
+            }
+            let summary = api.get("/summary").await?;
+            Ok(summary["agentsPresent"].as_u64() == Some(devices as u64))
+        },
+    )
+    .await?;
+    // Idle: every agent connected, nothing to do.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle = procstat::usage(pid).context("control-plane usage")?;
+
+    let run = format!("bench-{devices}");
+    let start: Usage = procstat::usage(pid).context("control-plane usage")?;
+    let started = Instant::now();
+    api.post(
+        "/apply",
+        &json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
+                "metadata": {"name": run},
+                "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
+    )
+    .await?;
+    let mut complete = false;
+    loop {
+        let status = api.get(&format!("/taskruns/{run}")).await?;
+        let phase = status["status"]["phase"].as_str().unwrap_or("");
+        if phase == "Complete" {
+            complete = true;
+            break;
+        }
+        if phase == "Failed" {
+            eprintln!("run failed: {}", status["status"]);
+            break;
+        }
+        if started.elapsed() > options.run_timeout {
+            eprintln!(
+                "run not complete after {:?}: {}; agents: {}",
+                options.run_timeout,
+                status["status"],
+                stats.snapshot()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let run_seconds = started.elapsed().as_secs_f64();
+    let end = procstat::usage(pid).context("control-plane usage")?;
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(cp);
+    drop(nats);
+    if options.keep {
+        let kept = dir.keep();
+        eprintln!("kept {}", kept.display());
+    }
+    let n = devices as f64;
+    Ok(Figures {
+        devices,
+        transport: options.transport,
+        connect_seconds,
+        run_seconds,
+        cpu_ms_per_device: (end.cpu.saturating_sub(start.cpu)).as_secs_f64() * 1000.0 / n,
+        idle_rss_kib_per_device: idle.rss_bytes.saturating_sub(before_agents.rss_bytes) as f64
+            / 1024.0
+            / n,
+        written_kib_per_device: end.written_bytes.saturating_sub(start.written_bytes) as f64
+            / 1024.0
+            / n,
+        complete,
+    })
+}

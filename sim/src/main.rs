@@ -1,0 +1,147 @@
+//! drover-sim: play many agents against a control plane (`agents`), or run
+//! the fleet benchmark (`bench`), which prints a table of figures.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use drover_sim::bench::{self, BenchOptions, Figures, Transport};
+use drover_sim::{Behaviour, device_ids};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "drover-sim",
+    version,
+    about = "Drover's fleet simulator and benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Play N agents (devices PREFIX00000…) until interrupted.
+    Agents {
+        #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+        transport: Transport,
+        /// ws://HOST:PORT of `drover serve --agent-listen`, or nats://HOST:PORT.
+        #[arg(long)]
+        url: String,
+        /// The control plane's data directory, whose secret.key makes the device tokens.
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value_t = 100)]
+        devices: usize,
+        #[arg(long, default_value = "sim-")]
+        prefix: String,
+        #[arg(long, default_value_t = 30)]
+        heartbeat_seconds: u64,
+        #[arg(long, default_value_t = 7)]
+        statuses_per_job: usize,
+    },
+    /// Measure apply → Complete, CPU, memory and disk writes of `drover serve`
+    /// for each fleet size; prints a Markdown table.
+    Bench {
+        /// Fleet sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        devices: Vec<usize>,
+        #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+        transport: Transport,
+        /// The drover binary (default: next to this one).
+        #[arg(long)]
+        drover: Option<PathBuf>,
+        #[arg(long, default_value_t = 7)]
+        statuses_per_job: usize,
+        #[arg(long, default_value_t = 600)]
+        run_timeout_seconds: u64,
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Agents {
+                transport,
+                url,
+                data,
+                devices,
+                prefix,
+                heartbeat_seconds,
+                statuses_per_job,
+            } => {
+                let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
+                let tokens: Vec<_> = device_ids(&prefix, devices)
+                    .into_iter()
+                    .map(|d| {
+                        let token = secrets.device_token(&d);
+                        (d, token)
+                    })
+                    .collect();
+                let shutdown = CancellationToken::new();
+                let behaviour = Behaviour {
+                    heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
+                    statuses_per_job,
+                };
+                let stats = bench::spawn_agents(transport, &url, &tokens, behaviour, &shutdown)?;
+                let mut report = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    tokio::select! {
+                        _ = report.tick() => eprintln!("{}", stats.snapshot()),
+                        _ = agent_core::shutdown::wait_for_signal() => break,
+                    }
+                }
+                shutdown.cancel();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                eprintln!("{}", stats.snapshot());
+                Ok(())
+            }
+            Command::Bench {
+                devices,
+                transport,
+                drover,
+                statuses_per_job,
+                run_timeout_seconds,
+                keep,
+            } => {
+                let drover = match drover {
+                    Some(path) => path,
+                    None => std::env::current_exe()?
+                        .parent()
+                        .context("no directory of this binary")?
+                        .join("drover"),
+                };
+                let options = BenchOptions {
+                    sizes: devices.clone(),
+                    transport,
+                    drover,
+                    statuses_per_job,
+                    run_timeout: Duration::from_secs(run_timeout_seconds),
+                    keep,
+                };
+                println!("{}", Figures::header());
+                for size in devices {
+                    match bench::measure(&options, size).await {
+                        Ok(figures) => println!("{}", figures.row()),
+                        Err(e) => println!("| {size} | {transport:?} | failed: {e:#} | | | | |"),
+                    }
+                }
+                Ok(())
+            }
+        }
+    })
+}

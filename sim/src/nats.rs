@@ -1,0 +1,142 @@
+//! Simulated agents over NATS JetStream: one client per device, logged in
+//! with its device id and token, on the subjects `drover nats-config`
+//! permits: the republished intent subject, a hello after every connect,
+//! status puts into the status bucket (the JetStream ack confirms them) and
+//! heartbeats.
+
+use crate::SimAgent;
+use agent_core::wire::parse_intent_bytes;
+use futures_util::StreamExt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use transport_nats::{
+    Hello, HelloReply, INTENT_REPUBLISH_PREFIX, STATUS_BUCKET, heartbeat_subject, hello_subject,
+    inbox_prefix, key, key_subject,
+};
+
+/// Plays one agent until `shutdown`; async-nats reconnects by itself.
+pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: CancellationToken) {
+    loop {
+        match session(&url, &token, &mut agent, &shutdown).await {
+            Ok(()) => return,
+            Err(e) => {
+                agent.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(device = %agent.device, error = %e, "simulated NATS agent failed");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        agent.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+async fn session(
+    url: &str,
+    token: &str,
+    agent: &mut SimAgent,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let client = async_nats::ConnectOptions::with_user_and_password(
+        agent.device.to_string(),
+        token.to_owned(),
+    )
+    .custom_inbox_prefix(inbox_prefix(&agent.device))
+    .connect(url)
+    .await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let mut intents = client
+        .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{}.>", agent.device))
+        .await?;
+    agent.stats.connected.fetch_add(1, Ordering::Relaxed);
+    let result = async {
+        let mut greeted = hello(&client, agent).await;
+        let mut heartbeat = tokio::time::interval_at(
+            tokio::time::Instant::now() + agent.behaviour.heartbeat,
+            agent.behaviour.heartbeat,
+        );
+        let mut retry = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            flush(&js, agent).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = retry.tick() => {
+                    if !greeted {
+                        greeted = hello(&client, agent).await;
+                    }
+                }
+                _ = heartbeat.tick() => publish_heartbeat(&client, agent).await,
+                message = intents.next() => {
+                    let Some(message) = message else { anyhow::bail!("subscription closed") };
+                    let deleted = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("KV-Operation"))
+                        .is_some();
+                    if deleted {
+                        continue;
+                    }
+                    if let Ok(intent) = parse_intent_bytes(&message.payload)
+                        && agent.take(&intent).is_some()
+                    {
+                        flush(&js, agent).await;
+                        publish_heartbeat(&client, agent).await;
+                    }
+                }
+            }
+        }
+    }
+    .await;
+    agent.stats.connected.fetch_sub(1, Ordering::Relaxed);
+    result
+}
+
+async fn hello(client: &async_nats::Client, agent: &SimAgent) -> bool {
+    let hello = Hello {
+        device_id: agent.device.clone(),
+        agent_version: "sim".into(),
+        boot_id: agent.boot_id.clone(),
+        capabilities: SimAgent::capabilities(),
+        jobs: agent.held(),
+    };
+    let Ok(payload) = serde_json::to_vec(&hello) else {
+        return false;
+    };
+    let request = client.request(hello_subject(&agent.device), payload.into());
+    match tokio::time::timeout(Duration::from_secs(10), request).await {
+        Ok(Ok(reply)) => serde_json::from_slice::<HelloReply>(&reply.payload)
+            .is_ok_and(|reply| reply.error.is_none()),
+        _ => false,
+    }
+}
+
+/// Puts every unconfirmed status; a JetStream ack confirms it.
+async fn flush(js: &async_nats::jetstream::Context, agent: &mut SimAgent) {
+    let pending: Vec<(u64, Vec<u8>, String)> = agent
+        .pending()
+        .iter()
+        .filter_map(|(id, status)| {
+            let subject = key_subject(STATUS_BUCKET, &key(&status.device_id, status.job_id));
+            Some((*id, serde_json::to_vec(status).ok()?, subject))
+        })
+        .collect();
+    for (id, payload, subject) in pending {
+        let acked = match js.publish(subject, payload.into()).await {
+            Ok(ack) => tokio::time::timeout(Duration::from_secs(10), ack).await,
+            Err(_) => return,
+        };
+        match acked {
+            Ok(Ok(_)) => agent.confirm(id),
+            _ => return,
+        }
+    }
+}
+
+async fn publish_heartbeat(client: &async_nats::Client, agent: &mut SimAgent) {
+    let subject = heartbeat_subject(&agent.device);
+    if let Ok(payload) = serde_json::to_vec(&agent.heartbeat()) {
+        let _ = client.publish(subject, payload.into()).await;
+    }
+}

@@ -1,0 +1,52 @@
+//! What a process has used, from /proc: CPU time, resident memory, and bytes
+//! it caused to be written to storage.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu: Duration,
+    pub rss_bytes: u64,
+    /// `write_bytes` of /proc/PID/io: what reached the block layer.
+    pub written_bytes: u64,
+}
+
+/// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
+const TICKS: u64 = 100;
+
+pub fn usage(pid: u32) -> Option<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state(0) ... utime(11) stime(12).
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())?;
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let written_bytes = io
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some(Usage {
+        cpu: Duration::from_millis((utime + stime) * 1000 / TICKS),
+        rss_bytes: rss_kib * 1024,
+        written_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let usage = usage(std::process::id()).expect("own usage");
+        assert!(usage.rss_bytes > 0);
+    }
+}

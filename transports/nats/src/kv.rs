@@ -1,0 +1,293 @@
+//! The control plane's store on NATS JetStream KV, for several replicas over
+//! one fleet. Every write is a compare-and-set on the key's revision (the
+//! stream sequence); writes of one commit go out together. Reads come from
+//! a mirror of the bucket that one watch keeps current (one consumer per
+//! replica, not one per listing), and every change the watch sees, whichever
+//! replica made it, is announced on the change feed. A read may lag a write
+//! of another replica; the write that follows it then fails its revision
+//! check, the key is read again from the server, and the caller retries.
+//! Keys map `/` to `.`, the bucket's subject separator.
+
+use async_nats::jetstream::{self, kv, stream};
+use drover_contract::BoxFuture;
+use drover_contract::kv::{Change, Entry, KvError, KvStore, Op, OpResults};
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tracing::warn;
+
+pub const BUCKET: &str = "drover-control-plane";
+/// Writes of one commit in flight at once.
+const IN_FLIGHT: usize = 256;
+
+fn db_error(e: impl std::fmt::Display) -> KvError {
+    KvError::Db(format!("NATS KV: {e}"))
+}
+
+fn to_nats(key: &str) -> String {
+    key.replace('/', ".")
+}
+
+fn from_nats(key: &str) -> String {
+    key.replace('.', "/")
+}
+
+#[derive(Default)]
+struct Mirror {
+    entries: BTreeMap<String, Entry>,
+}
+
+pub struct NatsKv {
+    kv: kv::Store,
+    /// A std Mutex: nothing awaits while it is held.
+    mirror: Arc<Mutex<Mirror>>,
+    changes: broadcast::Sender<Change>,
+}
+
+/// Applies a change to the mirror if it is newer; returns whether it was.
+fn apply(mirror: &Mutex<Mirror>, key: &str, revision: u64, value: Option<Vec<u8>>) -> bool {
+    let mut mirror = mirror.lock().unwrap_or_else(|p| p.into_inner());
+    if mirror
+        .entries
+        .get(key)
+        .is_some_and(|e| e.revision >= revision)
+    {
+        return false;
+    }
+    match value {
+        Some(value) => {
+            mirror
+                .entries
+                .insert(key.to_owned(), Entry { revision, value });
+        }
+        None => {
+            mirror.entries.remove(key);
+        }
+    }
+    true
+}
+
+impl NatsKv {
+    /// Opens the bucket, creating its stream if needed (directly: async-nats
+    /// 0.51 cannot create a bucket on nats-server 2.9), and fills the mirror.
+    pub async fn open(client: async_nats::Client) -> Result<Self, KvError> {
+        let js = jetstream::new(client);
+        let config = stream::Config {
+            name: format!("KV_{BUCKET}"),
+            subjects: vec![format!("$KV.{BUCKET}.>")],
+            max_messages_per_subject: 1,
+            storage: stream::StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: Duration::from_secs(120),
+            max_message_size: -1,
+            num_replicas: 1,
+            ..Default::default()
+        };
+        let mut created = js.get_or_create_stream(config).await.map_err(db_error)?;
+        let empty = created.info().await.map_err(db_error)?.state.messages == 0;
+        let kv = js.get_key_value(BUCKET).await.map_err(db_error)?;
+        let mirror = Arc::new(Mutex::new(Mirror::default()));
+        let (changes, _) = broadcast::channel(1 << 16);
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        tokio::spawn(follow(
+            kv.clone(),
+            mirror.clone(),
+            changes.clone(),
+            ready_tx,
+            empty,
+        ));
+        tokio::time::timeout(Duration::from_secs(120), ready)
+            .await
+            .map_err(|_| db_error("the bucket's mirror did not fill within 120 s"))?
+            .map_err(|_| db_error("the bucket's watch stopped"))?;
+        Ok(Self {
+            kv,
+            mirror,
+            changes,
+        })
+    }
+
+    /// Reads a key from the server into the mirror (after a lost race).
+    async fn refresh(&self, key: &str) {
+        if let Ok(entry) = self.kv.entry(to_nats(key)).await {
+            let mut mirror = self.mirror.lock().unwrap_or_else(|p| p.into_inner());
+            match entry.filter(|e| e.operation == kv::Operation::Put) {
+                Some(e) => {
+                    mirror.entries.insert(
+                        key.to_owned(),
+                        Entry {
+                            revision: e.revision,
+                            value: e.value.to_vec(),
+                        },
+                    );
+                }
+                None => {
+                    mirror.entries.remove(key);
+                }
+            }
+        }
+    }
+
+    async fn write(&self, op: Op) -> Result<u64, KvError> {
+        let key = op.key().to_owned();
+        let nats_key = to_nats(&key);
+        let result = match &op {
+            Op::Put {
+                value, expected: 0, ..
+            } => match self.kv.create(&nats_key, value.clone().into()).await {
+                Ok(revision) => Ok(revision),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Err(None),
+                Err(e) => Err(Some(db_error(e))),
+            },
+            Op::Put {
+                value, expected, ..
+            } => match self
+                .kv
+                .update(&nats_key, value.clone().into(), *expected)
+                .await
+            {
+                Ok(revision) => Ok(revision),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(None),
+                Err(e) => Err(Some(db_error(e))),
+            },
+            Op::Delete { expected, .. } => self
+                .kv
+                .delete_expect_revision(&nats_key, Some(*expected))
+                .await
+                .map(|()| 0)
+                .map_err(|_| None),
+        };
+        match result {
+            Ok(revision) => {
+                let value = match op {
+                    Op::Put { value, .. } => Some(value),
+                    Op::Delete { .. } => None,
+                };
+                let deleted = value.is_none();
+                if revision > 0 && apply(&self.mirror, &key, revision, value) {
+                    let _ = self.changes.send(Change {
+                        key,
+                        revision,
+                        deleted,
+                    });
+                } else if deleted {
+                    self.refresh(&key).await;
+                }
+                Ok(revision)
+            }
+            Err(None) => {
+                self.refresh(&key).await;
+                let found = self
+                    .mirror
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entries
+                    .get(&key)
+                    .map(|e| e.revision)
+                    .unwrap_or(0);
+                let expected = match op {
+                    Op::Put { expected, .. } | Op::Delete { expected, .. } => expected,
+                };
+                Err(KvError::Conflict {
+                    key,
+                    expected,
+                    found,
+                })
+            }
+            Err(Some(e)) => Err(e),
+        }
+    }
+}
+
+/// Keeps the mirror current from one watch over the whole bucket (last
+/// value of every key, then every change); says when it first caught up.
+async fn follow(
+    kv: kv::Store,
+    mirror: Arc<Mutex<Mirror>>,
+    changes: broadcast::Sender<Change>,
+    ready: tokio::sync::oneshot::Sender<()>,
+    empty: bool,
+) {
+    let mut ready = Some(ready);
+    if empty && let Some(ready) = ready.take() {
+        let _ = ready.send(());
+    }
+    loop {
+        match kv.watch_with_history(">").await {
+            Ok(mut watch) => {
+                while let Some(entry) = watch.next().await {
+                    let entry = match entry {
+                        Ok(entry) => entry,
+                        Err(e) => {
+                            warn!(error = %e, "the store's watch failed; watching again");
+                            break;
+                        }
+                    };
+                    let key = from_nats(&entry.key);
+                    let deleted = entry.operation != kv::Operation::Put;
+                    let value = (!deleted).then(|| entry.value.to_vec());
+                    if apply(&mirror, &key, entry.revision, value) {
+                        let _ = changes.send(Change {
+                            key,
+                            revision: entry.revision,
+                            deleted,
+                        });
+                    }
+                    if (entry.seen_current || entry.delta == 0)
+                        && let Some(ready) = ready.take()
+                    {
+                        let _ = ready.send(());
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot watch the store's bucket"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+impl KvStore for NatsKv {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, KvError>> {
+        let found = self
+            .mirror
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
+            .get(key)
+            .cloned();
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<(String, Entry)>, KvError>> {
+        let found: Vec<(String, Entry)> = self
+            .mirror
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<OpResults, KvError>> {
+        Box::pin(async move {
+            let results: OpResults = futures_util::stream::iter(ops)
+                .map(|op| self.write(op))
+                .buffered(IN_FLIGHT)
+                .collect()
+                .await;
+            Ok(results)
+        })
+    }
+
+    fn changes(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+}

@@ -1,0 +1,354 @@
+//! The control plane's side of the NATS mapping as an agent link. Intents
+//! are put into the intent bucket (republished to each device's subject) and
+//! deleted once decided; statuses come from one watch over the status bucket
+//! that resumes after the last position the control plane committed, so a
+//! status put while no control plane ran is still handed over; hellos
+//! (answered through a queue group, only into the device's own inbox) and
+//! heartbeats come from plain subjects.
+
+use crate::server::Buckets;
+use crate::{
+    HEARTBEAT_PREFIX, HELLO_PREFIX, HELLO_QUEUE, Hello, HelloReply, inbox_prefix, key, parse_key,
+};
+use agent_core::model::{Heartbeat, Intent, JobStatus};
+use agent_core::{DeviceId, JobId};
+use drover_contract::BoxFuture;
+use drover_contract::link::{
+    AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
+};
+use futures_util::StreamExt;
+use jiff::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+pub const TRANSPORT: &str = "nats";
+/// How long a hello waits for the delivery core.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct NatsLinks {
+    buckets: Buckets,
+    events: mpsc::Sender<Event>,
+}
+
+fn link_error(e: impl std::fmt::Display) -> LinkError {
+    LinkError {
+        transport: TRANSPORT,
+        reason: e.to_string(),
+    }
+}
+
+impl NatsLinks {
+    pub fn new(buckets: Buckets, events: mpsc::Sender<Event>) -> Arc<Self> {
+        Arc::new(Self { buckets, events })
+    }
+
+    /// Runs the watchers until `shutdown`. Statuses are handed over from the
+    /// bucket revision after `resume_after`.
+    pub async fn run(self: Arc<Self>, resume_after: u64, shutdown: CancellationToken) {
+        let statuses = tokio::spawn(self.clone().watch_statuses(resume_after, shutdown.clone()));
+        let heartbeats = tokio::spawn(self.clone().heartbeats(shutdown.clone()));
+        let hellos = tokio::spawn(self.clone().hellos(shutdown.clone()));
+        shutdown.cancelled().await;
+        statuses.abort();
+        heartbeats.abort();
+        hellos.abort();
+    }
+
+    async fn send(&self, inbound: Inbound) -> bool {
+        self.events
+            .send(Event {
+                transport: TRANSPORT,
+                inbound,
+            })
+            .await
+            .is_ok()
+    }
+
+    /// Hands over every status entry after `resume_after`, then follows new
+    /// ones; after an error it resumes after the last one handed over.
+    async fn watch_statuses(self: Arc<Self>, resume_after: u64, shutdown: CancellationToken) {
+        let mut next = resume_after + 1;
+        let mut caught_up = false;
+        loop {
+            // Everything up to the bucket's last revision now is backlog.
+            let backlog_end = match self.buckets.statuses.status().await {
+                Ok(status) => Some(status.info.state.last_sequence),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the status bucket's state");
+                    None
+                }
+            };
+            if !caught_up && backlog_end.is_some_and(|end| end < next) {
+                caught_up = self.send(Inbound::CaughtUp).await;
+            }
+            match self.buckets.statuses.watch_all_from_revision(next).await {
+                Ok(mut watch) => loop {
+                    let entry = tokio::select! {
+                        entry = watch.next() => entry,
+                        _ = shutdown.cancelled() => return,
+                    };
+                    match entry {
+                        Some(Ok(entry)) => {
+                            let revision = entry.revision;
+                            let current = entry.seen_current
+                                || backlog_end.is_some_and(|end| revision >= end);
+                            if let Some(inbound) = status_event(entry)
+                                && !self.send(inbound).await
+                            {
+                                return;
+                            }
+                            next = next.max(revision + 1);
+                            if current && !caught_up {
+                                caught_up = self.send(Inbound::CaughtUp).await;
+                            }
+                        }
+                        Some(Err(e)) => {
+                            warn!(error = %e, after = next - 1, "status watch error; resuming");
+                            break;
+                        }
+                        None => break,
+                    }
+                },
+                Err(e) => warn!(error = %e, "cannot watch the status bucket"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Answers agents' hellos (one replica each, through a queue group).
+    async fn hellos(self: Arc<Self>, shutdown: CancellationToken) {
+        let client = self.buckets.client.clone();
+        let subscription = client
+            .queue_subscribe(format!("{HELLO_PREFIX}.*"), HELLO_QUEUE.to_owned())
+            .await;
+        let Some(mut messages) = Messages::new(subscription, "hellos", &shutdown) else {
+            return;
+        };
+        while let Some((device, message)) = messages.next().await {
+            // Answer only into the device's own inbox: a reply subject is the
+            // sender's to choose, and must not aim answers at another
+            // device's subjects (A11).
+            let own_inbox = format!("{}.", inbox_prefix(&device));
+            let Some(reply_to) = message
+                .reply
+                .as_ref()
+                .filter(|r| r.as_str().starts_with(&own_inbox))
+                .cloned()
+            else {
+                warn!(device = %device, reply = ?message.reply, "hello without the device's own inbox ignored");
+                continue;
+            };
+            let answer = match serde_json::from_slice::<Hello>(&message.payload) {
+                Err(e) => Some(format!("unreadable hello: {e}")),
+                Ok(hello) if hello.device_id != device => Some(format!(
+                    "hello names device {}, but came from {device}",
+                    hello.device_id
+                )),
+                Ok(hello) => {
+                    let (reply, answer) = Reply::channel();
+                    let event = Inbound::Hello {
+                        device: device.clone(),
+                        hello: Box::new(AgentHello {
+                            agent_version: hello.agent_version,
+                            boot_id: hello.boot_id,
+                            capabilities: hello.capabilities,
+                            held: hello.jobs,
+                        }),
+                        reply,
+                    };
+                    if !self.send(event).await {
+                        return;
+                    }
+                    // Answered in its own task: hellos do not wait on each other.
+                    let client = client.clone();
+                    let reply_to = reply_to.clone();
+                    tokio::spawn(async move {
+                        let error = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                            Ok(Ok(Answer::Stored)) => None,
+                            Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Some(e),
+                            Ok(Err(_)) | Err(_) => Some("the control plane did not answer".into()),
+                        };
+                        reply_hello(&client, reply_to, error).await;
+                    });
+                    None
+                }
+            };
+            if let Some(error) = answer {
+                warn!(device = %device, %error, "hello refused");
+                reply_hello(&client, reply_to, Some(error)).await;
+            }
+        }
+    }
+
+    async fn heartbeats(self: Arc<Self>, shutdown: CancellationToken) {
+        let subscription = self
+            .buckets
+            .client
+            .subscribe(format!("{HEARTBEAT_PREFIX}.*"))
+            .await;
+        let Some(mut messages) = Messages::new(subscription, "heartbeats", &shutdown) else {
+            return;
+        };
+        while let Some((device, message)) = messages.next().await {
+            let heartbeat: Heartbeat = match serde_json::from_slice(&message.payload) {
+                Ok(heartbeat) => heartbeat,
+                Err(e) => {
+                    debug!(device = %device, error = %e, "unreadable heartbeat ignored");
+                    continue;
+                }
+            };
+            if heartbeat.device_id != device {
+                warn!(device = %device, "heartbeat naming another device ignored");
+                continue;
+            }
+            let heartbeat = Box::new(heartbeat);
+            if !self.send(Inbound::Heartbeat { device, heartbeat }).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Messages on a per-device subject, with the device each names, until
+/// shutdown.
+struct Messages<'a> {
+    subscription: async_nats::Subscriber,
+    shutdown: &'a CancellationToken,
+}
+
+impl<'a> Messages<'a> {
+    fn new(
+        subscription: Result<async_nats::Subscriber, async_nats::SubscribeError>,
+        what: &str,
+        shutdown: &'a CancellationToken,
+    ) -> Option<Self> {
+        match subscription {
+            Ok(subscription) => Some(Self {
+                subscription,
+                shutdown,
+            }),
+            Err(e) => {
+                warn!(error = %e, "cannot subscribe to {what}");
+                None
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Option<(DeviceId, async_nats::Message)> {
+        loop {
+            let message = tokio::select! {
+                message = self.subscription.next() => message?,
+                _ = self.shutdown.cancelled() => return None,
+            };
+            if let Some(device) = device_of(message.subject.as_str()) {
+                return Some((device, message));
+            }
+        }
+    }
+}
+
+/// The device a plain subject ends in (`drover.hello.<device>`).
+fn device_of(subject: &str) -> Option<DeviceId> {
+    subject
+        .rsplit('.')
+        .next()
+        .and_then(|d| DeviceId::new(d).ok())
+}
+
+async fn reply_hello(
+    client: &async_nats::Client,
+    reply_to: async_nats::Subject,
+    error: Option<String>,
+) {
+    let reply = HelloReply {
+        server_time: Timestamp::now(),
+        error,
+    };
+    if let Ok(payload) = serde_json::to_vec(&reply)
+        && let Err(e) = client.publish(reply_to, payload.into()).await
+    {
+        debug!(error = %e, "cannot answer a hello");
+    }
+}
+
+/// A status entry as an inbound event, or None for what is not one.
+fn status_event(entry: async_nats::jetstream::kv::Entry) -> Option<Inbound> {
+    if entry.operation != async_nats::jetstream::kv::Operation::Put {
+        return None;
+    }
+    let Some((device, job)) = parse_key(&entry.key) else {
+        warn!(key = %entry.key, "status under a malformed key ignored");
+        return None;
+    };
+    let status: JobStatus = match serde_json::from_slice(&entry.value) {
+        Ok(status) => status,
+        Err(e) => {
+            warn!(key = %entry.key, error = %e, "unreadable status ignored");
+            return None;
+        }
+    };
+    if status.job_id != job {
+        warn!(key = %entry.key, "status names another job than its key; ignored");
+        return None;
+    }
+    // When JetStream stored it: the broker's clock, which no device sets, so
+    // a result put while no control plane ran counts from then (A12).
+    let now = Timestamp::now();
+    let received_at = Timestamp::from_nanosecond(entry.created.unix_timestamp_nanos())
+        .map_or(now, |stored| stored.min(now));
+    Some(Inbound::Status {
+        device,
+        status: Box::new(status),
+        received_at,
+        position: Some(entry.revision),
+        reply: Reply::none(),
+    })
+}
+
+impl AgentLinks for NatsLinks {
+    fn transport(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn brokered(&self) -> bool {
+        true
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        intent: &'a Intent,
+        _server_time: Timestamp,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        Box::pin(async move {
+            let payload = serde_json::to_vec(intent).map_err(link_error)?;
+            let revision = self
+                .buckets
+                .intents
+                .put(key(&intent.device_id, intent.job_id), payload.into())
+                .await
+                .map_err(link_error)?;
+            info!(job_id = %intent.job_id, device = %intent.device_id, revision, "intent put");
+            Ok(Delivered::Sent)
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+    ) -> BoxFuture<'a, Result<(), LinkError>> {
+        Box::pin(async move {
+            self.buckets
+                .intents
+                .delete(key(device, job_id))
+                .await
+                .map_err(link_error)
+        })
+    }
+}

@@ -1,0 +1,438 @@
+//! The control plane's side of the WebSocket protocol as an agent link: the
+//! listener, TLS, the handshake with the device token, and one session per
+//! connected agent that turns frames into inbound events and delivers jobs.
+//! A status is confirmed with `received` only once the delivery core has
+//! committed it; bad input gets an `error` frame and the session goes on.
+//!
+//! Per connection the session keeps little: small WebSocket buffers, an
+//! outgoing queue, and the statuses awaiting their commit. Jobs, states and
+//! decisions are the delivery core's.
+
+use crate::protocol::{AgentMessage, DecodeError, ServerMessage};
+use crate::server::{Io, accept};
+use crate::{MAX_FRAME_BYTES, MAX_MESSAGE_BYTES};
+use agent_core::model::Intent;
+use agent_core::{DeviceId, JobId};
+use drover_contract::BoxFuture;
+use drover_contract::link::{
+    AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
+};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{SinkExt, StreamExt};
+use jiff::Timestamp;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+pub const TRANSPORT: &str = "websocket";
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a hello may wait for the delivery core.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Decides whether a device's bearer token is good.
+pub type Authorize = Arc<dyn Fn(&DeviceId, &str) -> bool + Send + Sync>;
+
+/// Small buffers for an idle device: a message larger than the read buffer
+/// is still read, in pieces.
+fn server_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+}
+
+struct Session {
+    id: u64,
+    outgoing: mpsc::UnboundedSender<Message>,
+}
+
+/// WebSocket agents connected to this replica.
+pub struct WsLinks {
+    /// A std Mutex: nothing awaits while it is held.
+    sessions: Mutex<HashMap<DeviceId, Session>>,
+    next_id: AtomicU64,
+    events: mpsc::Sender<Event>,
+}
+
+impl WsLinks {
+    pub fn new(events: mpsc::Sender<Event>) -> Arc<Self> {
+        Arc::new(Self {
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            events,
+        })
+    }
+
+    /// Agents connected here now.
+    pub fn connected(&self) -> usize {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Accepts agents until `shutdown`.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        authorize: Authorize,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = shutdown.cancelled() => return,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    warn!(error = %e, "agent accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let links = self.clone();
+            let (tls, authorize, shutdown) = (tls.clone(), authorize.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let _ = tcp.set_nodelay(true);
+                let stream: Box<dyn Io> = match &tls {
+                    Some(acceptor) => match acceptor.accept(tcp).await {
+                        Ok(tls) => Box::new(tls),
+                        Err(e) => {
+                            debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                    },
+                    None => Box::new(tcp),
+                };
+                match accept(
+                    stream,
+                    move |d: &DeviceId, t: &str| authorize(d, t),
+                    Some(server_config()),
+                )
+                .await
+                {
+                    Ok(agent) => {
+                        let span = info_span!("agent", device = %agent.device_id);
+                        links
+                            .session(agent.device_id, agent.ws, shutdown)
+                            .instrument(span)
+                            .await;
+                    }
+                    Err(e) => info!(%peer, error = %e, "agent connection refused"),
+                }
+            });
+        }
+    }
+
+    async fn session(
+        self: Arc<Self>,
+        device: DeviceId,
+        ws: WebSocketStream<Box<dyn Io>>,
+        shutdown: CancellationToken,
+    ) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (outgoing, queue) = mpsc::unbounded_channel();
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(device.clone(), Session { id, outgoing });
+        let result = self.converse(&device, ws, queue, &shutdown).await;
+        let current = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let current = sessions.get(&device).is_some_and(|s| s.id == id);
+            if current {
+                sessions.remove(&device);
+            }
+            current
+        };
+        if current {
+            let _ = self
+                .events
+                .send(Event {
+                    transport: TRANSPORT,
+                    inbound: Inbound::Gone {
+                        device: device.clone(),
+                    },
+                })
+                .await;
+        }
+        match result {
+            Ok(()) => info!("agent disconnected"),
+            Err(e) => info!(error = %e, "agent session ended"),
+        }
+    }
+
+    async fn send_event(&self, inbound: Inbound) -> Result<(), SessionError> {
+        self.events
+            .send(Event {
+                transport: TRANSPORT,
+                inbound,
+            })
+            .await
+            .map_err(|_| SessionError::Protocol("the control plane is stopping".into()))
+    }
+
+    async fn converse(
+        &self,
+        device: &DeviceId,
+        ws: WebSocketStream<Box<dyn Io>>,
+        mut queue: mpsc::UnboundedReceiver<Message>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), SessionError> {
+        let (mut sink, mut stream) = ws.split();
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, stream.next())
+            .await
+            .map_err(|_| SessionError::Protocol("no hello within 10 s".into()))?;
+        let hello = match hello {
+            Some(Ok(Message::Text(text))) => match AgentMessage::decode(text.as_str()) {
+                Ok(AgentMessage::Hello {
+                    device_id,
+                    agent_version,
+                    boot_id,
+                    capabilities,
+                    jobs,
+                }) => {
+                    if &device_id != device {
+                        let message = format!(
+                            "hello names device {device_id}, but the token is for {device}"
+                        );
+                        let _ = sink.send(error_frame(&message)).await;
+                        return Err(SessionError::Protocol(message));
+                    }
+                    AgentHello {
+                        agent_version,
+                        boot_id,
+                        capabilities,
+                        held: jobs,
+                    }
+                }
+                Ok(_) => {
+                    let _ = sink
+                        .send(error_frame("the first message must be hello"))
+                        .await;
+                    return Err(SessionError::Protocol("first message was not hello".into()));
+                }
+                Err(e) => {
+                    let _ = sink.send(error_frame(&e.to_string())).await;
+                    return Err(SessionError::Protocol(e.to_string()));
+                }
+            },
+            Some(Ok(_)) => return Err(SessionError::Protocol("first frame was not text".into())),
+            Some(Err(e)) => return Err(SessionError::Ws(e)),
+            None => return Ok(()),
+        };
+        let held = hello.held.len();
+        let (reply, answer) = Reply::channel();
+        self.send_event(Inbound::Hello {
+            device: device.clone(),
+            hello: Box::new(hello),
+            reply,
+        })
+        .await?;
+        match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+            Ok(Ok(Answer::Stored)) => {}
+            Ok(Ok(Answer::Refused(reason) | Answer::Failed(reason))) => {
+                let _ = sink.send(error_frame(&reason)).await;
+                return Err(SessionError::Protocol(reason));
+            }
+            Ok(Err(_)) | Err(_) => {
+                return Err(SessionError::Protocol(
+                    "the control plane did not take the hello".into(),
+                ));
+            }
+        }
+        info!(held, "agent connected");
+        // Statuses awaiting their commit, answered in whatever order.
+        let mut commits = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    let _ = sink.send(Message::Close(None)).await;
+                    return Ok(());
+                }
+                message = queue.recv() => {
+                    let Some(message) = message else { return Ok(()) };
+                    sink.send(message).await?;
+                }
+                Some((outbox_id, answer)) = commits.next(), if !commits.is_empty() => {
+                    let answer: Result<Answer, _> = answer;
+                    match answer {
+                        Ok(Answer::Stored) => {
+                            sink.send(Message::text(ServerMessage::Received { outbox_id }.encode())).await?;
+                        }
+                        // Decided: confirmed even when refused, so the agent
+                        // may drop it from its outbox; and told why.
+                        Ok(Answer::Refused(problem)) => {
+                            sink.send(error_frame(&problem)).await?;
+                            sink.send(Message::text(ServerMessage::Received { outbox_id }.encode())).await?;
+                        }
+                        // Not committed: no confirmation; the agent sends it again.
+                        Ok(Answer::Failed(problem)) => warn!(outbox_id, %problem, "status not stored"),
+                        Err(_) => warn!(outbox_id, "status not answered"),
+                    }
+                }
+                frame = stream.next() => {
+                    let frame = match frame {
+                        None => return Ok(()),
+                        Some(frame) => frame?,
+                    };
+                    let text = match frame {
+                        Message::Text(text) => text,
+                        Message::Binary(_) => {
+                            sink.send(error_frame(&DecodeError::Binary.to_string())).await?;
+                            continue;
+                        }
+                        Message::Close(_) => return Ok(()),
+                        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+                    };
+                    match self.on_message(device, text.as_str()).await? {
+                        Incoming::Nothing => {}
+                        Incoming::Reply(message) => sink.send(Message::text(message.encode())).await?,
+                        Incoming::AwaitCommit(outbox_id, answer) => {
+                            commits.push(async move { (outbox_id, answer.await) });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one text message. Bad input gets an `error` reply and the
+    /// session goes on.
+    async fn on_message(&self, device: &DeviceId, text: &str) -> Result<Incoming, SessionError> {
+        let message = match AgentMessage::decode(text) {
+            Ok(message) => message,
+            Err(e) => {
+                warn!(error = %e, "unusable message from an agent");
+                return Ok(Incoming::Reply(ServerMessage::Error {
+                    message: e.to_string(),
+                }));
+            }
+        };
+        match message {
+            AgentMessage::Hello { .. } => Ok(Incoming::Reply(ServerMessage::Error {
+                message: "hello is only valid as the first message".into(),
+            })),
+            AgentMessage::Ack { job_id } => {
+                self.send_event(Inbound::Ack {
+                    device: device.clone(),
+                    job_id,
+                })
+                .await?;
+                Ok(Incoming::Nothing)
+            }
+            AgentMessage::Progress { outbox_id, status }
+            | AgentMessage::Result { outbox_id, status } => {
+                let (reply, answer) = Reply::channel();
+                self.send_event(Inbound::Status {
+                    device: device.clone(),
+                    status: Box::new(status),
+                    received_at: Timestamp::now(),
+                    position: None,
+                    reply,
+                })
+                .await?;
+                Ok(Incoming::AwaitCommit(outbox_id, answer))
+            }
+            AgentMessage::Heartbeat { heartbeat } => {
+                if &heartbeat.device_id != device {
+                    return Ok(Incoming::Reply(ServerMessage::Error {
+                        message: format!(
+                            "heartbeat for device {} refused on the connection of {device}",
+                            heartbeat.device_id
+                        ),
+                    }));
+                }
+                self.send_event(Inbound::Heartbeat {
+                    device: device.clone(),
+                    heartbeat: Box::new(heartbeat),
+                })
+                .await?;
+                Ok(Incoming::Nothing)
+            }
+            AgentMessage::Error { message } => {
+                warn!(%message, "the agent could not use a message");
+                Ok(Incoming::Nothing)
+            }
+        }
+    }
+}
+
+enum Incoming {
+    Nothing,
+    Reply(ServerMessage),
+    AwaitCommit(u64, tokio::sync::oneshot::Receiver<Answer>),
+}
+
+impl AgentLinks for WsLinks {
+    fn transport(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn brokered(&self) -> bool {
+        false
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        intent: &'a Intent,
+        server_time: Timestamp,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        Box::pin(async move {
+            let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(session) = sessions.get(&intent.device_id) else {
+                return Ok(Delivered::NotConnected);
+            };
+            let intent = serde_json::to_value(intent).map_err(|e| LinkError {
+                transport: TRANSPORT,
+                reason: e.to_string(),
+            })?;
+            let message = ServerMessage::Job {
+                intent,
+                server_time: Some(server_time),
+            };
+            match session.outgoing.send(Message::text(message.encode())) {
+                Ok(()) => Ok(Delivered::Sent),
+                Err(_) => Ok(Delivered::NotConnected),
+            }
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        _device: &'a DeviceId,
+        _job_id: JobId,
+    ) -> BoxFuture<'a, Result<(), LinkError>> {
+        // Nothing is kept for a WebSocket agent between connections.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+fn error_frame(message: &str) -> Message {
+    Message::text(
+        ServerMessage::Error {
+            message: agent_core::bounded(message, MAX_MESSAGE_BYTES / 2),
+        }
+        .encode(),
+    )
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("WebSocket error: {0}")]
+    Ws(#[from] tokio_tungstenite::tungstenite::Error),
+}
