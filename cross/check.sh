@@ -21,6 +21,7 @@ for arch in arm64 armhf amd64; do
     work=$(mktemp -d)
     cat > "$work/agent.toml" <<CONFIG
 device_id = "cross-$arch"
+intent_public_keys = ["4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065"]
 state_dir = "$work/state"
 status_socket = "$work/status.sock"
 [transport]

@@ -63,6 +63,7 @@ echo "$arch: installed, --version runs"
 config=/etc/drover/install-check-$arch.toml
 cat > "$work/root$config" <<CONFIG
 device_id = "install-$arch"
+intent_public_keys = ["4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065"]
 [transport]
 kind = "websocket"
 server_url = "ws://127.0.0.1:9"

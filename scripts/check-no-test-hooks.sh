@@ -8,6 +8,7 @@ agent=$1; shift
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 base='device_id = "hooks-check"
+intent_public_keys = ["4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065"]
 [transport]
 kind = "websocket"
 server_url = "ws://127.0.0.1:9"

@@ -9,8 +9,9 @@ use crate::ids::{DeviceId, JobId};
 use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
 use crate::model::JobKind;
 use crate::model::{Heartbeat, HeldJob, JobState, JobStatus};
+use crate::signing::TrustedKeys;
 use crate::store::{JobRecord, Origin, OutboxEntry, Store, StoreError};
-use crate::wire::IntentError;
+use crate::wire::{IntentError, parse_intent_value};
 use crate::{Intent, model::StepState};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -47,7 +48,14 @@ pub struct Settings {
     /// The whole job's budget in place of the intent's `timeoutSeconds`; set
     /// only by a binary built with its `testing` feature.
     pub test_job_budget: Option<Duration>,
+    /// The control-plane keys whose signature a fleet intent must carry (A11).
+    pub trusted_keys: TrustedKeys,
 }
+
+/// The kind a refusal of an intent whose signature does not hold is reported
+/// under: its fields are not the control plane's, so none is repeated, and
+/// the control plane never lets such a refusal decide a job.
+pub const UNVERIFIED_KIND: &str = "unverified";
 
 /// What a transport tells the agent about its link, for `status`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -166,6 +174,54 @@ impl Agent {
         self.admit_from(parsed, Origin::Fleet)
     }
 
+    /// Records an intent as a transport received it: its signature is
+    /// checked first (A11). One that does not verify is recorded as refused
+    /// under the job id it names (so `drover-agent jobs` shows it), reported
+    /// as `unverified`, and never shadows a valid intent of that id.
+    pub fn admit_signed(
+        &self,
+        intent: Result<serde_json::Value, IntentError>,
+    ) -> Result<AdmitReply, AdmitError> {
+        let value = match intent {
+            Ok(value) => value,
+            Err(e) => return self.admit(Err(e)),
+        };
+        let size = serde_json::to_vec(&value)
+            .map(|b| b.len())
+            .unwrap_or(usize::MAX);
+        if size > crate::wire::MAX_INTENT_BYTES {
+            return self.admit(Err(IntentError {
+                job_id: None,
+                device_id: None,
+                kind: None,
+                attempt: 0,
+                reason: format!(
+                    "intent is {size} bytes, over the limit of {}",
+                    crate::wire::MAX_INTENT_BYTES
+                ),
+            }));
+        }
+        match self.settings.trusted_keys.verify(&value) {
+            Ok(()) => self.admit(parse_intent_value(value)),
+            Err(problem) => {
+                let mut error = match parse_intent_value(value) {
+                    Ok(intent) => IntentError {
+                        job_id: Some(intent.job_id),
+                        device_id: Some(intent.device_id),
+                        kind: None,
+                        attempt: intent.attempt,
+                        reason: String::new(),
+                    },
+                    Err(error) => error,
+                };
+                warn!(job_id = ?error.job_id, %problem, "intent refused: its signature does not hold");
+                error.kind = Some(UNVERIFIED_KIND.into());
+                error.reason = problem.to_string();
+                self.admit(Err(error))
+            }
+        }
+    }
+
     /// Queues a local, on-demand job (`drover-agent upgrade`). It goes through
     /// the same queue as fleet jobs, so it never runs beside one (A2).
     pub fn admit_local(&self, kind: JobKind) -> Result<AdmitReply, AdmitError> {
@@ -227,12 +283,15 @@ impl Agent {
         };
         // A new job, or one that takes the place of a recorded refusal.
         let fresh = existing.as_ref().is_none_or(|r| r.intent.is_none());
-        let busy = fresh
-            && self
-                .store
+        let unfinished = if fresh {
+            self.store
                 .jobs()?
                 .iter()
-                .any(|r| !r.status.state.is_terminal() && Some(r.status.job_id) != job_id);
+                .filter(|r| !r.status.state.is_terminal() && Some(r.status.job_id) != job_id)
+                .count()
+        } else {
+            0
+        };
         let steps = match &parsed {
             Ok(intent) => self.chain(intent.kind.name()).map(|c| c.steps()),
             Err(_) => None,
@@ -248,7 +307,7 @@ impl Agent {
             now: clock::now(),
             control_plane_now: self.control_plane_clock.now_or_local(),
             arrival,
-            busy,
+            unfinished,
             steps,
         };
         let admission = lifecycle::admit(existing, parsed, &ctx).map_err(AdmitError::Unreadable)?;

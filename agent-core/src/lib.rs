@@ -6,6 +6,7 @@
 pub mod boot;
 pub mod chain;
 pub mod clock;
+pub mod dbfile;
 pub mod executor;
 pub mod facts;
 pub mod ids;
@@ -13,6 +14,7 @@ pub mod lifecycle;
 pub mod model;
 pub mod report;
 pub mod shutdown;
+pub mod signing;
 pub mod status_socket;
 pub mod store;
 pub mod wire;

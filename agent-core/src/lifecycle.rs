@@ -21,8 +21,8 @@ pub struct AdmitContext<'a> {
     /// own clock before it heard any): expiry is judged by it (A12).
     pub control_plane_now: Timestamp,
     pub arrival: u64,
-    /// Another job is queued or running (A2).
-    pub busy: bool,
+    /// Jobs queued or running (A2).
+    pub unfinished: usize,
     /// The steps of the intent's kind, or None when this agent lacks the kind.
     pub steps: Option<&'static [&'static str]>,
 }
@@ -36,6 +36,10 @@ pub enum Admission {
     /// Refused with a reason, recorded so a redelivery gets the same answer.
     Refused(JobRecord),
 }
+
+/// Upper bound of unfinished jobs an agent holds; beyond it an intent is
+/// refused with a reason, so a flood cannot grow the queue without bound.
+pub const MAX_UNFINISHED: usize = 64;
 
 /// Decides what to do with an intent. `existing` is the stored record with
 /// the same job id, if any. An error without a job id cannot be recorded and
@@ -91,6 +95,12 @@ pub fn admit(
     if let Some(seq) = superseded {
         status.seq = seq + 1;
     }
+    if ctx.unfinished >= MAX_UNFINISHED {
+        let reason = format!(
+            "this agent's queue is full ({MAX_UNFINISHED} unfinished jobs); send it again later"
+        );
+        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+    }
     let Some(steps) = ctx.steps else {
         let reason = format!(
             "this agent does not support job kind {}",
@@ -106,7 +116,7 @@ pub fn admit(
             "intent expired at {} before it could start",
             intent.expires_at
         ));
-    } else if ctx.busy {
+    } else if ctx.unfinished > 0 {
         status.state = JobState::Waiting;
     }
     Ok(Admission::New(JobRecord {

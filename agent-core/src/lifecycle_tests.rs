@@ -33,13 +33,14 @@ fn ctx<'a>(
     busy: bool,
     steps: Option<&'static [&'static str]>,
 ) -> AdmitContext<'a> {
+    let unfinished = usize::from(busy);
     AdmitContext {
         device_id: device,
         boot_id: "boot-a",
         now: t(10),
         control_plane_now: t(10),
         arrival: 1,
-        busy,
+        unfinished,
         steps,
     }
 }
@@ -177,6 +178,27 @@ fn a_known_job_id_is_a_duplicate_and_an_unreadable_one_is_an_error() {
         reason: "not json".into(),
     };
     assert!(admit(None, Err(unreadable), &ctx(&me, false, Some(STEPS))).is_err());
+}
+
+#[test]
+fn a_full_queue_refuses_with_a_reason() {
+    let me = device();
+    let full = AdmitContext {
+        unfinished: MAX_UNFINISHED,
+        ..ctx(&me, true, Some(STEPS))
+    };
+    match admit(None, Ok(intent(3600)), &full) {
+        Ok(Admission::Refused(record)) => {
+            assert!(
+                record
+                    .status
+                    .error
+                    .unwrap_or_default()
+                    .contains("queue is full")
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]

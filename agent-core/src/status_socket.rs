@@ -17,8 +17,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 const MAX_REQUEST_BYTES: usize = 4096;
+/// Clients served at once, apart from root and the agent's own user, who
+/// have slots of their own: readers of the status group cannot lock them out.
 const MAX_CONNECTIONS: usize = 8;
+const PRIVILEGED_CONNECTIONS: usize = 2;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take to send its request line.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// Upper bound of jobs one `jobs` request returns.
 pub const MAX_JOBS_LISTED: usize = 200;
 
@@ -97,6 +102,7 @@ pub async fn serve(
         std::os::unix::fs::chown(path, None, Some(gid)).map_err(bind_error)?;
     }
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let privileged_slots = Arc::new(Semaphore::new(PRIVILEGED_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -110,8 +116,23 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            debug!("status socket busy; dropping a connection");
+        let pool = if privileged(&stream) {
+            &privileged_slots
+        } else {
+            &slots
+        };
+        let Ok(permit) = pool.clone().try_acquire_owned() else {
+            debug!("status socket busy; turning a client away");
+            tokio::spawn(async move {
+                let busy = Response::Error(format!(
+                    "the agent's status socket is busy ({MAX_CONNECTIONS} clients at once); try again"
+                ));
+                let mut stream = stream;
+                if let Ok(mut bytes) = serde_json::to_vec(&busy) {
+                    bytes.push(b'\n');
+                    let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(&bytes)).await;
+                }
+            });
             continue;
         };
         let agent = agent.clone();
@@ -141,7 +162,17 @@ async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error>
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
     let mut line = String::new();
-    reader.read_line(&mut line).await?;
+    match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await {
+        Ok(read) => {
+            read?;
+        }
+        Err(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no request line in time",
+            ));
+        }
+    }
     let response = match serde_json::from_str::<Request>(line.trim()) {
         Err(e) => Response::Error(format!(
             "bad request (expected {{\"request\":\"status\"}}, \"jobs\", \"job\", \"upgrade\" or \"resume\"): {e}"
@@ -194,9 +225,17 @@ pub async fn request(path: &Path, request: &Request) -> Result<Response, SocketE
         let (read, mut write) = stream.into_split();
         let mut line = serde_json::to_vec(request)?;
         line.push(b'\n');
-        write.write_all(&line).await?;
+        // A busy agent answers without reading: read its answer even when
+        // the write found the socket closed.
+        let _ = write.write_all(&line).await;
         let mut answer = String::new();
         BufReader::new(read).read_line(&mut answer).await?;
+        if answer.trim().is_empty() {
+            return Err(SocketError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the agent closed the connection without answering",
+            )));
+        }
         Ok::<_, SocketError>(serde_json::from_str(answer.trim())?)
     };
     tokio::time::timeout(IO_TIMEOUT, exchange)

@@ -2,6 +2,7 @@
 //! counters. Every write is one redb transaction committed with immediate
 //! durability (fsync) before the caller acts on it or reports it (A4).
 
+use crate::dbfile::{self, Checker};
 use crate::ids::JobId;
 use crate::model::{Intent, JobStatus};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -53,12 +54,8 @@ enum StoredStatus {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot open the agent database {path}: {source}")]
-    Open {
-        path: String,
-        #[source]
-        source: Box<redb::DatabaseError>,
-    },
+    #[error(transparent)]
+    File(#[from] dbfile::DbFileError),
     #[error("agent database error: {0}")]
     Db(String),
     #[error("corrupt record in the agent database ({what}): {source}")]
@@ -113,17 +110,26 @@ pub struct RedbStore {
 }
 
 impl RedbStore {
+    /// Opens the agent's database, checking it in this process.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| StoreError::Open {
-            path: path.display().to_string(),
-            source: Box::new(e),
+        Self::open_checked(path, &Checker::in_process("drover-agent reset-store"))
+    }
+
+    /// Opens the agent's database, or creates it; refuses an empty or
+    /// damaged file by name (see [`crate::dbfile`]).
+    pub fn open_checked(path: &Path, checker: &Checker) -> Result<Self, StoreError> {
+        let db = dbfile::open_or_create(path, checker, |db| {
+            // Create the tables once so readers never meet a missing table.
+            let init = || -> Result<(), StoreError> {
+                let tx = db.begin_write()?;
+                tx.open_table(JOBS)?;
+                tx.open_table(OUTBOX)?;
+                tx.open_table(COUNTERS)?;
+                tx.commit()?;
+                Ok(())
+            };
+            init().map_err(|e| e.to_string())
         })?;
-        // Create the tables once so readers never meet a missing table.
-        let tx = db.begin_write()?;
-        tx.open_table(JOBS)?;
-        tx.open_table(OUTBOX)?;
-        tx.open_table(COUNTERS)?;
-        tx.commit()?;
         Ok(Self { db })
     }
 }
@@ -348,9 +354,25 @@ mod tests {
         let path = dir.path().join("agent.redb");
         std::fs::write(&path, b"this is not a database").expect("write");
         let err = RedbStore::open(&path).err().expect("must fail");
+        let message = err.to_string();
         assert!(
-            err.to_string().contains("cannot open the agent database"),
-            "{err}"
+            message.contains("is damaged") && message.contains("agent.redb"),
+            "{message}"
         );
+        assert!(message.contains("drover-agent reset-store"), "{message}");
+        // An empty file is refused, not taken as a new store.
+        std::fs::write(&path, b"").expect("truncate");
+        let err = RedbStore::open(&path).err().expect("must fail");
+        assert!(err.to_string().contains("is empty (0 bytes)"), "{err}");
+        // A new one is made whole, mode 0600.
+        let fresh = dir.path().join("new.redb");
+        RedbStore::open(&fresh).expect("created");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&fresh)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!dir.path().join("new.redb.new").exists());
     }
 }

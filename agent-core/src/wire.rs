@@ -34,10 +34,13 @@ struct WireIntent {
     created_at: Timestamp,
     expires_at: Timestamp,
     timeout_seconds: u32,
+    /// Checked before parsing (`signing`); carried, not used, here.
+    #[serde(default, rename = "signature")]
+    _signature: Option<String>,
 }
 
-/// Parses an intent from raw bytes, bounding its size first.
-pub fn parse_intent_bytes(bytes: &[u8]) -> Result<Intent, IntentError> {
+/// An intent's JSON from raw bytes, bounding its size first.
+pub fn intent_json(bytes: &[u8]) -> Result<serde_json::Value, IntentError> {
     if bytes.len() > MAX_INTENT_BYTES {
         return Err(refusal(
             None,
@@ -47,9 +50,13 @@ pub fn parse_intent_bytes(bytes: &[u8]) -> Result<Intent, IntentError> {
             ),
         ));
     }
-    let value: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|e| refusal(None, format!("intent is not valid JSON: {e}")))?;
-    parse_intent_value(value)
+    serde_json::from_slice(bytes)
+        .map_err(|e| refusal(None, format!("intent is not valid JSON: {e}")))
+}
+
+/// Parses an intent from raw bytes, bounding its size first.
+pub fn parse_intent_bytes(bytes: &[u8]) -> Result<Intent, IntentError> {
+    parse_intent_value(intent_json(bytes)?)
 }
 
 /// Parses an intent from a JSON value that a transport already decoded.

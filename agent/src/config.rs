@@ -21,6 +21,11 @@ pub struct Config {
     #[cfg(feature = "testing")]
     #[serde(default = "default_boot_id_path")]
     pub boot_id_path: PathBuf,
+    /// The control plane's Ed25519 public keys (hex), one or two (two while a
+    /// key is rolled over): a fleet intent must be signed by one of them.
+    /// `drover intent-key` prints the current one.
+    #[serde(default)]
+    pub intent_public_keys: Vec<String>,
     /// Members of this group may read the status socket (if the group exists).
     #[serde(default = "default_status_group")]
     pub status_group: String,
@@ -86,6 +91,43 @@ impl Transport {
             | Transport::Nats {
                 heartbeat_seconds, ..
             } => *heartbeat_seconds,
+        }
+    }
+
+    /// Checks the URL and TLS files as `run` would use them.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Transport::Websocket {
+                server_url,
+                ca_file,
+                ..
+            } => transport_websocket::client::check_settings(server_url, ca_file)
+                .map_err(|e| anyhow::anyhow!("transport: {e}")),
+            Transport::Nats { url, ca_file, .. } => {
+                let scheme = url.split("://").next().unwrap_or("");
+                if !url.contains("://") || !["nats", "tls"].contains(&scheme) {
+                    bail!("transport.url {url:?}: scheme must be nats:// or tls://");
+                }
+                if let Some(ca) = ca_file {
+                    std::fs::read(ca).with_context(|| {
+                        format!("transport.ca_file {} is not readable", ca.display())
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn backoff_max_seconds(&self) -> u64 {
+        match self {
+            Transport::Websocket {
+                backoff_max_seconds,
+                ..
+            }
+            | Transport::Nats {
+                backoff_max_seconds,
+                ..
+            } => *backoff_max_seconds,
         }
     }
 
@@ -208,14 +250,60 @@ impl Config {
         }
         let config: Config = toml::from_str(text)?;
         agent_core::DeviceId::new(config.device_id.clone())?;
-        if config.transport.heartbeat_seconds() == 0 {
-            bail!("transport.heartbeat_seconds must be at least 1");
-        }
+        bounded(
+            "transport.heartbeat_seconds",
+            config.transport.heartbeat_seconds(),
+            1,
+            3600,
+        )?;
+        bounded(
+            "transport.backoff_max_seconds",
+            config.transport.backoff_max_seconds(),
+            1,
+            3600,
+        )?;
+        bounded(
+            "updater.min_free_mib",
+            config.updater.min_free_mib,
+            0,
+            1_000_000,
+        )?;
+        bounded(
+            "limits.max_resumes",
+            config.limits.max_resumes.into(),
+            1,
+            100,
+        )?;
+        bounded(
+            "limits.keep_jobs",
+            config.limits.keep_jobs as u64,
+            1,
+            10_000,
+        )?;
         if config.transport.token() == (None, None) {
             bail!("transport needs token or token_file");
         }
+        if config.intent_public_keys.is_empty() {
+            bail!(
+                "intent_public_keys is empty: this agent would refuse every fleet job; \
+                 put the control plane's key there (`drover intent-key` on its host prints it)"
+            );
+        }
+        if config.intent_public_keys.len() > 2 {
+            bail!("intent_public_keys takes one key, or two while a key is rolled over");
+        }
+        agent_core::signing::TrustedKeys::from_hex(&config.intent_public_keys)
+            .map_err(|e| anyhow::anyhow!("intent_public_keys: {e}"))?;
         Ok(config)
     }
+}
+
+/// A number from the config within its bounds, or an error naming the key.
+fn bounded(key: &str, value: u64, min: u64, max: u64) -> Result<()> {
+    if value < min || value > max {
+        bail!("{key} is {value}; it must be between {min} and {max}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -224,6 +312,7 @@ mod tests {
 
     const GOOD: &str = r#"
 device_id = "device-1"
+intent_public_keys = ["d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"]
 [transport]
 kind = "websocket"
 server_url = "ws://127.0.0.1:7181"

@@ -54,6 +54,12 @@ enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Move a damaged or empty agent database aside; the agent then starts
+    /// with a new, empty one (its jobs and unsent statuses are gone).
+    ResetStore,
+    /// Check one agent database file (the agent runs this before opening it).
+    #[command(hide = true)]
+    VerifyStore { path: PathBuf },
     /// List recent jobs with their steps and errors.
     Jobs {
         #[arg(long)]
@@ -77,9 +83,27 @@ fn main() -> Result<()> {
             init_logging();
             runtime.block_on(run(&cli.config))
         }
+        Command::VerifyStore { path } => {
+            agent_core::dbfile::verify(&path).map_err(|e| anyhow::anyhow!(e))?;
+            Ok(())
+        }
+        Command::ResetStore => {
+            let config = Config::load(&cli.config)?;
+            let path = config.state_dir.join("agent.redb");
+            let aside = agent_core::dbfile::move_aside(&path)
+                .with_context(|| format!("cannot move {} aside", path.display()))?;
+            out!("moved {} to {}", path.display(), aside.display());
+            Ok(())
+        }
         Command::Check => {
             let config = Config::load(&cli.config)?;
             config.transport.read_token()?;
+            config.transport.check()?;
+            let store = config.state_dir.join("agent.redb");
+            if store.exists() {
+                let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
+                RedbStore::open_checked(&store, &checker)?;
+            }
             let transport = match &config.transport {
                 Transport::Websocket { server_url, .. } => format!("websocket to {server_url}"),
                 Transport::Nats { url, .. } => format!("nats at {url}"),
@@ -227,13 +251,25 @@ async fn run(config_path: &Path) -> Result<()> {
     #[cfg(not(feature = "testing"))]
     let boot_id_path = std::path::PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH);
     let boot_id = agent_core::boot::read_boot_id(&boot_id_path)?;
-    std::fs::create_dir_all(&config.state_dir).with_context(|| {
-        format!(
-            "cannot create the state directory {}",
-            config.state_dir.display()
-        )
-    })?;
-    let store = Arc::new(RedbStore::open(&config.state_dir.join("agent.redb"))?);
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        // The agent's state is its own: mode 0700 when it makes the directory.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.state_dir)
+            .with_context(|| {
+                format!(
+                    "cannot create the state directory {}",
+                    config.state_dir.display()
+                )
+            })?;
+    }
+    let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
+    let store = Arc::new(RedbStore::open_checked(
+        &config.state_dir.join("agent.redb"),
+        &checker,
+    )?);
     let apt = AptSettings {
         mode: match config.updater.mode {
             UpdaterMode::Simulate => Mode::Simulate,
@@ -261,6 +297,8 @@ async fn run(config_path: &Path) -> Result<()> {
         },
         test_hold: None,
         test_job_budget: None,
+        trusted_keys: agent_core::signing::TrustedKeys::from_hex(&config.intent_public_keys)
+            .map_err(|e| anyhow::anyhow!(e))?,
     };
     #[cfg(feature = "testing")]
     let settings = test_hooks(settings, config.testing.as_ref());

@@ -53,7 +53,7 @@ pub enum KvError {
         expected: u64,
         found: u64,
     },
-    #[error("cannot open the control-plane database {path}: {reason}")]
+    #[error("{reason}")]
     Open { path: String, reason: String },
     #[error("control-plane store error: {0}")]
     Db(String),

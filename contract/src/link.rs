@@ -47,6 +47,8 @@ pub enum Inbound {
     Heartbeat {
         device: DeviceId,
         heartbeat: Box<Heartbeat>,
+        /// Refused when what the device reports cannot be kept.
+        reply: Reply,
     },
     /// The device's connection to this replica ended.
     Gone { device: DeviceId },
@@ -122,11 +124,13 @@ pub trait AgentLinks: Send + Sync + 'static {
     /// only the replica holding the device's connection can (WebSocket).
     fn brokered(&self) -> bool;
 
-    /// Delivers an intent; `server_time` goes with it where the wire carries
-    /// the control plane's clock (A12).
+    /// Delivers an intent: `signed` is what goes on the wire (the intent's
+    /// JSON with the control plane's signature, A11); `server_time` goes with
+    /// it where the wire carries the control plane's clock (A12).
     fn deliver<'a>(
         &'a self,
         intent: &'a Intent,
+        signed: &'a serde_json::Value,
         server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
 

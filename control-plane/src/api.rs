@@ -138,8 +138,14 @@ async fn get_device(
 /// many devices register in one request.
 async fn apply(
     State(state): State<ApiState>,
-    Json(body): Json<Value>,
+    body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = crate::strict_json::parse(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not acceptable JSON: {e}"),
+        )
+    })?;
     let items = match body {
         Value::Array(items) => items,
         Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {

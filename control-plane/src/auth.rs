@@ -16,19 +16,7 @@ pub struct Secrets {
     operator_token: String,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+use agent_core::signing::{hex, unhex};
 
 fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
@@ -38,40 +26,107 @@ fn random_hex(bytes: usize) -> Result<String> {
     Ok(hex(&buf))
 }
 
-/// Reads a secret file, or creates it (mode 0600) with a fresh random value.
-fn read_or_create(path: &Path) -> Result<String> {
+/// Creates the data directory, mode 0700 (secrets and state are the
+/// control plane's alone), if it does not exist.
+pub fn ensure_data_dir(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if data_dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))
+}
+
+/// Writes a secret file atomically: a temporary name (mode 0600), fsync,
+/// rename, fsync of the directory. A crash leaves the old file or the new
+/// one, never an empty one.
+fn write_secret(path: &Path, value: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(value.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot create {}", path.display()))?;
+    if let Some(dir) = path.parent()
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads a secret file, or creates it with `fresh()`. An existing empty file
+/// is an error naming it, never a secret.
+fn read_or_create(path: &Path, fresh: impl FnOnce() -> Result<String>) -> Result<String> {
     match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => anyhow::bail!(
+            "{} is empty; restore it from a backup or another replica, or remove it to make a new one \
+             (every device token or signature made with the old one stops working)",
+            path.display()
+        ),
         Ok(text) => Ok(text.trim().to_owned()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let value = random_hex(32)?;
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            file.write_all(value.as_bytes())?;
-            file.sync_all()?;
+            let value = fresh()?;
+            write_secret(path, &value)?;
             Ok(value)
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
 }
 
+/// The control plane's intent-signing key (Ed25519, `intent.key` in the data
+/// directory, shared by replicas like `secret.key`). Agents pin its public
+/// key and run only intents it signed (A11).
+pub struct IntentSigner {
+    key: ring::signature::Ed25519KeyPair,
+}
+
+impl IntentSigner {
+    pub fn load_or_create(data_dir: &Path) -> Result<Self> {
+        ensure_data_dir(data_dir)?;
+        let path = data_dir.join("intent.key");
+        let pkcs8 = read_or_create(&path, || {
+            let document = ring::signature::Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+                .map_err(|_| anyhow::anyhow!("cannot generate an Ed25519 key"))?;
+            Ok(hex(document.as_ref()))
+        })?;
+        let key = unhex(&pkcs8)
+            .and_then(|bytes| ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).ok())
+            .with_context(|| format!("{} is not an Ed25519 key (PKCS#8 in hex)", path.display()))?;
+        Ok(Self { key })
+    }
+
+    /// The public key agents pin (`intent_public_keys`), in hex.
+    pub fn public_key(&self) -> String {
+        use ring::signature::KeyPair;
+        hex(self.key.public_key().as_ref())
+    }
+
+    /// The intent as JSON with its signature.
+    pub fn sign(&self, intent: &agent_core::Intent) -> serde_json::Value {
+        let mut value = serde_json::to_value(intent).unwrap_or(serde_json::Value::Null);
+        if let Some(message) = agent_core::signing::canonical(&value) {
+            let signature = self.key.sign(&message);
+            value[agent_core::signing::SIGNATURE_FIELD] =
+                serde_json::Value::String(hex(signature.as_ref()));
+        }
+        value
+    }
+}
+
 impl Secrets {
     /// Loads the secrets of a data directory, creating them on first use.
     pub fn load_or_create(data_dir: &Path, operator_token: Option<String>) -> Result<Self> {
-        if !data_dir.exists() {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(data_dir)
-                .with_context(|| {
-                    format!("cannot create the data directory {}", data_dir.display())
-                })?;
-        }
-        let key_hex = read_or_create(&data_dir.join("secret.key"))?;
+        ensure_data_dir(data_dir)?;
+        let key_hex = read_or_create(&data_dir.join("secret.key"), || random_hex(32))?;
         let key_bytes = unhex(&key_hex).filter(|k| k.len() >= 32).with_context(|| {
             format!(
                 "{} is not a 32-byte hex key",
@@ -79,8 +134,11 @@ impl Secrets {
             )
         })?;
         let operator_token = match operator_token {
+            Some(token) if token.trim().is_empty() => anyhow::bail!(
+                "the operator token given (--token or DROVER_TOKEN) is empty; an empty token is never accepted"
+            ),
             Some(token) => token,
-            None => read_or_create(&data_dir.join("operator.token"))?,
+            None => read_or_create(&data_dir.join("operator.token"), || random_hex(32))?,
         };
         Ok(Self {
             key: hmac::Key::new(hmac::HMAC_SHA256, &key_bytes),
@@ -105,7 +163,11 @@ impl Secrets {
     }
 
     /// Constant-time check of the operator token (compares MACs of both).
+    /// An empty token never passes.
     pub fn verify_operator(&self, token: &str) -> bool {
+        if token.is_empty() {
+            return false;
+        }
         let expected = hmac::sign(&self.key, self.operator_token.as_bytes());
         hmac::verify(&self.key, token.as_bytes(), expected.as_ref()).is_ok()
     }

@@ -65,6 +65,18 @@ impl ApiClient {
     /// Applies every document of a YAML or JSON text in one request (a
     /// List when there are several); returns the results.
     pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
+        const MAX_TEXT: usize = 16 * 1024 * 1024;
+        const MAX_DEPTH: usize = 64;
+        if text.len() > MAX_TEXT {
+            bail!(
+                "the file is {} bytes, over the limit of {MAX_TEXT}",
+                text.len()
+            );
+        }
+        let depth = crate::strict_json::nesting_depth(text);
+        if depth > MAX_DEPTH {
+            bail!("the file nests {depth} levels of [ or {{, over the limit of {MAX_DEPTH}");
+        }
         let mut documents = Vec::new();
         for document in serde_yaml_ng::Deserializer::from_str(text) {
             let value = <Value as serde::Deserialize>::deserialize(document)

@@ -60,6 +60,7 @@ fn agent_config(
     device: &str,
     agent_addr: &str,
     token: &str,
+    intent_key: &str,
     root: Option<&Path>,
 ) -> String {
     let updater = match root {
@@ -70,11 +71,12 @@ fn agent_config(
         None => "mode = \"simulate\"".to_owned(),
     };
     format!(
-        "device_id = {device}\nstate_dir = {state}\nstatus_socket = {socket}\n\n\
+        "device_id = {device}\nintent_public_keys = [{key}]\nstate_dir = {state}\nstatus_socket = {socket}\n\n\
          [transport]\nkind = \"websocket\"\nserver_url = {url}\ntoken = {token}\n\
          heartbeat_seconds = 5\nbackoff_max_seconds = 5\n\n\
          [updater]\n{updater}\nmin_free_mib = 50\n",
         device = toml_string(device),
+        key = toml_string(intent_key),
         state = toml_string(&dir.join("state").display().to_string()),
         socket = toml_string(&dir.join("status.sock").display().to_string()),
         url = toml_string(&format!("ws://{agent_addr}")),
@@ -134,6 +136,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             operator_token: None,
             nats: None,
             store_on_nats: false,
+            max_agent_connections: 1000,
         },
         shutdown.clone(),
     )
@@ -194,6 +197,8 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     } else {
         Vec::new()
     };
+    let intent_key =
+        crate::auth::IntentSigner::load_or_create(&dir.path().join("control-plane"))?.public_key();
     let mut agents = Agents(Vec::new());
     for (i, device) in devices.iter().enumerate() {
         let agent_dir = dir.path().join("agents").join(device);
@@ -210,6 +215,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
                 device,
                 &started.agent_addr.to_string(),
                 &token,
+                &intent_key,
                 root,
             ),
         )?;

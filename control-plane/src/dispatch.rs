@@ -13,6 +13,7 @@
 //! memory and reach the store only when something material changed or the
 //! stored time is older than [`PRESENCE_PERSIST`].
 
+use crate::auth::IntentSigner;
 use crate::delivery::{self, DeliveryEvent, Effect, JobFacts};
 use crate::records::{Db, DbError, Delivery, DeviceRecord, JobDelivery, device_key};
 use crate::store::{Change, Op};
@@ -168,6 +169,7 @@ pub struct Dispatcher {
     caught_up: watch::Sender<bool>,
     in_flight: JoinSet<(String, &'static str, Result<Delivered, LinkError>)>,
     queued: VecDeque<String>,
+    signer: Arc<IntentSigner>,
 }
 
 /// What the engine sends the delivery core: job keys it just released.
@@ -180,6 +182,7 @@ impl Dispatcher {
         settings: DispatchSettings,
         presence: Arc<Presence>,
         caught_up: watch::Sender<bool>,
+        signer: Arc<IntentSigner>,
     ) -> Self {
         let behind: HashSet<&'static str> = links
             .iter()
@@ -201,6 +204,7 @@ impl Dispatcher {
             caught_up,
             in_flight: JoinSet::new(),
             queued: VecDeque::new(),
+            signer,
         }
     }
 
@@ -520,8 +524,16 @@ impl Dispatcher {
                 debug!(key, "no link reaches the device yet; delivery waits for it");
                 continue;
             };
+            // Sent as it goes out, so that nothing sends it twice meanwhile;
+            // a delivery that does not happen returns it to created.
+            if let Some(job) = self.open.get_mut(&key) {
+                let (delivery, _) =
+                    delivery::step(&job.facts(), &DeliveryEvent::Delivered { at: now });
+                job.delivery = delivery;
+            }
+            let signed = self.signer.sign(&intent);
             self.in_flight.spawn(async move {
-                let result = link.deliver(&intent, Timestamp::now()).await;
+                let result = link.deliver(&intent, &signed, Timestamp::now()).await;
                 (key, link.transport(), result)
             });
         }
@@ -539,21 +551,25 @@ impl Dispatcher {
             }
             return;
         }
-        match result {
+        let undo = match result {
             Ok(Delivered::Sent) => {
-                if let Some(job) = self.open.get_mut(key) {
-                    let (delivery, _) = delivery::step(
-                        &job.facts(),
-                        &DeliveryEvent::Delivered {
-                            at: Timestamp::now(),
-                        },
-                    );
-                    job.delivery = delivery;
-                    debug!(key, transport, "intent delivered");
-                }
+                debug!(key, transport, "intent delivered");
+                false
             }
-            Ok(Delivered::NotConnected) => debug!(key, transport, "device not connected here"),
-            Err(e) => warn!(key, error = %e, "cannot deliver an intent; trying again later"),
+            Ok(Delivered::NotConnected) => {
+                debug!(key, transport, "device not connected here");
+                true
+            }
+            Err(e) => {
+                warn!(key, error = %e, "cannot deliver an intent; trying again later");
+                true
+            }
+        };
+        if undo
+            && let Some(job) = self.open.get_mut(key)
+            && matches!(job.delivery, Delivery::Sent { .. })
+        {
+            job.delivery = Delivery::Created;
         }
     }
 
@@ -813,9 +829,9 @@ impl Dispatcher {
             Inbound::Hello { device, hello, .. } => {
                 self.hello(transport, device, hello, work).await
             }
-            Inbound::Heartbeat { device, heartbeat } => {
-                self.heartbeat(transport, device, heartbeat, work).await
-            }
+            Inbound::Heartbeat {
+                device, heartbeat, ..
+            } => self.heartbeat(transport, device, heartbeat, work).await,
             Inbound::Gone { device } => {
                 self.presence.update(device, |live| {
                     let live = live?;
@@ -877,6 +893,24 @@ impl Dispatcher {
                 Vec::new(),
             ));
         }
+        if status.state == agent_core::JobState::Rejected
+            && status.kind == agent_core::executor::UNVERIFIED_KIND
+        {
+            // The device refused an intent whose signature did not hold: not
+            // the control plane's intent, so it decides nothing; a device
+            // that refuses the genuine ones has the wrong key pinned.
+            warn!(
+                device = %device,
+                job_id = %status.job_id,
+                error = status.error.as_deref().unwrap_or(""),
+                "the device refused an intent whose signature did not hold"
+            );
+            return Ok((Answer::Stored, Vec::new(), Vec::new()));
+        }
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        let status = &bounded_status(status);
         let key = job_key(device, status.job_id);
         let Some((expected, mut job)) = self.job_record(&key, work).await? else {
             return Ok((
@@ -935,6 +969,16 @@ impl Dispatcher {
         Ok((Answer::Stored, vec![key], effects))
     }
 
+    /// A decommissioned device's credentials open nothing any more.
+    async fn revoked(&mut self, device: &DeviceId, work: &Work) -> Result<Option<Answer>, DbError> {
+        let (_, record) = self.device_record(device, work).await?;
+        Ok(record.decommissioned.then(|| {
+            Answer::Refused(format!(
+                "device {device} is decommissioned; its credentials are no longer accepted"
+            ))
+        }))
+    }
+
     /// The stored device record (cached), or a new one.
     async fn device_record(
         &mut self,
@@ -988,6 +1032,14 @@ impl Dispatcher {
         hello: &AgentHello,
         work: &mut Work,
     ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        if let Some(problem) =
+            check_reported(&hello.agent_version, &hello.boot_id, &hello.capabilities)
+        {
+            return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
+        }
         let now = Timestamp::now();
         self.presence.update(device, |live| {
             Some(Live {
@@ -1045,6 +1097,22 @@ impl Dispatcher {
                 Vec::new(),
                 Vec::new(),
             ));
+        }
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        let reported = [&heartbeat.os_release, &heartbeat.architecture];
+        if let Some(problem) = check_reported(
+            &heartbeat.agent_version,
+            &heartbeat.boot_id,
+            &heartbeat.capabilities,
+        )
+        .or_else(|| {
+            reported
+                .iter()
+                .find_map(|text| check_text("a reported field", text, MAX_REPORTED))
+        }) {
+            return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
         }
         let now = Timestamp::now();
         self.presence.update(device, |_| {
@@ -1104,6 +1172,100 @@ impl Dispatcher {
     }
 }
 
+/// Upper bound of a field a device reports about itself (version, boot id,
+/// one capability, OS name, architecture).
+const MAX_REPORTED: usize = 256;
+/// Upper bound of the capabilities a device may report.
+const MAX_CAPABILITIES: usize = 32;
+
+/// Why a text a device sent cannot be kept: too long, or holding control
+/// characters (escape sequences would reach an operator's terminal).
+fn check_text(what: &str, text: &str, max: usize) -> Option<String> {
+    if text.len() > max {
+        return Some(format!(
+            "{what} is {} bytes, over the limit of {max}",
+            text.len()
+        ));
+    }
+    if text.chars().any(|c| c.is_control() || is_bidi_override(c)) {
+        return Some(format!(
+            "{what} holds control or bidirectional-override characters"
+        ));
+    }
+    None
+}
+
+/// Unicode's bidirectional embedding, override and isolate characters.
+pub fn is_bidi_override(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+fn check_reported(version: &str, boot_id: &str, capabilities: &[String]) -> Option<String> {
+    if capabilities.len() > MAX_CAPABILITIES {
+        return Some(format!(
+            "{} capabilities reported, over the limit of {MAX_CAPABILITIES}",
+            capabilities.len()
+        ));
+    }
+    check_text("the agent version", version, MAX_REPORTED)
+        .or_else(|| check_text("the boot id", boot_id, MAX_REPORTED))
+        .or_else(|| {
+            capabilities
+                .iter()
+                .find_map(|c| check_text("a capability", c, MAX_REPORTED))
+        })
+}
+
+/// A status as the control plane keeps it: every field bounded, whatever a
+/// device sent (errors ≤ 1 KiB, at most 16 steps, bounded lists).
+fn bounded_status(status: &JobStatus) -> JobStatus {
+    use agent_core::{MAX_ERROR_BYTES, MAX_STEPS, bounded};
+    let mut status = status.clone();
+    status.error = status.error.map(|e| bounded(e, MAX_ERROR_BYTES));
+    status.kind = bounded(status.kind, 64);
+    status.boot_id = bounded(status.boot_id, MAX_REPORTED);
+    status.steps.truncate(MAX_STEPS);
+    for step in &mut status.steps {
+        step.name = bounded(std::mem::take(&mut step.name), 64);
+        step.error = step.error.take().map(|e| bounded(e, MAX_ERROR_BYTES));
+    }
+    if let Some(agent_core::JobOutput::Upgrade(report)) = &mut status.output {
+        let max = agent_core::model::MAX_LISTED_PACKAGES;
+        let before = report.upgraded.len()
+            + report.installed.len()
+            + report.removed.len()
+            + report.kept_back.len();
+        report.upgraded.truncate(max);
+        report.installed.truncate(max);
+        report.removed.truncate(max);
+        report.kept_back.truncate(max);
+        for change in report
+            .upgraded
+            .iter_mut()
+            .chain(report.installed.iter_mut())
+        {
+            change.name = bounded(std::mem::take(&mut change.name), 256);
+            change.to = bounded(std::mem::take(&mut change.to), 256);
+            change.from = change.from.take().map(|f| bounded(f, 256));
+        }
+        for name in report.removed.iter_mut().chain(report.kept_back.iter_mut()) {
+            *name = bounded(std::mem::take(name), 256);
+        }
+        let after = report.upgraded.len()
+            + report.installed.len()
+            + report.removed.len()
+            + report.kept_back.len();
+        report.omitted = report.omitted.saturating_add((before - after) as u32);
+    }
+    if let Some(agent_core::JobOutput::Inventory(inventory)) = &mut status.output {
+        inventory.os_release = bounded(std::mem::take(&mut inventory.os_release), MAX_REPORTED);
+        inventory.architecture = bounded(std::mem::take(&mut inventory.architecture), MAX_REPORTED);
+        inventory.kernel = bounded(std::mem::take(&mut inventory.kernel), MAX_REPORTED);
+        inventory.disks.truncate(64);
+    }
+    status
+}
+
 fn drain(events: &mut mpsc::Receiver<Event>, batch: &mut Vec<Event>) {
     while batch.len() < MAX_BATCH {
         match events.try_recv() {
@@ -1115,24 +1277,20 @@ fn drain(events: &mut mpsc::Receiver<Event>, batch: &mut Vec<Event>) {
 
 fn take_reply(event: &mut Event) -> Option<Reply> {
     match &mut event.inbound {
-        Inbound::Hello { reply, .. } | Inbound::Status { reply, .. } => {
-            Some(std::mem::replace(reply, Reply::none()))
-        }
-        Inbound::Ack { .. }
-        | Inbound::Heartbeat { .. }
-        | Inbound::Gone { .. }
-        | Inbound::CaughtUp => None,
+        Inbound::Hello { reply, .. }
+        | Inbound::Status { reply, .. }
+        | Inbound::Heartbeat { reply, .. } => Some(std::mem::replace(reply, Reply::none())),
+        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp => None,
     }
 }
 
 fn put_reply(event: &mut Event, reply: Option<Reply>) {
     let Some(reply) = reply else { return };
     match &mut event.inbound {
-        Inbound::Hello { reply: slot, .. } | Inbound::Status { reply: slot, .. } => *slot = reply,
-        Inbound::Ack { .. }
-        | Inbound::Heartbeat { .. }
-        | Inbound::Gone { .. }
-        | Inbound::CaughtUp => {}
+        Inbound::Hello { reply: slot, .. }
+        | Inbound::Status { reply: slot, .. }
+        | Inbound::Heartbeat { reply: slot, .. } => *slot = reply,
+        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp => {}
     }
 }
 

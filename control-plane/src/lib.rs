@@ -18,4 +18,5 @@ pub mod rollout;
 pub mod serve;
 pub mod store;
 pub mod stored;
+pub mod strict_json;
 pub mod watch;

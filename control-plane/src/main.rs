@@ -57,6 +57,10 @@ enum Command {
         ack_timeout_seconds: u64,
         #[arg(long, default_value_t = 1000)]
         pass_interval_ms: u64,
+        /// Agent connections held at once (keep it below the open-file limit,
+        /// LimitNOFILE in drover.service); more are closed at once.
+        #[arg(long, default_value_t = 25_000)]
+        max_agent_connections: usize,
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,
@@ -99,6 +103,16 @@ enum Command {
     },
     /// Print the bearer token a device's agent uses.
     Token { device: String },
+    /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
+    /// the next `serve` starts with a new, empty one.
+    ResetStore,
+    /// Check one database file (serve runs this before opening it).
+    #[command(hide = true)]
+    VerifyStore { path: PathBuf },
+    /// Print the public key agents pin to check the control plane's intent
+    /// signatures (`intent_public_keys` in the agent's config). Run it on the
+    /// control plane's host with its --data; it makes the key on first use.
+    IntentKey,
     /// Run the end-to-end demo: control plane, agents and a task run.
     Demo {
         #[arg(long, default_value_t = 3)]
@@ -197,6 +211,9 @@ fn main() -> Result<()> {
 
 fn client(cli: &Cli) -> Result<ApiClient> {
     let token = match &cli.token {
+        Some(token) if token.trim().is_empty() => {
+            bail!("the operator token given (--token or DROVER_TOKEN) is empty")
+        }
         Some(token) => token.clone(),
         None => std::fs::read_to_string(cli.data.join("operator.token"))
             .map(|t| t.trim().to_owned())
@@ -220,6 +237,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             agent_tls_key,
             ack_timeout_seconds,
             pass_interval_ms,
+            max_agent_connections,
             ready_file,
             nats,
             store,
@@ -236,6 +254,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     operator_token: cli.token.clone(),
                     nats: nats.settings(),
                     store_on_nats: *store == StoreKind::Nats,
+                    max_agent_connections: *max_agent_connections,
                 },
                 shutdown.clone(),
             )
@@ -300,11 +319,27 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     } else {
                         print_runs(std::slice::from_ref(&run));
                         if let Some(error) = run["status"]["latestError"].as_str() {
-                            out!("latest error: {error}");
+                            out!("latest error: {}", printable(error));
                         }
                     }
                 }
             }
+            Ok(0)
+        }
+        Command::VerifyStore { path } => {
+            agent_core::dbfile::verify(path).map_err(|e| anyhow::anyhow!(e))?;
+            Ok(0)
+        }
+        Command::ResetStore => {
+            let path = cli.data.join("drover.redb");
+            let aside = agent_core::dbfile::move_aside(&path)
+                .with_context(|| format!("cannot move {} aside", path.display()))?;
+            out!("moved {} to {}", path.display(), aside.display());
+            Ok(0)
+        }
+        Command::IntentKey => {
+            let signer = drover::auth::IntentSigner::load_or_create(&cli.data)?;
+            out!("{}", signer.public_key());
             Ok(0)
         }
         Command::Runs {
@@ -369,19 +404,37 @@ fn print_devices(devices: &[DeviceRecord]) {
     );
     for d in devices {
         let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
-        let labels: Vec<String> = d.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels: Vec<String> = d
+            .labels
+            .iter()
+            .map(|(k, v)| printable(&format!("{k}={v}")))
+            .collect();
         out!(
             "{:<20} {:<16} {:<24} {:<6} {:<21} {}",
             d.id,
-            groups.join(","),
+            printable(&groups.join(",")),
             labels.join(","),
             if d.agent_present { "yes" } else { "no" },
             d.last_heartbeat
                 .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
                 .unwrap_or_else(|| "-".into()),
-            d.capabilities.join(",")
+            printable(&d.capabilities.join(","))
         );
     }
+}
+
+/// Text a device or an old record supplied, with control and
+/// bidirectional characters escaped, so nothing reaches the terminal raw.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() || drover::dispatch::is_bidi_override(c) {
+                c.escape_unicode().collect::<Vec<char>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 fn print_runs(runs: &[Value]) {

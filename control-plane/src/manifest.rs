@@ -91,6 +91,74 @@ pub fn valid_name(name: &str) -> bool {
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
 }
 
+/// Upper bound of the labels or groups one resource carries.
+pub const MAX_LABELS: usize = 64;
+
+/// A label value or group name: 1 to 63 of `[A-Za-z0-9._-]`, starting and
+/// ending alphanumeric (Kubernetes' rule); a label key may add a
+/// `prefix/` of the same characters. No control, space or bidirectional
+/// characters can reach a terminal through them.
+fn valid_token(text: &str, allow_slash: bool) -> bool {
+    let ok = |part: &str| {
+        let bytes = part.as_bytes();
+        !bytes.is_empty()
+            && bytes.len() <= 63
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+    };
+    match text.split_once('/') {
+        Some((prefix, name)) if allow_slash => prefix.len() <= 253 && ok(prefix) && ok(name),
+        Some(_) => false,
+        None => ok(text),
+    }
+}
+
+fn check_labels(what: &str, labels: &BTreeMap<String, String>, problems: &mut Vec<String>) {
+    if labels.len() > MAX_LABELS {
+        problems.push(format!("{what}: at most {MAX_LABELS} labels"));
+    }
+    for (key, value) in labels {
+        if !valid_token(key, true) {
+            problems.push(format!(
+                "{what}: label key {:?} must be 1 to 63 of [A-Za-z0-9._-], starting and ending alphanumeric (with an optional prefix/)",
+                shorten(key)
+            ));
+        }
+        if !value.is_empty() && !valid_token(value, false) {
+            problems.push(format!(
+                "{what}: label value {:?} must be empty or 1 to 63 of [A-Za-z0-9._-], starting and ending alphanumeric",
+                shorten(value)
+            ));
+        }
+    }
+}
+
+fn check_groups(what: &str, groups: &[String], problems: &mut Vec<String>) {
+    if groups.len() > MAX_LABELS {
+        problems.push(format!("{what}: at most {MAX_LABELS} groups"));
+    }
+    for group in groups {
+        if !valid_token(group, false) {
+            problems.push(format!(
+                "{what}: group {:?} must be 1 to 63 of [A-Za-z0-9._-], starting and ending alphanumeric",
+                shorten(group)
+            ));
+        }
+    }
+}
+
+/// The start of a long text, for an error message.
+fn shorten(text: &str) -> String {
+    let mut short: String = text.chars().take(40).collect();
+    if short.len() < text.len() {
+        short.push('…');
+    }
+    short
+}
+
 /// Parses and validates one manifest; the error lists what is wrong.
 pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
     let raw: Raw = serde_json::from_value(value).map_err(|e| format!("not a manifest: {e}"))?;
@@ -111,6 +179,12 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             let wire: WireTaskRunSpec = serde_json::from_value(raw.spec)
                 .map_err(|e| format!("invalid TaskRun spec: {e}"))?;
             let mut problems = Vec::new();
+            check_groups("spec.allowedGroups", &wire.allowed_groups, &mut problems);
+            check_labels(
+                "spec.targetSelector.matchLabels",
+                &wire.target_selector.match_labels,
+                &mut problems,
+            );
             if wire.allowed_groups.is_empty() {
                 problems.push("spec.allowedGroups needs at least one group".to_owned());
             }
@@ -150,6 +224,24 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 .map_err(|e| format!("invalid Device spec: {e}"))?;
             if raw.metadata.labels.contains_key("device-id") {
                 return Err("label device-id is implicit and cannot be set".into());
+            }
+            let mut problems = Vec::new();
+            check_labels("metadata.labels", &raw.metadata.labels, &mut problems);
+            check_groups("spec.groups", &spec.groups, &mut problems);
+            if let Some(zone) = &spec.time_zone
+                && (zone.is_empty()
+                    || zone.len() > 64
+                    || !zone.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'+')
+                    }))
+            {
+                problems.push(format!(
+                    "spec.timeZone {:?} is not an IANA time zone name (such as Europe/Sofia)",
+                    shorten(zone)
+                ));
+            }
+            if !problems.is_empty() {
+                return Err(problems.join("; "));
             }
             Ok(Manifest::Device {
                 id,

@@ -39,6 +39,8 @@ pub struct ServeOptions {
     /// Keep the control plane's state in NATS JetStream KV (several replicas)
     /// instead of the embedded database (one replica).
     pub store_on_nats: bool,
+    /// Agent connections held at once; more are closed at once.
+    pub max_agent_connections: usize,
 }
 
 /// A started control plane.
@@ -50,12 +52,7 @@ pub struct Started {
 }
 
 pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
-    std::fs::create_dir_all(&options.data).with_context(|| {
-        format!(
-            "cannot create the data directory {}",
-            options.data.display()
-        )
-    })?;
+    crate::auth::ensure_data_dir(&options.data)?;
     let nats_client = match &options.nats {
         Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
         None => None,
@@ -65,7 +62,11 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             transport_nats::kv::NatsKv::open(client.clone()).await?,
         )),
         (None, true) => anyhow::bail!("--store nats needs --nats-url"),
-        (_, false) => Db::new(Arc::new(RedbKv::open(&options.data.join("drover.redb"))?)),
+        (_, false) => {
+            let path = options.data.join("drover.redb");
+            let checker = agent_core::dbfile::Checker::this_binary("drover reset-store");
+            Db::new(Arc::new(RedbKv::open_checked(&path, &checker)?))
+        }
     };
     let secrets = Arc::new(Secrets::load_or_create(
         &options.data,
@@ -100,6 +101,8 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
         None => None,
     };
+    let signer = Arc::new(crate::auth::IntentSigner::load_or_create(&options.data)?);
+    info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
     let dispatcher = Dispatcher::new(
         db.clone(),
@@ -109,6 +112,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         },
         presence.clone(),
         caught_up,
+        signer,
     );
     let api_listener = TcpListener::bind(options.listen)
         .await
@@ -140,6 +144,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         agent_listener,
         tls,
         Arc::new(move |device, token| verify.verify_device(device, token)),
+        options.max_agent_connections,
         shutdown.clone(),
     )));
     let api_shutdown = shutdown.clone();

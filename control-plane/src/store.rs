@@ -4,6 +4,7 @@
 //! makes them durable with one fsync: writes that arrive together share one
 //! commit (group commit). Readers never wait for the writer (redb's MVCC).
 
+use agent_core::dbfile::Checker;
 use drover_contract::BoxFuture;
 pub use drover_contract::kv::{Change, Entry, KvError, KvStore, Op, OpResults};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -60,19 +61,28 @@ fn split(stored: &[u8]) -> Entry {
 }
 
 impl RedbKv {
+    /// Opens the database, checking it in this process (tests and tools).
     pub fn open(path: &Path) -> Result<Self, KvError> {
-        let db = Database::create(path).map_err(|e| KvError::Open {
+        Self::open_checked(path, &Checker::in_process("drover reset-store"))
+    }
+
+    /// Opens the database or creates it; refuses an empty or damaged file by
+    /// name (see `agent_core::dbfile`).
+    pub fn open_checked(path: &Path, checker: &Checker) -> Result<Self, KvError> {
+        let db = agent_core::dbfile::open_or_create(path, checker, |db| {
+            let init = || -> Result<(), StoreFailure> {
+                let tx = db.begin_write()?;
+                tx.open_table(KV)?;
+                tx.open_table(META)?;
+                tx.commit()?;
+                Ok(())
+            };
+            init().map_err(|e| e.0.to_string())
+        })
+        .map_err(|e| KvError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        let init = || -> Result<(), StoreFailure> {
-            let tx = db.begin_write()?;
-            tx.open_table(KV)?;
-            tx.open_table(META)?;
-            tx.commit()?;
-            Ok(())
-        };
-        init().map_err(|e| e.0)?;
         let db = Arc::new(db);
         let (changes, _) = broadcast::channel(CHANGE_FEED);
         let (writer, requests) = mpsc::channel::<CommitRequest>();

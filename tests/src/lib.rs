@@ -13,6 +13,30 @@ use std::time::{Duration, Instant};
 
 pub const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
 
+/// The intent-signing key every test control plane uses (Ed25519, PKCS#8 in
+/// hex), so agents and scripted servers share it. A test key: it signs
+/// nothing outside the tests.
+pub const TEST_INTENT_KEY: &str = "3051020101300506032b6570042204202b41388b61c239a6ec002d71952e6baa6eb521912236b4836fc3249af4751ce58121004131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065";
+/// Its public key, which every test agent pins.
+pub const TEST_INTENT_PUBLIC_KEY: &str =
+    "4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065";
+
+/// Signs an intent with the test key, as the control plane does.
+pub fn sign_intent(mut intent: Value) -> Value {
+    sign_intent_with(&mut intent, TEST_INTENT_KEY);
+    intent
+}
+
+/// Signs an intent in place with the key `pkcs8_hex`.
+pub fn sign_intent_with(intent: &mut Value, pkcs8_hex: &str) {
+    let bytes = agent_core::signing::unhex(pkcs8_hex).expect("hex key");
+    let key = ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).expect("PKCS#8 key");
+    let message = agent_core::signing::canonical(intent).expect("an intent object");
+    let signature = key.sign(&message);
+    intent[agent_core::signing::SIGNATURE_FIELD] =
+        Value::String(agent_core::signing::hex(signature.as_ref()));
+}
+
 /// A built binary of the workspace.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -237,6 +261,15 @@ impl ControlPlane {
     }
 
     fn spawn(dir: &Path, extra: &[String]) -> (Child, String, String) {
+        let data = dir.join("data");
+        if !data.join("intent.key").exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&data);
+            std::fs::write(data.join("intent.key"), TEST_INTENT_KEY).expect("intent key");
+        }
         let ready = dir.join("ready.json");
         let _ = std::fs::remove_file(&ready);
         let log = std::fs::OpenOptions::new()
@@ -393,6 +426,31 @@ impl ControlPlane {
     }
 }
 
+/// A WebSocket connection to the control plane's agent port as device
+/// `path_device` with `token`, as a hand-driven agent.
+pub async fn agent_ws(
+    cp: &ControlPlane,
+    path_device: &str,
+    token: &str,
+) -> Result<script::Ws, String> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("{}/agent/v1/ws/{path_device}", cp.agent_url);
+    let mut request = url.into_client_request().map_err(|e| e.to_string())?;
+    request.headers_mut().insert(
+        "authorization",
+        tokio_tungstenite::tungstenite::http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|e| e.to_string())?,
+    );
+    let addr = cp.agent_url.trim_start_matches("ws://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio_tungstenite::client_async(request, tcp)
+        .await
+        .map(|(ws, _)| ws)
+        .map_err(|e| e.to_string())
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         stop(&mut self.child);
@@ -484,9 +542,10 @@ impl AgentProcess {
         let config = dir.join("agent.toml");
         let socket = dir.join("status.sock");
         let text = format!(
-            "device_id = {}\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n[transport]\n{transport}\n\
-             [updater]\n{updater}\n\n{extra}\n",
+            "device_id = {}\nintent_public_keys = [{}]\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n\
+             [transport]\n{transport}\n[updater]\n{updater}\n\n{extra}\n",
             toml_string(device),
+            toml_string(TEST_INTENT_PUBLIC_KEY),
             toml_string(&dir.join("state").display().to_string()),
             toml_string(&socket.display().to_string()),
         );

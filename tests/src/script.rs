@@ -40,7 +40,15 @@ impl Script {
         self.ws.send(Message::text(text)).await.expect("send");
     }
 
+    /// Sends a job signed with the test key, as the control plane would.
     pub async fn send_job(&mut self, intent: Value) {
+        let intent = crate::sign_intent(intent);
+        self.send_text(json!({"type": "job", "intent": intent}).to_string())
+            .await;
+    }
+
+    /// Sends a job exactly as given (for unsigned or badly signed jobs).
+    pub async fn send_raw_job(&mut self, intent: Value) {
         self.send_text(json!({"type": "job", "intent": intent}).to_string())
             .await;
     }

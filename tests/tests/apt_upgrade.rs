@@ -499,7 +499,7 @@ async fn the_agents_own_package_upgrade_does_not_kill_dpkg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_enough_disk_space_fails_before_apt_runs() {
-    let mut rig = Rig::start(&[base("1.0")], 100_000_000).await;
+    let mut rig = Rig::start(&[base("1.0")], 1_000_000).await;
     rig.sandbox.publish(&[base("2.0")]);
     let job = rig.upgrade(3600).await;
     let status = rig.result(&job).await;

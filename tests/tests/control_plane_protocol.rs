@@ -7,26 +7,11 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 async fn connect(cp: &ControlPlane, device: &str, token: &str) -> Result<Ws, String> {
-    let url = format!("{}/agent/v1/ws/{device}", cp.agent_url);
-    let mut request = url.into_client_request().map_err(|e| e.to_string())?;
-    request.headers_mut().insert(
-        "authorization",
-        HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| e.to_string())?,
-    );
-    let addr = cp.agent_url.trim_start_matches("ws://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio_tungstenite::client_async(request, tcp)
-        .await
-        .map(|(ws, _)| ws)
-        .map_err(|e| e.to_string())
+    drover_tests::agent_ws(cp, device, token).await
 }
 
 async fn hello(ws: &mut Ws, device: &str, jobs: Value) {

@@ -283,7 +283,7 @@ async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
         .expect("bucket");
     let key = format!("dup-1.{}", run["metadata"]["uid"].as_str().expect("uid"));
     intents
-        .put(&key, intent.to_string().into())
+        .put(&key, drover_tests::sign_intent(intent).to_string().into())
         .await
         .expect("put by hand");
     eventually(
@@ -508,7 +508,7 @@ async fn a_failing_canary_over_nats_stops_the_rollout() {
                 let config = std::fs::read_to_string(&agent.config).expect("config");
                 std::fs::write(
                     &agent.config,
-                    config.replace("min_free_mib = 10", "min_free_mib = 999999999"),
+                    config.replace("min_free_mib = 10", "min_free_mib = 1000000"),
                 )
                 .expect("write");
                 agent.kill9();
@@ -634,13 +634,15 @@ async fn a_foreign_intent_on_a_devices_subject_is_dropped_and_never_shadows_its_
             .connect(nats.url())
             .await
             .expect("connect");
+    // Signed with the control plane's own key: a good signature does not
+    // make another device's intent this one's.
     let foreign = |job: &str| {
-        json!({
+        drover_tests::sign_intent(json!({
             "jobId": job, "deviceId": "fi-other", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
             "createdAt": jiff::Timestamp::now().to_string(),
             "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
             "timeoutSeconds": 1500
-        })
+        }))
         .to_string()
     };
     // Before B's own intent of the same job id exists.
@@ -735,5 +737,112 @@ async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
     assert!(
         error.contains("reached the control plane at") && error.contains("after the deadline"),
         "{run}"
+    );
+}
+
+/// A11 over NATS: whoever controls the broker (here, its admin user) cannot
+/// start a job: an unsigned intent and one signed by another key are
+/// refused and never run; and the control plane answers a hello only into
+/// the sending device's own inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_cannot_start_a_job_and_hellos_are_answered_only_in_the_devices_inbox() {
+    let (nats, cp) = fleet(&["br-1", "br-2"], None);
+    cp.apply_device("br-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &nats.url(), "br-1", None, "");
+    cp.wait_for_agents(&["br-1"]).await;
+    let admin =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("connect");
+    let intents = async_nats::jetstream::new(admin.clone())
+        .get_key_value("system-upgrade-intent")
+        .await
+        .expect("bucket");
+    let forged = |job: &str| {
+        json!({
+            "jobId": job, "deviceId": "br-1", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
+            "createdAt": jiff::Timestamp::now().to_string(),
+            "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
+            "timeoutSeconds": 1500
+        })
+    };
+    let unsigned = "00000000-0000-4000-8000-0000000000b1";
+    intents
+        .put(
+            format!("br-1.{unsigned}"),
+            forged(unsigned).to_string().into(),
+        )
+        .await
+        .expect("put");
+    let other_key = "00000000-0000-4000-8000-0000000000b2";
+    let mut resigned = forged(other_key);
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("key");
+    drover_tests::sign_intent_with(&mut resigned, &agent_core::signing::hex(pkcs8.as_ref()));
+    intents
+        .put(format!("br-1.{other_key}"), resigned.to_string().into())
+        .await
+        .expect("put");
+    eventually(
+        Duration::from_secs(20),
+        "both refusals on the device",
+        || async {
+            let jobs = agent.jobs();
+            let refused = jobs
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|j| j["state"] == "Rejected" && j["kind"] == "unverified")
+                .count();
+            (refused == 2).then_some(())
+        },
+    )
+    .await;
+    let jobs = agent.jobs();
+    assert!(
+        jobs.as_array().into_iter().flatten().all(|j| j["steps"]
+            .as_array()
+            .is_none_or(|s| s.iter().all(|s| s["tries"] == 0))),
+        "nothing ran: {jobs}"
+    );
+    // A hello whose reply subject is B's intent subject gets no answer there.
+    let mut snoop = admin
+        .subscribe("drover.rp.intent.br-2.>")
+        .await
+        .expect("subscribe");
+    let token = cp.device_token("br-1");
+    let device = async_nats::ConnectOptions::with_user_and_password("br-1".into(), token)
+        .custom_inbox_prefix("_INBOX_br-1")
+        .connect(nats.url())
+        .await
+        .expect("br-1 connects");
+    let hello = json!({"deviceId": "br-1", "agentVersion": "x", "bootId": "b", "capabilities": [], "jobs": []});
+    device
+        .publish_with_reply(
+            "drover.hello.br-1",
+            "drover.rp.intent.br-2.00000000-0000-4000-8000-0000000000b3",
+            hello.to_string().into(),
+        )
+        .await
+        .expect("publish");
+    device.flush().await.expect("flush");
+    let seen = tokio::time::timeout(Duration::from_secs(3), snoop.next()).await;
+    assert!(
+        !matches!(seen, Ok(Some(_))),
+        "the control plane answered into B's subject"
+    );
+    // With its own inbox, the same hello is answered.
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        device.request("drover.hello.br-1", hello.to_string().into()),
+    )
+    .await
+    .expect("in time")
+    .expect("answered");
+    let reply: Value = serde_json::from_slice(&reply.payload).expect("json");
+    assert!(
+        reply["serverTime"].is_string() && reply.get("error").is_none(),
+        "{reply}"
     );
 }

@@ -125,7 +125,7 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
     // boot id from /proc, as on a device.
     let _proc = ProcMount::new(&sandbox.path("/proc"));
     let config = concat!(
-        "device_id = \"pkg-1\"\n\n[transport]\nkind = \"websocket\"\n",
+        "device_id = \"pkg-1\"\nintent_public_keys = [\"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\"]\n\n[transport]\nkind = \"websocket\"\n",
         "server_url = \"ws://127.0.0.1:9\"\ntoken = \"t\"\n\n[updater]\nmode = \"simulate\"\n"
     );
     std::fs::write(sandbox.path("/etc/drover/agent.toml"), config).expect("config");

@@ -24,7 +24,7 @@ async fn a_failing_canary_stops_the_rollout() {
             let config = std::fs::read_to_string(&agent.config).expect("config");
             std::fs::write(
                 &agent.config,
-                config.replace("min_free_mib = 10", "min_free_mib = 999999999"),
+                config.replace("min_free_mib = 10", "min_free_mib = 1000000"),
             )
             .expect("write");
             agent.kill9();

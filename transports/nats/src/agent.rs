@@ -11,7 +11,7 @@ use crate::{
 };
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
-use agent_core::wire::parse_intent_bytes;
+use agent_core::wire::intent_json;
 use async_nats::jetstream;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -150,7 +150,7 @@ fn mark_connected(agent: &Agent) {
 }
 
 fn admit(agent: &Agent, payload: &[u8]) {
-    match agent.admit(parse_intent_bytes(payload)) {
+    match agent.admit_signed(intent_json(payload)) {
         Ok(reply) => {
             debug!(job_id = %reply.status.job_id, duplicate = reply.duplicate, "intent recorded")
         }

@@ -208,7 +208,15 @@ impl NatsLinks {
                 continue;
             }
             let heartbeat = Box::new(heartbeat);
-            if !self.send(Inbound::Heartbeat { device, heartbeat }).await {
+            let reply = Reply::none();
+            if !self
+                .send(Inbound::Heartbeat {
+                    device,
+                    heartbeat,
+                    reply,
+                })
+                .await
+            {
                 return;
             }
         }
@@ -323,10 +331,11 @@ impl AgentLinks for NatsLinks {
     fn deliver<'a>(
         &'a self,
         intent: &'a Intent,
+        signed: &'a serde_json::Value,
         _server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
         Box::pin(async move {
-            let payload = serde_json::to_vec(intent).map_err(link_error)?;
+            let payload = serde_json::to_vec(signed).map_err(link_error)?;
             let revision = self
                 .buckets
                 .intents

@@ -6,7 +6,6 @@ use crate::protocol::{AgentMessage, ServerMessage};
 use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, ws_config};
 use agent_core::executor::{AdmitError, Agent};
-use agent_core::wire::parse_intent_value;
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -124,6 +123,29 @@ pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: Cancella
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// Checks a server URL and CA file as [`run`] would use them, without
+/// connecting: `agent check` catches here what `run` would retry forever.
+pub fn check_settings(server_url: &str, ca_file: &std::path::Path) -> Result<(), ClientError> {
+    let url_error = |reason: &str| ClientError::Url {
+        url: server_url.to_owned(),
+        reason: reason.into(),
+    };
+    let uri: Uri = server_url
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|_| url_error("not a URL"))?;
+    let host = uri.host().ok_or_else(|| url_error("no host"))?.to_owned();
+    match uri.scheme_str() {
+        Some("wss") => {
+            client_config(ca_file)?;
+            Ok(())
+        }
+        Some("ws") if is_loopback(&host) => Ok(()),
+        Some("ws") => Err(ClientError::PlainToRemote(host)),
+        _ => Err(url_error("scheme must be ws:// or wss://")),
     }
 }
 
@@ -291,7 +313,7 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
             if let Some(time) = server_time {
                 agent.observe_control_plane_time(time);
             }
-            match agent.admit(parse_intent_value(intent)) {
+            match agent.admit_signed(Ok(intent)) {
                 Ok(reply) => Some(AgentMessage::Ack {
                     job_id: reply.status.job_id,
                 }),

@@ -30,9 +30,11 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 pub const TRANSPORT: &str = "websocket";
+/// How long a new connection may take for its TLS and WebSocket handshakes.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a hello may wait for the delivery core.
@@ -81,14 +83,19 @@ impl WsLinks {
             .len()
     }
 
-    /// Accepts agents until `shutdown`.
+    /// Accepts agents until `shutdown`: at most `max_connections` at once
+    /// (one more is closed at once), each given [`HANDSHAKE_TIMEOUT`] for its
+    /// TLS and WebSocket handshakes.
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         tls: Option<tokio_rustls::TlsAcceptor>,
         authorize: Authorize,
+        max_connections: usize,
         shutdown: CancellationToken,
     ) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+        let mut refused = 0u64;
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -102,27 +109,39 @@ impl WsLinks {
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                refused += 1;
+                if refused.is_power_of_two() {
+                    warn!(%peer, refused, max_connections, "too many agent connections; closing new ones");
+                }
+                continue;
+            };
             let links = self.clone();
             let (tls, authorize, shutdown) = (tls.clone(), authorize.clone(), shutdown.clone());
             tokio::spawn(async move {
+                let _slot = slot;
                 let _ = tcp.set_nodelay(true);
-                let stream: Box<dyn Io> = match &tls {
-                    Some(acceptor) => match acceptor.accept(tcp).await {
-                        Ok(tls) => Box::new(tls),
-                        Err(e) => {
-                            debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                    },
-                    None => Box::new(tcp),
+                let handshake = async {
+                    let stream: Box<dyn Io> = match &tls {
+                        Some(acceptor) => match acceptor.accept(tcp).await {
+                            Ok(tls) => Box::new(tls),
+                            Err(e) => return Err(format!("TLS handshake failed: {e}")),
+                        },
+                        None => Box::new(tcp),
+                    };
+                    accept(
+                        stream,
+                        move |d: &DeviceId, t: &str| authorize(d, t),
+                        Some(server_config()),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())
                 };
-                match accept(
-                    stream,
-                    move |d: &DeviceId, t: &str| authorize(d, t),
-                    Some(server_config()),
-                )
-                .await
-                {
+                let accepted = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                    Ok(accepted) => accepted,
+                    Err(_) => Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
+                };
+                match accepted {
                     Ok(agent) => {
                         let span = info_span!("agent", device = %agent.device_id);
                         links
@@ -268,19 +287,22 @@ impl WsLinks {
                 }
                 Some((outbox_id, answer)) = commits.next(), if !commits.is_empty() => {
                     let answer: Result<Answer, _> = answer;
-                    match answer {
-                        Ok(Answer::Stored) => {
+                    match (answer, outbox_id) {
+                        (Ok(Answer::Stored), Some(outbox_id)) => {
                             sink.send(Message::text(ServerMessage::Received { outbox_id }.encode())).await?;
                         }
+                        (Ok(Answer::Stored), None) => {}
                         // Decided: confirmed even when refused, so the agent
                         // may drop it from its outbox; and told why.
-                        Ok(Answer::Refused(problem)) => {
+                        (Ok(Answer::Refused(problem)), outbox_id) => {
                             sink.send(error_frame(&problem)).await?;
-                            sink.send(Message::text(ServerMessage::Received { outbox_id }.encode())).await?;
+                            if let Some(outbox_id) = outbox_id {
+                                sink.send(Message::text(ServerMessage::Received { outbox_id }.encode())).await?;
+                            }
                         }
                         // Not committed: no confirmation; the agent sends it again.
-                        Ok(Answer::Failed(problem)) => warn!(outbox_id, %problem, "status not stored"),
-                        Err(_) => warn!(outbox_id, "status not answered"),
+                        (Ok(Answer::Failed(problem)), outbox_id) => warn!(?outbox_id, %problem, "not stored"),
+                        (Err(_), outbox_id) => warn!(?outbox_id, "not answered"),
                     }
                 }
                 frame = stream.next() => {
@@ -344,7 +366,7 @@ impl WsLinks {
                     reply,
                 })
                 .await?;
-                Ok(Incoming::AwaitCommit(outbox_id, answer))
+                Ok(Incoming::AwaitCommit(Some(outbox_id), answer))
             }
             AgentMessage::Heartbeat { heartbeat } => {
                 if &heartbeat.device_id != device {
@@ -355,12 +377,14 @@ impl WsLinks {
                         ),
                     }));
                 }
+                let (reply, answer) = Reply::channel();
                 self.send_event(Inbound::Heartbeat {
                     device: device.clone(),
                     heartbeat: Box::new(heartbeat),
+                    reply,
                 })
                 .await?;
-                Ok(Incoming::Nothing)
+                Ok(Incoming::AwaitCommit(None, answer))
             }
             AgentMessage::Error { message } => {
                 warn!(%message, "the agent could not use a message");
@@ -373,7 +397,8 @@ impl WsLinks {
 enum Incoming {
     Nothing,
     Reply(ServerMessage),
-    AwaitCommit(u64, tokio::sync::oneshot::Receiver<Answer>),
+    /// An answer to wait for; with the outbox id of a status to confirm.
+    AwaitCommit(Option<u64>, tokio::sync::oneshot::Receiver<Answer>),
 }
 
 impl AgentLinks for WsLinks {
@@ -388,6 +413,7 @@ impl AgentLinks for WsLinks {
     fn deliver<'a>(
         &'a self,
         intent: &'a Intent,
+        signed: &'a serde_json::Value,
         server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
         Box::pin(async move {
@@ -395,12 +421,8 @@ impl AgentLinks for WsLinks {
             let Some(session) = sessions.get(&intent.device_id) else {
                 return Ok(Delivered::NotConnected);
             };
-            let intent = serde_json::to_value(intent).map_err(|e| LinkError {
-                transport: TRANSPORT,
-                reason: e.to_string(),
-            })?;
             let message = ServerMessage::Job {
-                intent,
+                intent: signed.clone(),
                 server_time: Some(server_time),
             };
             match session.outgoing.send(Message::text(message.encode())) {

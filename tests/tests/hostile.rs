@@ -1,0 +1,1478 @@
+//! Hostile inputs and faults, as an attacker and a careless operator would
+//! try them: one table per surface (the agent's config, the operators' API,
+//! the control plane's agent endpoint, the agent's WebSocket link, the
+//! daemons' files, NATS), every row asserting its exact outcome, and after
+//! each table the target still works. Together well over 80 rows
+//! (`the_tables_hold_at_least_80_rows`).
+
+use drover_tests::script::{Script, intent, new_job};
+use drover_tests::{
+    AgentProcess, ControlPlane, TEST_INTENT_PUBLIC_KEY, bin, eventually, sign_intent,
+    sign_intent_with, toml_string,
+};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message;
+
+const API_VERSION: &str = drover_tests::API_VERSION;
+
+// ---------------------------------------------------------------- config ---
+
+const GOOD_CONFIG: &str = r#"device_id = "cfg-1"
+intent_public_keys = ["4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065"]
+[transport]
+kind = "websocket"
+server_url = "ws://127.0.0.1:9"
+token = "t"
+[updater]
+mode = "simulate"
+"#;
+
+/// (what, replace this, with this, the error `check` must give).
+const CONFIG_CASES: &[(&str, &str, &str, &str)] = &[
+    (
+        "heartbeat that overflows",
+        "token = \"t\"",
+        "token = \"t\"\nheartbeat_seconds = 18446744073709551615",
+        "transport.heartbeat_seconds is 18446744073709551615; it must be between 1 and 3600",
+    ),
+    (
+        "zero heartbeat",
+        "token = \"t\"",
+        "token = \"t\"\nheartbeat_seconds = 0",
+        "transport.heartbeat_seconds is 0",
+    ),
+    (
+        "huge backoff",
+        "token = \"t\"",
+        "token = \"t\"\nbackoff_max_seconds = 99999999",
+        "transport.backoff_max_seconds is 99999999",
+    ),
+    (
+        "plain ws:// to a remote host",
+        "ws://127.0.0.1:9",
+        "ws://drover.example.org:7181",
+        "refusing plain ws:// to drover.example.org",
+    ),
+    (
+        "http:// URL",
+        "ws://127.0.0.1:9",
+        "http://127.0.0.1:9",
+        "scheme must be ws:// or wss://",
+    ),
+    ("not a URL", "ws://127.0.0.1:9", "::::", "not a URL"),
+    (
+        "wss:// with a missing CA file",
+        "ws://127.0.0.1:9\"",
+        "wss://drover.example.org:7181\"\nca_file = \"/nonexistent/ca.pem\"",
+        "/nonexistent/ca.pem",
+    ),
+    (
+        "no intent key",
+        "intent_public_keys = [\"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\"]",
+        "",
+        "intent_public_keys is empty",
+    ),
+    (
+        "a key that is not hex",
+        "4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065",
+        "not-a-key",
+        "is not an Ed25519 public key",
+    ),
+    (
+        "three keys",
+        "\"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\"]",
+        "\"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\", \"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\", \"4131ea6931676e90420f76f3c1b8042b04b929b48156310c02c9a7b80adfe065\"]",
+        "two while a key is rolled over",
+    ),
+    (
+        "an unknown key (typo)",
+        "mode = \"simulate\"",
+        "mode = \"simulate\"\nmin_free_mb = 10",
+        "unknown field `min_free_mb`",
+    ),
+    (
+        "packages smuggled into the updater (A8)",
+        "mode = \"simulate\"",
+        "mode = \"simulate\"\npackages = [\"evil\"]",
+        "unknown field `packages`",
+    ),
+    ("a bad device id", "cfg-1", "Cfg 1", "device id must be"),
+    (
+        "no token",
+        "token = \"t\"",
+        "",
+        "transport needs token or token_file",
+    ),
+    (
+        "a token file that is missing",
+        "token = \"t\"",
+        "token_file = \"/nonexistent/token\"",
+        "cannot read the token file /nonexistent/token",
+    ),
+    (
+        "max_resumes 0",
+        "mode = \"simulate\"",
+        "mode = \"simulate\"\n[limits]\nmax_resumes = 0",
+        "limits.max_resumes is 0",
+    ),
+    (
+        "keep_jobs too large",
+        "mode = \"simulate\"",
+        "mode = \"simulate\"\n[limits]\nkeep_jobs = 99999999",
+        "limits.keep_jobs is 99999999",
+    ),
+    (
+        "min_free_mib absurd",
+        "mode = \"simulate\"",
+        "mode = \"simulate\"\nmin_free_mib = 99999999999",
+        "updater.min_free_mib is 99999999999",
+    ),
+    (
+        "a NATS URL with the wrong scheme",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"nats\"\nurl = \"http://127.0.0.1:4222\"",
+        "scheme must be nats:// or tls://",
+    ),
+    (
+        "a NATS CA file that is missing",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"nats\"\nurl = \"tls://127.0.0.1:4222\"\nca_file = \"/nonexistent/nats-ca.pem\"",
+        "transport.ca_file /nonexistent/nats-ca.pem is not readable",
+    ),
+    (
+        "not TOML",
+        "device_id = \"cfg-1\"",
+        "device_id = ",
+        "TOML parse error",
+    ),
+];
+
+fn check(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("agent.toml");
+    let text = format!(
+        "state_dir = {}\n{config}",
+        toml_string(&dir.path().join("state").display().to_string())
+    );
+    std::fs::write(&path, text).expect("config");
+    let out = Command::new(bin("drover-agent"))
+        .arg("--config")
+        .arg(&path)
+        .arg("check")
+        .output()
+        .expect("drover-agent check");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn agent_config_table() {
+    let (ok, output) = check(GOOD_CONFIG);
+    assert!(ok, "the good config passes: {output}");
+    for (what, from, to, expected) in CONFIG_CASES {
+        assert!(
+            GOOD_CONFIG.contains(from),
+            "{what}: the base config holds {from:?}"
+        );
+        let (ok, output) = check(&GOOD_CONFIG.replacen(from, to, 1));
+        assert!(!ok, "{what}: check passed: {output}");
+        assert!(
+            output.contains(expected),
+            "{what}: expected {expected:?} in {output}"
+        );
+        assert!(!output.contains("panicked"), "{what}: {output}");
+    }
+}
+
+// ------------------------------------------------------------------- API ---
+
+/// How a row authenticates.
+#[derive(Clone, Copy)]
+enum Auth {
+    Good,
+    None,
+    Empty,
+    Wrong,
+}
+
+/// (what, auth, method, path, body, status, a fragment of the error).
+type ApiCase = (
+    &'static str,
+    Auth,
+    &'static str,
+    &'static str,
+    fn() -> Vec<u8>,
+    u16,
+    &'static str,
+);
+
+fn device(name: &str, labels: Value, spec: Value) -> Value {
+    json!({"apiVersion": API_VERSION, "kind": "Device", "metadata": {"name": name, "labels": labels}, "spec": spec})
+}
+
+fn run(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": API_VERSION, "kind": "TaskRun", "metadata": {"name": name}, "spec": spec})
+}
+
+fn bytes(value: Value) -> Vec<u8> {
+    value.to_string().into_bytes()
+}
+
+const API_CASES: &[ApiCase] = &[
+    (
+        "no Authorization header",
+        Auth::None,
+        "GET",
+        "/devices",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "an empty bearer token",
+        Auth::Empty,
+        "GET",
+        "/devices",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "a wrong token",
+        Auth::Wrong,
+        "GET",
+        "/devices",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "an empty token cannot apply",
+        Auth::Empty,
+        "POST",
+        "/apply",
+        || bytes(device("x-1", json!({}), json!({}))),
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "truncated JSON",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || b"{\"apiVersion\":".to_vec(),
+        400,
+        "not acceptable JSON",
+    ),
+    (
+        "duplicate keys (kind twice)",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            br#"{"apiVersion":"fleet.nationtech.io/v1alpha1","kind":"TaskRun","metadata":{"name":"d"},"spec":{},"kind":"Device"}"#.to_vec()
+        },
+        400,
+        "duplicate key \\\"kind\\\"",
+    ),
+    (
+        "200 levels of nesting",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || format!("{}{}", "[".repeat(200), "]".repeat(200)).into_bytes(),
+        400,
+        "recursion limit exceeded",
+    ),
+    (
+        "a 17 MiB body",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || vec![b' '; 17 * 1024 * 1024],
+        413,
+        "",
+    ),
+    (
+        "an array holding a non-manifest",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(json!([{"hello": 1}])),
+        422,
+        "item 0: not a manifest",
+    ),
+    (
+        "a List without items",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(json!({"kind": "List", "items": 3})),
+        422,
+        "a List needs an array `items`",
+    ),
+    (
+        "a List over 20,000 items",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(json!(vec![json!(null); 20_001])),
+        413,
+        "at most 20000 manifests",
+    ),
+    (
+        "an unknown kind",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": API_VERSION, "kind": "Job", "metadata": {"name": "j"}, "spec": {}}),
+            )
+        },
+        422,
+        "unknown kind \\\"Job\\\"",
+    ),
+    (
+        "a wrong apiVersion",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": "v1", "kind": "Device", "metadata": {"name": "d"}, "spec": {}}),
+            )
+        },
+        422,
+        "apiVersion must be",
+    ),
+    (
+        "a device id with spaces",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("Bad Name", json!({}), json!({}))),
+        422,
+        "device id must be",
+    ),
+    (
+        "a 5,000-character label value",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({"site": "x".repeat(5000)}), json!({}))),
+        422,
+        "label value",
+    ),
+    (
+        "a NUL in a label",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({"site": "a\u{0}b"}), json!({}))),
+        422,
+        "label value",
+    ),
+    (
+        "a right-to-left override in a label",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({"site": "abc\u{202E}def"}), json!({}))),
+        422,
+        "label value",
+    ),
+    (
+        "an escape sequence in a label key",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({"\u{1b}[31mred": "x"}), json!({}))),
+        422,
+        "label key",
+    ),
+    (
+        "a 20,000-character group",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(device(
+                "d-1",
+                json!({}),
+                json!({"groups": ["g".repeat(20_000)]}),
+            ))
+        },
+        422,
+        "spec.groups: group",
+    ),
+    (
+        "65 labels",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(device(
+                "d-1",
+                Value::Object((0..65).map(|i| (format!("k{i}"), json!("v"))).collect()),
+                json!({}),
+            ))
+        },
+        422,
+        "at most 64 labels",
+    ),
+    (
+        "a time zone that is a path",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(device(
+                "d-1",
+                json!({}),
+                json!({"timeZone": "../../etc/passwd"}),
+            ))
+        },
+        422,
+        "is not an IANA time zone name",
+    ),
+    (
+        "the implicit device-id label",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({"device-id": "other"}), json!({}))),
+        422,
+        "implicit",
+    ),
+    (
+        "an unknown Device spec field",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || bytes(device("d-1", json!({}), json!({"root": true}))),
+        422,
+        "unknown field `root`",
+    ),
+    (
+        "a run without allowedGroups",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"deadlineSeconds": 60, "systemUpgradeV1": {}}),
+            ))
+        },
+        422,
+        "spec.allowedGroups needs at least one group",
+    ),
+    (
+        "a run with deadline 0",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"allowedGroups": ["g"], "deadlineSeconds": 0, "systemUpgradeV1": {}}),
+            ))
+        },
+        422,
+        "spec.deadlineSeconds must be between",
+    ),
+    (
+        "a run with matchExpressions",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}, "targetSelector": {"matchExpressions": []}}),
+            ))
+        },
+        422,
+        "fails closed",
+    ),
+    (
+        "packages smuggled into systemUpgradeV1 (A8)",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {"packages": ["evil"]}}),
+            ))
+        },
+        422,
+        "unknown field `packages`",
+    ),
+    (
+        "a run without a workload",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"allowedGroups": ["g"], "deadlineSeconds": 60}),
+            ))
+        },
+        422,
+        "spec needs a workload",
+    ),
+    (
+        "a run name with capitals",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "Run",
+                json!({"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}),
+            ))
+        },
+        422,
+        "metadata.name",
+    ),
+    (
+        "an allowed group with a control character",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(run(
+                "r-1",
+                json!({"allowedGroups": ["g\u{7}"], "deadlineSeconds": 60, "systemUpgradeV1": {}}),
+            ))
+        },
+        422,
+        "spec.allowedGroups: group",
+    ),
+    (
+        "a run that does not exist",
+        Auth::Good,
+        "GET",
+        "/taskruns/nope",
+        Vec::new,
+        404,
+        "TaskRun nope not found",
+    ),
+    (
+        "a device id that is not one",
+        Auth::Good,
+        "GET",
+        "/devices/Bad%20Id",
+        Vec::new,
+        400,
+        "device id must be",
+    ),
+];
+
+async fn api_call(
+    cp: &ControlPlane,
+    auth: Auth,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let client = reqwest::Client::new();
+    let url = format!("{}/api/v1{path}", cp.api);
+    let mut request = match method {
+        "POST" => client.post(&url).body(body),
+        _ => client.get(&url),
+    };
+    request = match auth {
+        Auth::Good => request.bearer_auth(&cp.token),
+        Auth::None => request,
+        Auth::Empty => request.header("authorization", "Bearer "),
+        Auth::Wrong => request.bearer_auth("not-the-token"),
+    };
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_api_table() {
+    let cp = ControlPlane::start(&[]);
+    for (what, auth, method, path, body, status, fragment) in API_CASES {
+        let (got, text) = api_call(&cp, *auth, method, path, body()).await;
+        assert_eq!(got, *status, "{what}: {text}");
+        assert!(
+            text.contains(fragment),
+            "{what}: expected {fragment:?} in {text}"
+        );
+    }
+    // Nothing of it was applied, and the API still works.
+    let devices = cp.get("/devices").await;
+    assert_eq!(devices, json!([]), "no hostile manifest left anything");
+    cp.apply_device("good-1", &["g"], json!({"site": "sofia"}))
+        .await;
+    let immutable = cp
+        .apply(run(
+            "same",
+            json!({"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}),
+        ))
+        .await;
+    assert_eq!(immutable["result"], "created");
+    let (status, text) = api_call(
+        &cp,
+        Auth::Good,
+        "POST",
+        "/apply",
+        bytes(run(
+            "same",
+            json!({"allowedGroups": ["g"], "deadlineSeconds": 61, "systemUpgradeV1": {}}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 409, "a changed spec is refused: {text}");
+}
+
+// ------------------------------------------- the control plane's agent port ---
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn connect_as(cp: &ControlPlane, device: &str, token: &str) -> Result<Ws, String> {
+    drover_tests::agent_ws(cp, device, token).await
+}
+
+fn hello(device: &str) -> Message {
+    Message::text(
+        json!({"type": "hello", "deviceId": device, "agentVersion": "hand", "bootId": "b-1",
+               "capabilities": ["systemUpgradeV1"], "jobs": []})
+        .to_string(),
+    )
+}
+
+async fn next_json(ws: &mut Ws, wait: Duration) -> Option<Value> {
+    loop {
+        let frame = tokio::time::timeout(wait, ws.next()).await.ok()??.ok()?;
+        match frame {
+            Message::Text(text) => return serde_json::from_str(text.as_str()).ok(),
+            Message::Close(_) => return None,
+            _ => continue,
+        }
+    }
+}
+
+/// Whether the server ended the session (a close frame, or the stream's end).
+async fn closed(ws: &mut Ws) -> bool {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(None | Some(Err(_)) | Some(Ok(Message::Close(_)))) => return true,
+            Ok(Some(Ok(_))) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn status_json(job: &str, device: &str, error: &str) -> Value {
+    json!({"jobId": job, "deviceId": device, "attempt": 1, "kind": "systemUpgradeV1",
+           "state": "Failed", "steps": [], "error": error, "output": null,
+           "acceptedAt": "2026-11-30T00:00:00Z", "startedAt": null, "finishedAt": null,
+           "bootId": "b-1", "completionHeartbeatAt": null, "seq": 9})
+}
+
+fn heartbeat_json(device: &str, version: &str, capabilities: Value) -> Value {
+    json!({"type": "heartbeat", "heartbeat": {"deviceId": device, "bootId": "b-1", "seq": 1,
+           "agentVersion": version, "capabilities": capabilities, "uptimeSeconds": 1,
+           "osRelease": "Debian", "architecture": "amd64", "inventoryDigest": "x",
+           "sentAt": "2026-11-30T00:00:00Z"}})
+}
+
+/// (what, the frame, a fragment of the `error` reply; "" for none).
+fn endpoint_cases() -> Vec<(&'static str, Message, &'static str)> {
+    let unknown = "00000000-0000-4000-8000-0000000000e1";
+    vec![
+        ("not JSON", Message::text("{{{"), "not valid JSON"),
+        ("an unknown message type", Message::text(json!({"type": "launch"}).to_string()), "unknown message type \"launch\""),
+        ("no type", Message::text(json!({"no": "type"}).to_string()), "no string field \"type\""),
+        ("a binary frame", Message::Binary(vec![0u8; 8].into()), "binary frames are not part of the protocol"),
+        ("a 200 KB message", Message::text(json!({"type": "error", "message": "x".repeat(200 * 1024)}).to_string()), "over the protocol limit"),
+        ("a second hello", hello("ep-1"), "hello is only valid as the first message"),
+        ("an ack with a number for an id", Message::text(json!({"type": "ack", "jobId": 7}).to_string()), "malformed ack message"),
+        ("a result without its fields", Message::text(json!({"type": "result", "outboxId": 1}).to_string()), "malformed result message"),
+        ("a status for an unknown job", Message::text(json!({"type": "result", "outboxId": 2, "status": status_json(unknown, "ep-1", "x")}).to_string()), "unknown job"),
+        ("a status for another device", Message::text(json!({"type": "result", "outboxId": 3, "status": status_json(unknown, "ep-2", "x")}).to_string()), "refused on the connection of ep-1"),
+        ("a heartbeat for another device", Message::text(heartbeat_json("ep-2", "1", json!([])).to_string()), "heartbeat for device ep-2 refused"),
+        ("an escape sequence in the reported version", Message::text(heartbeat_json("ep-1", "\u{1b}]0;pwned\u{7}", json!([])).to_string()), "control or bidirectional-override characters"),
+        ("a right-to-left override in a capability", Message::text(heartbeat_json("ep-1", "1", json!(["system\u{202E}Upgrade"])).to_string()), "control or bidirectional-override characters"),
+        ("100 capabilities", Message::text(heartbeat_json("ep-1", "1", json!(vec!["c"; 100])).to_string()), "100 capabilities reported"),
+        ("a 10 KB version", Message::text(heartbeat_json("ep-1", &"v".repeat(10_000), json!([])).to_string()), "over the limit of 256"),
+        ("an error message from the agent", Message::text(json!({"type": "error", "message": "x"}).to_string()), ""),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_agent_endpoint_table() {
+    let cp = ControlPlane::start(&["--ack-timeout-seconds", "600"]);
+    cp.apply_device("ep-1", &["ep"], json!({})).await;
+    let token = cp.device_token("ep-1");
+    let mut ws = connect_as(&cp, "ep-1", &token).await.expect("connect");
+    ws.send(hello("ep-1")).await.expect("hello");
+    cp.wait_for_agents(&["ep-1"]).await;
+    for (what, frame, fragment) in endpoint_cases() {
+        ws.send(frame).await.expect("send");
+        let reply = next_json(&mut ws, Duration::from_secs(3)).await;
+        if fragment.is_empty() {
+            assert!(reply.is_none(), "{what}: unexpected reply {reply:?}");
+            continue;
+        }
+        let reply = reply.unwrap_or_else(|| panic!("{what}: no reply\n{}", cp.log()));
+        assert_eq!(reply["type"], "error", "{what}: {reply}");
+        let message = reply["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(fragment),
+            "{what}: expected {fragment:?} in {message:?}"
+        );
+        // A refused status is still confirmed: the decision is made.
+        if what.starts_with("a status for") {
+            let received = next_json(&mut ws, Duration::from_secs(3))
+                .await
+                .expect("received");
+            assert_eq!(received["type"], "received", "{what}: {received}");
+        }
+    }
+    // A result with a 100 KB error is stored bounded to 1 KiB.
+    cp.apply_upgrade_run("ep-run", "ep", 600).await;
+    let job = next_json(&mut ws, Duration::from_secs(15))
+        .await
+        .expect("a job");
+    let job_id = job["intent"]["jobId"].as_str().expect("job id").to_owned();
+    assert!(
+        job["intent"]["signature"].is_string(),
+        "the intent is signed: {job}"
+    );
+    let mut status = status_json(&job_id, "ep-1", &"e".repeat(100_000));
+    status["seq"] = json!(2);
+    ws.send(Message::text(
+        json!({"type": "result", "outboxId": 10, "status": status}).to_string(),
+    ))
+    .await
+    .expect("send");
+    let received = next_json(&mut ws, Duration::from_secs(5))
+        .await
+        .expect("received");
+    assert_eq!(received["type"], "received", "{received}");
+    let targets = cp.targets("ep-run").await;
+    let stored = targets[0]["status"]["error"].as_str().expect("error").len();
+    assert!(stored <= 1024, "the stored error is {stored} bytes");
+    // The session survived all of it.
+    ws.send(Message::text(
+        heartbeat_json("ep-1", "1", json!(["systemUpgradeV1"])).to_string(),
+    ))
+    .await
+    .expect("heartbeat");
+    assert!(next_json(&mut ws, Duration::from_secs(2)).await.is_none());
+}
+
+/// Sessions that must not open or must end: (what, device in the path, whose token, first frame, error fragment or "" for a refused handshake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_sessions_table() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("se-1", &["se"], json!({})).await;
+    cp.apply(device(
+        "se-gone",
+        json!({}),
+        json!({"decommissioned": true}),
+    ))
+    .await;
+    let own = cp.device_token("se-1");
+    let other = cp.device_token("se-2");
+    let gone = cp.device_token("se-gone");
+    let cases: Vec<(&str, &str, String, Option<Message>, &str)> = vec![
+        ("no token", "se-1", String::new(), None, ""),
+        ("another device's token", "se-1", other.clone(), None, ""),
+        ("a made-up token", "se-1", "ab".repeat(32), None, ""),
+        ("a path without a device", "", own.clone(), None, ""),
+        (
+            "a device id that is not one",
+            "Se%201",
+            own.clone(),
+            None,
+            "",
+        ),
+        (
+            "a first message that is not hello",
+            "se-1",
+            own.clone(),
+            Some(Message::text(
+                json!({"type": "ack", "jobId": "00000000-0000-4000-8000-000000000001"}).to_string(),
+            )),
+            "the first message must be hello",
+        ),
+        (
+            "a hello naming another device",
+            "se-1",
+            own.clone(),
+            Some(hello("se-2")),
+            "hello names device se-2",
+        ),
+        (
+            "a first frame that is not JSON",
+            "se-1",
+            own.clone(),
+            Some(Message::text("nope")),
+            "not valid JSON",
+        ),
+        (
+            "a decommissioned device",
+            "se-gone",
+            gone.clone(),
+            Some(hello("se-gone")),
+            "is decommissioned",
+        ),
+    ];
+    for (what, path, token, first, fragment) in cases {
+        let connected = connect_as(&cp, path, &token).await;
+        let Some(first) = first else {
+            let err = connected
+                .err()
+                .unwrap_or_else(|| panic!("{what}: the handshake passed"));
+            assert!(
+                err.contains("40"),
+                "{what}: refused with an HTTP error, got {err}"
+            );
+            continue;
+        };
+        let mut ws = connected.unwrap_or_else(|e| panic!("{what}: {e}"));
+        ws.send(first).await.expect("send");
+        let reply = next_json(&mut ws, Duration::from_secs(5))
+            .await
+            .unwrap_or_default();
+        let message = reply["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(fragment),
+            "{what}: expected {fragment:?} in {reply}"
+        );
+        assert!(closed(&mut ws).await, "{what}: the session ends");
+    }
+    // One session per device: the newest replaces the older ones.
+    let mut sessions = Vec::new();
+    for _ in 0..20 {
+        let mut ws = connect_as(&cp, "se-1", &own).await.expect("connect");
+        ws.send(hello("se-1")).await.expect("hello");
+        sessions.push(ws);
+    }
+    let mut newest = sessions.pop().expect("newest");
+    for (i, ws) in sessions.iter_mut().enumerate() {
+        assert!(closed(ws).await, "older session {i} was closed");
+    }
+    cp.apply_upgrade_run("se-run", "se", 600).await;
+    let job = next_json(&mut newest, Duration::from_secs(15))
+        .await
+        .expect("the newest gets the job");
+    assert_eq!(job["type"], "job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_handshake_timeout() {
+    let cp = ControlPlane::start(&[]);
+    let addr = cp.agent_url.trim_start_matches("ws://").to_owned();
+    let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(20), idle.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "closed within 20 s: {read:?}"
+    );
+}
+
+// --------------------------------------------------- the agent's own link ---
+
+fn other_key() -> String {
+    // A key the agent does not trust, made fresh.
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("key");
+    agent_core::signing::hex(pkcs8.as_ref())
+}
+
+/// (what, the intent (built from a fresh job id), how the agent answers:
+/// Ok(state of its result) or Err(fragment of its `error` reply)).
+type AgentCase = (
+    &'static str,
+    fn(&str) -> Value,
+    Result<&'static str, &'static str>,
+    &'static str,
+);
+
+fn job_for(job: &str, device: &str, kind: Value) -> Value {
+    intent(job, device, kind, 600)
+}
+
+const AGENT_CASES: &[AgentCase] = &[
+    (
+        "a signed inventory job runs",
+        |j| sign_intent(job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}))),
+        Ok("Succeeded"),
+        "",
+    ),
+    (
+        "an unsigned job",
+        |j| job_for(j, "ag-1", json!({"inventoryRefreshV1": {}})),
+        Ok("Rejected"),
+        "is not signed",
+    ),
+    (
+        "a job signed by another key",
+        |j| {
+            let mut v = job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}));
+            sign_intent_with(&mut v, &other_key());
+            v
+        },
+        Ok("Rejected"),
+        "does not match any control-plane key",
+    ),
+    (
+        "a job changed after signing",
+        |j| {
+            let mut v = sign_intent(job_for(j, "ag-1", json!({"inventoryRefreshV1": {}})));
+            v["expiresAt"] =
+                json!((jiff::Timestamp::now() + jiff::SignedDuration::from_hours(900)).to_string());
+            v
+        },
+        Ok("Rejected"),
+        "does not match any control-plane key",
+    ),
+    (
+        "a signature that is not hex",
+        |j| {
+            let mut v = job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}));
+            v["signature"] = json!("zz");
+            v
+        },
+        Ok("Rejected"),
+        "signature is malformed",
+    ),
+    (
+        "a signature that is a number",
+        |j| {
+            let mut v = job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}));
+            v["signature"] = json!(7);
+            v
+        },
+        Ok("Rejected"),
+        "signature is malformed",
+    ),
+    (
+        "an unknown kind, signed",
+        |j| sign_intent(job_for(j, "ag-1", json!({"containerV1": {"image": "x"}}))),
+        Ok("Rejected"),
+        "unknown job kind \"containerV1\"",
+    ),
+    (
+        "packages smuggled into systemUpgradeV1, signed (A8)",
+        |j| {
+            sign_intent(job_for(
+                j,
+                "ag-1",
+                json!({"systemUpgradeV1": {"packages": ["evil"]}}),
+            ))
+        },
+        Ok("Rejected"),
+        "invalid parameters for job kind systemUpgradeV1",
+    ),
+    (
+        "a kind that is a string, signed",
+        |j| sign_intent(job_for(j, "ag-1", json!("systemUpgradeV1"))),
+        Ok("Rejected"),
+        "exactly one key",
+    ),
+    (
+        "an extra field, signed",
+        |j| {
+            let mut v = job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}));
+            v["command"] = json!("rm -rf /");
+            sign_intent(v)
+        },
+        Ok("Rejected"),
+        "unknown field `command`",
+    ),
+    (
+        "expired on arrival, signed",
+        |j| sign_intent(intent(j, "ag-1", json!({"inventoryRefreshV1": {}}), -5)),
+        Ok("Expired"),
+        "expired",
+    ),
+    (
+        "another device's job, signed correctly",
+        |j| sign_intent(job_for(j, "ag-2", json!({"inventoryRefreshV1": {}}))),
+        Err("is for device ag-2"),
+        "",
+    ),
+    (
+        "an intent over 16 KiB",
+        |j| {
+            let mut v = job_for(j, "ag-1", json!({"inventoryRefreshV1": {}}));
+            v["padding"] = json!("x".repeat(20_000));
+            v
+        },
+        Err("over the limit of 16384"),
+        "",
+    ),
+    (
+        "an intent that is not an object",
+        |_| json!([1, 2, 3]),
+        Err("job refused"),
+        "",
+    ),
+    (
+        "an intent without a job id",
+        |_| sign_intent(json!({"deviceId": "ag-1"})),
+        Err("job refused"),
+        "",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_link_table() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("ws://{}", listener.local_addr().expect("addr"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut agent = AgentProcess::start(&dir.path().join("agent"), "ag-1", &url, "t", "");
+    let mut server = Script::accept(&listener, "ag-1").await;
+    for (what, make, expected, fragment) in AGENT_CASES {
+        let job = new_job();
+        server.send_raw_job(make(&job)).await;
+        match expected {
+            Ok(state) => {
+                let result = server.result_of(&job).await;
+                assert_eq!(result["status"]["state"], *state, "{what}: {result}");
+                let error = result["status"]["error"].as_str().unwrap_or("");
+                assert!(
+                    error.contains(fragment),
+                    "{what}: expected {fragment:?} in {error:?}"
+                );
+            }
+            Err(reply) => {
+                let error = server.next_of("error").await;
+                let message = error["message"].as_str().unwrap_or("");
+                assert!(
+                    message.contains(reply),
+                    "{what}: expected {reply:?} in {message:?}"
+                );
+                let jobs = agent.jobs();
+                assert!(
+                    jobs.as_array()
+                        .is_some_and(|j| j.iter().all(|j| j["jobId"] != job.as_str())),
+                    "{what}: nothing recorded"
+                );
+            }
+        }
+    }
+    // Server messages the agent cannot use: answered, nothing breaks.
+    let frames: Vec<(&str, Message, &str)> = vec![
+        (
+            "an unknown server message",
+            Message::text(json!({"type": "reboot", "now": true}).to_string()),
+            "unknown message type \"reboot\"",
+        ),
+        (
+            "a binary frame",
+            Message::Binary(vec![1u8; 4].into()),
+            "binary frames",
+        ),
+        (
+            "a cancel with a bad id",
+            Message::text(json!({"type": "cancel", "jobId": 42}).to_string()),
+            "malformed cancel message",
+        ),
+        (
+            "a 200 KB frame",
+            Message::text(json!({"type": "error", "message": "x".repeat(200 * 1024)}).to_string()),
+            "over the protocol limit",
+        ),
+    ];
+    for (what, frame, fragment) in frames {
+        server.ws.send(frame).await.expect("send");
+        let error = server.next_of("error").await;
+        let message = error["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(fragment),
+            "{what}: expected {fragment:?} in {message:?}"
+        );
+    }
+    // Refusals of unsigned jobs are recorded as such on the device.
+    let jobs = agent.jobs();
+    let unverified = jobs
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter(|j| j["kind"] == "unverified" && j["state"] == "Rejected")
+        .count();
+    assert_eq!(unverified, 5, "{jobs}");
+    // A valid job still runs, and the agent is alive.
+    let job = new_job();
+    server
+        .send_job(intent(&job, "ag-1", json!({"inventoryRefreshV1": {}}), 600))
+        .await;
+    assert_eq!(server.result_of(&job).await["status"]["state"], "Succeeded");
+    assert!(agent.is_running(), "{}", agent.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_jobs_is_bounded_by_the_queue() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("ws://{}", listener.local_addr().expect("addr"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hold = dir.path().join("hold");
+    let reached = dir.path().join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let agent = AgentProcess::start(
+        &dir.path().join("agent"),
+        "fl-1",
+        &url,
+        "t",
+        &drover_tests::hold_config(&hold, &reached),
+    );
+    let mut server = Script::accept(&listener, "fl-1").await;
+    let first = new_job();
+    server
+        .send_job(intent(&first, "fl-1", json!({"systemUpgradeV1": {}}), 600))
+        .await;
+    eventually(Duration::from_secs(20), "the first job to hold", || async {
+        reached.exists().then_some(())
+    })
+    .await;
+    let mut jobs = Vec::new();
+    for _ in 0..200 {
+        let job = new_job();
+        server
+            .send_job(intent(&job, "fl-1", json!({"inventoryRefreshV1": {}}), 600))
+            .await;
+        jobs.push(job);
+    }
+    let last = server.result_of(jobs.last().expect("last")).await;
+    assert_eq!(last["status"]["state"], "Rejected", "{last}");
+    assert!(
+        last["status"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("queue is full"),
+        "{last}"
+    );
+    let status = agent.status();
+    assert_eq!(
+        status["queuedJobs"], 63,
+        "the queue stays bounded: {status}"
+    );
+    std::fs::remove_file(&hold).expect("release");
+}
+
+// -------------------------------------------------------------------- files ---
+
+fn run_drover(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(dir)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("drover");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn serve_once(dir: &Path, extra: &[&str]) -> (bool, String) {
+    let ready = dir.with_extension("ready.json");
+    let _ = std::fs::remove_file(&ready);
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--agent-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let mut child = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(dir)
+        .args(&args)
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("drover serve");
+    // A serve that starts is stopped once it is ready; one that refuses exits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if ready.exists() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (true, String::new());
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve neither started nor stopped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn garbage(path: &Path) {
+    use std::io::{Seek, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    file.seek(std::io::SeekFrom::Start(4096)).expect("seek");
+    file.write_all(&vec![0xA5u8; 32 * 1024]).expect("write");
+}
+
+#[test]
+fn control_plane_files_table() {
+    // (what, how the data directory is damaged, extra serve args, error fragment).
+    type Damage = fn(&Path);
+    let cases: Vec<(&str, Damage, Vec<&str>, &str)> = vec![
+        (
+            "an empty drover.redb",
+            |d| std::fs::write(d.join("drover.redb"), b"").expect("truncate"),
+            vec![],
+            "is empty (0 bytes)",
+        ),
+        (
+            "32 KiB of garbage in drover.redb",
+            |d| garbage(&d.join("drover.redb")),
+            vec![],
+            "is damaged",
+        ),
+        (
+            "not a database at all",
+            |d| std::fs::write(d.join("drover.redb"), b"hello").expect("write"),
+            vec![],
+            "is damaged",
+        ),
+        (
+            "an empty operator.token",
+            |d| std::fs::write(d.join("operator.token"), b"").expect("truncate"),
+            vec![],
+            "operator.token is empty",
+        ),
+        (
+            "an empty secret.key",
+            |d| std::fs::write(d.join("secret.key"), b"\n").expect("truncate"),
+            vec![],
+            "secret.key is empty",
+        ),
+        (
+            "an empty intent.key",
+            |d| std::fs::write(d.join("intent.key"), b"").expect("truncate"),
+            vec![],
+            "intent.key is empty",
+        ),
+        (
+            "an intent.key that is not a key",
+            |d| std::fs::write(d.join("intent.key"), b"abcd").expect("write"),
+            vec![],
+            "is not an Ed25519 key",
+        ),
+        (
+            "--token \"\"",
+            |_| {},
+            vec!["--token", ""],
+            "is empty; an empty token is never accepted",
+        ),
+    ];
+    for (what, damage, extra, fragment) in cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let (ok, output) = serve_once(&data, &[]);
+        assert!(ok, "{what}: a fresh data directory serves: {output}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700, "the data directory is private");
+        assert_eq!(
+            mode(&data.join("drover.redb")),
+            0o600,
+            "the database is private"
+        );
+        damage(&data);
+        let (ok, output) = serve_once(&data, &extra);
+        assert!(!ok, "{what}: serve started anyway");
+        assert!(
+            output.contains(fragment),
+            "{what}: expected {fragment:?} in {output}"
+        );
+        assert!(!output.contains("panicked"), "{what}: {output}");
+    }
+    // Moving a damaged database aside is the operator's explicit command.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    assert!(serve_once(&data, &[]).0);
+    garbage(&data.join("drover.redb"));
+    let (ok, output) = run_drover(&data, &["reset-store"]);
+    assert!(ok && output.contains("moved"), "{output}");
+    assert!(serve_once(&data, &[]).0, "serves again with a new store");
+    // The CLI refuses an empty token too.
+    let out = Command::new(bin("drover"))
+        .args(["get", "devices"])
+        .env("DROVER_TOKEN", "")
+        .output()
+        .expect("drover get");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("operator token given (--token or DROVER_TOKEN) is empty")
+    );
+}
+
+#[test]
+fn agent_files_table() {
+    type Damage = fn(&Path);
+    let cases: Vec<(&str, Damage, &str)> = vec![
+        (
+            "an empty agent.redb",
+            |p| std::fs::write(p, b"").expect("truncate"),
+            "is empty (0 bytes)",
+        ),
+        (
+            "32 KiB of garbage in agent.redb",
+            |p| garbage(p),
+            "is damaged",
+        ),
+        (
+            "not a database at all",
+            |p| std::fs::write(p, b"hello").expect("write"),
+            "is damaged",
+        ),
+    ];
+    for (what, damage, fragment) in cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let config = dir.path().join("agent.toml");
+        std::fs::write(
+            &config,
+            GOOD_CONFIG.replacen(
+                "device_id = \"cfg-1\"",
+                &format!(
+                    "device_id = \"cfg-1\"\nstate_dir = {}\nstatus_socket = {}",
+                    toml_string(&state.display().to_string()),
+                    toml_string(&dir.path().join("s.sock").display().to_string())
+                ),
+                1,
+            ),
+        )
+        .expect("config");
+        // A first run makes the store (mode 0700 directory, 0600 file).
+        let mut agent = Command::new(bin("drover-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent");
+        let store = state.join("agent.redb");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !store.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = agent.kill();
+        let _ = agent.wait();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&state)
+                .expect("state")
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        assert_eq!(
+            std::fs::metadata(&store)
+                .expect("store")
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
+        damage(&store);
+        for command in ["check", "run"] {
+            let out = Command::new(bin("drover-agent"))
+                .arg("--config")
+                .arg(&config)
+                .arg(command)
+                .env("RUST_BACKTRACE", "0")
+                .output()
+                .expect("agent");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what}: {command} passed");
+            assert!(
+                stderr.contains(fragment) && stderr.contains("agent.redb"),
+                "{what}: {command}: {stderr}"
+            );
+            assert!(
+                stderr.contains("drover-agent reset-store"),
+                "{what}: says what to do: {stderr}"
+            );
+        }
+        let out = Command::new(bin("drover-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("reset-store")
+            .output()
+            .expect("reset");
+        assert!(out.status.success(), "{what}: reset-store");
+        let out = Command::new(bin("drover-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("check")
+            .output()
+            .expect("check");
+        assert!(
+            out.status.success(),
+            "{what}: check after reset: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_tables_hold_at_least_80_rows() {
+    let rows = CONFIG_CASES.len()
+        + API_CASES.len()
+        + endpoint_cases().len()
+        + 9 // sessions table
+        + AGENT_CASES.len()
+        + 4 // server messages the agent cannot use
+        + 8 // control-plane files
+        + 3 // agent files
+        + 3; // the flood, the idle connection, one session per device
+    assert!(rows >= 80, "{rows} rows");
+    let _ = TEST_INTENT_PUBLIC_KEY;
+}
