@@ -9,10 +9,11 @@ command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (a
 # Host tools of the tests: debootstrap makes the disposable Debian roots,
 # dpkg-deb and dpkg-scanpackages build their local repository, python3 holds
 # fcntl locks as apt takes them, setsid/chroot run apt inside the roots;
-# nats-server (with JetStream) is the broker of the NATS tests; lintian and
+# nats-server (with JetStream) is the broker of the NATS tests, mosquitto
+# that of the MQTT tests (mosquitto-clients to watch it); lintian and
 # binutils check and strip the .deb packages.
 need_apt=()
-for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server lintian:lintian strip:binutils; do
+for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -69,6 +69,26 @@ pub enum Transport {
         #[serde(default = "default_backoff_max")]
         backoff_max_seconds: u64,
     },
+    /// MQTT 3.1.1 with a persistent session: the device logs in with its id
+    /// as user and its token as password.
+    Mqtt {
+        /// `mqtt://HOST:PORT` (loopback or a trusted network) or `mqtts://HOST:PORT`.
+        url: String,
+        token: Option<String>,
+        token_file: Option<PathBuf>,
+        /// CA certificate of the broker, for `mqtts://`.
+        ca_file: Option<PathBuf>,
+        #[serde(default = "default_mqtt_prefix")]
+        prefix: String,
+        #[serde(default = "default_heartbeat")]
+        heartbeat_seconds: u64,
+        #[serde(default = "default_backoff_max")]
+        backoff_max_seconds: u64,
+    },
+}
+
+fn default_mqtt_prefix() -> String {
+    transport_mqtt::DEFAULT_PREFIX.to_owned()
 }
 
 impl Transport {
@@ -78,6 +98,9 @@ impl Transport {
                 token, token_file, ..
             }
             | Transport::Nats {
+                token, token_file, ..
+            }
+            | Transport::Mqtt {
                 token, token_file, ..
             } => (token.as_ref(), token_file.as_ref()),
         }
@@ -89,6 +112,9 @@ impl Transport {
                 heartbeat_seconds, ..
             }
             | Transport::Nats {
+                heartbeat_seconds, ..
+            }
+            | Transport::Mqtt {
                 heartbeat_seconds, ..
             } => *heartbeat_seconds,
         }
@@ -103,6 +129,32 @@ impl Transport {
                 ..
             } => transport_websocket::client::check_settings(server_url, ca_file)
                 .map_err(|e| anyhow::anyhow!("transport: {e}")),
+            Transport::Mqtt {
+                url,
+                ca_file,
+                prefix,
+                ..
+            } => {
+                let (host, _, tls) = transport_mqtt::parse_url(url)
+                    .map_err(|e| anyhow::anyhow!("transport: {e}"))?;
+                if !tls && !transport_websocket::tls::is_loopback(&host) {
+                    bail!(
+                        "transport.url {url:?}: refusing plain mqtt:// to {host}, which is not a loopback address; use mqtts://"
+                    );
+                }
+                match (tls, ca_file) {
+                    (true, Some(ca)) => {
+                        transport_mqtt::tls_config(ca)
+                            .map_err(|e| anyhow::anyhow!("transport.ca_file: {e}"))?;
+                    }
+                    (true, None) => bail!("transport: mqtts:// needs ca_file"),
+                    (false, _) => {}
+                }
+                if prefix.is_empty() || prefix.contains(['+', '#']) {
+                    bail!("transport.prefix {prefix:?} must be a plain topic path");
+                }
+                Ok(())
+            }
             Transport::Nats { url, ca_file, .. } => {
                 let scheme = url.split("://").next().unwrap_or("");
                 if !url.contains("://") || !["nats", "tls"].contains(&scheme) {
@@ -125,6 +177,10 @@ impl Transport {
                 ..
             }
             | Transport::Nats {
+                backoff_max_seconds,
+                ..
+            }
+            | Transport::Mqtt {
                 backoff_max_seconds,
                 ..
             } => *backoff_max_seconds,

@@ -107,6 +107,7 @@ fn main() -> Result<()> {
             let transport = match &config.transport {
                 Transport::Websocket { server_url, .. } => format!("websocket to {server_url}"),
                 Transport::Nats { url, .. } => format!("nats at {url}"),
+                Transport::Mqtt { url, .. } => format!("mqtt at {url}"),
             };
             out!(
                 "{}: device {}, {transport}, updater mode {:?}",
@@ -367,6 +368,32 @@ async fn run(config_path: &Path) -> Result<()> {
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
             };
             tokio::spawn(transport_nats::agent::run(
+                settings,
+                agent.clone(),
+                shutdown.clone(),
+            ))
+        }
+        Transport::Mqtt {
+            url,
+            ca_file,
+            prefix,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_mqtt::agent::AgentSettings {
+                mqtt: transport_mqtt::MqttSettings {
+                    url: url.clone(),
+                    user: device_id.to_string(),
+                    password: token,
+                    ca_file: ca_file.clone(),
+                    prefix: prefix.clone(),
+                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
+                },
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            tokio::spawn(transport_mqtt::agent::run(
                 settings,
                 agent.clone(),
                 shutdown.clone(),

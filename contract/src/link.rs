@@ -55,6 +55,10 @@ pub enum Inbound {
     /// Every status the broker kept while no control plane ran has been
     /// handed over; deadlines may be judged now.
     CaughtUp,
+    /// The broker lost what it kept (a restart between its saves): every
+    /// undecided intent of a device on this transport goes out again. The
+    /// control plane's store is the truth, never the broker.
+    Resend,
 }
 
 /// One inbound event and the transport it came over.

@@ -137,6 +137,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             nats: None,
             store_on_nats: false,
             max_agent_connections: 1000,
+            mqtt: None,
         },
         shutdown.clone(),
     )

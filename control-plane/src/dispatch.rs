@@ -169,6 +169,8 @@ pub struct Dispatcher {
     caught_up: watch::Sender<bool>,
     in_flight: JoinSet<(String, &'static str, Result<Delivered, LinkError>)>,
     queued: VecDeque<String>,
+    /// The keys in `queued`, so a key is queued once.
+    queued_keys: HashSet<String>,
     signer: Arc<IntentSigner>,
 }
 
@@ -204,6 +206,7 @@ impl Dispatcher {
             caught_up,
             in_flight: JoinSet::new(),
             queued: VecDeque::new(),
+            queued_keys: HashSet::new(),
             signer,
         }
     }
@@ -372,6 +375,34 @@ impl Dispatcher {
         self.start_queued();
     }
 
+    /// Every undecided job of a device reached over `transport` is sent
+    /// again (its broker lost what it kept).
+    async fn resend(&mut self, transport: &'static str) -> Vec<(String, Effect)> {
+        let keys: Vec<String> = self.open.keys().cloned().collect();
+        let mut effects = Vec::new();
+        for key in keys {
+            self.ensure_device(&key).await;
+            let over = self
+                .link_for_key(&key)
+                .is_some_and(|link| link.transport() == transport);
+            if let Some(job) = self.open.get_mut(&key)
+                && over
+                && !matches!(job.delivery, Delivery::Expired { .. })
+            {
+                if !matches!(job.delivery, Delivery::Acked { .. }) || !job.has_status {
+                    job.delivery = Delivery::Created;
+                }
+                effects.push((key, Effect::Send));
+            }
+        }
+        info!(
+            transport,
+            jobs = effects.len(),
+            "the broker lost its state; sending undecided intents again"
+        );
+        effects
+    }
+
     /// Reads the device's record into the cache if it is not there: the
     /// link a device is reached through may come from it.
     async fn ensure_device(&mut self, key: &str) {
@@ -486,7 +517,7 @@ impl Dispatcher {
     fn effect(&mut self, key: String, effect: Effect) {
         match effect {
             Effect::Send => {
-                if !self.queued.contains(&key) {
+                if self.queued_keys.insert(key.clone()) {
                     self.queued.push_back(key);
                 }
             }
@@ -512,6 +543,7 @@ impl Dispatcher {
             let Some(key) = self.queued.pop_front() else {
                 return;
             };
+            self.queued_keys.remove(&key);
             let Some(job) = self.open.get_mut(&key) else {
                 continue;
             };
@@ -845,6 +877,10 @@ impl Dispatcher {
             Inbound::CaughtUp => {
                 work.caught_up.push(transport);
                 Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::Resend => {
+                let effects = self.resend(transport).await;
+                Ok((Answer::Stored, Vec::new(), effects))
             }
         };
         let (answer, keys, effects) = match outcome {
@@ -1280,7 +1316,7 @@ fn take_reply(event: &mut Event) -> Option<Reply> {
         Inbound::Hello { reply, .. }
         | Inbound::Status { reply, .. }
         | Inbound::Heartbeat { reply, .. } => Some(std::mem::replace(reply, Reply::none())),
-        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp => None,
+        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp | Inbound::Resend => None,
     }
 }
 
@@ -1290,7 +1326,7 @@ fn put_reply(event: &mut Event, reply: Option<Reply>) {
         Inbound::Hello { reply: slot, .. }
         | Inbound::Status { reply: slot, .. }
         | Inbound::Heartbeat { reply: slot, .. } => *slot = reply,
-        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp => {}
+        Inbound::Ack { .. } | Inbound::Gone { .. } | Inbound::CaughtUp | Inbound::Resend => {}
     }
 }
 

@@ -38,6 +38,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the control plane on the embedded store.
@@ -66,6 +68,8 @@ enum Command {
         ready_file: Option<PathBuf>,
         #[command(flatten)]
         nats: NatsArgs,
+        #[command(flatten)]
+        mqtt: MqttArgs,
         /// Where the control plane keeps its state: `embedded` (redb in
         /// --data; one replica) or `nats` (JetStream KV; several replicas).
         #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
@@ -82,6 +86,25 @@ enum Command {
         control_plane_user: String,
         #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
         control_plane_password: String,
+    },
+    /// Write mosquitto's password and ACL files for the control plane and
+    /// these devices (a device may read only its own intents and write only
+    /// its own status, hello and heartbeat; its password is its token), and
+    /// print the mosquitto.conf lines that use them. Run it on the control
+    /// plane's host with its --data.
+    MqttConfig {
+        /// A device to authorize (repeat for each).
+        #[arg(long = "device", required = true)]
+        devices: Vec<String>,
+        #[arg(long, default_value = "drover-control-plane")]
+        control_plane_user: String,
+        #[arg(long, env = "DROVER_MQTT_PASSWORD", hide_env_values = true)]
+        control_plane_password: String,
+        #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
+        prefix: String,
+        /// Where to write drover.passwd and drover.acl (replaced whole).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Create or configure resources from a YAML or JSON file.
     Apply {
@@ -128,6 +151,42 @@ enum Command {
         #[arg(long)]
         upgrade: bool,
     },
+}
+
+/// Serving agents over MQTT as well.
+#[derive(clap::Args)]
+struct MqttArgs {
+    /// mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto).
+    #[arg(long)]
+    mqtt_url: Option<String>,
+    #[arg(long, requires = "mqtt_url", default_value = "drover-control-plane")]
+    mqtt_user: String,
+    #[arg(
+        long,
+        env = "DROVER_MQTT_PASSWORD",
+        hide_env_values = true,
+        requires = "mqtt_url"
+    )]
+    mqtt_password: Option<String>,
+    /// CA certificate of the broker (mqtts://).
+    #[arg(long, requires = "mqtt_url")]
+    mqtt_ca: Option<PathBuf>,
+    /// Topic prefix.
+    #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
+    mqtt_prefix: String,
+}
+
+impl MqttArgs {
+    fn settings(&self) -> Option<transport_mqtt::MqttSettings> {
+        Some(transport_mqtt::MqttSettings {
+            url: self.mqtt_url.clone()?,
+            user: self.mqtt_user.clone(),
+            password: self.mqtt_password.clone().unwrap_or_default(),
+            ca_file: self.mqtt_ca.clone(),
+            prefix: self.mqtt_prefix.clone(),
+            keep_alive: Duration::from_secs(30),
+        })
+    }
 }
 
 /// Serving agents over NATS JetStream as well as WebSocket.
@@ -240,6 +299,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             max_agent_connections,
             ready_file,
             nats,
+            mqtt,
             store,
         } => {
             let shutdown = CancellationToken::new();
@@ -255,6 +315,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     nats: nats.settings(),
                     store_on_nats: *store == StoreKind::Nats,
                     max_agent_connections: *max_agent_connections,
+                    mqtt: mqtt.settings(),
                 },
                 shutdown.clone(),
             )
@@ -335,6 +396,57 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let aside = agent_core::dbfile::move_aside(&path)
                 .with_context(|| format!("cannot move {} aside", path.display()))?;
             out!("moved {} to {}", path.display(), aside.display());
+            Ok(0)
+        }
+        Command::MqttConfig {
+            devices,
+            control_plane_user,
+            control_plane_password,
+            prefix,
+            out,
+        } => {
+            if control_plane_password.is_empty() {
+                bail!("the control plane's MQTT password is empty");
+            }
+            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            let devices = devices
+                .iter()
+                .map(|d| {
+                    let id = agent_core::DeviceId::new(d.clone())?;
+                    let token = secrets.device_token(&id);
+                    Ok((id, token))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (passwords, acl) = transport_mqtt::server::mosquitto_files(
+                &transport_mqtt::Topics::new(prefix),
+                (control_plane_user, control_plane_password),
+                &devices,
+            );
+            std::fs::create_dir_all(out)
+                .with_context(|| format!("cannot create {}", out.display()))?;
+            for (name, text) in [("drover.passwd", &passwords), ("drover.acl", &acl)] {
+                let path = out.join(name);
+                let tmp = path.with_extension("tmp");
+                {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let mut file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o640)
+                        .open(&tmp)
+                        .with_context(|| format!("cannot write {}", tmp.display()))?;
+                    std::io::Write::write_all(&mut file, text.as_bytes())?;
+                    file.sync_all()?;
+                }
+                std::fs::rename(&tmp, &path)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            out!(
+                "per_listener_settings false\nallow_anonymous false\npassword_file {}\nacl_file {}",
+                out.join("drover.passwd").display(),
+                out.join("drover.acl").display()
+            );
             Ok(0)
         }
         Command::IntentKey => {

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub store_on_nats: bool,
     /// Agent connections held at once; more are closed at once.
     pub max_agent_connections: usize,
+    /// Serve agents over MQTT too.
+    pub mqtt: Option<transport_mqtt::MqttSettings>,
 }
 
 /// A started control plane.
@@ -96,6 +98,19 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         links.push(link.clone());
         info!(url = %nats.url, resume_after, "serving agents over NATS JetStream");
         tasks.push(tokio::spawn(link.run(resume_after, shutdown.clone())));
+    }
+    if let Some(mqtt) = &options.mqtt {
+        // A stable client id per data directory: the broker keeps this
+        // replica's session (and what it has not acknowledged) across restarts.
+        let id = replica_id(&options.data)?;
+        let (link, event_loop) = transport_mqtt::server::MqttLinks::new(
+            mqtt,
+            &format!("drover-cp-{id}"),
+            events_tx.clone(),
+        )?;
+        links.push(link.clone());
+        info!(url = %mqtt.url, prefix = %mqtt.prefix, "serving agents over MQTT");
+        tasks.push(tokio::spawn(link.run(event_loop, shutdown.clone())));
     }
     let tls = match &options.agent_tls {
         Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
@@ -163,6 +178,21 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         secrets,
         tasks,
     })
+}
+
+/// This data directory's replica id (`replica.id`, made on first use).
+fn replica_id(data: &std::path::Path) -> Result<String> {
+    let path = data.join("replica.id");
+    if let Ok(id) = std::fs::read_to_string(&path)
+        && !id.trim().is_empty()
+    {
+        return Ok(id.trim().to_owned());
+    }
+    let id = agent_core::JobId::random().to_string()[..8].to_owned();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, &id).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(id)
 }
 
 fn tokio_rustls_acceptor(

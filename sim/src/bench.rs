@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 pub enum Transport {
     Websocket,
     Nats,
+    Mqtt,
 }
 
 #[derive(Debug, Clone)]
@@ -50,20 +51,23 @@ pub struct Figures {
     pub idle_rss_kib_per_device: f64,
     pub written_kib_per_device: f64,
     pub complete: bool,
+    pub control_plane_rss_mib: u64,
+    pub broker_rss_mib: Option<u64>,
 }
 
 impl Figures {
     pub fn header() -> &'static str {
-        "| devices | transport | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) |\n|---|---|---|---|---|---|---|"
+        "| devices | transport | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB) | broker RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|"
     }
 
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} | {} | {} |",
             self.devices,
             match self.transport {
                 Transport::Websocket => "WebSocket",
                 Transport::Nats => "NATS",
+                Transport::Mqtt => "MQTT",
             },
             self.connect_seconds,
             if self.complete {
@@ -75,6 +79,9 @@ impl Figures {
             self.cpu_ms_per_device,
             self.idle_rss_kib_per_device,
             self.written_kib_per_device,
+            self.control_plane_rss_mib,
+            self.broker_rss_mib
+                .map_or_else(|| "-".to_owned(), |m| m.to_string()),
         )
     }
 }
@@ -141,11 +148,54 @@ fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, Str
     Ok((process, format!("nats://127.0.0.1:{port}")))
 }
 
+/// Starts mosquitto with one password and ACL entry per device.
+fn start_mosquitto(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+    let port = free_port()?;
+    let (passwords, acl) = transport_mqtt::server::mosquitto_files(
+        &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
+        (CP_USER, CP_PASSWORD),
+        tokens,
+    );
+    std::fs::write(dir.join("drover.passwd"), passwords)?;
+    std::fs::write(dir.join("drover.acl"), acl)?;
+    let config = format!(
+        "user root\nlistener {port} 127.0.0.1\nmax_connections -1\nmax_queued_messages 10000\n\
+         persistence false\nper_listener_settings false\nallow_anonymous false\n\
+         password_file {}\nacl_file {}\n",
+        dir.join("drover.passwd").display(),
+        dir.join("drover.acl").display()
+    );
+    let path = dir.join("mosquitto.conf");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join("mosquitto.log"))?;
+    let child = Command::new("mosquitto")
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start mosquitto (apt-get install mosquitto)")?;
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "mosquitto did not start; see {}",
+                dir.join("mosquitto.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((process, format!("mqtt://127.0.0.1:{port}")))
+}
+
 /// `drover serve` on the embedded store; returns the process, API and agent addresses.
 fn start_drover(
     drover: &Path,
     dir: &Path,
-    nats_url: Option<&str>,
+    transport: Transport,
+    broker_url: Option<&str>,
 ) -> Result<(Process, String, String)> {
     let ready = dir.join("ready.json");
     let log = std::fs::File::create(dir.join("drover.log"))?;
@@ -166,15 +216,28 @@ fn start_drover(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-    if let Some(url) = nats_url {
-        command.args([
-            "--nats-url",
-            url,
-            "--nats-user",
-            CP_USER,
-            "--nats-password",
-            CP_PASSWORD,
-        ]);
+    match (transport, broker_url) {
+        (Transport::Nats, Some(url)) => {
+            command.args([
+                "--nats-url",
+                url,
+                "--nats-user",
+                CP_USER,
+                "--nats-password",
+                CP_PASSWORD,
+            ]);
+        }
+        (Transport::Mqtt, Some(url)) => {
+            command.args([
+                "--mqtt-url",
+                url,
+                "--mqtt-user",
+                CP_USER,
+                "--mqtt-password",
+                CP_PASSWORD,
+            ]);
+        }
+        _ => {}
     }
     let process = Process(
         command
@@ -280,7 +343,7 @@ pub fn spawn_agents(
                 .parse()
                 .context("agent address")?,
         }),
-        Transport::Nats => None,
+        Transport::Nats | Transport::Mqtt => None,
     };
     for (index, (device, token)) in tokens.iter().enumerate() {
         let agent = SimAgent::new(device.clone(), behaviour.clone(), stats.clone());
@@ -289,6 +352,14 @@ pub fn spawn_agents(
         match ws_target {
             Some(target) => {
                 tokio::spawn(crate::ws::play(target, index, token, agent, shutdown));
+            }
+            None if transport == Transport::Mqtt => {
+                tokio::spawn(crate::mqtt::play(
+                    agent_url.to_owned(),
+                    token,
+                    agent,
+                    shutdown,
+                ));
             }
             None => {
                 tokio::spawn(crate::nats::play(
@@ -329,13 +400,18 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         .iter()
         .map(|d| (d.clone(), secrets.device_token(d)))
         .collect();
-    let nats = match options.transport {
+    let broker = match options.transport {
         Transport::Nats => Some(start_nats(dir.path(), &tokens)?),
+        Transport::Mqtt => Some(start_mosquitto(dir.path(), &tokens)?),
         Transport::Websocket => None,
     };
-    let nats_url = nats.as_ref().map(|(_, url)| url.clone());
-    let (cp, api_base, agent_addr) =
-        start_drover(&options.drover, dir.path(), nats_url.as_deref())?;
+    let broker_url = broker.as_ref().map(|(_, url)| url.clone());
+    let (cp, api_base, agent_addr) = start_drover(
+        &options.drover,
+        dir.path(),
+        options.transport,
+        broker_url.as_deref(),
+    )?;
     let pid = cp.0.id();
     let api = Api {
         base: format!("http://{api_base}"),
@@ -349,7 +425,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let before_agents = procstat::usage(pid).context("control-plane usage")?;
 
     let shutdown = CancellationToken::new();
-    let agent_url = match &nats_url {
+    let agent_url = match &broker_url {
         Some(url) => url.clone(),
         None => format!("ws://{agent_addr}"),
     };
@@ -409,10 +485,14 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     }
     let run_seconds = started.elapsed().as_secs_f64();
     let end = procstat::usage(pid).context("control-plane usage")?;
+    let broker_rss = broker
+        .as_ref()
+        .and_then(|(process, _)| procstat::usage(process.0.id()))
+        .map(|u| u.rss_bytes / (1024 * 1024));
     shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(cp);
-    drop(nats);
+    drop(broker);
     if options.keep {
         let kept = dir.keep();
         eprintln!("kept {}", kept.display());
@@ -431,5 +511,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
             / 1024.0
             / n,
         complete,
+        control_plane_rss_mib: idle.rss_bytes / (1024 * 1024),
+        broker_rss_mib: broker_rss,
     })
 }

@@ -202,6 +202,87 @@ impl Drop for NatsServer {
     }
 }
 
+/// `mosquitto` as a process with its own config, password and ACL files and
+/// persistence directory, on a free loopback port.
+pub struct Mosquitto {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    config: PathBuf,
+}
+
+impl Mosquitto {
+    /// Starts a broker; `auth` holds the mosquitto.conf lines `drover
+    /// mqtt-config` printed (password and ACL files).
+    pub fn start(auth: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("drover-mosquitto-")
+            .tempdir()
+            .expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("mosquitto.conf");
+        let text = format!(
+            // `user root`: as root mosquitto would drop to its own user, which
+            // cannot use this test's private directory.
+            "user root\nlistener {port} 127.0.0.1\npersistence true\npersistence_location {}/\n\
+             autosave_interval 3600\nmax_queued_messages 10000\nlog_dest file {}\n{auth}\n",
+            dir.path().display(),
+            dir.path().join("mosquitto.log").display()
+        );
+        std::fs::write(&config, text).expect("config");
+        let mut broker = Self {
+            child: None,
+            dir,
+            port,
+            config,
+        };
+        broker.restart();
+        broker
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto is installed (the README's test command installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not start:\n{}",
+                log_tail(&self.dir.path().join("mosquitto.log"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop(&mut child);
+        }
+    }
+}
+
 /// `drover serve` as a process.
 pub struct ControlPlane {
     child: Child,
@@ -499,6 +580,23 @@ impl AgentProcess {
         let transport = format!(
             "kind = \"nats\"\nurl = {}\ntoken = {}\n{ca}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
             toml_string(nats_url),
+            toml_string(token)
+        );
+        Self::start_full(
+            dir,
+            device,
+            &transport,
+            "",
+            "mode = \"simulate\"\nmin_free_mib = 10",
+            extra,
+        )
+    }
+
+    /// An agent in simulate mode speaking MQTT (user = device id, password = token).
+    pub fn start_mqtt(dir: &Path, device: &str, url: &str, token: &str, extra: &str) -> Self {
+        let transport = format!(
+            "kind = \"mqtt\"\nurl = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+            toml_string(url),
             toml_string(token)
         );
         Self::start_full(

@@ -103,3 +103,28 @@ async fn a_simulated_fleet_over_nats_completes_a_run() {
     let _sim = sim(&cp, "nats", &url, 30, "fsn-");
     run_to_completion(&cp, 30, "sim-nats").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_fleet_over_mqtt_completes_a_run() {
+    let dir = ControlPlane::prepare();
+    let out = dir.path().join("mqtt").display().to_string();
+    let devices: Vec<String> = (0..30).map(|i| format!("fsm-{i:05}")).collect();
+    let mut args = vec![
+        "mqtt-config".to_owned(),
+        "--control-plane-password".into(),
+        "cp-secret".into(),
+        "--out".into(),
+        out,
+    ];
+    for device in &devices {
+        args.push("--device".into());
+        args.push(device.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let broker = drover_tests::Mosquitto::start(&ControlPlane::drover_in(dir.path(), &args));
+    let url = broker.url();
+    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", "cp-secret"]);
+    register(&cp, "fsm-", 30).await;
+    let _sim = sim(&cp, "mqtt", &url, 30, "fsm-");
+    run_to_completion(&cp, 30, "sim-mqtt").await;
+}

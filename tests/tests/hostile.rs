@@ -145,6 +145,30 @@ const CONFIG_CASES: &[(&str, &str, &str, &str)] = &[
         "transport.ca_file /nonexistent/nats-ca.pem is not readable",
     ),
     (
+        "plain mqtt:// to a remote broker",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"mqtt\"\nurl = \"mqtt://broker.example.org:1883\"",
+        "refusing plain mqtt:// to broker.example.org",
+    ),
+    (
+        "mqtts:// without a CA file",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"mqtt\"\nurl = \"mqtts://broker.example.org:8883\"",
+        "mqtts:// needs ca_file",
+    ),
+    (
+        "an MQTT URL with the wrong scheme",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"mqtt\"\nurl = \"http://127.0.0.1:1883\"",
+        "scheme must be mqtt:// or mqtts://",
+    ),
+    (
+        "an MQTT prefix with a wildcard",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"mqtt\"\nurl = \"mqtt://127.0.0.1:1883\"\nprefix = \"drover/#\"",
+        "must be a plain topic path",
+    ),
+    (
         "not TOML",
         "device_id = \"cfg-1\"",
         "device_id = ",

@@ -1,0 +1,353 @@
+//! Fleet tasks over MQTT against a real mosquitto with per-device passwords
+//! and ACLs from `drover mqtt-config`: the seed's TaskRun completes on five
+//! agents with a canary; an agent offline at release picks its intent up
+//! when it returns; mosquitto SIGKILLed mid-run (losing everything since
+//! its last save) loses no status; a device can neither read another's
+//! intent nor publish another's status; a malformed intent is refused and
+//! the agent keeps working; an agent SIGKILLed mid-job runs the job once.
+
+use drover_tests::{AgentProcess, ControlPlane, Mosquitto, eventually};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const CP_PASSWORD: &str = "cp-mqtt-secret";
+
+/// A mosquitto whose passwords and ACLs come from `drover mqtt-config`, and
+/// a control plane serving over it.
+fn fleet(devices: &[&str]) -> (Mosquitto, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let out = dir.path().join("mqtt");
+    let out_text = out.display().to_string();
+    let mut args = vec![
+        "mqtt-config",
+        "--control-plane-password",
+        CP_PASSWORD,
+        "--out",
+        &out_text,
+    ];
+    for device in devices {
+        args.push("--device");
+        args.push(device);
+    }
+    let auth = ControlPlane::drover_in(dir.path(), &args);
+    assert!(auth.contains("acl_file"), "{auth}");
+    let broker = Mosquitto::start(&auth);
+    let url = broker.url();
+    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", CP_PASSWORD]);
+    (broker, cp)
+}
+
+fn agent(cp: &ControlPlane, broker: &Mosquitto, device: &str, extra: &str) -> AgentProcess {
+    let token = cp.device_token(device);
+    AgentProcess::start_mqtt(
+        &cp.dir.path().join(device),
+        device,
+        &broker.url(),
+        &token,
+        extra,
+    )
+}
+
+fn held(cp: &ControlPlane, device: &str) -> (PathBuf, PathBuf, String) {
+    let dir = cp.dir.path().join(device);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hold = dir.join("hold");
+    let reached = dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = drover_tests::hold_config(&hold, &reached);
+    (hold, reached, testing)
+}
+
+async fn wait_for_file(path: &std::path::Path, what: &str) {
+    eventually(Duration::from_secs(60), what, || async {
+        path.exists().then_some(())
+    })
+    .await
+}
+
+/// A raw MQTT client logged in as `user`.
+async fn client(
+    broker: &Mosquitto,
+    id: &str,
+    user: &str,
+    password: &str,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let mut options = rumqttc::MqttOptions::new(id, "127.0.0.1", broker.port);
+    options.set_credentials(user, password);
+    rumqttc::AsyncClient::new(options, 64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_taskrun_completes_on_five_agents_over_mqtt() {
+    let devices = ["mq-1", "mq-2", "mq-3", "mq-4", "mq-5"];
+    let (broker, cp) = fleet(&devices);
+    for device in devices {
+        let labels = if device == "mq-1" {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        cp.apply_device(device, &["production"], labels).await;
+    }
+    let agents: Vec<AgentProcess> = devices.iter().map(|d| agent(&cp, &broker, d, "")).collect();
+    cp.wait_for_agents(&devices).await;
+    cp.apply_upgrade_run("mqtt-run", "production", 600).await;
+    let run = cp
+        .wait_run_finished("mqtt-run", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 5);
+    let targets = cp.targets("mqtt-run").await;
+    let canary_done = targets
+        .iter()
+        .find(|t| t["canary"] == true)
+        .and_then(|t| t["status"]["finishedAt"].as_str())
+        .expect("canary finished")
+        .to_owned();
+    for target in targets.iter().filter(|t| t["canary"] != true) {
+        let accepted = target["status"]["acceptedAt"].as_str().expect("accepted");
+        assert!(
+            accepted > canary_done.as_str(),
+            "{} before the canary",
+            target["device"]
+        );
+    }
+    for agent in &agents {
+        let jobs = agent.jobs();
+        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+        assert_eq!(jobs[0]["state"], "Succeeded");
+        assert_eq!(agent.status()["link"]["transport"], "mqtt");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_offline_at_release_picks_its_intent_up_when_it_returns() {
+    let (broker, cp) = fleet(&["away-1"]);
+    cp.apply_device("away-1", &["fleet"], json!({})).await;
+    let mut agent = agent(&cp, &broker, "away-1", "");
+    cp.wait_for_agents(&["away-1"]).await;
+    agent.kill9();
+    cp.apply_upgrade_run("away-run", "fleet", 600).await;
+    eventually(
+        Duration::from_secs(20),
+        "the intent to be released",
+        || async {
+            let targets = cp.targets("away-run").await;
+            (targets.first()?["released"] == true).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    agent.restart();
+    let run = cp
+        .wait_run_finished("away-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_mid_run_loses_no_status() {
+    let (mut broker, cp) = fleet(&["crash-1", "crash-2"]);
+    cp.apply_device("crash-1", &["fleet"], json!({"canary": "true"}))
+        .await;
+    cp.apply_device("crash-2", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "crash-1");
+    let _canary = agent(&cp, &broker, "crash-1", &testing);
+    let worker = agent(&cp, &broker, "crash-2", "");
+    cp.wait_for_agents(&["crash-1", "crash-2"]).await;
+    cp.apply_upgrade_run("crash-run", "fleet", 600).await;
+    wait_for_file(&reached, "the canary to be mid-job").await;
+    // mosquitto dies without saving: its sessions and retained messages are gone.
+    broker.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.restart();
+    let run = cp
+        .wait_run_finished("crash-run", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 2);
+    assert_eq!(worker.jobs().as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status() {
+    let (broker, cp) = fleet(&["acl-a", "acl-b"]);
+    cp.apply_device("acl-b", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "acl-b");
+    let _b = agent(&cp, &broker, "acl-b", &testing);
+    cp.wait_for_agents(&["acl-b"]).await;
+    // Device A logs in with its own credentials and tries B's topics.
+    let (a, mut a_events) = client(&broker, "acl-a", "acl-a", &cp.device_token("acl-a")).await;
+    a.subscribe(
+        "drover/v1/devices/acl-b/intents/+",
+        rumqttc::QoS::AtLeastOnce,
+    )
+    .await
+    .expect("subscribe call");
+    a.subscribe("drover/v1/#", rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe call");
+    cp.apply_upgrade_run("acl-run", "fleet", 600).await;
+    wait_for_file(&reached, "B's job to run").await;
+    let uid = cp.get("/taskruns/acl-run").await["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_owned();
+    let forged = json!({
+        "jobId": uid, "deviceId": "acl-b", "attempt": 1, "kind": "systemUpgradeV1",
+        "state": "Failed", "steps": [], "error": "forged by A", "output": null,
+        "acceptedAt": "2026-11-30T00:00:00Z", "startedAt": null, "finishedAt": null,
+        "bootId": "x", "completionHeartbeatAt": null, "seq": 999
+    });
+    a.publish(
+        format!("drover/v1/devices/acl-b/status/{uid}"),
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        forged.to_string(),
+    )
+    .await
+    .expect("publish call");
+    // A's event loop: whatever arrives must not be B's.
+    let mut seen_b = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, a_events.poll()).await {
+        if let rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p)) = event
+            && p.topic.contains("acl-b")
+        {
+            seen_b.push(p.topic);
+        }
+    }
+    assert!(seen_b.is_empty(), "A received B's messages: {seen_b:?}");
+    std::fs::remove_file(&hold).expect("release");
+    let run = cp
+        .wait_run_finished("acl-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        run["status"]["phase"], "Complete",
+        "the forged status never counted: {run}"
+    );
+    let targets = cp.targets("acl-run").await;
+    assert_ne!(targets[0]["status"]["error"], "forged by A");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_intent_is_refused_and_the_agent_keeps_working() {
+    let (broker, cp) = fleet(&["bad-1"]);
+    cp.apply_device("bad-1", &["fleet"], json!({})).await;
+    let agent = agent(&cp, &broker, "bad-1", "");
+    cp.wait_for_agents(&["bad-1"]).await;
+    let (admin, mut admin_events) =
+        client(&broker, "admin-1", "drover-control-plane", CP_PASSWORD).await;
+    let junk_job = "00000000-0000-4000-8000-0000000000c1";
+    for payload in [
+        json!({"jobId": junk_job, "kind": 7}).to_string(),
+        "not json at all".to_owned(),
+    ] {
+        admin
+            .publish(
+                format!("drover/v1/devices/bad-1/intents/{junk_job}"),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                payload,
+            )
+            .await
+            .expect("publish");
+    }
+    let pump = tokio::spawn(async move {
+        for _ in 0..20 {
+            if tokio::time::timeout(Duration::from_millis(200), admin_events.poll())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the malformed intent to be refused",
+        || async {
+            let jobs = agent.jobs();
+            jobs.as_array()
+                .into_iter()
+                .flatten()
+                .any(|j| j["jobId"] == junk_job && j["state"] == "Rejected")
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = pump.await;
+    assert!(
+        agent.log().contains("unusable intent dropped"),
+        "the unreadable one is dropped"
+    );
+    cp.apply_upgrade_run("bad-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("bad-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_job_over_mqtt_runs_the_job_once() {
+    let (broker, cp) = fleet(&["kill-1"]);
+    cp.apply_device("kill-1", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "kill-1");
+    let mut agent = agent(&cp, &broker, "kill-1", &testing);
+    cp.wait_for_agents(&["kill-1"]).await;
+    cp.apply_upgrade_run("kill-run", "fleet", 600).await;
+    wait_for_file(&reached, "the job to be mid-way").await;
+    agent.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    agent.restart();
+    let run = cp
+        .wait_run_finished("kill-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let jobs = agent.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    let tries: Vec<u64> = jobs[0]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["tries"].as_u64().unwrap_or(9))
+        .collect();
+    assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice: {jobs}");
+}
+
+/// The control plane's store is the truth: an intent the broker lost in a
+/// crash (retained, never saved) is published again when the broker comes
+/// back without the control plane's session, long before any ack timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_the_broker_lost_is_published_again() {
+    let (mut broker, cp) = fleet(&["lost-1"]);
+    cp.apply_device("lost-1", &["fleet"], json!({})).await;
+    let mut agent = agent(&cp, &broker, "lost-1", "");
+    cp.wait_for_agents(&["lost-1"]).await;
+    agent.kill9();
+    cp.apply_upgrade_run("lost-run", "fleet", 600).await;
+    eventually(
+        Duration::from_secs(20),
+        "the intent to be released",
+        || async {
+            let targets = cp.targets("lost-run").await;
+            (targets.first()?["released"] == true).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    broker.kill9();
+    broker.restart();
+    agent.restart();
+    let run = cp
+        .wait_run_finished("lost-run", Duration::from_secs(30))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert!(
+        cp.log().contains("sending undecided intents again"),
+        "{}",
+        cp.log()
+    );
+}

@@ -1,0 +1,257 @@
+//! The agent's end over MQTT: one persistent session (clean session off,
+//! client id = device id) subscribed to its intents and control topics; a
+//! hello after every connect; statuses published QoS 1 from the durable
+//! outbox and dropped only on the broker's PUBACK (A4); heartbeats; a last
+//! will that says it went away. Each connection starts from fresh client
+//! state: everything unconfirmed is published again (the control plane
+//! treats duplicates as no-ops), and the broker's session keeps the intents.
+
+use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
+use agent_core::clock;
+use agent_core::executor::{AdmitError, Agent};
+use agent_core::wire::intent_json;
+use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub mqtt: MqttSettings,
+    pub heartbeat_interval: Duration,
+    pub backoff_max: Duration,
+}
+
+/// Runs the agent's MQTT link until `shutdown`.
+pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
+    agent.update_link(|l| l.transport = TRANSPORT.into());
+    let mut failures = 0u32;
+    loop {
+        match session(&settings, &agent, &shutdown).await {
+            Ok(()) => return,
+            Err(e) => {
+                failures += 1;
+                warn!(error = %e, "MQTT link failed");
+                agent.update_link(|l| {
+                    l.connected = false;
+                    l.last_error = Some(e);
+                });
+            }
+        }
+        let ceiling = Duration::from_millis(500)
+            .saturating_mul(2u32.saturating_pow(failures.min(16)))
+            .min(settings.backoff_max);
+        let delay = ceiling / 2
+            + Duration::from_millis(fastrand::u64(0..=(ceiling / 2).as_millis() as u64));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// What the event loop's outgoing publishes are, in the order they were
+/// asked for: an outbox entry, or something nobody waits on.
+struct Pending {
+    asked: VecDeque<Option<u64>>,
+    /// Packet id → outbox id, until the broker's PUBACK.
+    in_flight: HashMap<u16, u64>,
+    /// Outbox ids published on this connection.
+    sent: HashSet<u64>,
+}
+
+async fn session(
+    settings: &AgentSettings,
+    agent: &Arc<Agent>,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let device = agent.device_id().clone();
+    let topics = Topics::new(&settings.mqtt.prefix);
+    let mut options = options(&settings.mqtt, device.as_str()).map_err(|e| e.to_string())?;
+    let will = serde_json::to_vec(&Offline {
+        device_id: device.clone(),
+        offline: true,
+    })
+    .map_err(|e| e.to_string())?;
+    options.set_last_will(LastWill::new(
+        topics.heartbeat(&device),
+        will,
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (client, mut events) = AsyncClient::new(options, 64);
+    let mut pending = Pending {
+        asked: VecDeque::new(),
+        in_flight: HashMap::new(),
+        sent: HashSet::new(),
+    };
+    let mut connected = false;
+    let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = client.disconnect().await;
+                return Ok(());
+            }
+            event = events.poll() => {
+                let event = event.map_err(|e| e.to_string())?;
+                match event {
+                    Event::Incoming(Incoming::ConnAck(ack)) => {
+                        info!(session_present = ack.session_present, "connected to MQTT");
+                        connected = true;
+                        agent.update_link(|l| {
+                            l.connected = true;
+                            l.last_contact = Some(clock::now());
+                            l.last_error = None;
+                        });
+                        // Subscribing again is harmless, and needed when the
+                        // broker lost the session (a crash between autosaves).
+                        client
+                            .subscribe(topics.intents_of(&device), QoS::AtLeastOnce)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        client
+                            .subscribe(topics.control(&device), QoS::AtLeastOnce)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        hello(&client, &topics, agent, &mut pending).await?;
+                        flush(&client, &topics, agent, &mut pending).await?;
+                    }
+                    Event::Incoming(Incoming::Publish(publish)) => {
+                        agent.update_link(|l| l.last_contact = Some(clock::now()));
+                        match topics.parse(&publish.topic) {
+                            Some(Topic::Intent(..)) if publish.payload.is_empty() => {
+                                debug!(topic = %publish.topic, "intent withdrawn");
+                            }
+                            Some(Topic::Intent(..)) => {
+                                admit(agent, &publish.payload);
+                                flush(&client, &topics, agent, &mut pending).await?;
+                            }
+                            Some(Topic::Control(_)) => match serde_json::from_slice::<Control>(&publish.payload) {
+                                Ok(control) => {
+                                    agent.observe_control_plane_time(control.server_time);
+                                    if let Some(error) = control.error {
+                                        warn!(%error, "the control plane refused this agent's hello");
+                                    }
+                                }
+                                Err(e) => warn!(error = %e, "unreadable control message ignored"),
+                            },
+                            _ => debug!(topic = %publish.topic, "message on an unexpected topic ignored"),
+                        }
+                    }
+                    Event::Outgoing(Outgoing::Publish(pkid)) => {
+                        if let Some(Some(outbox_id)) = pending.asked.pop_front()
+                            && pkid != 0
+                        {
+                            pending.in_flight.insert(pkid, outbox_id);
+                        }
+                    }
+                    Event::Incoming(Incoming::PubAck(ack)) => {
+                        if let Some(outbox_id) = pending.in_flight.remove(&ack.pkid) {
+                            if let Err(e) = agent.outbox_ack(outbox_id) {
+                                warn!(error = %e, "cannot drop a confirmed status");
+                            }
+                            // A long outbox goes out as room frees up.
+                            flush(&client, &topics, agent, &mut pending).await?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ = heartbeat.tick(), if connected => publish_heartbeat(&client, &topics, agent, &mut pending).await?,
+            _ = agent.heartbeat_wanted().notified(), if connected => {
+                flush(&client, &topics, agent, &mut pending).await?;
+                publish_heartbeat(&client, &topics, agent, &mut pending).await?;
+            }
+            _ = agent.outbox_changed().notified(), if connected => flush(&client, &topics, agent, &mut pending).await?,
+        }
+    }
+}
+
+fn admit(agent: &Agent, payload: &[u8]) {
+    match agent.admit_signed(intent_json(payload)) {
+        Ok(reply) => {
+            debug!(job_id = %reply.status.job_id, duplicate = reply.duplicate, "intent recorded")
+        }
+        // Nothing to answer without a job id: log and drop (A7, A11).
+        Err(AdmitError::Unreadable(e)) => warn!(error = %e, "unusable intent dropped"),
+        Err(AdmitError::Store(e)) => {
+            warn!(error = %e, "cannot record an intent; it is read again on reconnect")
+        }
+    }
+}
+
+async fn hello(
+    client: &AsyncClient,
+    topics: &Topics,
+    agent: &Agent,
+    pending: &mut Pending,
+) -> Result<(), String> {
+    let hello = Hello {
+        device_id: agent.device_id().clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        boot_id: agent.boot_id().to_owned(),
+        capabilities: agent.capabilities(),
+        jobs: agent.held_jobs().map_err(|e| e.to_string())?,
+    };
+    let payload = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
+    pending.asked.push_back(None);
+    client
+        .publish(
+            topics.hello(agent.device_id()),
+            QoS::AtLeastOnce,
+            false,
+            payload,
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Publishes every unconfirmed status not yet sent on this connection.
+async fn flush(
+    client: &AsyncClient,
+    topics: &Topics,
+    agent: &Agent,
+    pending: &mut Pending,
+) -> Result<(), String> {
+    let entries = agent.outbox(64).map_err(|e| e.to_string())?;
+    for entry in entries {
+        if !pending.sent.insert(entry.id) {
+            continue;
+        }
+        let payload = serde_json::to_vec(&entry.status).map_err(|e| e.to_string())?;
+        pending.asked.push_back(Some(entry.id));
+        client
+            .publish(
+                topics.status(&entry.status.device_id, entry.status.job_id),
+                QoS::AtLeastOnce,
+                false,
+                payload,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn publish_heartbeat(
+    client: &AsyncClient,
+    topics: &Topics,
+    agent: &Agent,
+    pending: &mut Pending,
+) -> Result<(), String> {
+    let heartbeat = agent.heartbeat().map_err(|e| e.to_string())?;
+    let payload = serde_json::to_vec(&heartbeat).map_err(|e| e.to_string())?;
+    pending.asked.push_back(None);
+    client
+        .publish(
+            topics.heartbeat(agent.device_id()),
+            QoS::AtMostOnce,
+            false,
+            payload,
+        )
+        .await
+        .map_err(|e| e.to_string())
+}

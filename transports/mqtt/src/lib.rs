@@ -1,0 +1,311 @@
+//! Drover over MQTT (3.1.1, QoS 1, persistent sessions): both ends of the
+//! mapping in one place. Under a prefix (default `drover/v1`):
+//!
+//! - `devices/<id>/intents/<job>`: the signed intent, retained, QoS 1; an
+//!   empty retained payload withdraws it.
+//! - `devices/<id>/status/<job>`: the agent's statuses, QoS 1; the broker's
+//!   PUBACK confirms one to the agent's outbox (A4), and the control plane
+//!   acknowledges it to the broker only once committed, so its persistent
+//!   session keeps what it has not stored.
+//! - `devices/<id>/hello`: after every connect, the jobs the agent holds;
+//!   the control plane answers on `devices/<id>/control` with its clock.
+//! - `devices/<id>/heartbeat`: heartbeats, and the last will
+//!   `{"deviceId":…,"offline":true}` that says the device went away.
+//!
+//! Payloads are JSON, so `mosquitto_sub -v -t 'drover/v1/#'` shows what
+//! happens.
+
+pub mod agent;
+#[cfg(feature = "server")]
+pub mod server;
+
+use agent_core::model::HeldJob;
+use agent_core::{DeviceId, JobId};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const DEFAULT_PREFIX: &str = "drover/v1";
+pub const TRANSPORT: &str = "mqtt";
+
+/// The topics of one prefix.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    prefix: String,
+}
+
+/// What a topic under the prefix is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topic {
+    Intent(DeviceId, JobId),
+    Status(DeviceId, JobId),
+    Hello(DeviceId),
+    Heartbeat(DeviceId),
+    Control(DeviceId),
+}
+
+impl Topics {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    fn device(&self, device: &DeviceId) -> String {
+        format!("{}/devices/{device}", self.prefix)
+    }
+
+    pub fn intent(&self, device: &DeviceId, job: JobId) -> String {
+        format!("{}/intents/{job}", self.device(device))
+    }
+
+    pub fn intents_of(&self, device: &DeviceId) -> String {
+        format!("{}/intents/+", self.device(device))
+    }
+
+    pub fn status(&self, device: &DeviceId, job: JobId) -> String {
+        format!("{}/status/{job}", self.device(device))
+    }
+
+    pub fn hello(&self, device: &DeviceId) -> String {
+        format!("{}/hello", self.device(device))
+    }
+
+    pub fn heartbeat(&self, device: &DeviceId) -> String {
+        format!("{}/heartbeat", self.device(device))
+    }
+
+    pub fn control(&self, device: &DeviceId) -> String {
+        format!("{}/control", self.device(device))
+    }
+
+    /// The filters the control plane subscribes to.
+    pub fn server_filters(&self) -> [String; 3] {
+        [
+            format!("{}/devices/+/status/+", self.prefix),
+            format!("{}/devices/+/hello", self.prefix),
+            format!("{}/devices/+/heartbeat", self.prefix),
+        ]
+    }
+
+    /// The ACL patterns of a device (mosquitto's `%u` is its user name, the
+    /// device id): read its own intents and control, write its own status,
+    /// hello and heartbeat.
+    pub fn device_acl(&self) -> Vec<String> {
+        let base = format!("{}/devices/%u", self.prefix);
+        vec![
+            format!("pattern read {base}/intents/+"),
+            format!("pattern read {base}/control"),
+            format!("pattern write {base}/status/+"),
+            format!("pattern write {base}/hello"),
+            format!("pattern write {base}/heartbeat"),
+        ]
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Reads a topic back; None for anything else.
+    pub fn parse(&self, topic: &str) -> Option<Topic> {
+        let rest = topic
+            .strip_prefix(&self.prefix)?
+            .strip_prefix("/devices/")?;
+        let mut parts = rest.split('/');
+        let device = DeviceId::new(parts.next()?).ok()?;
+        let topic = match (parts.next()?, parts.next(), parts.next()) {
+            ("intents", Some(job), None) => Topic::Intent(device, job.parse().ok()?),
+            ("status", Some(job), None) => Topic::Status(device, job.parse().ok()?),
+            ("hello", None, None) => Topic::Hello(device),
+            ("heartbeat", None, None) => Topic::Heartbeat(device),
+            ("control", None, None) => Topic::Control(device),
+            _ => return None,
+        };
+        Some(topic)
+    }
+}
+
+/// An agent's hello over MQTT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    pub device_id: DeviceId,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub capabilities: Vec<String>,
+    pub jobs: Vec<HeldJob>,
+}
+
+/// What the control plane tells one agent: its clock (A12), or why its
+/// hello was refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Control {
+    pub server_time: jiff::Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The last will on the heartbeat topic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Offline {
+    pub device_id: DeviceId,
+    pub offline: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    /// `mqtt://host:port` (plain, loopback or a trusted network) or `mqtts://host:port`.
+    pub url: String,
+    pub user: String,
+    pub password: String,
+    /// CA certificate of the broker, for `mqtts://`.
+    pub ca_file: Option<PathBuf>,
+    pub prefix: String,
+    pub keep_alive: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error("bad MQTT url {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+/// Host, port and whether TLS is used, from `mqtt://` or `mqtts://`.
+pub fn parse_url(url: &str) -> Result<(String, u16, bool), MqttError> {
+    let fail = |reason: &str| MqttError::Url {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| fail("expected mqtt://HOST:PORT or mqtts://HOST:PORT"))?;
+    let tls = match scheme {
+        "mqtt" | "tcp" => false,
+        "mqtts" | "ssl" => true,
+        _ => return Err(fail("scheme must be mqtt:// or mqtts://")),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) => (
+            host,
+            port.parse::<u16>()
+                .map_err(|_| fail("port is not a number"))?,
+        ),
+        None => (rest, if tls { 8883 } else { 1883 }),
+    };
+    if host.is_empty() {
+        return Err(fail("no host"));
+    }
+    Ok((host.trim_matches(['[', ']']).to_owned(), port, tls))
+}
+
+/// A rustls client configuration (ring) trusting the CAs in `ca_file`.
+pub fn tls_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, MqttError> {
+    let fail = |e: String| MqttError::Tls(format!("{}: {e}", ca_file.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
+        .map_err(|e| fail(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(fail("no PEM certificate found".into()));
+    }
+    for cert in certs {
+        let _ = roots.add(cert);
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| fail(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// rumqttc options for a client id, from the settings: persistent session
+/// (clean session off), credentials, TLS when asked.
+pub fn options(
+    settings: &MqttSettings,
+    client_id: &str,
+) -> Result<rumqttc::MqttOptions, MqttError> {
+    let (host, port, tls) = parse_url(&settings.url)?;
+    let mut options = rumqttc::MqttOptions::new(client_id, host, port);
+    options
+        .set_clean_session(false)
+        .set_keep_alive(settings.keep_alive)
+        .set_credentials(settings.user.clone(), settings.password.clone())
+        .set_max_packet_size(256 * 1024, 256 * 1024);
+    if tls {
+        let ca = settings
+            .ca_file
+            .as_deref()
+            .ok_or_else(|| MqttError::Tls("mqtts:// needs a CA file (ca_file)".into()))?;
+        options.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+            tls_config(ca)?,
+        )));
+    }
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_round_trip() {
+        let topics = Topics::new("drover/v1/");
+        let device = DeviceId::new("pi-1").expect("id");
+        let job = JobId::random();
+        for (topic, expected) in [
+            (
+                topics.intent(&device, job),
+                Topic::Intent(device.clone(), job),
+            ),
+            (
+                topics.status(&device, job),
+                Topic::Status(device.clone(), job),
+            ),
+            (topics.hello(&device), Topic::Hello(device.clone())),
+            (topics.heartbeat(&device), Topic::Heartbeat(device.clone())),
+            (topics.control(&device), Topic::Control(device.clone())),
+        ] {
+            assert_eq!(topics.parse(&topic), Some(expected), "{topic}");
+        }
+        assert_eq!(
+            topics.intent(&device, job),
+            format!("drover/v1/devices/pi-1/intents/{job}")
+        );
+        for bad in [
+            "drover/v1/devices/Pi 1/hello",
+            "drover/v1/devices/pi-1/intents/not-a-uuid",
+            "drover/v1/devices/pi-1/hello/extra",
+            "other/devices/pi-1/hello",
+            "drover/v1/devices/pi-1",
+        ] {
+            assert_eq!(topics.parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("mqtt://127.0.0.1:1883").expect("ok"),
+            ("127.0.0.1".into(), 1883, false)
+        );
+        assert_eq!(
+            parse_url("mqtts://broker.example.org").expect("ok"),
+            ("broker.example.org".into(), 8883, true)
+        );
+        for bad in ["http://x:1", "mqtt://:1", "mqtt://x:port", "x"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+}

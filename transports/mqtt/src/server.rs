@@ -1,0 +1,417 @@
+//! The control plane's end over MQTT as an agent link, and the mosquitto
+//! configuration that confines each device to its own topics.
+//!
+//! The control plane keeps one persistent session (clean session off) and
+//! acknowledges what it receives to the broker only once the delivery core
+//! committed it (manual acks): a control plane that dies before its commit
+//! gets the message again from its session. Intents go out retained; a
+//! decided one is withdrawn with an empty retained payload. When the broker
+//! comes back without the session (mosquitto loses what it had not saved),
+//! every undecided intent is sent again: the store is the truth.
+
+use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
+use agent_core::model::{Heartbeat, Intent, JobStatus};
+use agent_core::{DeviceId, JobId};
+use base64::Engine;
+use drover_contract::BoxFuture;
+use drover_contract::link::{
+    AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, Inbound, LinkError, Reply,
+};
+use jiff::Timestamp;
+use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// How long a quiet spell after connecting means the session's backlog of
+/// statuses is handed over (MQTT says no more than that).
+const BACKLOG_QUIET: Duration = Duration::from_millis(500);
+const BACKLOG_MAX: Duration = Duration::from_secs(15);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct MqttLinks {
+    client: AsyncClient,
+    topics: Topics,
+    events: mpsc::Sender<LinkEvent>,
+}
+
+fn link_error(e: impl std::fmt::Display) -> LinkError {
+    LinkError {
+        transport: TRANSPORT,
+        reason: e.to_string(),
+    }
+}
+
+impl MqttLinks {
+    /// Connects (the event loop runs in [`MqttLinks::run`]).
+    pub fn new(
+        settings: &MqttSettings,
+        client_id: &str,
+        events: mpsc::Sender<LinkEvent>,
+    ) -> Result<(Arc<Self>, EventLoop), crate::MqttError> {
+        let mut options = options(settings, client_id)?;
+        options.set_manual_acks(true).set_inflight(1000);
+        let (client, event_loop) = AsyncClient::new(options, 10_000);
+        Ok((
+            Arc::new(Self {
+                client,
+                topics: Topics::new(&settings.prefix),
+                events,
+            }),
+            event_loop,
+        ))
+    }
+
+    async fn send(&self, inbound: Inbound) -> bool {
+        self.events
+            .send(LinkEvent {
+                transport: TRANSPORT,
+                inbound,
+            })
+            .await
+            .is_ok()
+    }
+
+    /// Runs the event loop until `shutdown`.
+    pub async fn run(self: Arc<Self>, mut event_loop: EventLoop, shutdown: CancellationToken) {
+        let mut first = true;
+        let mut backlog_since: Option<tokio::time::Instant> = None;
+        let mut last_message = tokio::time::Instant::now();
+        loop {
+            let quiet = tokio::time::sleep(Duration::from_millis(100));
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => {
+                    let _ = self.client.disconnect().await;
+                    return;
+                }
+                event = event_loop.poll() => event,
+                _ = quiet => {
+                    if let Some(since) = backlog_since
+                        && (last_message.elapsed() >= BACKLOG_QUIET || since.elapsed() >= BACKLOG_MAX)
+                    {
+                        backlog_since = None;
+                        if !self.send(Inbound::CaughtUp).await {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            };
+            match event {
+                Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
+                    info!(
+                        session_present = ack.session_present,
+                        "connected to the MQTT broker"
+                    );
+                    for filter in self.topics.server_filters() {
+                        if let Err(e) = self.client.subscribe(filter, QoS::AtLeastOnce).await {
+                            warn!(error = %e, "cannot subscribe");
+                        }
+                    }
+                    if first {
+                        backlog_since = Some(tokio::time::Instant::now());
+                        last_message = tokio::time::Instant::now();
+                    }
+                    // The broker came back without our session: it lost what
+                    // it kept, retained intents too. Send them again.
+                    if !ack.session_present && !first && !self.send(Inbound::Resend).await {
+                        return;
+                    }
+                    first = false;
+                }
+                Ok(Event::Incoming(Incoming::Publish(publish))) => {
+                    last_message = tokio::time::Instant::now();
+                    if !self.on_publish(publish).await {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(error = %e, "MQTT connection failed; reconnecting");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands one message to the delivery core; it is acknowledged to the
+    /// broker once answered. Returns false when the core has stopped.
+    async fn on_publish(self: &Arc<Self>, publish: Publish) -> bool {
+        let topic = self.topics.parse(&publish.topic);
+        let (inbound, answer) = match topic {
+            Some(Topic::Status(device, job)) => {
+                match serde_json::from_slice::<JobStatus>(&publish.payload) {
+                    Ok(status) if status.job_id == job => {
+                        let (reply, answer) = Reply::channel();
+                        (
+                            Inbound::Status {
+                                device,
+                                status: Box::new(status),
+                                received_at: Timestamp::now(),
+                                position: None,
+                                reply,
+                            },
+                            Some(answer),
+                        )
+                    }
+                    Ok(_) => {
+                        warn!(topic = %publish.topic, "status names another job than its topic; ignored");
+                        self.ack(&publish).await;
+                        return true;
+                    }
+                    Err(e) => {
+                        warn!(topic = %publish.topic, error = %e, "unreadable status ignored");
+                        self.ack(&publish).await;
+                        return true;
+                    }
+                }
+            }
+            Some(Topic::Hello(device)) => match serde_json::from_slice::<Hello>(&publish.payload) {
+                Ok(hello) if hello.device_id == device => {
+                    let (reply, answer) = Reply::channel();
+                    let links = self.clone();
+                    let control = self.topics.control(&device);
+                    let event = Inbound::Hello {
+                        device,
+                        hello: Box::new(AgentHello {
+                            agent_version: hello.agent_version,
+                            boot_id: hello.boot_id,
+                            capabilities: hello.capabilities,
+                            held: hello.jobs,
+                        }),
+                        reply,
+                    };
+                    if !self.send(event).await {
+                        return false;
+                    }
+                    tokio::spawn(async move {
+                        let error = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                            Ok(Ok(Answer::Stored)) => None,
+                            Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Some(e),
+                            Ok(Err(_)) | Err(_) => Some("the control plane did not answer".into()),
+                        };
+                        links.control(&control, error).await;
+                        links.ack(&publish).await;
+                    });
+                    return true;
+                }
+                _ => {
+                    warn!(topic = %publish.topic, "unusable hello ignored");
+                    self.ack(&publish).await;
+                    return true;
+                }
+            },
+            Some(Topic::Heartbeat(device)) => {
+                if let Ok(offline) = serde_json::from_slice::<Offline>(&publish.payload)
+                    && offline.offline
+                    && offline.device_id == device
+                {
+                    (Inbound::Gone { device }, None)
+                } else {
+                    match serde_json::from_slice::<Heartbeat>(&publish.payload) {
+                        Ok(heartbeat) if heartbeat.device_id == device => (
+                            Inbound::Heartbeat {
+                                device,
+                                heartbeat: Box::new(heartbeat),
+                                reply: Reply::none(),
+                            },
+                            None,
+                        ),
+                        _ => {
+                            debug!(topic = %publish.topic, "unusable heartbeat ignored");
+                            self.ack(&publish).await;
+                            return true;
+                        }
+                    }
+                }
+            }
+            _ => {
+                debug!(topic = %publish.topic, "message on an unexpected topic ignored");
+                self.ack(&publish).await;
+                return true;
+            }
+        };
+        if !self.send(inbound).await {
+            return false;
+        }
+        match answer {
+            // Acknowledged to the broker only once committed (or decided).
+            Some(answer) => {
+                let links = self.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                        Ok(Ok(Answer::Stored | Answer::Refused(_))) => links.ack(&publish).await,
+                        _ => {
+                            debug!(topic = %publish.topic, "not committed; the broker keeps it for the next session")
+                        }
+                    }
+                });
+            }
+            None => self.ack(&publish).await,
+        }
+        true
+    }
+
+    async fn ack(&self, publish: &Publish) {
+        if let Err(e) = self.client.ack(publish).await {
+            debug!(error = %e, "cannot acknowledge a message");
+        }
+    }
+
+    async fn control(&self, topic: &str, error: Option<String>) {
+        let control = Control {
+            server_time: Timestamp::now(),
+            error,
+        };
+        if let Ok(payload) = serde_json::to_vec(&control)
+            && let Err(e) = self
+                .client
+                .publish(topic, QoS::AtLeastOnce, false, payload)
+                .await
+        {
+            debug!(error = %e, "cannot answer a hello");
+        }
+    }
+}
+
+impl AgentLinks for MqttLinks {
+    fn transport(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn brokered(&self) -> bool {
+        true
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        intent: &'a Intent,
+        signed: &'a serde_json::Value,
+        _server_time: Timestamp,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        Box::pin(async move {
+            let payload = serde_json::to_vec(signed).map_err(link_error)?;
+            self.client
+                .publish(
+                    self.topics.intent(&intent.device_id, intent.job_id),
+                    QoS::AtLeastOnce,
+                    true,
+                    payload,
+                )
+                .await
+                .map_err(link_error)?;
+            Ok(Delivered::Sent)
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+    ) -> BoxFuture<'a, Result<(), LinkError>> {
+        Box::pin(async move {
+            self.client
+                .publish(
+                    self.topics.intent(device, job_id),
+                    QoS::AtLeastOnce,
+                    true,
+                    Vec::new(),
+                )
+                .await
+                .map_err(link_error)
+        })
+    }
+}
+
+/// A mosquitto password-file line (`user:$7$…`, PBKDF2-SHA512 as
+/// `mosquitto_passwd` writes it).
+pub fn password_line(user: &str, password: &str) -> String {
+    use ring::rand::SecureRandom;
+    let mut salt = [0u8; 12];
+    let _ = ring::rand::SystemRandom::new().fill(&mut salt);
+    password_line_with_salt(user, password, &salt)
+}
+
+const PBKDF2_ITERATIONS: u32 = 101;
+
+fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let salt_text = b64.encode(salt);
+    let mut hash = [0u8; 64];
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA512,
+        std::num::NonZeroU32::new(PBKDF2_ITERATIONS).expect("invariant: nonzero"),
+        salt,
+        password.as_bytes(),
+        &mut hash,
+    );
+    format!(
+        "{user}:$7${PBKDF2_ITERATIONS}${salt_text}${}",
+        b64.encode(hash)
+    )
+}
+
+/// The two files mosquitto needs: a password file (the control plane's
+/// user and each device, whose password is its Drover token) and an ACL
+/// file (the control plane may use every topic under the prefix; a device
+/// only its own).
+pub fn mosquitto_files(
+    topics: &Topics,
+    control_plane: (&str, &str),
+    devices: &[(DeviceId, String)],
+) -> (String, String) {
+    let mut passwords = password_line(control_plane.0, control_plane.1);
+    passwords.push('\n');
+    for (device, token) in devices {
+        passwords.push_str(&password_line(device.as_str(), token));
+        passwords.push('\n');
+    }
+    let mut acl = format!(
+        "# Drover: each device uses only its own topics under {prefix}/ (%u is its id);\n\
+         # the control plane uses every topic there.\n",
+        prefix = topics.prefix()
+    );
+    for line in topics.device_acl() {
+        acl.push_str(&line);
+        acl.push('\n');
+    }
+    acl.push_str(&format!(
+        "\nuser {user}\ntopic readwrite {prefix}/#\n",
+        prefix = topics.prefix(),
+        user = control_plane.0
+    ));
+    (passwords, acl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line `mosquitto_passwd -b` wrote for alice / secret.
+    #[test]
+    fn password_lines_match_mosquitto_passwd() {
+        let written = "alice:$7$101$PuzFpRoTA1iiEgXb$jom039GI8t9bNssLaNrlht1LstvzZaQiBDe5vHrwbN/G9FQKQguhhb8RakEgk10FOZF1Y7pEEGeY2H8aJu+lwQ==";
+        let salt = base64::engine::general_purpose::STANDARD
+            .decode("PuzFpRoTA1iiEgXb")
+            .expect("salt");
+        assert_eq!(password_line_with_salt("alice", "secret", &salt), written);
+        assert!(password_line("bob", "x").starts_with("bob:$7$101$"));
+    }
+
+    #[test]
+    fn a_device_is_confined_to_its_own_topics() {
+        let topics = Topics::new("drover/v1");
+        let device = DeviceId::new("dev-a").expect("id");
+        let (passwords, acl) = mosquitto_files(&topics, ("cp", "pw"), &[(device, "tok".into())]);
+        assert!(passwords.lines().any(|l| l.starts_with("dev-a:$7$")));
+        assert!(acl.contains("pattern read drover/v1/devices/%u/intents/+"));
+        assert!(acl.contains("pattern write drover/v1/devices/%u/status/+"));
+        assert!(!acl.contains("pattern readwrite"));
+        assert!(acl.ends_with("user cp\ntopic readwrite drover/v1/#\n"));
+    }
+}
