@@ -61,6 +61,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices", get(list_devices))
         .route("/devices/{id}", get(get_device))
         .route("/apply", post(apply))
+        .route("/taskschedules", get(list_schedules))
+        .route("/taskschedules/{name}", get(get_schedule))
         .route("/taskruns", get(list_runs))
         .route("/taskruns/{name}", get(get_run))
         .route("/taskruns/{name}/targets", get(run_targets))
@@ -302,6 +304,46 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 ),
             ))
         }
+        Manifest::TaskSchedule { name, spec } => {
+            let key = crate::records::schedule_key(&name);
+            let mut result = "configured";
+            state
+                .db
+                .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+                    Some(match current {
+                        // The schedule may change (suspend, cadence, template);
+                        // the runs it made never do.
+                        Some(mut existing) => {
+                            if existing.spec == spec {
+                                result = "unchanged";
+                                return None;
+                            }
+                            existing.spec = spec.clone();
+                            existing
+                        }
+                        None => {
+                            result = "created";
+                            crate::schedule::TaskScheduleRecord {
+                                name: name.clone(),
+                                created_at: Timestamp::now(),
+                                spec: spec.clone(),
+                                status: Default::default(),
+                            }
+                        }
+                    })
+                })
+                .await?;
+            state.engine_wake.notify_one();
+            let code = if result == "created" {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok((
+                code,
+                Json(json!({"kind": "TaskSchedule", "name": name, "result": result})),
+            ))
+        }
         Manifest::Device { id, labels, spec } => {
             let mut created = false;
             state
@@ -324,6 +366,34 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 Json(json!({"kind": "Device", "name": id.to_string(), "result": result})),
             ))
         }
+    }
+}
+
+async fn list_schedules(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
+    let now = Timestamp::now();
+    let schedules = state
+        .db
+        .list::<crate::schedule::TaskScheduleRecord>("schedules/")
+        .await?;
+    Ok(Json(
+        schedules
+            .iter()
+            .map(|(_, _, s)| manifest::render_schedule(s, now))
+            .collect(),
+    ))
+}
+
+async fn get_schedule(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match state
+        .db
+        .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
+        .await?
+    {
+        Some((_, schedule)) => Ok(Json(manifest::render_schedule(&schedule, Timestamp::now()))),
+        None => Err(not_found(format!("TaskSchedule {name}"))),
     }
 }
 

@@ -14,6 +14,7 @@ use crate::records::{
     TaskRunRecord, device_key, job_key, plan_header_key, plan_key, run_key,
 };
 use crate::rollout::{self, Finish, Outcome, TargetView};
+use crate::schedule::TaskScheduleRecord;
 use crate::store::Op;
 use agent_core::model::{Intent, JobKind, JobState};
 use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
@@ -147,6 +148,8 @@ impl Engine {
         for change in changes {
             if let Some(name) = change.key.strip_prefix("runs/") {
                 dirty.insert(name.to_owned());
+            } else if change.key.starts_with("schedules/") {
+                dirty.insert(String::new());
             } else if change.key.starts_with("devices/") {
                 devices_changed = true;
             } else if let Some(rest) = change.key.strip_prefix("jobs/") {
@@ -181,8 +184,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets every view and passes over every unfinished run.
+    /// Forgets every view and passes over every unfinished run (and the
+    /// schedules).
     pub async fn pass_all(&self, now: Timestamp) -> Result<(), DbError> {
+        if let Err(e) = self.schedules(now).await {
+            warn!(error = %e, "cannot look at the schedules; trying again on the next pass");
+        }
         let names: HashSet<String> = {
             let mut views = self.views.lock().await;
             *views = Views::default();
@@ -201,6 +208,9 @@ impl Engine {
     /// planning, whose views do not exist yet.
     async fn pass(&self, mut names: HashSet<String>, now: Timestamp) -> Result<(), DbError> {
         if names.remove("") {
+            if let Err(e) = self.schedules(now).await {
+                warn!(error = %e, "cannot look at the schedules; trying again on the next pass");
+            }
             for (_, _, run) in self.db.list::<TaskRunRecord>("runs/").await? {
                 if run.status.phase == Phase::Planning {
                     names.insert(run.name);
@@ -213,6 +223,60 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Looks at every TaskSchedule: creates the run a tick asks for
+    /// (create-only, so replicas and restarts create it once) and records
+    /// what was decided under the schedule's revision.
+    pub async fn schedules(&self, now: Timestamp) -> Result<Vec<String>, DbError> {
+        let mut created = Vec::new();
+        for (key, revision, schedule) in self.db.list::<TaskScheduleRecord>("schedules/").await? {
+            let ticks = match schedule.spec.schedule.compile() {
+                Ok(ticks) => ticks,
+                Err(e) => {
+                    warn!(schedule = %schedule.name, error = %e, "schedule cannot tick");
+                    continue;
+                }
+            };
+            let active = match &schedule.status.active_run {
+                Some(name) => self
+                    .db
+                    .get::<TaskRunRecord>(&run_key(name))
+                    .await?
+                    .is_some_and(|(_, run)| !run.status.phase.is_terminal()),
+                None => false,
+            };
+            let decision = crate::schedule::decide(&schedule, &ticks, active, now);
+            if let Some((name, tick)) = &decision.create {
+                let run = TaskRunRecord {
+                    name: name.clone(),
+                    uid: JobId::random(),
+                    created_at: now,
+                    spec: schedule.spec.template.clone(),
+                    status: crate::records::RunStatus::planning(),
+                };
+                match self.db.put(&run_key(name), &run, 0).await {
+                    Ok(_) => {
+                        info!(schedule = %schedule.name, run = %name, %tick, "scheduled run created");
+                        created.push(name.clone());
+                    }
+                    // Created already, by another replica or before a restart.
+                    Err(DbError::Kv(e)) if e.is_conflict() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if decision.status != schedule.status {
+                let mut updated = schedule.clone();
+                updated.status = decision.status;
+                match self.db.put(&key, &updated, revision).await {
+                    Ok(_) => {}
+                    // Another pass or replica recorded it first.
+                    Err(DbError::Kv(e)) if e.is_conflict() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(created)
     }
 
     pub async fn reconcile(&self, name: &str, now: Timestamp) -> Result<(), DbError> {

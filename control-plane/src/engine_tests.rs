@@ -272,3 +272,83 @@ fn success_is_judged_by_the_control_planes_receive_time() {
         );
     }
 }
+
+/// Two replicas over one store, with an injected clock: one run per tick,
+/// skipped ticks while it is active, one catch-up after a long downtime.
+#[tokio::test]
+async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
+    use crate::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
+    let t = |text: &str| text.parse::<Timestamp>().expect("time");
+    let db = Db::new(Arc::new(MemKv::default()));
+    let schedule = TaskScheduleRecord {
+        name: "nightly".into(),
+        created_at: t("2026-12-02T00:00:00Z"),
+        spec: ScheduleSpec {
+            schedule: Cadence::Daily("03:00".into()),
+            suspend: false,
+            template: TaskRunSpec {
+                allowed_groups: vec!["fleet".into()],
+                target_selector: TargetSelector::default(),
+                deadline_seconds: 3600,
+                system_upgrade_v1: Empty {},
+            },
+        },
+        status: Default::default(),
+    };
+    db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
+        .await
+        .expect("schedule");
+    let (a, b) = (engine(&db), engine(&db));
+    let runs = || async {
+        db.list::<TaskRunRecord>("runs/")
+            .await
+            .expect("runs")
+            .into_iter()
+            .map(|(_, _, r)| r.name)
+            .collect::<Vec<_>>()
+    };
+    let status = || async {
+        db.get::<TaskScheduleRecord>(&crate::records::schedule_key("nightly"))
+            .await
+            .expect("get")
+            .expect("schedule")
+            .1
+            .status
+    };
+    // Both replicas look at the same tick.
+    let now = t("2026-12-02T03:00:30Z");
+    let created_a = a.schedules(now).await.expect("a");
+    let created_b = b.schedules(now).await.expect("b");
+    assert_eq!(created_a.len() + created_b.len(), 1, "one run per tick");
+    assert_eq!(runs().await, vec!["nightly-202612020300"]);
+    // The run is still planning (active): the next ticks are skipped.
+    a.schedules(t("2026-12-04T03:10:00Z")).await.expect("a");
+    b.schedules(t("2026-12-04T03:10:00Z")).await.expect("b");
+    assert_eq!(runs().await.len(), 1);
+    assert_eq!(status().await.skipped, 2);
+    // The run finishes; a month with no control plane; one catch-up run.
+    let (revision, mut run) = db
+        .get::<TaskRunRecord>(&run_key("nightly-202612020300"))
+        .await
+        .expect("get")
+        .expect("run");
+    run.status.phase = Phase::Complete;
+    db.put(&run_key(&run.name), &run, revision)
+        .await
+        .expect("finish");
+    let later = t("2027-01-05T12:00:00Z");
+    b.schedules(later).await.expect("b");
+    a.schedules(later).await.expect("a");
+    assert_eq!(
+        runs().await,
+        vec!["nightly-202612020300", "nightly-202701050300"],
+        "one catch-up, for the latest tick"
+    );
+    let status = status().await;
+    assert_eq!(status.active_run.as_deref(), Some("nightly-202701050300"));
+    assert_eq!(
+        status.skipped,
+        2 + 31,
+        "32 ticks missed, the latest caught up"
+    );
+}

@@ -15,6 +15,7 @@ pub mod manifest;
 pub mod placement;
 pub mod records;
 pub mod rollout;
+pub mod schedule;
 pub mod serve;
 pub mod store;
 pub mod stored;

@@ -111,7 +111,7 @@ enum Command {
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
     },
-    /// Show devices, taskruns, or one taskrun.
+    /// Show devices, taskruns, one taskrun, taskschedules, or one taskschedule.
     Get {
         #[arg(value_enum)]
         resource: Resource,
@@ -238,6 +238,8 @@ enum Resource {
     Devices,
     Taskruns,
     Taskrun,
+    Taskschedules,
+    Taskschedule,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -368,6 +370,20 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         out!("{}", serde_json::to_string_pretty(&runs)?);
                     } else {
                         print_runs(&runs);
+                    }
+                }
+                Resource::Taskschedules | Resource::Taskschedule => {
+                    let schedules: Vec<Value> = match (resource, name) {
+                        (Resource::Taskschedule, Some(name)) => {
+                            vec![api.get(&format!("/taskschedules/{name}")).await?]
+                        }
+                        (Resource::Taskschedule, None) => bail!("drover get taskschedule NAME"),
+                        _ => api.get("/taskschedules").await?,
+                    };
+                    if *output == Output::Json {
+                        out!("{}", serde_json::to_string_pretty(&schedules)?);
+                    } else {
+                        print_schedules(&schedules);
                     }
                 }
                 Resource::Taskrun => {
@@ -547,6 +563,54 @@ fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+fn print_schedules(schedules: &[Value]) {
+    out!(
+        "{:<24} {:<22} {:<9} {:<21} {:<21} {:<28} SKIPPED",
+        "NAME",
+        "SCHEDULE (UTC)",
+        "SUSPENDED",
+        "LAST TICK",
+        "NEXT TICK",
+        "ACTIVE RUN"
+    );
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .map(|t| t.strftime("%Y-%m-%d %H:%M").to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    for schedule in schedules {
+        let cadence = &schedule["spec"]["schedule"];
+        let cadence = match cadence.as_object().and_then(|m| m.iter().next()) {
+            Some((form, Value::String(value))) => format!("{form} {value}"),
+            Some((form, Value::Object(fields))) => format!(
+                "{form} {}",
+                fields
+                    .values()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            _ => "?".into(),
+        };
+        let status = &schedule["status"];
+        out!(
+            "{:<24} {:<22} {:<9} {:<21} {:<21} {:<28} {}",
+            schedule["metadata"]["name"].as_str().unwrap_or("?"),
+            cadence,
+            if schedule["spec"]["suspend"] == true {
+                "yes"
+            } else {
+                "no"
+            },
+            time(&status["lastTick"]),
+            time(&status["nextTick"]),
+            status["activeRun"].as_str().unwrap_or("-"),
+            status["skippedTicks"].as_u64().unwrap_or(0)
+        );
+    }
 }
 
 fn print_runs(runs: &[Value]) {

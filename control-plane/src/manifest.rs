@@ -22,6 +22,10 @@ pub enum Manifest {
         labels: BTreeMap<String, String>,
         spec: DeviceSpec,
     },
+    TaskSchedule {
+        name: String,
+        spec: crate::schedule::ScheduleSpec,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -159,6 +163,80 @@ fn shorten(text: &str) -> String {
     short
 }
 
+/// Longest schedule name: its runs add `-YYYYMMDDHHMM` and stay within 63.
+pub const MAX_SCHEDULE_NAME: usize = 50;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireSchedule {
+    schedule: crate::schedule::Cadence,
+    #[serde(default)]
+    suspend: bool,
+    template: WireTemplate,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireTemplate {
+    spec: serde_json::Value,
+}
+
+/// Whether a JSON value holds `key` anywhere.
+fn contains_key(value: &serde_json::Value, key: &str) -> bool {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.contains_key(key) || map.values().any(|v| contains_key(v, key))
+        }
+        serde_json::Value::Array(items) => items.iter().any(|v| contains_key(v, key)),
+        _ => false,
+    }
+}
+
+/// A TaskRun spec (of a run, or of a schedule's template) at `path`.
+fn parse_run_spec(value: serde_json::Value, path: &str) -> Result<TaskRunSpec, String> {
+    let wire: WireTaskRunSpec = serde_json::from_value(value)
+        .map_err(|e| format!("invalid TaskRun spec at {path}: {e}"))?;
+    let mut problems = Vec::new();
+    check_groups(
+        &format!("{path}.allowedGroups"),
+        &wire.allowed_groups,
+        &mut problems,
+    );
+    check_labels(
+        &format!("{path}.targetSelector.matchLabels"),
+        &wire.target_selector.match_labels,
+        &mut problems,
+    );
+    if wire.allowed_groups.is_empty() {
+        problems.push(format!("{path}.allowedGroups needs at least one group"));
+    }
+    if wire.target_selector.match_expressions.is_some() {
+        problems.push(format!(
+            "{path}.targetSelector.matchExpressions is not implemented yet and fails closed; use matchLabels"
+        ));
+    }
+    if wire.deadline_seconds == 0 || wire.deadline_seconds > MAX_DEADLINE_SECONDS {
+        problems.push(format!(
+            "{path}.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
+        ));
+    }
+    let Some(system_upgrade_v1) = wire.system_upgrade_v1 else {
+        problems.push(format!("{path} needs a workload: systemUpgradeV1: {{}}"));
+        return Err(problems.join("; "));
+    };
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(TaskRunSpec {
+        allowed_groups: wire.allowed_groups,
+        target_selector: TargetSelector {
+            match_labels: wire.target_selector.match_labels,
+        },
+        deadline_seconds: wire.deadline_seconds,
+        system_upgrade_v1,
+    })
+}
+
 /// Parses and validates one manifest; the error lists what is wrong.
 pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
     let raw: Raw = serde_json::from_value(value).map_err(|e| format!("not a manifest: {e}"))?;
@@ -176,45 +254,38 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                     raw.metadata.name
                 ));
             }
-            let wire: WireTaskRunSpec = serde_json::from_value(raw.spec)
-                .map_err(|e| format!("invalid TaskRun spec: {e}"))?;
-            let mut problems = Vec::new();
-            check_groups("spec.allowedGroups", &wire.allowed_groups, &mut problems);
-            check_labels(
-                "spec.targetSelector.matchLabels",
-                &wire.target_selector.match_labels,
-                &mut problems,
-            );
-            if wire.allowed_groups.is_empty() {
-                problems.push("spec.allowedGroups needs at least one group".to_owned());
-            }
-            if wire.target_selector.match_expressions.is_some() {
-                problems.push(
-                    "spec.targetSelector.matchExpressions is not implemented yet and fails closed; use matchLabels"
-                        .to_owned(),
-                );
-            }
-            if wire.deadline_seconds == 0 || wire.deadline_seconds > MAX_DEADLINE_SECONDS {
-                problems.push(format!(
-                    "spec.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
-                ));
-            }
-            let Some(system_upgrade_v1) = wire.system_upgrade_v1 else {
-                problems.push("spec needs a workload: systemUpgradeV1: {}".to_owned());
-                return Err(problems.join("; "));
-            };
-            if !problems.is_empty() {
-                return Err(problems.join("; "));
-            }
+            let spec = parse_run_spec(raw.spec, "spec")?;
             Ok(Manifest::TaskRun {
                 name: raw.metadata.name,
-                spec: TaskRunSpec {
-                    allowed_groups: wire.allowed_groups,
-                    target_selector: TargetSelector {
-                        match_labels: wire.target_selector.match_labels,
-                    },
-                    deadline_seconds: wire.deadline_seconds,
-                    system_upgrade_v1,
+                spec,
+            })
+        }
+        "TaskSchedule" => {
+            if !valid_name(&raw.metadata.name) || raw.metadata.name.len() > MAX_SCHEDULE_NAME {
+                return Err(format!(
+                    "metadata.name {:?} must be 1 to {MAX_SCHEDULE_NAME} of [a-z0-9-], starting and ending alphanumeric \
+                     (its runs are named <schedule>-<YYYYMMDDHHMM>)",
+                    raw.metadata.name
+                ));
+            }
+            if contains_key(&raw.spec, "timeZone") {
+                return Err(
+                    "schedules are always UTC: a time zone cannot be set (remove timeZone and give the times in UTC)"
+                        .into(),
+                );
+            }
+            let wire: WireSchedule = serde_json::from_value(raw.spec)
+                .map_err(|e| format!("invalid TaskSchedule spec: {e}"))?;
+            wire.schedule
+                .compile()
+                .map_err(|e| format!("spec.schedule: {e}"))?;
+            let template = parse_run_spec(wire.template.spec, "spec.template.spec")?;
+            Ok(Manifest::TaskSchedule {
+                name: raw.metadata.name,
+                spec: crate::schedule::ScheduleSpec {
+                    schedule: wire.schedule,
+                    suspend: wire.suspend,
+                    template,
                 },
             })
         }
@@ -250,7 +321,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             })
         }
         other => Err(format!(
-            "unknown kind {other:?}; this control plane serves TaskRun and Device"
+            "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule and Device"
         )),
     }
 }
@@ -267,6 +338,40 @@ pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
         },
         "spec": run.spec,
         "status": run.status,
+    })
+}
+
+/// A schedule as the API shows it, with its next tick.
+pub fn render_schedule(
+    schedule: &crate::schedule::TaskScheduleRecord,
+    now: jiff::Timestamp,
+) -> serde_json::Value {
+    let next = schedule
+        .spec
+        .schedule
+        .compile()
+        .ok()
+        .filter(|_| !schedule.spec.suspend)
+        .and_then(|ticks| ticks.next_after(now.max(schedule.status.last_tick.unwrap_or(now))));
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "TaskSchedule",
+        "metadata": {
+            "name": schedule.name,
+            "creationTimestamp": schedule.created_at.to_string(),
+        },
+        "spec": {
+            "schedule": schedule.spec.schedule,
+            "suspend": schedule.spec.suspend,
+            "template": {"spec": schedule.spec.template},
+        },
+        "status": {
+            "lastTick": schedule.status.last_tick.map(|t| t.to_string()),
+            "nextTick": next.map(|t| t.to_string()),
+            "lastRun": schedule.status.last_run,
+            "activeRun": schedule.status.active_run,
+            "skippedTicks": schedule.status.skipped,
+        },
     })
 }
 

@@ -229,6 +229,9 @@ pub fn device_key(id: &DeviceId) -> String {
 pub fn run_key(name: &str) -> String {
     format!("runs/{name}")
 }
+pub fn schedule_key(name: &str) -> String {
+    format!("schedules/{name}")
+}
 pub fn plan_key(uid: JobId, index: u32) -> String {
     format!("plans/{uid}/{index:06}")
 }

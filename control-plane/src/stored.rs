@@ -40,7 +40,8 @@ one_layout!(
     TaskRunRecord,
     PlanHeader,
     Vec<PlanTarget>,
-    u64
+    u64,
+    crate::schedule::TaskScheduleRecord
 );
 
 /// A job record as stored: V1 until the control plane recorded its own

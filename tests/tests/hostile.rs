@@ -588,6 +588,51 @@ const API_CASES: &[ApiCase] = &[
         "spec.allowedGroups: group",
     ),
     (
+        "a schedule with a time zone",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": API_VERSION, "kind": "TaskSchedule", "metadata": {"name": "s-1"},
+                "spec": {"schedule": {"daily": "03:00"}, "timeZone": "Europe/Sofia",
+                         "template": {"spec": {"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}}}}),
+            )
+        },
+        422,
+        "schedules are always UTC",
+    ),
+    (
+        "a six-field cron schedule",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": API_VERSION, "kind": "TaskSchedule", "metadata": {"name": "s-1"},
+                "spec": {"schedule": {"cron": "0 0 3 * * *"},
+                         "template": {"spec": {"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}}}}),
+            )
+        },
+        422,
+        "exactly five fields",
+    ),
+    (
+        "a schedule whose template smuggles packages",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": API_VERSION, "kind": "TaskSchedule", "metadata": {"name": "s-1"},
+                "spec": {"schedule": {"daily": "03:00"},
+                         "template": {"spec": {"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {"packages": ["x"]}}}}}),
+            )
+        },
+        422,
+        "unknown field `packages`",
+    ),
+    (
         "a run that does not exist",
         Auth::Good,
         "GET",
