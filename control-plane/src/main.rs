@@ -459,9 +459,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
             out!(
-                "per_listener_settings false\nallow_anonymous false\npassword_file {}\nacl_file {}",
+                "per_listener_settings false\nallow_anonymous false\npassword_file {}\nacl_file {}\n\
+                 # a large fleet's statuses must never be dropped from the control plane's queue\n{}",
                 out.join("drover.passwd").display(),
-                out.join("drover.acl").display()
+                out.join("drover.acl").display(),
+                transport_mqtt::Topics::broker_settings()
             );
             Ok(0)
         }

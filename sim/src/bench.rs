@@ -159,9 +159,10 @@ fn start_mosquitto(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process
     std::fs::write(dir.join("drover.passwd"), passwords)?;
     std::fs::write(dir.join("drover.acl"), acl)?;
     let config = format!(
-        "user root\nlistener {port} 127.0.0.1\nmax_connections -1\nmax_queued_messages 10000\n\
+        "user root\nlistener {port} 127.0.0.1\nmax_connections -1\n{}\n\
          persistence false\nper_listener_settings false\nallow_anonymous false\n\
          password_file {}\nacl_file {}\n",
+        transport_mqtt::Topics::broker_settings(),
         dir.join("drover.passwd").display(),
         dir.join("drover.acl").display()
     );

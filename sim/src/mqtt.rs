@@ -119,7 +119,7 @@ async fn session(
             for (id, topic, payload) in fresh {
                 sent.insert(id);
                 asked.push_back(Some(id));
-                client.publish(topic, QoS::AtLeastOnce, false, payload).await?;
+                client.publish(topic, QoS::AtLeastOnce, true, payload).await?;
             }
         }
     }

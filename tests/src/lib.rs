@@ -225,7 +225,7 @@ impl Mosquitto {
             // `user root`: as root mosquitto would drop to its own user, which
             // cannot use this test's private directory.
             "user root\nlistener {port} 127.0.0.1\npersistence true\npersistence_location {}/\n\
-             autosave_interval 3600\nmax_queued_messages 10000\nlog_dest file {}\n{auth}\n",
+             autosave_interval 3600\nlog_dest file {}\n{auth}\n",
             dir.path().display(),
             dir.path().join("mosquitto.log").display()
         );

@@ -227,7 +227,9 @@ async fn flush(
             .publish(
                 topics.status(&entry.status.device_id, entry.status.job_id),
                 QoS::AtLeastOnce,
-                false,
+                // Retained: a control plane that (re)subscribes gets each
+                // job's latest status, whatever its session lost.
+                true,
                 payload,
             )
             .await

@@ -3,10 +3,12 @@
 //!
 //! - `devices/<id>/intents/<job>`: the signed intent, retained, QoS 1; an
 //!   empty retained payload withdraws it.
-//! - `devices/<id>/status/<job>`: the agent's statuses, QoS 1; the broker's
-//!   PUBACK confirms one to the agent's outbox (A4), and the control plane
-//!   acknowledges it to the broker only once committed, so its persistent
-//!   session keeps what it has not stored.
+//! - `devices/<id>/status/<job>`: the agent's statuses, retained, QoS 1;
+//!   the broker's PUBACK confirms one to the agent's outbox (A4); the
+//!   control plane acknowledges it to the broker only once committed, so its
+//!   persistent session keeps what it has not stored, and a control plane
+//!   that subscribes again gets each job's latest status even if its
+//!   session lost some; a decided job's retained status is then cleared.
 //! - `devices/<id>/hello`: after every connect, the jobs the agent holds;
 //!   the control plane answers on `devices/<id>/control` with its clock.
 //! - `devices/<id>/heartbeat`: heartbeats, and the last will
@@ -89,6 +91,14 @@ impl Topics {
             format!("{}/devices/+/hello", self.prefix),
             format!("{}/devices/+/heartbeat", self.prefix),
         ]
+    }
+
+    /// The mosquitto settings the control plane's session needs: no limit on
+    /// the QoS 1 messages queued or in flight for it (the defaults, 1,000 and
+    /// 20, drop statuses of a large fleet finishing at once, or slow it to the
+    /// broker's pace).
+    pub fn broker_settings() -> &'static str {
+        "max_queued_messages 0\nmax_inflight_messages 0"
     }
 
     /// The ACL patterns of a device (mosquitto's `%u` is its user name, the

@@ -144,9 +144,15 @@ impl MqttLinks {
     async fn on_publish(self: &Arc<Self>, publish: Publish) -> bool {
         let topic = self.topics.parse(&publish.topic);
         let (inbound, answer) = match topic {
+            // The control plane's own clearing of a retained status.
+            Some(Topic::Status(..)) if publish.payload.is_empty() => {
+                self.ack(&publish).await;
+                return true;
+            }
             Some(Topic::Status(device, job)) => {
                 match serde_json::from_slice::<JobStatus>(&publish.payload) {
                     Ok(status) if status.job_id == job => {
+                        let terminal = status.state.is_terminal();
                         let (reply, answer) = Reply::channel();
                         (
                             Inbound::Status {
@@ -156,7 +162,7 @@ impl MqttLinks {
                                 position: None,
                                 reply,
                             },
-                            Some(answer),
+                            Some((answer, terminal)),
                         )
                     }
                     Ok(_) => {
@@ -240,12 +246,22 @@ impl MqttLinks {
             return false;
         }
         match answer {
-            // Acknowledged to the broker only once committed (or decided).
-            Some(answer) => {
+            // Acknowledged to the broker only once committed (or decided); a
+            // decided job's retained status is cleared once stored.
+            Some((answer, terminal)) => {
                 let links = self.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-                        Ok(Ok(Answer::Stored | Answer::Refused(_))) => links.ack(&publish).await,
+                        Ok(Ok(Answer::Stored | Answer::Refused(_))) => {
+                            links.ack(&publish).await;
+                            if terminal {
+                                let topic = publish.topic.clone();
+                                let _ = links
+                                    .client
+                                    .publish(topic, QoS::AtLeastOnce, true, Vec::new())
+                                    .await;
+                            }
+                        }
                         _ => {
                             debug!(topic = %publish.topic, "not committed; the broker keeps it for the next session")
                         }
