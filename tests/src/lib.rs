@@ -215,6 +215,11 @@ impl Mosquitto {
     /// Starts a broker; `auth` holds the mosquitto.conf lines `drover
     /// mqtt-config` printed (password and ACL files).
     pub fn start(auth: &str) -> Self {
+        Self::start_with(auth, "")
+    }
+
+    /// Like [`Mosquitto::start`], with lines for the listener (TLS files).
+    pub fn start_with(auth: &str, listener: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("drover-mosquitto-")
             .tempdir()
@@ -224,7 +229,7 @@ impl Mosquitto {
         let text = format!(
             // `user root`: as root mosquitto would drop to its own user, which
             // cannot use this test's private directory.
-            "user root\nlistener {port} 127.0.0.1\npersistence true\npersistence_location {}/\n\
+            "user root\nlistener {port} 127.0.0.1\n{listener}\npersistence true\npersistence_location {}/\n\
              autosave_interval 3600\nlog_dest file {}\n{auth}\n",
             dir.path().display(),
             dir.path().join("mosquitto.log").display()
@@ -594,8 +599,23 @@ impl AgentProcess {
 
     /// An agent in simulate mode speaking MQTT (user = device id, password = token).
     pub fn start_mqtt(dir: &Path, device: &str, url: &str, token: &str, extra: &str) -> Self {
+        Self::start_mqtt_with(dir, device, url, token, None, extra)
+    }
+
+    /// Like [`AgentProcess::start_mqtt`], trusting `ca_file` for `mqtts://`.
+    pub fn start_mqtt_with(
+        dir: &Path,
+        device: &str,
+        url: &str,
+        token: &str,
+        ca_file: Option<&Path>,
+        extra: &str,
+    ) -> Self {
+        let ca = ca_file
+            .map(|p| format!("ca_file = {}\n", toml_string(&p.display().to_string())))
+            .unwrap_or_default();
         let transport = format!(
-            "kind = \"mqtt\"\nurl = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+            "kind = \"mqtt\"\nurl = {}\ntoken = {}\n{ca}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
             toml_string(url),
             toml_string(token)
         );

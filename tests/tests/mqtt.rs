@@ -351,3 +351,82 @@ async fn an_intent_the_broker_lost_is_published_again() {
         cp.log()
     );
 }
+
+/// TLS with rustls (ring) against mosquitto with a test certificate: the
+/// control plane and an agent speak mqtts://, and plain text is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_and_the_control_plane_speak_tls_to_mosquitto() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let cert_path = certs.path().join("cert.pem");
+    let key_path = certs.path().join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("cert");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("key");
+    let dir = ControlPlane::prepare();
+    let out = dir.path().join("mqtt").display().to_string();
+    let auth = ControlPlane::drover_in(
+        dir.path(),
+        &[
+            "mqtt-config",
+            "--control-plane-password",
+            CP_PASSWORD,
+            "--out",
+            &out,
+            "--device",
+            "tls-m1",
+        ],
+    );
+    let listener = format!(
+        "cafile {}\ncertfile {}\nkeyfile {}",
+        cert_path.display(),
+        cert_path.display(),
+        key_path.display()
+    );
+    let broker = Mosquitto::start_with(&auth, &listener);
+    let url = format!("mqtts://localhost:{}", broker.port);
+    let cert_arg = cert_path.display().to_string();
+    let cp = ControlPlane::start_in(
+        dir,
+        &[
+            "--mqtt-url",
+            &url,
+            "--mqtt-password",
+            CP_PASSWORD,
+            "--mqtt-ca",
+            &cert_arg,
+        ],
+    );
+    cp.apply_device("tls-m1", &["fleet"], json!({})).await;
+    let token = cp.device_token("tls-m1");
+    let _agent = AgentProcess::start_mqtt_with(
+        &cp.dir.path().join("tls-m1"),
+        "tls-m1",
+        &url,
+        &token,
+        Some(&cert_path),
+        "",
+    );
+    cp.wait_for_agents(&["tls-m1"]).await;
+    cp.apply_upgrade_run("tls-mqtt-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("tls-mqtt-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    // A plain MQTT client cannot talk to the TLS listener.
+    let (plain, mut events) = client(&broker, "plain-1", "drover-control-plane", CP_PASSWORD).await;
+    let connected = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(_))) => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    assert!(
+        !matches!(connected, Ok(true)),
+        "plain text must not connect"
+    );
+    drop(plain);
+}
