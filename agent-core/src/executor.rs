@@ -124,6 +124,9 @@ pub struct Agent {
     heartbeat_wanted: Notify,
     link: Mutex<LinkState>,
     control_plane_clock: ControlPlaneClock,
+    /// Woken when the store refused a write on I/O (a full disk): the
+    /// process must open it again, so the daemon exits and is restarted.
+    store_failed: Notify,
 }
 
 impl Agent {
@@ -142,6 +145,7 @@ impl Agent {
             heartbeat_wanted: Notify::new(),
             link: Mutex::new(LinkState::default()),
             control_plane_clock: ControlPlaneClock::default(),
+            store_failed: Notify::new(),
         })
     }
 
@@ -155,6 +159,22 @@ impl Agent {
 
     pub fn capabilities(&self) -> Vec<String> {
         self.chains.iter().map(|c| c.kind().to_owned()).collect()
+    }
+
+    /// Resolves once the store refused a write on I/O (see [`StoreError::is_io`]).
+    pub fn store_failed(&self) -> &Notify {
+        &self.store_failed
+    }
+
+    /// Notes a store error: one on I/O means the store must be opened again.
+    fn checked<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result
+            && e.is_io()
+        {
+            error!(error = %e, "the agent's state store refused a write (is its file system full?)");
+            self.store_failed.notify_one();
+        }
+        result
     }
 
     /// A transport calls this with every time the control plane sends, so
@@ -329,7 +349,7 @@ impl Agent {
             record.origin = origin;
         }
         // A duplicate's status is reported again: the sender evidently lacks it.
-        self.store.save(&record, true)?;
+        self.checked(self.store.save(&record, true))?;
         self.outbox_changed.notify_one();
         self.wake.notify_one();
         Ok(AdmitReply {
@@ -379,7 +399,7 @@ impl Agent {
     }
 
     pub fn outbox_ack(&self, id: u64) -> Result<(), StoreError> {
-        self.store.outbox_ack(id)
+        self.checked(self.store.outbox_ack(id))
     }
 
     /// Woken whenever a status enters the outbox.
@@ -396,7 +416,7 @@ impl Agent {
         Ok(Heartbeat {
             device_id: self.settings.device_id.clone(),
             boot_id: self.settings.boot_id.clone(),
-            seq: self.store.next("heartbeat")?,
+            seq: self.checked(self.store.next("heartbeat"))?,
             agent_version: self.settings.agent_version.clone(),
             capabilities: self.capabilities(),
             uptime_seconds: facts::uptime_seconds(),
@@ -448,9 +468,9 @@ impl Agent {
     fn persist(&self, record: &JobRecord, persist: Persist) -> Result<(), StoreError> {
         match persist {
             Persist::Nothing => return Ok(()),
-            Persist::Save => self.store.save(record, false)?,
+            Persist::Save => self.checked(self.store.save(record, false))?,
             Persist::Report => {
-                self.store.save(record, true)?;
+                self.checked(self.store.save(record, true))?;
                 self.outbox_changed.notify_one();
             }
         }

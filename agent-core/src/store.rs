@@ -68,6 +68,14 @@ pub enum StoreError {
     Encode(#[from] postcard::Error),
 }
 
+impl StoreError {
+    /// The store's file system refused a write (full, or failing). redb then
+    /// refuses every write until the database is opened again.
+    pub fn is_io(&self) -> bool {
+        matches!(self, StoreError::Db(message) if message.contains("I/O error"))
+    }
+}
+
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {

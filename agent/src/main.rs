@@ -405,17 +405,26 @@ async fn run(config_path: &Path) -> Result<()> {
     // watchdog fed while the agent can still read its own store.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let watchdog = tokio::spawn(feed_watchdog(agent.clone(), shutdown.clone()));
-    let restart = tokio::select! {
-        _ = agent_core::shutdown::wait_for_signal() => false,
-        _ = wait_for_new_binary(agent.clone()) => true,
+    let exit = tokio::select! {
+        _ = agent_core::shutdown::wait_for_signal() => None,
+        _ = wait_for_new_binary(agent.clone()) => Some(EXIT_NEW_BINARY),
+        _ = agent.store_failed().notified() => {
+            tracing::error!(
+                state_dir = %config.state_dir.display(),
+                "the state store refused a write: free space on its file system; \
+                 exiting so the service manager restarts the agent, which opens the store again"
+            );
+            Some(EXIT_STORE_FAILED)
+        }
     };
     info!("stopping at a safe point");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     shutdown.cancel();
     let _ = tokio::join!(worker, transport, socket, watchdog);
-    if restart {
-        // systemd restarts us on this status (RestartForceExitStatus).
-        std::process::exit(EXIT_NEW_BINARY);
+    if let Some(code) = exit {
+        // systemd restarts us on these statuses (Restart=on-failure,
+        // RestartForceExitStatus=75).
+        std::process::exit(code);
     }
     Ok(())
 }
@@ -452,6 +461,9 @@ fn test_hooks(mut settings: Settings, testing: Option<&config::Testing>) -> Sett
 
 /// The exit status that asks systemd to start the new binary.
 const EXIT_NEW_BINARY: i32 = 75;
+/// The exit status after the store refused a write on I/O (EX_IOERR): a
+/// restart opens it again once there is space.
+const EXIT_STORE_FAILED: i32 = 74;
 
 /// Resolves once the agent's own binary was replaced on disk (its package was
 /// upgraded) and no job is running or queued: the safe point to restart. The

@@ -705,6 +705,25 @@ impl AgentProcess {
         }
     }
 
+    /// Waits for the agent to exit on its own; its exit code, or `None` on
+    /// a signal. Panics after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("the agent was started");
+            if let Some(status) = child.try_wait().expect("wait for the agent") {
+                self.child = None;
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the agent did not exit within {timeout:?}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()

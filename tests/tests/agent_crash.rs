@@ -121,3 +121,113 @@ async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
     assert!(error.contains("crash or reboot loop"), "{error}");
     assert!(!reached.exists(), "the step did not run a fourth time");
 }
+
+/// A tmpfs of one MiB mounted for the agent's state; unmounted on drop.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &std::path::Path) -> Option<Self> {
+        let uid = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .expect("run id");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            return None;
+        }
+        std::fs::create_dir_all(at).expect("mount point");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=1m",
+                "drover-test",
+                &at.display().to_string(),
+            ])
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mount a tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(Self(at.to_owned()))
+    }
+
+    /// Writes a filler file until the file system refuses with ENOSPC.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut file = std::fs::File::create(&path).expect("filler");
+        let chunk = vec![0u8; 4096];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // Any partial chunk too, so that not one byte is free.
+        let _ = file.write(&[0u8; 1]);
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The state store's file system fills up: the agent says so in its log and
+/// exits with EX_IOERR (74) rather than running on with a store that refuses
+/// every write (redb does until it is opened again). The job is not lost:
+/// it was never acknowledged, so once space returns and the service manager
+/// restarts the agent, the control plane delivers it again and it runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_agent_clearly_and_loses_no_job() {
+    let cp = ControlPlane::start(&[]);
+    let dir = cp.dir.path().join("agent-full-1");
+    let Some(disk) = SmallDisk::mount(&dir.join("state")) else {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    };
+    cp.apply_device("full-1", &["full"], json!({})).await;
+    let token = cp.device_token("full-1");
+    let mut agent = AgentProcess::start(&dir, "full-1", &cp.agent_url, &token, "");
+    cp.wait_for_agents(&["full-1"]).await;
+    agent.wait_idle_and_flushed(Duration::from_secs(20)).await;
+
+    let filler = disk.fill();
+    cp.apply_upgrade_run("full-run", "full", 600).await;
+    let code = agent.wait_exit(Duration::from_secs(60)).await;
+    let log = agent.log();
+    assert_eq!(code, Some(74), "exit status EX_IOERR\n{log}");
+    assert!(
+        log.contains("free space on its file system") && log.contains(&dir.display().to_string()),
+        "the log names the problem and the state directory\n{log}"
+    );
+    let run = cp.get("/taskruns/full-run").await;
+    assert_ne!(run["status"]["phase"], "Complete", "{run}");
+
+    std::fs::remove_file(&filler).expect("free the space");
+    agent.restart();
+    let run = cp
+        .wait_run_finished("full-run", Duration::from_secs(90))
+        .await;
+    assert_eq!(
+        run["status"]["phase"],
+        "Complete",
+        "{run}\n{}\n{}",
+        agent.log(),
+        cp.log()
+    );
+    let jobs = agent.jobs();
+    let jobs = jobs.as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "the job ran once: {jobs:?}");
+    assert_eq!(jobs[0]["state"], "Succeeded");
+}
