@@ -349,13 +349,23 @@ async fn apt_survives_an_agent_killed_mid_upgrade_and_nothing_runs_twice() {
     rig.wait_for_file("/tmp/IN_PREINST").await;
     rig.agent.kill9();
     rig.remove("/tmp/HOLD_PREINST");
-    // apt goes on without the agent.
+    // apt goes on without the agent, and its wrapper records the outcome
+    // (a moment after dpkg's database says 2.0: apt still runs its hooks).
+    let calls = rig.agent.dir.join("state/calls");
     eventually(
         Duration::from_secs(60),
         "apt to finish without the agent",
         || {
-            let done = rig.version("drover-fake-slow") == "2.0 ii";
-            async move { done.then_some(()) }
+            let upgraded = rig.version("drover-fake-slow") == "2.0 ii";
+            let recorded = std::fs::read_dir(&calls).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    e.path()
+                        .to_string_lossy()
+                        .ends_with("-full-upgrade-0-full-upgrade")
+                        && e.path().join("exit").exists()
+                })
+            });
+            async move { (upgraded && recorded).then_some(()) }
         },
     )
     .await;
