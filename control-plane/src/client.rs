@@ -3,6 +3,8 @@
 use anyhow::{Context, Result, bail};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::path::Path;
+use transport_websocket::tls::{SYSTEM_CA_BUNDLE, is_loopback};
 
 pub struct ApiClient {
     base: String,
@@ -11,11 +13,39 @@ pub struct ApiClient {
 }
 
 impl ApiClient {
-    pub fn new(base: &str, token: &str) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()
-            .context("cannot build the HTTP client")?;
+    /// A client of the API at `base`. `https://` trusts `ca_file` (a CA
+    /// bundle, or the server's own self-signed certificate to pin it), else
+    /// Debian's system bundle. `http://` is refused to any host but this
+    /// machine: the operator token would cross the network in clear.
+    pub fn new(base: &str, token: &str, ca_file: Option<&Path>) -> Result<Self> {
+        let url = reqwest::Url::parse(base)
+            .with_context(|| format!("the control plane's address {base:?} is not a URL"))?;
+        let host = url.host_str().unwrap_or("");
+        transport_websocket::tls::install_default_provider();
+        let builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+        let builder = match url.scheme() {
+            "https" => {
+                let ca = ca_file.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
+                let tls = transport_websocket::tls::client_config(ca)?;
+                builder
+                    .https_only(true)
+                    .tls_backend_preconfigured(rustls::ClientConfig::clone(&tls))
+            }
+            "http" if is_loopback(host) => {
+                if ca_file.is_some() {
+                    bail!("--ca-file is for https://, but the control plane's address is {base}");
+                }
+                builder
+            }
+            "http" => bail!(
+                "refusing to send the operator token in clear to {host}: use https:// \
+                 (drover serve --api-tls-cert/--api-tls-key) or reach the API on this machine"
+            ),
+            other => {
+                bail!("the control plane's address must be https:// or http://, not {other}://")
+            }
+        };
+        let http = builder.build().context("cannot build the HTTP client")?;
         Ok(Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),

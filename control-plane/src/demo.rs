@@ -131,6 +131,8 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             listen: "127.0.0.1:0".parse()?,
             agent_listen: "127.0.0.1:0".parse()?,
             agent_tls: None,
+            api_tls: None,
+            api_allow_plaintext: false,
             ack_timeout: Duration::from_secs(60),
             pass_interval: Duration::from_millis(250),
             operator_token: None,
@@ -150,6 +152,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     let client = ApiClient::new(
         &format!("http://{}", started.api_addr),
         started.secrets.operator_token(),
+        None,
     )?;
 
     let devices: Vec<String> = (1..=options.agents)

@@ -23,6 +23,10 @@ struct Cli {
         default_value = "http://127.0.0.1:7180"
     )]
     server: String,
+    /// For an https:// server: the CA bundle to trust, or the server's own
+    /// self-signed certificate (default: the system's CAs).
+    #[arg(long, global = true, env = "DROVER_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// The operator token (default: DATA/operator.token).
     #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -54,6 +58,16 @@ enum Command {
         agent_tls_cert: Option<PathBuf>,
         #[arg(long, requires = "agent_tls_cert")]
         agent_tls_key: Option<PathBuf>,
+        /// PEM certificate chain: serve the operators' API over https (with
+        /// --api-tls-key). Without it the API is served only on loopback.
+        #[arg(long, requires = "api_tls_key")]
+        api_tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "api_tls_cert")]
+        api_tls_key: Option<PathBuf>,
+        /// Serve the API in clear on a non-loopback --listen address (only
+        /// behind a TLS-terminating proxy).
+        #[arg(long, conflicts_with = "api_tls_cert")]
+        api_allow_plaintext: bool,
         /// A job sent but not acked within this returns to `created`.
         #[arg(long, default_value_t = 60)]
         ack_timeout_seconds: u64,
@@ -286,7 +300,7 @@ fn client(cli: &Cli) -> Result<ApiClient> {
                 )
             })?,
     };
-    ApiClient::new(&cli.server, &token)
+    ApiClient::new(&cli.server, &token, cli.ca_file.as_deref())
 }
 
 async fn dispatch(cli: Cli) -> Result<i32> {
@@ -296,6 +310,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             agent_listen,
             agent_tls_cert,
             agent_tls_key,
+            api_tls_cert,
+            api_tls_key,
+            api_allow_plaintext,
             ack_timeout_seconds,
             pass_interval_ms,
             max_agent_connections,
@@ -311,6 +328,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     listen: *listen,
                     agent_listen: *agent_listen,
                     agent_tls: agent_tls_cert.clone().zip(agent_tls_key.clone()),
+                    api_tls: api_tls_cert.clone().zip(api_tls_key.clone()),
+                    api_allow_plaintext: *api_allow_plaintext,
                     ack_timeout: Duration::from_secs(*ack_timeout_seconds),
                     pass_interval: Duration::from_millis(*pass_interval_ms),
                     operator_token: cli.token.clone(),

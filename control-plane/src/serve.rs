@@ -31,6 +31,10 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     pub agent_listen: SocketAddr,
     pub agent_tls: Option<(PathBuf, PathBuf)>,
+    /// PEM certificate chain and key: serve the operators' API over TLS.
+    pub api_tls: Option<(PathBuf, PathBuf)>,
+    /// Serve the API in clear on a non-loopback address (behind a TLS proxy).
+    pub api_allow_plaintext: bool,
     pub ack_timeout: Duration,
     pub pass_interval: Duration,
     pub operator_token: Option<String>,
@@ -54,6 +58,11 @@ pub struct Started {
 }
 
 pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
+    check_api_listen(&options)?;
+    let api_tls = match &options.api_tls {
+        Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
+        None => None,
+    };
     crate::auth::ensure_data_dir(&options.data)?;
     let nats_client = match &options.nats {
         Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
@@ -164,20 +173,91 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     )));
     let api_shutdown = shutdown.clone();
     tasks.push(tokio::spawn(async move {
-        let served = axum::serve(api_listener, router)
-            .with_graceful_shutdown(async move { api_shutdown.cancelled().await })
-            .await;
+        let stopped = async move { api_shutdown.cancelled().await };
+        let served = match api_tls {
+            Some(acceptor) => {
+                let incoming = transport_websocket::tls::accept_tls(
+                    api_listener,
+                    acceptor,
+                    API_HANDSHAKE_TIMEOUT,
+                    API_MAX_HANDSHAKES,
+                );
+                let listener = TlsApiListener {
+                    incoming,
+                    addr: api_addr,
+                };
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            None => {
+                axum::serve(api_listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        };
         if let Err(e) = served {
             tracing::error!(error = %e, "API server stopped");
         }
     }));
-    info!(api = %api_addr, agents = %agent_addr, data = %options.data.display(), "drover control plane serving");
+    info!(
+        api = %api_addr,
+        api_tls = options.api_tls.is_some(),
+        agents = %agent_addr,
+        data = %options.data.display(),
+        "drover control plane serving"
+    );
     Ok(Started {
         api_addr,
         agent_addr,
         secrets,
         tasks,
     })
+}
+
+/// Time a client of the API has to finish its TLS handshake.
+const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes with API clients in progress at once.
+const API_MAX_HANDSHAKES: usize = 256;
+
+/// The operator token must not cross a network in clear: a plain-text API is
+/// served only on loopback, unless the operator says a TLS proxy fronts it.
+fn check_api_listen(options: &ServeOptions) -> Result<()> {
+    if options.api_tls.is_none() && !options.listen.ip().is_loopback() {
+        if !options.api_allow_plaintext {
+            anyhow::bail!(
+                "refusing to serve the operators' API in clear on {}: the operator token would \
+                 cross the network unencrypted. Pass --api-tls-cert and --api-tls-key, listen on \
+                 loopback, or pass --api-allow-plaintext when a TLS proxy on this host fronts it",
+                options.listen
+            );
+        }
+        tracing::warn!(listen = %options.listen, "serving the operators' API in clear (--api-allow-plaintext)");
+    }
+    Ok(())
+}
+
+/// The API's listener when it speaks TLS: connections whose handshake is done.
+struct TlsApiListener {
+    incoming: mpsc::Receiver<(transport_websocket::tls::ServerStream, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsApiListener {
+    type Io = transport_websocket::tls::ServerStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.incoming.recv().await {
+            Some(connection) => connection,
+            // The acceptor stopped (it only does when this listener is gone).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
 }
 
 /// This data directory's replica id (`replica.id`, made on first use).

@@ -308,9 +308,7 @@ pub async fn register(api_base: &str, token: &str, devices: &[DeviceId]) -> Resu
     let api = Api {
         base: api_base.to_owned(),
         token: token.to_owned(),
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(300))
-            .build()?,
+        http: http_builder().timeout(Duration::from_secs(300)).build()?,
     };
     let items: Vec<Value> = devices
         .iter()
@@ -417,9 +415,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let api = Api {
         base: format!("http://{api_base}"),
         token: secrets.operator_token().to_owned(),
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(300))
-            .build()?,
+        http: http_builder().timeout(Duration::from_secs(300)).build()?,
     };
     register(&api.base, &api.token, &ids).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -515,4 +511,11 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         control_plane_rss_mib: idle.rss_bytes / (1024 * 1024),
         broker_rss_mib: broker_rss,
     })
+}
+
+/// reqwest's builder, after setting this process's rustls provider (reqwest
+/// is built without aws-lc and looks one up).
+fn http_builder() -> reqwest::ClientBuilder {
+    transport_websocket::tls::install_default_provider();
+    reqwest::Client::builder()
 }

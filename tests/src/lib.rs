@@ -37,6 +37,12 @@ pub fn sign_intent_with(intent: &mut Value, pkcs8_hex: &str) {
         Value::String(agent_core::signing::hex(signature.as_ref()));
 }
 
+/// An HTTP client (reqwest needs this process's rustls provider set first).
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 /// A built binary of the workspace.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -342,7 +348,7 @@ impl ControlPlane {
             token,
             dir,
             extra,
-            http: reqwest::Client::new(),
+            http: http_client(),
         }
     }
 

@@ -124,3 +124,139 @@ async fn the_seed_taskrun_applies_from_yaml_and_runs_watch_follows_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no operator token"));
 }
+
+fn drover_at(
+    server: &str,
+    token: &str,
+    ca_file: Option<&std::path::Path>,
+    args: &[&str],
+) -> Output {
+    let mut command = Command::new(bin("drover"));
+    command.args(["--server", server, "--token", token]);
+    if let Some(ca) = ca_file {
+        command.arg("--ca-file").arg(ca);
+    }
+    command
+        .args(args)
+        .env_remove("DROVER_CA_FILE")
+        .output()
+        .expect("run drover")
+}
+
+/// The operators' API over TLS: the CLI speaks https and pins the server's
+/// self-signed certificate with --ca-file; without it, or in clear, it gets
+/// nothing. Plain http is refused towards any other machine before a byte
+/// is sent, and `serve` refuses a plain-text API on a non-loopback address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let cert_path = dir.path().join("api.pem");
+    let key_path = dir.path().join("api.key");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
+    let cp = ControlPlane::start(&[
+        "--api-tls-cert",
+        cert_path.to_str().expect("utf-8"),
+        "--api-tls-key",
+        key_path.to_str().expect("utf-8"),
+    ]);
+    let port = cp.api.rsplit(':').next().expect("port").to_owned();
+    let https = format!("https://localhost:{port}");
+
+    std::fs::write(
+        dir.path().join("device.yaml"),
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: Device\nmetadata:\n  name: tls-api-1\nspec:\n  groups: [lab]\n",
+    )
+    .expect("manifest");
+    let manifest = dir.path().join("device.yaml");
+    let out = drover_at(
+        &https,
+        &cp.token,
+        Some(&cert_path),
+        &["apply", "-f", manifest.to_str().expect("utf-8")],
+    );
+    assert!(out.status.success(), "apply over https: {out:?}");
+    let out = drover_at(&https, &cp.token, Some(&cert_path), &["get", "devices"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("tls-api-1"),
+        "get over https: {out:?}"
+    );
+
+    // Not trusting the certificate: no answer, and the error says why.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let other_path = dir.path().join("other.pem");
+    std::fs::write(&other_path, other.cert.pem()).expect("write cert");
+    for ca in [None, Some(other_path.as_path())] {
+        let out = drover_at(&https, &cp.token, ca, &["get", "devices"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "an untrusted server answered: {out:?}"
+        );
+        assert!(
+            stderr.contains("cannot reach the control plane") && stderr.contains("certificate"),
+            "{stderr}"
+        );
+    }
+    // Plain http against the TLS port gets nothing.
+    let out = drover_at(
+        &format!("http://127.0.0.1:{port}"),
+        &cp.token,
+        None,
+        &["get", "devices"],
+    );
+    assert!(!out.status.success(), "{out:?}");
+
+    // The token is never sent in clear to another machine.
+    let started = std::time::Instant::now();
+    let out = drover_at(
+        "http://192.0.2.1:7180",
+        &cp.token,
+        None,
+        &["get", "devices"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("refusing to send the operator token in clear to 192.0.2.1"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "refused before connecting"
+    );
+
+    // And serve will not offer it in clear beyond loopback.
+    let data = dir.path().join("plain");
+    let mut serve = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run drover serve");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while serve.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = serve.kill();
+            panic!("serve started with a plain-text API on 0.0.0.0");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = serve.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refusing to serve the operators' API in clear on 0.0.0.0:0"),
+        "{stderr}"
+    );
+}

@@ -192,7 +192,9 @@ async fn a_device_token_opens_only_its_own_device() {
         "{reply}"
     );
     // The operator API needs the operator token.
-    let anonymous = reqwest::get(format!("{}/api/v1/devices", cp.api))
+    let anonymous = drover_tests::http_client()
+        .get(format!("{}/api/v1/devices", cp.api))
+        .send()
         .await
         .expect("get");
     assert_eq!(anonymous.status(), 401);

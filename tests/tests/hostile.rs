@@ -659,7 +659,7 @@ async fn api_call(
     path: &str,
     body: Vec<u8>,
 ) -> (u16, String) {
-    let client = reqwest::Client::new();
+    let client = drover_tests::http_client();
     let url = format!("{}/api/v1{path}", cp.api);
     let mut request = match method {
         "POST" => client.post(&url).body(body),
@@ -1369,6 +1369,17 @@ fn control_plane_files_table() {
             |d| std::fs::write(d.join("intent.key"), b"abcd").expect("write"),
             vec![],
             "is not an Ed25519 key",
+        ),
+        (
+            "an API certificate that is not there",
+            |_| {},
+            vec![
+                "--api-tls-cert",
+                "/nonexistent/api.pem",
+                "--api-tls-key",
+                "/nonexistent/api.key",
+            ],
+            "cannot read certificates from /nonexistent/api.pem",
         ),
         (
             "--token \"\"",

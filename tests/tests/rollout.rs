@@ -74,7 +74,7 @@ async fn specs_are_immutable_and_bad_runs_are_refused() {
             "spec": {"allowedGroups": groups, "targetSelector": selector, "deadlineSeconds": 600, "systemUpgradeV1": {}}
         })
     };
-    let http = reqwest::Client::new();
+    let http = drover_tests::http_client();
     let post = |body: serde_json::Value| {
         let request = http
             .post(format!("{}/api/v1/apply", cp.api))
