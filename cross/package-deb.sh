@@ -161,8 +161,10 @@ SCRIPT
 chmod 0755 "$pkg/DEBIAN/postinst" "$pkg/DEBIAN/postrm"
 control "$pkg" drover "fleet control plane and CLI for Drover agents" \
 " Plans and releases fleet tasks (full system upgrades) over Drover agents:
- frozen target plans, canary-first release, deadlines. Keeps its state in an
- embedded database, or in NATS JetStream for several replicas." ""
+ frozen target plans, canary-first release, deadlines; deployments with
+ concurrency limits, maintenance windows in each site's time zone and
+ retries. Keeps its state in an embedded database, or in NATS JetStream for
+ several replicas." ", tzdata"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$out/drover_${version}_${arch}.deb" >/dev/null
 
 ls -l "$out"/*_"${version}_${arch}".deb

@@ -16,6 +16,8 @@ need_apt=()
 for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
+# tzdata: maintenance windows in each site's time zone.
+[ -e /usr/share/zoneinfo/Europe/Sofia ] || need_apt+=(tzdata)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   # Mirrors sometimes serve a stale index; a failing update must not stop the install.
   apt-get update || true

@@ -1,6 +1,7 @@
 //! The operators' HTTP/JSON API under `/api/v1`, behind a bearer token.
 
 use crate::auth::Secrets;
+use crate::deployment::{DeploymentRecord, TargetEnd, TargetRecord};
 use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
@@ -66,6 +67,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/taskruns", get(list_runs))
         .route("/taskruns/{name}", get(get_run))
         .route("/taskruns/{name}/targets", get(run_targets))
+        .route("/deployments", get(list_deployments))
+        .route("/deployments/{name}", get(get_deployment))
+        .route("/deployments/{name}/targets", get(deployment_targets))
+        .route("/deployments/{name}/describe", get(describe_deployment))
+        .route("/deployments/{name}/add-new-devices", post(add_new_devices))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
@@ -262,23 +268,6 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
         manifest::parse(body).map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     match manifest {
         Manifest::TaskRun { name, spec } => {
-            let key = run_key(&name);
-            if let Some((_, existing)) = state.db.get::<TaskRunRecord>(&key).await? {
-                if existing.spec == spec {
-                    return Ok((
-                        StatusCode::OK,
-                        Json(
-                            json!({"kind": "TaskRun", "name": name, "result": "unchanged", "uid": existing.uid.to_string()}),
-                        ),
-                    ));
-                }
-                return Err(ApiError(
-                    StatusCode::CONFLICT,
-                    format!(
-                        "the spec of TaskRun {name} is immutable; apply a run with a new name instead"
-                    ),
-                ));
-            }
             let run = TaskRunRecord {
                 name: name.clone(),
                 uid: JobId::random(),
@@ -286,23 +275,11 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 spec,
                 status: RunStatus::planning(),
             };
-            match state.db.put(&key, &run, 0).await {
-                Ok(_) => {}
-                Err(DbError::Kv(e)) if e.is_conflict() => {
-                    return Err(ApiError(
-                        StatusCode::CONFLICT,
-                        format!("TaskRun {name} was created concurrently"),
-                    ));
-                }
-                Err(e) => return Err(e.into()),
-            }
+            let created =
+                create_immutable(state, "TaskRun", &run_key(&name), run, |r| (r.uid, &r.spec))
+                    .await?;
             state.engine_wake.notify_one();
-            Ok((
-                StatusCode::CREATED,
-                Json(
-                    json!({"kind": "TaskRun", "name": name, "result": "created", "uid": run.uid.to_string()}),
-                ),
-            ))
+            Ok(created)
         }
         Manifest::TaskSchedule { name, spec } => {
             let key = crate::records::schedule_key(&name);
@@ -344,6 +321,19 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 Json(json!({"kind": "TaskSchedule", "name": name, "result": result})),
             ))
         }
+        Manifest::Deployment { name, spec } => {
+            let deployment = DeploymentRecord {
+                name: name.clone(),
+                uid: JobId::random(),
+                created_at: Timestamp::now(),
+                spec,
+                add_requests: 0,
+                status: crate::deployment::DeploymentStatus::planning(),
+            };
+            // The store's change feed brings it to the engine.
+            let key = crate::records::deployment_key(&name);
+            create_immutable(state, "Deployment", &key, deployment, |d| (d.uid, &d.spec)).await
+        }
         Manifest::Device { id, labels, spec } => {
             let mut created = false;
             state
@@ -367,6 +357,54 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
             ))
         }
     }
+}
+
+/// Creates a resource whose spec never changes (a TaskRun, a Deployment):
+/// the same spec again is `unchanged`, another spec under the name is a 409.
+/// `identity` gives a record's uid and spec.
+async fn create_immutable<T, S>(
+    state: &ApiState,
+    kind: &str,
+    key: &str,
+    new: T,
+    identity: impl Fn(&T) -> (JobId, &S),
+) -> Result<(StatusCode, Json<Value>), ApiError>
+where
+    T: crate::stored::Record,
+    S: PartialEq,
+{
+    let name = key.split_once('/').map_or(key, |(_, n)| n);
+    if let Some((_, existing)) = state.db.get::<T>(key).await? {
+        let (uid, spec) = identity(&existing);
+        if spec == identity(&new).1 {
+            return Ok((
+                StatusCode::OK,
+                Json(
+                    json!({"kind": kind, "name": name, "result": "unchanged", "uid": uid.to_string()}),
+                ),
+            ));
+        }
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("the spec of {kind} {name} is immutable; apply one with a new name instead"),
+        ));
+    }
+    match state.db.put(key, &new, 0).await {
+        Ok(_) => {}
+        Err(DbError::Kv(e)) if e.is_conflict() => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("{kind} {name} was created concurrently"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({"kind": kind, "name": name, "result": "created", "uid": identity(&new).0.to_string()}),
+        ),
+    ))
 }
 
 async fn list_schedules(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
@@ -451,5 +489,215 @@ async fn run_targets(
     }
     Ok(Json(
         json!({"total": plan.len(), "offset": page.offset, "items": items}),
+    ))
+}
+
+async fn deployment(state: &ApiState, name: &str) -> Result<DeploymentRecord, ApiError> {
+    match state
+        .db
+        .get::<DeploymentRecord>(&crate::records::deployment_key(name))
+        .await?
+    {
+        Some((_, deployment)) => Ok(deployment),
+        None => Err(not_found(format!("Deployment {name}"))),
+    }
+}
+
+async fn list_deployments(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
+    let deployments = state.db.list::<DeploymentRecord>("deployments/").await?;
+    Ok(Json(
+        deployments
+            .iter()
+            .map(|(_, _, d)| manifest::render_deployment(d))
+            .collect(),
+    ))
+}
+
+async fn get_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(manifest::render_deployment(
+        &deployment(&state, &name).await?,
+    )))
+}
+
+/// A target's state as an operator reads it.
+fn target_state(target: &TargetRecord, job: Option<&JobDelivery>, now: Timestamp) -> &'static str {
+    match (target.end, target.job) {
+        (Some(TargetEnd::Succeeded { .. }), _) => "succeeded",
+        (Some(TargetEnd::Failed { .. }), _) => "failed",
+        (Some(TargetEnd::Expired { .. }), _) => "expired",
+        (None, None) if target.next_attempt_at.is_some_and(|at| at > now) => "waitingRetry",
+        (None, None) => "pending",
+        (None, Some(_)) => match job.map(|j| crate::engine::observe(j, now)) {
+            Some(crate::deployment::Observed::Running) => "running",
+            _ => "queued",
+        },
+    }
+}
+
+#[derive(Deserialize)]
+struct TargetPage {
+    #[serde(default)]
+    offset: usize,
+    limit: Option<usize>,
+    /// Only targets in this state (pending, waitingRetry, queued, running,
+    /// succeeded, failed, expired).
+    state: Option<String>,
+}
+
+/// One page of a deployment's targets with each one's attempt and state.
+async fn deployment_targets(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Query(page): Query<TargetPage>,
+) -> Result<Json<Value>, ApiError> {
+    let deployment = deployment(&state, &name).await?;
+    let targets = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?;
+    let now = Timestamp::now();
+    let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
+    let mut items = Vec::new();
+    let mut total = 0usize;
+    for (_, _, target) in &targets {
+        let job = match target.job {
+            Some(id) => state
+                .db
+                .get::<JobDelivery>(&job_key(&target.device, id))
+                .await?
+                .map(|(_, j)| j),
+            None => None,
+        };
+        let target_state = target_state(target, job.as_ref(), now);
+        if page.state.as_deref().is_some_and(|s| s != target_state) {
+            continue;
+        }
+        total += 1;
+        if total <= page.offset || items.len() >= limit {
+            continue;
+        }
+        items.push(json!({
+            "device": target.device,
+            "state": target_state,
+            "attempt": target.attempt,
+            "job": target.job.map(|j| j.to_string()),
+            "timeZone": target.time_zone,
+            "releasedAt": target.released_at.map(|t| t.to_string()),
+            "nextAttemptAt": target.next_attempt_at.map(|t| t.to_string()),
+            "lastError": target.last_error,
+            "status": job.as_ref().and_then(|j| j.status.as_ref()),
+        }));
+    }
+    Ok(Json(
+        json!({"total": total, "offset": page.offset, "items": items}),
+    ))
+}
+
+/// What an operator needs to judge a deployment: its counts, whether each
+/// site's window is open now, the latest errors, and the retries waiting.
+async fn describe_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let deployment = deployment(&state, &name).await?;
+    let targets = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?;
+    let now = Timestamp::now();
+    let mut zones: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut errors = Vec::new();
+    let mut waiting = Vec::new();
+    for (_, _, target) in &targets {
+        if target.end.is_none()
+            && let Some(window) = &deployment.spec.maintenance_window
+        {
+            let zone = target
+                .time_zone
+                .clone()
+                .unwrap_or_else(|| window.time_zone.clone());
+            *zones.entry(zone).or_default() += 1;
+        }
+        if let Some(error) = &target.last_error {
+            errors
+                .push(json!({"device": target.device, "attempt": target.attempt, "error": error}));
+        }
+        if target.end.is_none()
+            && target.job.is_none()
+            && let Some(at) = target.next_attempt_at
+            && at > now
+        {
+            waiting.push((at, target));
+        }
+    }
+    waiting.sort_by_key(|(at, _)| *at);
+    let windows: Vec<Value> = match &deployment.spec.maintenance_window {
+        None => Vec::new(),
+        Some(window) => zones
+            .iter()
+            .take(100)
+            .map(|(zone, count)| {
+                let tz = crate::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
+                json!({
+                    "timeZone": zone,
+                    "targets": count,
+                    "localTime": tz.to_datetime(now).strftime("%Y-%m-%d %H:%M").to_string(),
+                    "open": window.contains(&tz, now),
+                })
+            })
+            .collect(),
+    };
+    Ok(Json(json!({
+        "deployment": manifest::render_deployment(&deployment),
+        "windows": windows,
+        "latestErrors": errors.into_iter().take(10).collect::<Vec<_>>(),
+        "waitingRetry": waiting.iter().take(20).map(|(at, t)| json!({
+            "device": t.device,
+            "attempt": t.attempt,
+            "nextAttemptAt": at.to_string(),
+            "lastError": t.last_error,
+        })).collect::<Vec<_>>(),
+        "waitingRetryTotal": waiting.len(),
+    })))
+}
+
+/// "Add new devices": the engine runs the deployment's targeting again and
+/// adds the devices that match now and are not targets yet.
+async fn add_new_devices(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let key = crate::records::deployment_key(&name);
+    let mut refused = None;
+    let updated = state
+        .db
+        .update::<DeploymentRecord, _>(&key, |current| {
+            let mut deployment = current?;
+            if deployment.status.phase.is_terminal() {
+                refused = Some(format!(
+                    "Deployment {name} has finished ({:?}); new devices cannot join it",
+                    deployment.status.phase
+                ));
+                return None;
+            }
+            deployment.add_requests += 1;
+            Some(deployment)
+        })
+        .await?;
+    if let Some(refused) = refused {
+        return Err(ApiError(StatusCode::CONFLICT, refused));
+    }
+    let Some(deployment) = updated else {
+        return Err(not_found(format!("Deployment {name}")));
+    };
+    // The store's change feed brings the request to the engine.
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            json!({"kind": "Deployment", "name": name, "result": "add-new-devices requested", "request": deployment.add_requests}),
+        ),
     ))
 }

@@ -67,16 +67,28 @@ impl ApiClient {
         Ok(body)
     }
 
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+    async fn send_get(&self, path: &str) -> Result<reqwest::Response> {
         let url = format!("{}/api/v1{path}", self.base);
-        let response = self
-            .http
+        self.http
             .get(&url)
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+            .with_context(|| format!("cannot reach the control plane at {}", self.base))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self.send_get(path).await?;
         Ok(serde_json::from_value(Self::check(response).await?)?)
+    }
+
+    /// Like [`ApiClient::get`], with None when the resource does not exist.
+    pub async fn get_optional<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>> {
+        let response = self.send_get(path).await?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::from_value(Self::check(response).await?)?))
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {

@@ -56,9 +56,67 @@ pub struct Live {
 pub struct Presence {
     /// A std Mutex: nothing awaits while it is held.
     live: Mutex<HashMap<DeviceId, Live>>,
+    /// Devices whose agent said hello since the engine last looked: a
+    /// deployment with a pending target there passes at once.
+    arrivals: Mutex<Arrivals>,
+    arrived: tokio::sync::Notify,
 }
 
+#[derive(Default)]
+struct Arrivals {
+    devices: Vec<DeviceId>,
+    /// More arrived than are kept: every deployment should pass.
+    overflow: bool,
+}
+
+/// Arrivals kept between two looks of the engine.
+const MAX_ARRIVALS: usize = 65_536;
+
+/// How long a device counts as online after it was last seen (its stored
+/// last-seen time is refreshed every [`PRESENCE_PERSIST`]).
+pub const ONLINE_WINDOW: SignedDuration = SignedDuration::from_secs(2 * 300 + 60);
+
 impl Presence {
+    /// Whether the device is online: connected to this replica and seen
+    /// lately, or (when another replica holds it) seen lately as stored.
+    pub fn online(
+        &self,
+        device: &DeviceId,
+        stored_last_seen: Option<Timestamp>,
+        now: Timestamp,
+    ) -> bool {
+        let recent = |seen: Timestamp| now.duration_since(seen) <= ONLINE_WINDOW;
+        match self.get(device) {
+            Some(live) => live.connected && recent(live.last_seen),
+            None => stored_last_seen.is_some_and(recent),
+        }
+    }
+
+    fn arrive(&self, device: &DeviceId) {
+        {
+            let mut arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+            if arrivals.devices.len() < MAX_ARRIVALS {
+                arrivals.devices.push(device.clone());
+            } else {
+                arrivals.overflow = true;
+            }
+        }
+        self.arrived.notify_one();
+    }
+
+    /// Resolves when a device arrived (see [`Presence::take_arrivals`]).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await
+    }
+
+    /// The devices that arrived since the last call; `true` when more did
+    /// than were kept.
+    pub fn take_arrivals(&self) -> (Vec<DeviceId>, bool) {
+        let mut arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = std::mem::take(&mut *arrivals);
+        (taken.devices, taken.overflow)
+    }
+
     pub fn get(&self, device: &DeviceId) -> Option<Live> {
         self.live
             .lock()
@@ -1113,6 +1171,7 @@ impl Dispatcher {
             job.delivery = delivery;
             effects.extend(these.into_iter().map(|e| (key.clone(), e)));
         }
+        self.presence.arrive(device);
         info!(device = %device, transport, held = hello.held.len(), "agent connected");
         Ok((Answer::Stored, keys, effects))
     }

@@ -7,7 +7,7 @@
 //! connection. Every write is a compare-and-set, so a pass that loses a race
 //! simply leaves the work to the next pass.
 
-use crate::dispatch::Released;
+use crate::dispatch::{Presence, Released};
 use crate::placement;
 use crate::records::{
     Db, DbError, Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget,
@@ -38,6 +38,15 @@ const INTAKE_WAIT: Duration = Duration::from_secs(60);
 /// A plan claim older than this is taken over by another planner.
 const PLAN_CLAIM_TTL: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
+#[path = "deploy_engine.rs"]
+mod deployments;
+pub use deployments::observe;
+
+/// Ticks between two passes over every deployment in view (30 s at the
+/// default pass interval of 1 s); results, arrivals and due retries pass
+/// sooner.
+const DEPLOYMENT_TICKS: u64 = 30;
+
 /// An unfinished run as the engine keeps it between passes.
 struct RunView {
     uid: JobId,
@@ -60,6 +69,9 @@ pub struct Engine {
     released: Option<Released>,
     /// An async Mutex: passes await the store while they hold it.
     views: Mutex<Views>,
+    deployments: Mutex<deployments::DeploymentViews>,
+    /// Who is online, and who just arrived (None in tests without links).
+    presence: Option<Arc<Presence>>,
 }
 
 impl Engine {
@@ -70,7 +82,16 @@ impl Engine {
             wake,
             released,
             views: Mutex::new(Views::default()),
+            deployments: Mutex::new(Default::default()),
+            presence: None,
         }
+    }
+
+    /// Judges who is online by `presence`, and passes over a deployment as
+    /// soon as a device with a pending target arrives.
+    pub fn with_presence(mut self, presence: Arc<Presence>) -> Self {
+        self.presence = Some(presence);
+        self
     }
 
     /// Passes whenever the store says something changed, every `interval`
@@ -94,8 +115,14 @@ impl Engine {
             _ = shutdown.cancelled() => return,
         }
         let mut tick = tokio::time::interval(interval);
+        let mut ticks = 0u64;
         let mut full = true;
         let mut dirty: HashSet<String> = HashSet::new();
+        let presence = self.presence.clone();
+        let arrived = async || match &presence {
+            Some(presence) => presence.arrived().await,
+            None => std::future::pending().await,
+        };
         loop {
             let now = Timestamp::now();
             let result = if full {
@@ -113,6 +140,23 @@ impl Engine {
                     // Deadlines: every unfinished run is looked at.
                     dirty.extend(self.views.lock().await.runs.keys().cloned());
                     dirty.insert(String::new());
+                    ticks += 1;
+                    if ticks.is_multiple_of(DEPLOYMENT_TICKS) {
+                        dirty.extend(self.viewed_deployments().await);
+                        dirty.insert(deployments::DIRTY_PLANNING.to_owned());
+                    } else {
+                        dirty.extend(self.due_deployments(now).await);
+                    }
+                }
+                _ = arrived() => {
+                    if let Some(presence) = &presence {
+                        let (devices, overflow) = presence.take_arrivals();
+                        if overflow {
+                            dirty.extend(self.viewed_deployments().await);
+                        } else {
+                            dirty.extend(self.deployments_of(&devices).await);
+                        }
+                    }
                 }
                 _ = self.wake.notified() => full = true,
                 change = feed.recv() => match change {
@@ -143,6 +187,14 @@ impl Engine {
         changes: Vec<crate::store::Change>,
         dirty: &mut HashSet<String>,
     ) -> Result<(), DbError> {
+        for change in &changes {
+            if ["deployments/", "targets/", "jobs/", "devices/"]
+                .iter()
+                .any(|prefix| change.key.starts_with(prefix))
+            {
+                self.route_deployment(change, dirty).await?;
+            }
+        }
         let mut views = self.views.lock().await;
         let mut devices_changed = false;
         for change in changes {
@@ -190,7 +242,7 @@ impl Engine {
         if let Err(e) = self.schedules(now).await {
             warn!(error = %e, "cannot look at the schedules; trying again on the next pass");
         }
-        let names: HashSet<String> = {
+        let mut names: HashSet<String> = {
             let mut views = self.views.lock().await;
             *views = Views::default();
             self.db
@@ -201,12 +253,27 @@ impl Engine {
                 .map(|(_, _, run)| run.name)
                 .collect()
         };
+        names.extend(self.all_deployments().await?);
         self.pass(names, now).await
     }
 
     /// Passes over the named runs; the empty name stands for runs still
     /// planning, whose views do not exist yet.
     async fn pass(&self, mut names: HashSet<String>, now: Timestamp) -> Result<(), DbError> {
+        if names.remove(deployments::DIRTY_PLANNING) {
+            names.extend(self.planning_deployments().await?);
+        }
+        let deployment_names: Vec<String> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix(deployments::DIRTY).map(str::to_owned))
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.retain(|n| !n.starts_with(deployments::DIRTY));
+        for name in deployment_names {
+            if let Err(e) = self.pass_deployment(&name, now).await {
+                warn!(deployment = %name, error = %e, "cannot advance deployment");
+            }
+        }
         if names.remove("") {
             if let Err(e) = self.schedules(now).await {
                 warn!(error = %e, "cannot look at the schedules; trying again on the next pass");

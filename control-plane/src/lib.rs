@@ -9,6 +9,7 @@ pub mod auth;
 pub mod client;
 pub mod delivery;
 pub mod demo;
+pub mod deployment;
 pub mod dispatch;
 pub mod engine;
 pub mod manifest;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use drover::client::ApiClient;
 use drover::records::DeviceRecord;
 use drover::serve::{self, ServeOptions};
+use drover::watch::printable;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -125,7 +126,8 @@ enum Command {
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
     },
-    /// Show devices, taskruns, one taskrun, taskschedules, or one taskschedule.
+    /// Show devices, taskruns, one taskrun, taskschedules, one taskschedule,
+    /// deployments or one deployment.
     Get {
         #[arg(value_enum)]
         resource: Resource,
@@ -133,10 +135,24 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Follow task runs.
+    /// Follow task runs and deployments.
     Runs {
         #[command(subcommand)]
         command: RunsCommand,
+    },
+    /// Show one resource in detail: a deployment's counts, each site's
+    /// window now, its latest errors and the retries waiting.
+    Describe {
+        #[arg(value_enum)]
+        resource: Described,
+        name: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Act on deployments.
+    Deployments {
+        #[command(subcommand)]
+        command: DeploymentsCommand,
     },
     /// Print the bearer token a device's agent uses.
     Token { device: String },
@@ -237,7 +253,8 @@ impl NatsArgs {
 
 #[derive(Subcommand)]
 enum RunsCommand {
-    /// A live progress bar of a run until it finishes.
+    /// A live progress bar of a task run or a deployment until it finishes
+    /// (NAME, or deployment/NAME, taskrun/NAME).
     Watch { name: String },
 }
 
@@ -254,6 +271,20 @@ enum Resource {
     Taskrun,
     Taskschedules,
     Taskschedule,
+    Deployments,
+    Deployment,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Described {
+    Deployment,
+}
+
+#[derive(Subcommand)]
+enum DeploymentsCommand {
+    /// Run a deployment's targeting again and add the devices that match
+    /// now and are not targets yet (within its 20,000 targets).
+    AddNewDevices { name: String },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -405,6 +436,20 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         print_schedules(&schedules);
                     }
                 }
+                Resource::Deployments | Resource::Deployment => {
+                    let deployments: Vec<Value> = match (resource, name) {
+                        (Resource::Deployment, Some(name)) => {
+                            vec![api.get(&format!("/deployments/{name}")).await?]
+                        }
+                        (Resource::Deployment, None) => bail!("drover get deployment NAME"),
+                        _ => api.get("/deployments").await?,
+                    };
+                    if *output == Output::Json {
+                        out!("{}", serde_json::to_string_pretty(&deployments)?);
+                    } else {
+                        print_deployments(&deployments);
+                    }
+                }
                 Resource::Taskrun => {
                     let Some(name) = name else {
                         bail!("drover get taskrun NAME")
@@ -491,6 +536,36 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             out!("{}", signer.public_key());
             Ok(0)
         }
+        Command::Describe {
+            resource: Described::Deployment,
+            name,
+            output,
+        } => {
+            let described: Value = client(&cli)?
+                .get(&format!("/deployments/{name}/describe"))
+                .await?;
+            if *output == Output::Json {
+                out!("{}", serde_json::to_string_pretty(&described)?);
+            } else {
+                print_described_deployment(&described);
+            }
+            Ok(0)
+        }
+        Command::Deployments {
+            command: DeploymentsCommand::AddNewDevices { name },
+        } => {
+            let answer = client(&cli)?
+                .post(
+                    &format!("/deployments/{name}/add-new-devices"),
+                    &Value::Null,
+                )
+                .await?;
+            out!(
+                "deployment/{name} {}",
+                answer["result"].as_str().unwrap_or("?")
+            );
+            Ok(0)
+        }
         Command::Runs {
             command: RunsCommand::Watch { name },
         } => {
@@ -572,20 +647,6 @@ fn print_devices(devices: &[DeviceRecord]) {
     }
 }
 
-/// Text a device or an old record supplied, with control and
-/// bidirectional characters escaped, so nothing reaches the terminal raw.
-fn printable(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() || drover::dispatch::is_bidi_override(c) {
-                c.escape_unicode().collect::<Vec<char>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
-
 fn print_schedules(schedules: &[Value]) {
     out!(
         "{:<24} {:<22} {:<9} {:<21} {:<21} {:<28} SKIPPED",
@@ -656,5 +717,113 @@ fn print_runs(runs: &[Value]) {
             s["failed"],
             s["reason"].as_str().unwrap_or("")
         );
+    }
+}
+
+fn print_deployments(deployments: &[Value]) {
+    out!(
+        "{:<24} {:<9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>9} {:>6} {:>7}  REASON",
+        "NAME",
+        "PHASE",
+        "TARGETS",
+        "EXCLUDED",
+        "PENDING",
+        "QUEUED",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "EXPIRED"
+    );
+    for deployment in deployments {
+        let s = &deployment["status"];
+        out!(
+            "{:<24} {:<9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>9} {:>6} {:>7}  {}",
+            deployment["metadata"]["name"].as_str().unwrap_or("?"),
+            s["phase"].as_str().unwrap_or("?"),
+            s["targets"],
+            s["excludedCount"],
+            s["pending"],
+            s["queued"],
+            s["running"],
+            s["succeeded"],
+            s["failed"],
+            s["expired"],
+            s["reason"].as_str().unwrap_or("")
+        );
+    }
+}
+
+fn print_described_deployment(described: &Value) {
+    let deployment = &described["deployment"];
+    print_deployments(std::slice::from_ref(deployment));
+    let spec = &deployment["spec"];
+    let status = &deployment["status"];
+    out!("");
+    out!(
+        "max concurrency {}, retries {} (backoff {}s, doubling), deadline {}s",
+        spec["maxConcurrency"],
+        spec["retries"],
+        spec["retryBackoffSeconds"],
+        spec["deadlineSeconds"]
+    );
+    match spec["maintenanceWindow"].as_object() {
+        Some(window) => {
+            out!(
+                "maintenance window {}-{} in each site's time zone (default {})",
+                window["start"].as_str().unwrap_or("?"),
+                window["end"].as_str().unwrap_or("?"),
+                window["timeZone"].as_str().unwrap_or("?")
+            );
+            for zone in described["windows"].as_array().into_iter().flatten() {
+                out!(
+                    "  {:<32} {:>6} targets  local {}  {}",
+                    zone["timeZone"].as_str().unwrap_or("?"),
+                    zone["targets"],
+                    zone["localTime"].as_str().unwrap_or("?"),
+                    if zone["open"] == true {
+                        "open"
+                    } else {
+                        "closed"
+                    }
+                );
+            }
+        }
+        None => out!("no maintenance window: targets are released at any time"),
+    }
+    if let Some(error) = status["latestError"].as_str() {
+        out!("latest error: {}", printable(error));
+    }
+    let errors = described["latestErrors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !errors.is_empty() {
+        out!("errors:");
+        for e in errors {
+            out!(
+                "  {:<24} attempt {:<3} {}",
+                e["device"].as_str().unwrap_or("?"),
+                e["attempt"],
+                printable(e["error"].as_str().unwrap_or(""))
+            );
+        }
+    }
+    let waiting = described["waitingRetry"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !waiting.is_empty() {
+        out!(
+            "waiting for a retry ({} in all):",
+            described["waitingRetryTotal"]
+        );
+        for w in waiting {
+            out!(
+                "  {:<24} attempt {:<3} at {}",
+                w["device"].as_str().unwrap_or("?"),
+                w["attempt"].as_u64().unwrap_or(0) + 1,
+                w["nextAttemptAt"].as_str().unwrap_or("?")
+            );
+        }
     }
 }

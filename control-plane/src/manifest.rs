@@ -26,6 +26,10 @@ pub enum Manifest {
         name: String,
         spec: crate::schedule::ScheduleSpec,
     },
+    Deployment {
+        name: String,
+        spec: crate::deployment::DeploymentSpec,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -192,6 +196,267 @@ fn contains_key(value: &serde_json::Value, key: &str) -> bool {
     }
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireDeploymentSpec {
+    targets: WireTargets,
+    system_upgrade_v1: Option<Empty>,
+    inventory_refresh_v1: Option<Empty>,
+    package_install_v1: Option<serde_json::Value>,
+    max_concurrency: u32,
+    #[serde(default)]
+    maintenance_window: Option<WireWindow>,
+    #[serde(default)]
+    retries: u32,
+    #[serde(default = "default_backoff")]
+    retry_backoff_seconds: u64,
+    deadline_seconds: u64,
+}
+
+fn default_backoff() -> u64 {
+    300
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireTargets {
+    #[serde(default)]
+    all: bool,
+    devices: Option<Vec<String>>,
+    filter: Option<WireFilter>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireFilter {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireWindow {
+    start: String,
+    end: String,
+    #[serde(default)]
+    time_zone: Option<String>,
+}
+
+/// Longest backoff an operator may give a first retry: one day.
+pub const MAX_RETRY_BACKOFF_SECONDS: u64 = 24 * 3600;
+
+fn parse_deployment_spec(
+    value: serde_json::Value,
+) -> Result<crate::deployment::DeploymentSpec, String> {
+    use crate::deployment::{
+        DeploymentJob, DeploymentSpec, DeviceFilter, MAX_RETRIES, MAX_TARGETS, Targeting, Window,
+    };
+    let wire: WireDeploymentSpec =
+        serde_json::from_value(value).map_err(|e| format!("invalid Deployment spec: {e}"))?;
+    let mut problems = Vec::new();
+    let chosen = [
+        wire.targets.all,
+        wire.targets.devices.is_some(),
+        wire.targets.filter.is_some(),
+    ]
+    .iter()
+    .filter(|c| **c)
+    .count();
+    let targets = if chosen != 1 {
+        problems.push(
+            "spec.targets needs exactly one of `all: true`, `devices: [...]` or `filter: {...}`"
+                .into(),
+        );
+        Targeting::All
+    } else if let Some(devices) = wire.targets.devices {
+        if devices.is_empty() || devices.len() > MAX_TARGETS {
+            problems.push(format!(
+                "spec.targets.devices lists 1 to {MAX_TARGETS} devices"
+            ));
+        }
+        let mut ids = Vec::with_capacity(devices.len());
+        let mut seen = std::collections::HashSet::new();
+        for device in devices {
+            match DeviceId::new(device.clone()) {
+                Ok(id) if seen.insert(id.clone()) => ids.push(id),
+                Ok(_) => problems.push(format!(
+                    "spec.targets.devices lists {} twice",
+                    shorten(&device)
+                )),
+                Err(e) => problems.push(format!("spec.targets.devices: {e}")),
+            }
+            if problems.len() > 10 {
+                break;
+            }
+        }
+        Targeting::Devices(ids)
+    } else if let Some(filter) = wire.targets.filter {
+        check_labels(
+            "spec.targets.filter.matchLabels",
+            &filter.match_labels,
+            &mut problems,
+        );
+        check_groups("spec.targets.filter.groups", &filter.groups, &mut problems);
+        if filter.match_labels.is_empty() && filter.groups.is_empty() {
+            problems.push(
+                "spec.targets.filter is empty; give matchLabels or groups, or say `all: true`"
+                    .into(),
+            );
+        }
+        Targeting::Filter(DeviceFilter {
+            match_labels: filter.match_labels,
+            groups: filter.groups,
+        })
+    } else {
+        Targeting::All
+    };
+    if wire.package_install_v1.is_some() {
+        problems.push(
+            "spec.packageInstallV1: package deployments need the package store, which this control plane does not have yet"
+                .into(),
+        );
+    }
+    let job = match (wire.system_upgrade_v1, wire.inventory_refresh_v1) {
+        (Some(_), None) => DeploymentJob::SystemUpgradeV1,
+        (None, Some(_)) => DeploymentJob::InventoryRefreshV1,
+        _ => {
+            problems.push(
+                "spec needs exactly one job: systemUpgradeV1: {} or inventoryRefreshV1: {}".into(),
+            );
+            DeploymentJob::SystemUpgradeV1
+        }
+    };
+    if wire.max_concurrency == 0 || wire.max_concurrency as usize > MAX_TARGETS {
+        problems.push(format!(
+            "spec.maxConcurrency must be between 1 and {MAX_TARGETS}"
+        ));
+    }
+    if wire.retries > MAX_RETRIES {
+        problems.push(format!("spec.retries must be at most {MAX_RETRIES}"));
+    }
+    if wire.retry_backoff_seconds == 0 || wire.retry_backoff_seconds > MAX_RETRY_BACKOFF_SECONDS {
+        problems.push(format!(
+            "spec.retryBackoffSeconds must be between 1 and {MAX_RETRY_BACKOFF_SECONDS}"
+        ));
+    }
+    if wire.deadline_seconds == 0 || wire.deadline_seconds > MAX_DEADLINE_SECONDS {
+        problems.push(format!(
+            "spec.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
+        ));
+    }
+    let maintenance_window = match wire.maintenance_window {
+        None => None,
+        Some(window) => {
+            let start = crate::deployment::parse_minute(&window.start);
+            let end = crate::deployment::parse_minute(&window.end);
+            let zone = window.time_zone.unwrap_or_else(|| "UTC".into());
+            if start.is_none() || end.is_none() {
+                problems.push(format!(
+                    "spec.maintenanceWindow start and end are HH:MM (24-hour), got {:?} and {:?}",
+                    shorten(&window.start),
+                    shorten(&window.end)
+                ));
+            } else if start == end {
+                problems.push(
+                    "spec.maintenanceWindow is empty (start equals end); leave it out to allow any time"
+                        .into(),
+                );
+            }
+            if crate::deployment::time_zone(&zone).is_none() {
+                problems.push(format!(
+                    "spec.maintenanceWindow.timeZone {:?} is not in this machine's time zone database",
+                    shorten(&zone)
+                ));
+            }
+            Some(Window {
+                start_minute: start.unwrap_or(0),
+                end_minute: end.unwrap_or(0),
+                time_zone: zone,
+            })
+        }
+    };
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(DeploymentSpec {
+        targets,
+        job,
+        max_concurrency: wire.max_concurrency,
+        maintenance_window,
+        retries: wire.retries,
+        retry_backoff_seconds: wire.retry_backoff_seconds,
+        deadline_seconds: wire.deadline_seconds,
+    })
+}
+
+/// A deployment's spec as an operator wrote it.
+fn render_deployment_spec(spec: &crate::deployment::DeploymentSpec) -> serde_json::Value {
+    use crate::deployment::{DeploymentJob, Targeting};
+    let targets = match &spec.targets {
+        Targeting::All => serde_json::json!({"all": true}),
+        Targeting::Devices(devices) => serde_json::json!({ "devices": devices }),
+        Targeting::Filter(filter) => serde_json::json!({
+            "filter": {"matchLabels": filter.match_labels, "groups": filter.groups}
+        }),
+    };
+    let mut rendered = serde_json::json!({
+        "targets": targets,
+        "maxConcurrency": spec.max_concurrency,
+        "retries": spec.retries,
+        "retryBackoffSeconds": spec.retry_backoff_seconds,
+        "deadlineSeconds": spec.deadline_seconds,
+    });
+    let job = match spec.job {
+        DeploymentJob::SystemUpgradeV1 => "systemUpgradeV1",
+        DeploymentJob::InventoryRefreshV1 => "inventoryRefreshV1",
+    };
+    rendered[job] = serde_json::json!({});
+    if let Some(window) = &spec.maintenance_window {
+        rendered["maintenanceWindow"] = serde_json::json!({
+            "start": crate::deployment::format_minute(window.start_minute),
+            "end": crate::deployment::format_minute(window.end_minute),
+            "timeZone": window.time_zone,
+        });
+    }
+    rendered
+}
+
+/// A deployment as the API shows it: the manifest with its status.
+pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> serde_json::Value {
+    let status = &deployment.status;
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment.name,
+            "uid": deployment.uid.to_string(),
+            "creationTimestamp": deployment.created_at.to_string(),
+        },
+        "spec": render_deployment_spec(&deployment.spec),
+        "status": {
+            "phase": status.phase,
+            "reason": status.reason,
+            "targets": status.targets,
+            "excludedCount": status.excluded,
+            "pending": status.counts.pending,
+            "waitingRetry": status.counts.waiting_retry,
+            "queued": status.counts.queued,
+            "running": status.counts.running,
+            "succeeded": status.counts.succeeded,
+            "failed": status.counts.failed,
+            "expired": status.counts.expired,
+            "startTime": status.start_time.map(|t| t.to_string()),
+            "completionTime": status.completion_time.map(|t| t.to_string()),
+            "nextRetryAt": status.next_retry_at.map(|t| t.to_string()),
+            "latestError": status.latest_error,
+            "addNewDevicesRequests": deployment.add_requests,
+            "addNewDevicesHandled": status.add_requests_handled,
+        },
+    })
+}
+
 /// A TaskRun spec (of a run, or of a schedule's template) at `path`.
 fn parse_run_spec(value: serde_json::Value, path: &str) -> Result<TaskRunSpec, String> {
     let wire: WireTaskRunSpec = serde_json::from_value(value)
@@ -289,6 +554,19 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 },
             })
         }
+        "Deployment" => {
+            if !valid_name(&raw.metadata.name) {
+                return Err(format!(
+                    "metadata.name {:?} must be 1 to 63 of [a-z0-9-], starting and ending alphanumeric",
+                    raw.metadata.name
+                ));
+            }
+            let spec = parse_deployment_spec(raw.spec)?;
+            Ok(Manifest::Deployment {
+                name: raw.metadata.name,
+                spec,
+            })
+        }
         "Device" => {
             let id = DeviceId::new(raw.metadata.name).map_err(|e| e.to_string())?;
             let spec: DeviceSpec = serde_json::from_value(raw.spec)
@@ -310,6 +588,12 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                     "spec.timeZone {:?} is not an IANA time zone name (such as Europe/Sofia)",
                     shorten(zone)
                 ));
+            } else if let Some(zone) = &spec.time_zone
+                && crate::deployment::time_zone(zone).is_none()
+            {
+                problems.push(format!(
+                    "spec.timeZone {zone:?} is not in this machine's time zone database (tzdata)"
+                ));
             }
             if !problems.is_empty() {
                 return Err(problems.join("; "));
@@ -321,7 +605,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             })
         }
         other => Err(format!(
-            "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule and Device"
+            "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule, Deployment and Device"
         )),
     }
 }
@@ -448,6 +732,177 @@ mod tests {
             &|v| v["metadata"]["name"] = serde_json::json!("Bad_Name"),
             Err("metadata.name"),
         );
+    }
+
+    fn deployment() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Deployment",
+            "metadata": {"name": "night-upgrade"},
+            "spec": {
+                "targets": {"filter": {"matchLabels": {"site": "sofia"}, "groups": ["production"]}},
+                "systemUpgradeV1": {},
+                "maxConcurrency": 100,
+                "maintenanceWindow": {"start": "22:00", "end": "05:00", "timeZone": "Europe/Sofia"},
+                "retries": 2,
+                "retryBackoffSeconds": 600,
+                "deadlineSeconds": 604800
+            }
+        })
+    }
+
+    #[test]
+    fn deployments_parse_and_render_back() {
+        let manifest = parse(deployment()).expect("deployment");
+        let Manifest::Deployment { name, spec } = manifest else {
+            panic!("{manifest:?}")
+        };
+        assert_eq!(name, "night-upgrade");
+        let window = spec.maintenance_window.clone().expect("window");
+        assert_eq!((window.start_minute, window.end_minute), (22 * 60, 5 * 60));
+        let record = crate::deployment::DeploymentRecord {
+            name,
+            uid: agent_core::JobId::random(),
+            created_at: jiff::Timestamp::UNIX_EPOCH,
+            spec,
+            add_requests: 0,
+            status: crate::deployment::DeploymentStatus::planning(),
+        };
+        let rendered = render_deployment(&record);
+        assert_eq!(
+            rendered["spec"],
+            deployment()["spec"],
+            "what was applied reads back"
+        );
+    }
+
+    #[test]
+    fn bad_deployments_are_refused_with_what_is_wrong() {
+        type Edit = fn(&mut serde_json::Value);
+        let cases: Vec<(&str, Edit, &str)> = vec![
+            (
+                "two targetings",
+                |v| v["spec"]["targets"]["all"] = true.into(),
+                "exactly one of",
+            ),
+            (
+                "no targeting",
+                |v| v["spec"]["targets"] = serde_json::json!({}),
+                "exactly one of",
+            ),
+            (
+                "an empty filter",
+                |v| v["spec"]["targets"] = serde_json::json!({"filter": {}}),
+                "filter is empty",
+            ),
+            (
+                "a bad label",
+                |v| v["spec"]["targets"]["filter"]["matchLabels"] = serde_json::json!({"a b": "c"}),
+                "matchLabels",
+            ),
+            (
+                "a bad device id",
+                |v| v["spec"]["targets"] = serde_json::json!({"devices": ["Not Valid"]}),
+                "spec.targets.devices",
+            ),
+            (
+                "a device twice",
+                |v| v["spec"]["targets"] = serde_json::json!({"devices": ["a", "a"]}),
+                "twice",
+            ),
+            (
+                "no devices",
+                |v| v["spec"]["targets"] = serde_json::json!({"devices": []}),
+                "1 to 20000",
+            ),
+            (
+                "two jobs",
+                |v| v["spec"]["inventoryRefreshV1"] = serde_json::json!({}),
+                "exactly one job",
+            ),
+            (
+                "no job",
+                |v| {
+                    v["spec"]
+                        .as_object_mut()
+                        .expect("spec")
+                        .remove("systemUpgradeV1");
+                },
+                "exactly one job",
+            ),
+            (
+                "upgrade parameters",
+                |v| v["spec"]["systemUpgradeV1"] = serde_json::json!({"packages": ["x"]}),
+                "unknown field",
+            ),
+            (
+                "package installs",
+                |v| v["spec"]["packageInstallV1"] = serde_json::json!({"package": "x"}),
+                "package store",
+            ),
+            (
+                "zero concurrency",
+                |v| v["spec"]["maxConcurrency"] = 0.into(),
+                "maxConcurrency",
+            ),
+            (
+                "too much concurrency",
+                |v| v["spec"]["maxConcurrency"] = 20_001.into(),
+                "maxConcurrency",
+            ),
+            (
+                "too many retries",
+                |v| v["spec"]["retries"] = 21.into(),
+                "retries",
+            ),
+            (
+                "a zero backoff",
+                |v| v["spec"]["retryBackoffSeconds"] = 0.into(),
+                "retryBackoffSeconds",
+            ),
+            (
+                "no deadline",
+                |v| v["spec"]["deadlineSeconds"] = 0.into(),
+                "deadlineSeconds",
+            ),
+            (
+                "a window hour 24",
+                |v| v["spec"]["maintenanceWindow"]["start"] = "24:00".into(),
+                "HH:MM",
+            ),
+            (
+                "a window in words",
+                |v| v["spec"]["maintenanceWindow"]["end"] = "late".into(),
+                "HH:MM",
+            ),
+            (
+                "an empty window",
+                |v| v["spec"]["maintenanceWindow"]["end"] = "22:00".into(),
+                "empty",
+            ),
+            (
+                "an unknown zone",
+                |v| v["spec"]["maintenanceWindow"]["timeZone"] = "Mars/Olympus".into(),
+                "time zone database",
+            ),
+            (
+                "an unknown field",
+                |v| v["spec"]["canaryFirst"] = true.into(),
+                "unknown field",
+            ),
+            (
+                "a bad name",
+                |v| v["metadata"]["name"] = "Night_Upgrade".into(),
+                "metadata.name",
+            ),
+        ];
+        for (what, edit, fragment) in cases {
+            let mut value = deployment();
+            edit(&mut value);
+            match parse(value) {
+                Ok(m) => panic!("{what}: accepted {m:?}"),
+                Err(e) => assert!(e.contains(fragment), "{what}: {e}"),
+            }
+        }
     }
 
     #[test]

@@ -232,6 +232,15 @@ pub fn run_key(name: &str) -> String {
 pub fn schedule_key(name: &str) -> String {
     format!("schedules/{name}")
 }
+pub fn deployment_key(name: &str) -> String {
+    format!("deployments/{name}")
+}
+pub fn target_key(deployment: JobId, device: &DeviceId) -> String {
+    format!("targets/{deployment}/{device}")
+}
+pub fn targets_prefix(deployment: JobId) -> String {
+    format!("targets/{deployment}/")
+}
 pub fn plan_key(uid: JobId, index: u32) -> String {
     format!("plans/{uid}/{index:06}")
 }

@@ -86,8 +86,10 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (released_tx, released) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
-    let engine = Arc::new(Engine::new(db.clone(), wake.clone(), Some(released_tx)));
     let presence = Arc::new(Presence::default());
+    let engine = Arc::new(
+        Engine::new(db.clone(), wake.clone(), Some(released_tx)).with_presence(presence.clone()),
+    );
 
     let websocket = WsLinks::new(events_tx.clone());
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];

@@ -41,7 +41,9 @@ one_layout!(
     PlanHeader,
     Vec<PlanTarget>,
     u64,
-    crate::schedule::TaskScheduleRecord
+    crate::schedule::TaskScheduleRecord,
+    crate::deployment::DeploymentRecord,
+    crate::deployment::TargetRecord
 );
 
 /// A job record as stored: V1 until the control plane recorded its own
@@ -171,5 +173,42 @@ mod tests {
             .expect("plan chunk V1");
         assert_eq!(chunk[0].device.as_str(), "pi-kitchen");
         assert!(chunk[0].canary);
+    }
+
+    /// A deployment and one of its targets as first stored.
+    #[test]
+    fn deployment_records_decode_from_their_v1_bytes() {
+        use crate::deployment::{DeploymentJob, DeploymentRecord, TargetRecord, Targeting};
+        let deployment =
+            DeploymentRecord::from_bytes(&hex(include_str!("fixtures/deployment_v1.hex")))
+                .expect("deployment V1");
+        assert_eq!(deployment.name, "night-upgrade");
+        assert_eq!(deployment.spec.job, DeploymentJob::SystemUpgradeV1);
+        assert_eq!(deployment.spec.max_concurrency, 100);
+        assert_eq!(deployment.spec.retries, 2);
+        assert!(
+            matches!(&deployment.spec.targets, Targeting::Filter(f) if f.groups == ["production"])
+        );
+        let window = deployment.spec.maintenance_window.as_ref().expect("window");
+        assert_eq!(window.time_zone, "Europe/Sofia");
+        assert_eq!(window.start_minute, 22 * 60);
+        assert_eq!(deployment.add_requests, 1);
+        assert_eq!(deployment.status.phase, crate::records::Phase::Running);
+        assert_eq!(deployment.status.counts.succeeded, 1);
+        assert_eq!(deployment.status.excluded, 1);
+        let target = TargetRecord::from_bytes(&hex(include_str!("fixtures/target_v1.hex")))
+            .expect("target V1");
+        assert_eq!(target.device.as_str(), "pi-2");
+        assert_eq!(target.attempt, 2);
+        assert_eq!(
+            target.job,
+            Some(crate::deployment::attempt_job_id(
+                deployment.uid,
+                &target.device,
+                2
+            ))
+        );
+        assert_eq!(target.time_zone.as_deref(), Some("Europe/Sofia"));
+        assert!(target.running_since.is_some() && target.end.is_none());
     }
 }

@@ -1,5 +1,6 @@
-//! `drover runs watch NAME`: a live progress bar of a run's counts until it
-//! finishes. Exits non-zero unless the run is Complete.
+//! `drover runs watch NAME`: a live progress bar of a task run's or a
+//! deployment's counts until it finishes. Exits non-zero unless it is
+//! Complete.
 
 use crate::client::ApiClient;
 use agent_core::out;
@@ -8,38 +9,96 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use std::time::Duration;
 
+/// Follows the task run or deployment `name` (`deployment/NAME` or
+/// `taskrun/NAME` to say which; a bare name is a task run if one exists).
 pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
+    let (path, name) = match name.split_once('/') {
+        Some(("deployment" | "deployments", name)) => (format!("/deployments/{name}"), name),
+        Some(("taskrun" | "taskruns", name)) => (format!("/taskruns/{name}"), name),
+        Some((kind, _)) => anyhow::bail!("cannot watch a {kind}; watch a taskrun or a deployment"),
+        None => {
+            if client
+                .get_optional::<Value>(&format!("/taskruns/{name}"))
+                .await?
+                .is_some()
+            {
+                (format!("/taskruns/{name}"), name)
+            } else if client
+                .get_optional::<Value>(&format!("/deployments/{name}"))
+                .await?
+                .is_some()
+            {
+                (format!("/deployments/{name}"), name)
+            } else {
+                anyhow::bail!("no task run or deployment named {name}");
+            }
+        }
+    };
+    let deployment = path.starts_with("/deployments/");
     let bar = ProgressBar::new(0);
+    let template = if deployment {
+        "{spinner} {prefix} [{bar:30}] {pos}/{len} ended  {msg}"
+    } else {
+        "{spinner} {prefix} [{bar:30}] {pos}/{len} done  {msg}"
+    };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} done  {msg}")
+        ProgressStyle::with_template(template)
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
     bar.set_prefix(name.to_owned());
     loop {
-        let run: Value = client.get(&format!("/taskruns/{name}")).await?;
-        let status = &run["status"];
+        let resource: Value = client.get(&path).await?;
+        let status = &resource["status"];
         let count = |k: &str| status[k].as_u64().unwrap_or(0);
-        bar.set_length(count("targets"));
-        bar.set_position(count("succeeded") + count("failed"));
         let phase = status["phase"].as_str().unwrap_or("?");
-        bar.set_message(format!(
-            "{phase}: {} released, {} succeeded, {} failed",
-            count("released"),
-            count("succeeded"),
-            count("failed")
-        ));
+        bar.set_length(count("targets"));
+        if deployment {
+            bar.set_position(count("succeeded") + count("failed") + count("expired"));
+            bar.set_message(format!(
+                "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired",
+                count("pending"),
+                count("waitingRetry"),
+                count("queued"),
+                count("running"),
+                count("succeeded"),
+                count("failed"),
+                count("expired")
+            ));
+        } else {
+            bar.set_position(count("succeeded") + count("failed"));
+            bar.set_message(format!(
+                "{phase}: {} released, {} succeeded, {} failed",
+                count("released"),
+                count("succeeded"),
+                count("failed")
+            ));
+        }
         if phase == "Complete" || phase == "Failed" {
             bar.finish();
             if let Some(reason) = status["reason"].as_str() {
                 out!("reason: {reason}");
             }
             if let Some(error) = status["latestError"].as_str() {
-                out!("latest error: {error}");
+                out!("latest error: {}", printable(error));
             }
             return Ok(phase == "Complete");
         }
         bar.tick();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Text a device or an old record supplied, with control and
+/// bidirectional characters escaped, so nothing reaches the terminal raw.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() || crate::dispatch::is_bidi_override(c) {
+                c.escape_unicode().collect::<Vec<char>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }

@@ -932,16 +932,19 @@ async fn control_plane_sessions_table() {
         );
         assert!(closed(&mut ws).await, "{what}: the session ends");
     }
-    // One session per device: the newest replaces the older ones.
-    let mut sessions = Vec::new();
-    for _ in 0..20 {
-        let mut ws = connect_as(&cp, "se-1", &own).await.expect("connect");
-        ws.send(hello("se-1")).await.expect("hello");
-        sessions.push(ws);
-    }
-    let mut newest = sessions.pop().expect("newest");
-    for (i, ws) in sessions.iter_mut().enumerate() {
-        assert!(closed(ws).await, "older session {i} was closed");
+    // One session per device: each new one replaces the one before. (Each
+    // is opened once the one before it is registered: sessions that say
+    // hello at the same moment are ordered by the server, not the client.)
+    let mut newest = connect_as(&cp, "se-1", &own).await.expect("connect");
+    newest.send(hello("se-1")).await.expect("hello");
+    for i in 0..20 {
+        let mut next = connect_as(&cp, "se-1", &own).await.expect("connect");
+        next.send(hello("se-1")).await.expect("hello");
+        assert!(
+            closed(&mut newest).await,
+            "session {i} was closed by the next"
+        );
+        newest = next;
     }
     cp.apply_upgrade_run("se-run", "se", 600).await;
     let job = next_json(&mut newest, Duration::from_secs(15))

@@ -1,0 +1,754 @@
+//! The engine's deployment side: materialises a deployment's targets once,
+//! then passes over them with the pure [`deployment::decide`], writes what
+//! it decided and hands the new jobs to the delivery core, as the run side
+//! does. A view of each unfinished deployment (its targets and what their
+//! current jobs are doing) is kept in memory and updated from the store's
+//! change feed, so a pass reads nothing from the store but the deployment's
+//! own record.
+//!
+//! One pass at a time per deployment, across replicas: a pass that has
+//! something to write first takes a lease on the deployment record (a
+//! compare-and-set), writes, then stores the status and drops the lease in
+//! one more compare-and-set. Another replica skips a leased deployment; its
+//! change feed, ordered like the store, brings it the leaseholder's writes
+//! before the record that ends the lease. Job ids are derived from
+//! (deployment, device, attempt), so a release repeated after a crash
+//! creates the same job, once.
+
+use super::Engine;
+use crate::deployment::{
+    self, DeploymentRecord, Lease, MAX_TARGETS, Observed, Selection, TargetInput, TargetRecord,
+};
+use crate::records::{
+    Db, DbError, Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, device_key, job_key,
+    target_key, targets_prefix,
+};
+use crate::store::{Change, Op};
+use agent_core::model::{Intent, JobState};
+use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
+use jiff::{SignedDuration, Timestamp};
+use std::collections::{HashMap, HashSet};
+use tracing::{info, warn};
+
+/// Prefix of a deployment's name in the engine's set of dirty work.
+pub(super) const DIRTY: &str = "deployment:";
+/// The dirty-set entry for deployments still materialising.
+pub(super) const DIRTY_PLANNING: &str = "deployment:";
+/// How long a pass may hold a deployment before another replica takes over.
+const LEASE: SignedDuration = SignedDuration::from_secs(30);
+/// Target records written per commit when a deployment starts.
+const TARGET_CHUNK: usize = 1000;
+
+/// An unfinished deployment as the engine keeps it between passes.
+pub(super) struct DeploymentView {
+    uid: JobId,
+    targets: Vec<TargetRecord>,
+    revisions: Vec<u64>,
+    index: HashMap<DeviceId, usize>,
+    /// What each target's current job is doing (None: no job out, or its
+    /// record is not there yet).
+    jobs: Vec<Option<Observed>>,
+    /// The device's stored last-seen time (for devices on other replicas).
+    last_seen: Vec<Option<Timestamp>>,
+    /// When a pass is next due without any change: a retry's backoff ends,
+    /// a running attempt times out, or the deployment expires.
+    next_due: Option<Timestamp>,
+}
+
+#[derive(Default)]
+pub(super) struct DeploymentViews {
+    by_name: HashMap<String, DeploymentView>,
+    by_uid: HashMap<JobId, String>,
+    /// The current attempt's job of every target in a view.
+    by_job: HashMap<JobId, (String, usize)>,
+    /// The unfinished deployments each device is a target of.
+    by_device: HashMap<DeviceId, Vec<String>>,
+}
+
+impl DeploymentViews {
+    fn forget(&mut self, name: &str) {
+        let Some(view) = self.by_name.remove(name) else {
+            return;
+        };
+        self.by_uid.remove(&view.uid);
+        for target in &view.targets {
+            if let Some(job) = target.job {
+                self.by_job.remove(&job);
+            }
+            if let Some(names) = self.by_device.get_mut(&target.device) {
+                names.retain(|n| n != name);
+                if names.is_empty() {
+                    self.by_device.remove(&target.device);
+                }
+            }
+        }
+    }
+
+    /// Records a target's new state in the view, keeping the job index.
+    fn set_target(&mut self, name: &str, index: usize, record: TargetRecord, revision: u64) {
+        let Some(view) = self.by_name.get_mut(name) else {
+            return;
+        };
+        let old_job = view.targets[index].job;
+        if old_job != record.job {
+            if let Some(old) = old_job {
+                self.by_job.remove(&old);
+            }
+            if let Some(new) = record.job {
+                self.by_job.insert(new, (name.to_owned(), index));
+            }
+            view.jobs[index] = None;
+        }
+        view.targets[index] = record;
+        view.revisions[index] = revision;
+    }
+
+    fn add_target(
+        &mut self,
+        name: &str,
+        record: TargetRecord,
+        revision: u64,
+        last_seen: Option<Timestamp>,
+    ) {
+        let Some(view) = self.by_name.get_mut(name) else {
+            return;
+        };
+        if view.index.contains_key(&record.device) {
+            return;
+        }
+        let index = view.targets.len();
+        view.index.insert(record.device.clone(), index);
+        self.by_device
+            .entry(record.device.clone())
+            .or_default()
+            .push(name.to_owned());
+        if let Some(job) = record.job {
+            self.by_job.insert(job, (name.to_owned(), index));
+        }
+        view.targets.push(record);
+        view.revisions.push(revision);
+        view.jobs.push(None);
+        view.last_seen.push(last_seen);
+    }
+}
+
+/// What a job's record says its attempt is doing.
+pub fn observe(job: &JobDelivery, now: Timestamp) -> Observed {
+    // The control plane's receive time decides (A12); `now` stands in for a
+    // record from before it was kept.
+    let received = job.terminal_received_at.unwrap_or(now);
+    let Some(status) = &job.status else {
+        return match job.delivery {
+            Delivery::Expired { at } => Observed::Failed {
+                at,
+                error: "the intent expired before the device took it".into(),
+            },
+            _ => Observed::Queued,
+        };
+    };
+    match status.state {
+        JobState::Succeeded if status.completion_heartbeat_at.is_some() => {
+            Observed::Succeeded { at: received }
+        }
+        JobState::Succeeded | JobState::Running | JobState::AwaitingReboot => Observed::Running,
+        JobState::Accepted | JobState::Waiting => Observed::Queued,
+        JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {
+            Observed::Failed {
+                at: received,
+                error: status
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| format!("{:?}", status.state)),
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Follows one stored change that may concern a deployment.
+    pub(super) async fn route_deployment(
+        &self,
+        change: &Change,
+        dirty: &mut HashSet<String>,
+    ) -> Result<(), DbError> {
+        let key = change.key.as_str();
+        if let Some(name) = key.strip_prefix("deployments/") {
+            dirty.insert(format!("{DIRTY}{name}"));
+            return Ok(());
+        }
+        let mut views = self.deployments.lock().await;
+        if let Some(rest) = key.strip_prefix("targets/") {
+            let Some((uid, device)) = rest.split_once('/') else {
+                return Ok(());
+            };
+            let (Ok(uid), Ok(device)) = (uid.parse::<JobId>(), DeviceId::new(device)) else {
+                return Ok(());
+            };
+            let Some(name) = views.by_uid.get(&uid).cloned() else {
+                return Ok(());
+            };
+            let Some(view) = views.by_name.get(&name) else {
+                return Ok(());
+            };
+            match view.index.get(&device) {
+                Some(&index) if change.revision <= view.revisions[index] => {}
+                Some(&index) => {
+                    if let Some((revision, record)) = self.db.get::<TargetRecord>(key).await? {
+                        views.set_target(&name, index, record, revision);
+                        dirty.insert(format!("{DIRTY}{name}"));
+                    }
+                }
+                None => {
+                    // Added by another replica ("add new devices").
+                    if let Some((revision, record)) = self.db.get::<TargetRecord>(key).await? {
+                        views.add_target(&name, record, revision, None);
+                        dirty.insert(format!("{DIRTY}{name}"));
+                    }
+                }
+            }
+        } else if let Some(rest) = key.strip_prefix("jobs/") {
+            let Some((_, job)) = rest.split_once('/') else {
+                return Ok(());
+            };
+            let Ok(job) = job.parse::<JobId>() else {
+                return Ok(());
+            };
+            let Some((name, index)) = views.by_job.get(&job).cloned() else {
+                return Ok(());
+            };
+            let record = self.db.get::<JobDelivery>(key).await?;
+            if let Some(view) = views.by_name.get_mut(&name) {
+                view.jobs[index] = record.map(|(_, j)| observe(&j, Timestamp::now()));
+                dirty.insert(format!("{DIRTY}{name}"));
+            }
+        } else if let Some(device) = key.strip_prefix("devices/") {
+            let Ok(device) = DeviceId::new(device) else {
+                return Ok(());
+            };
+            let Some(names) = views.by_device.get(&device).cloned() else {
+                return Ok(());
+            };
+            let seen = self
+                .db
+                .get::<DeviceRecord>(key)
+                .await?
+                .and_then(|(_, d)| d.last_seen);
+            for name in names {
+                if let Some(view) = views.by_name.get_mut(&name)
+                    && let Some(&index) = view.index.get(&device)
+                {
+                    view.last_seen[index] = seen;
+                    if view.targets[index].job.is_none() && view.targets[index].end.is_none() {
+                        dirty.insert(format!("{DIRTY}{name}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every unfinished deployment, views forgotten (a full pass).
+    pub(super) async fn all_deployments(&self) -> Result<Vec<String>, DbError> {
+        *self.deployments.lock().await = DeploymentViews::default();
+        Ok(self
+            .db
+            .list::<DeploymentRecord>("deployments/")
+            .await?
+            .into_iter()
+            .filter(|(_, _, d)| !d.status.phase.is_terminal())
+            .map(|(_, _, d)| format!("{DIRTY}{}", d.name))
+            .collect())
+    }
+
+    /// The deployments in view, to pass over on a tick.
+    pub(super) async fn viewed_deployments(&self) -> Vec<String> {
+        let views = self.deployments.lock().await;
+        views
+            .by_name
+            .keys()
+            .map(|name| format!("{DIRTY}{name}"))
+            .collect()
+    }
+
+    /// Deployments in view whose next due moment has come.
+    pub(super) async fn due_deployments(&self, now: Timestamp) -> Vec<String> {
+        let views = self.deployments.lock().await;
+        views
+            .by_name
+            .iter()
+            .filter(|(_, view)| view.next_due.is_some_and(|due| due <= now))
+            .map(|(name, _)| format!("{DIRTY}{name}"))
+            .collect()
+    }
+
+    /// Deployments with a pending target on a device that just arrived.
+    pub(super) async fn deployments_of(&self, devices: &[DeviceId]) -> Vec<String> {
+        let views = self.deployments.lock().await;
+        let mut names = HashSet::new();
+        for device in devices {
+            for name in views.by_device.get(device).into_iter().flatten() {
+                if let Some(view) = views.by_name.get(name)
+                    && let Some(&index) = view.index.get(device)
+                    && view.targets[index].job.is_none()
+                    && view.targets[index].end.is_none()
+                {
+                    names.insert(format!("{DIRTY}{name}"));
+                }
+            }
+        }
+        names.into_iter().collect()
+    }
+
+    /// Deployments still materialising (no view exists for them yet).
+    pub(super) async fn planning_deployments(&self) -> Result<Vec<String>, DbError> {
+        Ok(self
+            .db
+            .list::<DeploymentRecord>("deployments/")
+            .await?
+            .into_iter()
+            .filter(|(_, _, d)| d.status.phase == Phase::Planning)
+            .map(|(_, _, d)| format!("{DIRTY}{}", d.name))
+            .collect())
+    }
+
+    fn online(&self, device: &DeviceId, stored: Option<Timestamp>, now: Timestamp) -> bool {
+        match &self.presence {
+            Some(presence) => presence.online(device, stored, now),
+            None => stored
+                .is_some_and(|seen| now.duration_since(seen) <= crate::dispatch::ONLINE_WINDOW),
+        }
+    }
+
+    /// Takes the deployment's lease (a compare-and-set on its record), unless
+    /// another replica holds it. Returns the record's new revision.
+    async fn lease(
+        &self,
+        revision: u64,
+        record: &DeploymentRecord,
+        now: Timestamp,
+    ) -> Result<Option<u64>, DbError> {
+        if let Some(lease) = &record.status.lease
+            && lease.holder != self.id
+            && lease.until > now
+        {
+            return Ok(None);
+        }
+        let mut leased = record.clone();
+        leased.status.lease = Some(Lease {
+            holder: self.id.clone(),
+            until: now + LEASE,
+        });
+        match self
+            .db
+            .put(&deployment_key(&record.name), &leased, revision)
+            .await
+        {
+            Ok(revision) => Ok(Some(revision)),
+            // Changed meanwhile; the change feed brings it and a new pass.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stores the deployment's new status and ends the lease.
+    async fn release_lease(
+        &self,
+        revision: u64,
+        mut record: DeploymentRecord,
+    ) -> Result<(), DbError> {
+        record.status.lease = None;
+        match self
+            .db
+            .put(&deployment_key(&record.name), &record, revision)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // The lease ran out and another replica went on; its pass stands.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn pass_deployment(&self, name: &str, now: Timestamp) -> Result<(), DbError> {
+        let Some((revision, record)) = self
+            .db
+            .get::<DeploymentRecord>(&deployment_key(name))
+            .await?
+        else {
+            self.deployments.lock().await.forget(name);
+            return Ok(());
+        };
+        match record.status.phase {
+            Phase::Complete | Phase::Failed => {
+                self.deployments.lock().await.forget(name);
+                Ok(())
+            }
+            Phase::Planning => self.materialise(revision, record, now).await,
+            Phase::Running => self.advance_deployment(revision, record, now).await,
+        }
+    }
+
+    /// The targets of `record`'s spec among the registered devices, and how
+    /// many matched but were left out.
+    async fn select_targets(
+        &self,
+        record: &DeploymentRecord,
+    ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, u32), DbError> {
+        let devices = self.db.list::<DeviceRecord>("devices/").await?;
+        let mut targets = Vec::new();
+        let mut excluded = 0u32;
+        let mut registered = HashSet::new();
+        for (_, _, device) in devices {
+            registered.insert(device.id.clone());
+            match deployment::select(&record.spec.targets, &device) {
+                Selection::Target => {
+                    let zone = match device.time_zone {
+                        Some(zone) if deployment::time_zone(&zone).is_some() => Some(zone),
+                        Some(zone) => {
+                            warn!(deployment = %record.name, device = %device.id, %zone,
+                                "unknown time zone; the window's own is used");
+                            None
+                        }
+                        None => None,
+                    };
+                    targets.push((TargetRecord::new(device.id, zone), device.last_seen));
+                }
+                Selection::Excluded => excluded += 1,
+                Selection::NotSelected => {}
+            }
+        }
+        if let deployment::Targeting::Devices(list) = &record.spec.targets {
+            excluded += list.iter().filter(|d| !registered.contains(*d)).count() as u32;
+        }
+        Ok((targets, excluded))
+    }
+
+    /// Planning -> Running: writes the target records (create-only, so a
+    /// second try after a crash keeps the first), then the counts.
+    async fn materialise(
+        &self,
+        revision: u64,
+        record: DeploymentRecord,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let Some(leased) = self.lease(revision, &record, now).await? else {
+            return Ok(());
+        };
+        let (targets, excluded) = self.select_targets(&record).await?;
+        let mut done = record.clone();
+        let status = &mut done.status;
+        status.excluded = excluded;
+        status.start_time = Some(now);
+        if targets.len() > MAX_TARGETS {
+            status.phase = Phase::Failed;
+            status.reason = Some("TooManyTargets".into());
+            status.completion_time = Some(now);
+            status.latest_error = Some(format!(
+                "too_many_targets: {} devices match; a deployment has at most {MAX_TARGETS} targets",
+                targets.len()
+            ));
+        } else if targets.is_empty() {
+            status.phase = Phase::Failed;
+            status.reason = Some("NoTargets".into());
+            status.completion_time = Some(now);
+            status.latest_error = Some(format!(
+                "no device with an agent matches the targets ({excluded} matching devices excluded)"
+            ));
+        } else {
+            for chunk in targets.chunks(TARGET_CHUNK) {
+                let mut ops = Vec::with_capacity(chunk.len());
+                for (target, _) in chunk {
+                    ops.push(Op::Put {
+                        key: target_key(record.uid, &target.device),
+                        value: Db::encode(target)?,
+                        expected: 0,
+                    });
+                }
+                for result in self.db.commit(ops).await? {
+                    match result {
+                        Ok(_) => {}
+                        // Written by an earlier try of this start.
+                        Err(e) if e.is_conflict() => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            status.phase = Phase::Running;
+            status.targets = targets.len() as u32;
+            status.counts = deployment::Counts {
+                pending: targets.len() as u32,
+                ..Default::default()
+            };
+        }
+        info!(deployment = %record.name, targets = targets.len(), excluded, phase = ?done.status.phase,
+            "deployment started");
+        self.release_lease(leased, done).await
+    }
+
+    /// Builds the view of a running deployment from its stored targets.
+    async fn load_deployment_view(
+        &self,
+        record: &DeploymentRecord,
+    ) -> Result<DeploymentView, DbError> {
+        let stored = self
+            .db
+            .list::<TargetRecord>(&targets_prefix(record.uid))
+            .await?;
+        let mut view = DeploymentView {
+            uid: record.uid,
+            targets: Vec::with_capacity(stored.len()),
+            revisions: Vec::with_capacity(stored.len()),
+            index: HashMap::with_capacity(stored.len()),
+            jobs: Vec::with_capacity(stored.len()),
+            last_seen: Vec::with_capacity(stored.len()),
+            next_due: None,
+        };
+        let now = Timestamp::now();
+        for (_, revision, target) in stored {
+            let job = match target.job {
+                Some(job) => self
+                    .db
+                    .get::<JobDelivery>(&job_key(&target.device, job))
+                    .await?
+                    .map(|(_, j)| observe(&j, now)),
+                None => None,
+            };
+            let seen = self
+                .db
+                .get::<DeviceRecord>(&device_key(&target.device))
+                .await?
+                .and_then(|(_, d)| d.last_seen);
+            view.index.insert(target.device.clone(), view.targets.len());
+            view.targets.push(target);
+            view.revisions.push(revision);
+            view.jobs.push(job);
+            view.last_seen.push(seen);
+        }
+        Ok(view)
+    }
+
+    async fn advance_deployment(
+        &self,
+        revision: u64,
+        record: DeploymentRecord,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let name = record.name.clone();
+        let mut views = self.deployments.lock().await;
+        if !views.by_name.contains_key(&name) {
+            let view = self.load_deployment_view(&record).await?;
+            views.by_uid.insert(view.uid, name.clone());
+            for (index, target) in view.targets.iter().enumerate() {
+                if let Some(job) = target.job {
+                    views.by_job.insert(job, (name.clone(), index));
+                }
+                if target.end.is_none() {
+                    views
+                        .by_device
+                        .entry(target.device.clone())
+                        .or_default()
+                        .push(name.clone());
+                }
+            }
+            views.by_name.insert(name.clone(), view);
+        }
+
+        // "Add new devices": the filter again, for devices not yet targets.
+        let mut adds: Vec<(TargetRecord, Option<Timestamp>)> = Vec::new();
+        let mut add_error = None;
+        let handling_adds = record.add_requests > record.status.add_requests_handled;
+        if handling_adds {
+            let (selected, _) = self.select_targets(&record).await?;
+            let view = views.by_name.get(&name).expect("loaded above");
+            adds = selected
+                .into_iter()
+                .filter(|(t, _)| !view.index.contains_key(&t.device))
+                .collect();
+            if view.targets.len() + adds.len() > MAX_TARGETS {
+                add_error = Some(format!(
+                    "too_many_targets: adding {} new devices would make {} targets; at most {MAX_TARGETS}",
+                    adds.len(),
+                    view.targets.len() + adds.len()
+                ));
+                adds.clear();
+            }
+        }
+
+        let view = views.by_name.get(&name).expect("loaded above");
+        let inputs: Vec<TargetInput> = view
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, target)| TargetInput {
+                record: target,
+                job: target.job.and(view.jobs[i].clone()),
+                online: self.online(&target.device, view.last_seen[i], now),
+            })
+            .collect();
+        let decision = deployment::decide(&record.facts(), &inputs, now);
+        drop(inputs);
+        let deadline = record.facts().deadline();
+        let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
+            + deployment::RUNNING_GRACE;
+        let next_due = view
+            .targets
+            .iter()
+            .filter(|t| t.end.is_none())
+            .filter_map(|t| t.running_since.map(|since| since + timeout))
+            .chain(decision.next_retry_at)
+            .chain((deadline > now).then_some(deadline))
+            .min();
+
+        let mut status = record.status.clone();
+        status.lease = None;
+        status.counts = decision.counts;
+        status.counts.pending += adds.len() as u32;
+        status.targets = status.counts.total();
+        status.next_retry_at = decision.next_retry_at;
+        if let Some(error) = decision.latest_error.clone().or(add_error) {
+            status.latest_error = Some(bounded(error, MAX_ERROR_BYTES));
+        }
+        if handling_adds {
+            status.add_requests_handled = record.add_requests;
+        }
+        if decision.finished && adds.is_empty() {
+            let c = &status.counts;
+            status.phase = if c.failed == 0 && c.expired == 0 {
+                Phase::Complete
+            } else {
+                Phase::Failed
+            };
+            status.reason = Some(
+                if c.failed == 0 && c.expired == 0 {
+                    "AllTargetsSucceeded"
+                } else if c.failed == 0 {
+                    "Expired"
+                } else {
+                    "TargetsFailed"
+                }
+                .into(),
+            );
+            status.completion_time = Some(now);
+        }
+        let mut unleased = record.status.clone();
+        unleased.lease = None;
+        if decision.changes.is_empty() && adds.is_empty() && status == unleased {
+            if let Some(view) = views.by_name.get_mut(&name) {
+                view.next_due = next_due;
+            }
+            return Ok(());
+        }
+        let Some(leased) = self.lease(revision, &record, now).await? else {
+            return Ok(());
+        };
+
+        // Jobs first, then the targets that name them: a crash in between
+        // leaves a job the next pass releases again under the same id.
+        let mut ops = Vec::new();
+        let mut job_keys = Vec::new();
+        for &index in &decision.released {
+            let target = decision
+                .changes
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map(|(_, t)| t)
+                .expect("a released target changed");
+            let job_id = target.job.expect("a released target has a job");
+            let job = JobDelivery {
+                intent: Intent {
+                    job_id,
+                    device_id: target.device.clone(),
+                    kind: record.spec.job.kind(),
+                    attempt: target.attempt,
+                    created_at: now,
+                    expires_at: record.facts().deadline(),
+                    timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
+                },
+                run: Some(format!("deployment/{name}")),
+                delivery: Delivery::Created,
+                status: None,
+                created_at: now,
+                terminal_received_at: None,
+            };
+            let key = job_key(&target.device, job_id);
+            ops.push(Op::Put {
+                key: key.clone(),
+                value: Db::encode(&job)?,
+                expected: 0,
+            });
+            job_keys.push(key);
+        }
+        let jobs = ops.len();
+        for (index, target) in &decision.changes {
+            ops.push(Op::Put {
+                key: target_key(record.uid, &target.device),
+                value: Db::encode(target)?,
+                expected: view.revisions[*index],
+            });
+        }
+        for (target, _) in &adds {
+            ops.push(Op::Put {
+                key: target_key(record.uid, &target.device),
+                value: Db::encode(target)?,
+                expected: 0,
+            });
+        }
+        let results = self.db.commit(ops).await?;
+        let mut results = results.into_iter();
+        let mut released_keys = Vec::new();
+        for key in job_keys {
+            match results.next() {
+                Some(Ok(_)) => released_keys.push(key),
+                // Created by an earlier try of this release.
+                Some(Err(e)) if e.is_conflict() => released_keys.push(key),
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        debug_assert_eq!(released_keys.len(), jobs);
+        let mut stale = false;
+        for (index, target) in decision.changes {
+            match results.next() {
+                Some(Ok(revision)) => views.set_target(&name, index, target, revision),
+                Some(Err(e)) if e.is_conflict() => stale = true,
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        for (target, seen) in adds {
+            match results.next() {
+                Some(Ok(revision)) => {
+                    views.add_target(&name, target, revision, seen);
+                }
+                Some(Err(e)) if e.is_conflict() => stale = true,
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        if let Some(view) = views.by_name.get_mut(&name) {
+            view.next_due = next_due;
+        }
+        if stale {
+            // Someone else wrote a target: reload the view on the next pass.
+            warn!(deployment = %name, "targets changed under the pass; reloading");
+            views.forget(&name);
+        }
+        let finished = status.phase.is_terminal();
+        if finished {
+            views.forget(&name);
+        }
+        drop(views);
+        if !released_keys.is_empty() {
+            info!(deployment = %name, released = released_keys.len(), "deployment released jobs");
+            if let Some(released) = &self.released {
+                let _ = released.send(released_keys);
+            }
+        }
+        if finished {
+            info!(deployment = %name, phase = ?status.phase, reason = ?status.reason, "deployment finished");
+        }
+        let mut done = record;
+        done.status = status;
+        self.release_lease(leased, done).await
+    }
+}

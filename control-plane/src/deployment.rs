@@ -1,0 +1,568 @@
+//! Deployments (the jobs seed): one kind of job fanned out over a set of
+//! targets materialised once at start, released within a concurrency limit,
+//! inside each device's maintenance window in its site's time zone, with
+//! retries after an exponential backoff. Every attempt is a new job.
+//!
+//! This module is the pure part: the spec, the stored target, the window,
+//! and [`decide`], one pass over (targets, now) with the clock injected. The
+//! engine (`deploy_engine.rs`) reads and writes; the delivery core carries
+//! the jobs it creates, as it does a task run's.
+
+use agent_core::model::JobKind;
+use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
+use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Upper bound of one deployment's targets (`too_many_targets` beyond).
+pub const MAX_TARGETS: usize = 20_000;
+/// Upper bound of retries after the first attempt.
+pub const MAX_RETRIES: u32 = 20;
+/// Longest backoff one retry waits, however many attempts came before.
+pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_hours(7 * 24);
+/// A started job times out this long after its own timeout (the jobs seed:
+/// `timeout_seconds + 5 minutes` after its start).
+pub const RUNNING_GRACE: SignedDuration = SignedDuration::from_mins(5);
+/// The job budget copied into each intent (the updater's package job).
+pub const JOB_TIMEOUT_SECONDS: u32 = 1500;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentSpec {
+    pub targets: Targeting,
+    pub job: DeploymentJob,
+    /// Targets queued or running at once.
+    pub max_concurrency: u32,
+    pub maintenance_window: Option<Window>,
+    /// Attempts after the first one fails or times out.
+    pub retries: u32,
+    /// The wait before retry n is `retry_backoff_seconds × 2^(n-1)`.
+    pub retry_backoff_seconds: u64,
+    /// The deployment expires this long after it started: pending and queued
+    /// targets expire then, and no attempt starts after it.
+    pub deadline_seconds: u64,
+}
+
+/// Which devices a deployment targets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Targeting {
+    All,
+    Devices(Vec<DeviceId>),
+    Filter(DeviceFilter),
+}
+
+/// Devices carrying every one of `match_labels` and, when `groups` is not
+/// empty, at least one of `groups`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceFilter {
+    pub match_labels: BTreeMap<String, String>,
+    pub groups: Vec<String>,
+}
+
+/// The job every target runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeploymentJob {
+    SystemUpgradeV1,
+    InventoryRefreshV1,
+}
+
+impl DeploymentJob {
+    pub fn kind(self) -> JobKind {
+        match self {
+            DeploymentJob::SystemUpgradeV1 => JobKind::system_upgrade(),
+            DeploymentJob::InventoryRefreshV1 => JobKind::inventory_refresh(),
+        }
+    }
+}
+
+/// A daily maintenance window in local time, `[start, end)` in minutes after
+/// midnight; `start > end` crosses midnight. `time_zone` is used for devices
+/// whose site has none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Window {
+    pub start_minute: u16,
+    pub end_minute: u16,
+    pub time_zone: String,
+}
+
+impl Window {
+    /// Whether `now` falls in the window on the wall clock of `zone`. Local
+    /// times a DST change skips are never in it; local times it repeats are
+    /// in it both times.
+    pub fn contains(&self, zone: &TimeZone, now: Timestamp) -> bool {
+        let time = zone.to_datetime(now).time();
+        let minute = time.hour() as u16 * 60 + time.minute() as u16;
+        if self.start_minute < self.end_minute {
+            self.start_minute <= minute && minute < self.end_minute
+        } else {
+            minute >= self.start_minute || minute < self.end_minute
+        }
+    }
+}
+
+/// "HH:MM" to minutes after midnight.
+pub fn parse_minute(text: &str) -> Option<u16> {
+    let (h, m) = text.split_once(':')?;
+    if h.len() != 2 || m.len() != 2 {
+        return None;
+    }
+    let (h, m): (u16, u16) = (h.parse().ok()?, m.parse().ok()?);
+    (h < 24 && m < 60).then_some(h * 60 + m)
+}
+
+pub fn format_minute(minute: u16) -> String {
+    format!("{:02}:{:02}", minute / 60, minute % 60)
+}
+
+/// Looks a zone up in the system's tz database (tzdata).
+pub fn time_zone(name: &str) -> Option<TimeZone> {
+    if name == "UTC" {
+        return Some(TimeZone::UTC);
+    }
+    TimeZone::get(name).ok()
+}
+
+/// A deployment as stored (`deployments/<name>`): the immutable spec, the
+/// operator's requests, and the status the engine recomputes from the
+/// targets at every pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentRecord {
+    pub name: String,
+    /// Names the deployment's targets and derives its jobs' ids.
+    pub uid: JobId,
+    pub created_at: Timestamp,
+    pub spec: DeploymentSpec,
+    /// "Add new devices" requests so far (the API counts them up).
+    pub add_requests: u32,
+    pub status: DeploymentStatus,
+}
+
+impl DeploymentRecord {
+    pub fn facts(&self) -> Facts<'_> {
+        Facts {
+            spec: &self.spec,
+            uid: self.uid,
+            started: self.status.start_time.unwrap_or(self.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentStatus {
+    pub phase: crate::records::Phase,
+    pub reason: Option<String>,
+    pub targets: u32,
+    /// Matching devices left out: no agent yet, or decommissioned.
+    pub excluded: u32,
+    pub counts: Counts,
+    pub start_time: Option<Timestamp>,
+    pub completion_time: Option<Timestamp>,
+    /// `<device>: <error>`, bounded to 1 KiB.
+    pub latest_error: Option<String>,
+    pub next_retry_at: Option<Timestamp>,
+    /// The replica passing over this deployment now; others wait for it
+    /// (or for `until`), so one pass at a time releases.
+    pub lease: Option<Lease>,
+    /// "Add new devices" requests handled.
+    pub add_requests_handled: u32,
+}
+
+impl DeploymentStatus {
+    pub fn planning() -> Self {
+        Self {
+            phase: crate::records::Phase::Planning,
+            reason: None,
+            targets: 0,
+            excluded: 0,
+            counts: Counts::default(),
+            start_time: None,
+            completion_time: None,
+            latest_error: None,
+            next_retry_at: None,
+            lease: None,
+            add_requests_handled: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub holder: String,
+    pub until: Timestamp,
+}
+
+/// Why a device is or is not one of a deployment's targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    Target,
+    /// It matches, but has no agent yet or is decommissioned.
+    Excluded,
+    NotSelected,
+}
+
+/// Whether `device` is a target of `targeting`.
+pub fn select(targeting: &Targeting, device: &crate::records::DeviceRecord) -> Selection {
+    let matches = match targeting {
+        Targeting::All => true,
+        Targeting::Devices(list) => list.contains(&device.id),
+        Targeting::Filter(filter) => {
+            let labels = device.effective_labels();
+            filter
+                .match_labels
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v))
+                && (filter.groups.is_empty()
+                    || filter.groups.iter().any(|g| device.groups.contains(g)))
+        }
+    };
+    if !matches {
+        Selection::NotSelected
+    } else if device.decommissioned || !device.agent_present {
+        Selection::Excluded
+    } else {
+        Selection::Target
+    }
+}
+
+/// One target as stored (`targets/<deployment uid>/<device>`). Written when
+/// the target is materialised and at every change of its attempt; what its
+/// current job is doing is read from the job's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRecord {
+    pub device: DeviceId,
+    /// The device's site time zone when the deployment started; None: the
+    /// window's own.
+    pub time_zone: Option<String>,
+    /// Attempts released so far.
+    pub attempt: u32,
+    /// The current attempt's job, while it is undecided.
+    pub job: Option<JobId>,
+    pub released_at: Option<Timestamp>,
+    /// When the control plane first saw the current attempt running (its
+    /// clock, A12): the running timeout counts from here.
+    pub running_since: Option<Timestamp>,
+    /// A failed attempt waits for this before the next one.
+    pub next_attempt_at: Option<Timestamp>,
+    pub end: Option<TargetEnd>,
+    /// The latest attempt's error, bounded.
+    pub last_error: Option<String>,
+}
+
+impl TargetRecord {
+    pub fn new(device: DeviceId, time_zone: Option<String>) -> Self {
+        Self {
+            device,
+            time_zone,
+            attempt: 0,
+            job: None,
+            released_at: None,
+            running_since: None,
+            next_attempt_at: None,
+            end: None,
+            last_error: None,
+        }
+    }
+}
+
+/// How a target ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TargetEnd {
+    Succeeded { at: Timestamp },
+    Failed { at: Timestamp },
+    Expired { at: Timestamp },
+}
+
+/// What the current attempt's job is doing, as its record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// Released, not started: delivered or waiting on the device.
+    Queued,
+    Running,
+    /// Received by the control plane at `at` (with its completion heartbeat).
+    Succeeded {
+        at: Timestamp,
+    },
+    Failed {
+        at: Timestamp,
+        error: String,
+    },
+}
+
+/// A target as one pass sees it.
+#[derive(Debug, Clone)]
+pub struct TargetInput<'a> {
+    pub record: &'a TargetRecord,
+    /// The current attempt's job; None when no attempt is out.
+    pub job: Option<Observed>,
+    pub online: bool,
+}
+
+/// Targets by state, recomputed from the targets at every pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub pending: u32,
+    /// Of the pending: waiting for a retry's backoff.
+    pub waiting_retry: u32,
+    pub queued: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub expired: u32,
+}
+
+impl Counts {
+    pub fn total(&self) -> u32 {
+        self.pending + self.queued + self.running + self.succeeded + self.failed + self.expired
+    }
+}
+
+/// What one pass decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decision {
+    /// Targets whose record changes, by index, with the new record.
+    pub changes: Vec<(usize, TargetRecord)>,
+    /// Of the changes: the targets released now (a new attempt).
+    pub released: Vec<usize>,
+    pub counts: Counts,
+    /// Every target has ended.
+    pub finished: bool,
+    /// The earliest moment a waiting retry becomes due.
+    pub next_retry_at: Option<Timestamp>,
+    /// `<device>: <error>` of a target that failed an attempt in this pass.
+    pub latest_error: Option<String>,
+}
+
+/// The deployment's own facts a pass needs.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    pub spec: &'a DeploymentSpec,
+    pub uid: JobId,
+    pub started: Timestamp,
+}
+
+impl Facts<'_> {
+    pub fn deadline(&self) -> Timestamp {
+        let seconds = i64::try_from(self.spec.deadline_seconds).unwrap_or(i64::MAX / 2);
+        self.started
+            .checked_add(SignedDuration::from_secs(seconds))
+            .unwrap_or(Timestamp::MAX)
+    }
+}
+
+/// The wait before the attempt after `attempt` (1-based) failed.
+pub fn backoff(spec: &DeploymentSpec, attempt: u32) -> SignedDuration {
+    let base = i64::try_from(spec.retry_backoff_seconds).unwrap_or(i64::MAX);
+    let factor = 1i64 << attempt.saturating_sub(1).min(40);
+    base.checked_mul(factor)
+        .map(SignedDuration::from_secs)
+        .unwrap_or(MAX_BACKOFF)
+        .min(MAX_BACKOFF)
+}
+
+/// The job id of `device`'s attempt `attempt` in deployment `uid`: derived,
+/// so two replicas that release the same attempt create the same job (the
+/// store's create-only write keeps one).
+pub fn attempt_job_id(uid: JobId, device: &DeviceId, attempt: u32) -> JobId {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(b"drover deployment attempt\0");
+    context.update(uid.as_bytes());
+    context.update(device.as_str().as_bytes());
+    context.update(b"\0");
+    context.update(&attempt.to_be_bytes());
+    let digest = context.finish();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest.as_ref()[..16]);
+    // RFC 9562 UUIDv8 (custom): version and variant bits.
+    bytes[6] = (bytes[6] & 0x0f) | 0x80;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    JobId::from_bytes(bytes)
+}
+
+/// One pass over a deployment's targets at `now`:
+///
+/// - a succeeded attempt ends the target; a failed one, or one running past
+///   its timeout plus [`RUNNING_GRACE`], returns the target to pending after
+///   the backoff while retries are left (each retry a new job), else ends it;
+/// - a pending target is released when its backoff is over, its device is
+///   online and inside its maintenance window, and fewer than
+///   `max_concurrency` targets are queued or running;
+/// - past the deadline, pending and queued targets expire (a queued job also
+///   never starts on the device, whose intent expires with the deployment,
+///   A3) and no attempt starts; running ones finish or time out.
+pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
+    let spec = facts.spec;
+    let expired = now >= facts.deadline();
+    let window_zone = spec
+        .maintenance_window
+        .as_ref()
+        .and_then(|w| time_zone(&w.time_zone))
+        .unwrap_or(TimeZone::UTC);
+    let timeout = SignedDuration::from_secs(i64::from(JOB_TIMEOUT_SECONDS)) + RUNNING_GRACE;
+    let mut decision = Decision::default();
+    let mut active = 0u32;
+    let mut pending = Vec::new();
+    let mut records: Vec<Option<TargetRecord>> = vec![None; targets.len()];
+
+    let fail = |record: &mut TargetRecord, at: Timestamp, error: String| {
+        record.last_error = Some(bounded(error, MAX_ERROR_BYTES));
+        record.job = None;
+        record.released_at = None;
+        record.running_since = None;
+        if record.attempt <= spec.retries && !expired {
+            record.next_attempt_at = Some(at + backoff(spec, record.attempt));
+        } else {
+            record.end = Some(TargetEnd::Failed { at });
+        }
+    };
+
+    for (index, target) in targets.iter().enumerate() {
+        let record = target.record;
+        if record.end.is_some() {
+            continue;
+        }
+        let mut next = record.clone();
+        match (&record.job, &target.job) {
+            (Some(_), Some(Observed::Succeeded { at })) => {
+                next.end = Some(TargetEnd::Succeeded { at: *at });
+                next.next_attempt_at = None;
+            }
+            (Some(_), Some(Observed::Failed { at, error })) => {
+                fail(&mut next, *at, error.clone());
+                decision.latest_error = next
+                    .last_error
+                    .as_ref()
+                    .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+            }
+            (Some(_), Some(Observed::Running)) => match record.running_since {
+                None => {
+                    next.running_since = Some(now);
+                    active += 1;
+                }
+                Some(since) if now >= since + timeout => {
+                    let error = format!(
+                        "timed out: still running {}s after it started (job timeout {}s + {}s)",
+                        now.duration_since(since).as_secs(),
+                        JOB_TIMEOUT_SECONDS,
+                        RUNNING_GRACE.as_secs()
+                    );
+                    fail(&mut next, now, error);
+                    decision.latest_error = next
+                        .last_error
+                        .as_ref()
+                        .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+                }
+                Some(_) => active += 1,
+            },
+            // Out and not started (or its record is not readable yet).
+            (Some(_), Some(Observed::Queued) | None) => {
+                if expired {
+                    next.job = None;
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some("the deployment expired before the device started the job".into());
+                } else {
+                    active += 1;
+                }
+            }
+            (None, _) => {
+                if expired {
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some(record.last_error.clone().unwrap_or_else(|| {
+                            "the deployment expired before it was released".into()
+                        }));
+                } else {
+                    pending.push(index);
+                }
+            }
+        }
+        if next != *record {
+            records[index] = Some(next);
+        }
+    }
+
+    // Release in target order while there is room.
+    for index in pending {
+        let target = &targets[index];
+        let record = records[index]
+            .clone()
+            .unwrap_or_else(|| target.record.clone());
+        let due = record.next_attempt_at.is_none_or(|at| now >= at);
+        let in_window = spec.maintenance_window.as_ref().is_none_or(|window| {
+            let zone = record
+                .time_zone
+                .as_deref()
+                .and_then(time_zone)
+                .unwrap_or_else(|| window_zone.clone());
+            window.contains(&zone, now)
+        });
+        if !(due && target.online && in_window && active < spec.max_concurrency) {
+            continue;
+        }
+        let mut next = record;
+        next.attempt += 1;
+        next.job = Some(attempt_job_id(facts.uid, &next.device, next.attempt));
+        next.released_at = Some(now);
+        next.running_since = None;
+        next.next_attempt_at = None;
+        records[index] = Some(next);
+        decision.released.push(index);
+        active += 1;
+    }
+
+    let mut released_now = vec![false; targets.len()];
+    for &index in &decision.released {
+        released_now[index] = true;
+    }
+    for (index, target) in targets.iter().enumerate() {
+        let record = records[index].as_ref().unwrap_or(target.record);
+        let counts = &mut decision.counts;
+        match (&record.end, &record.job) {
+            (Some(TargetEnd::Succeeded { .. }), _) => counts.succeeded += 1,
+            (Some(TargetEnd::Failed { .. }), _) => counts.failed += 1,
+            (Some(TargetEnd::Expired { .. }), _) => counts.expired += 1,
+            (None, None) => {
+                counts.pending += 1;
+                if let Some(at) = record.next_attempt_at
+                    && at > now
+                {
+                    counts.waiting_retry += 1;
+                    decision.next_retry_at = Some(
+                        decision
+                            .next_retry_at
+                            .map_or(at, |earliest| earliest.min(at)),
+                    );
+                }
+            }
+            (None, Some(_)) => {
+                if !released_now[index] && matches!(target.job, Some(Observed::Running)) {
+                    counts.running += 1;
+                } else {
+                    counts.queued += 1;
+                }
+            }
+        }
+    }
+    decision.finished = decision.counts.total()
+        == decision.counts.succeeded + decision.counts.failed + decision.counts.expired;
+    decision.changes = records
+        .into_iter()
+        .enumerate()
+        .filter_map(|(index, record)| record.map(|r| (index, r)))
+        .collect();
+    decision
+}
+
+#[cfg(test)]
+#[path = "deployment_tests.rs"]
+mod tests;

@@ -1,0 +1,559 @@
+use super::*;
+
+fn t(text: &str) -> Timestamp {
+    text.parse().expect("timestamp")
+}
+
+fn dev(name: &str) -> DeviceId {
+    DeviceId::new(name).expect("device id")
+}
+
+fn spec(max_concurrency: u32, window: Option<(&str, &str, &str)>, retries: u32) -> DeploymentSpec {
+    DeploymentSpec {
+        targets: Targeting::All,
+        job: DeploymentJob::SystemUpgradeV1,
+        max_concurrency,
+        maintenance_window: window.map(|(start, end, zone)| Window {
+            start_minute: parse_minute(start).expect("start"),
+            end_minute: parse_minute(end).expect("end"),
+            time_zone: zone.into(),
+        }),
+        retries,
+        retry_backoff_seconds: 60,
+        deadline_seconds: 7 * 24 * 3600,
+    }
+}
+
+const UID: &str = "0b7e6f3c-8d0a-4c1e-9b2f-3a4d5e6f7a8b";
+const START: &str = "2026-03-01T00:00:00Z";
+
+fn facts(spec: &DeploymentSpec) -> Facts<'_> {
+    Facts {
+        spec,
+        uid: UID.parse().expect("uid"),
+        started: t(START),
+    }
+}
+
+fn pending(name: &str, zone: Option<&str>) -> TargetRecord {
+    TargetRecord::new(dev(name), zone.map(str::to_owned))
+}
+
+fn released(name: &str, attempt: u32, at: &str) -> TargetRecord {
+    let mut record = pending(name, None);
+    record.attempt = attempt;
+    record.job = Some(attempt_job_id(
+        UID.parse().expect("uid"),
+        &dev(name),
+        attempt,
+    ));
+    record.released_at = Some(t(at));
+    record
+}
+
+fn input(record: &TargetRecord, job: Option<Observed>) -> TargetInput<'_> {
+    TargetInput {
+        record,
+        job,
+        online: true,
+    }
+}
+
+fn names(records: &[TargetRecord], decision: &Decision) -> Vec<String> {
+    decision
+        .released
+        .iter()
+        .map(|&i| records[i].device.to_string())
+        .collect()
+}
+
+#[test]
+fn concurrency_online_and_order() {
+    // (what, max_concurrency, already queued, offline indices, released now)
+    type Case<'a> = (&'a str, u32, usize, Vec<usize>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        ("room for two", 2, 0, vec![], vec!["d0", "d1"]),
+        (
+            "one slot taken by a queued target",
+            2,
+            1,
+            vec![],
+            vec!["d1"],
+        ),
+        ("full", 1, 1, vec![], vec![]),
+        ("offline devices wait", 2, 0, vec![0, 1], vec!["d2", "d3"]),
+        (
+            "more room than targets",
+            100,
+            0,
+            vec![],
+            vec!["d0", "d1", "d2", "d3", "d4"],
+        ),
+    ];
+    let now = t("2026-03-01T10:00:00Z");
+    for (what, max, queued, offline, expected) in cases {
+        let spec = spec(max, None, 0);
+        let mut records: Vec<TargetRecord> =
+            (0..5).map(|i| pending(&format!("d{i}"), None)).collect();
+        for record in records.iter_mut().take(queued) {
+            *record = released(record.device.as_str(), 1, "2026-03-01T09:00:00Z");
+        }
+        let inputs: Vec<TargetInput> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| TargetInput {
+                record: r,
+                job: r.job.map(|_| Observed::Queued),
+                online: !offline.contains(&i),
+            })
+            .collect();
+        let decision = decide(&facts(&spec), &inputs, now);
+        let expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        let expected: Vec<String> = expected
+            .into_iter()
+            .filter(|d| !records[..queued].iter().any(|r| r.device.as_str() == d))
+            .collect();
+        assert_eq!(names(&records, &decision), expected, "{what}");
+        let active = decision.counts.queued + decision.counts.running;
+        assert!(active <= max, "{what}: {active} active > {max}");
+        assert_eq!(decision.counts.total(), 5, "{what}");
+        for &i in &decision.released {
+            let (_, next) = decision
+                .changes
+                .iter()
+                .find(|(j, _)| *j == i)
+                .expect("a change");
+            assert_eq!(next.attempt, 1, "{what}");
+            assert_eq!(next.released_at, Some(now), "{what}");
+            assert_eq!(
+                next.job,
+                Some(attempt_job_id(UID.parse().expect("uid"), &next.device, 1))
+            );
+        }
+    }
+}
+
+#[test]
+fn windows_in_each_sites_time_zone() {
+    // (what, window, device zone, now, in window)
+    let night = ("22:00", "05:00", "Europe/Sofia");
+    type Case<'a> = (
+        &'a str,
+        (&'a str, &'a str, &'a str),
+        Option<&'a str>,
+        &'a str,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        // Sofia is UTC+2 in winter.
+        (
+            "before a window across midnight",
+            night,
+            None,
+            "2026-02-10T19:59:00Z",
+            false,
+        ),
+        (
+            "its first minute",
+            night,
+            None,
+            "2026-02-10T20:00:00Z",
+            true,
+        ),
+        ("after midnight", night, None, "2026-02-10T23:30:00Z", true),
+        ("its last minute", night, None, "2026-02-11T02:59:00Z", true),
+        (
+            "its end is outside",
+            night,
+            None,
+            "2026-02-11T03:00:00Z",
+            false,
+        ),
+        ("midday", night, None, "2026-02-11T10:00:00Z", false),
+        // The device's own zone wins over the window's.
+        (
+            "Tokyo at 22:00 local",
+            night,
+            Some("Asia/Tokyo"),
+            "2026-02-10T13:00:00Z",
+            true,
+        ),
+        (
+            "Tokyo at 05:00 local",
+            night,
+            Some("Asia/Tokyo"),
+            "2026-02-10T20:00:00Z",
+            false,
+        ),
+        (
+            "New York at 23:00 local",
+            night,
+            Some("America/New_York"),
+            "2026-02-11T04:00:00Z",
+            true,
+        ),
+        (
+            "New York at 18:00 local",
+            night,
+            Some("America/New_York"),
+            "2026-02-10T23:00:00Z",
+            false,
+        ),
+        // A window within one day, in UTC.
+        (
+            "daytime UTC inside",
+            ("09:00", "17:00", "UTC"),
+            None,
+            "2026-02-10T16:59:00Z",
+            true,
+        ),
+        (
+            "daytime UTC after",
+            ("09:00", "17:00", "UTC"),
+            None,
+            "2026-02-10T17:00:00Z",
+            false,
+        ),
+        // Spring forward in Sofia, 2026-03-29: 03:00 EET becomes 04:00 EEST
+        // (01:00 UTC). A 03:00-05:00 window opens at 04:00 local that day.
+        (
+            "DST spring: 02:59 EET",
+            ("03:00", "05:00", "Europe/Sofia"),
+            None,
+            "2026-03-29T00:59:00Z",
+            false,
+        ),
+        (
+            "DST spring: 04:00 EEST",
+            ("03:00", "05:00", "Europe/Sofia"),
+            None,
+            "2026-03-29T01:00:00Z",
+            true,
+        ),
+        (
+            "DST spring: 04:59 EEST",
+            ("03:00", "05:00", "Europe/Sofia"),
+            None,
+            "2026-03-29T01:59:00Z",
+            true,
+        ),
+        (
+            "DST spring: 05:00 EEST",
+            ("03:00", "05:00", "Europe/Sofia"),
+            None,
+            "2026-03-29T02:00:00Z",
+            false,
+        ),
+        // Fall back, 2026-10-25: 04:00 EEST becomes 03:00 EET (01:00 UTC); a
+        // 03:00-04:00 window is open for both of that day's 03:00 hours.
+        (
+            "DST fall: 02:59 EEST",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-24T23:59:00Z",
+            false,
+        ),
+        (
+            "DST fall: first 03:00",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-25T00:00:00Z",
+            true,
+        ),
+        (
+            "DST fall: first 03:59",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-25T00:59:00Z",
+            true,
+        ),
+        (
+            "DST fall: second 03:00",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-25T01:00:00Z",
+            true,
+        ),
+        (
+            "DST fall: second 03:59",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-25T01:59:00Z",
+            true,
+        ),
+        (
+            "DST fall: 04:00 EET",
+            ("03:00", "04:00", "Europe/Sofia"),
+            None,
+            "2026-10-25T02:00:00Z",
+            false,
+        ),
+        // New York's spring forward, 2026-03-08 02:00 EST -> 03:00 EDT.
+        (
+            "NY spring: 01:59 EST",
+            ("02:00", "03:30", "America/New_York"),
+            None,
+            "2026-03-08T06:59:00Z",
+            false,
+        ),
+        (
+            "NY spring: 03:00 EDT",
+            ("02:00", "03:30", "America/New_York"),
+            None,
+            "2026-03-08T07:00:00Z",
+            true,
+        ),
+        (
+            "NY spring: 03:30 EDT",
+            ("02:00", "03:30", "America/New_York"),
+            None,
+            "2026-03-08T07:30:00Z",
+            false,
+        ),
+    ];
+    for (what, window, zone, now, expected) in cases {
+        let spec = spec(10, Some(window), 0);
+        let records = [pending("d0", zone)];
+        let inputs = [input(&records[0], None)];
+        let mut facts = facts(&spec);
+        facts.started = t(now) - SignedDuration::from_hours(1);
+        let decision = decide(&facts, &inputs, t(now));
+        assert_eq!(decision.released == vec![0], expected, "{what} at {now}");
+    }
+}
+
+#[test]
+fn failures_retry_after_an_exact_exponential_backoff() {
+    let spec = spec(10, None, 3);
+    let uid: JobId = UID.parse().expect("uid");
+    let mut record = released("d0", 1, "2026-03-01T10:00:00Z");
+    let mut expected_waits = vec![60, 120, 240].into_iter();
+    let mut failed_at = t("2026-03-01T10:05:00Z");
+    for attempt in 1..=4u32 {
+        assert_eq!(record.attempt, attempt);
+        let job = record.job.expect("out");
+        assert_eq!(job, attempt_job_id(uid, &record.device, attempt));
+        // The attempt fails, as the control plane received it at `failed_at`.
+        let inputs = [input(
+            &record,
+            Some(Observed::Failed {
+                at: failed_at,
+                error: format!("attempt {attempt} failed"),
+            }),
+        )];
+        let decision = decide(&facts(&spec), &inputs, failed_at);
+        let (_, next) = decision.changes[0].clone();
+        assert_eq!(
+            next.last_error.as_deref(),
+            Some(format!("attempt {attempt} failed").as_str())
+        );
+        assert_eq!(
+            decision.latest_error.as_deref(),
+            Some(format!("d0: attempt {attempt} failed").as_str())
+        );
+        let Some(wait) = expected_waits.next() else {
+            // No retries left: the target has failed.
+            assert_eq!(next.end, Some(TargetEnd::Failed { at: failed_at }));
+            assert_eq!(decision.counts.failed, 1);
+            assert!(decision.finished);
+            return;
+        };
+        let due = failed_at + SignedDuration::from_secs(wait);
+        assert_eq!(next.next_attempt_at, Some(due), "attempt {attempt}");
+        assert_eq!(next.job, None);
+        assert!(
+            decision.released.is_empty(),
+            "not released before the backoff"
+        );
+        assert_eq!(decision.counts.waiting_retry, 1);
+        assert_eq!(decision.next_retry_at, Some(due));
+        // One second early: still waiting.
+        let early = [input(&next, None)];
+        let decision = decide(&facts(&spec), &early, due - SignedDuration::from_secs(1));
+        assert!(
+            decision.released.is_empty(),
+            "attempt {attempt}: released early"
+        );
+        // Exactly due: the next attempt, a new job.
+        let decision = decide(&facts(&spec), &early, due);
+        assert_eq!(decision.released, vec![0], "attempt {attempt}");
+        let (_, again) = decision.changes[0].clone();
+        assert_ne!(again.job, Some(job), "every attempt is a new job");
+        assert_eq!(again.next_attempt_at, None);
+        record = again;
+        failed_at = due + SignedDuration::from_secs(30);
+    }
+    panic!("the retries never ran out");
+}
+
+#[test]
+fn a_running_attempt_times_out_on_the_control_planes_clock() {
+    let spec = spec(10, None, 1);
+    let record = released("d0", 1, "2026-03-01T10:00:00Z");
+    // First seen running: the clock starts now.
+    let seen = t("2026-03-01T10:10:00Z");
+    let decision = decide(
+        &facts(&spec),
+        &[input(&record, Some(Observed::Running))],
+        seen,
+    );
+    let (_, running) = decision.changes[0].clone();
+    assert_eq!(running.running_since, Some(seen));
+    assert_eq!(decision.counts.running, 1);
+    let limit = seen + SignedDuration::from_secs(1500 + 300);
+    let decision = decide(
+        &facts(&spec),
+        &[input(&running, Some(Observed::Running))],
+        limit - SignedDuration::from_secs(1),
+    );
+    assert!(decision.changes.is_empty(), "not yet: {decision:?}");
+    let decision = decide(
+        &facts(&spec),
+        &[input(&running, Some(Observed::Running))],
+        limit,
+    );
+    let (_, timed_out) = decision.changes[0].clone();
+    assert!(
+        timed_out
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("timed out"),
+        "{timed_out:?}"
+    );
+    assert_eq!(timed_out.job, None);
+    assert_eq!(
+        timed_out.next_attempt_at,
+        Some(limit + SignedDuration::from_secs(60))
+    );
+    assert_eq!(decision.counts.waiting_retry, 1, "the slot is free again");
+}
+
+#[test]
+fn expiry_ends_pending_and_queued_targets_but_not_running_ones() {
+    let spec = spec(10, None, 5);
+    let deadline = facts(&spec).deadline();
+    let records = [
+        pending("pending", None),
+        released("queued", 1, "2026-03-07T23:00:00Z"),
+        {
+            let mut r = released("running", 1, "2026-03-07T22:00:00Z");
+            r.running_since = Some(t("2026-03-07T23:50:00Z"));
+            r
+        },
+        released("failing", 1, "2026-03-07T22:00:00Z"),
+    ];
+    let inputs = [
+        input(&records[0], None),
+        input(&records[1], Some(Observed::Queued)),
+        input(&records[2], Some(Observed::Running)),
+        input(
+            &records[3],
+            Some(Observed::Failed {
+                at: deadline,
+                error: "dpkg failed".into(),
+            }),
+        ),
+    ];
+    let decision = decide(&facts(&spec), &inputs, deadline);
+    assert!(decision.released.is_empty());
+    let end = |i: usize| {
+        decision
+            .changes
+            .iter()
+            .find(|(j, _)| *j == i)
+            .and_then(|(_, r)| r.end)
+    };
+    assert_eq!(end(0), Some(TargetEnd::Expired { at: deadline }));
+    assert_eq!(end(1), Some(TargetEnd::Expired { at: deadline }));
+    assert_eq!(end(2), None, "a started job is never interrupted (A3)");
+    assert_eq!(
+        end(3),
+        Some(TargetEnd::Failed { at: deadline }),
+        "no retry after the deadline"
+    );
+    assert_eq!(
+        decision.counts,
+        Counts {
+            pending: 0,
+            waiting_retry: 0,
+            queued: 0,
+            running: 1,
+            succeeded: 0,
+            failed: 1,
+            expired: 2
+        }
+    );
+    assert!(!decision.finished);
+}
+
+#[test]
+fn success_ends_a_target_and_the_deployment_finishes_when_all_have_ended() {
+    let spec = spec(10, None, 0);
+    let records = [
+        released("a", 1, "2026-03-01T10:00:00Z"),
+        released("b", 1, "2026-03-01T10:00:00Z"),
+    ];
+    let at = t("2026-03-01T10:20:00Z");
+    let inputs = [
+        input(&records[0], Some(Observed::Succeeded { at })),
+        input(
+            &records[1],
+            Some(Observed::Failed {
+                at,
+                error: "no".into(),
+            }),
+        ),
+    ];
+    let decision = decide(&facts(&spec), &inputs, at);
+    assert!(decision.finished);
+    assert_eq!(decision.counts.succeeded, 1);
+    assert_eq!(decision.counts.failed, 1);
+    // A pass over ended targets changes nothing.
+    let ended: Vec<TargetRecord> = decision.changes.iter().map(|(_, r)| r.clone()).collect();
+    let inputs: Vec<TargetInput> = ended.iter().map(|r| input(r, None)).collect();
+    let again = decide(&facts(&spec), &inputs, at + SignedDuration::from_hours(1));
+    assert!(again.changes.is_empty() && again.finished);
+}
+
+#[test]
+fn attempt_job_ids_are_stable_and_distinct() {
+    let uid: JobId = UID.parse().expect("uid");
+    let a1 = attempt_job_id(uid, &dev("a"), 1);
+    assert_eq!(a1, attempt_job_id(uid, &dev("a"), 1));
+    assert_ne!(a1, attempt_job_id(uid, &dev("a"), 2));
+    assert_ne!(a1, attempt_job_id(uid, &dev("b"), 1));
+    assert_ne!(a1, attempt_job_id(JobId::random(), &dev("a"), 1));
+    // A UUIDv8: version nibble 8, RFC variant.
+    let text = a1.to_string();
+    assert_eq!(&text[14..15], "8", "{text}");
+    assert!(matches!(&text[19..20], "8" | "9" | "a" | "b"), "{text}");
+}
+
+#[test]
+fn backoff_doubles_and_is_bounded() {
+    let spec = spec(1, None, MAX_RETRIES);
+    assert_eq!(backoff(&spec, 1), SignedDuration::from_secs(60));
+    assert_eq!(backoff(&spec, 2), SignedDuration::from_secs(120));
+    assert_eq!(backoff(&spec, 5), SignedDuration::from_secs(960));
+    assert_eq!(backoff(&spec, 40), MAX_BACKOFF);
+}
+
+#[test]
+fn minutes_parse_and_format() {
+    assert_eq!(parse_minute("00:00"), Some(0));
+    assert_eq!(parse_minute("23:59"), Some(1439));
+    for bad in ["24:00", "7:00", "07:60", "0700", "", "ab:cd", "07:00:00"] {
+        assert_eq!(parse_minute(bad), None, "{bad}");
+    }
+    assert_eq!(format_minute(22 * 60 + 5), "22:05");
+}
+
+/// The windows need the system's tz database (Debian's tzdata).
+#[test]
+fn the_tz_database_is_there() {
+    let zone = TimeZone::get("Europe/Sofia");
+    assert!(zone.is_ok(), "install tzdata: {zone:?}");
+    assert!(time_zone("Mars/Olympus").is_none());
+    assert_eq!(time_zone("UTC"), Some(TimeZone::UTC));
+}

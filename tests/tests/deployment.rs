@@ -1,0 +1,354 @@
+//! Deployments against a real control plane and real agents over
+//! WebSocket: concurrency, each site's maintenance window, expiry, retries
+//! as new jobs after their backoff, and "add new devices".
+
+use drover_tests::{AgentProcess, ControlPlane, bin, eventually, hold_config};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
+
+async fn apply_device(cp: &ControlPlane, id: &str, group: &str, zone: Option<&str>) {
+    let mut spec = json!({"groups": [group]});
+    if let Some(zone) = zone {
+        spec["timeZone"] = json!(zone);
+    }
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Device",
+        "metadata": {"name": id}, "spec": spec
+    }))
+    .await;
+}
+
+async fn deployment(cp: &ControlPlane, name: &str) -> Value {
+    cp.get(&format!("/deployments/{name}")).await
+}
+
+async fn targets(cp: &ControlPlane, name: &str) -> Vec<Value> {
+    cp.get(&format!("/deployments/{name}/targets?limit=500"))
+        .await["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Waits for the deployment to end; asserts on every look that no more
+/// than `max` targets were queued or running at once.
+async fn finish(cp: &ControlPlane, name: &str, max: u64, timeout: Duration) -> Value {
+    eventually(timeout, &format!("deployment {name} to finish"), || async {
+        let d = deployment(cp, name).await;
+        let s = &d["status"];
+        let active = s["queued"].as_u64().unwrap_or(0) + s["running"].as_u64().unwrap_or(0);
+        assert!(active <= max, "{active} active, over {max}: {d}");
+        matches!(s["phase"].as_str(), Some("Complete" | "Failed")).then_some(d)
+    })
+    .await
+}
+
+struct Held {
+    agent: AgentProcess,
+    hold: PathBuf,
+    reached: PathBuf,
+}
+
+fn held_agent(cp: &ControlPlane, device: &str) -> Held {
+    let dir = cp.dir.path().join(device);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hold = dir.join("hold");
+    let reached = dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let agent = AgentProcess::start(
+        &dir,
+        device,
+        &cp.agent_url,
+        &cp.device_token(device),
+        &hold_config(&hold, &reached),
+    );
+    Held {
+        agent,
+        hold,
+        reached,
+    }
+}
+
+fn hhmm(t: jiff::Timestamp) -> String {
+    jiff::tz::TimeZone::UTC
+        .to_datetime(t)
+        .strftime("%H:%M")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
+    let cp = ControlPlane::start(&[]);
+    let workers = ["w1", "w2", "w3", "w4"];
+    for device in workers {
+        apply_device(&cp, device, "fleet", None).await;
+    }
+    // Honolulu (UTC-10, no DST) is outside a UTC window around now.
+    apply_device(&cp, "hnl", "fleet", Some("Pacific/Honolulu")).await;
+    // Matches, but no agent ever connected: excluded.
+    apply_device(&cp, "ghost", "fleet", None).await;
+    apply_device(&cp, "elsewhere", "other", None).await;
+    let held: Vec<Held> = workers.iter().map(|d| held_agent(&cp, d)).collect();
+    let hnl = AgentProcess::start(
+        &cp.dir.path().join("hnl"),
+        "hnl",
+        &cp.agent_url,
+        &cp.device_token("hnl"),
+        "",
+    );
+    let _elsewhere = AgentProcess::start(
+        &cp.dir.path().join("elsewhere"),
+        "elsewhere",
+        &cp.agent_url,
+        &cp.device_token("elsewhere"),
+        "",
+    );
+    cp.wait_for_agents(&["w1", "w2", "w3", "w4", "hnl", "elsewhere"])
+        .await;
+
+    let now = jiff::Timestamp::now();
+    let start = hhmm(now - jiff::SignedDuration::from_hours(1));
+    let end = hhmm(now + jiff::SignedDuration::from_hours(2));
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "night-upgrade"},
+        "spec": {
+            "targets": {"filter": {"groups": ["fleet"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 2,
+            "maintenanceWindow": {"start": start, "end": end, "timeZone": "UTC"},
+            "deadlineSeconds": 40
+        }
+    }))
+    .await;
+
+    // Two jobs go out; the others wait for a free slot.
+    let first: Vec<usize> = eventually(
+        Duration::from_secs(30),
+        "two agents to reach full-upgrade",
+        || async {
+            let reached: Vec<usize> = (0..held.len())
+                .filter(|&i| held[i].reached.exists())
+                .collect();
+            (reached.len() == 2).then_some(reached)
+        },
+    )
+    .await;
+    let d = eventually(Duration::from_secs(10), "the counts", || async {
+        let d = deployment(&cp, "night-upgrade").await;
+        let s = &d["status"];
+        (s["running"] == 2 && s["pending"] == 3).then_some(d)
+    })
+    .await;
+    assert_eq!(d["status"]["targets"], 5, "{d}");
+    assert_eq!(d["status"]["excludedCount"], 1, "{d}");
+    for i in (0..held.len()).filter(|i| !first.contains(i)) {
+        let jobs = held[i].agent.jobs();
+        assert_eq!(
+            jobs.as_array().map(Vec::len),
+            Some(0),
+            "{}: {jobs}",
+            workers[i]
+        );
+    }
+    // What the operator sees: UTC's window open, Honolulu's closed.
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["describe", "deployment", "night-upgrade", "-o", "json"])
+        .output()
+        .expect("drover describe");
+    assert!(out.status.success(), "{out:?}");
+    let described: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let windows = described["windows"].as_array().cloned().unwrap_or_default();
+    let open = |zone: &str| {
+        windows
+            .iter()
+            .find(|w| w["timeZone"] == zone)
+            .map(|w| w["open"].clone())
+    };
+    assert_eq!(open("UTC"), Some(json!(true)), "{described}");
+    assert_eq!(open("Pacific/Honolulu"), Some(json!(false)), "{described}");
+
+    for h in &held {
+        let _ = std::fs::remove_file(&h.hold);
+    }
+    let d = finish(&cp, "night-upgrade", 2, Duration::from_secs(90)).await;
+    let s = &d["status"];
+    assert_eq!(s["succeeded"], 4, "{d}");
+    assert_eq!(s["expired"], 1, "the device outside its window: {d}");
+    assert_eq!(s["failed"], 0, "{d}");
+    assert_eq!(s["phase"], "Failed", "{d}");
+    assert_eq!(s["reason"], "Expired", "{d}");
+    assert_eq!(
+        hnl.jobs().as_array().map(Vec::len),
+        Some(0),
+        "never released outside its window"
+    );
+    for h in &held {
+        let jobs = h.agent.jobs();
+        let jobs = jobs.as_array().expect("jobs");
+        assert_eq!(jobs.len(), 1, "one job each: {jobs:?}");
+        assert_eq!(jobs[0]["state"], "Succeeded");
+    }
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["get", "deployments"])
+        .output()
+        .expect("drover get");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("night-upgrade") && table.contains("Expired"),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_retried_after_its_backoff_as_a_new_job() {
+    let cp = ControlPlane::start(&[]);
+    apply_device(&cp, "r1", "retry", None).await;
+    let dir = cp.dir.path().join("r1");
+    // Attempt 1 fails its preflight: it asks for far more free space than any disk has.
+    let mut agent = AgentProcess::start_with(
+        &dir,
+        "r1",
+        &cp.agent_url,
+        &cp.device_token("r1"),
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 1000000",
+        "",
+    );
+    cp.wait_for_agents(&["r1"]).await;
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "retrying"},
+        "spec": {
+            "targets": {"devices": ["r1"]},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "retries": 2,
+            "retryBackoffSeconds": 5,
+            "deadlineSeconds": 300
+        }
+    }))
+    .await;
+    let waiting = eventually(Duration::from_secs(30), "attempt 1 to fail", || async {
+        let t = targets(&cp, "retrying").await.into_iter().next()?;
+        (t["state"] == "waitingRetry").then_some(t)
+    })
+    .await;
+    assert_eq!(waiting["attempt"], 1);
+    assert!(
+        waiting["lastError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not enough free space"),
+        "{waiting}"
+    );
+    let due: jiff::Timestamp = waiting["nextAttemptAt"]
+        .as_str()
+        .expect("nextAttemptAt")
+        .parse()
+        .expect("time");
+    // The device is fixed (and offline a moment) before the retry is due.
+    agent.kill9();
+    let config = std::fs::read_to_string(&agent.config).expect("config");
+    std::fs::write(
+        &agent.config,
+        config.replace("min_free_mib = 1000000", "min_free_mib = 10"),
+    )
+    .expect("config");
+    agent.restart();
+    let d = finish(&cp, "retrying", 1, Duration::from_secs(60)).await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}\n{}", agent.log());
+    let target = targets(&cp, "retrying").await.remove(0);
+    assert_eq!(target["attempt"], 2, "{target}");
+    assert_eq!(target["state"], "succeeded");
+    let released: jiff::Timestamp = target["releasedAt"]
+        .as_str()
+        .expect("releasedAt")
+        .parse()
+        .expect("time");
+    assert!(
+        released >= due,
+        "attempt 2 released at {released}, before {due}"
+    );
+    // Each attempt was its own job on the device.
+    let jobs = agent.jobs();
+    let jobs = jobs.as_array().expect("jobs");
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let states: Vec<&str> = jobs.iter().filter_map(|j| j["state"].as_str()).collect();
+    assert!(
+        states.contains(&"Failed") && states.contains(&"Succeeded"),
+        "{states:?}"
+    );
+    assert_ne!(jobs[0]["jobId"], jobs[1]["jobId"]);
+    assert_eq!(
+        Some(target["job"].clone()),
+        jobs.iter()
+            .find(|j| j["state"] == "Succeeded")
+            .map(|j| j["jobId"].clone())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_new_devices_runs_the_targeting_again() {
+    let cp = ControlPlane::start(&[]);
+    apply_device(&cp, "a1", "lab", None).await;
+    let first = held_agent(&cp, "a1");
+    cp.wait_for_agents(&["a1"]).await;
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "growing"},
+        "spec": {
+            "targets": {"filter": {"groups": ["lab"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 10,
+            "deadlineSeconds": 300
+        }
+    }))
+    .await;
+    eventually(Duration::from_secs(30), "the first target", || async {
+        let d = deployment(&cp, "growing").await;
+        (d["status"]["phase"] == "Running").then_some(())
+    })
+    .await;
+    // A device enrolled after the start is not added by itself...
+    apply_device(&cp, "a2", "lab", None).await;
+    let second = AgentProcess::start(
+        &cp.dir.path().join("a2"),
+        "a2",
+        &cp.agent_url,
+        &cp.device_token("a2"),
+        "",
+    );
+    cp.wait_for_agents(&["a2"]).await;
+    assert_eq!(deployment(&cp, "growing").await["status"]["targets"], 1);
+    // ...only when asked.
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["deployments", "add-new-devices", "growing"])
+        .output()
+        .expect("drover deployments");
+    assert!(out.status.success(), "{out:?}");
+    eventually(
+        Duration::from_secs(30),
+        "the new device's job to succeed",
+        || async {
+            let done = targets(&cp, "growing")
+                .await
+                .iter()
+                .any(|t| t["device"] == "a2" && t["state"] == "succeeded");
+            done.then_some(())
+        },
+    )
+    .await;
+    std::fs::remove_file(&first.hold).expect("release the first device");
+    let d = finish(&cp, "growing", 10, Duration::from_secs(60)).await;
+    assert_eq!(d["status"]["targets"], 2, "{d}");
+    assert_eq!(d["status"]["phase"], "Complete", "{d}");
+    assert_eq!(second.jobs().as_array().map(Vec::len), Some(1));
+}
