@@ -42,6 +42,10 @@ const TARGET_CHUNK: usize = 1000;
 /// An unfinished deployment as the engine keeps it between passes.
 pub(super) struct DeploymentView {
     uid: JobId,
+    /// The deployment record's revision up to which the view holds every
+    /// change: the change feed is in store order, so when the record's
+    /// change is routed, the targets another replica wrote before it are in.
+    routed: u64,
     targets: Vec<TargetRecord>,
     revisions: Vec<u64>,
     index: HashMap<DeviceId, usize>,
@@ -172,11 +176,14 @@ impl Engine {
         dirty: &mut HashSet<String>,
     ) -> Result<(), DbError> {
         let key = change.key.as_str();
+        let mut views = self.deployments.lock().await;
         if let Some(name) = key.strip_prefix("deployments/") {
+            if let Some(view) = views.by_name.get_mut(name) {
+                view.routed = view.routed.max(change.revision);
+            }
             dirty.insert(format!("{DIRTY}{name}"));
             return Ok(());
         }
-        let mut views = self.deployments.lock().await;
         if let Some(rest) = key.strip_prefix("targets/") {
             let Some((uid, device)) = rest.split_once('/') else {
                 return Ok(());
@@ -350,21 +357,22 @@ impl Engine {
         }
     }
 
-    /// Stores the deployment's new status and ends the lease.
+    /// Stores the deployment's new status and ends the lease; the record's
+    /// new revision, None if the lease was lost.
     async fn release_lease(
         &self,
         revision: u64,
         mut record: DeploymentRecord,
-    ) -> Result<(), DbError> {
+    ) -> Result<Option<u64>, DbError> {
         record.status.lease = None;
         match self
             .db
             .put(&deployment_key(&record.name), &record, revision)
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(revision) => Ok(Some(revision)),
             // The lease ran out and another replica went on; its pass stands.
-            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -482,12 +490,13 @@ impl Engine {
         }
         info!(deployment = %record.name, targets = targets.len(), excluded, phase = ?done.status.phase,
             "deployment started");
-        self.release_lease(leased, done).await
+        self.release_lease(leased, done).await.map(|_| ())
     }
 
     /// Builds the view of a running deployment from its stored targets.
     async fn load_deployment_view(
         &self,
+        revision: u64,
         record: &DeploymentRecord,
     ) -> Result<DeploymentView, DbError> {
         let stored = self
@@ -496,6 +505,8 @@ impl Engine {
             .await?;
         let mut view = DeploymentView {
             uid: record.uid,
+            // Listed after the record was read at `revision`.
+            routed: revision,
             targets: Vec::with_capacity(stored.len()),
             revisions: Vec::with_capacity(stored.len()),
             index: HashMap::with_capacity(stored.len()),
@@ -536,7 +547,7 @@ impl Engine {
         let name = record.name.clone();
         let mut views = self.deployments.lock().await;
         if !views.by_name.contains_key(&name) {
-            let view = self.load_deployment_view(&record).await?;
+            let view = self.load_deployment_view(revision, &record).await?;
             views.by_uid.insert(view.uid, name.clone());
             for (index, target) in view.targets.iter().enumerate() {
                 if let Some(job) = target.job {
@@ -551,6 +562,17 @@ impl Engine {
                 }
             }
             views.by_name.insert(name.clone(), view);
+        }
+
+        if views
+            .by_name
+            .get(&name)
+            .is_some_and(|v| v.routed < revision)
+        {
+            // Another replica wrote since the view last caught up; its
+            // changes are still on the way through the feed, whose routing
+            // of this record will pass again.
+            return Ok(());
         }
 
         // "Add new devices": the filter again, for devices not yet targets.
@@ -641,6 +663,10 @@ impl Engine {
         let Some(leased) = self.lease(revision, &record, now).await? else {
             return Ok(());
         };
+        if let Some(view) = views.by_name.get_mut(&name) {
+            view.routed = view.routed.max(leased);
+        }
+        let view = views.by_name.get(&name).expect("loaded above");
 
         // Jobs first, then the targets that name them: a crash in between
         // leaves a job the next pass releases again under the same id.
@@ -678,7 +704,6 @@ impl Engine {
             });
             job_keys.push(key);
         }
-        let jobs = ops.len();
         for (index, target) in &decision.changes {
             ops.push(Op::Put {
                 key: target_key(record.uid, &target.device),
@@ -699,13 +724,14 @@ impl Engine {
         for key in job_keys {
             match results.next() {
                 Some(Ok(_)) => released_keys.push(key),
-                // Created by an earlier try of this release.
-                Some(Err(e)) if e.is_conflict() => released_keys.push(key),
+                // Released already (by a pass whose lease ran out, or before
+                // a crash): the delivery core has it from the store; sending
+                // it again would deliver it twice.
+                Some(Err(e)) if e.is_conflict() => {}
                 Some(Err(e)) => return Err(e.into()),
                 None => break,
             }
         }
-        debug_assert_eq!(released_keys.len(), jobs);
         let mut stale = false;
         for (index, target) in decision.changes {
             match results.next() {
@@ -749,6 +775,16 @@ impl Engine {
         }
         let mut done = record;
         done.status = status;
-        self.release_lease(leased, done).await
+        let stored = self.release_lease(leased, done).await?;
+        if let Some(revision) = stored
+            && let Some(view) = self.deployments.lock().await.by_name.get_mut(&name)
+        {
+            view.routed = view.routed.max(revision);
+        }
+        Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "deploy_sim_tests.rs"]
+mod sim_tests;

@@ -92,6 +92,33 @@ impl Presence {
         }
     }
 
+    /// For tests that play the fleet: the device was seen at `at`.
+    #[cfg(test)]
+    pub(crate) fn simulate_seen(&self, device: &DeviceId, at: Timestamp, arrived: bool) {
+        self.update(device, |_| {
+            Some(Live {
+                transport: "simulated",
+                connected: true,
+                last_seen: at,
+                last_heartbeat: Some(at),
+            })
+        });
+        if arrived {
+            self.arrive(device);
+        }
+    }
+
+    /// For tests that play the fleet: the device's connection ended.
+    #[cfg(test)]
+    pub(crate) fn simulate_gone(&self, device: &DeviceId) {
+        self.update(device, |live| {
+            live.map(|l| Live {
+                connected: false,
+                ..l.clone()
+            })
+        });
+    }
+
     fn arrive(&self, device: &DeviceId) {
         {
             let mut arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());

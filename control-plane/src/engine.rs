@@ -643,6 +643,46 @@ impl Engine {
     }
 }
 
+#[cfg(test)]
+impl Engine {
+    /// One turn of [`Engine::run`]'s loop at `now`, for tests that drive the
+    /// clock: the changes the store announced, the arrivals, the due
+    /// deployments, every deployment on each [`DEPLOYMENT_TICKS`]th turn.
+    /// Without `read_feed` the feed lags: the changes stay unread this turn.
+    pub(crate) async fn turn(
+        &self,
+        feed: &mut broadcast::Receiver<crate::store::Change>,
+        turn: u64,
+        read_feed: bool,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let mut changes = Vec::new();
+        if read_feed {
+            loop {
+                match feed.try_recv() {
+                    Ok(change) => changes.push(change),
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                        return self.pass_all(now).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        let mut dirty = HashSet::new();
+        self.route(changes, &mut dirty).await?;
+        if let Some(presence) = &self.presence {
+            let (devices, _) = presence.take_arrivals();
+            dirty.extend(self.deployments_of(&devices).await);
+        }
+        dirty.extend(self.due_deployments(now).await);
+        if turn.is_multiple_of(DEPLOYMENT_TICKS) {
+            dirty.extend(self.viewed_deployments().await);
+            dirty.insert(deployments::DIRTY_PLANNING.to_owned());
+        }
+        self.pass(dirty, now).await
+    }
+}
+
 /// A target's job as the view keeps it, before the deadline is applied.
 #[derive(Debug, Clone, PartialEq)]
 enum Seen {
