@@ -2,7 +2,7 @@
 //! returns what should happen next; the executor records it durably and acts.
 
 use crate::ids::JobId;
-use crate::model::JobOutput;
+use crate::model::{JobKind, JobOutput};
 use jiff::Timestamp;
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +28,9 @@ pub enum StepOutcome {
 pub struct StepContext<'a> {
     pub job_id: JobId,
     pub step: &'a str,
+    /// What the job was asked to do, with its parameters; None for a job
+    /// started locally (`drover-agent upgrade`).
+    pub kind: Option<&'a JobKind>,
     /// The step's first start, durable across restarts: deadlines count from here.
     pub started_at: Timestamp,
     /// The job's durable start: the whole job's budget counts from here,

@@ -613,6 +613,7 @@ impl Agent {
             let ctx = StepContext {
                 job_id: record.status.job_id,
                 step: &step_name,
+                kind: record.intent.as_ref().map(|i| &i.kind),
                 started_at: step.started_at.unwrap_or(now),
                 job_started_at: record.status.started_at.unwrap_or(now),
                 budget,

@@ -13,6 +13,118 @@ use serde::{Deserialize, Serialize};
 pub enum JobKind {
     SystemUpgradeV1(Empty),
     InventoryRefreshV1(Empty),
+    PackageInstallV1(PackageInstall),
+}
+
+/// `PackageInstallV1`: one `.deb` from the control plane's package store.
+/// Every field but the link is fixed when the job is made; the signature
+/// over the intent covers them all, so the checksum the agent verifies is
+/// the control plane's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PackageInstall {
+    /// The package store's id: `NAME_VERSION_ARCH`.
+    pub package: String,
+    pub name: String,
+    pub version: String,
+    pub architecture: String,
+    /// Hex SHA-256 of the file.
+    pub sha256: String,
+    pub size: u64,
+    /// Made fresh at every delivery and never stored by the control plane.
+    /// (Always written, `null` when absent: the stores encode with postcard,
+    /// which cannot skip a field.)
+    #[serde(default)]
+    pub download: Option<DownloadLink>,
+}
+
+/// A signed, expiring link to a package's file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DownloadLink {
+    pub url: String,
+    pub expires_at: Timestamp,
+}
+
+/// Largest package a `PackageInstallV1` job may carry.
+pub const MAX_PACKAGE_BYTES: u64 = 2 << 30;
+
+impl PackageInstall {
+    /// Whether the fields are what a package store can hold: Debian's
+    /// name and version syntax, a hex digest, a bounded size, an http(s) link.
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = self.name.len() >= 2
+            && self.name.len() <= 128
+            && self
+                .name
+                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c));
+        if !name_ok {
+            return Err(format!("{:?} is not a Debian package name", self.name));
+        }
+        let version_ok = !self.version.is_empty()
+            && self.version.len() <= 128
+            && self.version.starts_with(|c: char| c.is_ascii_digit())
+            && self
+                .version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".+-~:".contains(c));
+        if !version_ok {
+            return Err(format!("{:?} is not a Debian version", self.version));
+        }
+        if self.architecture.is_empty()
+            || self.architecture.len() > 32
+            || !self
+                .architecture
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            return Err(format!(
+                "{:?} is not a Debian architecture",
+                self.architecture
+            ));
+        }
+        if self.package != package_id(&self.name, &self.version, &self.architecture) {
+            return Err(format!(
+                "package id {:?} does not match its name, version and architecture",
+                self.package
+            ));
+        }
+        if self.sha256.len() != 64
+            || !self
+                .sha256
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        {
+            return Err("sha256 must be 64 lower-case hex digits".into());
+        }
+        if self.size == 0 || self.size > MAX_PACKAGE_BYTES {
+            return Err(format!(
+                "a package of {} bytes is outside 1..={MAX_PACKAGE_BYTES}",
+                self.size
+            ));
+        }
+        if let Some(link) = &self.download
+            && (link.url.len() > 2048
+                || !(link.url.starts_with("https://") || link.url.starts_with("http://"))
+                || link
+                    .url
+                    .chars()
+                    .any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Err("the download link is not an http(s) URL".into());
+        }
+        Ok(())
+    }
+}
+
+/// The package store's id of a package: `NAME_VERSION_ARCH`, the epoch's
+/// colon written `%3a` as in Debian's file names.
+pub fn package_id(name: &str, version: &str, architecture: &str) -> String {
+    format!("{name}_{}_{architecture}", version.replace(':', "%3a"))
 }
 
 /// The parameters of a kind that takes none. Unknown fields are refused, so a
@@ -27,6 +139,7 @@ impl JobKind {
         match self {
             JobKind::SystemUpgradeV1(_) => "systemUpgradeV1",
             JobKind::InventoryRefreshV1(_) => "inventoryRefreshV1",
+            JobKind::PackageInstallV1(_) => "packageInstallV1",
         }
     }
 
@@ -222,4 +335,83 @@ pub struct Heartbeat {
 pub struct HeldJob {
     pub job_id: JobId,
     pub state: JobState,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> PackageInstall {
+        PackageInstall {
+            package: "hello_2:1.0-1+b1_arm64".replace(':', "%3a"),
+            name: "hello".into(),
+            version: "2:1.0-1+b1".into(),
+            architecture: "arm64".into(),
+            sha256: "a".repeat(64),
+            size: 1234,
+            download: Some(DownloadLink {
+                url: "https://cp.example:7182/api/agent/v1/packages/x/file?sig=1".into(),
+                expires_at: Timestamp::UNIX_EPOCH,
+            }),
+        }
+    }
+
+    #[test]
+    fn package_parameters_are_checked() {
+        assert_eq!(good().check(), Ok(()));
+        type Case = (&'static str, fn(&mut PackageInstall), &'static str);
+        let cases: &[Case] = &[
+            (
+                "upper-case name",
+                |p| p.name = "Hello".into(),
+                "package name",
+            ),
+            (
+                "name with a slash",
+                |p| p.name = "../etc".into(),
+                "package name",
+            ),
+            ("one-letter name", |p| p.name = "h".into(), "package name"),
+            ("empty version", |p| p.version = String::new(), "version"),
+            (
+                "version with a space",
+                |p| p.version = "1.0 x".into(),
+                "version",
+            ),
+            (
+                "architecture with a slash",
+                |p| p.architecture = "a/b".into(),
+                "architecture",
+            ),
+            (
+                "id of another package",
+                |p| p.package = "other_1_all".into(),
+                "does not match",
+            ),
+            ("short digest", |p| p.sha256 = "ab".into(), "sha256"),
+            ("upper-case digest", |p| p.sha256 = "A".repeat(64), "sha256"),
+            ("empty file", |p| p.size = 0, "outside"),
+            ("huge file", |p| p.size = MAX_PACKAGE_BYTES + 1, "outside"),
+            (
+                "file link",
+                |p| p.download.as_mut().expect("link").url = "file:///etc/shadow".into(),
+                "http(s)",
+            ),
+            (
+                "link with a newline",
+                |p| p.download.as_mut().expect("link").url = "https://a\n/b".into(),
+                "http(s)",
+            ),
+        ];
+        for (what, change, expected) in cases {
+            let mut package = good();
+            change(&mut package);
+            if !what.starts_with("id of") {
+                package.package =
+                    package_id(&package.name, &package.version, &package.architecture);
+            }
+            let error = package.check().expect_err(what);
+            assert!(error.contains(expected), "{what}: {error}");
+        }
+    }
 }

@@ -99,7 +99,7 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
     let kind: JobKind = match serde_json::from_value(wire.kind.clone()) {
         Ok(kind) => kind,
         Err(e) => {
-            let known = ["systemUpgradeV1", "inventoryRefreshV1"];
+            let known = ["systemUpgradeV1", "inventoryRefreshV1", "packageInstallV1"];
             let reason = if known.contains(&kind_name.as_str()) {
                 format!("invalid parameters for job kind {kind_name}: {e}")
             } else {
@@ -111,6 +111,12 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
             return Err(fail(Some(kind_name), Some(device_id), reason));
         }
     };
+    if let JobKind::PackageInstallV1(package) = &kind
+        && let Err(e) = package.check()
+    {
+        let reason = format!("invalid parameters for job kind {kind_name}: {e}");
+        return Err(fail(Some(kind_name), Some(device_id), reason));
+    }
     Ok(Intent {
         job_id: wire.job_id,
         device_id,

@@ -217,6 +217,21 @@ pub struct Updater {
     pub root: Option<PathBuf>,
     #[serde(default = "default_min_free_mib")]
     pub min_free_mib: u64,
+    /// CA certificates trusted for package downloads (`https://` links from
+    /// the control plane). Default: the WebSocket transport's `ca_file`, or
+    /// the system bundle.
+    pub download_ca_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// The CA file package downloads trust.
+    pub fn download_ca_file(&self) -> PathBuf {
+        match (&self.updater.download_ca_file, &self.transport) {
+            (Some(file), _) => file.clone(),
+            (None, Transport::Websocket { ca_file, .. }) => ca_file.clone(),
+            (None, _) => default_ca_file(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
-use updater_apt::{AptSettings, InventoryRefresh, Launcher, Mode, SystemUpgrade};
+use updater_apt::{
+    AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, SystemUpgrade,
+};
 
 #[derive(Parser)]
 #[command(name = "drover-agent", version, about = "Drover's device agent")]
@@ -281,8 +283,17 @@ async fn run(config_path: &Path) -> Result<()> {
         calls_dir: config.state_dir.join("calls"),
         launcher: Launcher::detect(),
     };
+    let ca_file = config.download_ca_file();
+    let fetcher = Fetcher {
+        // Without a readable CA file only http:// links to loopback work;
+        // an https:// job then fails saying so.
+        tls: transport_websocket::tls::client_config(&ca_file).ok(),
+        device_id: device_id.to_string(),
+        token: config.transport.read_token().ok(),
+    };
     let chains: Vec<Arc<dyn agent_core::chain::Chain>> = vec![
         Arc::new(SystemUpgrade::new(apt.clone())),
+        Arc::new(PackageInstaller::new(apt.clone(), Some(fetcher))),
         Arc::new(InventoryRefresh::new(apt.clone())),
     ];
     let settings = Settings {

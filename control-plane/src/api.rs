@@ -5,6 +5,7 @@ use crate::deployment::{DeploymentRecord, TargetEnd, TargetRecord};
 use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
+use crate::packages::PackageRecord;
 use crate::records::{
     Db, DbError, DeviceRecord, JobDelivery, RunStatus, TaskRunRecord, device_key, job_key, run_key,
 };
@@ -36,9 +37,13 @@ pub struct ApiState {
     pub engine_wake: Arc<Notify>,
     /// Live presence on this replica: fresher than the stored times.
     pub presence: Arc<Presence>,
+    /// The data directory (package files live there).
+    pub data: std::path::PathBuf,
+    /// Whether this control plane serves package downloads.
+    pub downloads: bool,
 }
 
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -72,6 +77,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/deployments/{name}/targets", get(deployment_targets))
         .route("/deployments/{name}/describe", get(describe_deployment))
         .route("/deployments/{name}/add-new-devices", post(add_new_devices))
+        // The body is streamed to disk and bounded there, not by the limit below.
+        .route("/packages", get(list_packages).post(upload_package))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
@@ -83,13 +90,18 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-async fn require_operator(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    let token = request
+/// The bearer token of a request, or "" (which no check accepts).
+pub fn bearer(request: &Request) -> &str {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .unwrap_or("")
+}
+
+async fn require_operator(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let token = bearer(&request);
     if !state.secrets.verify_operator(token) {
         return ApiError(
             StatusCode::UNAUTHORIZED,
@@ -321,7 +333,10 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 Json(json!({"kind": "TaskSchedule", "name": name, "result": result})),
             ))
         }
-        Manifest::Deployment { name, spec } => {
+        Manifest::Deployment { name, mut spec } => {
+            if let crate::deployment::DeploymentJob::PackageInstallV1(wanted) = &mut spec.job {
+                *wanted = resolve_package(state, wanted).await?;
+            }
             let deployment = DeploymentRecord {
                 name: name.clone(),
                 uid: JobId::random(),
@@ -357,6 +372,67 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
             ))
         }
     }
+}
+
+/// A package deployment's job from the store: the manifest names the
+/// package (and may pin its version and checksum).
+async fn resolve_package(
+    state: &ApiState,
+    wanted: &agent_core::model::PackageInstall,
+) -> Result<agent_core::model::PackageInstall, ApiError> {
+    if !state.downloads {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "packageInstallV1: this control plane serves no package downloads; start `drover serve` with --download-listen".into(),
+        ));
+    }
+    let key = crate::packages::package_key(&wanted.package);
+    let Some((_, stored)) = state.db.get::<PackageRecord>(&key).await? else {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "package {} is not in the package store; upload it with `drover packages upload FILE.deb`",
+                wanted.package
+            ),
+        ));
+    };
+    for (field, pinned, held) in [
+        ("version", &wanted.version, &stored.version),
+        ("sha256", &wanted.sha256, &stored.sha256),
+    ] {
+        if !pinned.is_empty() && pinned != held {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "packageInstallV1.{field} is {pinned}, but the store holds {} with {held}",
+                    stored.id
+                ),
+            ));
+        }
+    }
+    Ok(stored.job())
+}
+
+/// Stores an uploaded .deb (the request body).
+async fn upload_package(
+    State(state): State<ApiState>,
+    request: Request,
+) -> Result<(StatusCode, Json<PackageRecord>), ApiError> {
+    let (record, created) =
+        crate::packages::upload(&state.db, &state.data, request.into_body()).await?;
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, Json(record)))
+}
+
+async fn list_packages(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<PackageRecord>>, ApiError> {
+    let packages = state.db.list::<PackageRecord>("packages/").await?;
+    Ok(Json(packages.into_iter().map(|(_, _, p)| p).collect()))
 }
 
 /// Creates a resource whose spec never changes (a TaskRun, a Deployment):

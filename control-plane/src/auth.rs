@@ -162,6 +162,29 @@ impl Secrets {
         }
     }
 
+    fn link_message(package: &str, device: &DeviceId, expires: i64) -> Vec<u8> {
+        format!("drover-download-link:v1:{package}:{device}:{expires}").into_bytes()
+    }
+
+    /// The signature of a download link: one package, one device, until
+    /// `expires` (Unix seconds). Replicas share the key, so any one verifies.
+    pub fn sign_link(&self, package: &str, device: &DeviceId, expires: i64) -> String {
+        hex(hmac::sign(&self.key, &Self::link_message(package, device, expires)).as_ref())
+    }
+
+    /// Constant-time check of a download link's signature.
+    pub fn verify_link(&self, package: &str, device: &DeviceId, expires: i64, sig: &str) -> bool {
+        match unhex(sig) {
+            Some(tag) => hmac::verify(
+                &self.key,
+                &Self::link_message(package, device, expires),
+                &tag,
+            )
+            .is_ok(),
+            None => false,
+        }
+    }
+
     /// Constant-time check of the operator token (compares MACs of both).
     /// An empty token never passes.
     pub fn verify_operator(&self, token: &str) -> bool {

@@ -104,6 +104,24 @@ impl ApiClient {
         Self::check(response).await
     }
 
+    /// Sends a file as the body of a POST (a package upload).
+    pub async fn post_file(&self, path: &str, file: &Path) -> Result<Value> {
+        let bytes = tokio::fs::read(file)
+            .await
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let url = format!("{}/api/v1{path}", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/vnd.debian.binary-package")
+            .body(bytes)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+        Self::check(response).await
+    }
+
     /// Applies every document of a YAML or JSON text in one request (a
     /// List when there are several); returns the results.
     pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {

@@ -140,6 +140,8 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             store_on_nats: false,
             max_agent_connections: 1000,
             mqtt: None,
+            download_listen: None,
+            download_url: None,
         },
         shutdown.clone(),
     )

@@ -9,6 +9,7 @@
 //! the jobs it creates, as it does a task run's.
 
 use agent_core::model::JobKind;
+use agent_core::model::PackageInstall;
 use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
@@ -63,17 +64,31 @@ pub struct DeviceFilter {
 }
 
 /// The job every target runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeploymentJob {
     SystemUpgradeV1,
     InventoryRefreshV1,
+    /// One package from the store. A manifest names only its id; `apply`
+    /// fills in the rest from the package store before the deployment is
+    /// stored, so the spec (and every job) fixes the file's checksum.
+    PackageInstallV1(PackageInstall),
 }
 
 impl DeploymentJob {
-    pub fn kind(self) -> JobKind {
+    pub fn kind(&self) -> JobKind {
         match self {
             DeploymentJob::SystemUpgradeV1 => JobKind::system_upgrade(),
             DeploymentJob::InventoryRefreshV1 => JobKind::inventory_refresh(),
+            DeploymentJob::PackageInstallV1(package) => JobKind::PackageInstallV1(package.clone()),
+        }
+    }
+
+    /// The kind's wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DeploymentJob::SystemUpgradeV1 => "systemUpgradeV1",
+            DeploymentJob::InventoryRefreshV1 => "inventoryRefreshV1",
+            DeploymentJob::PackageInstallV1(_) => "packageInstallV1",
         }
     }
 }

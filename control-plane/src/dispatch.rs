@@ -257,6 +257,8 @@ pub struct Dispatcher {
     /// The keys in `queued`, so a key is queued once.
     queued_keys: HashSet<String>,
     signer: Arc<IntentSigner>,
+    /// The enricher of package jobs: a fresh download link at every delivery.
+    downloads: Option<Arc<crate::packages::Downloads>>,
 }
 
 /// What the engine sends the delivery core: job keys it just released.
@@ -293,7 +295,14 @@ impl Dispatcher {
             queued: VecDeque::new(),
             queued_keys: HashSet::new(),
             signer,
+            downloads: None,
         }
+    }
+
+    /// Package jobs get their download links from `downloads`.
+    pub fn with_downloads(mut self, downloads: Option<Arc<crate::packages::Downloads>>) -> Self {
+        self.downloads = downloads;
+        self
     }
 
     fn ack_timeout(&self) -> SignedDuration {
@@ -636,7 +645,14 @@ impl Dispatcher {
                 continue;
             }
             job.last_attempt = Some(now);
-            let intent = job.intent.clone();
+            let mut intent = job.intent.clone();
+            // Enrichers: what a job needs is attached here, as it goes out,
+            // and never stored.
+            if let agent_core::JobKind::PackageInstallV1(package) = &mut intent.kind
+                && let Some(downloads) = &self.downloads
+            {
+                package.download = Some(downloads.link(&package.package, &intent.device_id, now));
+            }
             let Some(link) = self.link_for(&intent.device_id) else {
                 debug!(key, "no link reaches the device yet; delivery waits for it");
                 continue;

@@ -13,6 +13,7 @@ pub mod deployment;
 pub mod dispatch;
 pub mod engine;
 pub mod manifest;
+pub mod packages;
 pub mod placement;
 pub mod records;
 pub mod rollout;

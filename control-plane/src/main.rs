@@ -78,6 +78,15 @@ enum Command {
         /// LimitNOFILE in drover.service); more are closed at once.
         #[arg(long, default_value_t = 25_000)]
         max_agent_connections: usize,
+        /// Where agents download packages (PackageInstallV1), with the same
+        /// TLS as --agent-listen. Default: the agents' address, a free port
+        /// (the links carry it).
+        #[arg(long)]
+        download_listen: Option<SocketAddr>,
+        /// The base of download links as agents reach it
+        /// (https://host:port), when not the listen address.
+        #[arg(long)]
+        download_url: Option<String>,
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,
@@ -153,6 +162,11 @@ enum Command {
     Deployments {
         #[command(subcommand)]
         command: DeploymentsCommand,
+    },
+    /// The package store (for packageInstallV1 deployments).
+    Packages {
+        #[command(subcommand)]
+        command: PackagesCommand,
     },
     /// Print the bearer token a device's agent uses.
     Token { device: String },
@@ -273,6 +287,7 @@ enum Resource {
     Taskschedule,
     Deployments,
     Deployment,
+    Packages,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -285,6 +300,14 @@ enum DeploymentsCommand {
     /// Run a deployment's targeting again and add the devices that match
     /// now and are not targets yet (within its 20,000 targets).
     AddNewDevices { name: String },
+}
+
+#[derive(Subcommand)]
+enum PackagesCommand {
+    /// Store a .deb: its name, version and architecture are read from it,
+    /// its size and SHA-256 recorded. The same file again changes nothing;
+    /// another file under the same name, version and architecture is refused.
+    Upload { file: PathBuf },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -347,6 +370,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             ack_timeout_seconds,
             pass_interval_ms,
             max_agent_connections,
+            download_listen,
+            download_url,
             ready_file,
             nats,
             mqtt,
@@ -368,13 +393,14 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     store_on_nats: *store == StoreKind::Nats,
                     max_agent_connections: *max_agent_connections,
                     mqtt: mqtt.settings(),
+                    download_listen: *download_listen,
+                    download_url: download_url.clone(),
                 },
                 shutdown.clone(),
             )
             .await?;
             if let Some(path) = ready_file {
-                let ready =
-                    serde_json::json!({"api": started.api_addr, "agents": started.agent_addr});
+                let ready = serde_json::json!({"api": started.api_addr, "agents": started.agent_addr, "downloads": started.download_addr});
                 let tmp = path.with_extension("tmp");
                 std::fs::write(&tmp, ready.to_string())?;
                 std::fs::rename(&tmp, path)?;
@@ -448,6 +474,28 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         out!("{}", serde_json::to_string_pretty(&deployments)?);
                     } else {
                         print_deployments(&deployments);
+                    }
+                }
+                Resource::Packages => {
+                    let packages: Vec<Value> = api.get("/packages").await?;
+                    if *output == Output::Json {
+                        out!("{}", serde_json::to_string_pretty(&packages)?);
+                    } else {
+                        out!(
+                            "{:<40} {:>12}  {:<64}  UPLOADED",
+                            "PACKAGE",
+                            "BYTES",
+                            "SHA256"
+                        );
+                        for p in &packages {
+                            out!(
+                                "{:<40} {:>12}  {:<64}  {}",
+                                shown(&p["id"]),
+                                p["size"],
+                                shown(&p["sha256"]),
+                                shown(&p["uploadedAt"])
+                            );
+                        }
                     }
                 }
                 Resource::Taskrun => {
@@ -549,6 +597,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else {
                 print_described_deployment(&described);
             }
+            Ok(0)
+        }
+        Command::Packages {
+            command: PackagesCommand::Upload { file },
+        } => {
+            let answer = client(&cli)?.post_file("/packages", file).await?;
+            out!(
+                "package {} ({} bytes, sha256 {}) is in the store",
+                shown(&answer["id"]),
+                answer["size"],
+                shown(&answer["sha256"])
+            );
             Ok(0)
         }
         Command::Deployments {
@@ -826,4 +886,9 @@ fn print_described_deployment(described: &Value) {
             );
         }
     }
+}
+
+/// A string field of an API answer, safe to print.
+fn shown(value: &Value) -> String {
+    drover::watch::printable(value.as_str().unwrap_or(""))
 }

@@ -196,13 +196,25 @@ fn contains_key(value: &serde_json::Value, key: &str) -> bool {
     }
 }
 
+/// `packageInstallV1: {package: ID}`; `version` and `sha256`, when given,
+/// pin what the store must hold under that id.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WirePackage {
+    package: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WireDeploymentSpec {
     targets: WireTargets,
     system_upgrade_v1: Option<Empty>,
     inventory_refresh_v1: Option<Empty>,
-    package_install_v1: Option<serde_json::Value>,
+    package_install_v1: Option<WirePackage>,
     max_concurrency: u32,
     #[serde(default)]
     maintenance_window: Option<WireWindow>,
@@ -312,18 +324,34 @@ fn parse_deployment_spec(
     } else {
         Targeting::All
     };
-    if wire.package_install_v1.is_some() {
-        problems.push(
-            "spec.packageInstallV1: package deployments need the package store, which this control plane does not have yet"
-                .into(),
-        );
-    }
-    let job = match (wire.system_upgrade_v1, wire.inventory_refresh_v1) {
-        (Some(_), None) => DeploymentJob::SystemUpgradeV1,
-        (None, Some(_)) => DeploymentJob::InventoryRefreshV1,
+    let job = match (
+        wire.system_upgrade_v1,
+        wire.inventory_refresh_v1,
+        wire.package_install_v1,
+    ) {
+        (Some(_), None, None) => DeploymentJob::SystemUpgradeV1,
+        (None, Some(_), None) => DeploymentJob::InventoryRefreshV1,
+        (None, None, Some(package)) => {
+            if package.package.is_empty() || package.package.len() > 300 {
+                problems.push(
+                    "spec.packageInstallV1.package must name a package in the store (NAME_VERSION_ARCH, as `drover get packages` shows)"
+                        .into(),
+                );
+            }
+            // Filled in from the package store by apply.
+            DeploymentJob::PackageInstallV1(agent_core::model::PackageInstall {
+                package: package.package,
+                name: String::new(),
+                version: package.version.unwrap_or_default(),
+                architecture: String::new(),
+                sha256: package.sha256.unwrap_or_default(),
+                size: 0,
+                download: None,
+            })
+        }
         _ => {
             problems.push(
-                "spec needs exactly one job: systemUpgradeV1: {} or inventoryRefreshV1: {}".into(),
+                "spec needs exactly one job: systemUpgradeV1: {}, inventoryRefreshV1: {} or packageInstallV1: {package: ID}".into(),
             );
             DeploymentJob::SystemUpgradeV1
         }
@@ -408,11 +436,12 @@ fn render_deployment_spec(spec: &crate::deployment::DeploymentSpec) -> serde_jso
         "retryBackoffSeconds": spec.retry_backoff_seconds,
         "deadlineSeconds": spec.deadline_seconds,
     });
-    let job = match spec.job {
-        DeploymentJob::SystemUpgradeV1 => "systemUpgradeV1",
-        DeploymentJob::InventoryRefreshV1 => "inventoryRefreshV1",
+    rendered[spec.job.name()] = match &spec.job {
+        DeploymentJob::PackageInstallV1(package) => serde_json::json!({
+            "package": package.package, "version": package.version, "sha256": package.sha256
+        }),
+        _ => serde_json::json!({}),
     };
-    rendered[job] = serde_json::json!({});
     if let Some(window) = &spec.maintenance_window {
         rendered["maintenanceWindow"] = serde_json::json!({
             "start": crate::deployment::format_minute(window.start_minute),
@@ -835,9 +864,32 @@ mod tests {
                 "unknown field",
             ),
             (
-                "package installs",
+                "two jobs",
                 |v| v["spec"]["packageInstallV1"] = serde_json::json!({"package": "x"}),
-                "package store",
+                "exactly one job",
+            ),
+            (
+                "a package without its id",
+                |v| {
+                    v["spec"]
+                        .as_object_mut()
+                        .expect("spec")
+                        .remove("systemUpgradeV1");
+                    v["spec"]["packageInstallV1"] = serde_json::json!({"package": ""});
+                },
+                "must name a package",
+            ),
+            (
+                "package install options",
+                |v| {
+                    v["spec"]
+                        .as_object_mut()
+                        .expect("spec")
+                        .remove("systemUpgradeV1");
+                    v["spec"]["packageInstallV1"] =
+                        serde_json::json!({"package": "x_1_all", "force": true});
+                },
+                "unknown field",
             ),
             (
                 "zero concurrency",

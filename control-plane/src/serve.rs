@@ -47,12 +47,20 @@ pub struct ServeOptions {
     pub max_agent_connections: usize,
     /// Serve agents over MQTT too.
     pub mqtt: Option<transport_mqtt::MqttSettings>,
+    /// Where package downloads are served; None: the agents' address on an
+    /// ephemeral port (links carry the port).
+    pub download_listen: Option<SocketAddr>,
+    /// The public base of download links (`https://host:port`), when agents
+    /// reach the download listener under another name (a proxy, a wildcard
+    /// listen address).
+    pub download_url: Option<String>,
 }
 
 /// A started control plane.
 pub struct Started {
     pub api_addr: SocketAddr,
     pub agent_addr: SocketAddr,
+    pub download_addr: SocketAddr,
     pub secrets: Arc<Secrets>,
     pub tasks: Vec<JoinHandle<()>>,
 }
@@ -130,6 +138,32 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let signer = Arc::new(crate::auth::IntentSigner::load_or_create(&options.data)?);
     info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
+    let download_listener = TcpListener::bind(
+        options
+            .download_listen
+            .unwrap_or_else(|| SocketAddr::new(options.agent_listen.ip(), 0)),
+    )
+    .await
+    .context("cannot listen for package downloads")?;
+    let download_addr = download_listener.local_addr()?;
+    let download_base = match &options.download_url {
+        Some(url) => Some(url.clone()),
+        None if download_addr.ip().is_unspecified() => {
+            tracing::warn!(listen = %download_addr, "package downloads are off: pass --download-url with the address agents reach");
+            None
+        }
+        None => Some(format!(
+            "{}://{download_addr}",
+            if tls.is_some() { "https" } else { "http" }
+        )),
+    };
+    let downloads = download_base.map(|base| {
+        Arc::new(crate::packages::Downloads::new(
+            secrets.clone(),
+            base,
+            &options.data,
+        ))
+    });
     let dispatcher = Dispatcher::new(
         db.clone(),
         links,
@@ -139,7 +173,8 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         presence.clone(),
         caught_up,
         signer,
-    );
+    )
+    .with_downloads(downloads.clone());
     let api_listener = TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -154,7 +189,23 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         engine: engine.clone(),
         engine_wake: wake.clone(),
         presence,
+        data: options.data.clone(),
+        downloads: downloads.is_some(),
     });
+    if let Some(downloads) = &downloads {
+        let router = crate::packages::download_router(crate::packages::DownloadState {
+            db: db.clone(),
+            secrets: secrets.clone(),
+            downloads: downloads.clone(),
+        });
+        tasks.push(tokio::spawn(serve_http(
+            "download",
+            download_listener,
+            tls.clone(),
+            router,
+            shutdown.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(dispatcher.run(
         events,
         released,
@@ -173,35 +224,13 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         options.max_agent_connections,
         shutdown.clone(),
     )));
-    let api_shutdown = shutdown.clone();
-    tasks.push(tokio::spawn(async move {
-        let stopped = async move { api_shutdown.cancelled().await };
-        let served = match api_tls {
-            Some(acceptor) => {
-                let incoming = transport_websocket::tls::accept_tls(
-                    api_listener,
-                    acceptor,
-                    API_HANDSHAKE_TIMEOUT,
-                    API_MAX_HANDSHAKES,
-                );
-                let listener = TlsApiListener {
-                    incoming,
-                    addr: api_addr,
-                };
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-            None => {
-                axum::serve(api_listener, router)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-        };
-        if let Err(e) = served {
-            tracing::error!(error = %e, "API server stopped");
-        }
-    }));
+    tasks.push(tokio::spawn(serve_http(
+        "API",
+        api_listener,
+        api_tls,
+        router,
+        shutdown.clone(),
+    )));
     info!(
         api = %api_addr,
         api_tls = options.api_tls.is_some(),
@@ -212,6 +241,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     Ok(Started {
         api_addr,
         agent_addr,
+        download_addr,
         secrets,
         tasks,
     })
@@ -237,6 +267,40 @@ fn check_api_listen(options: &ServeOptions) -> Result<()> {
         tracing::warn!(listen = %options.listen, "serving the operators' API in clear (--api-allow-plaintext)");
     }
     Ok(())
+}
+
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`.
+async fn serve_http(
+    what: &'static str,
+    listener: TcpListener,
+    tls: Option<transport_websocket::tls::Acceptor>,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) {
+    let stopped = async move { shutdown.cancelled().await };
+    let served = match (tls, listener.local_addr()) {
+        (Some(acceptor), Ok(addr)) => {
+            let incoming = transport_websocket::tls::accept_tls(
+                listener,
+                acceptor,
+                API_HANDSHAKE_TIMEOUT,
+                API_MAX_HANDSHAKES,
+            );
+            let listener = TlsApiListener { incoming, addr };
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+        (Some(_), Err(e)) => Err(e),
+        (None, _) => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+    };
+    if let Err(e) = served {
+        tracing::error!(error = %e, "{what} server stopped");
+    }
 }
 
 /// The API's listener when it speaks TLS: connections whose handshake is done.

@@ -43,7 +43,8 @@ one_layout!(
     u64,
     crate::schedule::TaskScheduleRecord,
     crate::deployment::DeploymentRecord,
-    crate::deployment::TargetRecord
+    crate::deployment::TargetRecord,
+    crate::packages::PackageRecord
 );
 
 /// A job record as stored: V1 until the control plane recorded its own

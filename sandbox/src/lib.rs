@@ -122,8 +122,8 @@ impl Pkg {
         self
     }
 
-    /// Builds the .deb into `out`.
-    fn build(&self, work: &Path, out: &Path) {
+    /// Builds the .deb into `out` (its build tree under `work`); its path.
+    pub fn build(&self, work: &Path, out: &Path) -> PathBuf {
         let tree = work.join(format!("{}_{}", self.name, self.version));
         let _ = std::fs::remove_dir_all(&tree);
         let debian = tree.join("DEBIAN");
@@ -154,10 +154,12 @@ impl Pkg {
                 run(Command::new("chmod").arg("0755").arg(&path));
             }
         }
+        let deb = out.join(format!("{}_{}_all.deb", self.name, self.version));
         run(Command::new("dpkg-deb")
             .args(["--root-owner-group", "-Zgzip", "--build"])
             .arg(&tree)
-            .arg(out.join(format!("{}_{}_all.deb", self.name, self.version))));
+            .arg(&deb));
+        deb
     }
 }
 

@@ -516,6 +516,15 @@ impl ControlPlane {
         let page = self.get(&format!("/taskruns/{name}/targets")).await;
         page["items"].as_array().cloned().unwrap_or_default()
     }
+
+    /// Runs the `drover` CLI against this control plane as its operator.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin("drover"))
+            .args(["--server", &self.api, "--token", &self.token])
+            .args(args)
+            .output()
+            .expect("run drover")
+    }
 }
 
 /// A WebSocket connection to the control plane's agent port as device

@@ -21,11 +21,7 @@ spec:
 ";
 
 fn drover(cp: &ControlPlane, args: &[&str]) -> Output {
-    Command::new(bin("drover"))
-        .args(["--server", &cp.api, "--token", &cp.token])
-        .args(args)
-        .output()
-        .expect("run drover")
+    cp.cli(args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

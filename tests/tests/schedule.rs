@@ -5,9 +5,9 @@
 //! new runs. The tick rules themselves are table-tested with an injected
 //! clock (control-plane/src/schedule.rs, engine_tests.rs).
 
-use drover_tests::{AgentProcess, ControlPlane, bin, eventually};
+use drover_tests::{AgentProcess, ControlPlane, eventually};
 use serde_json::json;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 const SCHEDULE: &str = "apiVersion: fleet.nationtech.io/v1alpha1
@@ -25,11 +25,7 @@ spec:
 ";
 
 fn drover(cp: &ControlPlane, args: &[&str]) -> Output {
-    Command::new(bin("drover"))
-        .args(["--server", &cp.api, "--token", &cp.token])
-        .args(args)
-        .output()
-        .expect("run drover")
+    cp.cli(args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

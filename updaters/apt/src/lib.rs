@@ -1,19 +1,23 @@
-//! Drover's apt updaters as step chains: `SystemUpgradeV1` (AptFullUpgradeV1)
-//! and `InventoryRefreshV1`. Every command, option and reboot policy is
+//! Drover's apt updaters as step chains: `SystemUpgradeV1` (AptFullUpgradeV1),
+//! `PackageInstallV1` and `InventoryRefreshV1`. Every command, option and reboot policy is
 //! compiled in here (A8); the local config may only choose the mode and point
 //! the updater at a sandbox root.
 
 pub mod call;
 mod command;
 pub mod dpkg;
+pub mod fetch;
 mod inventory;
 pub mod kernel;
+mod package;
 mod parse;
 mod upgrade;
 
 pub use call::{Bound, CallError, CallOutcome, Calls, Launcher};
 pub use command::{CommandError, CommandOutput, run_bounded};
+pub use fetch::Fetcher;
 pub use inventory::InventoryRefresh;
+pub use package::{PackageInstaller, STEPS as PACKAGE_INSTALL_STEPS};
 pub use parse::{parse_simulation, parse_upgrade_run};
 pub use upgrade::{STEPS as SYSTEM_UPGRADE_STEPS, SystemUpgrade};
 

@@ -23,7 +23,7 @@ pub const CHILD_CALL_LIMIT: Duration = Duration::from_secs(1440);
 pub const LISTS_LOCK_WAIT: Duration = Duration::from_secs(300);
 /// Options of every apt-get call that changes packages: no questions, apt's
 /// own wait for the dpkg frontend lock, and locally edited conffiles kept.
-const APT_CHANGE_OPTIONS: &[&str] = &[
+pub(crate) const APT_CHANGE_OPTIONS: &[&str] = &[
     "-y",
     "-q",
     "-o",
@@ -47,8 +47,8 @@ pub const STEPS: &[&str] = &[
 ];
 
 pub struct SystemUpgrade {
-    settings: AptSettings,
-    calls: Calls,
+    pub(crate) settings: AptSettings,
+    pub(crate) calls: Calls,
 }
 
 /// How often a step runs again after one of its calls was lost (a power
@@ -57,13 +57,13 @@ pub struct SystemUpgrade {
 pub const MAX_LOST_RETRIES: u32 = 3;
 
 /// Seconds since the step's durable start.
-fn elapsed(ctx: &StepContext<'_>) -> Duration {
+pub(crate) fn elapsed(ctx: &StepContext<'_>) -> Duration {
     let seconds = agent_core::clock::now().as_second() - ctx.started_at.as_second();
     Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
 }
 
 /// A detached call's id: stable for this job, step, try and purpose.
-fn call_id(ctx: &StepContext<'_>, purpose: &str) -> String {
+pub(crate) fn call_id(ctx: &StepContext<'_>, purpose: &str) -> String {
     format!("{}-{}-{}-{purpose}", ctx.job_id, ctx.step, ctx.tries)
 }
 
@@ -78,7 +78,7 @@ fn budget_end(ctx: &StepContext<'_>) -> Timestamp {
 /// What a failed call means for its step: a lost call (no exit status: the
 /// machine lost power, or the call's processes were killed) runs the step
 /// again, which repairs dpkg first; anything else fails the job.
-fn call_failed(ctx: &StepContext<'_>, what: &str, error: CallError) -> StepOutcome {
+pub(crate) fn call_failed(ctx: &StepContext<'_>, what: &str, error: CallError) -> StepOutcome {
     match error {
         CallError::Lost { .. } if ctx.tries < MAX_LOST_RETRIES => {
             warn!(%what, error = %error, tries = ctx.tries, "a call was lost; running the step again");
@@ -93,7 +93,7 @@ fn call_failed(ctx: &StepContext<'_>, what: &str, error: CallError) -> StepOutco
     }
 }
 
-fn lock_message(outcome: &CallOutcome, lock: &str) -> Option<String> {
+pub(crate) fn lock_message(outcome: &CallOutcome, lock: &str) -> Option<String> {
     outcome
         .stderr
         .lines()
@@ -110,7 +110,7 @@ impl SystemUpgrade {
 
     /// A detached call whose id is stable for this job, step, try and purpose,
     /// so a restarted agent re-attaches to it instead of starting it again.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         ctx: &StepContext<'_>,
         purpose: &str,
@@ -162,7 +162,7 @@ impl SystemUpgrade {
     /// Finishes what an interrupted dpkg left: `dpkg --configure -a` for
     /// unconfigured packages, a reinstall for half-installed ones, then checks
     /// the package states again.
-    async fn repair_dpkg(&self, ctx: &StepContext<'_>) -> StepOutcome {
+    pub(crate) async fn repair_dpkg(&self, ctx: &StepContext<'_>) -> StepOutcome {
         let root = self.settings.system_root();
         let mut broken = match self.broken_packages().await {
             Ok(broken) => broken,

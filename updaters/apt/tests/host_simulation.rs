@@ -24,6 +24,7 @@ async fn run_chain(chain: &dyn Chain) -> (Vec<StepOutcome>, Option<JobOutput>) {
         let ctx = StepContext {
             job_id: JobId::random(),
             step,
+            kind: None,
             started_at: jiff::Timestamp::now(),
             job_started_at: jiff::Timestamp::now(),
             budget: std::time::Duration::from_secs(1500),

@@ -1,0 +1,339 @@
+//! The package store and its download links (`PackageInstallV1`).
+//!
+//! `drover packages upload FILE.deb` streams a file to `POST
+//! /api/v1/packages`; the control plane reads its name, version and
+//! architecture with `dpkg-deb --field` (dpkg is on every Debian host), hashes
+//! it, keeps it as `packages/<sha256>.deb` in the data directory and records
+//! `packages/<NAME_VERSION_ARCH>` in the store.
+//!
+//! Links are never stored: at every delivery the enricher signs a fresh one
+//! for that device and package, valid one hour (HMAC with the replicas'
+//! shared `secret.key`), served by the download listener with range
+//! requests, so an agent resumes a broken download. An agent whose link
+//! expired asks `GET /api/agent/v1/devices/{device}/packages/{id}/download-url`
+//! with its device token for a fresh one.
+
+use crate::api::{ApiError, bearer};
+use crate::auth::Secrets;
+use crate::records::{Db, DbError, DeviceRecord, device_key};
+use agent_core::model::{DownloadLink, PackageInstall, package_id};
+use agent_core::{DeviceId, signing::hex};
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+
+/// How long a download link is good for.
+pub const LINK_LIFETIME: SignedDuration = SignedDuration::from_hours(1);
+
+/// A package in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageRecord {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub architecture: String,
+    pub sha256: String,
+    pub size: u64,
+    pub uploaded_at: Timestamp,
+}
+
+impl PackageRecord {
+    /// The job's parameters, without a link (the enricher adds one).
+    pub fn job(&self) -> PackageInstall {
+        PackageInstall {
+            package: self.id.clone(),
+            name: self.name.clone(),
+            version: self.version.clone(),
+            architecture: self.architecture.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+            download: None,
+        }
+    }
+}
+
+pub fn package_key(id: &str) -> String {
+    format!("packages/{id}")
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// Where package files live and how links to them are made.
+pub struct Downloads {
+    secrets: Arc<Secrets>,
+    /// The public base of the download listener (`https://host:port`).
+    base: String,
+    dir: PathBuf,
+}
+
+impl Downloads {
+    pub fn new(secrets: Arc<Secrets>, base: String, data: &Path) -> Self {
+        Self {
+            secrets,
+            base: base.trim_end_matches('/').to_owned(),
+            dir: blob_dir(data),
+        }
+    }
+
+    /// A fresh link for `device` to `package`.
+    pub fn link(&self, package: &str, device: &DeviceId, now: Timestamp) -> DownloadLink {
+        let expires_at = now.saturating_add(LINK_LIFETIME).unwrap_or(now);
+        let expires = expires_at.as_second();
+        let sig = self.secrets.sign_link(package, device, expires);
+        DownloadLink {
+            url: format!(
+                "{}/api/agent/v1/packages/{package}/file?device={device}&expires={expires}&sig={sig}",
+                self.base
+            ),
+            expires_at,
+        }
+    }
+}
+
+/// The directory of package files in a data directory.
+pub fn blob_dir(data: &Path) -> PathBuf {
+    data.join("packages")
+}
+
+/// Largest upload accepted.
+pub const MAX_UPLOAD_BYTES: u64 = agent_core::model::MAX_PACKAGE_BYTES;
+
+/// Streams an upload into the store: the file under its checksum, then the
+/// record (create-only: the same file again is a no-op, another file under
+/// the same name, version and architecture is a conflict).
+pub async fn upload(db: &Db, data: &Path, body: Body) -> Result<(PackageRecord, bool), ApiError> {
+    let dir = blob_dir(data);
+    tokio::fs::create_dir_all(&dir).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot create {}: {e}", dir.display()),
+        )
+    })?;
+    let tmp = tempfile::Builder::new()
+        .prefix("upload-")
+        .suffix(".deb")
+        .tempfile_in(&dir)
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot write in {}: {e}", dir.display()),
+            )
+        })?;
+    let io_error = |e: std::io::Error| {
+        ApiError(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("cannot store the upload: {e}"),
+        )
+    };
+    let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(io_error)?);
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut size = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| bad(format!("the upload broke off: {e}")))?;
+        size += chunk.len() as u64;
+        if size > MAX_UPLOAD_BYTES {
+            return Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a package may be at most {MAX_UPLOAD_BYTES} bytes"),
+            ));
+        }
+        digest.update(&chunk);
+        file.write_all(&chunk).await.map_err(io_error)?;
+    }
+    file.sync_all().await.map_err(io_error)?;
+    drop(file);
+    if size == 0 {
+        return Err(bad(
+            "the upload is empty; send the .deb file as the request body",
+        ));
+    }
+    let sha256 = hex(digest.finish().as_ref());
+    let (name, version, architecture) = fields(tmp.path()).await?;
+    let record = PackageRecord {
+        id: package_id(&name, &version, &architecture),
+        name,
+        version,
+        architecture,
+        sha256: sha256.clone(),
+        size,
+        uploaded_at: Timestamp::now(),
+    };
+    record.job().check().map_err(bad)?;
+    let key = package_key(&record.id);
+    if let Some((_, existing)) = db.get::<PackageRecord>(&key).await? {
+        return if existing.sha256 == record.sha256 {
+            Ok((existing, false))
+        } else {
+            Err(ApiError(
+                StatusCode::CONFLICT,
+                format!(
+                    "package {} is already in the store with another file (sha256 {}); \
+                     a name, version and architecture name one file forever: give the new one a new version",
+                    record.id, existing.sha256
+                ),
+            ))
+        };
+    }
+    let path = dir.join(format!("{sha256}.deb"));
+    tmp.persist(&path).map_err(|e| io_error(e.error))?;
+    if let Ok(dir) = std::fs::File::open(&dir) {
+        let _ = dir.sync_all();
+    }
+    match db.put(&key, &record, 0).await {
+        Ok(_) => Ok((record, true)),
+        Err(DbError::Kv(e)) if e.is_conflict() => {
+            // Another upload of the same id won the race: the same answer as above.
+            Box::pin(upload_check(db, record)).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn upload_check(db: &Db, record: PackageRecord) -> Result<(PackageRecord, bool), ApiError> {
+    match db.get::<PackageRecord>(&package_key(&record.id)).await? {
+        Some((_, existing)) if existing.sha256 == record.sha256 => Ok((existing, false)),
+        _ => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "package {} was stored with another file meanwhile",
+                record.id
+            ),
+        )),
+    }
+}
+
+/// Package, Version and Architecture of a .deb, as dpkg-deb reads them.
+async fn fields(path: &Path) -> Result<(String, String, String), ApiError> {
+    let output = tokio::process::Command::new("dpkg-deb")
+        .arg("--field")
+        .arg(path)
+        .args(["Package", "Version", "Architecture"])
+        .output()
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot run dpkg-deb (the dpkg package) to read the upload: {e}"),
+            )
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(bad(format!(
+            "the upload is not a Debian package: {}",
+            stderr.trim().chars().take(300).collect::<String>()
+        )));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(|v| v.trim().to_owned())
+            .ok_or_else(|| bad(format!("the package has no {name} field")))
+    };
+    Ok((field("Package")?, field("Version")?, field("Architecture")?))
+}
+
+#[derive(Clone)]
+pub struct DownloadState {
+    pub db: Db,
+    pub secrets: Arc<Secrets>,
+    pub downloads: Arc<Downloads>,
+}
+
+/// The routes of the download listener, for agents.
+pub fn download_router(state: DownloadState) -> Router {
+    Router::new()
+        .route("/api/agent/v1/packages/{id}/file", get(download))
+        .route(
+            "/api/agent/v1/devices/{device}/packages/{id}/download-url",
+            get(refresh),
+        )
+        .with_state(state)
+}
+
+#[derive(Deserialize)]
+struct LinkQuery {
+    device: String,
+    expires: i64,
+    sig: String,
+}
+
+async fn download(
+    State(state): State<DownloadState>,
+    UrlPath(id): UrlPath<String>,
+    Query(query): Query<LinkQuery>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let refused = || ApiError(StatusCode::FORBIDDEN, "the link is not valid".into());
+    let device = DeviceId::new(query.device).map_err(|_| refused())?;
+    if !state
+        .secrets
+        .verify_link(&id, &device, query.expires, &query.sig)
+    {
+        return Err(refused());
+    }
+    if Timestamp::now().as_second() >= query.expires {
+        return Err(ApiError(
+            StatusCode::GONE,
+            "the link expired; ask for a fresh one".into(),
+        ));
+    }
+    let Some((_, package)) = state.db.get::<PackageRecord>(&package_key(&id)).await? else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("package {id} not found"),
+        ));
+    };
+    let path = state.downloads.dir.join(format!("{}.deb", package.sha256));
+    let response = tower_http::services::ServeFile::new(path)
+        .try_call(request)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(response.map(Body::new))
+}
+
+async fn refresh(
+    State(state): State<DownloadState>,
+    UrlPath((device, id)): UrlPath<(String, String)>,
+    request: Request,
+) -> Result<Json<DownloadLink>, ApiError> {
+    let refused = || {
+        ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or bad device token (Authorization: Bearer <token>)".into(),
+        )
+    };
+    let device = DeviceId::new(device).map_err(|_| refused())?;
+    if !state.secrets.verify_device(&device, bearer(&request)) {
+        return Err(refused());
+    }
+    match state.db.get::<DeviceRecord>(&device_key(&device)).await? {
+        Some((_, record)) if !record.decommissioned => {}
+        _ => return Err(refused()),
+    }
+    if state
+        .db
+        .get::<PackageRecord>(&package_key(&id))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("package {id} not found"),
+        ));
+    }
+    Ok(Json(state.downloads.link(&id, &device, Timestamp::now())))
+}

@@ -1,0 +1,266 @@
+//! PackageInstallV1 end to end: `drover packages upload` a real .deb, a
+//! Deployment installs it through real agents over WebSocket into
+//! disposable Debian roots with real apt and dpkg; a file that does not
+//! match the package store's checksum fails its job and installs nothing;
+//! no download link is ever stored by the control plane.
+
+use drover_sandbox::{Pkg, Sandbox};
+use drover_tests::{AgentProcess, ControlPlane, eventually, toml_string};
+use serde_json::{Value, json};
+use std::process::Output;
+use std::time::Duration;
+
+const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
+
+fn drover(cp: &ControlPlane, args: &[&str]) -> Output {
+    cp.cli(args)
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// An agent in upgrade mode whose updater works inside `sandbox`.
+fn agent_in(cp: &ControlPlane, device: &str, sandbox: &Sandbox) -> AgentProcess {
+    AgentProcess::start_with(
+        &cp.dir.path().join(device),
+        device,
+        &cp.agent_url,
+        &cp.device_token(device),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    )
+}
+
+async fn deploy(cp: &ControlPlane, name: &str, group: &str, package: &str) -> Value {
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "targets": {"filter": {"groups": [group]}},
+            "packageInstallV1": {"package": package},
+            "maxConcurrency": 1,
+            "retries": 0,
+            "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    eventually(
+        Duration::from_secs(120),
+        &format!("deployment {name} to finish"),
+        || async {
+            let d = cp.get(&format!("/deployments/{name}")).await;
+            matches!(d["status"]["phase"].as_str(), Some("Complete" | "Failed")).then_some(d)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_deployment_installs_the_verified_deb_and_a_tampered_one_installs_nothing() {
+    let cp = ControlPlane::start(&[]);
+    let build = tempfile::tempdir().expect("build dir");
+    let good = Pkg::new("drover-hello", "1.2-1").build(build.path(), build.path());
+    let bad = Pkg::new("drover-bad", "1.0").build(build.path(), build.path());
+
+    // Upload: the id, size and checksum come from the file itself.
+    let out = drover(&cp, &["packages", "upload", good.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("drover-hello_1.2-1_all"),
+        "{}",
+        text(&out)
+    );
+    // The same file again changes nothing.
+    let again = drover(&cp, &["packages", "upload", good.to_str().expect("path")]);
+    assert!(again.status.success(), "{}", text(&again));
+    // Another file under the same name, version and architecture is refused.
+    let other = tempfile::tempdir().expect("other");
+    let impostor = Pkg::new("drover-hello", "1.2-1")
+        .postinst("echo impostor")
+        .build(other.path(), other.path());
+    let refused = drover(
+        &cp,
+        &["packages", "upload", impostor.to_str().expect("path")],
+    );
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("another file"),
+        "{}",
+        text(&refused)
+    );
+    // Not a package at all.
+    let junk = build.path().join("junk.deb");
+    std::fs::write(&junk, b"not a deb").expect("junk");
+    let refused = drover(&cp, &["packages", "upload", junk.to_str().expect("path")]);
+    assert!(
+        !refused.status.success() && text(&refused).contains("not a Debian package"),
+        "{}",
+        text(&refused)
+    );
+    let out = drover(&cp, &["packages", "upload", bad.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = drover(&cp, &["get", "packages"]);
+    assert!(
+        text(&listed).contains("drover-hello_1.2-1_all")
+            && text(&listed).contains("drover-bad_1.0_all"),
+        "{}",
+        text(&listed)
+    );
+
+    // The stored copy of drover-bad is damaged after upload (same size,
+    // one byte changed): the agent must notice.
+    let packages: Vec<Value> = serde_json::from_value(cp.get("/packages").await).expect("packages");
+    let bad_sha = packages
+        .iter()
+        .find(|p| p["id"] == "drover-bad_1.0_all")
+        .and_then(|p| p["sha256"].as_str())
+        .expect("bad package")
+        .to_owned();
+    let stored = cp
+        .dir
+        .path()
+        .join("data/packages")
+        .join(format!("{bad_sha}.deb"));
+    let mut bytes = std::fs::read(&stored).expect("stored package");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&stored, bytes).expect("damage");
+
+    // A package that is not in the store is refused at apply, by name.
+    let missing = build.path().join("missing.json");
+    let manifest = json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "missing"},
+        "spec": {
+            "targets": {"all": true},
+            "packageInstallV1": {"package": "nothing_1_all"},
+            "maxConcurrency": 1,
+            "deadlineSeconds": 600
+        }
+    });
+    std::fs::write(&missing, manifest.to_string()).expect("manifest");
+    let refused = drover(&cp, &["apply", "-f", missing.to_str().expect("path")]);
+    assert!(
+        !refused.status.success() && text(&refused).contains("not in the package store"),
+        "{}",
+        text(&refused)
+    );
+
+    let roots = [Sandbox::new(), Sandbox::new(), Sandbox::new()];
+    for (device, group) in [("p1", "hello"), ("p2", "hello"), ("p3", "bad")] {
+        cp.apply_device(device, &[group], json!({})).await;
+    }
+    let _agents: Vec<AgentProcess> = [("p1", 0), ("p2", 1), ("p3", 2)]
+        .iter()
+        .map(|(device, i)| agent_in(&cp, device, &roots[*i]))
+        .collect();
+    cp.wait_for_agents(&["p1", "p2", "p3"]).await;
+
+    let hello = deploy(&cp, "hello", "hello", "drover-hello_1.2-1_all").await;
+    assert_eq!(hello["status"]["phase"], "Complete", "{hello}");
+    assert_eq!(hello["status"]["succeeded"], 2, "{hello}");
+    for root in &roots[..2] {
+        assert_eq!(root.package("drover-hello").as_deref(), Some("1.2-1 ii"));
+        assert_eq!(
+            std::fs::read_to_string(root.path("/usr/share/doc/drover-hello/version"))
+                .expect("installed file"),
+            "1.2-1\n"
+        );
+        let cache = root.path("/var/cache/drover-agent/packages");
+        let left: Vec<_> = std::fs::read_dir(&cache)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "the installed file stays behind: {left:?}");
+    }
+
+    let bad = deploy(&cp, "bad", "bad", "drover-bad_1.0_all").await;
+    assert_eq!(bad["status"]["phase"], "Failed", "{bad}");
+    assert_eq!(bad["status"]["failed"], 1, "{bad}");
+    assert!(
+        bad.to_string().contains("does not match the package store"),
+        "{bad}"
+    );
+    assert_eq!(
+        roots[2].package("drover-bad"),
+        None,
+        "a bad file was installed"
+    );
+
+    // Links are made at delivery and never stored.
+    let store = std::fs::read(cp.dir.path().join("data/drover.redb")).expect("store");
+    assert!(
+        !store.windows(4).any(|w| w == b"sig="),
+        "a download link was written to the control plane's store"
+    );
+}
+
+/// A download that broke off resumes where it stopped (a Range request),
+/// and a link that expired on the device's clock is replaced by a fresh one
+/// asked for with the device's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_download_resumes_and_an_expired_link_is_refreshed() {
+    let cp = ControlPlane::start(&[]);
+    let build = tempfile::tempdir().expect("build dir");
+    // Big enough that half of it is a real head start.
+    let mut pkg = Pkg::new("drover-big", "3.0");
+    let filler: String = (0..200_000u32).map(|i| format!("{i:08x}\n")).collect();
+    pkg.files
+        .push(("/usr/share/drover-big/data".into(), filler));
+    let deb = pkg.build(build.path(), build.path());
+    let out = drover(&cp, &["packages", "upload", deb.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bytes = std::fs::read(&deb).expect("deb");
+    let sha = {
+        let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+        digest
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+
+    // The first half already on the device, as a broken download leaves it.
+    let root = Sandbox::new();
+    let cache = root.path("/var/cache/drover-agent/packages");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let half = bytes.len() / 2;
+    std::fs::write(cache.join(format!("{sha}.part")), &bytes[..half]).expect("part");
+
+    cp.apply_device("r1", &["big"], json!({})).await;
+    // Two hours fast: every link it is given has expired on its clock.
+    let agent = AgentProcess::start_with(
+        &cp.dir.path().join("r1"),
+        "r1",
+        &cp.agent_url,
+        &cp.device_token("r1"),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&root.root.display().to_string())
+        ),
+        "[testing]\nclock_offset_seconds = 7200\n",
+    );
+    cp.wait_for_agents(&["r1"]).await;
+    let d = deploy(&cp, "big", "big", "drover-big_3.0_all").await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}\n{}", agent.log());
+    assert_eq!(root.package("drover-big").as_deref(), Some("3.0 ii"));
+    let log = agent.log();
+    assert!(
+        log.contains("the download link expired; asking for a fresh one"),
+        "{log}"
+    );
+    let resumed = log
+        .lines()
+        .find(|l| l.contains("download resumed"))
+        .unwrap_or_else(|| panic!("no resumed download:\n{log}"));
+    assert!(resumed.contains(&half.to_string()), "{resumed}");
+}
