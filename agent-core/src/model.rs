@@ -53,26 +53,10 @@ impl PackageInstall {
     /// Whether the fields are what a package store can hold: Debian's
     /// name and version syntax, a hex digest, a bounded size, an http(s) link.
     pub fn check(&self) -> Result<(), String> {
-        let name_ok = self.name.len() >= 2
-            && self.name.len() <= 128
-            && self
-                .name
-                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c));
-        if !name_ok {
+        if !is_package_name(&self.name) {
             return Err(format!("{:?} is not a Debian package name", self.name));
         }
-        let version_ok = !self.version.is_empty()
-            && self.version.len() <= 128
-            && self.version.starts_with(|c: char| c.is_ascii_digit())
-            && self
-                .version
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || ".+-~:".contains(c));
-        if !version_ok {
+        if !is_version(&self.version) {
             return Err(format!("{:?} is not a Debian version", self.version));
         }
         if self.architecture.is_empty()
@@ -119,6 +103,25 @@ impl PackageInstall {
         }
         Ok(())
     }
+}
+
+/// Debian's package name syntax: lower-case letters, digits, `+ - .`,
+/// starting with a letter or digit, at least two characters (bounded here).
+pub fn is_package_name(name: &str) -> bool {
+    (2..=128).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c))
+}
+
+/// Debian's version syntax (`[epoch:]upstream[-revision]`), bounded.
+pub fn is_version(version: &str) -> bool {
+    (1..=128).contains(&version.len())
+        && version.starts_with(|c: char| c.is_ascii_digit())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".+-~:".contains(c))
 }
 
 /// The package store's id of a package: `NAME_VERSION_ARCH`, the epoch's
@@ -263,7 +266,37 @@ pub struct JobStatus {
 pub enum JobOutput {
     Upgrade(UpgradeOutput),
     Inventory(Inventory),
+    /// What `inventoryRefreshV1` reports since deployments target by
+    /// installed software. (Appended: stored records of the others decode
+    /// unchanged.)
+    Software(SoftwareInventory),
 }
+
+/// An inventory with the installed packages (dpkg's `ii` entries), bounded
+/// to [`MAX_INVENTORY_PACKAGE_BYTES`]; `omitted` counts what did not fit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SoftwareInventory {
+    pub inventory: Inventory,
+    pub packages: Vec<InstalledPackage>,
+    pub omitted: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+}
+
+/// Upper bound of the package list in one inventory as JSON (names,
+/// versions and [`PACKAGE_JSON_OVERHEAD`] each), so that the whole status
+/// fits the smallest transport's message limit (WebSocket, 128 KiB).
+pub const MAX_INVENTORY_PACKAGE_BYTES: usize = 100 * 1024;
+/// `{"name":"","version":""},` around each package in JSON.
+pub const PACKAGE_JSON_OVERHEAD: usize = 26;
+/// Upper bound of packages one inventory lists.
+pub const MAX_INVENTORY_PACKAGES: usize = 4000;
 
 /// Upper bound of package names an upgrade output lists.
 pub const MAX_LISTED_PACKAGES: usize = 300;

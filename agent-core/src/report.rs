@@ -59,7 +59,8 @@ pub fn format_job(job: &JobStatus) -> String {
                 }
             );
         }
-        Some(JobOutput::Inventory(inv)) => {
+        Some(JobOutput::Inventory(inv))
+        | Some(JobOutput::Software(crate::model::SoftwareInventory { inventory: inv, .. })) => {
             let _ = writeln!(
                 out,
                 "  inventory: {} {} kernel {}, {} packages, {} MiB memory",

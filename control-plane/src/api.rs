@@ -66,6 +66,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/summary", get(summary))
         .route("/devices", get(list_devices))
         .route("/devices/{id}", get(get_device))
+        .route("/devices/{id}/inventory", get(get_inventory))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route("/taskschedules/{name}", get(get_schedule))
@@ -371,6 +372,24 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
                 Json(json!({"kind": "Device", "name": id.to_string(), "result": result})),
             ))
         }
+    }
+}
+
+/// The packages a device's latest inventory refresh reported.
+async fn get_inventory(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<crate::deployment::DeviceInventory>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    match state
+        .db
+        .get::<crate::deployment::DeviceInventory>(&crate::deployment::inventory_key(&id))
+        .await?
+    {
+        Some((_, inventory)) => Ok(Json(inventory)),
+        None => Err(not_found(format!(
+            "an inventory of device {id} (run an inventoryRefreshV1 job on it)"
+        ))),
     }
 }
 

@@ -403,12 +403,24 @@ impl Engine {
         record: &DeploymentRecord,
     ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, u32), DbError> {
         let devices = self.db.list::<DeviceRecord>("devices/").await?;
+        let inventories: HashMap<DeviceId, deployment::DeviceInventory> = match &record.spec.targets
+        {
+            deployment::Targeting::Filter(filter) if filter.needs_inventory() => self
+                .db
+                .list::<deployment::DeviceInventory>("inventory/")
+                .await?
+                .into_iter()
+                .map(|(_, _, inventory)| (inventory.device.clone(), inventory))
+                .collect(),
+            _ => HashMap::new(),
+        };
         let mut targets = Vec::new();
         let mut excluded = 0u32;
         let mut registered = HashSet::new();
         for (_, _, device) in devices {
             registered.insert(device.id.clone());
-            match deployment::select(&record.spec.targets, &device) {
+            let inventory = inventories.get(&device.id);
+            match deployment::select(&record.spec.targets, &device, inventory) {
                 Selection::Target => {
                     let zone = match device.time_zone {
                         Some(zone) if deployment::time_zone(&zone).is_some() => Some(zone),

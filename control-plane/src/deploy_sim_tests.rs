@@ -164,6 +164,7 @@ fn spec(
         targets: Targeting::Filter(DeviceFilter {
             match_labels: BTreeMap::new(),
             groups: vec![group.into()],
+            ..DeviceFilter::default()
         }),
         job,
         max_concurrency,

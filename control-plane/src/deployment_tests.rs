@@ -557,3 +557,146 @@ fn the_tz_database_is_there() {
     assert!(time_zone("Mars/Olympus").is_none());
     assert_eq!(time_zone("UTC"), Some(TimeZone::UTC));
 }
+
+/// Debian's version ordering (dpkg's own test vectors, lib/dpkg/t/t-version.c
+/// and deb-version(7)): epochs first, `~` sorts before anything, even the
+/// end; letters before non-letters; numbers compared as numbers.
+#[test]
+fn version_relations_follow_debians_ordering() {
+    use VersionOp::*;
+    let table: &[(&str, VersionOp, &str, bool)] = &[
+        ("1.0", Eq, "1.0", true),
+        // No revision is the same as revision 0.
+        ("1.0", Eq, "1.0-0", true),
+        ("1.0", Lt, "1.0-1", true),
+        ("1.0-1", Lt, "1.0-2", true),
+        ("1.0~rc1", Lt, "1.0", true),
+        ("1.0~rc1", Gt, "1.0~beta", true),
+        ("1.0~", Lt, "1.0", true),
+        ("1.0+deb12u1", Gt, "1.0", true),
+        ("1:0.9", Gt, "2.0", true),
+        ("0:1.0", Eq, "1.0", true),
+        ("1.10", Gt, "1.9", true),
+        ("1.0a", Gt, "1.0", true),
+        ("1.0a", Lt, "1.0+", true),
+        ("3.0.11-1~deb12u2", Lt, "3.0.11-1", true),
+        ("3.0.11-1~deb12u2", Ge, "3.0.11-1~deb12u1", true),
+        ("2.36-9+deb12u4", Le, "2.36-9+deb12u4", true),
+        ("2.36-9+deb12u4", Le, "2.36-9+deb12u3", false),
+    ];
+    for (installed, op, wanted, expected) in table {
+        assert_eq!(
+            op.holds(installed, wanted),
+            *expected,
+            "{installed} {} {wanted}",
+            op.as_str()
+        );
+    }
+    for (text, op) in [
+        ("<", Lt),
+        ("<<", Lt),
+        ("<=", Le),
+        ("=", Eq),
+        (">=", Ge),
+        (">", Gt),
+        (">>", Gt),
+    ] {
+        assert_eq!(VersionOp::parse(text), Some(op), "{text}");
+    }
+    assert_eq!(VersionOp::parse("=>"), None);
+}
+
+#[test]
+fn software_conditions_need_an_inventory_that_can_decide_them() {
+    let inventory = |packages: &[(&str, &str)], truncated: bool| DeviceInventory {
+        device: dev("d1"),
+        collected_at: t(START),
+        packages: packages
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect(),
+        truncated,
+    };
+    let condition = |name: &str, cmp: Option<(VersionOp, &str)>| SoftwareCondition {
+        name: name.into(),
+        version_cmp: cmp.map(|(op, version)| VersionCmp {
+            op,
+            version: version.into(),
+        }),
+    };
+    let old_openssl = DeviceFilter {
+        software_present: vec![condition(
+            "openssl",
+            Some((VersionOp::Lt, "3.0.11-1~deb12u2")),
+        )],
+        ..DeviceFilter::default()
+    };
+    let no_telnet = DeviceFilter {
+        software_absent: vec![condition("telnetd", None)],
+        ..DeviceFilter::default()
+    };
+    let vulnerable = inventory(&[("openssl", "3.0.9-1")], false);
+    let patched = inventory(&[("openssl", "3.0.11-1~deb12u2")], false);
+    let telnet = inventory(&[("telnetd", "0.17-44")], false);
+    let partial = inventory(&[("openssl", "3.0.9-1")], true);
+    let table: &[(&str, &DeviceFilter, Option<&DeviceInventory>, Option<bool>)] = &[
+        (
+            "no software conditions",
+            &DeviceFilter::default(),
+            None,
+            Some(true),
+        ),
+        ("old openssl", &old_openssl, Some(&vulnerable), Some(true)),
+        ("patched openssl", &old_openssl, Some(&patched), Some(false)),
+        ("no inventory yet", &old_openssl, None, None),
+        (
+            "present in a truncated list",
+            &old_openssl,
+            Some(&partial),
+            Some(true),
+        ),
+        (
+            "not listed in a truncated list",
+            &old_openssl,
+            Some(&telnet_truncated()),
+            None,
+        ),
+        ("absent", &no_telnet, Some(&vulnerable), Some(true)),
+        (
+            "present, so not absent",
+            &no_telnet,
+            Some(&telnet),
+            Some(false),
+        ),
+        (
+            "absence unprovable in a truncated list",
+            &no_telnet,
+            Some(&partial),
+            None,
+        ),
+    ];
+    fn telnet_truncated() -> DeviceInventory {
+        DeviceInventory {
+            device: DeviceId::new("d1").expect("id"),
+            collected_at: Timestamp::UNIX_EPOCH,
+            packages: [("telnetd".to_owned(), "0.17".to_owned())].into(),
+            truncated: true,
+        }
+    }
+    for (what, filter, inventory, expected) in table {
+        assert_eq!(filter.software_matches(*inventory), *expected, "{what}");
+    }
+    // A device whose software cannot be judged is excluded, not skipped.
+    let mut device = crate::records::DeviceRecord::new(dev("d1"));
+    device.agent_present = true;
+    let targeting = Targeting::Filter(old_openssl.clone());
+    assert_eq!(select(&targeting, &device, None), Selection::Excluded);
+    assert_eq!(
+        select(&targeting, &device, Some(&vulnerable)),
+        Selection::Target
+    );
+    assert_eq!(
+        select(&targeting, &device, Some(&patched)),
+        Selection::NotSelected
+    );
+}

@@ -220,6 +220,8 @@ type Written = (
 struct Work {
     jobs: HashMap<String, (u64, JobDelivery)>,
     devices: HashMap<String, (u64, DeviceRecord)>,
+    /// Installed packages from inventory results (`inventory/<device>`).
+    inventories: HashMap<String, (u64, crate::deployment::DeviceInventory)>,
     cursors: HashMap<&'static str, u64>,
     /// Brokers whose backlog is handed over once this batch is committed.
     caught_up: Vec<&'static str>,
@@ -828,6 +830,19 @@ impl Dispatcher {
                 Err(e) => warn!(key, error = %e, "cannot encode a device record"),
             }
         }
+        for (key, (expected, inventory)) in &work.inventories {
+            match Db::encode(inventory) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), None, None));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode an inventory"),
+            }
+        }
         let mut cursor_keys = Vec::new();
         for (transport, position) in &work.cursors {
             let key = cursor_key(transport);
@@ -1096,14 +1111,41 @@ impl Dispatcher {
             Delivery::Sent { .. } => Delivery::Created,
             other => other,
         };
-        job.status = Some(status.clone());
+        let mut status = status.clone();
+        let mut keys = vec![key.clone()];
+        // The package list goes to the device's inventory record, written in
+        // the same commit; the job keeps the rest of the output.
+        if let Some(agent_core::JobOutput::Software(software)) = &mut status.output
+            && status.state == agent_core::JobState::Succeeded
+        {
+            let inventory_key = crate::deployment::inventory_key(device);
+            let expected = match work.inventories.get(&inventory_key) {
+                Some((expected, _)) => *expected,
+                None => self
+                    .db
+                    .get::<crate::deployment::DeviceInventory>(&inventory_key)
+                    .await?
+                    .map_or(0, |(revision, _)| revision),
+            };
+            let packages = std::mem::take(&mut software.packages);
+            let inventory = crate::deployment::DeviceInventory {
+                device: device.clone(),
+                collected_at: received_at.min(now),
+                packages: packages.into_iter().map(|p| (p.name, p.version)).collect(),
+                truncated: software.omitted > 0,
+            };
+            work.inventories
+                .insert(inventory_key.clone(), (expected, inventory));
+            keys.push(inventory_key);
+        }
+        debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
+        job.status = Some(status);
         if terminal {
             job.terminal_received_at = Some(received_at.min(now));
         }
-        debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
         work.jobs.insert(key.clone(), (expected, job));
         let effects = effects.into_iter().map(|e| (key.clone(), e)).collect();
-        Ok((Answer::Stored, vec![key], effects))
+        Ok((Answer::Stored, keys, effects))
     }
 
     /// A decommissioned device's credentials open nothing any more.
@@ -1395,7 +1437,30 @@ fn bounded_status(status: &JobStatus) -> JobStatus {
             + report.kept_back.len();
         report.omitted = report.omitted.saturating_add((before - after) as u32);
     }
-    if let Some(agent_core::JobOutput::Inventory(inventory)) = &mut status.output {
+    if let Some(agent_core::JobOutput::Software(software)) = &mut status.output {
+        let before = software.packages.len();
+        software
+            .packages
+            .truncate(agent_core::model::MAX_INVENTORY_PACKAGES);
+        software.packages.retain(|p| {
+            (1..=128).contains(&p.name.len())
+                && (1..=128).contains(&p.version.len())
+                && !p
+                    .name
+                    .chars()
+                    .chain(p.version.chars())
+                    .any(char::is_control)
+        });
+        software.omitted = software
+            .omitted
+            .saturating_add((before - software.packages.len()) as u32);
+    }
+    if let Some(agent_core::JobOutput::Inventory(inventory))
+    | Some(agent_core::JobOutput::Software(agent_core::model::SoftwareInventory {
+        inventory,
+        ..
+    })) = &mut status.output
+    {
         inventory.os_release = bounded(std::mem::take(&mut inventory.os_release), MAX_REPORTED);
         inventory.architecture = bounded(std::mem::take(&mut inventory.architecture), MAX_REPORTED);
         inventory.kernel = bounded(std::mem::take(&mut inventory.kernel), MAX_REPORTED);

@@ -245,6 +245,90 @@ struct WireFilter {
     match_labels: BTreeMap<String, String>,
     #[serde(default)]
     groups: Vec<String>,
+    #[serde(default)]
+    software_present: Vec<WireSoftware>,
+    #[serde(default)]
+    software_absent: Vec<WireSoftware>,
+}
+
+/// `{name: openssl, versionCmp: {op: "<<", version: "3.0.11-1~deb12u2"}}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireSoftware {
+    name: String,
+    #[serde(default)]
+    version_cmp: Option<WireVersionCmp>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireVersionCmp {
+    op: String,
+    version: String,
+}
+
+fn render_software(conditions: &[crate::deployment::SoftwareCondition]) -> serde_json::Value {
+    conditions
+        .iter()
+        .map(|c| match &c.version_cmp {
+            Some(cmp) => serde_json::json!({
+                "name": c.name, "versionCmp": {"op": cmp.op.as_str(), "version": cmp.version}
+            }),
+            None => serde_json::json!({"name": c.name}),
+        })
+        .collect()
+}
+
+/// At most this many software conditions in one filter.
+const MAX_SOFTWARE_CONDITIONS: usize = 32;
+
+fn software_conditions(
+    field: &str,
+    wire: Vec<WireSoftware>,
+    problems: &mut Vec<String>,
+) -> Vec<crate::deployment::SoftwareCondition> {
+    use crate::deployment::{SoftwareCondition, VersionCmp, VersionOp};
+    if wire.len() > MAX_SOFTWARE_CONDITIONS {
+        problems.push(format!(
+            "{field}: at most {MAX_SOFTWARE_CONDITIONS} conditions"
+        ));
+    }
+    let mut conditions = Vec::new();
+    for condition in wire.into_iter().take(MAX_SOFTWARE_CONDITIONS) {
+        if !agent_core::model::is_package_name(&condition.name) {
+            problems.push(format!(
+                "{field}: {:?} is not a Debian package name",
+                condition.name
+            ));
+        }
+        let version_cmp = match condition.version_cmp {
+            None => None,
+            Some(cmp) => {
+                let op = VersionOp::parse(&cmp.op);
+                if op.is_none() {
+                    problems.push(format!(
+                        "{field}: versionCmp.op {:?} is not one of <<, <=, =, >=, >> (or <, >)",
+                        cmp.op
+                    ));
+                }
+                if !agent_core::model::is_version(&cmp.version) {
+                    problems.push(format!(
+                        "{field}: versionCmp.version {:?} is not a Debian version",
+                        cmp.version
+                    ));
+                }
+                op.map(|op| VersionCmp {
+                    op,
+                    version: cmp.version,
+                })
+            }
+        };
+        conditions.push(SoftwareCondition {
+            name: condition.name,
+            version_cmp,
+        });
+    }
+    conditions
 }
 
 #[derive(Deserialize)]
@@ -311,15 +395,31 @@ fn parse_deployment_spec(
             &mut problems,
         );
         check_groups("spec.targets.filter.groups", &filter.groups, &mut problems);
-        if filter.match_labels.is_empty() && filter.groups.is_empty() {
+        if filter.match_labels.is_empty()
+            && filter.groups.is_empty()
+            && filter.software_present.is_empty()
+            && filter.software_absent.is_empty()
+        {
             problems.push(
-                "spec.targets.filter is empty; give matchLabels or groups, or say `all: true`"
+                "spec.targets.filter is empty; give matchLabels, groups or software conditions, or say `all: true`"
                     .into(),
             );
         }
+        let software_present = software_conditions(
+            "spec.targets.filter.softwarePresent",
+            filter.software_present,
+            &mut problems,
+        );
+        let software_absent = software_conditions(
+            "spec.targets.filter.softwareAbsent",
+            filter.software_absent,
+            &mut problems,
+        );
         Targeting::Filter(DeviceFilter {
             match_labels: filter.match_labels,
             groups: filter.groups,
+            software_present,
+            software_absent,
         })
     } else {
         Targeting::All
@@ -425,9 +525,19 @@ fn render_deployment_spec(spec: &crate::deployment::DeploymentSpec) -> serde_jso
     let targets = match &spec.targets {
         Targeting::All => serde_json::json!({"all": true}),
         Targeting::Devices(devices) => serde_json::json!({ "devices": devices }),
-        Targeting::Filter(filter) => serde_json::json!({
-            "filter": {"matchLabels": filter.match_labels, "groups": filter.groups}
-        }),
+        Targeting::Filter(filter) => {
+            let mut rendered = serde_json::json!({
+                "matchLabels": filter.match_labels,
+                "groups": filter.groups,
+            });
+            if !filter.software_present.is_empty() {
+                rendered["softwarePresent"] = render_software(&filter.software_present);
+            }
+            if !filter.software_absent.is_empty() {
+                rendered["softwareAbsent"] = render_software(&filter.software_absent);
+            }
+            serde_json::json!({ "filter": rendered })
+        }
     };
     let mut rendered = serde_json::json!({
         "targets": targets,
@@ -802,6 +912,20 @@ mod tests {
             deployment()["spec"],
             "what was applied reads back"
         );
+
+        // Software conditions read back too, in dpkg's spelling of the relation.
+        let mut with_software = deployment();
+        with_software["spec"]["targets"]["filter"]["softwarePresent"] = serde_json::json!([
+            {"name": "openssl", "versionCmp": {"op": "<<", "version": "3.0.11-1~deb12u2"}}
+        ]);
+        with_software["spec"]["targets"]["filter"]["softwareAbsent"] =
+            serde_json::json!([{"name": "telnetd"}]);
+        let Manifest::Deployment { spec, .. } = parse(with_software.clone()).expect("parses")
+        else {
+            panic!("a deployment")
+        };
+        let record = crate::deployment::DeploymentRecord { spec, ..record };
+        assert_eq!(render_deployment(&record)["spec"], with_software["spec"]);
     }
 
     #[test]
@@ -842,6 +966,28 @@ mod tests {
                 "no devices",
                 |v| v["spec"]["targets"] = serde_json::json!({"devices": []}),
                 "1 to 20000",
+            ),
+            (
+                "a software condition's relation",
+                |v| {
+                    v["spec"]["targets"]["filter"]["softwarePresent"] = serde_json::json!([{"name": "openssl", "versionCmp": {"op": "=>", "version": "3"}}]);
+                },
+                "is not one of",
+            ),
+            (
+                "a software condition's version",
+                |v| {
+                    v["spec"]["targets"]["filter"]["softwareAbsent"] = serde_json::json!([{"name": "openssl", "versionCmp": {"op": "<", "version": "x y"}}]);
+                },
+                "not a Debian version",
+            ),
+            (
+                "a software condition's package name",
+                |v| {
+                    v["spec"]["targets"]["filter"]["softwarePresent"] =
+                        serde_json::json!([{"name": "OpenSSL"}]);
+                },
+                "not a Debian package name",
             ),
             (
                 "two jobs",

@@ -10,7 +10,7 @@
 //! for that device and package, valid one hour (HMAC with the replicas'
 //! shared `secret.key`), served by the download listener with range
 //! requests, so an agent resumes a broken download. An agent whose link
-//! expired asks `GET /api/agent/v1/devices/{device}/packages/{id}/download-url`
+//! expired asks `GET /api/agent/v1/packages/{id}/download-url?device=ID`
 //! with its device token for a fresh one.
 
 use crate::api::{ApiError, bearer};
@@ -257,10 +257,7 @@ pub struct DownloadState {
 pub fn download_router(state: DownloadState) -> Router {
     Router::new()
         .route("/api/agent/v1/packages/{id}/file", get(download))
-        .route(
-            "/api/agent/v1/devices/{device}/packages/{id}/download-url",
-            get(refresh),
-        )
+        .route("/api/agent/v1/packages/{id}/download-url", get(refresh))
         .with_state(state)
 }
 
@@ -305,9 +302,15 @@ async fn download(
     Ok(response.map(Body::new))
 }
 
+#[derive(Deserialize)]
+struct DeviceQuery {
+    device: String,
+}
+
 async fn refresh(
     State(state): State<DownloadState>,
-    UrlPath((device, id)): UrlPath<(String, String)>,
+    UrlPath(id): UrlPath<String>,
+    Query(DeviceQuery { device }): Query<DeviceQuery>,
     request: Request,
 ) -> Result<Json<DownloadLink>, ApiError> {
     let refused = || {

@@ -42,10 +42,92 @@ one_layout!(
     Vec<PlanTarget>,
     u64,
     crate::schedule::TaskScheduleRecord,
-    crate::deployment::DeploymentRecord,
     crate::deployment::TargetRecord,
+    crate::deployment::DeviceInventory,
     crate::packages::PackageRecord
 );
+
+/// A deployment as stored: V1 until device filters took software
+/// conditions, V2 since.
+#[derive(Serialize, Deserialize)]
+enum StoredDeployment {
+    V1(DeploymentV1),
+    V2(crate::deployment::DeploymentRecord),
+}
+
+/// Frozen: the layout written before V2. Never change these four.
+#[derive(Serialize, Deserialize)]
+struct DeploymentV1 {
+    name: String,
+    uid: agent_core::JobId,
+    created_at: Timestamp,
+    spec: DeploymentSpecV1,
+    add_requests: u32,
+    status: crate::deployment::DeploymentStatus,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DeploymentSpecV1 {
+    targets: TargetingV1,
+    job: crate::deployment::DeploymentJob,
+    max_concurrency: u32,
+    maintenance_window: Option<crate::deployment::Window>,
+    retries: u32,
+    retry_backoff_seconds: u64,
+    deadline_seconds: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+enum TargetingV1 {
+    All,
+    Devices(Vec<agent_core::DeviceId>),
+    Filter(DeviceFilterV1),
+}
+
+#[derive(Serialize, Deserialize)]
+struct DeviceFilterV1 {
+    match_labels: std::collections::BTreeMap<String, String>,
+    groups: Vec<String>,
+}
+
+impl Record for crate::deployment::DeploymentRecord {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredDeployment::V2(self.clone()))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        use crate::deployment::{DeploymentRecord, DeploymentSpec, DeviceFilter, Targeting};
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 filters had no software conditions.
+            StoredDeployment::V1(v1) => DeploymentRecord {
+                name: v1.name,
+                uid: v1.uid,
+                created_at: v1.created_at,
+                spec: DeploymentSpec {
+                    targets: match v1.spec.targets {
+                        TargetingV1::All => Targeting::All,
+                        TargetingV1::Devices(list) => Targeting::Devices(list),
+                        TargetingV1::Filter(filter) => Targeting::Filter(DeviceFilter {
+                            match_labels: filter.match_labels,
+                            groups: filter.groups,
+                            software_present: Vec::new(),
+                            software_absent: Vec::new(),
+                        }),
+                    },
+                    job: v1.spec.job,
+                    max_concurrency: v1.spec.max_concurrency,
+                    maintenance_window: v1.spec.maintenance_window,
+                    retries: v1.spec.retries,
+                    retry_backoff_seconds: v1.spec.retry_backoff_seconds,
+                    deadline_seconds: v1.spec.deadline_seconds,
+                },
+                add_requests: v1.add_requests,
+                status: v1.status,
+            },
+            StoredDeployment::V2(v2) => v2,
+        })
+    }
+}
 
 /// A job record as stored: V1 until the control plane recorded its own
 /// receive time of the terminal status (A12), V2 since.
@@ -211,5 +293,48 @@ mod tests {
         );
         assert_eq!(target.time_zone.as_deref(), Some("Europe/Sofia"));
         assert!(target.running_since.is_some() && target.end.is_none());
+    }
+
+    /// Since device filters take software conditions (layout V2); V1 bytes
+    /// above migrate to empty conditions.
+    #[test]
+    fn a_v2_deployment_keeps_its_software_conditions_and_package() {
+        use crate::deployment::{
+            DeploymentJob, DeploymentRecord, SoftwareCondition, Targeting, VersionCmp, VersionOp,
+        };
+        let v1 = DeploymentRecord::from_bytes(&hex(include_str!("fixtures/deployment_v1.hex")))
+            .expect("deployment V1");
+        assert!(
+            matches!(&v1.spec.targets, Targeting::Filter(f) if !f.needs_inventory()),
+            "V1 filters migrate without software conditions"
+        );
+        let v2 = DeploymentRecord::from_bytes(&hex(include_str!("fixtures/deployment_v2.hex")))
+            .expect("deployment V2");
+        let Targeting::Filter(filter) = &v2.spec.targets else {
+            panic!("a filter: {:?}", v2.spec.targets)
+        };
+        assert_eq!(filter.groups, ["production"]);
+        assert_eq!(
+            filter.software_present,
+            [SoftwareCondition {
+                name: "openssl".into(),
+                version_cmp: Some(VersionCmp {
+                    op: VersionOp::Lt,
+                    version: "3.0.11-1~deb12u2".into()
+                })
+            }]
+        );
+        assert_eq!(filter.software_absent[0].name, "telnetd");
+        let DeploymentJob::PackageInstallV1(package) = &v2.spec.job else {
+            panic!("a package job: {:?}", v2.spec.job)
+        };
+        assert_eq!(package.package, "kiosk_2.1-1_arm64");
+        assert_eq!(package.size, 4096);
+        // What this build writes is V2, and reads back the same.
+        assert_eq!(v2.to_bytes().expect("encode")[0], 1, "variant V2");
+        assert_eq!(
+            DeploymentRecord::from_bytes(&v2.to_bytes().expect("encode")).expect("decode"),
+            v2
+        );
     }
 }

@@ -264,3 +264,134 @@ async fn a_broken_download_resumes_and_an_expired_link_is_refreshed() {
         .unwrap_or_else(|| panic!("no resumed download:\n{log}"));
     assert!(resumed.contains(&half.to_string()), "{resumed}");
 }
+
+/// `softwarePresent` / `softwareAbsent` with a Debian version comparison,
+/// judged on the packages each device's inventory refresh reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_on_installed_software_follows_debian_version_order() {
+    let cp = ControlPlane::start(&[]);
+    let roots: Vec<Sandbox> = [Some("1.0-1"), Some("2.0~rc1"), None]
+        .iter()
+        .map(|version| {
+            let root = Sandbox::new();
+            if let Some(version) = version {
+                root.publish(&[Pkg::new("drover-lib", version)]);
+                root.install(&["drover-lib"]);
+            }
+            root
+        })
+        .collect();
+    let mut agents = Vec::new();
+    for (i, root) in roots.iter().enumerate() {
+        let device = format!("s{}", i + 1);
+        cp.apply_device(&device, &["fleet"], json!({})).await;
+        agents.push(AgentProcess::start_with(
+            &cp.dir.path().join(&device),
+            &device,
+            &cp.agent_url,
+            &cp.device_token(&device),
+            "",
+            &format!(
+                "mode = \"simulate\"\nroot = {}\nmin_free_mib = 10",
+                toml_string(&root.root.display().to_string())
+            ),
+            "",
+        ));
+    }
+    // In the group, connected, but never inventoried: its software is unknown.
+    cp.apply_device("s4", &["fleet"], json!({})).await;
+    agents.push(AgentProcess::start(
+        &cp.dir.path().join("s4"),
+        "s4",
+        &cp.agent_url,
+        &cp.device_token("s4"),
+        "",
+    ));
+    cp.wait_for_agents(&["s1", "s2", "s3", "s4"]).await;
+
+    let run = |name: &str, targets: Value| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {
+                "targets": targets,
+                "inventoryRefreshV1": {},
+                "maxConcurrency": 10,
+                "deadlineSeconds": 600
+            }
+        })
+    };
+    let finished = |name: &str| {
+        let name = name.to_owned();
+        let cp = &cp;
+        async move {
+            eventually(
+                Duration::from_secs(60),
+                &format!("{name} to finish"),
+                || async {
+                    let d = cp.get(&format!("/deployments/{name}")).await;
+                    matches!(d["status"]["phase"].as_str(), Some("Complete" | "Failed"))
+                        .then_some(d)
+                },
+            )
+            .await
+        }
+    };
+    let targets_of = |name: &str| {
+        let name = name.to_owned();
+        let cp = &cp;
+        async move {
+            let page = cp.get(&format!("/deployments/{name}/targets")).await;
+            let mut devices: Vec<String> = page["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|t| t["device"].as_str().unwrap_or("").to_owned())
+                .collect();
+            devices.sort();
+            devices
+        }
+    };
+
+    cp.apply(run("inventory", json!({"devices": ["s1", "s2", "s3"]})))
+        .await;
+    let d = finished("inventory").await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}");
+
+    // 2.0~rc1 sorts before 2.0: both installed versions are older.
+    cp.apply(run(
+        "old-lib",
+        json!({"filter": {"groups": ["fleet"], "softwarePresent": [
+            {"name": "drover-lib", "versionCmp": {"op": "<<", "version": "2.0"}}
+        ]}}),
+    ))
+    .await;
+    let d = finished("old-lib").await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}");
+    assert_eq!(targets_of("old-lib").await, ["s1", "s2"]);
+    assert_eq!(d["status"]["excludedCount"], 1, "s4 has no inventory: {d}");
+
+    cp.apply(run(
+        "rc-only",
+        json!({"filter": {"groups": ["fleet"], "softwarePresent": [
+            {"name": "drover-lib", "versionCmp": {"op": ">=", "version": "2.0~"}}
+        ]}}),
+    ))
+    .await;
+    finished("rc-only").await;
+    assert_eq!(targets_of("rc-only").await, ["s2"]);
+
+    cp.apply(run(
+        "no-lib",
+        json!({"filter": {"groups": ["fleet"], "softwareAbsent": [{"name": "drover-lib"}]}}),
+    ))
+    .await;
+    let d = finished("no-lib").await;
+    assert_eq!(targets_of("no-lib").await, ["s3"]);
+    assert_eq!(d["status"]["excludedCount"], 1, "{d}");
+
+    // The package lists are kept once per device, not in every job record.
+    let device = cp.get("/devices/s1/inventory").await;
+    assert_eq!(device["packages"]["drover-lib"], "1.0-1", "{device}");
+}

@@ -209,7 +209,7 @@ impl Fetcher {
             return Err(failed(format!("link {old:?} is not absolute")));
         };
         let url = format!(
-            "{scheme}://{authority}/api/agent/v1/devices/{}/packages/{package}/download-url",
+            "{scheme}://{authority}/api/agent/v1/packages/{package}/download-url?device={}",
             self.device_id
         );
         let response = self
