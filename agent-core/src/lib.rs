@@ -13,6 +13,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod model;
 pub mod report;
+pub mod sealed;
 pub mod shutdown;
 pub mod signing;
 pub mod status_socket;

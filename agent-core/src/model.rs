@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub enum JobKind {
     SystemUpgradeV1(Empty),
     InventoryRefreshV1(Empty),
-    PackageInstallV1(PackageInstall),
+    PackageInstallV1(Box<PackageInstall>),
 }
 
 /// `PackageInstallV1`: one `.deb` from the control plane's package store.
@@ -36,7 +36,18 @@ pub struct PackageInstall {
     /// which cannot skip a field.)
     #[serde(default)]
     pub download: Option<DownloadLink>,
+    /// Secrets (by name) whose files the device writes under
+    /// `/etc/drover/secrets/<secret>/<key>` (mode 0600) before installing.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Those files, sealed to this device and job at delivery; never stored
+    /// by the control plane.
+    #[serde(default)]
+    pub sealed: Option<crate::sealed::SealedBox>,
 }
+
+/// Most secrets one package job may name.
+pub const MAX_JOB_SECRETS: usize = 8;
 
 /// A signed, expiring link to a package's file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +100,16 @@ impl PackageInstall {
             return Err(format!(
                 "a package of {} bytes is outside 1..={MAX_PACKAGE_BYTES}",
                 self.size
+            ));
+        }
+        if self.secrets.len() > MAX_JOB_SECRETS
+            || !self
+                .secrets
+                .iter()
+                .all(|s| crate::sealed::is_secret_name(s))
+        {
+            return Err(format!(
+                "secrets must be at most {MAX_JOB_SECRETS} names of [A-Za-z0-9._-]"
             ));
         }
         if let Some(link) = &self.download
@@ -386,6 +407,8 @@ mod tests {
                 url: "https://cp.example:7182/api/agent/v1/packages/x/file?sig=1".into(),
                 expires_at: Timestamp::UNIX_EPOCH,
             }),
+            secrets: vec!["kiosk".into()],
+            sealed: None,
         }
     }
 
@@ -424,6 +447,16 @@ mod tests {
             ("short digest", |p| p.sha256 = "ab".into(), "sha256"),
             ("upper-case digest", |p| p.sha256 = "A".repeat(64), "sha256"),
             ("empty file", |p| p.size = 0, "outside"),
+            (
+                "secret with a slash",
+                |p| p.secrets = vec!["../x".into()],
+                "secrets",
+            ),
+            (
+                "too many secrets",
+                |p| p.secrets = vec!["s".into(); 9],
+                "secrets",
+            ),
             ("huge file", |p| p.size = MAX_PACKAGE_BYTES + 1, "outside"),
             (
                 "file link",

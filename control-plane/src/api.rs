@@ -41,6 +41,8 @@ pub struct ApiState {
     pub data: std::path::PathBuf,
     /// Whether this control plane serves package downloads.
     pub downloads: bool,
+    /// Seals Secrets at rest.
+    pub vault: Arc<crate::secrets::Vault>,
 }
 
 pub struct ApiError(pub StatusCode, pub String);
@@ -80,6 +82,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/deployments/{name}/add-new-devices", post(add_new_devices))
         // The body is streamed to disk and bounded there, not by the limit below.
         .route("/packages", get(list_packages).post(upload_package))
+        .route("/secrets", get(list_secrets))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
@@ -336,7 +339,7 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
         }
         Manifest::Deployment { name, mut spec } => {
             if let crate::deployment::DeploymentJob::PackageInstallV1(wanted) = &mut spec.job {
-                *wanted = resolve_package(state, wanted).await?;
+                **wanted = resolve_package(state, wanted).await?;
             }
             let deployment = DeploymentRecord {
                 name: name.clone(),
@@ -349,6 +352,28 @@ async fn apply_one(state: &ApiState, body: Value) -> Result<(StatusCode, Json<Va
             // The store's change feed brings it to the engine.
             let key = crate::records::deployment_key(&name);
             create_immutable(state, "Deployment", &key, deployment, |d| (d.uid, &d.spec)).await
+        }
+        Manifest::Secret { name, data } => {
+            let record = state
+                .vault
+                .seal(&name, &data)
+                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+            let key = crate::secrets::secret_key(&name);
+            let mut created = false;
+            state
+                .db
+                .update::<crate::secrets::SecretRecord, _>(&key, |current| {
+                    created = current.is_none();
+                    Some(record.clone())
+                })
+                .await?;
+            let result = if created { "created" } else { "configured" };
+            Ok((
+                StatusCode::OK,
+                Json(
+                    json!({"kind": "Secret", "name": name, "result": result, "keys": record.keys}),
+                ),
+            ))
         }
         Manifest::Device { id, labels, spec } => {
             let mut created = false;
@@ -429,7 +454,37 @@ async fn resolve_package(
             ));
         }
     }
-    Ok(stored.job())
+    for name in &wanted.secrets {
+        if state
+            .db
+            .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(name))
+            .await?
+            .is_none()
+        {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("packageInstallV1.secrets: there is no Secret {name}; apply it first"),
+            ));
+        }
+    }
+    Ok(agent_core::model::PackageInstall {
+        secrets: wanted.secrets.clone(),
+        ..stored.job()
+    })
+}
+
+/// Secrets by name and keys; values never leave the control plane here.
+async fn list_secrets(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let secrets = state
+        .db
+        .list::<crate::secrets::SecretRecord>("secrets/")
+        .await?;
+    Ok(Json(Value::Array(
+        secrets
+            .into_iter()
+            .map(|(_, _, s)| json!({"name": s.name, "keys": s.keys, "updatedAt": s.updated_at}))
+            .collect(),
+    )))
 }
 
 /// Stores an uploaded .deb (the request body).

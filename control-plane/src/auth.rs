@@ -18,7 +18,7 @@ pub struct Secrets {
 
 use agent_core::signing::{hex, unhex};
 
-fn random_hex(bytes: usize) -> Result<String> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     SystemRandom::new()
         .fill(&mut buf)
@@ -65,7 +65,10 @@ fn write_secret(path: &Path, value: &str) -> Result<()> {
 
 /// Reads a secret file, or creates it with `fresh()`. An existing empty file
 /// is an error naming it, never a secret.
-fn read_or_create(path: &Path, fresh: impl FnOnce() -> Result<String>) -> Result<String> {
+pub(crate) fn read_or_create(
+    path: &Path,
+    fresh: impl FnOnce() -> Result<String>,
+) -> Result<String> {
     match std::fs::read_to_string(path) {
         Ok(text) if text.trim().is_empty() => anyhow::bail!(
             "{} is empty; restore it from a backup or another replica, or remove it to make a new one \

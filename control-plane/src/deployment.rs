@@ -196,7 +196,7 @@ pub enum DeploymentJob {
     /// One package from the store. A manifest names only its id; `apply`
     /// fills in the rest from the package store before the deployment is
     /// stored, so the spec (and every job) fixes the file's checksum.
-    PackageInstallV1(PackageInstall),
+    PackageInstallV1(Box<PackageInstall>),
 }
 
 impl DeploymentJob {

@@ -259,8 +259,8 @@ pub struct Dispatcher {
     /// The keys in `queued`, so a key is queued once.
     queued_keys: HashSet<String>,
     signer: Arc<IntentSigner>,
-    /// The enricher of package jobs: a fresh download link at every delivery.
-    downloads: Option<Arc<crate::packages::Downloads>>,
+    /// Attaches what a job needs as it goes out (links, sealed secrets).
+    enricher: Option<Arc<crate::secrets::Enricher>>,
 }
 
 /// What the engine sends the delivery core: job keys it just released.
@@ -297,13 +297,13 @@ impl Dispatcher {
             queued: VecDeque::new(),
             queued_keys: HashSet::new(),
             signer,
-            downloads: None,
+            enricher: None,
         }
     }
 
-    /// Package jobs get their download links from `downloads`.
-    pub fn with_downloads(mut self, downloads: Option<Arc<crate::packages::Downloads>>) -> Self {
-        self.downloads = downloads;
+    /// Jobs get what they need attached by `enricher` as they go out.
+    pub fn with_enricher(mut self, enricher: Arc<crate::secrets::Enricher>) -> Self {
+        self.enricher = Some(enricher);
         self
     }
 
@@ -648,13 +648,6 @@ impl Dispatcher {
             }
             job.last_attempt = Some(now);
             let mut intent = job.intent.clone();
-            // Enrichers: what a job needs is attached here, as it goes out,
-            // and never stored.
-            if let agent_core::JobKind::PackageInstallV1(package) = &mut intent.kind
-                && let Some(downloads) = &self.downloads
-            {
-                package.download = Some(downloads.link(&package.package, &intent.device_id, now));
-            }
             let Some(link) = self.link_for(&intent.device_id) else {
                 debug!(key, "no link reaches the device yet; delivery waits for it");
                 continue;
@@ -666,8 +659,16 @@ impl Dispatcher {
                     delivery::step(&job.facts(), &DeliveryEvent::Delivered { at: now });
                 job.delivery = delivery;
             }
-            let signed = self.signer.sign(&intent);
+            let (signer, enricher) = (self.signer.clone(), self.enricher.clone());
             self.in_flight.spawn(async move {
+                // Enrichers: what a job needs is attached here, as it goes
+                // out, and never stored; then the whole intent is signed.
+                if let Some(enricher) = enricher
+                    && let Err(e) = enricher.enrich(&mut intent, now).await
+                {
+                    warn!(key, error = %e, "cannot attach what the job needs; the device will fail it");
+                }
+                let signed = signer.sign(&intent);
                 let result = link.deliver(&intent, &signed, Timestamp::now()).await;
                 (key, link.transport(), result)
             });

@@ -18,6 +18,7 @@ pub mod placement;
 pub mod records;
 pub mod rollout;
 pub mod schedule;
+pub mod secrets;
 pub mod serve;
 pub mod store;
 pub mod stored;

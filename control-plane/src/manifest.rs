@@ -30,6 +30,22 @@ pub enum Manifest {
         name: String,
         spec: crate::deployment::DeploymentSpec,
     },
+    /// Files a job may carry to a device (by reference; sealed at rest).
+    Secret {
+        name: String,
+        data: BTreeMap<String, String>,
+    },
+}
+
+/// Most keys one Secret holds.
+pub const MAX_SECRET_KEYS: usize = 16;
+/// Largest value of one key, in bytes.
+pub const MAX_SECRET_VALUE: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WireSecret {
+    data: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -206,6 +222,9 @@ struct WirePackage {
     version: Option<String>,
     #[serde(default)]
     sha256: Option<String>,
+    /// Secrets whose files the device gets before the install.
+    #[serde(default)]
+    secrets: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -438,8 +457,21 @@ fn parse_deployment_spec(
                         .into(),
                 );
             }
+            if package.secrets.len() > agent_core::model::MAX_JOB_SECRETS
+                || !package
+                    .secrets
+                    .iter()
+                    .all(|s| agent_core::sealed::is_secret_name(s))
+            {
+                problems.push(format!(
+                    "spec.packageInstallV1.secrets: at most {} Secret names",
+                    agent_core::model::MAX_JOB_SECRETS
+                ));
+            }
             // Filled in from the package store by apply.
-            DeploymentJob::PackageInstallV1(agent_core::model::PackageInstall {
+            DeploymentJob::PackageInstallV1(Box::new(agent_core::model::PackageInstall {
+                secrets: package.secrets,
+                sealed: None,
                 package: package.package,
                 name: String::new(),
                 version: package.version.unwrap_or_default(),
@@ -447,7 +479,7 @@ fn parse_deployment_spec(
                 sha256: package.sha256.unwrap_or_default(),
                 size: 0,
                 download: None,
-            })
+            }))
         }
         _ => {
             problems.push(
@@ -547,9 +579,15 @@ fn render_deployment_spec(spec: &crate::deployment::DeploymentSpec) -> serde_jso
         "deadlineSeconds": spec.deadline_seconds,
     });
     rendered[spec.job.name()] = match &spec.job {
-        DeploymentJob::PackageInstallV1(package) => serde_json::json!({
-            "package": package.package, "version": package.version, "sha256": package.sha256
-        }),
+        DeploymentJob::PackageInstallV1(package) => {
+            let mut rendered = serde_json::json!({
+                "package": package.package, "version": package.version, "sha256": package.sha256
+            });
+            if !package.secrets.is_empty() {
+                rendered["secrets"] = serde_json::json!(package.secrets);
+            }
+            rendered
+        }
         _ => serde_json::json!({}),
     };
     if let Some(window) = &spec.maintenance_window {
@@ -743,8 +781,43 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 spec,
             })
         }
+        "Secret" => {
+            if !agent_core::sealed::is_secret_name(&raw.metadata.name) {
+                return Err(format!(
+                    "metadata.name {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot",
+                    shorten(&raw.metadata.name)
+                ));
+            }
+            let wire: WireSecret = serde_json::from_value(raw.spec)
+                .map_err(|e| format!("invalid Secret spec (spec.data: {{key: value}}): {e}"))?;
+            let mut problems = Vec::new();
+            if wire.data.is_empty() || wire.data.len() > MAX_SECRET_KEYS {
+                problems.push(format!("spec.data must hold 1 to {MAX_SECRET_KEYS} keys"));
+            }
+            for (key, value) in &wire.data {
+                if !agent_core::sealed::is_secret_name(key) {
+                    problems.push(format!(
+                        "spec.data key {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot (it is a file name on the device)",
+                        shorten(key)
+                    ));
+                }
+                if value.len() > MAX_SECRET_VALUE {
+                    problems.push(format!(
+                        "spec.data.{key} is {} bytes, over the limit of {MAX_SECRET_VALUE}",
+                        value.len()
+                    ));
+                }
+            }
+            if !problems.is_empty() {
+                return Err(problems.join("; "));
+            }
+            Ok(Manifest::Secret {
+                name: raw.metadata.name,
+                data: wire.data,
+            })
+        }
         other => Err(format!(
-            "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule, Deployment and Device"
+            "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule, Deployment, Device and Secret"
         )),
     }
 }
@@ -926,6 +999,45 @@ mod tests {
         };
         let record = crate::deployment::DeploymentRecord { spec, ..record };
         assert_eq!(render_deployment(&record)["spec"], with_software["spec"]);
+    }
+
+    #[test]
+    fn secrets_parse_and_bad_ones_are_refused() {
+        let secret = |name: &str, data: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Secret",
+                "metadata": {"name": name}, "spec": {"data": data}
+            })
+        };
+        let Manifest::Secret { name, data } = parse(secret(
+            "kiosk",
+            serde_json::json!({"token": "x", "ca.pem": "y"}),
+        ))
+        .expect("ok") else {
+            panic!("a secret")
+        };
+        assert_eq!((name.as_str(), data.len()), ("kiosk", 2));
+        let cases = [
+            (
+                secret("../etc", serde_json::json!({"a": "b"})),
+                "metadata.name",
+            ),
+            (secret("kiosk", serde_json::json!({})), "1 to 16 keys"),
+            (secret("kiosk", serde_json::json!({"a/b": "c"})), "key"),
+            (secret("kiosk", serde_json::json!({".hidden": "c"})), "key"),
+            (
+                secret("kiosk", serde_json::json!({"big": "x".repeat(5000)})),
+                "over the limit",
+            ),
+            (
+                secret("kiosk", serde_json::json!({"n": 1})),
+                "invalid Secret spec",
+            ),
+        ];
+        for (manifest, expected) in cases {
+            let error = parse(manifest.clone()).expect_err(&manifest.to_string());
+            assert!(error.contains(expected), "{manifest}: {error}");
+        }
     }
 
     #[test]

@@ -58,6 +58,8 @@ impl PackageRecord {
             sha256: self.sha256.clone(),
             size: self.size,
             download: None,
+            secrets: Vec::new(),
+            sealed: None,
         }
     }
 }

@@ -164,6 +164,13 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             &options.data,
         ))
     });
+    let vault = Arc::new(crate::secrets::Vault::load_or_create(&options.data)?);
+    let enricher = Arc::new(crate::secrets::Enricher {
+        db: db.clone(),
+        secrets: secrets.clone(),
+        vault: vault.clone(),
+        downloads: downloads.clone(),
+    });
     let dispatcher = Dispatcher::new(
         db.clone(),
         links,
@@ -174,7 +181,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         caught_up,
         signer,
     )
-    .with_downloads(downloads.clone());
+    .with_enricher(enricher);
     let api_listener = TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -191,6 +198,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         presence,
         data: options.data.clone(),
         downloads: downloads.is_some(),
+        vault,
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

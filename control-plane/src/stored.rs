@@ -44,7 +44,8 @@ one_layout!(
     crate::schedule::TaskScheduleRecord,
     crate::deployment::TargetRecord,
     crate::deployment::DeviceInventory,
-    crate::packages::PackageRecord
+    crate::packages::PackageRecord,
+    crate::secrets::SecretRecord
 );
 
 /// A deployment as stored: V1 until device filters took software
@@ -330,6 +331,8 @@ mod tests {
         };
         assert_eq!(package.package, "kiosk_2.1-1_arm64");
         assert_eq!(package.size, 4096);
+        assert_eq!(package.secrets, ["kiosk"]);
+        assert!(package.download.is_none() && package.sealed.is_none());
         // What this build writes is V2, and reads back the same.
         assert_eq!(v2.to_bytes().expect("encode")[0], 1, "variant V2");
         assert_eq!(

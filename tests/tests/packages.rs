@@ -395,3 +395,91 @@ async fn a_filter_on_installed_software_follows_debian_version_order() {
     let device = cp.get("/devices/s1/inventory").await;
     assert_eq!(device["packages"]["drover-lib"], "1.0-1", "{device}");
 }
+
+/// A Secret reaches the device sealed to it and its job, is written as a
+/// 0600 file before the package's maintainer scripts run, and is stored in
+/// clear nowhere: not in the control plane's store, not in the agent's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_secret_reaches_the_device_sealed_and_rests_nowhere_in_clear() {
+    let cp = ControlPlane::start(&[]);
+    let value = format!("kiosk-token-{}", std::process::id());
+    let manifest = |data: Value| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "Secret",
+            "metadata": {"name": "kiosk"},
+            "spec": {"data": data}
+        })
+    };
+    let applied = cp.apply(manifest(json!({"token": value}))).await;
+    assert!(!applied.to_string().contains(&value), "{applied}");
+    let listed = cp.get("/secrets").await;
+    assert_eq!(listed[0]["keys"], json!(["token"]), "{listed}");
+    assert!(!listed.to_string().contains(&value), "{listed}");
+
+    let build = tempfile::tempdir().expect("build dir");
+    let deb = Pkg::new("drover-kiosk", "1.0")
+        .postinst("cp /etc/drover/secrets/kiosk/token /etc/kiosk-token")
+        .build(build.path(), build.path());
+    let out = drover(&cp, &["packages", "upload", deb.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // A deployment naming a Secret that does not exist is refused.
+    let missing = build.path().join("missing.json");
+    let spec = |secrets: Value| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "Deployment",
+            "metadata": {"name": "kiosk"},
+            "spec": {
+                "targets": {"devices": ["k1"]},
+                "packageInstallV1": {"package": "drover-kiosk_1.0_all", "secrets": secrets},
+                "maxConcurrency": 1,
+                "retries": 0,
+                "deadlineSeconds": 600
+            }
+        })
+    };
+    std::fs::write(&missing, spec(json!(["nope"])).to_string()).expect("manifest");
+    let refused = drover(&cp, &["apply", "-f", missing.to_str().expect("path")]);
+    assert!(
+        !refused.status.success() && text(&refused).contains("no Secret nope"),
+        "{}",
+        text(&refused)
+    );
+
+    let root = Sandbox::new();
+    cp.apply_device("k1", &["kiosks"], json!({})).await;
+    let agent = agent_in(&cp, "k1", &root);
+    cp.wait_for_agents(&["k1"]).await;
+    cp.apply(spec(json!(["kiosk"]))).await;
+    let d = eventually(Duration::from_secs(120), "the kiosk deployment", || async {
+        let d = cp.get("/deployments/kiosk").await;
+        matches!(d["status"]["phase"].as_str(), Some("Complete" | "Failed")).then_some(d)
+    })
+    .await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}\n{}", agent.log());
+    assert_eq!(
+        std::fs::read_to_string(root.path("/etc/kiosk-token")).expect("copied by postinst"),
+        value,
+        "the secret was in place before the maintainer script ran"
+    );
+    let secret_file = root.path("/etc/drover/secrets/kiosk/token");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&secret_file)
+        .expect("secret file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // In clear nowhere else.
+    for store in [
+        cp.dir.path().join("data/drover.redb"),
+        cp.dir.path().join("k1/state/agent.redb"),
+    ] {
+        let bytes = std::fs::read(&store).expect("store");
+        assert!(
+            !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+            "{} holds the secret in clear",
+            store.display()
+        );
+    }
+}

@@ -18,6 +18,8 @@ use tracing::{info, warn};
 pub const STEPS: &[&str] = &["download", "install"];
 /// Where packages are kept between download and install, inside the root.
 const PACKAGES_DIR: &str = "var/cache/drover-agent/packages";
+/// Where a job's secret files go, inside the root.
+const SECRETS_DIR: &str = "etc/drover/secrets";
 /// How long a download keeps trying through network errors.
 const DOWNLOAD_PATIENCE: Duration = Duration::from_secs(600);
 
@@ -127,6 +129,55 @@ impl PackageInstaller {
         StepOutcome::Done
     }
 
+    /// Opens the job's sealed secrets and writes each file, mode 0600, as
+    /// `/etc/drover/secrets/<secret>/<key>` in the root, before the install
+    /// (a package's maintainer scripts may read them).
+    fn write_secrets(&self, ctx: &StepContext<'_>, package: &PackageInstall) -> Result<(), String> {
+        use agent_core::sealed::{is_secret_name, open};
+        if package.secrets.is_empty() {
+            return Ok(());
+        }
+        let Some(sealed) = &package.sealed else {
+            return Err(format!(
+                "the job names secrets ({}) but carries none: the control plane could not attach them (see its log)",
+                package.secrets.join(", ")
+            ));
+        };
+        let fetcher = self
+            .fetcher
+            .as_ref()
+            .ok_or("this agent has no device token to open secrets with")?;
+        let token = fetcher
+            .token
+            .as_deref()
+            .ok_or("this agent has no device token to open secrets with")?;
+        let device =
+            agent_core::DeviceId::new(fetcher.device_id.clone()).map_err(|e| e.to_string())?;
+        let files = open(token, &device, ctx.job_id, sealed)?;
+        let base = self.settings().system_root().join(SECRETS_DIR);
+        for file in &files {
+            if !package.secrets.contains(&file.secret)
+                || !is_secret_name(&file.secret)
+                || !is_secret_name(&file.key)
+            {
+                return Err(format!(
+                    "the sealed secrets hold {}/{}, which the job does not name",
+                    file.secret, file.key
+                ));
+            }
+            let dir = base.join(&file.secret);
+            write_private(&dir, &file.key, file.value.as_bytes()).map_err(|e| {
+                format!(
+                    "cannot write secret file {}/{}: {e}",
+                    dir.display(),
+                    file.key
+                )
+            })?;
+        }
+        info!(secrets = ?package.secrets, files = files.len(), "secret files written");
+        Ok(())
+    }
+
     /// A download that broke off is tried again (it resumes) for a while.
     fn again(&self, ctx: &StepContext<'_>, error: String) -> StepOutcome {
         if elapsed(ctx) < DOWNLOAD_PATIENCE {
@@ -153,6 +204,10 @@ impl PackageInstaller {
                 return StepOutcome::Fail(e);
             }
             if self.settings().mode == Mode::Upgrade {
+                // Simulate mode changes nothing, secrets included.
+                if let Err(e) = self.write_secrets(ctx, package) {
+                    return StepOutcome::Fail(e);
+                }
                 match self.apt.repair_dpkg(ctx).await {
                     StepOutcome::Done => {}
                     other => return other,
@@ -232,6 +287,28 @@ impl PackageInstaller {
             Err(e) => StepOutcome::Fail(e.to_string()),
         }
     }
+}
+
+/// Writes `dir/name` (dir 0700, file 0600) atomically: a temporary name,
+/// fsync, rename, fsync of the directory.
+fn write_private(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn change(package: &PackageInstall) -> PackageChange {

@@ -1,0 +1,166 @@
+//! Secrets and the enrichers that attach what a job needs as it goes out.
+//!
+//! A `Secret` (`spec.data: {key: value}`) is stored as `secrets/<name>`,
+//! sealed at rest with AES-256-GCM under `seal.key` (32 random bytes in the
+//! data directory, shared by replicas like `secret.key`), its name as
+//! associated data. The API never returns a value. A package job names its
+//! secrets; at every delivery the enricher opens them and seals their files
+//! to the device and job (`agent_core::sealed`), and adds a fresh download
+//! link. Neither is ever written to the store.
+
+use crate::auth::{Secrets, random_hex, read_or_create};
+use crate::packages::Downloads;
+use crate::records::{Db, DbError};
+use agent_core::Intent;
+use agent_core::model::JobKind;
+use agent_core::sealed::{SecretFile, seal};
+use agent_core::signing::{hex, unhex};
+use anyhow::Context;
+use jiff::Timestamp;
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A secret as stored: its keys in clear (to list them), the values sealed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRecord {
+    pub name: String,
+    pub keys: Vec<String>,
+    pub nonce: String,
+    pub ciphertext: String,
+    pub updated_at: Timestamp,
+}
+
+pub fn secret_key(name: &str) -> String {
+    format!("secrets/{name}")
+}
+
+/// The key secrets are sealed with at rest.
+pub struct Vault {
+    key: LessSafeKey,
+}
+
+impl Vault {
+    pub fn load_or_create(data: &Path) -> anyhow::Result<Self> {
+        crate::auth::ensure_data_dir(data)?;
+        let path = data.join("seal.key");
+        let text = read_or_create(&path, || random_hex(32))?;
+        let bytes = unhex(&text)
+            .filter(|k| k.len() == 32)
+            .with_context(|| format!("{} is not a 32-byte hex key", path.display()))?;
+        let key = UnboundKey::new(&AES_256_GCM, &bytes)
+            .map_err(|_| anyhow::anyhow!("{} is not an AES-256 key", path.display()))?;
+        Ok(Self {
+            key: LessSafeKey::new(key),
+        })
+    }
+
+    fn aad(name: &str) -> String {
+        format!("drover-secret-at-rest:v1:{name}")
+    }
+
+    pub fn seal(
+        &self,
+        name: &str,
+        data: &BTreeMap<String, String>,
+    ) -> Result<SecretRecord, String> {
+        use ring::rand::SecureRandom;
+        let mut nonce = [0u8; NONCE_LEN];
+        ring::rand::SystemRandom::new()
+            .fill(&mut nonce)
+            .map_err(|_| "no randomness for a nonce".to_owned())?;
+        let mut bytes = serde_json::to_vec(data).map_err(|e| e.to_string())?;
+        self.key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(Self::aad(name).as_bytes()),
+                &mut bytes,
+            )
+            .map_err(|_| "cannot seal the secret".to_owned())?;
+        Ok(SecretRecord {
+            name: name.to_owned(),
+            keys: data.keys().cloned().collect(),
+            nonce: hex(&nonce),
+            ciphertext: hex(&bytes),
+            updated_at: Timestamp::now(),
+        })
+    }
+
+    pub fn open(&self, record: &SecretRecord) -> Result<BTreeMap<String, String>, String> {
+        let nonce: [u8; NONCE_LEN] = unhex(&record.nonce)
+            .and_then(|n| n.try_into().ok())
+            .ok_or_else(|| format!("secret {}: malformed nonce", record.name))?;
+        let mut bytes = unhex(&record.ciphertext)
+            .ok_or_else(|| format!("secret {}: malformed ciphertext", record.name))?;
+        let plain = self
+            .key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(Self::aad(&record.name).as_bytes()),
+                &mut bytes,
+            )
+            .map_err(|_| {
+                format!(
+                    "secret {} does not open with this control plane's seal.key",
+                    record.name
+                )
+            })?;
+        serde_json::from_slice(plain).map_err(|e| format!("secret {}: {e}", record.name))
+    }
+}
+
+/// What the delivery core attaches to a job as it goes out.
+pub struct Enricher {
+    pub db: Db,
+    pub secrets: Arc<Secrets>,
+    pub vault: Arc<Vault>,
+    pub downloads: Option<Arc<Downloads>>,
+}
+
+impl Enricher {
+    /// Adds a package job's download link and sealed secrets. An error says
+    /// what could not be attached; the job goes out without it, and the
+    /// device fails it saying so.
+    pub async fn enrich(&self, intent: &mut Intent, now: Timestamp) -> Result<(), String> {
+        let JobKind::PackageInstallV1(package) = &mut intent.kind else {
+            return Ok(());
+        };
+        if let Some(downloads) = &self.downloads {
+            package.download = Some(downloads.link(&package.package, &intent.device_id, now));
+        }
+        if package.secrets.is_empty() {
+            return Ok(());
+        }
+        let files = self
+            .files(&package.secrets)
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = self.secrets.device_token(&intent.device_id);
+        package.sealed = Some(seal(&token, &intent.device_id, intent.job_id, &files)?);
+        Ok(())
+    }
+
+    async fn files(&self, names: &[String]) -> Result<Vec<SecretFile>, String> {
+        let mut files = Vec::new();
+        for name in names {
+            let record = self
+                .db
+                .get::<SecretRecord>(&secret_key(name))
+                .await
+                .map_err(|e: DbError| e.to_string())?
+                .map(|(_, record)| record)
+                .ok_or_else(|| format!("secret {name} does not exist"))?;
+            for (key, value) in self.vault.open(&record)? {
+                files.push(SecretFile {
+                    secret: name.clone(),
+                    key,
+                    value,
+                });
+            }
+        }
+        Ok(files)
+    }
+}
