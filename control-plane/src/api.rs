@@ -124,6 +124,7 @@ async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError>
         "devices": devices.len(),
         "agentsPresent": present,
         "connectedHere": state.presence.connected(),
+        "engine": state.engine.stats.json(),
     })))
 }
 

@@ -36,6 +36,8 @@ pub(super) const DIRTY: &str = "deployment:";
 pub(super) const DIRTY_PLANNING: &str = "deployment:";
 /// How long a pass may hold a deployment before another replica takes over.
 const LEASE: SignedDuration = SignedDuration::from_secs(30);
+/// A held lease is renewed (a commit of its own) once less than this is left.
+const LEASE_RENEW_BEFORE: SignedDuration = SignedDuration::from_secs(10);
 /// Target records written per commit when a deployment starts.
 const TARGET_CHUNK: usize = 1000;
 
@@ -326,6 +328,17 @@ impl Engine {
         }
     }
 
+    /// Awaits a write, counting the wait as the store's, not the pass's.
+    async fn store_wait<T>(&self, write: impl std::future::Future<Output = T>) -> T {
+        let since = std::time::Instant::now();
+        let result = write.await;
+        self.stats.deployment_store_micros.fetch_add(
+            since.elapsed().as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        result
+    }
+
     /// Takes the deployment's lease (a compare-and-set on its record), unless
     /// another replica holds it. Returns the record's new revision.
     async fn lease(
@@ -346,8 +359,10 @@ impl Engine {
             until: now + LEASE,
         });
         match self
-            .db
-            .put(&deployment_key(&record.name), &leased, revision)
+            .store_wait(
+                self.db
+                    .put(&deployment_key(&record.name), &leased, revision),
+            )
             .await
         {
             Ok(revision) => Ok(Some(revision)),
@@ -366,8 +381,10 @@ impl Engine {
     ) -> Result<Option<u64>, DbError> {
         record.status.lease = None;
         match self
-            .db
-            .put(&deployment_key(&record.name), &record, revision)
+            .store_wait(
+                self.db
+                    .put(&deployment_key(&record.name), &record, revision),
+            )
             .await
         {
             Ok(revision) => Ok(Some(revision)),
@@ -484,7 +501,7 @@ impl Engine {
                         expected: 0,
                     });
                 }
-                for result in self.db.commit(ops).await? {
+                for result in self.store_wait(self.db.commit(ops)).await? {
                     match result {
                         Ok(_) => {}
                         // Written by an earlier try of this start.
@@ -616,7 +633,10 @@ impl Engine {
             .map(|(i, target)| TargetInput {
                 record: target,
                 job: target.job.and(view.jobs[i].clone()),
-                online: self.online(&target.device, view.last_seen[i], now),
+                // Only a pending target's device needs asking.
+                online: target.job.is_none()
+                    && target.end.is_none()
+                    && self.online(&target.device, view.last_seen[i], now),
             })
             .collect();
         let decision = deployment::decide(&record.facts(), &inputs, now);
@@ -672,13 +692,34 @@ impl Engine {
             }
             return Ok(());
         }
-        let Some(leased) = self.lease(revision, &record, now).await? else {
-            return Ok(());
+        // The lease: kept across passes while this replica passes, so a
+        // pass is one commit (the work and the record together); taken or
+        // renewed with a commit of its own only when missing or running out.
+        let held = record
+            .status
+            .lease
+            .clone()
+            .filter(|lease| lease.holder == self.id && lease.until > now + LEASE_RENEW_BEFORE);
+        let (leased, lease) = match held {
+            Some(lease) => (revision, lease),
+            None => match self.lease(revision, &record, now).await? {
+                Some(leased) => (
+                    leased,
+                    Lease {
+                        holder: self.id.clone(),
+                        until: now + LEASE,
+                    },
+                ),
+                None => return Ok(()),
+            },
         };
         if let Some(view) = views.by_name.get_mut(&name) {
             view.routed = view.routed.max(leased);
         }
         let view = views.by_name.get(&name).expect("loaded above");
+        let finished = status.phase.is_terminal();
+        // A finished deployment lets its lease go.
+        status.lease = (!finished).then_some(lease);
 
         // Jobs first, then the targets that name them: a crash in between
         // leaves a job the next pass releases again under the same id.
@@ -730,7 +771,17 @@ impl Engine {
                 expected: 0,
             });
         }
-        let results = self.db.commit(ops).await?;
+        // Last, the counts, under the lease: it fails only if the lease was
+        // lost, and then the next pass starts from the store again.
+        let mut done = record;
+        done.status = status;
+        ops.push(Op::Put {
+            key: deployment_key(&name),
+            value: Db::encode(&done)?,
+            expected: leased,
+        });
+        let status = done.status;
+        let results = self.store_wait(self.db.commit(ops)).await?;
         let mut results = results.into_iter();
         let mut released_keys = Vec::new();
         for key in job_keys {
@@ -763,6 +814,17 @@ impl Engine {
                 None => break,
             }
         }
+        match results.next() {
+            Some(Ok(revision)) => {
+                if let Some(view) = views.by_name.get_mut(&name) {
+                    view.routed = view.routed.max(revision);
+                }
+            }
+            // The lease ran out and another replica went on.
+            Some(Err(e)) if e.is_conflict() => stale = true,
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
         if let Some(view) = views.by_name.get_mut(&name) {
             view.next_due = next_due;
         }
@@ -771,7 +833,6 @@ impl Engine {
             warn!(deployment = %name, "targets changed under the pass; reloading");
             views.forget(&name);
         }
-        let finished = status.phase.is_terminal();
         if finished {
             views.forget(&name);
         }
@@ -784,14 +845,6 @@ impl Engine {
         }
         if finished {
             info!(deployment = %name, phase = ?status.phase, reason = ?status.reason, "deployment finished");
-        }
-        let mut done = record;
-        done.status = status;
-        let stored = self.release_lease(leased, done).await?;
-        if let Some(revision) = stored
-            && let Some(view) = self.deployments.lock().await.by_name.get_mut(&name)
-        {
-            view.routed = view.routed.max(revision);
         }
         Ok(())
     }

@@ -580,14 +580,17 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         if record.end.is_some() {
             continue;
         }
-        let mut next = record.clone();
+        // Cloned only when this target changes: a pass costs what changed.
+        let mut changed: Option<TargetRecord> = None;
         match (&record.job, &target.job) {
             (Some(_), Some(Observed::Succeeded { at })) => {
+                let next = changed.insert(record.clone());
                 next.end = Some(TargetEnd::Succeeded { at: *at });
                 next.next_attempt_at = None;
             }
             (Some(_), Some(Observed::Failed { at, error })) => {
-                fail(&mut next, *at, error.clone());
+                let next = changed.insert(record.clone());
+                fail(next, *at, error.clone());
                 decision.latest_error = next
                     .last_error
                     .as_ref()
@@ -595,7 +598,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             }
             (Some(_), Some(Observed::Running)) => match record.running_since {
                 None => {
-                    next.running_since = Some(now);
+                    changed.insert(record.clone()).running_since = Some(now);
                     active += 1;
                 }
                 Some(since) if now >= since + timeout => {
@@ -605,7 +608,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                         JOB_TIMEOUT_SECONDS,
                         RUNNING_GRACE.as_secs()
                     );
-                    fail(&mut next, now, error);
+                    let next = changed.insert(record.clone());
+                    fail(next, now, error);
                     decision.latest_error = next
                         .last_error
                         .as_ref()
@@ -616,6 +620,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             // Out and not started (or its record is not readable yet).
             (Some(_), Some(Observed::Queued) | None) => {
                 if expired {
+                    let next = changed.insert(record.clone());
                     next.job = None;
                     next.end = Some(TargetEnd::Expired { at: now });
                     next.last_error =
@@ -626,6 +631,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             }
             (None, _) => {
                 if expired {
+                    let next = changed.insert(record.clone());
                     next.end = Some(TargetEnd::Expired { at: now });
                     next.last_error =
                         Some(record.last_error.clone().unwrap_or_else(|| {
@@ -636,13 +642,18 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                 }
             }
         }
-        if next != *record {
+        if let Some(next) = changed
+            && next != *record
+        {
             records[index] = Some(next);
         }
     }
 
     // Release in target order while there is room.
     for index in pending {
+        if active >= spec.max_concurrency {
+            break;
+        }
         let target = &targets[index];
         let record = records[index]
             .clone()

@@ -72,6 +72,43 @@ pub struct Engine {
     deployments: Mutex<deployments::DeploymentViews>,
     /// Who is online, and who just arrived (None in tests without links).
     presence: Option<Arc<Presence>>,
+    /// What passes cost, for the benchmark and operators.
+    pub stats: PassStats,
+}
+
+/// Time spent in passes since start (a pass over a deployment, one over a
+/// run), so the scheduler's own share of a rollout's wall time is known.
+#[derive(Debug, Default)]
+pub struct PassStats {
+    pub deployment_passes: std::sync::atomic::AtomicU64,
+    pub deployment_pass_micros: std::sync::atomic::AtomicU64,
+    /// Of that, waiting for the store's commits (shared with the intake).
+    pub deployment_store_micros: std::sync::atomic::AtomicU64,
+    pub run_passes: std::sync::atomic::AtomicU64,
+    pub run_pass_micros: std::sync::atomic::AtomicU64,
+}
+
+impl PassStats {
+    fn add(
+        count: &std::sync::atomic::AtomicU64,
+        micros: &std::sync::atomic::AtomicU64,
+        since: std::time::Instant,
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        count.fetch_add(1, Relaxed);
+        micros.fetch_add(since.elapsed().as_micros() as u64, Relaxed);
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        serde_json::json!({
+            "deploymentPasses": self.deployment_passes.load(Relaxed),
+            "deploymentPassSeconds": self.deployment_pass_micros.load(Relaxed) as f64 / 1e6,
+            "deploymentStoreSeconds": self.deployment_store_micros.load(Relaxed) as f64 / 1e6,
+            "runPasses": self.run_passes.load(Relaxed),
+            "runPassSeconds": self.run_pass_micros.load(Relaxed) as f64 / 1e6,
+        })
+    }
 }
 
 impl Engine {
@@ -84,6 +121,7 @@ impl Engine {
             views: Mutex::new(Views::default()),
             deployments: Mutex::new(Default::default()),
             presence: None,
+            stats: PassStats::default(),
         }
     }
 
@@ -270,9 +308,15 @@ impl Engine {
             .collect();
         names.retain(|n| !n.starts_with(deployments::DIRTY));
         for name in deployment_names {
+            let since = std::time::Instant::now();
             if let Err(e) = self.pass_deployment(&name, now).await {
                 warn!(deployment = %name, error = %e, "cannot advance deployment");
             }
+            PassStats::add(
+                &self.stats.deployment_passes,
+                &self.stats.deployment_pass_micros,
+                since,
+            );
         }
         if names.remove("") {
             if let Err(e) = self.schedules(now).await {
@@ -285,9 +329,11 @@ impl Engine {
             }
         }
         for name in names {
+            let since = std::time::Instant::now();
             if let Err(e) = self.reconcile(&name, now).await {
                 warn!(run = %name, error = %e, "cannot advance run");
             }
+            PassStats::add(&self.stats.run_passes, &self.stats.run_pass_micros, since);
         }
         Ok(())
     }

@@ -38,6 +38,8 @@ pub struct BenchOptions {
     pub run_timeout: Duration,
     /// Keep the temporary directories.
     pub keep: bool,
+    /// What is applied: a TaskRun, or a Deployment with this concurrency.
+    pub deployment_concurrency: Option<u32>,
 }
 
 /// One row of the benchmark's table.
@@ -53,22 +55,30 @@ pub struct Figures {
     pub complete: bool,
     pub control_plane_rss_mib: u64,
     pub broker_rss_mib: Option<u64>,
+    /// "TaskRun", or "Deployment (N at once)".
+    pub work: String,
+    /// Passes over the run or deployment, and the time they took in all.
+    pub passes: u64,
+    pub pass_seconds: f64,
+    /// Of the pass time, waiting for the store's commits (deployments only).
+    pub store_seconds: Option<f64>,
 }
 
 impl Figures {
     pub fn header() -> &'static str {
-        "| devices | transport | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB) | broker RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|"
+        "| devices | transport | work | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB) | broker RSS (MiB) | passes | pass time (s, % of run) | of which store waits (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     }
 
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} | {} | {} | {} | {:.2} ({:.1} %) | {} |",
             self.devices,
             match self.transport {
                 Transport::Websocket => "WebSocket",
                 Transport::Nats => "NATS",
                 Transport::Mqtt => "MQTT",
             },
+            self.work,
             self.connect_seconds,
             if self.complete {
                 ""
@@ -82,6 +92,15 @@ impl Figures {
             self.control_plane_rss_mib,
             self.broker_rss_mib
                 .map_or_else(|| "-".to_owned(), |m| m.to_string()),
+            self.passes,
+            self.pass_seconds,
+            if self.run_seconds > 0.0 {
+                100.0 * self.pass_seconds / self.run_seconds
+            } else {
+                0.0
+            },
+            self.store_seconds
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}")),
         )
     }
 }
@@ -448,30 +467,42 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let idle = procstat::usage(pid).context("control-plane usage")?;
 
     let run = format!("bench-{devices}");
+    let (manifest, path, work) = match options.deployment_concurrency {
+        None => (
+            json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
+                   "metadata": {"name": run},
+                   "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
+            format!("/taskruns/{run}"),
+            "TaskRun".to_owned(),
+        ),
+        Some(concurrency) => (
+            json!({"apiVersion": drover::records::API_VERSION, "kind": "Deployment",
+                   "metadata": {"name": run},
+                   "spec": {"targets": {"filter": {"groups": ["bench"]}}, "systemUpgradeV1": {},
+                            "maxConcurrency": concurrency, "deadlineSeconds": 3600}}),
+            format!("/deployments/{run}"),
+            format!("Deployment ({concurrency} at once)"),
+        ),
+    };
+    let engine_before = api.get("/summary").await?["engine"].clone();
     let start: Usage = procstat::usage(pid).context("control-plane usage")?;
     let started = Instant::now();
-    api.post(
-        "/apply",
-        &json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
-                "metadata": {"name": run},
-                "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
-    )
-    .await?;
+    api.post("/apply", &manifest).await?;
     let mut complete = false;
     loop {
-        let status = api.get(&format!("/taskruns/{run}")).await?;
+        let status = api.get(&path).await?;
         let phase = status["status"]["phase"].as_str().unwrap_or("");
         if phase == "Complete" {
             complete = true;
             break;
         }
         if phase == "Failed" {
-            eprintln!("run failed: {}", status["status"]);
+            eprintln!("{work} failed: {}", status["status"]);
             break;
         }
         if started.elapsed() > options.run_timeout {
             eprintln!(
-                "run not complete after {:?}: {}; agents: {}",
+                "{work} not complete after {:?}: {}; agents: {}",
                 options.run_timeout,
                 status["status"],
                 stats.snapshot()
@@ -482,6 +513,24 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     }
     let run_seconds = started.elapsed().as_secs_f64();
     let end = procstat::usage(pid).context("control-plane usage")?;
+    let engine_after = api.get("/summary").await?["engine"].clone();
+    let (passes_key, seconds_key) = if options.deployment_concurrency.is_some() {
+        ("deploymentPasses", "deploymentPassSeconds")
+    } else {
+        ("runPasses", "runPassSeconds")
+    };
+    let passes = engine_after[passes_key].as_u64().unwrap_or(0)
+        - engine_before[passes_key].as_u64().unwrap_or(0);
+    let pass_seconds = engine_after[seconds_key].as_f64().unwrap_or(0.0)
+        - engine_before[seconds_key].as_f64().unwrap_or(0.0);
+    let store_seconds = options.deployment_concurrency.map(|_| {
+        engine_after["deploymentStoreSeconds"]
+            .as_f64()
+            .unwrap_or(0.0)
+            - engine_before["deploymentStoreSeconds"]
+                .as_f64()
+                .unwrap_or(0.0)
+    });
     let broker_rss = broker
         .as_ref()
         .and_then(|(process, _)| procstat::usage(process.0.id()))
@@ -510,6 +559,10 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         complete,
         control_plane_rss_mib: idle.rss_bytes / (1024 * 1024),
         broker_rss_mib: broker_rss,
+        work,
+        passes,
+        pass_seconds,
+        store_seconds,
     })
 }
 

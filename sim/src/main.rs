@@ -58,6 +58,10 @@ enum Command {
         run_timeout_seconds: u64,
         #[arg(long)]
         keep: bool,
+        /// Apply a Deployment over the whole fleet with this maxConcurrency
+        /// instead of a TaskRun.
+        #[arg(long)]
+        deployment_concurrency: Option<u32>,
     },
 }
 
@@ -117,6 +121,7 @@ fn main() -> Result<()> {
                 statuses_per_job,
                 run_timeout_seconds,
                 keep,
+                deployment_concurrency,
             } => {
                 let drover = match drover {
                     Some(path) => path,
@@ -132,12 +137,15 @@ fn main() -> Result<()> {
                     statuses_per_job,
                     run_timeout: Duration::from_secs(run_timeout_seconds),
                     keep,
+                    deployment_concurrency,
                 };
                 println!("{}", Figures::header());
                 for size in devices {
                     match bench::measure(&options, size).await {
                         Ok(figures) => println!("{}", figures.row()),
-                        Err(e) => println!("| {size} | {transport:?} | failed: {e:#} | | | | |"),
+                        Err(e) => {
+                            println!("| {size} | {transport:?} | failed: {e:#} | | | | | | | | | |")
+                        }
                     }
                 }
                 Ok(())
