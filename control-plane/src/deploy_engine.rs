@@ -632,7 +632,11 @@ impl Engine {
             .enumerate()
             .map(|(i, target)| TargetInput {
                 record: target,
-                job: target.job.and(view.jobs[i].clone()),
+                job: if target.end.is_none() {
+                    target.job.and(view.jobs[i].clone())
+                } else {
+                    None
+                },
                 // Only a pending target's device needs asking.
                 online: target.job.is_none()
                     && target.end.is_none()

@@ -561,7 +561,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
     let mut decision = Decision::default();
     let mut active = 0u32;
     let mut pending = Vec::new();
-    let mut records: Vec<Option<TargetRecord>> = vec![None; targets.len()];
+    // The targets this pass changes, sparse: a pass costs what changed.
+    let mut records: std::collections::BTreeMap<usize, TargetRecord> = Default::default();
 
     let fail = |record: &mut TargetRecord, at: Timestamp, error: String| {
         record.last_error = Some(bounded(error, MAX_ERROR_BYTES));
@@ -645,7 +646,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         if let Some(next) = changed
             && next != *record
         {
-            records[index] = Some(next);
+            records.insert(index, next);
         }
     }
 
@@ -655,8 +656,9 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             break;
         }
         let target = &targets[index];
-        let record = records[index]
-            .clone()
+        let record = records
+            .get(&index)
+            .cloned()
             .unwrap_or_else(|| target.record.clone());
         let due = record.next_attempt_at.is_none_or(|at| now >= at);
         let in_window = spec.maintenance_window.as_ref().is_none_or(|window| {
@@ -676,17 +678,15 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         next.released_at = Some(now);
         next.running_since = None;
         next.next_attempt_at = None;
-        records[index] = Some(next);
+        records.insert(index, next);
         decision.released.push(index);
         active += 1;
     }
 
-    let mut released_now = vec![false; targets.len()];
-    for &index in &decision.released {
-        released_now[index] = true;
-    }
+    let released_now: std::collections::HashSet<usize> =
+        decision.released.iter().copied().collect();
     for (index, target) in targets.iter().enumerate() {
-        let record = records[index].as_ref().unwrap_or(target.record);
+        let record = records.get(&index).unwrap_or(target.record);
         let counts = &mut decision.counts;
         match (&record.end, &record.job) {
             (Some(TargetEnd::Succeeded { .. }), _) => counts.succeeded += 1,
@@ -706,7 +706,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                 }
             }
             (None, Some(_)) => {
-                if !released_now[index] && matches!(target.job, Some(Observed::Running)) {
+                if !released_now.contains(&index) && matches!(target.job, Some(Observed::Running)) {
                     counts.running += 1;
                 } else {
                     counts.queued += 1;
@@ -716,11 +716,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
     }
     decision.finished = decision.counts.total()
         == decision.counts.succeeded + decision.counts.failed + decision.counts.expired;
-    decision.changes = records
-        .into_iter()
-        .enumerate()
-        .filter_map(|(index, record)| record.map(|r| (index, r)))
-        .collect();
+    decision.changes = records.into_iter().collect();
     decision
 }
 

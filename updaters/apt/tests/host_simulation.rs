@@ -81,10 +81,19 @@ async fn inventory_reports_the_machine() {
     }
     let (outcomes, output) = run_chain(&InventoryRefresh::new(settings())).await;
     assert_eq!(outcomes, vec![StepOutcome::Done]);
-    let Some(JobOutput::Inventory(inv)) = output else {
+    let Some(JobOutput::Software(software)) = output else {
         panic!("no inventory")
     };
+    let inv = &software.inventory;
     assert!(inv.installed_packages > 10, "{inv:?}");
+    assert_eq!(
+        inv.installed_packages as usize,
+        software.packages.len() + software.omitted as usize
+    );
+    assert!(
+        software.packages.iter().any(|p| p.name == "dpkg"),
+        "dpkg itself is installed"
+    );
     assert!(inv.memory_total_bytes > 0);
     assert!(!inv.disks.is_empty());
 }
