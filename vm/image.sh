@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Makes (once, cached) what the VM suite boots: QEMU 7.2 unpacked from
+# Debian's packages (not installed: the host's newer qemu-utils Breaks
+# qemu-system-common), and a bookworm image with systemd, a kernel, and the
+# drover-agent package's dependencies, for direct kernel boot under TCG.
+# ../shared/research/disposable-roots.md has the measurements behind it.
+set -euo pipefail
+cache=${DROVER_VM_CACHE:-/var/tmp/drover-vm}
+mkdir -p "$cache"
+exec 9>"$cache/lock"
+flock 9
+
+mirror() {
+    local uri
+    uri=$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null |
+        tr ' ' '\n' | grep -v security | head -n1 || true)
+    if [ -z "$uri" ]; then
+        uri=$(awk '/^deb / && $2 ~ /^http/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+    fi
+    echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# --- QEMU --------------------------------------------------------------------
+if [ ! -x "$cache/qemu/usr/bin/qemu-system-x86_64" ]; then
+    rm -rf "$cache/qemu" "$cache/qemu-debs"
+    mkdir -p "$cache/qemu-debs"
+    (cd "$cache/qemu-debs" && apt-get download qemu-system-x86 qemu-system-common qemu-system-data \
+        seabios ipxe-qemu libbrlapi0.8 libcacard0 libcapstone4 libepoxy0 libfdt1 libibverbs1 libpmem1 \
+        librdmacm1 libslirp0 libsndio7.0 libspice-server1 libusb-1.0-0 libusbredirparser1 libvdeplug2 \
+        libndctl6 libdaxctl1 libnl-3-200 libnl-route-3-200 >/dev/null)
+    for deb in "$cache"/qemu-debs/*.deb; do dpkg-deb -x "$deb" "$cache/qemu"; done
+fi
+cat > "$cache/qemu.sh" <<QEMU
+#!/bin/sh
+q=$cache/qemu
+LD_LIBRARY_PATH=\$q/usr/lib/x86_64-linux-gnu:\$q/lib/x86_64-linux-gnu exec \$q/usr/bin/qemu-system-x86_64 \\
+  -L \$q/usr/share/seabios -L \$q/usr/share/qemu -L \$q/usr/lib/ipxe/qemu "\$@"
+QEMU
+chmod 0755 "$cache/qemu.sh"
+
+# --- the image -----------------------------------------------------------------
+if [ ! -f "$cache/image.ready" ]; then
+    root=$cache/vmroot
+    rm -rf "$root" "$cache/disk.raw"
+    mkdir -p "$cache/debs"
+    debootstrap --variant=minbase --cache-dir="$cache/debs" \
+        --include=systemd-sysv,udev,dbus,linux-image-amd64,kmod,procps,libgcc-s1,adduser \
+        bookworm "$root" "$(mirror)" >"$cache/debootstrap.log" 2>&1
+    echo drover-vm >"$root/etc/hostname"
+    printf '/dev/vda / ext4 rw 0 1\n' >"$root/etc/fstab"
+    chroot "$root" passwd -d root >/dev/null
+    # No network in the guest: apt reads only what the scenario disk holds.
+    : >"$root/etc/apt/sources.list"
+    rm -f "$root"/etc/apt/sources.list.d/*
+    # The scenario runner: mounts the scenario disk, runs its script with
+    # every line on the serial console, and powers off unless the script
+    # asked for something else (a reboot, or nothing: the host cuts power).
+    cat >"$root/usr/local/sbin/drover-vm-scenario" <<'RUNNER'
+#!/bin/sh
+mkdir -p /mnt/scenario
+mount -o ro LABEL=scenario /mnt/scenario || { echo "DROVER-VM: no scenario disk"; exit 0; }
+boot=$(cat /var/lib/drover-vm-boots 2>/dev/null || echo 0)
+boot=$((boot + 1))
+echo "$boot" >/var/lib/drover-vm-boots
+sync
+echo "DROVER-VM: boot $boot"
+sh /mnt/scenario/run.sh "$boot" 2>&1 | sed -u 's/^/DROVER-VM: /'
+RUNNER
+    chmod 0755 "$root/usr/local/sbin/drover-vm-scenario"
+    cat >"$root/etc/systemd/system/drover-vm-scenario.service" <<'UNIT'
+[Unit]
+Description=Drover VM test scenario
+After=local-fs.target systemd-udev-settle.service
+Wants=systemd-udev-settle.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/drover-vm-scenario
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/ttyS0
+TimeoutStartSec=infinity
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    chroot "$root" systemctl enable drover-vm-scenario.service >/dev/null 2>&1
+    # Quieter, faster boots: no getty on the console, no timers.
+    chroot "$root" systemctl mask serial-getty@ttyS0.service getty@tty1.service \
+        apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+    # A small initrd (the modules a virtio disk needs) and an uncompressed
+    # kernel for PVH boot: both cut the boot under TCG.
+    kernel=$(ls "$root"/boot/vmlinuz-* | head -n1)
+    version=${kernel##*/vmlinuz-}
+    sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
+    printf 'virtio_pci\nvirtio_blk\next4\ncrc32c_generic\n' >>"$root/etc/initramfs-tools/modules"
+    chroot "$root" update-initramfs -c -k "$version" -b /tmp >/dev/null 2>&1
+    cp "$root/tmp/initrd.img-$version" "$cache/initrd.img"
+    python3 -c "import lzma,sys;d=open(sys.argv[1],'rb').read();open(sys.argv[2],'wb').write(lzma.LZMADecompressor().decompress(d[d.find(b'\xfd7zXZ\x00'):]))" \
+        "$kernel" "$cache/vmlinux"
+    rm -rf "$root/tmp/"* "$root/var/cache/apt/archives/"*.deb
+    mkfs.ext4 -q -F -L root -d "$root" "$cache/disk.raw" 2G
+    rm -rf "$root"
+    touch "$cache/image.ready"
+fi
+echo "$cache"

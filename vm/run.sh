@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Boots the VM image on a fresh overlay with a scenario disk and runs one
+# scenario (vm/scenarios/NAME.sh) to its end, across the reboots it asks
+# for and the power cuts the host makes. Usage:
+#   vm/run.sh NAME AGENT_DEB [EXTRA_FILE...]
+# The scenario's lines reach the serial console as "DROVER-VM: ...". A line
+# "DROVER-VM: CUT-POWER" makes the host kill QEMU at once (a power cut) and
+# boot again on the same disk; a guest reboot boots again too; a poweroff
+# ends the run. Prints the scenario's lines; exits 1 if it printed FAIL or
+# never printed DONE.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+name=${1:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
+deb=${2:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
+shift 2
+cache=$(bash "$here/image.sh")
+work=$(mktemp -d /var/tmp/drover-vm-run.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+qemu-img create -q -f qcow2 -b "$cache/disk.raw" -F raw "$work/disk.qcow2"
+mkdir -p "$work/scenario"
+cp "$here/scenarios/$name.sh" "$work/scenario/run.sh"
+cp "$here/scenarios/common.sh" "$work/scenario/common.sh"
+cp "$deb" "$work/scenario/drover-agent.deb"
+for extra in "$@"; do cp -r "$extra" "$work/scenario/"; done
+mkfs.ext4 -q -L scenario -d "$work/scenario" "$work/scenario.img" 256M
+
+boot_limit=${DROVER_VM_BOOT_SECONDS:-420}
+for boot in 1 2 3 4; do
+    serial=$work/serial.$boot
+    : >"$serial"
+    started=$(date +%s)
+    "$cache/qemu.sh" -accel tcg,thread=multi -cpu max -smp 2 -m 1024 \
+        -kernel "$cache/vmlinux" -initrd "$cache/initrd.img" \
+        -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0" \
+        -drive "file=$work/disk.qcow2,if=virtio,format=qcow2" \
+        -drive "file=$work/scenario.img,if=virtio,format=raw,readonly=on" \
+        -nic none -nographic -serial "file:$serial" -monitor none -no-reboot &
+    qemu=$! # qemu.sh execs QEMU: this is QEMU itself
+    cut=0
+    while kill -0 "$qemu" 2>/dev/null; do
+        if grep -aq "DROVER-VM: CUT-POWER" "$serial"; then
+            kill -9 "$qemu" # the power cut: no shutdown, no flush
+            cut=1
+            break
+        fi
+        if [ $(($(date +%s) - started)) -gt "$boot_limit" ]; then
+            echo "[boot $boot] no end after $boot_limit s; killing the VM"
+            kill -9 "$qemu"
+            break
+        fi
+        sleep 0.5
+    done
+    wait "$qemu" || true
+    seconds=$(($(date +%s) - started))
+    grep -a "DROVER-VM: " "$serial" | sed 's/\r$//' | sed "s/^/[boot $boot, ${seconds}s] /" || true
+    if [ "$cut" = 1 ]; then
+        echo "[boot $boot] power cut by the host"
+        continue
+    fi
+    if grep -aq "reboot: Restarting system" "$serial"; then
+        echo "[boot $boot] the guest rebooted"
+        continue
+    fi
+    break
+done
+all=$(cat "$work"/serial.* | grep -a "DROVER-VM: " || true)
+if echo "$all" | grep -q "DROVER-VM: FAIL"; then
+    echo "vm scenario $name: FAILED"
+    tail -n 60 "$work/serial.$boot" | sed 's/^/    /'
+    exit 1
+fi
+if ! echo "$all" | grep -q "DROVER-VM: DONE"; then
+    echo "vm scenario $name: did not finish"
+    tail -n 60 "$work/serial.$boot" | sed 's/^/    /'
+    exit 1
+fi
+echo "vm scenario $name: passed"

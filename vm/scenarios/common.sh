@@ -1,0 +1,23 @@
+# Shared by the scenarios (sourced from the scenario disk).
+check() { # name command...: one PASS or FAIL line
+    name=$1
+    shift
+    if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fi
+}
+
+# The agent's config: no control plane reachable (the scenarios drive it
+# through its status socket), the updater in MODE.
+write_config() { # mode
+    cat >/etc/drover/agent.toml <<CONF
+device_id = "vm-1"
+intent_public_keys = ["0000000000000000000000000000000000000000000000000000000000000000"]
+[transport]
+kind = "websocket"
+server_url = "ws://127.0.0.1:9"
+token = "vm-test-token"
+[updater]
+mode = "$1"
+min_free_mib = 50
+CONF
+}
+export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,52 @@
+# Scenario: a full upgrade through the real unit, apt in its own transient
+# unit (systemd-run, A9). Boot 1: while dpkg runs the new package's
+# postinst, the agent's whole cgroup is killed (apt must live on in its own
+# unit), then the host cuts the power. Boot 2: the agent starts by itself,
+# repairs dpkg, runs the step again and the job succeeds once.
+set -u
+. /mnt/scenario/common.sh
+boot=$1
+if [ "$boot" = 1 ]; then
+    apt-get install -y -q /mnt/scenario/drover-agent.deb >/tmp/apt.log 2>&1
+    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.list
+    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q drover-slow >/dev/null 2>&1
+    check "drover-slow 1.0 installed" test "$(dpkg-query -W -f '${Version}' drover-slow)" = 1.0
+    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo2 ./' >/etc/apt/sources.list
+    write_config upgrade
+    systemctl enable --now drover-agent >/dev/null 2>&1
+    check "the agent is active" test "$(systemctl is-active drover-agent)" = active
+    drover-agent upgrade >/tmp/upgrade.log 2>&1 &
+    for _ in $(seq 1 240); do
+        [ -e /var/lib/drover-slow-once ] && break
+        sleep 1
+    done
+    check "dpkg reached the new postinst" test -e /var/lib/drover-slow-once
+    unit=$(systemctl list-units --plain --no-legend 'drover-call-*' | awk '/full-upgrade/ {print $1; exit}')
+    check "apt runs in its own transient unit" test -n "$unit"
+    echo "apt's unit: $unit"
+    systemctl kill --signal=KILL drover-agent
+    sleep 2
+    check "apt's unit outlived the agent's cgroup" test "$(systemctl is-active "$unit")" = active
+    check "dpkg is still running" sh -c 'pgrep -x dpkg >/dev/null'
+    echo "CUT-POWER"
+    sleep 600
+else
+    # Boot 2: the agent was started by systemd; wait for the job to end.
+    state=
+    for _ in $(seq 1 300); do
+        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
+        case "$line" in
+            *Succeeded*) state=Succeeded; break ;;
+            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
+        esac
+        sleep 1
+    done
+    drover-agent jobs
+    check "the interrupted upgrade succeeded after the power cut" test "$state" = Succeeded
+    check "drover-slow 2.0 is installed and configured" \
+        test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-slow)" = "ii 2.0"
+    check "one job, not two" test "$(drover-agent jobs | grep -c 'systemUpgradeV1')" = 1
+    check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
+    echo DONE
+    systemctl poweroff
+fi

@@ -1,0 +1,46 @@
+# Scenario: one full upgrade that upgrades the agent's own package and a
+# package that asks for a reboot. dpkg replaces the running agent's binary
+# without stopping it (A9), the agent reboots the machine for real, and the
+# job succeeds only under the new boot id, once.
+set -u
+. /mnt/scenario/common.sh
+boot=$1
+if [ "$boot" = 1 ]; then
+    apt-get install -y -q /mnt/scenario/drover-agent.deb >/tmp/apt.log 2>&1
+    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.list
+    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q drover-reboot >/dev/null 2>&1
+    check "drover-reboot 1.0 installed" test "$(dpkg-query -W -f '${Version}' drover-reboot)" = 1.0
+    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo3 ./' >/etc/apt/sources.list
+    write_config upgrade
+    systemctl enable --now drover-agent >/dev/null 2>&1
+    cat /proc/sys/kernel/random/boot_id >/var/lib/drover-vm-boot1
+    systemctl show -p MainPID --value drover-agent >/var/lib/drover-vm-pid1
+    sync
+    drover-agent upgrade >/tmp/upgrade.log 2>&1 &
+    # The job reboots the machine; if it does not, say so.
+    sleep 400
+    echo "FAIL the job did not reboot the machine"
+    cat /tmp/upgrade.log
+    echo DONE
+    systemctl poweroff
+else
+    state=
+    for _ in $(seq 1 300); do
+        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
+        case "$line" in
+            *Succeeded*) state=Succeeded; break ;;
+            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
+        esac
+        sleep 1
+    done
+    drover-agent jobs
+    check "the job succeeded after the reboot" test "$state" = Succeeded
+    check "it is one job" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 1
+    check "the machine really rebooted" test "$(cat /proc/sys/kernel/random/boot_id)" != "$(cat /var/lib/drover-vm-boot1)"
+    check "the job upgraded its own agent" test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-agent)" = "ii 0.1.0-99"
+    check "and the package that asked for the reboot" test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-reboot)" = "ii 2.0"
+    check "the agent runs again" test "$(systemctl is-active drover-agent)" = active
+    check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
+    echo DONE
+    systemctl poweroff
+fi
