@@ -21,3 +21,18 @@ min_free_mib = 50
 CONF
 }
 export DEBIAN_FRONTEND=noninteractive
+
+# Waits (at most 300 s) for the local upgrade job to end; sets $state to
+# Succeeded or Failed, and prints the agent's jobs.
+wait_job() {
+    state=
+    for _ in $(seq 1 300); do
+        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
+        case "$line" in
+            *Succeeded*) state=Succeeded; break ;;
+            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
+        esac
+        sleep 1
+    done
+    drover-agent jobs
+}

@@ -32,16 +32,7 @@ if [ "$boot" = 1 ]; then
     sleep 600
 else
     # Boot 2: the agent was started by systemd; wait for the job to end.
-    state=
-    for _ in $(seq 1 300); do
-        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
-        case "$line" in
-            *Succeeded*) state=Succeeded; break ;;
-            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
-        esac
-        sleep 1
-    done
-    drover-agent jobs
+    wait_job
     check "the interrupted upgrade succeeded after the power cut" test "$state" = Succeeded
     check "drover-slow 2.0 is installed and configured" \
         test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-slow)" = "ii 2.0"

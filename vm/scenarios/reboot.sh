@@ -24,16 +24,7 @@ if [ "$boot" = 1 ]; then
     echo DONE
     systemctl poweroff
 else
-    state=
-    for _ in $(seq 1 300); do
-        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
-        case "$line" in
-            *Succeeded*) state=Succeeded; break ;;
-            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
-        esac
-        sleep 1
-    done
-    drover-agent jobs
+    wait_job
     check "the job succeeded after the reboot" test "$state" = Succeeded
     check "it is one job" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 1
     check "the machine really rebooted" test "$(cat /proc/sys/kernel/random/boot_id)" != "$(cat /var/lib/drover-vm-boot1)"
