@@ -650,6 +650,79 @@ const API_CASES: &[ApiCase] = &[
         400,
         "device id must be",
     ),
+    (
+        "a package upload without a token",
+        Auth::None,
+        "POST",
+        "/packages",
+        || b"!<arch>\n".to_vec(),
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "an empty package upload",
+        Auth::Good,
+        "POST",
+        "/packages",
+        Vec::new,
+        400,
+        "the upload is empty",
+    ),
+    (
+        "a package upload that is not a .deb",
+        Auth::Good,
+        "POST",
+        "/packages",
+        || b"#!/bin/sh\nrm -rf /\n".to_vec(),
+        400,
+        "not a Debian package",
+    ),
+    (
+        "a Secret whose key is a path",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
+                         "metadata": {"name": "s"}, "spec": {"data": {"../../etc/shadow": "x"}}}),
+            )
+        },
+        422,
+        "it is a file name on the device",
+    ),
+    (
+        "a Secret named like a path",
+        Auth::Good,
+        "POST",
+        "/apply",
+        || {
+            bytes(
+                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
+                         "metadata": {"name": "../s"}, "spec": {"data": {"k": "x"}}}),
+            )
+        },
+        422,
+        "metadata.name",
+    ),
+    (
+        "the secrets list without a token",
+        Auth::Wrong,
+        "GET",
+        "/secrets",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "the inventory of a device never inventoried",
+        Auth::Good,
+        "GET",
+        "/devices/nobody/inventory",
+        Vec::new,
+        404,
+        "inventoryRefreshV1",
+    ),
 ];
 
 async fn api_call(
