@@ -253,6 +253,14 @@ fn bytes(value: Value) -> Vec<u8> {
     value.to_string().into_bytes()
 }
 
+/// A Secret manifest with one key.
+fn secret(name: &str, key: &str) -> Vec<u8> {
+    bytes(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
+                 "metadata": {"name": name}, "spec": {"data": {key: "x"}}}),
+    )
+}
+
 const API_CASES: &[ApiCase] = &[
     (
         "no Authorization header",
@@ -682,12 +690,7 @@ const API_CASES: &[ApiCase] = &[
         Auth::Good,
         "POST",
         "/apply",
-        || {
-            bytes(
-                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
-                         "metadata": {"name": "s"}, "spec": {"data": {"../../etc/shadow": "x"}}}),
-            )
-        },
+        || secret("s", "../../etc/shadow"),
         422,
         "it is a file name on the device",
     ),
@@ -696,12 +699,7 @@ const API_CASES: &[ApiCase] = &[
         Auth::Good,
         "POST",
         "/apply",
-        || {
-            bytes(
-                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
-                         "metadata": {"name": "../s"}, "spec": {"data": {"k": "x"}}}),
-            )
-        },
+        || secret("../s", "k"),
         422,
         "metadata.name",
     ),
