@@ -36,3 +36,16 @@ wait_job() {
     done
     drover-agent jobs
 }
+
+# Boot 1 of an upgrade scenario: the agent installed from the scenario disk,
+# PACKAGE 1.0 from repo1, apt pointed at NEXT_REPO, the agent running in
+# upgrade mode.
+prepare_upgrade() { # package next_repo
+    apt-get install -y -q /mnt/scenario/drover-agent.deb >/tmp/apt.log 2>&1
+    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.list
+    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "$1" >/dev/null 2>&1
+    check "$1 1.0 installed" test "$(dpkg-query -W -f '${Version}' "$1")" = 1.0
+    echo "deb [trusted=yes] file:/mnt/scenario/repos/$2 ./" >/etc/apt/sources.list
+    write_config upgrade
+    systemctl enable --now drover-agent >/dev/null 2>&1
+}

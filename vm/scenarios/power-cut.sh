@@ -7,13 +7,7 @@ set -u
 . /mnt/scenario/common.sh
 boot=$1
 if [ "$boot" = 1 ]; then
-    apt-get install -y -q /mnt/scenario/drover-agent.deb >/tmp/apt.log 2>&1
-    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.list
-    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q drover-slow >/dev/null 2>&1
-    check "drover-slow 1.0 installed" test "$(dpkg-query -W -f '${Version}' drover-slow)" = 1.0
-    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo2 ./' >/etc/apt/sources.list
-    write_config upgrade
-    systemctl enable --now drover-agent >/dev/null 2>&1
+    prepare_upgrade drover-slow repo2
     check "the agent is active" test "$(systemctl is-active drover-agent)" = active
     drover-agent upgrade >/tmp/upgrade.log 2>&1 &
     for _ in $(seq 1 240); do

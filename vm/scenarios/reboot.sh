@@ -6,13 +6,7 @@ set -u
 . /mnt/scenario/common.sh
 boot=$1
 if [ "$boot" = 1 ]; then
-    apt-get install -y -q /mnt/scenario/drover-agent.deb >/tmp/apt.log 2>&1
-    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.list
-    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q drover-reboot >/dev/null 2>&1
-    check "drover-reboot 1.0 installed" test "$(dpkg-query -W -f '${Version}' drover-reboot)" = 1.0
-    echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo3 ./' >/etc/apt/sources.list
-    write_config upgrade
-    systemctl enable --now drover-agent >/dev/null 2>&1
+    prepare_upgrade drover-reboot repo3
     cat /proc/sys/kernel/random/boot_id >/var/lib/drover-vm-boot1
     systemctl show -p MainPID --value drover-agent >/var/lib/drover-vm-pid1
     sync
