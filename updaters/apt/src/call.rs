@@ -17,8 +17,13 @@ use tracing::{info, warn};
 
 /// The wrapper: records its pid, runs the command with no stdin, then writes
 /// the exit status and syncs it before renaming it into place.
+///
+/// systemd expands `$$` and `${NAME}` in a unit's command line, a transient
+/// one's included, so the wrapper uses neither: its own pid comes from
+/// /proc/self, which a builtin's redirection opens in the shell itself.
 const WRAPPER: &str = r#"d="$1"; shift
-echo $$ > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
+read -r me rest < /proc/self/stat
+echo "$me" > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
 "$@" > "$d/out" 2> "$d/err" < /dev/null
 rc=$?
 echo "$rc" > "$d/exit.tmp"
@@ -455,6 +460,35 @@ fn read_outcome(dir: &Path, reattached: bool) -> CallOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What systemd makes of a word of a unit's command line: `$$` is a
+    /// literal `$`, and `${NAME}` the variable's value (empty here).
+    fn systemd_expanded(word: &str) -> String {
+        let mut out = String::new();
+        let mut rest = word;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            rest = &rest[at..];
+            if let Some(after) = rest.strip_prefix("$$") {
+                out.push('$');
+                rest = after;
+            } else if let Some(end) = rest.strip_prefix("${").and_then(|r| r.find('}')) {
+                rest = &rest[end + 3..];
+            } else {
+                out.push('$');
+                rest = &rest[1..];
+            }
+        }
+        out + rest
+    }
+
+    #[test]
+    fn the_wrapper_reaches_sh_unchanged_through_systemd_run() {
+        // Under systemd-run a `$$` became `$`: the pid file held "$", and
+        // a restarted agent took a running apt for a lost call (VM suite).
+        assert_eq!(systemd_expanded("a $$ ${X} $1"), "a $  $1");
+        assert_eq!(systemd_expanded(WRAPPER), WRAPPER);
+    }
 
     fn argv(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()

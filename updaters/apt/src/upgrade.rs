@@ -89,6 +89,11 @@ pub(crate) fn call_failed(ctx: &StepContext<'_>, what: &str, error: CallError) -
                 ),
             }
         }
+        CallError::Lost { .. } => StepOutcome::Fail(format!(
+            "{what} was interrupted {} times in a row ({error}): a crash or reboot loop; \
+             giving up instead of looping",
+            ctx.tries + 1
+        )),
         error => StepOutcome::Fail(format!("{what}: {error}")),
     }
 }
@@ -456,5 +461,40 @@ impl Chain for SystemUpgrade {
                 Err(e) => Err(e.to_string()),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_lost_again_and_again_fails_its_step_as_a_loop() {
+        let mut output = None;
+        let mut ctx = StepContext {
+            job_id: agent_core::JobId::random(),
+            step: "full-upgrade",
+            kind: None,
+            started_at: Timestamp::now(),
+            job_started_at: Timestamp::now(),
+            budget: Duration::from_secs(3600),
+            tries: 0,
+            output: &mut output,
+        };
+        let lost = || CallError::Lost {
+            program: "dpkg".into(),
+        };
+        assert!(matches!(
+            call_failed(&ctx, "dpkg --configure -a", lost()),
+            StepOutcome::RetryAfter { .. }
+        ));
+        ctx.tries = MAX_LOST_RETRIES;
+        match call_failed(&ctx, "dpkg --configure -a", lost()) {
+            StepOutcome::Fail(reason) => {
+                assert!(reason.contains("interrupted 4 times"), "{reason}");
+                assert!(reason.contains("a crash or reboot loop"), "{reason}");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
     }
 }
