@@ -70,6 +70,11 @@ install -d -m 0755 "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/etc/drover" "$pkg/lib/syst
 install -m 0755 "$bin_dir/drover-agent" "$pkg/usr/bin/drover-agent"
 "$strip" --strip-unneeded "$pkg/usr/bin/drover-agent"
 install -m 0644 "$root/systemd/agent.toml" "$pkg/etc/drover/agent.toml"
+# The agent reports this as its version, so the control plane shows which
+# package revision a device runs.
+install -d -m 0755 "$pkg/usr/share/drover-agent"
+echo "$version" > "$pkg/usr/share/drover-agent/version"
+chmod 0644 "$pkg/usr/share/drover-agent/version"
 install -m 0644 "$root/systemd/drover-agent.service" "$pkg/lib/systemd/system/drover-agent.service"
 doc "$pkg" drover-agent
 # Reading dpkg's own state is the point: the agent detects an interrupted

@@ -16,7 +16,8 @@ use crate::{Intent, model::StepState};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -127,7 +128,16 @@ pub struct Agent {
     /// Woken when the store refused a write on I/O (a full disk): the
     /// process must open it again, so the daemon exits and is restarted.
     store_failed: Notify,
+    /// This process's number among the agent's starts, saved once on the
+    /// first heartbeat: the high half of every heartbeat's sequence.
+    heartbeat_epoch: OnceLock<u64>,
+    /// Heartbeats sent by this process: the low half, never saved.
+    heartbeats: AtomicU64,
 }
+
+/// Heartbeats a process can number before its sequence would reach the
+/// next start's (one every second for 136 years).
+const HEARTBEATS_PER_START: u64 = 1 << 32;
 
 impl Agent {
     pub fn new(
@@ -146,6 +156,8 @@ impl Agent {
             link: Mutex::new(LinkState::default()),
             control_plane_clock: ControlPlaneClock::default(),
             store_failed: Notify::new(),
+            heartbeat_epoch: OnceLock::new(),
+            heartbeats: AtomicU64::new(0),
         })
     }
 
@@ -155,6 +167,11 @@ impl Agent {
 
     pub fn boot_id(&self) -> &str {
         &self.settings.boot_id
+    }
+
+    /// The version this agent reports in its hello and heartbeats.
+    pub fn agent_version(&self) -> &str {
+        &self.settings.agent_version
     }
 
     pub fn capabilities(&self) -> Vec<String> {
@@ -412,11 +429,28 @@ impl Agent {
         &self.heartbeat_wanted
     }
 
+    /// A heartbeat's sequence: increasing across heartbeats and across the
+    /// agent's restarts, at the cost of one durable write per process start
+    /// rather than one per heartbeat (an SD card wears out on the latter).
+    fn heartbeat_seq(&self) -> Result<u64, StoreError> {
+        let epoch = match self.heartbeat_epoch.get() {
+            Some(epoch) => *epoch,
+            None => {
+                let next = self.checked(self.store.next("agent-start"))?;
+                *self.heartbeat_epoch.get_or_init(|| next)
+            }
+        };
+        let count = self.heartbeats.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(epoch
+            .saturating_mul(HEARTBEATS_PER_START)
+            .saturating_add(count.min(HEARTBEATS_PER_START - 1)))
+    }
+
     pub fn heartbeat(&self) -> Result<Heartbeat, StoreError> {
         Ok(Heartbeat {
             device_id: self.settings.device_id.clone(),
             boot_id: self.settings.boot_id.clone(),
-            seq: self.checked(self.store.next("heartbeat"))?,
+            seq: self.heartbeat_seq()?,
             agent_version: self.settings.agent_version.clone(),
             capabilities: self.capabilities(),
             uptime_seconds: facts::uptime_seconds(),

@@ -175,3 +175,33 @@ async fn a_job_interrupted_mid_step_resumes_at_that_step() {
     shutdown.cancel();
     worker.await.expect("worker");
 }
+
+#[test]
+fn heartbeats_increase_across_restarts_with_one_durable_write_per_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<RedbStore> =
+        Arc::new(RedbStore::open(&dir.path().join("a.redb")).expect("open"));
+    let seqs = |agent: &Agent| -> Vec<u64> {
+        (0..5)
+            .map(|_| agent.heartbeat().expect("heartbeat").seq)
+            .collect()
+    };
+    let first = seqs(&Agent::new(
+        settings(dir.path(), None),
+        store.clone(),
+        vec![],
+    ));
+    let second = seqs(&Agent::new(
+        settings(dir.path(), None),
+        store.clone(),
+        vec![],
+    ));
+    let all: Vec<u64> = first.iter().chain(&second).copied().collect();
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "heartbeats must increase across a restart: {all:?}"
+    );
+    // Ten heartbeats, two starts: two writes, not ten.
+    assert_eq!(store.next("agent-start").expect("counter"), 3);
+    assert_eq!(store.next("heartbeat").expect("counter"), 1);
+}

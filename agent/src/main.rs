@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 use updater_apt::{
     AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, SystemUpgrade,
 };
@@ -236,6 +236,12 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: not in the journal or a
+        // file, and never when NO_COLOR is set (no-color.org).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
 }
 
@@ -244,6 +250,26 @@ fn socket_path(explicit: Option<PathBuf>, config: &Path) -> PathBuf {
     explicit
         .or_else(|| Config::load(config).ok().map(|c| c.status_socket))
         .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+}
+
+/// Where the .deb records its own Debian version (cross/package-deb.sh).
+const PACKAGE_VERSION_FILE: &str = "/usr/share/drover-agent/version";
+
+/// The version this agent reports: the Debian version of the package it was
+/// installed from (so an operator sees which revision runs, and a job that
+/// upgraded the agent shows the new one once it restarted), else the crate's.
+fn agent_version(package_file: &Path) -> String {
+    let fallback = env!("CARGO_PKG_VERSION");
+    let Ok(text) = std::fs::read_to_string(package_file) else {
+        return fallback.to_owned();
+    };
+    let version = text.trim();
+    let debian = |c: char| c.is_ascii_alphanumeric() || ".+-~:".contains(c);
+    if version.is_empty() || version.len() > 64 || !version.chars().all(debian) {
+        warn!(file = %package_file.display(), "ignoring a malformed package version file");
+        return fallback.to_owned();
+    }
+    version.to_owned()
 }
 
 async fn run(config_path: &Path) -> Result<()> {
@@ -299,7 +325,7 @@ async fn run(config_path: &Path) -> Result<()> {
     let settings = Settings {
         device_id: device_id.clone(),
         boot_id: boot_id.clone(),
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent_version: agent_version(Path::new(PACKAGE_VERSION_FILE)),
         limits: Limits {
             max_resumes: config.limits.max_resumes,
         },
@@ -522,4 +548,22 @@ fn group_id(name: &str) -> Option<u32> {
         let mut fields = line.split(':');
         (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent_version;
+
+    #[test]
+    fn the_reported_version_is_the_packages_when_it_is_well_formed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("version");
+        assert_eq!(agent_version(&file), env!("CARGO_PKG_VERSION"));
+        std::fs::write(&file, "0.1.0-99\n").unwrap();
+        assert_eq!(agent_version(&file), "0.1.0-99");
+        for bad in ["", "0.1 0", "0.1.0\u{1b}[31m", &"9".repeat(65)] {
+            std::fs::write(&file, bad).unwrap();
+            assert_eq!(agent_version(&file), env!("CARGO_PKG_VERSION"), "{bad:?}");
+        }
+    }
 }

@@ -191,7 +191,7 @@ async fn hello(
 ) -> Result<(), String> {
     let hello = Hello {
         device_id: agent.device_id().clone(),
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent_version: agent.agent_version().to_owned(),
         boot_id: agent.boot_id().to_owned(),
         capabilities: agent.capabilities(),
         jobs: agent.held_jobs().map_err(|e| e.to_string())?,

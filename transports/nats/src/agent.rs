@@ -175,7 +175,7 @@ async fn hello(client: &async_nats::Client, agent: &Agent) -> bool {
     };
     let hello = Hello {
         device_id: agent.device_id().clone(),
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent_version: agent.agent_version().to_owned(),
         boot_id: agent.boot_id().to_owned(),
         capabilities: agent.capabilities(),
         jobs,

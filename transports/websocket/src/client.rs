@@ -225,7 +225,7 @@ async fn connect_and_serve(
     let (mut sink, mut stream) = ws.split();
     let hello = AgentMessage::Hello {
         device_id: agent.device_id().clone(),
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent_version: agent.agent_version().to_owned(),
         boot_id: agent.boot_id().to_owned(),
         capabilities: agent.capabilities(),
         jobs: agent.held_jobs()?,
