@@ -27,7 +27,7 @@ bash vm/image.sh >/dev/null
 echo "vm image ready after $(($(date +%s) - started)) s"
 passed=0
 failed=0
-for scenario in install power-cut reboot; do
+for scenario in install agent-restart power-cut reboot loop; do
     t0=$(date +%s)
     if bash vm/run.sh "$scenario" "$deb" "$extra/repos"; then
         passed=$((passed + 1))

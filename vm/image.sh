@@ -39,7 +39,9 @@ QEMU
 chmod 0755 "$cache/qemu.sh"
 
 # --- the image -----------------------------------------------------------------
-if [ ! -f "$cache/image.ready" ]; then
+# The image is remade when this script changes.
+stamp=$(sha256sum "$0" | cut -c1-16)
+if [ "$(cat "$cache/image.ready" 2>/dev/null)" != "$stamp" ]; then
     root=$cache/vmroot
     rm -rf "$root" "$cache/disk.raw"
     mkdir -p "$cache/debs"
@@ -52,6 +54,15 @@ if [ ! -f "$cache/image.ready" ]; then
     # No network in the guest: apt reads only what the scenario disk holds.
     : >"$root/etc/apt/sources.list"
     rm -f "$root"/etc/apt/sources.list.d/*
+    # A scenario that talks to a control plane on the host gets QEMU's
+    # user-mode network: the guest is 10.0.2.15 and 10.0.2.2 is the host's
+    # loopback. A static address, so no boot waits for DHCP; no wait-online,
+    # so boots without a network card are not slower.
+    mkdir -p "$root/etc/systemd/network"
+    printf '[Match]\nName=en* eth*\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n' \
+        >"$root/etc/systemd/network/50-drover-vm.network"
+    chroot "$root" systemctl enable systemd-networkd.service >/dev/null 2>&1
+    chroot "$root" systemctl mask systemd-networkd-wait-online.service >/dev/null 2>&1
     # The scenario runner: mounts the scenario disk, runs its script with
     # every line on the serial console, and powers off unless the script
     # asked for something else (a reboot, or nothing: the host cuts power).
@@ -101,6 +112,6 @@ UNIT
     rm -rf "$root/tmp/"* "$root/var/cache/apt/archives/"*.deb
     mkfs.ext4 -q -F -L root -d "$root" "$cache/disk.raw" 2G
     rm -rf "$root"
-    touch "$cache/image.ready"
+    echo "$stamp" >"$cache/image.ready"
 fi
 echo "$cache"

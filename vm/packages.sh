@@ -1,49 +1,81 @@
 #!/usr/bin/env bash
-# Builds the scenario repositories into OUT: repo1 with drover-slow 1.0 and
-# drover-reboot 1.0; repo2 with drover-slow 2.0, whose postinst (the first
-# time it runs) says so on the console and then takes 300 s, long enough for
-# the host to cut the power or kill the agent in the middle of dpkg; repo3
-# with drover-reboot 2.0 (its postinst asks for a reboot) and AGENT_DEB
-# repacked as the next Debian revision, so a job upgrades its own agent.
+# Builds the scenario repositories into OUT:
+#   repo1  drover-slow 1.0, drover-reboot 1.0, drover-loop 1.0
+#   repo2  drover-slow 2.0: its preinst holds dpkg mid-unpack (the package is
+#          half-installed) until /run/drover-go-2.0 exists, at most 300 s,
+#          the first time it runs; long enough for the host to cut the power
+#          or for the guest to kill or restart the agent while dpkg unpacks
+#   repo3  drover-reboot 2.0 (its postinst asks for a reboot) and AGENT_DEB
+#          repacked as the next Debian revision with a binary that differs,
+#          so a job upgrades its own agent
+#   repo4  drover-slow 3.0, held like 2.0 until /run/drover-go-3.0
+#   repo5  drover-loop 2.0: its postinst kills the agent and its own call,
+#          every time it runs
 set -euo pipefail
 out=${1:?usage: vm/packages.sh OUT AGENT_DEB}
 agent=${2:?usage: vm/packages.sh OUT AGENT_DEB}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-build() { # version repo postinst
-    local tree=$work/drover-slow_$1
-    mkdir -p "$tree/DEBIAN" "$tree/usr/share/doc/drover-slow" "$out/$2"
-    printf 'Package: drover-slow\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM test package\n' \
-        "$1" >"$tree/DEBIAN/control"
-    echo "$1" >"$tree/usr/share/doc/drover-slow/version"
-    if [ -n "$3" ]; then
-        printf '#!/bin/sh\nset -e\n%s\nexit 0\n' "$3" >"$tree/DEBIAN/postinst"
-        chmod 0755 "$tree/DEBIAN/postinst"
-    fi
-    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/$2/drover-slow_$1_all.deb" >/dev/null
+
+package() { # name version repo [preinst body] [postinst body]
+    local tree=$work/$1_$2
+    mkdir -p "$tree/DEBIAN" "$tree/usr/share/doc/$1" "$out/$3"
+    printf 'Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM test package\n' \
+        "$1" "$2" >"$tree/DEBIAN/control"
+    echo "$2" >"$tree/usr/share/doc/$1/version"
+    local script
+    for script in preinst postinst; do
+        local body=${4:-}
+        [ "$script" = postinst ] && body=${5:-}
+        [ -n "$body" ] || continue
+        printf '#!/bin/sh\nset -e\n%s\nexit 0\n' "$body" >"$tree/DEBIAN/$script"
+        chmod 0755 "$tree/DEBIAN/$script"
+    done
+    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/$3/$1_$2_all.deb" >/dev/null
 }
-index() { (cd "$out/$1" && dpkg-scanpackages -m . 2>/dev/null >Packages); }
-build 1.0 repo1 ""
-build 2.0 repo2 'if [ "$1" = configure ] && [ ! -e /var/lib/drover-slow-once ]; then
-    touch /var/lib/drover-slow-once; sync
-    echo "DROVER-VM: IN-POSTINST" >/dev/ttyS0
-    sleep 300
+
+hold() { # version: the preinst body that holds dpkg mid-unpack, once
+    cat <<HOLD
+if [ "\$1" = upgrade ] && [ ! -e /var/lib/drover-held-$1 ]; then
+    touch /var/lib/drover-held-$1
+    sync
+    echo "DROVER-VM: dpkg is held in drover-slow $1's preinst" >/dev/ttyS0 2>/dev/null || true
+    i=0
+    while [ ! -e /run/drover-go-$1 ] && [ \$i -lt 300 ]; do sleep 1; i=\$((i + 1)); done
+fi
+HOLD
+}
+
+package drover-slow 1.0 repo1
+package drover-slow 2.0 repo2 "$(hold 2.0)"
+package drover-slow 3.0 repo4 "$(hold 3.0)"
+package drover-reboot 1.0 repo1
+package drover-reboot 2.0 repo3 "" 'touch /run/reboot-required
+echo drover-reboot >>/run/reboot-required.pkgs'
+package drover-loop 1.0 repo1
+package drover-loop 2.0 repo5 "" 'if [ "$1" = configure ]; then
+    echo "DROVER-VM: drover-loop postinst: killing the agent and this call" >/dev/ttyS0 2>/dev/null || true
+    echo x >>/var/lib/drover-loop-runs
+    sync
+    systemctl kill --signal=KILL drover-agent.service
+    systemctl kill --signal=KILL "$(sed -n "s#^0::.*/##p" /proc/self/cgroup)"
+    sleep 30
 fi'
-mkdir -p "$out/repo3"
-for v in 1.0 2.0; do
-    d=$work/reboot-$v
-    mkdir -p "$d/DEBIAN" "$d/usr/share/doc/drover-reboot"
-    printf 'Package: drover-reboot\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM test package\n' "$v" >"$d/DEBIAN/control"
-    echo "$v" >"$d/usr/share/doc/drover-reboot/version"
-done
-printf '#!/bin/sh\nset -e\ntouch /run/reboot-required\necho drover-reboot >>/run/reboot-required.pkgs\nexit 0\n' >"$work/reboot-2.0/DEBIAN/postinst"
-chmod 0755 "$work/reboot-2.0/DEBIAN/postinst"
-dpkg-deb --root-owner-group -Zgzip --build "$work/reboot-1.0" "$out/repo1/drover-reboot_1.0_all.deb" >/dev/null
-dpkg-deb --root-owner-group -Zgzip --build "$work/reboot-2.0" "$out/repo3/drover-reboot_2.0_all.deb" >/dev/null
-# The agent itself, one Debian revision newer.
+
+# The agent itself, one Debian revision newer; its binary differs (bytes
+# appended to the ELF file, which the loader ignores), so the scenario can
+# tell which binary the running agent executes.
 dpkg-deb -R "$agent" "$work/agent"
 sed -i 's/^Version: \(.*\)-\([0-9]*\)$/Version: \1-99/' "$work/agent/DEBIAN/control"
+next=$(sed -n 's/^Version: //p' "$work/agent/DEBIAN/control")
+echo "$next" >"$work/agent/usr/share/drover-agent/version"
+printf 'drover-vm-next-agent\n' >>"$work/agent/usr/bin/drover-agent"
+if [ -f "$work/agent/DEBIAN/md5sums" ]; then
+    (cd "$work/agent" && find . -type f ! -path './DEBIAN/*' -printf '%P\n' | sort | xargs md5sum) >"$work/agent/DEBIAN/md5sums"
+fi
+sha256sum "$work/agent/usr/bin/drover-agent" | cut -d' ' -f1 >"$out/next-agent.sha256"
+echo "$next" >"$out/next-agent.version"
 dpkg-deb --root-owner-group -Zxz --build "$work/agent" "$out/repo3/drover-agent_next_amd64.deb" >/dev/null
-index repo1
-index repo2
-index repo3
+for repo in repo1 repo2 repo3 repo4 repo5; do
+    (cd "$out/$repo" && dpkg-scanpackages -m . 2>/dev/null >Packages)
+done

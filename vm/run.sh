@@ -22,22 +22,50 @@ cp "$here/scenarios/$name.sh" "$work/scenario/run.sh"
 cp "$here/scenarios/common.sh" "$work/scenario/common.sh"
 cp "$deb" "$work/scenario/drover-agent.deb"
 for extra in "$@"; do cp -r "$extra" "$work/scenario/"; done
+# A scenario that says "# uses: control-plane" gets one on the host (vm/host.sh)
+# and a user-mode network card to reach it; its "DROVER-VM: HOST ..." lines
+# are run by vm/host.sh, and their PASS/FAIL lines count in the verdict.
+nic=(-nic none)
+hosted=0
+: >"$work/host.log"
+if grep -q '^# uses: control-plane' "$here/scenarios/$name.sh"; then
+    hosted=1
+    trap 'bash "$here/host.sh" stop "$work" || true; rm -rf "$work"' EXIT
+    bash "$here/host.sh" start "$work" "$work/scenario" | tee -a "$work/host.log"
+    nic=(-netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile=)
+fi
+handled=0
+host_requests() { # serial: runs the HOST lines not yet handled
+    local lines count
+    lines=$(grep -a "DROVER-VM: HOST " "$1" | sed 's/\r$//; s/.*DROVER-VM: HOST //' || true)
+    count=$(printf '%s' "$lines" | grep -c . || true)
+    while [ "$handled" -lt "$count" ]; do
+        handled=$((handled + 1))
+        # shellcheck disable=SC2086 # the request's words are its arguments
+        set -- $(printf '%s\n' "$lines" | sed -n "${handled}p")
+        local request=$1
+        shift
+        bash "$here/host.sh" "$request" "$work" "$@" 2>&1 | tee -a "$work/host.log" | sed 's/^/[host] /'
+    done
+}
 mkfs.ext4 -q -L scenario -d "$work/scenario" "$work/scenario.img" 256M
 
 boot_limit=${DROVER_VM_BOOT_SECONDS:-420}
 for boot in 1 2 3 4; do
     serial=$work/serial.$boot
     : >"$serial"
+    handled=0 # HOST lines handled in this boot's console
     started=$(date +%s)
     "$cache/qemu.sh" -accel tcg,thread=multi -cpu max -smp 2 -m 1024 \
         -kernel "$cache/vmlinux" -initrd "$cache/initrd.img" \
         -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0" \
         -drive "file=$work/disk.qcow2,if=virtio,format=qcow2" \
         -drive "file=$work/scenario.img,if=virtio,format=raw,readonly=on" \
-        -nic none -nographic -serial "file:$serial" -monitor none -no-reboot &
+        "${nic[@]}" -nographic -serial "file:$serial" -monitor none -no-reboot &
     qemu=$! # qemu.sh execs QEMU: this is QEMU itself
     cut=0
     while kill -0 "$qemu" 2>/dev/null; do
+        [ "$hosted" = 1 ] && host_requests "$serial"
         if grep -aq "DROVER-VM: CUT-POWER" "$serial"; then
             kill -9 "$qemu" # the power cut: no shutdown, no flush
             cut=1
@@ -51,6 +79,7 @@ for boot in 1 2 3 4; do
         sleep 0.5
     done
     wait "$qemu" || true
+    [ "$hosted" = 1 ] && host_requests "$serial"
     seconds=$(($(date +%s) - started))
     grep -a "DROVER-VM: " "$serial" | sed 's/\r$//' | sed "s/^/[boot $boot, ${seconds}s] /" || true
     if [ "$cut" = 1 ]; then
@@ -64,6 +93,11 @@ for boot in 1 2 3 4; do
     break
 done
 all=$(cat "$work"/serial.* | grep -a "DROVER-VM: " || true)
+if grep -q "^FAIL" "$work/host.log"; then
+    echo "vm scenario $name: FAILED on the host's side"
+    grep "^FAIL" "$work/host.log" | sed 's/^/    /'
+    exit 1
+fi
 if echo "$all" | grep -q "DROVER-VM: FAIL"; then
     echo "vm scenario $name: FAILED"
     tail -n 60 "$work/serial.$boot" | sed 's/^/    /'

@@ -22,19 +22,58 @@ CONF
 }
 export DEBIAN_FRONTEND=noninteractive
 
-# Waits (at most 300 s) for the local upgrade job to end; sets $state to
-# Succeeded or Failed, and prints the agent's jobs.
-wait_job() {
+# Waits (at most 300 s) until COUNT upgrade jobs (default 1) ended; sets
+# $state to Succeeded when they all succeeded, else Failed, and prints the
+# agent's jobs.
+wait_job() { # [count]
     state=
     for _ in $(seq 1 300); do
-        line=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 | head -n1 || true)
-        case "$line" in
-            *Succeeded*) state=Succeeded; break ;;
-            *Failed* | *Expired* | *Rejected*) state=Failed; break ;;
-        esac
+        jobs=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 || true)
+        if echo "$jobs" | grep -Eq "Failed|Expired|Rejected|Cancelled"; then
+            state=Failed
+            break
+        fi
+        if [ "$(echo "$jobs" | grep -c Succeeded)" -ge "${1:-1}" ]; then
+            state=Succeeded
+            break
+        fi
         sleep 1
     done
     drover-agent jobs
+}
+
+# Waits (at most 120 s) until the agent is connected and has sent every
+# status, so the control plane on the host has what the guest saw.
+wait_sent() {
+    for _ in $(seq 1 120); do
+        status=$(drover-agent status 2>/dev/null || true)
+        if echo "$status" | grep -q "unsent status: 0" && echo "$status" | grep -q " connected"; then
+            return 0
+        fi
+        sleep 1
+    done
+    echo "FAIL the agent did not send every status to the control plane"
+    drover-agent status || true
+}
+
+# Waits (at most 300 s) for a test package's preinst to hold dpkg mid-unpack
+# (vm/packages.sh); it goes on once /run/drover-go-VERSION exists.
+wait_held() { # version
+    for _ in $(seq 1 300); do
+        [ -e "/var/lib/drover-held-$1" ] && return 0
+        sleep 1
+    done
+    return 1
+}
+
+# The transient unit apt's full-upgrade runs in, if one runs.
+apt_unit() {
+    systemctl list-units --plain --no-legend 'drover-call-*' | awk '/full-upgrade/ {print $1; exit}'
+}
+
+# How many full-upgrades apt ran on this machine (its own history).
+full_upgrades() {
+    grep -c '^Commandline: .*full-upgrade' /var/log/apt/history.log || true
 }
 
 # Boot 1 of an upgrade scenario: the agent installed from the scenario disk,
@@ -46,6 +85,12 @@ prepare_upgrade() { # package next_repo
     apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "$1" >/dev/null 2>&1
     check "$1 1.0 installed" test "$(dpkg-query -W -f '${Version}' "$1")" = 1.0
     echo "deb [trusted=yes] file:/mnt/scenario/repos/$2 ./" >/etc/apt/sources.list
-    write_config upgrade
+    if [ -f /mnt/scenario/agent.toml ]; then
+        # Made by vm/host.sh: the control plane on the host, over wss.
+        install -m 0644 /mnt/scenario/agent.toml /mnt/scenario/ca.pem /etc/drover/
+        install -m 0600 /mnt/scenario/agent.token /etc/drover/agent.token
+    else
+        write_config upgrade
+    fi
     systemctl enable --now drover-agent >/dev/null 2>&1
 }

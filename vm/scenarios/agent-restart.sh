@@ -1,0 +1,71 @@
+# uses: control-plane
+# Scenario: two system upgrade jobs from the control plane on the host (a
+# real `drover serve`, reached over wss). In the first, while dpkg unpacks,
+# the agent's whole cgroup is killed (`systemctl kill --signal=KILL`); in the
+# second, `systemctl restart drover-agent`. Each time apt and dpkg live on in
+# their own transient unit, systemd starts the agent again, it re-attaches
+# to the running apt, and the job succeeds once: apt's history shows one
+# full-upgrade per job, and the control plane counts each run Complete.
+set -u
+. /mnt/scenario/common.sh
+prepare_upgrade drover-slow repo2
+echo "HOST apply-run restart-1"
+
+# Run 1: kill the agent's cgroup while dpkg unpacks.
+check "job 1: dpkg is unpacking drover-slow 2.0" wait_held 2.0
+unit=$(apt_unit)
+check "job 1: apt runs in its own transient unit" test -n "$unit"
+pid=$(systemctl show -p MainPID --value drover-agent)
+systemctl kill --signal=KILL drover-agent
+sleep 2
+check "job 1: apt's unit outlived the agent's cgroup" test "$(systemctl is-active "$unit")" = active
+check "job 1: dpkg is still running" sh -c 'pgrep -x dpkg >/dev/null'
+restarted() {
+    for _ in $(seq 1 60); do
+        now=$(systemctl show -p MainPID --value drover-agent)
+        [ "$now" != 0 ] && [ "$now" != "$1" ] && [ "$(systemctl is-active drover-agent)" = active ] && return 0
+        sleep 1
+    done
+    return 1
+}
+check "job 1: systemd started the agent again" restarted "$pid"
+reattached() { journalctl -u drover-agent -o cat | grep -c "re-attaching to a call still running"; }
+# The agent looks for its call at once; give it the time TCG needs.
+for _ in $(seq 1 30); do [ "$(reattached)" = 1 ] && break; sleep 1; done
+touch /run/drover-go-2.0
+wait_job 1
+check "job 1 succeeded" test "$state" = Succeeded
+check "job 1: drover-slow 2.0 is installed and configured" \
+    test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-slow)" = "ii 2.0"
+check "job 1: apt ran one full-upgrade" test "$(full_upgrades)" = 1
+check "job 1: the restarted agent re-attached to the running apt" test "$(reattached)" = 1
+check "job 1: its report names the package dpkg upgraded" sh -c 'drover-agent jobs | grep -q "upgrade: 1 upgraded"'
+wait_sent
+echo "HOST expect-run restart-1"
+
+# Run 2: restart the agent while dpkg unpacks.
+echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo4 ./' >/etc/apt/sources.list
+echo "HOST apply-run restart-2"
+check "job 2: dpkg is unpacking drover-slow 3.0" wait_held 3.0
+unit=$(apt_unit)
+check "job 2: apt runs in its own transient unit" test -n "$unit"
+pid=$(systemctl show -p MainPID --value drover-agent)
+systemctl restart drover-agent
+check "job 2: systemctl restart gave a new agent" test "$(systemctl show -p MainPID --value drover-agent)" != "$pid"
+check "job 2: apt's unit outlived the restart" test "$(systemctl is-active "$unit")" = active
+for _ in $(seq 1 30); do [ "$(reattached)" = 2 ] && break; sleep 1; done
+touch /run/drover-go-3.0
+wait_job 2
+check "both jobs succeeded" test "$state" = Succeeded
+check "job 2: drover-slow 3.0 is installed and configured" \
+    test "$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' drover-slow)" = "ii 3.0"
+check "apt ran two full-upgrades for two jobs" test "$(full_upgrades)" = 2
+check "job 2: the restarted agent re-attached to the running apt" test "$(reattached)" = 2
+check "job 2: its report names the package dpkg upgraded" test "$(drover-agent jobs | grep -c "upgrade: 1 upgraded")" = 2
+check "no call was ever taken for lost" test "$(journalctl -u drover-agent -o cat | grep -c "a call was lost")" = 0
+check "two jobs, not more" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 2
+check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
+wait_sent
+echo "HOST expect-run restart-2"
+echo DONE
+systemctl poweroff
