@@ -334,7 +334,7 @@ impl Agent {
             Err(_) => None,
         };
         let arrival = if fresh {
-            self.store.next("arrival")?
+            self.checked(self.store.next("arrival"))?
         } else {
             0
         };
@@ -545,7 +545,7 @@ impl Agent {
                         error!(job_id = %job_id, error = %e, "cannot record job progress; retrying in 5 s");
                         sleep_or_shutdown(Duration::from_secs(5), &shutdown).await;
                     }
-                    if let Err(e) = self.store.prune(self.settings.keep_jobs) {
+                    if let Err(e) = self.checked(self.store.prune(self.settings.keep_jobs)) {
                         warn!(error = %e, "cannot prune old jobs");
                     }
                 }

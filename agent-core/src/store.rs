@@ -222,7 +222,14 @@ impl Store for RedbStore {
     }
 
     fn outbox_ack(&self, id: u64) -> Result<(), StoreError> {
-        let tx = self.db.begin_write()?;
+        let mut tx = self.db.begin_write()?;
+        // Not flushed on its own: an acknowledgement lost to a crash only
+        // sends its status again, which the control plane drops as a
+        // duplicate (same sequence). The next durable commit (a job's next
+        // state change) carries it to disk. On an SD card this saves a
+        // forced flush per status.
+        tx.set_durability(redb::Durability::None)
+            .map_err(|e| StoreError::Db(e.to_string()))?;
         tx.open_table(OUTBOX)?.remove(id)?;
         tx.commit()?;
         Ok(())

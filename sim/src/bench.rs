@@ -105,7 +105,7 @@ impl Figures {
     }
 }
 
-struct Process(Child);
+pub(crate) struct Process(pub(crate) Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -124,7 +124,7 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -134,7 +134,7 @@ const CP_USER: &str = "drover-control-plane";
 const CP_PASSWORD: &str = "bench-secret";
 
 /// Starts nats-server with JetStream and one user per device.
-fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
     let port = free_port()?;
     let auth = transport_nats::server::authorization_config((CP_USER, CP_PASSWORD), tokens);
     let config = format!(
@@ -168,7 +168,10 @@ fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, Str
 }
 
 /// Starts mosquitto with one password and ACL entry per device.
-fn start_mosquitto(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+pub(crate) fn start_mosquitto(
+    dir: &Path,
+    tokens: &[(DeviceId, String)],
+) -> Result<(Process, String)> {
     let port = free_port()?;
     let (passwords, acl) = transport_mqtt::server::mosquitto_files(
         &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
@@ -211,7 +214,7 @@ fn start_mosquitto(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process
 }
 
 /// `drover serve` on the embedded store; returns the process, API and agent addresses.
-fn start_drover(
+pub(crate) fn start_drover(
     drover: &Path,
     dir: &Path,
     transport: Transport,
@@ -286,14 +289,14 @@ fn start_drover(
     Ok((process, field("api")?, field("agents")?))
 }
 
-struct Api {
-    base: String,
-    token: String,
-    http: reqwest::Client,
+pub(crate) struct Api {
+    pub(crate) base: String,
+    pub(crate) token: String,
+    pub(crate) http: reqwest::Client,
 }
 
 impl Api {
-    async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+    pub(crate) async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         let response = self
             .http
             .post(format!("{}/api/v1{path}", self.base))
@@ -309,7 +312,7 @@ impl Api {
         Ok(body)
     }
 
-    async fn get(&self, path: &str) -> Result<Value> {
+    pub(crate) async fn get(&self, path: &str) -> Result<Value> {
         Ok(self
             .http
             .get(format!("{}/api/v1{path}", self.base))
@@ -392,7 +395,7 @@ pub fn spawn_agents(
     Ok(stats)
 }
 
-async fn wait_for(
+pub(crate) async fn wait_for(
     what: &str,
     timeout: Duration,
     mut ready: impl AsyncFnMut() -> Result<bool>,
@@ -568,7 +571,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
 
 /// reqwest's builder, after setting this process's rustls provider (reqwest
 /// is built without aws-lc and looks one up).
-fn http_builder() -> reqwest::ClientBuilder {
+pub(crate) fn http_builder() -> reqwest::ClientBuilder {
     transport_websocket::tls::install_default_provider();
     reqwest::Client::builder()
 }

@@ -8,6 +8,7 @@
 //! N; [`bench`] drives it at fleet scale.
 
 pub mod bench;
+pub mod footprint;
 pub mod mqtt;
 pub mod nats;
 pub mod procstat;

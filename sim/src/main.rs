@@ -4,8 +4,9 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use drover_sim::bench::{self, BenchOptions, Figures, Transport};
+use drover_sim::footprint::{self, FootprintOptions};
 use drover_sim::{Behaviour, device_ids};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +41,31 @@ enum Command {
         heartbeat_seconds: u64,
         #[arg(long, default_value_t = 7)]
         statuses_per_job: usize,
+    },
+    /// Measure the real agent's memory, threads, disk writes (idle and per
+    /// job) and binary size, per transport, beside Debian's mender-client
+    /// daemon when it is installed; prints a Markdown table.
+    Footprint {
+        /// The drover-agent binary (default: next to this one).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// The drover binary (default: next to this one).
+        #[arg(long)]
+        drover: Option<PathBuf>,
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "websocket,nats,mqtt"
+        )]
+        transports: Vec<Transport>,
+        #[arg(long, default_value_t = 60)]
+        idle_seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        jobs: usize,
+        /// Cross-built agents to size too, as ARCH=PATH (stripped with ARCH's strip).
+        #[arg(long)]
+        cross: Vec<String>,
     },
     /// Measure apply → Complete, CPU, memory and disk writes of `drover serve`
     /// for each fleet size; prints a Markdown table.
@@ -114,6 +140,46 @@ fn main() -> Result<()> {
                 eprintln!("{}", stats.snapshot());
                 Ok(())
             }
+            Command::Footprint {
+                agent,
+                drover,
+                transports,
+                idle_seconds,
+                jobs,
+                cross,
+            } => {
+                let options = FootprintOptions {
+                    agent: beside_this(agent, "drover-agent")?,
+                    drover: beside_this(drover, "drover")?,
+                    transports: transports.clone(),
+                    idle: Duration::from_secs(idle_seconds),
+                    jobs,
+                };
+                let mut agents = Vec::new();
+                for transport in transports {
+                    eprintln!("measuring the agent over {transport:?} ({idle_seconds} s idle, {jobs} jobs)");
+                    agents.push(footprint::measure_agent(&options, transport).await?);
+                }
+                eprintln!("measuring mender-client ({idle_seconds} s idle)");
+                let mender = footprint::measure_mender(options.idle).await?;
+                let mut sizes = vec![(
+                    "amd64".to_owned(),
+                    footprint::stripped_size(&options.agent, "strip")?,
+                )];
+                for entry in cross {
+                    let (arch, path) = entry
+                        .split_once('=')
+                        .context("--cross takes ARCH=PATH")?;
+                    let strip = match arch {
+                        "arm64" => "aarch64-linux-gnu-strip",
+                        "armhf" => "arm-linux-gnueabihf-strip",
+                        other => anyhow::bail!("no strip known for {other}"),
+                    };
+                    sizes.push((arch.to_owned(), footprint::stripped_size(Path::new(path), strip)?));
+                }
+                footprint::print(&agents, mender.as_ref(), &sizes);
+                Ok(())
+            }
             Command::Bench {
                 devices,
                 transport,
@@ -123,13 +189,7 @@ fn main() -> Result<()> {
                 keep,
                 deployment_concurrency,
             } => {
-                let drover = match drover {
-                    Some(path) => path,
-                    None => std::env::current_exe()?
-                        .parent()
-                        .context("no directory of this binary")?
-                        .join("drover"),
-                };
+                let drover = beside_this(drover, "drover")?;
                 let options = BenchOptions {
                     sizes: devices.clone(),
                     transport,
@@ -152,4 +212,15 @@ fn main() -> Result<()> {
             }
         }
     })
+}
+
+/// `explicit`, else the binary NAME in this one's directory.
+fn beside_this(explicit: Option<PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
+    match explicit {
+        Some(path) => Ok(path),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("no directory of this binary")?
+            .join(name)),
+    }
 }

@@ -40,6 +40,33 @@ pub fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
+/// A process's memory and threads: resident, proportional (its share of
+/// pages it shares with other processes) and peak resident set, in KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Memory {
+    pub rss_kib: u64,
+    pub pss_kib: u64,
+    pub peak_rss_kib: u64,
+    pub threads: u64,
+}
+
+pub fn memory(pid: u32) -> Option<Memory> {
+    let field = |text: &str, name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    Some(Memory {
+        rss_kib: field(&status, "VmRSS:")?,
+        pss_kib: field(&rollup, "Pss:").unwrap_or(0),
+        peak_rss_kib: field(&status, "VmHWM:")?,
+        threads: field(&status, "Threads:")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +75,8 @@ mod tests {
     fn reads_this_process() {
         let usage = usage(std::process::id()).expect("own usage");
         assert!(usage.rss_bytes > 0);
+        let memory = memory(std::process::id()).expect("own memory");
+        assert!(memory.pss_kib > 0 && memory.peak_rss_kib >= memory.rss_kib);
+        assert!(memory.threads >= 1);
     }
 }

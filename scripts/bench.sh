@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The benchmark: one command that builds what it measures and prints the
+# README's performance figures. It asserts nothing about time.
+#   1. the agent's footprint over each transport beside Debian's
+#      mender-client daemon (installed here from Debian's packages):
+#      idle RSS/PSS and threads, bytes written idle and per job, peak RSS,
+#      stripped binary sizes (arm64 and armhf too once cross/build.sh ran);
+#   2. the fleet figures: drover-sim bench over WebSocket, NATS and MQTT,
+#      and a Deployment 1,000 at once.
+# Usage: bash scripts/bench.sh [--quick]   (--quick: 10 s idle, 1,000 devices)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = --quick ] && quick=1
+need=()
+command -v nats-server >/dev/null || need+=(nats-server)
+command -v mosquitto >/dev/null || need+=(mosquitto)
+[ -x /usr/bin/mender ] || need+=(mender-client)
+if [ "${#need[@]}" -gt 0 ]; then
+    apt-get -o DPkg::Lock::Timeout=600 update -q || true
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${need[@]}"
+fi
+cargo build --release -p drover-agent -p drover -p drover-sim
+ulimit -n "$(ulimit -Hn)"
+sim=target/release/drover-sim
+cross=()
+for pair in arm64:aarch64-unknown-linux-gnu armhf:armv7-unknown-linux-gnueabihf; do
+    bin=target/cross/${pair#*:}/release/drover-agent
+    [ -f "$bin" ] && cross+=(--cross "${pair%%:*}=$bin")
+done
+echo "## $(date -u +%Y-%m-%d), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(. /etc/os-release && echo "$PRETTY_NAME")"
+echo
+if [ "$quick" = 1 ]; then
+    "$sim" footprint --idle-seconds 10 --jobs 2 "${cross[@]}"
+    sizes=1000
+    large=1000
+else
+    "$sim" footprint --idle-seconds 120 --jobs 5 "${cross[@]}"
+    sizes=1000,10000
+    large=1000,10000,19000
+fi
+echo
+"$sim" bench --devices "$large" --transport websocket
+"$sim" bench --devices "$sizes" --transport nats | tail -n +3
+"$sim" bench --devices "$sizes" --transport mqtt | tail -n +3
+echo
+"$sim" bench --devices "$large" --transport websocket --deployment-concurrency 1000

@@ -1,0 +1,350 @@
+//! The agent's footprint, measured on the real `drover-agent` binary beside
+//! Debian's `mender-client` daemon: memory and threads after a connected
+//! idle period, bytes written to storage while idle and per job, peak memory
+//! during jobs, and binary sizes. For each transport a fresh `drover serve`
+//! (and its broker) runs in a temporary directory with one device; the agent
+//! runs in simulate mode (`apt-get -s`, changes nothing on this machine).
+//! It prints figures; it asserts nothing.
+
+use crate::bench::{self, Api, Process, Transport};
+use crate::procstat::{self, Memory};
+use agent_core::DeviceId;
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct FootprintOptions {
+    pub agent: PathBuf,
+    pub drover: PathBuf,
+    pub transports: Vec<Transport>,
+    /// How long the agent stays connected and idle before it is measured.
+    pub idle: Duration,
+    /// Jobs run one after another to measure the writes per job.
+    pub jobs: usize,
+}
+
+/// One transport's figures for the agent.
+#[derive(Debug, Clone)]
+pub struct AgentFigures {
+    pub transport: Transport,
+    pub idle: Memory,
+    /// Bytes written while idle, scaled to an hour.
+    pub idle_written_per_hour: u64,
+    pub written_per_job: u64,
+    pub seconds_per_job: f64,
+    /// Peak resident set over the whole run (jobs included).
+    pub peak_rss_kib: u64,
+}
+
+/// Mender's daemon, idle against an unreachable server.
+#[derive(Debug, Clone)]
+pub struct MenderFigures {
+    pub version: String,
+    pub idle: Memory,
+    pub idle_written_per_hour: u64,
+    pub binary_bytes: u64,
+}
+
+fn kib(bytes: u64) -> f64 {
+    bytes as f64 / 1024.0
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn written(pid: u32) -> Result<u64> {
+    Ok(procstat::usage(pid)
+        .context("the process ended early")?
+        .written_bytes)
+}
+
+/// Waits `idle`, then reads memory and the bytes written meanwhile (per hour).
+async fn idle_figures(pid: u32, idle: Duration) -> Result<(Memory, u64)> {
+    let before = written(pid)?;
+    tokio::time::sleep(idle).await;
+    let after = written(pid)?;
+    let memory = procstat::memory(pid).context("the process ended early")?;
+    let per_hour = (after.saturating_sub(before) as f64 * 3600.0 / idle.as_secs_f64()) as u64;
+    Ok((memory, per_hour))
+}
+
+fn agent_config(
+    dir: &Path,
+    device: &DeviceId,
+    token: &str,
+    key: &str,
+    transport: Transport,
+    url: &str,
+) -> String {
+    let link = match transport {
+        Transport::Websocket => format!("kind = \"websocket\"\nserver_url = \"ws://{url}\""),
+        Transport::Nats => format!("kind = \"nats\"\nurl = \"{url}\""),
+        Transport::Mqtt => format!("kind = \"mqtt\"\nurl = \"{url}\""),
+    };
+    format!(
+        "device_id = \"{device}\"\nstate_dir = \"{}\"\nstatus_socket = \"{}\"\n\
+         intent_public_keys = [\"{key}\"]\n[transport]\n{link}\ntoken = \"{token}\"\n\
+         [updater]\nmode = \"simulate\"\n",
+        dir.join("agent-state").display(),
+        dir.join("agent.sock").display(),
+    )
+}
+
+/// The agent over one transport: idle, then `jobs` upgrade jobs in turn.
+pub async fn measure_agent(
+    options: &FootprintOptions,
+    transport: Transport,
+) -> Result<AgentFigures> {
+    let dir = tempfile::Builder::new()
+        .prefix("drover-footprint-")
+        .tempdir()?;
+    let data = dir.path().join("data");
+    let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
+    let key = drover::auth::IntentSigner::load_or_create(&data)?.public_key();
+    let device = DeviceId::new("footprint-1")?;
+    let token = secrets.device_token(&device);
+    let tokens = vec![(device.clone(), token.clone())];
+    let broker = match transport {
+        Transport::Nats => Some(bench::start_nats(dir.path(), &tokens)?),
+        Transport::Mqtt => Some(bench::start_mosquitto(dir.path(), &tokens)?),
+        Transport::Websocket => None,
+    };
+    let broker_url = broker.as_ref().map(|(_, url)| url.clone());
+    let (_cp, api_base, agent_addr) = bench::start_drover(
+        &options.drover,
+        dir.path(),
+        transport,
+        broker_url.as_deref(),
+    )?;
+    let api = Api {
+        base: format!("http://{api_base}"),
+        token: secrets.operator_token().to_owned(),
+        http: bench::http_builder()
+            .timeout(Duration::from_secs(60))
+            .build()?,
+    };
+    bench::register(&api.base, &api.token, std::slice::from_ref(&device)).await?;
+    let url = broker_url.unwrap_or(agent_addr);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        agent_config(dir.path(), &device, &token, &key, transport, &url),
+    )?;
+    let log = std::fs::File::create(dir.path().join("agent.log"))?;
+    let agent = Process(
+        Command::new(&options.agent)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", options.agent.display()))?,
+    );
+    let pid = agent.0.id();
+    bench::wait_for(
+        "the agent to connect",
+        Duration::from_secs(60),
+        async || {
+            let devices = api.get("/devices").await?;
+            Ok(devices.as_array().into_iter().flatten().any(|d| {
+                d["id"] == device.as_str()
+                    && d["agentPresent"] == true
+                    && d["lastHeartbeat"].is_string()
+            }))
+        },
+    )
+    .await
+    .with_context(|| format!("see {}", dir.path().join("agent.log").display()))?;
+    // Let start-up writes (the store's creation, the first heartbeat) settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (idle, idle_written_per_hour) = idle_figures(pid, options.idle).await?;
+
+    let before = written(pid)?;
+    let started = Instant::now();
+    for n in 0..options.jobs {
+        let name = format!("footprint-{n}");
+        api.post(
+            "/apply",
+            &json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
+                    "metadata": {"name": name},
+                    "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}),
+        )
+        .await?;
+        bench::wait_for("a job to complete", Duration::from_secs(300), async || {
+            let run = api.get(&format!("/taskruns/{name}")).await?;
+            match run["status"]["phase"].as_str() {
+                Some("Complete") => Ok(true),
+                Some("Failed" | "DeadlineExceeded") => bail!("{name} ended: {}", run["status"]),
+                _ => Ok(false),
+            }
+        })
+        .await?;
+    }
+    let seconds_per_job = started.elapsed().as_secs_f64() / options.jobs.max(1) as f64;
+    // The last statuses' acknowledgements settle the outbox.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let written_per_job = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
+    let peak_rss_kib = procstat::memory(pid)
+        .context("the agent ended")?
+        .peak_rss_kib;
+    drop(agent);
+    drop(broker);
+    Ok(AgentFigures {
+        transport,
+        idle,
+        idle_written_per_hour,
+        written_per_job,
+        seconds_per_job,
+        peak_rss_kib,
+    })
+}
+
+pub const MENDER: &str = "/usr/bin/mender";
+
+/// Debian's mender-client daemon, pointed at a loopback port nothing
+/// listens on, measured like the agent. None when it is not installed.
+pub async fn measure_mender(idle: Duration) -> Result<Option<MenderFigures>> {
+    if !Path::new(MENDER).exists() {
+        return Ok(None);
+    }
+    let version = Command::new(MENDER)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default();
+    let dir = tempfile::Builder::new()
+        .prefix("drover-mender-")
+        .tempdir()?;
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data)?;
+    std::fs::write(data.join("device_type"), "device_type=bench\n")?;
+    let config = dir.path().join("mender.conf");
+    std::fs::write(
+        &config,
+        json!({"ServerURL": format!("https://127.0.0.1:{}", bench::free_port()?),
+               "RootfsPartA": "/dev/null", "RootfsPartB": "/dev/null",
+               "UpdatePollIntervalSeconds": 1800, "InventoryPollIntervalSeconds": 28800,
+               "RetryPollIntervalSeconds": 300})
+        .to_string(),
+    )?;
+    let log = std::fs::File::create(dir.path().join("mender.log"))?;
+    let mender = Process(
+        Command::new(MENDER)
+            .arg("--config")
+            .arg(&config)
+            .arg("--data")
+            .arg(&data)
+            .arg("daemon")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start mender")?,
+    );
+    let pid = mender.0.id();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (memory, per_hour) = idle_figures(pid, idle).await.with_context(|| {
+        format!(
+            "mender stopped; see {}",
+            dir.path().join("mender.log").display()
+        )
+    })?;
+    Ok(Some(MenderFigures {
+        version,
+        idle: memory,
+        idle_written_per_hour: per_hour,
+        binary_bytes: std::fs::metadata(MENDER)?.len(),
+    }))
+}
+
+/// The size of `binary` once stripped (a stripped copy; the original stays).
+pub fn stripped_size(binary: &Path, strip: &str) -> Result<u64> {
+    let dir = tempfile::tempdir()?;
+    let copy = dir.path().join("binary");
+    std::fs::copy(binary, &copy)?;
+    let status = Command::new(strip)
+        .arg("--strip-unneeded")
+        .arg(&copy)
+        .status()
+        .with_context(|| format!("cannot run {strip}"))?;
+    if !status.success() {
+        bail!("{strip} failed on {}", binary.display());
+    }
+    Ok(std::fs::metadata(&copy)?.len())
+}
+
+/// Prints the table: each agent row beside Mender's idle figures.
+pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(String, u64)]) {
+    println!(
+        "| figure | drover-agent | {} | goal |",
+        mender.map_or("mender-client (not installed)".to_owned(), |m| format!(
+            "Mender {}",
+            m.version
+        ))
+    );
+    println!("|---|---|---|---|");
+    for a in agents {
+        let t = format!("{:?}", a.transport).to_lowercase();
+        let ratio = |ours: u64, theirs: u64| {
+            if ours == 0 {
+                String::new()
+            } else {
+                format!(" ({:.1}× less)", theirs as f64 / ours as f64)
+            }
+        };
+        println!(
+            "| idle RSS / PSS after the idle period, {t} | {:.1} / {:.1} MiB, {} threads | {} | ≤ 4 MiB RSS |",
+            mib(a.idle.rss_kib),
+            mib(a.idle.pss_kib),
+            a.idle.threads,
+            mender.map_or("–".to_owned(), |m| format!(
+                "{:.1} / {:.1} MiB, {} threads{}",
+                mib(m.idle.rss_kib),
+                mib(m.idle.pss_kib),
+                m.idle.threads,
+                ratio(a.idle.rss_kib, m.idle.rss_kib)
+            )),
+        );
+        println!(
+            "| peak RSS during jobs, {t} | {:.1} MiB | – | |",
+            mib(a.peak_rss_kib)
+        );
+        println!(
+            "| written while idle, {t} | {:.1} KiB per hour, {:.1} KiB per day | {} | ≤ 64 KiB per day |",
+            kib(a.idle_written_per_hour),
+            kib(a.idle_written_per_hour * 24),
+            mender.map_or("–".to_owned(), |m| format!(
+                "{:.1} KiB per hour",
+                kib(m.idle_written_per_hour)
+            )),
+        );
+        println!(
+            "| written per job (system upgrade, simulate; with the apt calls it reaps), {t} | {:.1} KiB ({:.1} s a job) | – | ≤ 64 KiB |",
+            kib(a.written_per_job),
+            a.seconds_per_job
+        );
+    }
+    for (what, bytes) in sizes {
+        println!(
+            "| stripped binary, {what} | {:.2} MiB ({bytes} bytes) | {} | ≤ 4 MiB |",
+            *bytes as f64 / (1024.0 * 1024.0),
+            mender.map_or("–".to_owned(), |m| format!(
+                "{:.2} MiB",
+                m.binary_bytes as f64 / (1024.0 * 1024.0)
+            )),
+        );
+    }
+}
