@@ -5,7 +5,8 @@
 # apt in its own transient unit (systemd-run), the agent's cgroup killed
 # mid-upgrade, and a power cut resumed at the next boot. The image and QEMU
 # are made once and cached in /var/tmp/drover-vm (about 3 minutes); each
-# scenario boots in 1-3 minutes. CI runs it after the cross suite.
+# scenario boots in 1-2 minutes; two talk to a real `drover serve` on this
+# host. CI runs it after the cross suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
@@ -20,6 +21,21 @@ if [ ! -f "$deb" ]; then
     cargo build --release -p drover-agent -p drover
     bash cross/package-deb.sh amd64 target/release target/debs
 fi
+# The control plane the hosted scenarios run on this host (vm/host.sh): the
+# release build if there is one, else the cross suite's amd64 build, else
+# the test command's debug build.
+for bin in target/release/drover target/cross/x86_64-unknown-linux-gnu/release/drover target/debug/drover; do
+    if [ -x "$bin" ]; then
+        DROVER_BIN=$(pwd)/$bin
+        break
+    fi
+done
+if [ -z "${DROVER_BIN:-}" ]; then
+    cargo build --release -p drover
+    DROVER_BIN=$(pwd)/target/release/drover
+fi
+export DROVER_BIN
+echo "control plane for the hosted scenarios: $DROVER_BIN"
 extra=$(mktemp -d)
 trap 'rm -rf "$extra"' EXIT
 bash vm/packages.sh "$extra/repos" "$deb"
