@@ -58,6 +58,55 @@ fn aad(device: &DeviceId, job: JobId) -> String {
     format!("drover-secrets:v1:{device}:{job}")
 }
 
+/// AES-256-GCM under `key` with a fresh random nonce: the nonce, and the
+/// ciphertext with its tag. Shared by the sealed boxes here and by the
+/// control plane's secrets at rest.
+/// `what` names the sealed thing in the error.
+pub fn seal_with(
+    key: &LessSafeKey,
+    aad: &[u8],
+    mut data: Vec<u8>,
+    what: &str,
+) -> Result<([u8; NONCE_LEN], Vec<u8>), String> {
+    use ring::rand::SecureRandom;
+    let mut nonce = [0u8; NONCE_LEN];
+    ring::rand::SystemRandom::new()
+        .fill(&mut nonce)
+        .map_err(|_| "no randomness for a nonce".to_owned())?;
+    key.seal_in_place_append_tag(
+        Nonce::assume_unique_for_key(nonce),
+        Aad::from(aad),
+        &mut data,
+    )
+    .map_err(|_| format!("cannot seal {what}"))?;
+    Ok((nonce, data))
+}
+
+/// A nonce as [`seal_with`] made it, from hex.
+pub fn parse_nonce(text: &str) -> Option<[u8; NONCE_LEN]> {
+    unhex(text).and_then(|n| n.try_into().ok())
+}
+
+/// Opens what [`seal_with`] made; None when the key, the associated data or
+/// the ciphertext do not match (the tag does not verify).
+pub fn open_with(
+    key: &LessSafeKey,
+    aad: &[u8],
+    nonce: [u8; NONCE_LEN],
+    mut data: Vec<u8>,
+) -> Option<Vec<u8>> {
+    let len = key
+        .open_in_place(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut data,
+        )
+        .ok()?
+        .len();
+    data.truncate(len);
+    Some(data)
+}
+
 /// Seals `files` for `device`'s job `job` with a fresh random nonce.
 pub fn seal(
     token: &str,
@@ -65,19 +114,13 @@ pub fn seal(
     job: JobId,
     files: &[SecretFile],
 ) -> Result<SealedBox, String> {
-    use ring::rand::SecureRandom;
-    let mut nonce = [0u8; NONCE_LEN];
-    ring::rand::SystemRandom::new()
-        .fill(&mut nonce)
-        .map_err(|_| "no randomness for a nonce".to_owned())?;
-    let mut data = serde_json::to_vec(files).map_err(|e| e.to_string())?;
-    key(token, device)?
-        .seal_in_place_append_tag(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(aad(device, job).as_bytes()),
-            &mut data,
-        )
-        .map_err(|_| "cannot seal the secrets".to_owned())?;
+    let data = serde_json::to_vec(files).map_err(|e| e.to_string())?;
+    let (nonce, data) = seal_with(
+        &key(token, device)?,
+        aad(device, job).as_bytes(),
+        data,
+        "the secrets",
+    )?;
     if data.len() > MAX_SEALED_BYTES {
         return Err(format!(
             "the job's secrets take {} bytes sealed, over the limit of {MAX_SEALED_BYTES}",
@@ -97,23 +140,17 @@ pub fn open(
     job: JobId,
     sealed: &SealedBox,
 ) -> Result<Vec<SecretFile>, String> {
-    let nonce: [u8; NONCE_LEN] = unhex(&sealed.nonce)
-        .and_then(|n| n.try_into().ok())
+    let nonce = parse_nonce(&sealed.nonce)
         .ok_or_else(|| "the sealed secrets' nonce is malformed".to_owned())?;
-    let mut data = unhex(&sealed.ciphertext)
+    let data = unhex(&sealed.ciphertext)
         .filter(|c| c.len() <= MAX_SEALED_BYTES)
         .ok_or_else(|| "the sealed secrets are malformed or too large".to_owned())?;
-    let plain = key(token, device)?
-        .open_in_place(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(aad(device, job).as_bytes()),
-            &mut data,
-        )
-        .map_err(|_| {
+    let plain = open_with(&key(token, device)?, aad(device, job).as_bytes(), nonce, data)
+        .ok_or_else(|| {
             "the job's secrets do not open with this device's token (sealed for another device or job, or altered)"
                 .to_owned()
         })?;
-    serde_json::from_slice(plain).map_err(|e| format!("the job's secrets are malformed: {e}"))
+    serde_json::from_slice(&plain).map_err(|e| format!("the job's secrets are malformed: {e}"))
 }
 
 /// A secret's or a key's name: `[A-Za-z0-9._-]`, 1 to 64 characters, not

@@ -13,11 +13,11 @@ use crate::packages::Downloads;
 use crate::records::{Db, DbError};
 use agent_core::Intent;
 use agent_core::model::JobKind;
-use agent_core::sealed::{SecretFile, seal};
+use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal, seal_with};
 use agent_core::signing::{hex, unhex};
 use anyhow::Context;
 use jiff::Timestamp;
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -67,19 +67,8 @@ impl Vault {
         name: &str,
         data: &BTreeMap<String, String>,
     ) -> Result<SecretRecord, String> {
-        use ring::rand::SecureRandom;
-        let mut nonce = [0u8; NONCE_LEN];
-        ring::rand::SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| "no randomness for a nonce".to_owned())?;
-        let mut bytes = serde_json::to_vec(data).map_err(|e| e.to_string())?;
-        self.key
-            .seal_in_place_append_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(Self::aad(name).as_bytes()),
-                &mut bytes,
-            )
-            .map_err(|_| "cannot seal the secret".to_owned())?;
+        let bytes = serde_json::to_vec(data).map_err(|e| e.to_string())?;
+        let (nonce, bytes) = seal_with(&self.key, Self::aad(name).as_bytes(), bytes, "the secret")?;
         Ok(SecretRecord {
             name: name.to_owned(),
             keys: data.keys().cloned().collect(),
@@ -90,25 +79,18 @@ impl Vault {
     }
 
     pub fn open(&self, record: &SecretRecord) -> Result<BTreeMap<String, String>, String> {
-        let nonce: [u8; NONCE_LEN] = unhex(&record.nonce)
-            .and_then(|n| n.try_into().ok())
+        let nonce = parse_nonce(&record.nonce)
             .ok_or_else(|| format!("secret {}: malformed nonce", record.name))?;
-        let mut bytes = unhex(&record.ciphertext)
+        let bytes = unhex(&record.ciphertext)
             .ok_or_else(|| format!("secret {}: malformed ciphertext", record.name))?;
-        let plain = self
-            .key
-            .open_in_place(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(Self::aad(&record.name).as_bytes()),
-                &mut bytes,
-            )
-            .map_err(|_| {
+        let plain = open_with(&self.key, Self::aad(&record.name).as_bytes(), nonce, bytes)
+            .ok_or_else(|| {
                 format!(
                     "secret {} does not open with this control plane's seal.key",
                     record.name
                 )
             })?;
-        serde_json::from_slice(plain).map_err(|e| format!("secret {}: {e}", record.name))
+        serde_json::from_slice(&plain).map_err(|e| format!("secret {}: {e}", record.name))
     }
 }
 
