@@ -58,7 +58,9 @@ reported=$(run drover-agent --version)
 [[ "$reported" == "drover-agent ${version%-1}" ]] || { echo "--version said: $reported" >&2; exit 1; }
 grep -q '^drover:' "$work/root/etc/group" || { echo "no drover group" >&2; exit 1; }
 [ -f "$work/root/lib/systemd/system/drover-agent.service" ] || { echo "no unit" >&2; exit 1; }
-echo "$arch: installed, --version runs"
+[ -s "$work/root/var/lib/dpkg/info/drover-agent.md5sums" ] || { echo "no md5sums" >&2; exit 1; }
+run dpkg --verify drover-agent || { echo "dpkg --verify failed" >&2; exit 1; }
+echo "$arch: installed, --version runs, md5sums verify"
 
 config=/etc/drover/install-check-$arch.toml
 cat > "$work/root$config" <<CONFIG
@@ -81,7 +83,11 @@ echo "$arch: the agent answers on its status socket"
 stop_agent
 rm -rf "$work/root/run/drover-agent" "$work/root$config"
 
+# The operator's token, mode 0600 as the README says.
+install -m 0600 /dev/null "$work/root/etc/drover/agent.token"
+echo t > "$work/root/etc/drover/agent.token"
 run dpkg -r drover-agent
+[ -f "$work/root/etc/drover/agent.token" ] || { echo "remove dropped the token" >&2; exit 1; }
 [ ! -e "$work/root/usr/bin/drover-agent" ] || { echo "binary left after remove" >&2; exit 1; }
 [ -f "$work/root/etc/drover/agent.toml" ] || { echo "remove dropped the conffile" >&2; exit 1; }
 [ -d "$work/root/var/lib/drover-agent" ] || { echo "remove dropped the state directory" >&2; exit 1; }

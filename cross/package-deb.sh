@@ -46,7 +46,29 @@ COPYRIGHT
     "$2" "$version" "$version" "$(date -R -d @"${SOURCE_DATE_EPOCH:-$(date +%s)}")" | gzip -9n > "$dir/changelog.Debian.gz"
 }
 
+# DEBIAN/md5sums: what debsums and dpkg --verify check the files against.
+md5sums() { # dir
+  (cd "$1" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | sort -z | xargs -0 md5sum) > "$1/DEBIAN/md5sums"
+  chmod 0644 "$1/DEBIAN/md5sums"
+}
+
+# Man pages and shell completions, generated from the CLI definitions and
+# committed under docs/ (tests/tests/docs.rs keeps them current).
+manuals() { # dir command section
+  local page
+  install -d -m 0755 "$1/usr/share/man/man$3"
+  for page in "$root"/docs/man/"$2".$3 "$root"/docs/man/"$2"-*.$3; do
+    [ -f "$page" ] || continue
+    gzip -9n < "$page" > "$1/usr/share/man/man$3/$(basename "$page").gz"
+    chmod 0644 "$1/usr/share/man/man$3/$(basename "$page").gz"
+  done
+  install -D -m 0644 "$root/docs/completions/$2" "$1/usr/share/bash-completion/completions/$2"
+  install -D -m 0644 "$root/docs/completions/_$2" "$1/usr/share/zsh/vendor-completions/_$2"
+  install -D -m 0644 "$root/docs/completions/$2.fish" "$1/usr/share/fish/vendor_completions.d/$2.fish"
+}
+
 control() { # dir package description long-description extra-depends
+  md5sums "$1"
   local size
   size=$(du -sk --exclude=DEBIAN "$1" | cut -f1)
   cat > "$1/DEBIAN/control" <<CONTROL
@@ -56,6 +78,7 @@ Architecture: $arch
 Maintainer: Drover authors <drover@drover.invalid>
 Installed-Size: $size
 Depends: $depends$5
+Recommends: ca-certificates
 Section: admin
 Priority: optional
 Homepage: https://drover.invalid/
@@ -77,6 +100,7 @@ echo "$version" > "$pkg/usr/share/drover-agent/version"
 chmod 0644 "$pkg/usr/share/drover-agent/version"
 install -m 0644 "$root/systemd/drover-agent.service" "$pkg/lib/systemd/system/drover-agent.service"
 doc "$pkg" drover-agent
+manuals "$pkg" drover-agent 8
 # Reading dpkg's own state is the point: the agent detects an interrupted
 # dpkg from its journal and notices package changes from the status file.
 install -d -m 0755 "$pkg/usr/share/lintian/overrides"
@@ -121,8 +145,10 @@ if [ "$1" = purge ]; then
     if command -v deb-systemd-helper >/dev/null; then
         deb-systemd-helper purge drover-agent.service >/dev/null || true
     fi
-    # The jobs and their history go with a purge; a remove keeps them.
+    # The jobs and their history go with a purge, and so does the device's
+    # token (a secret the operator put there); a remove keeps them.
     rm -rf /var/lib/drover-agent
+    rm -f /etc/drover/agent.token
     rmdir --ignore-fail-on-non-empty /etc/drover 2>/dev/null || true
 fi
 exit 0
@@ -132,7 +158,7 @@ control "$pkg" drover-agent "Drover fleet agent: jobs and full system upgrades" 
 " Runs fleet jobs one at a time on Debian and Raspberry Pi OS devices. Its
  main job is a full apt system upgrade that survives crashes, power loss and
  the reboot it causes, and never runs the same job twice. It talks to the
- Drover control plane over WebSocket or NATS JetStream." ", adduser"
+ Drover control plane over WebSocket, MQTT or NATS JetStream." ", adduser"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$out/drover-agent_${version}_${arch}.deb" >/dev/null
 
 # --- drover (control plane and CLI) -----------------------------------------
@@ -142,6 +168,7 @@ install -m 0755 "$bin_dir/drover" "$pkg/usr/bin/drover"
 "$strip" --strip-unneeded "$pkg/usr/bin/drover"
 install -m 0644 "$root/systemd/drover.service" "$pkg/lib/systemd/system/drover.service"
 doc "$pkg" drover
+manuals "$pkg" drover 1
 # The YAML parser (unsafe-libyaml) is a Rust translation of libyaml compiled
 # into the binary, not a copy of the C library.
 install -d -m 0755 "$pkg/usr/share/lintian/overrides"
@@ -150,7 +177,8 @@ cat > "$pkg/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
 set -e
 if [ "$1" = configure ] && command -v deb-systemd-helper >/dev/null; then
-    # Enabled but not started: the operator chooses listen addresses first.
+    # Neither enabled nor started: the operator chooses listen addresses and
+    # certificates first (`drover init`), then `systemctl enable --now drover`.
     deb-systemd-helper update-state drover.service >/dev/null || true
 fi
 exit 0

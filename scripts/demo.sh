@@ -3,5 +3,6 @@
 # embedded store. Nothing to install beyond a Rust toolchain on Debian.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --bins --quiet
+# The first run builds the binaries (cargo shows its progress).
+cargo build --bins
 exec target/debug/drover demo "$@"

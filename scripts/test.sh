@@ -32,5 +32,5 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # hook in its config; then the agent the end-to-end tests drive, with hooks.
 cargo build --workspace --bins
 bash scripts/check-no-test-hooks.sh target/debug/drover-agent
-cargo build -p drover-agent --bins --features testing
+cargo build -p drover-agent --bins --features testing,sled-store
 cargo test --workspace --all-features

@@ -18,6 +18,8 @@ pub mod shutdown;
 pub mod signing;
 pub mod status_socket;
 pub mod store;
+#[cfg(feature = "sled-store")]
+pub mod store_sled;
 pub mod wire;
 
 pub use ids::{DeviceId, IdError, JobId};

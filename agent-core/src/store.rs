@@ -142,7 +142,14 @@ impl RedbStore {
     }
 }
 
-fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
+/// The store this build of the agent uses unless its config names another.
+pub const STORE_NAME: &str = "redb";
+
+pub(crate) fn encode_job(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
+    Ok(postcard::to_stdvec(&StoredJob::V1(record.clone()))?)
+}
+
+pub(crate) fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
     match postcard::from_bytes::<StoredJob>(bytes) {
         Ok(StoredJob::V1(record)) => Ok(record),
         Err(source) => Err(StoreError::Corrupt {
@@ -150,6 +157,34 @@ fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
             source,
         }),
     }
+}
+
+pub(crate) fn encode_status(status: &JobStatus) -> Result<Vec<u8>, StoreError> {
+    Ok(postcard::to_stdvec(&StoredStatus::V1(status.clone()))?)
+}
+
+pub(crate) fn decode_status(bytes: &[u8]) -> Result<JobStatus, StoreError> {
+    match postcard::from_bytes::<StoredStatus>(bytes) {
+        Ok(StoredStatus::V1(status)) => Ok(status),
+        Err(source) => Err(StoreError::Corrupt {
+            what: "outbox",
+            source,
+        }),
+    }
+}
+
+/// The jobs `prune` removes: the oldest terminal ones beyond `keep` whose
+/// statuses have all left the outbox.
+pub(crate) fn doomed(records: Vec<JobRecord>, outbox: Vec<OutboxEntry>, keep: usize) -> Vec<JobId> {
+    let pending: std::collections::HashSet<JobId> =
+        outbox.into_iter().map(|e| e.status.job_id).collect();
+    let terminal: Vec<JobId> = records
+        .iter()
+        .filter(|r| r.status.state.is_terminal() && !pending.contains(&r.status.job_id))
+        .map(|r| r.status.job_id)
+        .collect();
+    let excess = terminal.len().saturating_sub(keep);
+    terminal[..excess].to_vec()
 }
 
 impl Store for RedbStore {
@@ -175,7 +210,7 @@ impl Store for RedbStore {
     }
 
     fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError> {
-        let job_bytes = postcard::to_stdvec(&StoredJob::V1(record.clone()))?;
+        let job_bytes = encode_job(record)?;
         let tx = self.db.begin_write()?;
         {
             let mut jobs = tx.open_table(JOBS)?;
@@ -190,7 +225,7 @@ impl Store for RedbStore {
                 let next_id = counters.get("outbox")?.map(|v| v.value()).unwrap_or(0) + 1;
                 counters.insert("outbox", next_id)?;
                 let mut outbox = tx.open_table(OUTBOX)?;
-                let bytes = postcard::to_stdvec(&StoredStatus::V1(record.status.clone()))?;
+                let bytes = encode_status(&record.status)?;
                 outbox.insert(next_id, bytes.as_slice())?;
             }
         }
@@ -204,18 +239,9 @@ impl Store for RedbStore {
         let mut entries = Vec::new();
         for item in table.iter()?.take(limit) {
             let (id, bytes) = item?;
-            let status = match postcard::from_bytes::<StoredStatus>(bytes.value()) {
-                Ok(StoredStatus::V1(status)) => status,
-                Err(source) => {
-                    return Err(StoreError::Corrupt {
-                        what: "outbox",
-                        source,
-                    });
-                }
-            };
             entries.push(OutboxEntry {
                 id: id.value(),
-                status,
+                status: decode_status(bytes.value())?,
             });
         }
         Ok(entries)
@@ -248,25 +274,15 @@ impl Store for RedbStore {
     }
 
     fn prune(&self, keep: usize) -> Result<usize, StoreError> {
-        let records = self.jobs()?;
-        let pending: std::collections::HashSet<JobId> = self
-            .outbox(usize::MAX)?
-            .into_iter()
-            .map(|e| e.status.job_id)
-            .collect();
-        let terminal: Vec<&JobRecord> = records
-            .iter()
-            .filter(|r| r.status.state.is_terminal() && !pending.contains(&r.status.job_id))
-            .collect();
-        if terminal.len() <= keep {
+        let doomed = doomed(self.jobs()?, self.outbox(usize::MAX)?, keep);
+        if doomed.is_empty() {
             return Ok(0);
         }
-        let doomed = &terminal[..terminal.len() - keep];
         let tx = self.db.begin_write()?;
         {
             let mut jobs = tx.open_table(JOBS)?;
-            for record in doomed {
-                jobs.remove(record.status.job_id.as_bytes().as_slice())?;
+            for id in &doomed {
+                jobs.remove(id.as_bytes().as_slice())?;
             }
         }
         tx.commit()?;
@@ -310,20 +326,41 @@ mod tests {
         }
     }
 
+    type Opener = fn(&Path) -> Box<dyn Store>;
+
+    /// Every store this build has, each opened at a path.
+    fn stores() -> Vec<(&'static str, Opener)> {
+        #[allow(unused_mut)]
+        let mut stores: Vec<(&'static str, Opener)> =
+            vec![("redb", |p| Box::new(RedbStore::open(p).expect("open redb")))];
+        #[cfg(feature = "sled-store")]
+        stores.push(("sled", |p| {
+            Box::new(crate::store_sled::SledStore::open(p).expect("open sled"))
+        }));
+        stores
+    }
+
     #[test]
     fn records_and_outbox_survive_reopening() {
+        for (name, open) in stores() {
+            eprintln!("{name}");
+            records_and_outbox_survive_reopening_in(open);
+        }
+    }
+
+    fn records_and_outbox_survive_reopening_in(open: Opener) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("agent.redb");
+        let path = dir.path().join("agent.store");
         let first = record(JobState::Accepted, 2);
         let second = record(JobState::Succeeded, 1);
         {
-            let store = RedbStore::open(&path).expect("open");
+            let store = open(&path);
             store.save(&first, true).expect("save");
             store.save(&second, false).expect("save");
             assert_eq!(store.next("heartbeat").expect("counter"), 1);
             assert_eq!(store.next("heartbeat").expect("counter"), 2);
         }
-        let store = RedbStore::open(&path).expect("reopen");
+        let store = open(&path);
         let jobs = store.jobs().expect("jobs");
         assert_eq!(jobs, vec![second.clone(), first.clone()], "arrival order");
         let outbox = store.outbox(10).expect("outbox");
@@ -342,8 +379,15 @@ mod tests {
 
     #[test]
     fn prune_keeps_recent_and_unreported_jobs() {
+        for (name, open) in stores() {
+            eprintln!("{name}");
+            prune_keeps_recent_and_unreported_jobs_in(open);
+        }
+    }
+
+    fn prune_keeps_recent_and_unreported_jobs_in(open: Opener) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = RedbStore::open(&dir.path().join("agent.redb")).expect("open");
+        let store = open(&dir.path().join("agent.store"));
         for arrival in 0..5 {
             store
                 .save(&record(JobState::Succeeded, arrival), false)

@@ -6,7 +6,6 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_CONFIG: &str = "/etc/drover/agent.toml";
 pub const DEFAULT_SOCKET: &str = "/run/drover-agent/status.sock";
 
 #[derive(Debug, Deserialize)]
@@ -17,6 +16,11 @@ pub struct Config {
     pub state_dir: PathBuf,
     #[serde(default = "default_socket")]
     pub status_socket: PathBuf,
+    /// The agent's database: redb (`agent.redb` in the state directory).
+    /// `sled` (`agent.sled`) exists only in agents built with the
+    /// `sled-store` feature, to measure it beside redb.
+    #[serde(default)]
+    pub store: StoreKind,
     /// Test hook: where the boot id is read, so a test can play a reboot.
     #[cfg(feature = "testing")]
     #[serde(default = "default_boot_id_path")]
@@ -36,6 +40,14 @@ pub struct Config {
     #[cfg(feature = "testing")]
     #[serde(default)]
     pub testing: Option<Testing>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    Redb,
+    Sled,
 }
 
 /// Keys only an agent built with its `testing` feature accepts; a release

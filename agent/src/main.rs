@@ -12,8 +12,9 @@ use agent_core::lifecycle::Limits;
 use agent_core::status_socket::{self, Request, Response};
 use agent_core::store::RedbStore;
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
-use config::{Config, DEFAULT_CONFIG, DEFAULT_SOCKET, Transport, UpdaterMode};
+use clap::Parser;
+use config::{Config, DEFAULT_SOCKET, StoreKind, Transport, UpdaterMode};
+use drover_agent::cli::{Cli, Command};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,57 +24,21 @@ use updater_apt::{
     AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, SystemUpgrade,
 };
 
-#[derive(Parser)]
-#[command(name = "drover-agent", version, about = "Drover's device agent")]
-struct Cli {
-    /// The agent's config file.
-    #[arg(long, global = true, env = "DROVER_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
-    config: PathBuf,
-    #[command(subcommand)]
-    command: Command,
+/// An ordinary error is one line with its whole cause chain (systemd's
+/// journal shows it as the unit's last line), never a `Caused by:` list.
+fn main() {
+    if let Err(e) = run_cli() {
+        eprintln!("drover-agent: {e:#}");
+        let code = if e.downcast_ref::<ConfigProblem>().is_some() {
+            EXIT_CONFIG
+        } else {
+            1
+        };
+        std::process::exit(code);
+    }
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Run the agent daemon.
-    Run,
-    /// Check the config file and say what it sets up.
-    Check,
-    /// Show the running agent's state (from its status socket).
-    Status {
-        #[arg(long)]
-        json: bool,
-        /// The status socket, if not the one in the config.
-        #[arg(long)]
-        socket: Option<PathBuf>,
-    },
-    /// Run a system upgrade now, as a local job of the running agent, and
-    /// print each step as it finishes.
-    Upgrade {
-        /// Continue this failed local upgrade from its failed step instead.
-        #[arg(long, value_name = "JOB_ID")]
-        resume: Option<String>,
-        #[arg(long)]
-        socket: Option<PathBuf>,
-    },
-    /// Move a damaged or empty agent database aside; the agent then starts
-    /// with a new, empty one (its jobs and unsent statuses are gone).
-    ResetStore,
-    /// Check one agent database file (the agent runs this before opening it).
-    #[command(hide = true)]
-    VerifyStore { path: PathBuf },
-    /// List recent jobs with their steps and errors.
-    Jobs {
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-        #[arg(long)]
-        socket: Option<PathBuf>,
-    },
-}
-
-fn main() -> Result<()> {
+fn run_cli() -> Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -97,7 +62,7 @@ fn main() -> Result<()> {
             out!("moved {} to {}", path.display(), aside.display());
             Ok(())
         }
-        Command::Check => {
+        Command::Check { connect } => {
             let config = Config::load(&cli.config)?;
             config.transport.read_token()?;
             config.transport.check()?;
@@ -117,6 +82,11 @@ fn main() -> Result<()> {
                 config.device_id,
                 config.updater.mode
             );
+            if connect {
+                let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
+                transport_websocket::tls::install_default_provider();
+                out!("{}", runtime.block_on(probe(&config, &device_id))?);
+            }
             Ok(())
         }
         Command::Status { json, socket } => {
@@ -272,8 +242,50 @@ fn agent_version(package_file: &Path) -> String {
     version.to_owned()
 }
 
+/// EX_CONFIG: the config is missing or wrong. The unit does not restart the
+/// agent for it (RestartPreventExitStatus=78): nothing changes until the
+/// operator fixes the file and restarts the agent.
+const EXIT_CONFIG: i32 = 78;
+
+/// A config the agent cannot run with (it exits with [`EXIT_CONFIG`]).
+#[derive(Debug)]
+struct ConfigProblem {
+    path: PathBuf,
+    error: anyhow::Error,
+}
+
+impl std::fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {:#}; fix it, then `systemctl restart drover-agent`",
+            self.path.display(),
+            self.error
+        )
+    }
+}
+
+impl std::error::Error for ConfigProblem {}
+
+/// The config, checked as `check` checks it, or a [`ConfigProblem`].
+fn configured(config_path: &Path) -> Result<Config> {
+    let checked = || -> Result<Config> {
+        let config = Config::load(config_path)?;
+        agent_core::DeviceId::new(config.device_id.clone())?;
+        config.transport.read_token()?;
+        config.transport.check()?;
+        Ok(config)
+    };
+    checked().map_err(|error| {
+        anyhow::Error::new(ConfigProblem {
+            path: config_path.to_owned(),
+            error,
+        })
+    })
+}
+
 async fn run(config_path: &Path) -> Result<()> {
-    let config = Config::load(config_path)?;
+    let config = configured(config_path)?;
     let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
     #[cfg(feature = "testing")]
     let boot_id_path = config.boot_id_path.clone();
@@ -295,10 +307,21 @@ async fn run(config_path: &Path) -> Result<()> {
             })?;
     }
     let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
-    let store = Arc::new(RedbStore::open_checked(
-        &config.state_dir.join("agent.redb"),
-        &checker,
-    )?);
+    let store: Arc<dyn agent_core::store::Store> = match config.store {
+        StoreKind::Redb => Arc::new(RedbStore::open_checked(
+            &config.state_dir.join("agent.redb"),
+            &checker,
+        )?),
+        #[cfg(feature = "sled-store")]
+        StoreKind::Sled => Arc::new(agent_core::store_sled::SledStore::open(
+            &config.state_dir.join("agent.sled"),
+        )?),
+        #[cfg(not(feature = "sled-store"))]
+        StoreKind::Sled => anyhow::bail!(
+            "the config asks for store = \"sled\", but this drover-agent was built without \
+             the sled store (cargo feature sled-store); remove the key to use redb"
+        ),
+    };
     let apt = AptSettings {
         mode: match config.updater.mode {
             UpdaterMode::Simulate => Mode::Simulate,
@@ -363,79 +386,22 @@ async fn run(config_path: &Path) -> Result<()> {
     });
     let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
     let token = config.transport.read_token()?;
-    let transport = match &config.transport {
-        Transport::Websocket {
-            server_url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_websocket::client::ClientSettings {
-                server_url: server_url.clone(),
-                token,
-                ca_file: ca_file.clone(),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_initial: Duration::from_millis(500),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-                connect_timeout: Duration::from_secs(10),
-            };
-            tokio::spawn(transport_websocket::client::run(
-                settings,
-                agent.clone(),
-                shutdown.clone(),
-            ))
-        }
-        Transport::Nats {
-            url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_nats::agent::AgentSettings {
-                nats: transport_nats::NatsSettings {
-                    url: url.clone(),
-                    user: Some(device_id.to_string()),
-                    password: Some(token),
-                    ca_file: ca_file.clone(),
-                    connect_timeout: Duration::from_secs(10),
-                },
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-            };
-            tokio::spawn(transport_nats::agent::run(
-                settings,
-                agent.clone(),
-                shutdown.clone(),
-            ))
-        }
-        Transport::Mqtt {
-            url,
-            ca_file,
-            prefix,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_mqtt::agent::AgentSettings {
-                mqtt: transport_mqtt::MqttSettings {
-                    url: url.clone(),
-                    user: device_id.to_string(),
-                    password: token,
-                    ca_file: ca_file.clone(),
-                    prefix: prefix.clone(),
-                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
-                },
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-            };
-            tokio::spawn(transport_mqtt::agent::run(
-                settings,
-                agent.clone(),
-                shutdown.clone(),
-            ))
-        }
+    let transport = match link_settings(&config, &device_id, token) {
+        Link::Websocket(settings) => tokio::spawn(transport_websocket::client::run(
+            settings,
+            agent.clone(),
+            shutdown.clone(),
+        )),
+        Link::Nats(settings) => tokio::spawn(transport_nats::agent::run(
+            settings,
+            agent.clone(),
+            shutdown.clone(),
+        )),
+        Link::Mqtt(settings) => tokio::spawn(transport_mqtt::agent::run(
+            settings,
+            agent.clone(),
+            shutdown.clone(),
+        )),
     };
 
     // Tell systemd we are up (a no-op without NOTIFY_SOCKET), then keep its
@@ -548,6 +514,100 @@ fn group_id(name: &str) -> Option<u32> {
         let mut fields = line.split(':');
         (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
     })
+}
+
+/// How the agent reaches the control plane, from its config.
+enum Link {
+    Websocket(transport_websocket::client::ClientSettings),
+    Nats(transport_nats::agent::AgentSettings),
+    Mqtt(transport_mqtt::agent::AgentSettings),
+}
+
+fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: String) -> Link {
+    match &config.transport {
+        Transport::Websocket {
+            server_url,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_websocket::client::ClientSettings {
+                server_url: server_url.clone(),
+                token,
+                ca_file: ca_file.clone(),
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_initial: Duration::from_millis(500),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+                connect_timeout: Duration::from_secs(10),
+            };
+            Link::Websocket(settings)
+        }
+        Transport::Nats {
+            url,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_nats::agent::AgentSettings {
+                nats: transport_nats::NatsSettings {
+                    url: url.clone(),
+                    user: Some(device_id.to_string()),
+                    password: Some(token),
+                    ca_file: ca_file.clone(),
+                    connect_timeout: Duration::from_secs(10),
+                },
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            Link::Nats(settings)
+        }
+        Transport::Mqtt {
+            url,
+            ca_file,
+            prefix,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_mqtt::agent::AgentSettings {
+                mqtt: transport_mqtt::MqttSettings {
+                    url: url.clone(),
+                    user: device_id.to_string(),
+                    password: token,
+                    ca_file: ca_file.clone(),
+                    prefix: prefix.clone(),
+                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
+                },
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            Link::Mqtt(settings)
+        }
+    }
+}
+
+/// `check --connect`: reaches the control plane (or broker) and is let in
+/// with this device's token, or says why not.
+async fn probe(config: &Config, device_id: &agent_core::DeviceId) -> Result<String> {
+    let token = config.transport.read_token()?;
+    match link_settings(config, device_id, token) {
+        Link::Websocket(settings) => {
+            transport_websocket::client::probe(&settings, device_id.as_str()).await?;
+            Ok(format!("connected to {} and let in", settings.server_url))
+        }
+        Link::Nats(settings) => {
+            transport_nats::agent::probe(&settings.nats).await?;
+            Ok(format!("connected to {} and let in", settings.nats.url))
+        }
+        Link::Mqtt(settings) => {
+            transport_mqtt::agent::probe(&settings.mqtt, device_id.as_str())
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            Ok(format!("connected to {} and let in", settings.mqtt.url))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -137,14 +137,21 @@ fn with_presence(state: &ApiState, mut device: DeviceRecord) -> DeviceRecord {
     device
 }
 
-async fn list_devices(State(state): State<ApiState>) -> Result<Json<Vec<DeviceRecord>>, ApiError> {
+/// Every device as stored, with the fresher times this replica has seen
+/// and `online`: its agent is connected here and heard from lately, or
+/// (held by another replica) was seen lately.
+async fn list_devices(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
     let devices = state.db.list::<DeviceRecord>("devices/").await?;
-    Ok(Json(
-        devices
-            .into_iter()
-            .map(|(_, _, d)| with_presence(&state, d))
-            .collect(),
-    ))
+    let now = Timestamp::now();
+    let mut listed = Vec::with_capacity(devices.len());
+    for (_, _, stored) in devices {
+        let online = state.presence.online(&stored.id, stored.last_seen, now);
+        let mut device = serde_json::to_value(with_presence(&state, stored))
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        device["online"] = Value::Bool(online);
+        listed.push(device);
+    }
+    Ok(Json(listed))
 }
 
 async fn get_device(
@@ -635,6 +642,7 @@ async fn run_targets(
             "canary": target.canary,
             "released": job.is_some(),
             "delivery": job.as_ref().map(|j| &j.delivery),
+            "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
         }));
     }
@@ -739,6 +747,8 @@ async fn deployment_targets(
             "releasedAt": target.released_at.map(|t| t.to_string()),
             "nextAttemptAt": target.next_attempt_at.map(|t| t.to_string()),
             "lastError": target.last_error,
+            "delivery": job.as_ref().map(|j| &j.delivery),
+            "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
         }));
     }

@@ -40,16 +40,41 @@ pub fn ensure_data_dir(data_dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))
 }
 
+/// Refuses a data directory that holds no control-plane state.
+pub fn require_state(data_dir: &Path) -> Result<()> {
+    if data_dir.join("secret.key").exists() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} holds no control-plane state (no secret.key): run this on the control plane's \
+         host with the --data that `drover serve` uses, or make the state first with \
+         `drover --data {} init`",
+        data_dir.display(),
+        data_dir.display()
+    )
+}
+
 /// Writes a secret file atomically: a temporary name (mode 0600), fsync,
 /// rename, fsync of the directory. A crash leaves the old file or the new
 /// one, never an empty one.
-fn write_secret(path: &Path, value: &str) -> Result<()> {
+pub(crate) fn write_secret(path: &Path, value: &str) -> Result<()> {
+    write_file(path, value, 0o600)
+}
+
+/// A file only its owner reads (mode 0600), written atomically.
+pub fn write_private(path: &Path, value: &str) -> Result<()> {
+    write_file(path, value, 0o600)
+}
+
+/// Like [`write_secret`], with the file's mode given (0644 for a public
+/// certificate).
+pub(crate) fn write_file(path: &Path, value: &str, mode: u32) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
     file.write_all(value.as_bytes())?;
@@ -126,6 +151,15 @@ impl IntentSigner {
 }
 
 impl Secrets {
+    /// Loads the secrets of a data directory that `drover serve` or `drover
+    /// init` made, refusing a directory without them: a command run with the
+    /// wrong --data must not make a new key and print tokens no server
+    /// accepts.
+    pub fn load_existing(data_dir: &Path, operator_token: Option<String>) -> Result<Self> {
+        require_state(data_dir)?;
+        Self::load_or_create(data_dir, operator_token)
+    }
+
     /// Loads the secrets of a data directory, creating them on first use.
     pub fn load_or_create(data_dir: &Path, operator_token: Option<String>) -> Result<Self> {
         ensure_data_dir(data_dir)?;

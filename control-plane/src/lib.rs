@@ -6,12 +6,14 @@
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod client;
 pub mod delivery;
 pub mod demo;
 pub mod deployment;
 pub mod dispatch;
 pub mod engine;
+pub mod init;
 pub mod manifest;
 pub mod packages;
 pub mod placement;

@@ -2,321 +2,32 @@
 
 use agent_core::out;
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
+use drover::cli::{
+    Cli, Command, DeploymentsCommand, Described, Output, PackagesCommand, Resource, RunsCommand,
+    StoreKind,
+};
 use drover::client::ApiClient;
 use drover::records::DeviceRecord;
 use drover::serve::{self, ServeOptions};
 use drover::watch::printable;
 use serde_json::Value;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Parser)]
-#[command(name = "drover", version, about = "Drover's control plane and CLI")]
-struct Cli {
-    /// The control plane's API.
-    #[arg(
-        long,
-        global = true,
-        env = "DROVER_SERVER",
-        default_value = "http://127.0.0.1:7180"
-    )]
-    server: String,
-    /// For an https:// server: the CA bundle to trust, or the server's own
-    /// self-signed certificate (default: the system's CAs).
-    #[arg(long, global = true, env = "DROVER_CA_FILE")]
-    ca_file: Option<PathBuf>,
-    /// The operator token (default: DATA/operator.token).
-    #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// The control plane's data directory.
-    #[arg(
-        long,
-        global = true,
-        env = "DROVER_DATA",
-        default_value = "/var/lib/drover"
-    )]
-    data: PathBuf,
-    #[command(subcommand)]
-    command: Command,
-}
-
-// Parsed once per process; the size of its largest variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Subcommand)]
-enum Command {
-    /// Run the control plane on the embedded store.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1:7180")]
-        listen: SocketAddr,
-        /// Where agents connect over WebSocket.
-        #[arg(long, default_value = "127.0.0.1:7181")]
-        agent_listen: SocketAddr,
-        /// PEM certificate chain for wss:// (with --agent-tls-key).
-        #[arg(long, requires = "agent_tls_key")]
-        agent_tls_cert: Option<PathBuf>,
-        #[arg(long, requires = "agent_tls_cert")]
-        agent_tls_key: Option<PathBuf>,
-        /// PEM certificate chain: serve the operators' API over https (with
-        /// --api-tls-key). Without it the API is served only on loopback.
-        #[arg(long, requires = "api_tls_key")]
-        api_tls_cert: Option<PathBuf>,
-        #[arg(long, requires = "api_tls_cert")]
-        api_tls_key: Option<PathBuf>,
-        /// Serve the API in clear on a non-loopback --listen address (only
-        /// behind a TLS-terminating proxy).
-        #[arg(long, conflicts_with = "api_tls_cert")]
-        api_allow_plaintext: bool,
-        /// A job sent but not acked within this returns to `created`.
-        #[arg(long, default_value_t = 60)]
-        ack_timeout_seconds: u64,
-        #[arg(long, default_value_t = 1000)]
-        pass_interval_ms: u64,
-        /// Agent connections held at once (keep it below the open-file limit,
-        /// LimitNOFILE in drover.service); more are closed at once.
-        #[arg(long, default_value_t = 25_000)]
-        max_agent_connections: usize,
-        /// Where agents download packages (PackageInstallV1), with the same
-        /// TLS as --agent-listen. Default: the agents' address, a free port
-        /// (the links carry it).
-        #[arg(long)]
-        download_listen: Option<SocketAddr>,
-        /// The base of download links as agents reach it
-        /// (https://host:port), when not the listen address.
-        #[arg(long)]
-        download_url: Option<String>,
-        /// Write the bound addresses here as JSON once listening.
-        #[arg(long)]
-        ready_file: Option<PathBuf>,
-        #[command(flatten)]
-        nats: NatsArgs,
-        #[command(flatten)]
-        mqtt: MqttArgs,
-        /// Where the control plane keeps its state: `embedded` (redb in
-        /// --data; one replica) or `nats` (JetStream KV; several replicas).
-        #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
-        store: StoreKind,
-    },
-    /// Print a nats-server authorization block: the control plane may do
-    /// anything; each device may read only its own intents and write only its
-    /// own statuses and heartbeat (its password is its device token).
-    NatsConfig {
-        /// A device to authorize (repeat for each).
-        #[arg(long = "device", required = true)]
-        devices: Vec<String>,
-        #[arg(long, default_value = "drover-control-plane")]
-        control_plane_user: String,
-        #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
-        control_plane_password: String,
-    },
-    /// Write mosquitto's password and ACL files for the control plane and
-    /// these devices (a device may read only its own intents and write only
-    /// its own status, hello and heartbeat; its password is its token), and
-    /// print the mosquitto.conf lines that use them. Run it on the control
-    /// plane's host with its --data.
-    MqttConfig {
-        /// A device to authorize (repeat for each).
-        #[arg(long = "device", required = true)]
-        devices: Vec<String>,
-        #[arg(long, default_value = "drover-control-plane")]
-        control_plane_user: String,
-        #[arg(long, env = "DROVER_MQTT_PASSWORD", hide_env_values = true)]
-        control_plane_password: String,
-        #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
-        prefix: String,
-        /// Where to write drover.passwd and drover.acl (replaced whole).
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Create or configure resources from a YAML or JSON file.
-    Apply {
-        #[arg(short = 'f', long = "filename")]
-        file: PathBuf,
-    },
-    /// Show devices, taskruns, one taskrun, taskschedules, one taskschedule,
-    /// deployments or one deployment.
-    Get {
-        #[arg(value_enum)]
-        resource: Resource,
-        name: Option<String>,
-        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-    /// Follow task runs and deployments.
-    Runs {
-        #[command(subcommand)]
-        command: RunsCommand,
-    },
-    /// Show one resource in detail: a deployment's counts, each site's
-    /// window now, its latest errors and the retries waiting.
-    Describe {
-        #[arg(value_enum)]
-        resource: Described,
-        name: String,
-        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-    /// Act on deployments.
-    Deployments {
-        #[command(subcommand)]
-        command: DeploymentsCommand,
-    },
-    /// The package store (for packageInstallV1 deployments).
-    Packages {
-        #[command(subcommand)]
-        command: PackagesCommand,
-    },
-    /// Print the bearer token a device's agent uses.
-    Token { device: String },
-    /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
-    /// the next `serve` starts with a new, empty one.
-    ResetStore,
-    /// Check one database file (serve runs this before opening it).
-    #[command(hide = true)]
-    VerifyStore { path: PathBuf },
-    /// Print the public key agents pin to check the control plane's intent
-    /// signatures (`intent_public_keys` in the agent's config). Run it on the
-    /// control plane's host with its --data; it makes the key on first use.
-    IntentKey,
-    /// Run the end-to-end demo: control plane, agents and a task run.
-    Demo {
-        #[arg(long, default_value_t = 3)]
-        agents: usize,
-        /// Keep the demo's temporary directory.
-        #[arg(long)]
-        keep: bool,
-        /// The drover-agent binary (default: next to drover, or on PATH).
-        #[arg(long, env = "DROVER_AGENT_BIN")]
-        agent_bin: Option<PathBuf>,
-        /// Run the real apt upgrade, each agent in its own disposable Debian
-        /// root (needs root and debootstrap), instead of simulating it.
-        #[arg(long)]
-        upgrade: bool,
-    },
-}
-
-/// Serving agents over MQTT as well.
-#[derive(clap::Args)]
-struct MqttArgs {
-    /// mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto).
-    #[arg(long)]
-    mqtt_url: Option<String>,
-    #[arg(long, requires = "mqtt_url", default_value = "drover-control-plane")]
-    mqtt_user: String,
-    #[arg(
-        long,
-        env = "DROVER_MQTT_PASSWORD",
-        hide_env_values = true,
-        requires = "mqtt_url"
-    )]
-    mqtt_password: Option<String>,
-    /// CA certificate of the broker (mqtts://).
-    #[arg(long, requires = "mqtt_url")]
-    mqtt_ca: Option<PathBuf>,
-    /// Topic prefix.
-    #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
-    mqtt_prefix: String,
-}
-
-impl MqttArgs {
-    fn settings(&self) -> Option<transport_mqtt::MqttSettings> {
-        Some(transport_mqtt::MqttSettings {
-            url: self.mqtt_url.clone()?,
-            user: self.mqtt_user.clone(),
-            password: self.mqtt_password.clone().unwrap_or_default(),
-            ca_file: self.mqtt_ca.clone(),
-            prefix: self.mqtt_prefix.clone(),
-            keep_alive: Duration::from_secs(30),
-        })
+/// An ordinary error is one line with its whole cause chain, never a
+/// backtrace or a `Caused by:` list.
+fn main() {
+    match run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("drover: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-/// Serving agents over NATS JetStream as well as WebSocket.
-#[derive(clap::Args)]
-struct NatsArgs {
-    /// nats://HOST:PORT (or tls://) of a nats-server with JetStream.
-    #[arg(long)]
-    nats_url: Option<String>,
-    #[arg(long, requires = "nats_url")]
-    nats_user: Option<String>,
-    #[arg(
-        long,
-        env = "DROVER_NATS_PASSWORD",
-        hide_env_values = true,
-        requires = "nats_url"
-    )]
-    nats_password: Option<String>,
-    /// CA certificate of the nats-server (requires TLS).
-    #[arg(long, requires = "nats_url")]
-    nats_ca: Option<PathBuf>,
-}
-
-impl NatsArgs {
-    fn settings(&self) -> Option<transport_nats::NatsSettings> {
-        Some(transport_nats::NatsSettings {
-            url: self.nats_url.clone()?,
-            user: self.nats_user.clone(),
-            password: self.nats_password.clone(),
-            ca_file: self.nats_ca.clone(),
-            connect_timeout: Duration::from_secs(10),
-        })
-    }
-}
-
-#[derive(Subcommand)]
-enum RunsCommand {
-    /// A live progress bar of a task run or a deployment until it finishes
-    /// (NAME, or deployment/NAME, taskrun/NAME).
-    Watch { name: String },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
-    Embedded,
-    Nats,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Resource {
-    Devices,
-    Taskruns,
-    Taskrun,
-    Taskschedules,
-    Taskschedule,
-    Deployments,
-    Deployment,
-    Packages,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Described {
-    Deployment,
-}
-
-#[derive(Subcommand)]
-enum DeploymentsCommand {
-    /// Run a deployment's targeting again and add the devices that match
-    /// now and are not targets yet (within its 20,000 targets).
-    AddNewDevices { name: String },
-}
-
-#[derive(Subcommand)]
-enum PackagesCommand {
-    /// Store a .deb: its name, version and architecture are read from it,
-    /// its size and SHA-256 recorded. The same file again changes nothing;
-    /// another file under the same name, version and architecture is refused.
-    Upload { file: PathBuf },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Output {
-    Table,
-    Json,
-}
-
-fn main() -> Result<()> {
+fn run() -> Result<i32> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         let default = if matches!(cli.command, Command::Serve { .. }) {
@@ -340,8 +51,7 @@ fn main() -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let code = runtime.block_on(dispatch(cli))?;
-    std::process::exit(code);
+    runtime.block_on(dispatch(cli))
 }
 
 fn client(cli: &Cli) -> Result<ApiClient> {
@@ -439,7 +149,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let api = client(&cli)?;
             match resource {
                 Resource::Devices => {
-                    let devices: Vec<DeviceRecord> = api.get("/devices").await?;
+                    let devices: Vec<ListedDevice> = api.get("/devices").await?;
                     if *output == Output::Json {
                         out!("{}", serde_json::to_string_pretty(&devices)?);
                     } else {
@@ -542,7 +252,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             if control_plane_password.is_empty() {
                 bail!("the control plane's MQTT password is empty");
             }
-            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let devices = devices
                 .iter()
                 .map(|d| {
@@ -586,8 +296,48 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::IntentKey => {
+            drover::auth::require_state(&cli.data)?;
             let signer = drover::auth::IntentSigner::load_or_create(&cli.data)?;
             out!("{}", signer.public_key());
+            Ok(0)
+        }
+        Command::Init {
+            tls_names,
+            renew_tls,
+        } => {
+            let done = drover::init::init(&cli.data, tls_names, *renew_tls)?;
+            let data = cli.data.display();
+            out!(
+                "{data}: secret.key, operator.token and intent.key {}",
+                if done.made_secrets {
+                    "made (mode 0600)"
+                } else {
+                    "kept as they were"
+                }
+            );
+            out!(
+                "intent key (each agent's intent_public_keys): {}",
+                done.intent_public_key
+            );
+            match &done.tls {
+                Some((files, made)) => {
+                    out!(
+                        "TLS {}: serve with --agent-tls-cert {} --agent-tls-key {} \
+                         (and --api-tls-cert/--api-tls-key the same for https)",
+                        if *made { "made" } else { "kept" },
+                        files.server_cert.display(),
+                        files.server_key.display()
+                    );
+                    out!(
+                        "each agent: copy {} to /etc/drover/ca.pem (its ca_file); operators: DROVER_CA_FILE={}",
+                        files.ca_cert.display(),
+                        files.ca_cert.display()
+                    );
+                }
+                None => {
+                    out!("no TLS files: pass --tls-name HOST to make a CA and a server certificate")
+                }
+            }
             Ok(0)
         }
         Command::Describe {
@@ -642,8 +392,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             devices,
             control_plane_user,
             control_plane_password,
+            out,
         } => {
-            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let devices = devices
                 .iter()
                 .map(|d| {
@@ -656,12 +407,23 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 (control_plane_user, control_plane_password),
                 &devices,
             );
-            out!("{}", config.trim_end());
+            match out {
+                // Mode 0600: the block holds every device's password.
+                Some(path) => {
+                    drover::auth::write_private(path, &format!("{}\n", config.trim_end()))?;
+                    out!(
+                        "wrote {}; include it from nats-server.conf (`include {}`) and reload nats-server",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                None => out!("{}", config.trim_end()),
+            }
             Ok(0)
         }
         Command::Token { device } => {
             let device = agent_core::DeviceId::new(device.clone())?;
-            let secrets = drover::auth::Secrets::load_or_create(&cli.data, cli.token.clone())?;
+            let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             out!("{}", secrets.device_token(&device));
             Ok(0)
         }
@@ -683,34 +445,86 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     }
 }
 
-fn print_devices(devices: &[DeviceRecord]) {
-    out!(
-        "{:<20} {:<16} {:<24} {:<6} {:<21} CAPABILITIES",
+/// A device as `GET /devices` lists it.
+#[derive(serde::Deserialize, serde::Serialize)]
+struct ListedDevice {
+    #[serde(flatten)]
+    record: DeviceRecord,
+    /// Connected and heard from lately (absent from older servers).
+    #[serde(default)]
+    online: bool,
+}
+
+/// A table in kubectl's style: no borders, columns two spaces apart, each
+/// as wide as its widest cell whatever the cell holds.
+fn table(headers: &[&str]) -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(headers.iter().copied());
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+}
+
+fn print_table(table: &comfy_table::Table) {
+    for line in table.lines() {
+        out!("{}", line.trim_end());
+    }
+}
+
+/// How long ago `at` was, in the largest unit that fits: 45s, 12m, 3h, 9d.
+fn age(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
+    let Some(at) = at else {
+        return "-".into();
+    };
+    let seconds = now.duration_since(at).as_secs().max(0);
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn print_devices(devices: &[ListedDevice]) {
+    let now = jiff::Timestamp::now();
+    let mut rows = table(&[
         "DEVICE",
+        "STATE",
+        "LAST SEEN",
+        "VERSION",
         "GROUPS",
         "LABELS",
-        "AGENT",
-        "LAST HEARTBEAT"
-    );
-    for d in devices {
+        "CAPABILITIES",
+    ]);
+    for listed in devices {
+        let d = &listed.record;
         let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
         let labels: Vec<String> = d
             .labels
             .iter()
             .map(|(k, v)| printable(&format!("{k}={v}")))
             .collect();
-        out!(
-            "{:<20} {:<16} {:<24} {:<6} {:<21} {}",
-            d.id,
+        let state = match (d.decommissioned, d.agent_present, listed.online) {
+            (true, _, _) => "decommissioned",
+            (false, false, _) => "never connected",
+            (false, true, true) => "online",
+            (false, true, false) => "offline",
+        };
+        rows.add_row(vec![
+            d.id.to_string(),
+            state.to_owned(),
+            age(d.last_seen.max(d.last_heartbeat), now),
+            printable(d.agent_version.as_deref().unwrap_or("-")),
             printable(&groups.join(",")),
             labels.join(","),
-            if d.agent_present { "yes" } else { "no" },
-            d.last_heartbeat
-                .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
-                .unwrap_or_else(|| "-".into()),
-            printable(&d.capabilities.join(","))
-        );
+            printable(&d.capabilities.join(",")),
+        ]);
     }
+    print_table(&rows);
 }
 
 fn print_schedules(schedules: &[Value]) {

@@ -17,26 +17,39 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct FootprintOptions {
-    pub agent: PathBuf,
+    /// The agent builds to measure, each with its label (the store it was
+    /// built with, say); the first is measured over every transport.
+    pub agents: Vec<(String, PathBuf)>,
     pub drover: PathBuf,
     pub transports: Vec<Transport>,
     /// How long the agent stays connected and idle before it is measured.
     pub idle: Duration,
     /// Jobs run one after another to measure the writes per job.
     pub jobs: usize,
+    /// Deployments of one quick job each (inventory refresh), released one
+    /// after another, to measure intent → accepted at the control plane.
+    pub latency_jobs: usize,
 }
 
 /// One transport's figures for the agent.
 #[derive(Debug, Clone)]
 pub struct AgentFigures {
+    pub label: String,
     pub transport: Transport,
     pub idle: Memory,
     /// Bytes written while idle, scaled to an hour.
     pub idle_written_per_hour: u64,
     pub written_per_job: u64,
+    /// The agent's own threads only: without the apt calls it reaps.
+    pub own_written_per_job: u64,
     pub seconds_per_job: f64,
-    /// Peak resident set over the whole run (jobs included).
+    /// Intent → accepted at the control plane: (p50, p99, jobs), in ms.
+    pub accept_ms: Option<(f64, f64, usize)>,
+    /// Peak resident set over the idle period and the upgrade jobs.
     pub peak_rss_kib: u64,
+    /// Peak resident set once the acceptance jobs (inventory refreshes,
+    /// whose statuses carry the package list) ran too.
+    pub inventory_peak_rss_kib: Option<u64>,
 }
 
 /// Mender's daemon, idle against an unreachable server.
@@ -62,6 +75,70 @@ fn written(pid: u32) -> Result<u64> {
         .written_bytes)
 }
 
+fn own_written(pid: u32) -> Result<u64> {
+    procstat::threads_written(pid).context("the process ended early")
+}
+
+/// The value at fraction `q` of sorted `values` (nearest rank).
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Releases `count` one-job Deployments (inventory refresh) one after
+/// another and reads, for each, the control plane's own stamps: when it made
+/// the job, and when the agent's acceptance reached it. Both are the control
+/// plane's clock, so the figure is the whole round trip: store commit,
+/// delivery over the transport, the agent's durable record, its answer.
+async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f64, f64, usize)>> {
+    if count == 0 {
+        return Ok(None);
+    }
+    let mut samples = Vec::with_capacity(count);
+    for n in 0..count {
+        let name = format!("latency-{n}");
+        api.post(
+            "/apply",
+            &json!({"apiVersion": drover::records::API_VERSION, "kind": "Deployment",
+                    "metadata": {"name": name},
+                    "spec": {"targets": {"filter": {"groups": ["bench"]}}, "inventoryRefreshV1": {},
+                             "maxConcurrency": 1, "deadlineSeconds": 600}}),
+        )
+        .await?;
+        let mut stamps = None;
+        let started = Instant::now();
+        while stamps.is_none() {
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("{name}: the agent did not accept its job within 60 s");
+            }
+            let targets = api.get(&format!("/deployments/{name}/targets")).await?;
+            let item = &targets["items"][0];
+            if let (Some(created), Some(acked)) = (
+                item["createdAt"].as_str(),
+                item["delivery"]["acked"]["at"].as_str(),
+            ) {
+                stamps = Some((
+                    created.parse::<jiff::Timestamp>()?,
+                    acked.parse::<jiff::Timestamp>()?,
+                ));
+            } else {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        let (created, acked) = stamps.expect("set above");
+        samples.push(acked.duration_since(created).as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(Some((
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        samples.len(),
+    )))
+}
+
 /// Waits `idle`, then reads memory and the bytes written meanwhile (per hour).
 async fn idle_figures(pid: u32, idle: Duration) -> Result<(Memory, u64)> {
     let before = written(pid)?;
@@ -73,6 +150,7 @@ async fn idle_figures(pid: u32, idle: Duration) -> Result<(Memory, u64)> {
 }
 
 fn agent_config(
+    store: &str,
     dir: &Path,
     device: &DeviceId,
     token: &str,
@@ -86,7 +164,7 @@ fn agent_config(
         Transport::Mqtt => format!("kind = \"mqtt\"\nurl = \"{url}\""),
     };
     format!(
-        "device_id = \"{device}\"\nstate_dir = \"{}\"\nstatus_socket = \"{}\"\n\
+        "device_id = \"{device}\"\nstore = \"{store}\"\nstate_dir = \"{}\"\nstatus_socket = \"{}\"\n\
          intent_public_keys = [\"{key}\"]\n[transport]\n{link}\ntoken = \"{token}\"\n\
          [updater]\nmode = \"simulate\"\n",
         dir.join("agent-state").display(),
@@ -94,10 +172,13 @@ fn agent_config(
     )
 }
 
-/// The agent over one transport: idle, then `jobs` upgrade jobs in turn.
+/// One agent build over one transport: idle, then `jobs` upgrade jobs in
+/// turn, then `latency_jobs` quick ones for the acceptance latency.
 pub async fn measure_agent(
     options: &FootprintOptions,
+    (label, agent_path): &(String, PathBuf),
     transport: Transport,
+    latency_jobs: usize,
 ) -> Result<AgentFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-footprint-")
@@ -132,11 +213,11 @@ pub async fn measure_agent(
     let config = dir.path().join("agent.toml");
     std::fs::write(
         &config,
-        agent_config(dir.path(), &device, &token, &key, transport, &url),
+        agent_config(label, dir.path(), &device, &token, &key, transport, &url),
     )?;
     let log = std::fs::File::create(dir.path().join("agent.log"))?;
     let agent = Process(
-        Command::new(&options.agent)
+        Command::new(agent_path)
             .arg("--config")
             .arg(&config)
             .arg("run")
@@ -145,7 +226,7 @@ pub async fn measure_agent(
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .with_context(|| format!("cannot start {}", options.agent.display()))?,
+            .with_context(|| format!("cannot start {}", agent_path.display()))?,
     );
     let pid = agent.0.id();
     bench::wait_for(
@@ -167,6 +248,7 @@ pub async fn measure_agent(
     let (idle, idle_written_per_hour) = idle_figures(pid, options.idle).await?;
 
     let before = written(pid)?;
+    let own_before = own_written(pid)?;
     let started = Instant::now();
     for n in 0..options.jobs {
         let name = format!("footprint-{n}");
@@ -191,18 +273,35 @@ pub async fn measure_agent(
     // The last statuses' acknowledgements settle the outbox.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written_per_job = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
+    let own_written_per_job =
+        own_written(pid)?.saturating_sub(own_before) / options.jobs.max(1) as u64;
     let peak_rss_kib = procstat::memory(pid)
         .context("the agent ended")?
         .peak_rss_kib;
+    let accept_ms = accept_latency(&api, latency_jobs).await?;
+    // The acceptance jobs are inventory refreshes: their statuses carry the
+    // package list, the largest thing the agent handles.
+    let inventory_peak_rss_kib = match accept_ms {
+        Some(_) => Some(
+            procstat::memory(pid)
+                .context("the agent ended")?
+                .peak_rss_kib,
+        ),
+        None => None,
+    };
     drop(agent);
     drop(broker);
     Ok(AgentFigures {
+        label: label.clone(),
         transport,
         idle,
         idle_written_per_hour,
         written_per_job,
+        own_written_per_job,
         seconds_per_job,
+        accept_ms,
         peak_rss_kib,
+        inventory_peak_rss_kib,
     })
 }
 
@@ -297,7 +396,7 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
     );
     println!("|---|---|---|---|");
     for a in agents {
-        let t = format!("{:?}", a.transport).to_lowercase();
+        let t = format!("{:?}, {}", a.transport, a.label).to_lowercase();
         let ratio = |ours: u64, theirs: u64| {
             if ours == 0 {
                 String::new()
@@ -319,9 +418,15 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
             )),
         );
         println!(
-            "| peak RSS during jobs, {t} | {:.1} MiB | – | |",
+            "| peak RSS during upgrade jobs, {t} | {:.1} MiB | – | |",
             mib(a.peak_rss_kib)
         );
+        if let Some(peak) = a.inventory_peak_rss_kib {
+            println!(
+                "| peak RSS once inventory refreshes ran too, {t} | {:.1} MiB | – | |",
+                mib(peak)
+            );
+        }
         println!(
             "| written while idle, {t} | {:.1} KiB per hour, {:.1} KiB per day | {} | ≤ 64 KiB per day |",
             kib(a.idle_written_per_hour),
@@ -332,10 +437,16 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
             )),
         );
         println!(
-            "| written per job (system upgrade, simulate; with the apt calls it reaps), {t} | {:.1} KiB ({:.1} s a job) | – | ≤ 64 KiB |",
+            "| written per job (system upgrade, simulate), {t}: the agent's threads / with the apt calls it reaps | {:.1} / {:.1} KiB ({:.1} s a job) | – | ≤ 64 KiB |",
+            kib(a.own_written_per_job),
             kib(a.written_per_job),
             a.seconds_per_job
         );
+        if let Some((p50, p99, n)) = a.accept_ms {
+            println!(
+                "| intent → accepted at the control plane, {t}, {n} jobs | p50 {p50:.1} ms, p99 {p99:.1} ms | – | p99 ≤ 20 ms |"
+            );
+        }
     }
     for (what, bytes) in sizes {
         println!(

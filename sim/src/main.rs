@@ -49,6 +49,11 @@ enum Command {
         /// The drover-agent binary (default: next to this one).
         #[arg(long)]
         agent: Option<PathBuf>,
+        /// Another agent build to measure beside it over the first transport
+        /// (idle and per-job figures), as LABEL=PATH: the agent built with
+        /// another store, say.
+        #[arg(long)]
+        variant: Vec<String>,
         /// The drover binary (default: next to this one).
         #[arg(long)]
         drover: Option<PathBuf>,
@@ -63,6 +68,10 @@ enum Command {
         idle_seconds: u64,
         #[arg(long, default_value_t = 3)]
         jobs: usize,
+        /// One-job Deployments released in turn per transport to measure
+        /// intent → accepted (p50/p99); 0 skips it.
+        #[arg(long, default_value_t = 1000)]
+        latency_jobs: usize,
         /// Cross-built agents to size too, as ARCH=PATH (stripped with ARCH's strip).
         #[arg(long)]
         cross: Vec<String>,
@@ -142,30 +151,54 @@ fn main() -> Result<()> {
             }
             Command::Footprint {
                 agent,
+                variant,
                 drover,
                 transports,
                 idle_seconds,
                 jobs,
+                latency_jobs,
                 cross,
             } => {
+                let mut builds = vec![(
+                    agent_core::store::STORE_NAME.to_owned(),
+                    beside_this(agent, "drover-agent")?,
+                )];
+                for entry in variant {
+                    let (label, path) = entry
+                        .split_once('=')
+                        .context("--variant takes LABEL=PATH")?;
+                    builds.push((label.to_owned(), PathBuf::from(path)));
+                }
                 let options = FootprintOptions {
-                    agent: beside_this(agent, "drover-agent")?,
+                    agents: builds.clone(),
                     drover: beside_this(drover, "drover")?,
                     transports: transports.clone(),
                     idle: Duration::from_secs(idle_seconds),
                     jobs,
+                    latency_jobs,
                 };
                 let mut agents = Vec::new();
-                for transport in transports {
-                    eprintln!("measuring the agent over {transport:?} ({idle_seconds} s idle, {jobs} jobs)");
-                    agents.push(footprint::measure_agent(&options, transport).await?);
+                for transport in &transports {
+                    eprintln!("measuring the agent over {transport:?} ({idle_seconds} s idle, {jobs} jobs, {latency_jobs} acceptances)");
+                    agents.push(
+                        footprint::measure_agent(&options, &builds[0], *transport, latency_jobs)
+                            .await?,
+                    );
+                }
+                for build in &builds[1..] {
+                    let transport = transports[0];
+                    eprintln!("measuring the {} agent over {transport:?}", build.0);
+                    agents.push(footprint::measure_agent(&options, build, transport, 0).await?);
                 }
                 eprintln!("measuring mender-client ({idle_seconds} s idle)");
                 let mender = footprint::measure_mender(options.idle).await?;
                 let mut sizes = vec![(
                     "amd64".to_owned(),
-                    footprint::stripped_size(&options.agent, "strip")?,
+                    footprint::stripped_size(&builds[0].1, "strip")?,
                 )];
+                for (label, path) in &builds[1..] {
+                    sizes.push((format!("amd64, {label}"), footprint::stripped_size(path, "strip")?));
+                }
                 for entry in cross {
                     let (arch, path) = entry
                         .split_once('=')

@@ -40,6 +40,22 @@ pub fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
+/// Bytes written by the process's live threads alone (the sum of
+/// /proc/PID/task/*/io). Unlike /proc/PID/io it leaves out reaped children
+/// (and threads that have exited, which the kernel folds in with them).
+pub fn threads_written(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let io = std::fs::read_to_string(task.ok()?.path().join("io")).unwrap_or_default();
+        total += io
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
+}
+
 /// A process's memory and threads: resident, proportional (its share of
 /// pages it shares with other processes) and peak resident set, in KiB.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -78,5 +94,19 @@ mod tests {
         let memory = memory(std::process::id()).expect("own memory");
         assert!(memory.pss_kib > 0 && memory.peak_rss_kib >= memory.rss_kib);
         assert!(memory.threads >= 1);
+        // In the checkout, not /tmp: a tmpfs reaches no block layer.
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).expect("tempdir");
+        let before = threads_written(std::process::id()).expect("own threads");
+        let path = dir.path().join("written");
+        std::fs::write(&path, vec![7u8; 64 * 1024]).expect("write");
+        std::fs::File::open(&path)
+            .expect("open")
+            .sync_all()
+            .expect("sync");
+        let after = threads_written(std::process::id()).expect("own threads");
+        assert!(
+            after - before >= 64 * 1024,
+            "the synced 64 KiB counted: {before} → {after}"
+        );
     }
 }

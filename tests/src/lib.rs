@@ -310,12 +310,26 @@ impl ControlPlane {
         Self::start_in(Self::prepare(), extra)
     }
 
-    /// The control plane's directory, before it starts (its data is `DIR/data`).
+    /// The control plane's directory, before it starts (its data is
+    /// `DIR/data`), made as an operator makes it: `drover init`, with the
+    /// tests' intent key (which the tests' agents pin) put there first.
     pub fn prepare() -> tempfile::TempDir {
-        tempfile::Builder::new()
+        let dir = tempfile::Builder::new()
             .prefix("drover-cp-")
             .tempdir()
-            .expect("tempdir")
+            .expect("tempdir");
+        let data = dir.path().join("data");
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&data)
+                .expect("data directory");
+        }
+        std::fs::write(data.join("intent.key"), TEST_INTENT_KEY).expect("intent key");
+        Self::drover_in(dir.path(), &["init"]);
+        dir
     }
 
     /// Runs `drover --data DIR/data ARGS` and returns its stdout (asserting success).
@@ -663,7 +677,8 @@ impl AgentProcess {
         Self::start_full(dir, device, &transport, top, updater, extra)
     }
 
-    fn start_full(
+    /// An agent with the `[transport]` table given whole.
+    pub fn start_full(
         dir: &Path,
         device: &str,
         transport: &str,

@@ -8,6 +8,17 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_interrupted_by_sigkill_resumes_and_reports_once() {
+    sigkill_mid_job("").await;
+}
+
+/// The same crash on sled, the store measured beside redb (issue 15): the
+/// test binaries are built with every feature, so the agent has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_interrupted_by_sigkill_resumes_and_reports_once_on_sled() {
+    sigkill_mid_job("store = \"sled\"").await;
+}
+
+async fn sigkill_mid_job(top: &str) {
     let cp = ControlPlane::start(&[]);
     cp.apply_device("crash-1", &["crash"], json!({})).await;
     let dir = cp.dir.path().join("agent-crash-1");
@@ -17,7 +28,15 @@ async fn a_job_interrupted_by_sigkill_resumes_and_reports_once() {
     std::fs::write(&hold, "").expect("hold file");
     let testing = drover_tests::hold_config(&hold, &reached);
     let token = cp.device_token("crash-1");
-    let mut agent = AgentProcess::start(&dir, "crash-1", &cp.agent_url, &token, &testing);
+    let mut agent = AgentProcess::start_with(
+        &dir,
+        "crash-1",
+        &cp.agent_url,
+        &token,
+        top,
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        &testing,
+    );
     cp.wait_for_agents(&["crash-1"]).await;
     cp.apply_upgrade_run("crash-run", "crash", 600).await;
 
@@ -81,6 +100,15 @@ async fn a_job_interrupted_by_sigkill_resumes_and_reports_once() {
     assert!(
         agent.log().contains("job progress"),
         "the restarted agent resumed the job"
+    );
+    let store = if top.contains("sled") {
+        "agent.sled"
+    } else {
+        "agent.redb"
+    };
+    assert!(
+        dir.join("state").join(store).exists(),
+        "the agent kept its jobs in {store}"
     );
 }
 

@@ -24,6 +24,44 @@ pub struct AgentSettings {
     pub backoff_max: Duration,
 }
 
+/// Why the link failed, in the operator's terms.
+fn explain(e: &rumqttc::ConnectionError) -> String {
+    use rumqttc::{ConnectReturnCode, ConnectionError};
+    match e {
+        ConnectionError::ConnectionRefused(
+            ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized,
+        ) => "the MQTT broker refused this device's token: put what `drover token DEVICE` \
+              prints on the control plane's host in the agent's token_file, and authorize the \
+              device in mosquitto (`drover mqtt-config`)"
+            .to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Connects with this device's credentials, waits for the broker's
+/// CONNACK, and disconnects: `drover-agent check --connect`.
+pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<(), String> {
+    // Its own client id and a clean session: a probe must neither take over
+    // nor discard the running agent's persistent session (the broker's ACL
+    // goes by user name, which stays the device id).
+    let mut options =
+        options(settings, &format!("{client_id}.check")).map_err(|e| e.to_string())?;
+    options.set_clean_session(true);
+    let (client, mut events) = AsyncClient::new(options, 8);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, events.poll()).await {
+            Ok(Ok(Event::Incoming(Incoming::ConnAck(_)))) => {
+                let _ = client.disconnect().await;
+                return Ok(());
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(explain(&e)),
+            Err(_) => return Err(format!("no answer from {} within 10 s", settings.url)),
+        }
+    }
+}
+
 /// Runs the agent's MQTT link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = TRANSPORT.into());
@@ -96,7 +134,7 @@ async fn session(
                 return Ok(());
             }
             event = events.poll() => {
-                let event = event.map_err(|e| e.to_string())?;
+                let event = event.map_err(|e| explain(&e))?;
                 match event {
                     Event::Incoming(Incoming::ConnAck(ack)) => {
                         info!(session_present = ack.session_present, "connected to MQTT");

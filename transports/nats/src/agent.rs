@@ -32,6 +32,36 @@ pub struct AgentSettings {
     pub backoff_max: Duration,
 }
 
+/// Why a connection failed, in the operator's terms.
+pub(crate) fn explain(e: &async_nats::ConnectError) -> String {
+    use async_nats::ConnectErrorKind;
+    match e.kind() {
+        ConnectErrorKind::AuthorizationViolation => "the NATS server refused this device's \
+            token (authorization violation): put what `drover token DEVICE` prints on the \
+            control plane's host in the agent's token_file, and authorize the device in \
+            nats-server (`drover nats-config`)"
+            .to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+/// Connects with this device's credentials and closes: `drover-agent check
+/// --connect`.
+pub async fn probe(settings: &NatsSettings) -> Result<(), NatsError> {
+    let client = connect_options(settings)
+        .connect(settings.url.as_str())
+        .await
+        .map_err(|e| NatsError::Connect {
+            url: settings.url.clone(),
+            reason: explain(&e),
+        })?;
+    client.flush().await.map_err(|e| NatsError::Connect {
+        url: settings.url.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(())
+}
+
 /// Runs the agent's NATS link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = "nats".into());
@@ -79,7 +109,7 @@ async fn serve(
     let client = tokio::select! {
         client = options.connect(settings.nats.url.as_str()) => client.map_err(|e| NatsError::Connect {
             url: settings.nats.url.clone(),
-            reason: e.to_string(),
+            reason: explain(&e),
         })?,
         _ = shutdown.cancelled() => return Ok(()),
     };

@@ -54,8 +54,13 @@ pub enum ClientError {
     ConnectTimeout(String),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    #[error("TLS handshake failed: {0}")]
+    #[error("TLS handshake failed: {0}{hint}", hint = tls_hint(.0))]
     TlsHandshake(std::io::Error),
+    #[error(
+        "the control plane refused this device's token (HTTP {0}): put what `drover token \
+         DEVICE` prints on the control plane's host in the agent's token_file"
+    )]
+    Refused(u16),
     #[error("WebSocket error: {0}")]
     Ws(#[from] tungstenite::Error),
     #[error("the server said nothing for {0:?}; reconnecting")]
@@ -72,8 +77,31 @@ impl ClientError {
     fn is_config(&self) -> bool {
         matches!(
             self,
-            ClientError::Url { .. } | ClientError::PlainToRemote(_) | ClientError::Tls(_)
+            ClientError::Url { .. }
+                | ClientError::PlainToRemote(_)
+                | ClientError::Tls(_)
+                | ClientError::TlsHandshake(_)
+                | ClientError::Refused(_)
         )
+    }
+}
+
+/// What to do about the TLS errors an operator meets first.
+pub fn tls_hint(e: &dyn std::fmt::Display) -> &'static str {
+    let text = e.to_string();
+    if text.contains("CaUsedAsEndEntity") {
+        "; the server presents a CA certificate as its own: make a CA and a server certificate \
+         signed by it with `drover init --tls-name HOST`, serve that, and give each agent the CA \
+         (ca_file)"
+    } else if text.contains("UnknownIssuer") {
+        "; the agent's ca_file does not hold the CA that signed the server's certificate"
+    } else if text.contains("NotValidForName") {
+        "; the server's certificate does not name the host in the agent's URL (see --tls-name \
+         of `drover init`)"
+    } else if text.contains("Expired") {
+        "; the server's certificate has expired, or this device's clock is wrong"
+    } else {
+        ""
     }
 }
 
@@ -203,8 +231,22 @@ async fn connect(
         tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
     )
     .await
-    .map_err(|_| ClientError::ConnectTimeout(addr))??;
+    .map_err(|_| ClientError::ConnectTimeout(addr))?
+    .map_err(|e| match e {
+        tungstenite::Error::Http(response) if matches!(response.status().as_u16(), 401 | 403) => {
+            ClientError::Refused(response.status().as_u16())
+        }
+        other => other.into(),
+    })?;
     Ok(ws)
+}
+
+/// Connects, is let in with this device's token, and closes: `drover-agent
+/// check --connect`.
+pub async fn probe(settings: &ClientSettings, device: &str) -> Result<(), ClientError> {
+    let mut ws = connect(settings, device).await?;
+    let _ = ws.close(None).await;
+    Ok(())
 }
 
 async fn connect_and_serve(

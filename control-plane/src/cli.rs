@@ -1,0 +1,333 @@
+//! The `drover` command line, in the library so that its man page and
+//! shell completions are generated from the very definitions the binary
+//! parses (tests/tests/docs.rs).
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "drover", version, about = "Drover's control plane and CLI")]
+pub struct Cli {
+    /// The control plane's API.
+    #[arg(
+        long,
+        global = true,
+        env = "DROVER_SERVER",
+        default_value = "http://127.0.0.1:7180"
+    )]
+    pub server: String,
+    /// For an https:// server: the CA bundle to trust, or the server's own
+    /// self-signed certificate (default: the system's CAs).
+    #[arg(long, global = true, env = "DROVER_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// The operator token (default: DATA/operator.token).
+    #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The control plane's data directory.
+    #[arg(
+        long,
+        global = true,
+        env = "DROVER_DATA",
+        default_value = "/var/lib/drover"
+    )]
+    pub data: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once per process; the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the control plane: the embedded store in --data by default, or
+    /// NATS JetStream (--store nats) for several replicas.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:7180")]
+        listen: SocketAddr,
+        /// Where agents connect over WebSocket.
+        #[arg(long, default_value = "127.0.0.1:7181")]
+        agent_listen: SocketAddr,
+        /// PEM certificate chain for wss:// (with --agent-tls-key).
+        #[arg(long, requires = "agent_tls_key")]
+        agent_tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "agent_tls_cert")]
+        agent_tls_key: Option<PathBuf>,
+        /// PEM certificate chain: serve the operators' API over https (with
+        /// --api-tls-key). Without it the API is served only on loopback.
+        #[arg(long, requires = "api_tls_key")]
+        api_tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "api_tls_cert")]
+        api_tls_key: Option<PathBuf>,
+        /// Serve the API in clear on a non-loopback --listen address (only
+        /// behind a TLS-terminating proxy).
+        #[arg(long, conflicts_with = "api_tls_cert")]
+        api_allow_plaintext: bool,
+        /// A job sent but not acked within this returns to `created`.
+        #[arg(long, default_value_t = 60)]
+        ack_timeout_seconds: u64,
+        #[arg(long, default_value_t = 1000)]
+        pass_interval_ms: u64,
+        /// Agent connections held at once (keep it below the open-file limit,
+        /// LimitNOFILE in drover.service); more are closed at once.
+        #[arg(long, default_value_t = 25_000)]
+        max_agent_connections: usize,
+        /// Where agents download packages (PackageInstallV1), with the same
+        /// TLS as --agent-listen. Default: the agents' address, a free port
+        /// (the links carry it).
+        #[arg(long)]
+        download_listen: Option<SocketAddr>,
+        /// The base of download links as agents reach it
+        /// (https://host:port), when not the listen address.
+        #[arg(long)]
+        download_url: Option<String>,
+        /// Write the bound addresses here as JSON once listening.
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[command(flatten)]
+        mqtt: MqttArgs,
+        /// Where the control plane keeps its state: `embedded` (redb in
+        /// --data; one replica) or `nats` (JetStream KV; several replicas).
+        #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
+        store: StoreKind,
+    },
+    /// Print a nats-server authorization block: the control plane may do
+    /// anything; each device may read only its own intents and write only its
+    /// own statuses and heartbeat (its password is its device token).
+    NatsConfig {
+        /// A device to authorize (repeat for each).
+        #[arg(long = "device", required = true)]
+        devices: Vec<String>,
+        #[arg(long, default_value = "drover-control-plane")]
+        control_plane_user: String,
+        /// The control plane's own NATS password (better given in
+        /// DROVER_NATS_PASSWORD than on the command line).
+        #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
+        control_plane_password: String,
+        /// Write the block to this file (replaced whole) for nats-server's
+        /// `include`, instead of printing it: running it again never
+        /// duplicates the block.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Write mosquitto's password and ACL files for the control plane and
+    /// these devices (a device may read only its own intents and write only
+    /// its own status, hello and heartbeat; its password is its token), and
+    /// print the mosquitto.conf lines that use them. Run it on the control
+    /// plane's host with its --data.
+    MqttConfig {
+        /// A device to authorize (repeat for each).
+        #[arg(long = "device", required = true)]
+        devices: Vec<String>,
+        #[arg(long, default_value = "drover-control-plane")]
+        control_plane_user: String,
+        #[arg(long, env = "DROVER_MQTT_PASSWORD", hide_env_values = true)]
+        control_plane_password: String,
+        #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
+        prefix: String,
+        /// Where to write drover.passwd and drover.acl (replaced whole).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Create or configure resources from a YAML or JSON file.
+    Apply {
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// Show devices, taskruns, one taskrun, taskschedules, one taskschedule,
+    /// deployments or one deployment.
+    Get {
+        #[arg(value_enum)]
+        resource: Resource,
+        name: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Follow task runs and deployments.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Show one resource in detail: a deployment's counts, each site's
+    /// window now, its latest errors and the retries waiting.
+    Describe {
+        #[arg(value_enum)]
+        resource: Described,
+        name: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Act on deployments.
+    Deployments {
+        #[command(subcommand)]
+        command: DeploymentsCommand,
+    },
+    /// The package store (for packageInstallV1 deployments).
+    Packages {
+        #[command(subcommand)]
+        command: PackagesCommand,
+    },
+    /// Print the bearer token a device's agent uses.
+    Token { device: String },
+    /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
+    /// the next `serve` starts with a new, empty one.
+    ResetStore,
+    /// Check one database file (serve runs this before opening it).
+    #[command(hide = true)]
+    VerifyStore { path: PathBuf },
+    /// Print the public key agents pin to check the control plane's intent
+    /// signatures (`intent_public_keys` in the agent's config). Run it on the
+    /// control plane's host with its --data.
+    IntentKey,
+    /// Make the data directory's keys before the first `serve` (device-token
+    /// key, operator token, intent key), and with --tls-name a CA and a
+    /// server certificate for those names: DATA/tls/server.pem and
+    /// server.key for `serve`, DATA/tls/ca.pem for every agent (ca_file) and
+    /// operator (DROVER_CA_FILE). Keeps whatever exists.
+    Init {
+        /// A DNS name or IP address agents and operators use to reach the
+        /// control plane (repeat for each).
+        #[arg(long = "tls-name", value_name = "NAME")]
+        tls_names: Vec<String>,
+        /// Replace an existing CA and server certificate.
+        #[arg(long)]
+        renew_tls: bool,
+    },
+    /// Run the end-to-end demo: control plane, agents and a task run.
+    Demo {
+        #[arg(long, default_value_t = 3)]
+        agents: usize,
+        /// Keep the demo's temporary directory.
+        #[arg(long)]
+        keep: bool,
+        /// The drover-agent binary (default: next to drover, or on PATH).
+        #[arg(long, env = "DROVER_AGENT_BIN")]
+        agent_bin: Option<PathBuf>,
+        /// Run the real apt upgrade, each agent in its own disposable Debian
+        /// root (needs root and debootstrap), instead of simulating it.
+        #[arg(long)]
+        upgrade: bool,
+    },
+}
+
+/// Serving agents over MQTT as well.
+#[derive(clap::Args)]
+pub struct MqttArgs {
+    /// mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto).
+    #[arg(long)]
+    pub mqtt_url: Option<String>,
+    #[arg(long, requires = "mqtt_url", default_value = "drover-control-plane")]
+    pub mqtt_user: String,
+    #[arg(
+        long,
+        env = "DROVER_MQTT_PASSWORD",
+        hide_env_values = true,
+        requires = "mqtt_url"
+    )]
+    pub mqtt_password: Option<String>,
+    /// CA certificate of the broker (mqtts://).
+    #[arg(long, requires = "mqtt_url")]
+    pub mqtt_ca: Option<PathBuf>,
+    /// Topic prefix.
+    #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
+    pub mqtt_prefix: String,
+}
+
+impl MqttArgs {
+    pub fn settings(&self) -> Option<transport_mqtt::MqttSettings> {
+        Some(transport_mqtt::MqttSettings {
+            url: self.mqtt_url.clone()?,
+            user: self.mqtt_user.clone(),
+            password: self.mqtt_password.clone().unwrap_or_default(),
+            ca_file: self.mqtt_ca.clone(),
+            prefix: self.mqtt_prefix.clone(),
+            keep_alive: Duration::from_secs(30),
+        })
+    }
+}
+
+/// Serving agents over NATS JetStream as well as WebSocket.
+#[derive(clap::Args)]
+pub struct NatsArgs {
+    /// nats://HOST:PORT (or tls://) of a nats-server with JetStream.
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    #[arg(long, requires = "nats_url")]
+    pub nats_user: Option<String>,
+    #[arg(
+        long,
+        env = "DROVER_NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_url"
+    )]
+    pub nats_password: Option<String>,
+    /// CA certificate of the nats-server (requires TLS).
+    #[arg(long, requires = "nats_url")]
+    pub nats_ca: Option<PathBuf>,
+}
+
+impl NatsArgs {
+    pub fn settings(&self) -> Option<transport_nats::NatsSettings> {
+        Some(transport_nats::NatsSettings {
+            url: self.nats_url.clone()?,
+            user: self.nats_user.clone(),
+            password: self.nats_password.clone(),
+            ca_file: self.nats_ca.clone(),
+            connect_timeout: Duration::from_secs(10),
+        })
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RunsCommand {
+    /// A live progress bar of a task run or a deployment until it finishes
+    /// (NAME, or deployment/NAME, taskrun/NAME).
+    Watch { name: String },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Embedded,
+    Nats,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Resource {
+    Devices,
+    Taskruns,
+    Taskrun,
+    Taskschedules,
+    Taskschedule,
+    Deployments,
+    Deployment,
+    Packages,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Described {
+    Deployment,
+}
+
+#[derive(Subcommand)]
+pub enum DeploymentsCommand {
+    /// Run a deployment's targeting again and add the devices that match
+    /// now and are not targets yet (within its 20,000 targets).
+    AddNewDevices { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum PackagesCommand {
+    /// Store a .deb: its name, version and architecture are read from it,
+    /// its size and SHA-256 recorded. The same file again changes nothing;
+    /// another file under the same name, version and architecture is refused.
+    Upload { file: PathBuf },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}

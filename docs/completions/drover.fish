@@ -1,0 +1,213 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_drover_global_optspecs
+    string join \n server= ca-file= token= data= h/help V/version
+end
+
+function __fish_drover_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_drover_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_drover_using_subcommand
+    set -l cmd (__fish_drover_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c drover -n "__fish_drover_needs_command" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_needs_command" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_needs_command" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_needs_command" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_needs_command" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_needs_command" -s V -l version -d 'Print version'
+complete -c drover -n "__fish_drover_needs_command" -f -a "serve" -d 'Run the control plane: the embedded store in --data by default, or NATS JetStream (--store nats) for several replicas'
+complete -c drover -n "__fish_drover_needs_command" -f -a "nats-config" -d 'Print a nats-server authorization block: the control plane may do anything; each device may read only its own intents and write only its own statuses and heartbeat (its password is its device token)'
+complete -c drover -n "__fish_drover_needs_command" -f -a "mqtt-config" -d 'Write mosquitto\'s password and ACL files for the control plane and these devices (a device may read only its own intents and write only its own status, hello and heartbeat; its password is its token), and print the mosquitto.conf lines that use them. Run it on the control plane\'s host with its --data'
+complete -c drover -n "__fish_drover_needs_command" -f -a "apply" -d 'Create or configure resources from a YAML or JSON file'
+complete -c drover -n "__fish_drover_needs_command" -f -a "get" -d 'Show devices, taskruns, one taskrun, taskschedules, one taskschedule, deployments or one deployment'
+complete -c drover -n "__fish_drover_needs_command" -f -a "runs" -d 'Follow task runs and deployments'
+complete -c drover -n "__fish_drover_needs_command" -f -a "describe" -d 'Show one resource in detail: a deployment\'s counts, each site\'s window now, its latest errors and the retries waiting'
+complete -c drover -n "__fish_drover_needs_command" -f -a "deployments" -d 'Act on deployments'
+complete -c drover -n "__fish_drover_needs_command" -f -a "packages" -d 'The package store (for packageInstallV1 deployments)'
+complete -c drover -n "__fish_drover_needs_command" -f -a "token" -d 'Print the bearer token a device\'s agent uses'
+complete -c drover -n "__fish_drover_needs_command" -f -a "reset-store" -d 'Move a damaged or empty control-plane database aside (DATA/drover.redb); the next `serve` starts with a new, empty one'
+complete -c drover -n "__fish_drover_needs_command" -f -a "verify-store" -d 'Check one database file (serve runs this before opening it)'
+complete -c drover -n "__fish_drover_needs_command" -f -a "intent-key" -d 'Print the public key agents pin to check the control plane\'s intent signatures (`intent_public_keys` in the agent\'s config). Run it on the control plane\'s host with its --data'
+complete -c drover -n "__fish_drover_needs_command" -f -a "init" -d 'Make the data directory\'s keys before the first `serve` (device-token key, operator token, intent key), and with --tls-name a CA and a server certificate for those names: DATA/tls/server.pem and server.key for `serve`, DATA/tls/ca.pem for every agent (ca_file) and operator (DROVER_CA_FILE). Keeps whatever exists'
+complete -c drover -n "__fish_drover_needs_command" -f -a "demo" -d 'Run the end-to-end demo: control plane, agents and a task run'
+complete -c drover -n "__fish_drover_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand serve" -l listen -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l agent-listen -d 'Where agents connect over WebSocket' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l agent-tls-cert -d 'PEM certificate chain for wss:// (with --agent-tls-key)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l agent-tls-key -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l api-tls-cert -d 'PEM certificate chain: serve the operators\' API over https (with --api-tls-key). Without it the API is served only on loopback' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l api-tls-key -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l ack-timeout-seconds -d 'A job sent but not acked within this returns to `created`' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l pass-interval-ms -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l max-agent-connections -d 'Agent connections held at once (keep it below the open-file limit, LimitNOFILE in drover.service); more are closed at once' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen -d 'Where agents download packages (PackageInstallV1), with the same TLS as --agent-listen. Default: the agents\' address, a free port (the links carry it)' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port), when not the listen address' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l ready-file -d 'Write the bound addresses here as JSON once listening' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-url -d 'nats://HOST:PORT (or tls://) of a nats-server with JetStream' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-user -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-password -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-ca -d 'CA certificate of the nats-server (requires TLS)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-url -d 'mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto)' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-user -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-password -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-ca -d 'CA certificate of the broker (mqtts://)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-prefix -d 'Topic prefix' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l store -d 'Where the control plane keeps its state: `embedded` (redb in --data; one replica) or `nats` (JetStream KV; several replicas)' -r -f -a "embedded\t''
+nats\t''"
+complete -c drover -n "__fish_drover_using_subcommand serve" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l api-allow-plaintext -d 'Serve the API in clear on a non-loopback --listen address (only behind a TLS-terminating proxy)'
+complete -c drover -n "__fish_drover_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l device -d 'A device to authorize (repeat for each)' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-user -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-password -d 'The control plane\'s own NATS password (better given in DROVER_NATS_PASSWORD than on the command line)' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l out -d 'Write the block to this file (replaced whole) for nats-server\'s `include`, instead of printing it: running it again never duplicates the block' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l device -d 'A device to authorize (repeat for each)' -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-user -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-password -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l prefix -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l out -d 'Where to write drover.passwd and drover.acl (replaced whole)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand apply" -s f -l filename -r -F
+complete -c drover -n "__fish_drover_using_subcommand apply" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand apply" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand apply" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand apply" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand apply" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand get" -s o -l output -r -f -a "table\t''
+json\t''"
+complete -c drover -n "__fish_drover_using_subcommand get" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand get" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand get" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand get" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand get" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -f -a "watch" -d 'A live progress bar of a task run or a deployment until it finishes (NAME, or deployment/NAME, taskrun/NAME)'
+complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from watch" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from watch" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from watch" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from watch" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from watch" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "watch" -d 'A live progress bar of a task run or a deployment until it finishes (NAME, or deployment/NAME, taskrun/NAME)'
+complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand describe" -s o -l output -r -f -a "table\t''
+json\t''"
+complete -c drover -n "__fish_drover_using_subcommand describe" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand describe" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand describe" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand describe" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand describe" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -f -a "add-new-devices" -d 'Run a deployment\'s targeting again and add the devices that match now and are not targets yet (within its 20,000 targets)'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from add-new-devices" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from add-new-devices" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from add-new-devices" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from add-new-devices" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from add-new-devices" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from help" -f -a "add-new-devices" -d 'Run a deployment\'s targeting again and add the devices that match now and are not targets yet (within its 20,000 targets)'
+complete -c drover -n "__fish_drover_using_subcommand deployments; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -f -a "upload" -d 'Store a .deb: its name, version and architecture are read from it, its size and SHA-256 recorded. The same file again changes nothing; another file under the same name, version and architecture is refused'
+complete -c drover -n "__fish_drover_using_subcommand packages; and not __fish_seen_subcommand_from upload help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from upload" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from upload" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from upload" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from upload" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from upload" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from help" -f -a "upload" -d 'Store a .deb: its name, version and architecture are read from it, its size and SHA-256 recorded. The same file again changes nothing; another file under the same name, version and architecture is refused'
+complete -c drover -n "__fish_drover_using_subcommand packages; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand token" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand token" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand token" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand token" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand token" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand reset-store" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand reset-store" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand reset-store" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand reset-store" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand reset-store" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand verify-store" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand verify-store" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand verify-store" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand verify-store" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand verify-store" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand intent-key" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand intent-key" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand intent-key" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand intent-key" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand intent-key" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand init" -l tls-name -d 'A DNS name or IP address agents and operators use to reach the control plane (repeat for each)' -r
+complete -c drover -n "__fish_drover_using_subcommand init" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand init" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand init" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand init" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand init" -l renew-tls -d 'Replace an existing CA and server certificate'
+complete -c drover -n "__fish_drover_using_subcommand init" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand demo" -l agents -r
+complete -c drover -n "__fish_drover_using_subcommand demo" -l agent-bin -d 'The drover-agent binary (default: next to drover, or on PATH)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand demo" -l server -d 'The control plane\'s API' -r
+complete -c drover -n "__fish_drover_using_subcommand demo" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand demo" -l token -d 'The operator token (default: DATA/operator.token)' -r
+complete -c drover -n "__fish_drover_using_subcommand demo" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand demo" -l keep -d 'Keep the demo\'s temporary directory'
+complete -c drover -n "__fish_drover_using_subcommand demo" -l upgrade -d 'Run the real apt upgrade, each agent in its own disposable Debian root (needs root and debootstrap), instead of simulating it'
+complete -c drover -n "__fish_drover_using_subcommand demo" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "serve" -d 'Run the control plane: the embedded store in --data by default, or NATS JetStream (--store nats) for several replicas'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "nats-config" -d 'Print a nats-server authorization block: the control plane may do anything; each device may read only its own intents and write only its own statuses and heartbeat (its password is its device token)'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "mqtt-config" -d 'Write mosquitto\'s password and ACL files for the control plane and these devices (a device may read only its own intents and write only its own status, hello and heartbeat; its password is its token), and print the mosquitto.conf lines that use them. Run it on the control plane\'s host with its --data'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "apply" -d 'Create or configure resources from a YAML or JSON file'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "get" -d 'Show devices, taskruns, one taskrun, taskschedules, one taskschedule, deployments or one deployment'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "runs" -d 'Follow task runs and deployments'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "describe" -d 'Show one resource in detail: a deployment\'s counts, each site\'s window now, its latest errors and the retries waiting'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "deployments" -d 'Act on deployments'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "packages" -d 'The package store (for packageInstallV1 deployments)'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "token" -d 'Print the bearer token a device\'s agent uses'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "reset-store" -d 'Move a damaged or empty control-plane database aside (DATA/drover.redb); the next `serve` starts with a new, empty one'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "verify-store" -d 'Check one database file (serve runs this before opening it)'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "intent-key" -d 'Print the public key agents pin to check the control plane\'s intent signatures (`intent_public_keys` in the agent\'s config). Run it on the control plane\'s host with its --data'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "init" -d 'Make the data directory\'s keys before the first `serve` (device-token key, operator token, intent key), and with --tls-name a CA and a server certificate for those names: DATA/tls/server.pem and server.key for `serve`, DATA/tls/ca.pem for every agent (ca_file) and operator (DROVER_CA_FILE). Keeps whatever exists'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "demo" -d 'Run the end-to-end demo: control plane, agents and a task run'
+complete -c drover -n "__fish_drover_using_subcommand help; and not __fish_seen_subcommand_from serve nats-config mqtt-config apply get runs describe deployments packages token reset-store verify-store intent-key init demo help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover -n "__fish_drover_using_subcommand help; and __fish_seen_subcommand_from runs" -f -a "watch" -d 'A live progress bar of a task run or a deployment until it finishes (NAME, or deployment/NAME, taskrun/NAME)'
+complete -c drover -n "__fish_drover_using_subcommand help; and __fish_seen_subcommand_from deployments" -f -a "add-new-devices" -d 'Run a deployment\'s targeting again and add the devices that match now and are not targets yet (within its 20,000 targets)'
+complete -c drover -n "__fish_drover_using_subcommand help; and __fish_seen_subcommand_from packages" -f -a "upload" -d 'Store a .deb: its name, version and architecture are read from it, its size and SHA-256 recorded. The same file again changes nothing; another file under the same name, version and architecture is refused'
