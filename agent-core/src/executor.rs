@@ -322,9 +322,9 @@ impl Agent {
         let fresh = existing.as_ref().is_none_or(|r| r.intent.is_none());
         let unfinished = if fresh {
             self.store
-                .jobs()?
+                .summaries()?
                 .iter()
-                .filter(|r| !r.status.state.is_terminal() && Some(r.status.job_id) != job_id)
+                .filter(|j| !j.state.is_terminal() && Some(j.job_id) != job_id)
                 .count()
         } else {
             0
@@ -401,12 +401,12 @@ impl Agent {
             .collect();
         Ok(self
             .store
-            .jobs()?
+            .summaries()?
             .into_iter()
-            .filter(|r| !r.status.state.is_terminal() || unconfirmed.contains(&r.status.job_id))
-            .map(|r| HeldJob {
-                job_id: r.status.job_id,
-                state: r.status.state,
+            .filter(|j| !j.state.is_terminal() || unconfirmed.contains(&j.job_id))
+            .map(|j| HeldJob {
+                job_id: j.job_id,
+                state: j.state,
             })
             .collect())
     }
@@ -467,14 +467,17 @@ impl Agent {
     }
 
     pub fn info(&self) -> Result<AgentInfo, StoreError> {
-        let jobs = self.store.jobs()?;
-        let current_job = jobs
+        let jobs = self.store.summaries()?;
+        let current_job = match jobs
             .iter()
-            .find(|r| matches!(r.status.state, JobState::Running | JobState::AwaitingReboot))
-            .map(|r| r.status.clone());
+            .find(|j| matches!(j.state, JobState::Running | JobState::AwaitingReboot))
+        {
+            Some(current) => self.store.job(current.job_id)?.map(|r| r.status),
+            None => None,
+        };
         let queued_jobs = jobs
             .iter()
-            .filter(|r| matches!(r.status.state, JobState::Accepted | JobState::Waiting))
+            .filter(|j| matches!(j.state, JobState::Accepted | JobState::Waiting))
             .count();
         Ok(AgentInfo {
             device_id: self.settings.device_id.clone(),
@@ -490,13 +493,13 @@ impl Agent {
 
     /// The newest `limit` jobs, newest first.
     pub fn recent_jobs(&self, limit: usize) -> Result<Vec<JobStatus>, StoreError> {
-        let jobs = self.store.jobs()?;
-        Ok(jobs
-            .into_iter()
-            .rev()
-            .take(limit)
-            .map(|r| r.status)
-            .collect())
+        let mut recent = Vec::new();
+        for summary in self.store.summaries()?.iter().rev().take(limit) {
+            if let Some(record) = self.store.job(summary.job_id)? {
+                recent.push(record.status);
+            }
+        }
+        Ok(recent)
     }
 
     fn persist(&self, record: &JobRecord, persist: Persist) -> Result<(), StoreError> {
@@ -516,16 +519,18 @@ impl Agent {
 
     /// The next job to work on: an interrupted one first, else the oldest queued.
     fn next_job(&self) -> Result<Option<JobRecord>, StoreError> {
-        let jobs = self.store.jobs()?;
-        let interrupted = jobs
+        let jobs = self.store.summaries()?;
+        let next = jobs
             .iter()
-            .find(|r| matches!(r.status.state, JobState::Running | JobState::AwaitingReboot));
-        if let Some(record) = interrupted {
-            return Ok(Some(record.clone()));
+            .find(|j| matches!(j.state, JobState::Running | JobState::AwaitingReboot))
+            .or_else(|| {
+                jobs.iter()
+                    .find(|j| matches!(j.state, JobState::Accepted | JobState::Waiting))
+            });
+        match next {
+            Some(summary) => self.store.job(summary.job_id),
+            None => Ok(None),
         }
-        Ok(jobs
-            .into_iter()
-            .find(|r| matches!(r.status.state, JobState::Accepted | JobState::Waiting)))
     }
 
     /// The worker loop: one job at a time until `shutdown`. A job interrupted

@@ -12,8 +12,8 @@
 
 use crate::ids::JobId;
 use crate::store::{
-    JobRecord, OutboxEntry, Store, StoreError, decode_job, decode_status, doomed, encode_job,
-    encode_status,
+    JobRecord, JobSummary, OutboxEntry, Store, StoreError, decode_job, decode_status,
+    decode_summary, doomed, encode_job, encode_status, encode_summary,
 };
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -22,6 +22,7 @@ use std::path::Path;
 pub struct SledStore {
     db: sled::Db,
     jobs: sled::Tree,
+    summaries: sled::Tree,
     outbox: sled::Tree,
     counters: sled::Tree,
 }
@@ -63,6 +64,7 @@ impl SledStore {
         let tree = |name: &str| db.open_tree(name).map_err(db_err);
         Ok(Self {
             jobs: tree("jobs")?,
+            summaries: tree("summaries")?,
             outbox: tree("outbox")?,
             counters: tree("counters")?,
             db,
@@ -93,17 +95,29 @@ impl Store for SledStore {
         Ok(records)
     }
 
+    fn summaries(&self) -> Result<Vec<JobSummary>, StoreError> {
+        let mut summaries = Vec::new();
+        for item in self.summaries.iter() {
+            let (_, bytes) = item.map_err(db_err)?;
+            summaries.push(decode_summary(&bytes)?);
+        }
+        summaries.sort_by_key(|j| j.arrival);
+        Ok(summaries)
+    }
+
     fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError> {
         let job_bytes = encode_job(record)?;
+        let summary_bytes = encode_summary(record)?;
         let status_bytes = if report {
             Some(encode_status(&record.status)?)
         } else {
             None
         };
         let key = record.status.job_id.as_bytes();
-        (&self.jobs, &self.outbox, &self.counters)
-            .transaction(|(jobs, outbox, counters)| {
+        (&self.jobs, &self.summaries, &self.outbox, &self.counters)
+            .transaction(|(jobs, summaries, outbox, counters)| {
                 jobs.insert(key.as_slice(), job_bytes.as_slice())?;
+                summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
                 if let Some(bytes) = &status_bytes {
                     // Ids from a durable counter, as in redb: an emptied
                     // outbox never hands out an id again.
@@ -151,15 +165,19 @@ impl Store for SledStore {
     }
 
     fn prune(&self, keep: usize) -> Result<usize, StoreError> {
-        let doomed = doomed(self.jobs()?, self.outbox(usize::MAX)?, keep);
+        let doomed = doomed(self.summaries()?, self.outbox(usize::MAX)?, keep);
         if doomed.is_empty() {
             return Ok(0);
         }
-        let mut batch = sled::Batch::default();
-        for id in &doomed {
-            batch.remove(id.as_bytes().as_slice());
-        }
-        self.jobs.apply_batch(batch).map_err(db_err)?;
+        (&self.jobs, &self.summaries)
+            .transaction(|(jobs, summaries)| {
+                for id in &doomed {
+                    jobs.remove(id.as_bytes().as_slice())?;
+                    summaries.remove(id.as_bytes().as_slice())?;
+                }
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(tx_err)?;
         self.flush()?;
         Ok(doomed.len())
     }

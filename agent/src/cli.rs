@@ -25,7 +25,9 @@ pub enum Command {
     /// Check the config file and say what it sets up.
     Check {
         /// Also connect to the control plane (or broker) with this device's
-        /// token, and say whether it lets the device in.
+        /// token, and say whether it lets the device in. Run it before
+        /// starting the agent: over WebSocket the probe takes over a running
+        /// agent's connection for a moment (the agent reconnects).
         #[arg(long)]
         connect: bool,
     },

@@ -182,6 +182,20 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         text(&out)
     );
 
+    // The right token, checked before the agent starts (as the README
+    // says: a probe on a running device takes over its connection for a
+    // moment, and the agent reconnects).
+    let good = agent_dir.join("good.toml");
+    std::fs::write(
+        &good,
+        std::fs::read_to_string(&bad)
+            .expect("config")
+            .replace(&"0".repeat(64), &token),
+    )
+    .expect("config");
+    let out = check_connect(&good);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("let in"), "{}", text(&out));
     let mut agent = AgentProcess::start_full(
         &agent_dir,
         "tls-1",
@@ -190,9 +204,6 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         SIMULATE,
         "",
     );
-    let out = check_connect(&agent_dir.join("agent.toml"));
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("let in"), "{}", text(&out));
     cp.wait_for_agents(&["tls-1"]).await;
 
     // get devices: online while connected, offline once the agent is gone.
