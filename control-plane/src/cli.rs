@@ -134,6 +134,8 @@ pub enum Command {
     },
     /// Create or configure resources from a YAML or JSON file.
     Apply {
+        /// A YAML or JSON file of one or more documents (all validated
+        /// before any is applied); `-` reads standard input.
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
     },
@@ -309,6 +311,8 @@ pub enum Resource {
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Described {
     Deployment,
+    /// A task run with a table of its targets: state, current step, error.
+    Taskrun,
 }
 
 #[derive(Subcommand)]
@@ -330,4 +334,5 @@ pub enum PackagesCommand {
 pub enum Output {
     Table,
     Json,
+    Yaml,
 }

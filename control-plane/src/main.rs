@@ -129,8 +129,15 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Apply { file } => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
+            let text = if file.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .context("cannot read the manifests from standard input")?;
+                text
+            } else {
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read {}", file.display()))?
+            };
             for result in client(&cli)?.apply_text(&text).await? {
                 out!(
                     "{}/{} {}",
@@ -150,17 +157,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             match resource {
                 Resource::Devices => {
                     let devices: Vec<ListedDevice> = api.get("/devices").await?;
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&devices)?);
-                    } else {
+                    if !structured(*output, &devices)? {
                         print_devices(&devices);
                     }
                 }
                 Resource::Taskruns => {
                     let runs: Vec<Value> = api.get("/taskruns").await?;
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&runs)?);
-                    } else {
+                    if !structured(*output, &runs)? {
                         print_runs(&runs);
                     }
                 }
@@ -172,9 +175,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         (Resource::Taskschedule, None) => bail!("drover get taskschedule NAME"),
                         _ => api.get("/taskschedules").await?,
                     };
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&schedules)?);
-                    } else {
+                    if !structured(*output, &schedules)? {
                         print_schedules(&schedules);
                     }
                 }
@@ -186,17 +187,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         (Resource::Deployment, None) => bail!("drover get deployment NAME"),
                         _ => api.get("/deployments").await?,
                     };
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&deployments)?);
-                    } else {
+                    if !structured(*output, &deployments)? {
                         print_deployments(&deployments);
                     }
                 }
                 Resource::Packages => {
                     let packages: Vec<Value> = api.get("/packages").await?;
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&packages)?);
-                    } else {
+                    if !structured(*output, &packages)? {
                         out!(
                             "{:<40} {:>12}  {:<64}  UPLOADED",
                             "PACKAGE",
@@ -219,9 +216,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         bail!("drover get taskrun NAME")
                     };
                     let run: Value = api.get(&format!("/taskruns/{name}")).await?;
-                    if *output == Output::Json {
-                        out!("{}", serde_json::to_string_pretty(&run)?);
-                    } else {
+                    if !structured(*output, &run)? {
                         print_runs(std::slice::from_ref(&run));
                         if let Some(error) = run["status"]["latestError"].as_str() {
                             out!("latest error: {}", printable(error));
@@ -341,6 +336,37 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Describe {
+            resource: Described::Taskrun,
+            name,
+            output,
+        } => {
+            let api = client(&cli)?;
+            let run: Value = api.get(&format!("/taskruns/{name}")).await?;
+            let mut targets = Vec::new();
+            loop {
+                let page: Value = api
+                    .get(&format!(
+                        "/taskruns/{name}/targets?offset={}&limit=1000",
+                        targets.len()
+                    ))
+                    .await?;
+                let items = page["items"].as_array().cloned().unwrap_or_default();
+                let total = page["total"].as_u64().unwrap_or(0) as usize;
+                let empty = items.is_empty();
+                targets.extend(items);
+                if empty || targets.len() >= total {
+                    break;
+                }
+            }
+            if !structured(
+                *output,
+                &serde_json::json!({"taskRun": run, "targets": targets}),
+            )? {
+                print_described_run(&run, &targets);
+            }
+            Ok(0)
+        }
+        Command::Describe {
             resource: Described::Deployment,
             name,
             output,
@@ -348,9 +374,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let described: Value = client(&cli)?
                 .get(&format!("/deployments/{name}/describe"))
                 .await?;
-            if *output == Output::Json {
-                out!("{}", serde_json::to_string_pretty(&described)?);
-            } else {
+            if !structured(*output, &described)? {
                 print_described_deployment(&described);
             }
             Ok(0)
@@ -528,15 +552,15 @@ fn print_devices(devices: &[ListedDevice]) {
 }
 
 fn print_schedules(schedules: &[Value]) {
-    out!(
-        "{:<24} {:<22} {:<9} {:<21} {:<21} {:<28} SKIPPED",
+    let mut rows = table(&[
         "NAME",
         "SCHEDULE (UTC)",
         "SUSPENDED",
         "LAST TICK",
         "NEXT TICK",
-        "ACTIVE RUN"
-    );
+        "ACTIVE RUN",
+        "SKIPPED",
+    ]);
     let time = |v: &Value| {
         v.as_str()
             .and_then(|t| t.parse::<jiff::Timestamp>().ok())
@@ -558,51 +582,56 @@ fn print_schedules(schedules: &[Value]) {
             _ => "?".into(),
         };
         let status = &schedule["status"];
-        out!(
-            "{:<24} {:<22} {:<9} {:<21} {:<21} {:<28} {}",
-            schedule["metadata"]["name"].as_str().unwrap_or("?"),
-            cadence,
+        rows.add_row(vec![
+            printable(schedule["metadata"]["name"].as_str().unwrap_or("?")),
+            printable(&cadence),
             if schedule["spec"]["suspend"] == true {
                 "yes"
             } else {
                 "no"
-            },
+            }
+            .to_owned(),
             time(&status["lastTick"]),
             time(&status["nextTick"]),
-            status["activeRun"].as_str().unwrap_or("-"),
-            status["skippedTicks"].as_u64().unwrap_or(0)
-        );
+            printable(status["activeRun"].as_str().unwrap_or("-")),
+            status["skippedTicks"].as_u64().unwrap_or(0).to_string(),
+        ]);
     }
+    print_table(&rows);
 }
 
 fn print_runs(runs: &[Value]) {
-    out!(
-        "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  REASON",
+    let mut rows = table(&[
         "NAME",
         "PHASE",
         "TARGETS",
         "RELEASED",
         "SUCCEEDED",
-        "FAILED"
-    );
+        "FAILED",
+        "REASON",
+    ]);
     for run in runs {
         let s = &run["status"];
-        out!(
-            "{:<24} {:<9} {:>7} {:>8} {:>9} {:>6}  {}",
-            run["metadata"]["name"].as_str().unwrap_or("?"),
-            s["phase"].as_str().unwrap_or("?"),
-            s["targets"],
-            s["released"],
-            s["succeeded"],
-            s["failed"],
-            s["reason"].as_str().unwrap_or("")
-        );
+        rows.add_row(vec![
+            printable(run["metadata"]["name"].as_str().unwrap_or("?")),
+            printable(s["phase"].as_str().unwrap_or("?")),
+            number(&s["targets"]),
+            number(&s["released"]),
+            number(&s["succeeded"]),
+            number(&s["failed"]),
+            printable(s["reason"].as_str().unwrap_or("")),
+        ]);
     }
+    print_table(&rows);
+}
+
+/// A count from the API, or "-" when absent.
+fn number(value: &Value) -> String {
+    value.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
 }
 
 fn print_deployments(deployments: &[Value]) {
-    out!(
-        "{:<24} {:<9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>9} {:>6} {:>7}  REASON",
+    let mut rows = table(&[
         "NAME",
         "PHASE",
         "TARGETS",
@@ -612,25 +641,91 @@ fn print_deployments(deployments: &[Value]) {
         "RUNNING",
         "SUCCEEDED",
         "FAILED",
-        "EXPIRED"
-    );
+        "EXPIRED",
+        "REASON",
+    ]);
     for deployment in deployments {
         let s = &deployment["status"];
-        out!(
-            "{:<24} {:<9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>9} {:>6} {:>7}  {}",
-            deployment["metadata"]["name"].as_str().unwrap_or("?"),
-            s["phase"].as_str().unwrap_or("?"),
-            s["targets"],
-            s["excludedCount"],
-            s["pending"],
-            s["queued"],
-            s["running"],
-            s["succeeded"],
-            s["failed"],
-            s["expired"],
-            s["reason"].as_str().unwrap_or("")
-        );
+        let mut row = vec![
+            printable(deployment["metadata"]["name"].as_str().unwrap_or("?")),
+            printable(s["phase"].as_str().unwrap_or("?")),
+        ];
+        for count in [
+            "targets",
+            "excludedCount",
+            "pending",
+            "queued",
+            "running",
+            "succeeded",
+            "failed",
+            "expired",
+        ] {
+            row.push(number(&s[count]));
+        }
+        row.push(printable(s["reason"].as_str().unwrap_or("")));
+        rows.add_row(row);
     }
+    print_table(&rows);
+}
+
+/// Prints `value` as JSON or YAML when asked; false for a table.
+fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool> {
+    match output {
+        Output::Json => out!("{}", serde_json::to_string_pretty(value)?),
+        Output::Yaml => out!("{}", serde_yaml_ng::to_string(value)?.trim_end()),
+        Output::Table => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// A task run's counts, then one row per target: whether it is the canary,
+/// its job's state, the step it is at (or ended in) and the error.
+fn print_described_run(run: &Value, targets: &[Value]) {
+    print_runs(std::slice::from_ref(run));
+    let status = &run["status"];
+    if let Some(reason) = status["reason"].as_str() {
+        out!("reason: {reason}");
+    }
+    out!("");
+    let mut rows = table(&["DEVICE", "CANARY", "STATE", "STEP", "UPDATED", "ERROR"]);
+    let now = jiff::Timestamp::now();
+    for target in targets {
+        let job = &target["status"];
+        let state = match (target["released"].as_bool(), job["state"].as_str()) {
+            (_, Some(state)) => state.to_owned(),
+            (Some(true), None) => "sent".to_owned(),
+            _ => "not released".to_owned(),
+        };
+        let steps = job["steps"].as_array().cloned().unwrap_or_default();
+        let step = steps
+            .iter()
+            .rev()
+            .find(|s| s["startedAt"].is_string())
+            .map(|s| {
+                format!(
+                    "{} ({})",
+                    s["name"].as_str().unwrap_or("?"),
+                    s["state"].as_str().unwrap_or("?")
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        let updated = ["finishedAt", "startedAt", "acceptedAt"]
+            .iter()
+            .find_map(|k| job[*k].as_str())
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        rows.add_row(vec![
+            printable(target["device"].as_str().unwrap_or("?")),
+            if target["canary"] == true { "yes" } else { "" }.to_owned(),
+            printable(&state),
+            printable(&step),
+            match updated {
+                Some(_) => format!("{} ago", age(updated, now)),
+                None => "-".into(),
+            },
+            printable(job["error"].as_str().unwrap_or("")),
+        ]);
+    }
+    print_table(&rows);
 }
 
 fn print_described_deployment(described: &Value) {

@@ -41,38 +41,67 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
     } else {
         "{spinner} {prefix} [{bar:30}] {pos}/{len} done  {msg}"
     };
-    bar.set_style(
+    let style = |template: &str| {
         ProgressStyle::with_template(template)
             .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+            .progress_chars("=> ")
+    };
+    // While the plan is made there is nothing to count: a spinner, not "0/0".
+    bar.set_style(style("{spinner} {prefix} {msg}"));
     bar.set_prefix(name.to_owned());
+    // No terminal (piped, in a log): one line per change instead of a bar.
+    let lines = bar.is_hidden();
+    let mut last_line = String::new();
+    let mut counting = false;
     loop {
         let resource: Value = client.get(&path).await?;
         let status = &resource["status"];
         let count = |k: &str| status[k].as_u64().unwrap_or(0);
         let phase = status["phase"].as_str().unwrap_or("?");
-        bar.set_length(count("targets"));
-        if deployment {
-            bar.set_position(count("succeeded") + count("failed") + count("expired"));
-            bar.set_message(format!(
-                "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired",
-                count("pending"),
-                count("waitingRetry"),
-                count("queued"),
-                count("running"),
-                count("succeeded"),
-                count("failed"),
-                count("expired")
-            ));
+        let targets = count("targets");
+        let (ended, message) = if deployment {
+            (
+                count("succeeded") + count("failed") + count("expired"),
+                format!(
+                    "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired",
+                    count("pending"),
+                    count("waitingRetry"),
+                    count("queued"),
+                    count("running"),
+                    count("succeeded"),
+                    count("failed"),
+                    count("expired")
+                ),
+            )
         } else {
-            bar.set_position(count("succeeded") + count("failed"));
-            bar.set_message(format!(
-                "{phase}: {} released, {} succeeded, {} failed",
-                count("released"),
-                count("succeeded"),
-                count("failed")
-            ));
+            (
+                count("succeeded") + count("failed"),
+                format!(
+                    "{phase}: {} released, {} succeeded, {} failed",
+                    count("released"),
+                    count("succeeded"),
+                    count("failed")
+                ),
+            )
+        };
+        if lines {
+            let line = if targets == 0 {
+                format!("{name} {message}")
+            } else {
+                format!("{name} {ended}/{targets} {message}")
+            };
+            if line != last_line {
+                out!("{line}");
+                last_line = line;
+            }
+        } else {
+            if targets > 0 && !counting {
+                bar.set_style(style(template));
+                counting = true;
+            }
+            bar.set_length(targets);
+            bar.set_position(ended);
+            bar.set_message(message);
         }
         if phase == "Complete" || phase == "Failed" {
             bar.finish();

@@ -94,14 +94,15 @@ complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l ca-file -d
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l token -d 'The operator token (default: DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -s h -l help -d 'Print help'
-complete -c drover -n "__fish_drover_using_subcommand apply" -s f -l filename -r -F
+complete -c drover -n "__fish_drover_using_subcommand apply" -s f -l filename -d 'A YAML or JSON file of one or more documents (all validated before any is applied); `-` reads standard input' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand apply" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -l token -d 'The operator token (default: DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand apply" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand get" -s o -l output -r -f -a "table\t''
-json\t''"
+json\t''
+yaml\t''"
 complete -c drover -n "__fish_drover_using_subcommand get" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand get" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand get" -l token -d 'The operator token (default: DATA/operator.token)' -r
@@ -122,12 +123,13 @@ complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subc
 complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "watch" -d 'A live progress bar of a task run or a deployment until it finishes (NAME, or deployment/NAME, taskrun/NAME)'
 complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c drover -n "__fish_drover_using_subcommand describe" -s o -l output -r -f -a "table\t''
-json\t''"
+json\t''
+yaml\t''"
 complete -c drover -n "__fish_drover_using_subcommand describe" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand describe" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand describe" -l token -d 'The operator token (default: DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand describe" -l data -d 'The control plane\'s data directory' -r -F
-complete -c drover -n "__fish_drover_using_subcommand describe" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand describe" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand deployments; and not __fish_seen_subcommand_from add-new-devices help" -l token -d 'The operator token (default: DATA/operator.token)' -r

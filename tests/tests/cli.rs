@@ -76,6 +76,14 @@ async fn the_seed_taskrun_applies_from_yaml_and_runs_watch_follows_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("AllTargetsSucceeded"), "{stdout}");
+    // Piped, it prints one line per change, and never "0/0" while planning.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("upgrade-device-1 1/1 Complete")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("0/0"), "{stdout}");
 
     let out = drover(&cp, &["get", "taskrun", "upgrade-device-1", "-o", "json"]);
     let run: Value = serde_json::from_slice(&out.stdout).expect("json");

@@ -350,9 +350,26 @@ async fn the_readme_manifests_apply_as_written_and_the_run_completes() {
         assert!(out.status.success(), "drover {args:?}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let device = cp.dir.path().join("pi-kitchen.yaml");
-    std::fs::write(&device, readme_heredoc("pi-kitchen.yaml")).expect("write");
-    cli(&["apply", "-f", device.to_str().expect("utf-8")]);
+    // `apply -f -` reads the manifest from standard input.
+    let mut apply = Command::new(bin("drover"))
+        .args([
+            "--server", &cp.api, "--token", &cp.token, "apply", "-f", "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("drover apply");
+    std::io::Write::write_all(
+        &mut apply.stdin.take().expect("stdin"),
+        readme_heredoc("pi-kitchen.yaml").as_bytes(),
+    )
+    .expect("write");
+    let out = apply.wait_with_output().expect("apply");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("device/pi-kitchen created"),
+        "{}",
+        text(&out)
+    );
     let token = cp.device_token("pi-kitchen");
     let _agent = AgentProcess::start(
         &cp.dir.path().join("agent-pi-kitchen"),
@@ -373,4 +390,20 @@ async fn the_readme_manifests_apply_as_written_and_the_run_completes() {
         .await;
     assert_eq!(finished["status"]["phase"], "Complete", "{finished}");
     assert_eq!(finished["status"]["targets"], 1, "{finished}");
+    // describe taskrun: a row per target with its state and last step.
+    let described = cli(&["describe", "taskrun", "upgrade-pi-kitchen"]);
+    let row = described
+        .lines()
+        .find(|l| l.starts_with("pi-kitchen "))
+        .unwrap_or_else(|| panic!("{described}"));
+    assert!(
+        row.contains("yes") && row.contains("Succeeded") && row.contains("(Done)"),
+        "{described}"
+    );
+    // -o yaml for scripts, as kubectl users expect.
+    let yaml = cli(&["get", "taskrun", "upgrade-pi-kitchen", "-o", "yaml"]);
+    assert!(
+        yaml.contains("name: upgrade-pi-kitchen") && yaml.contains("phase: Complete"),
+        "{yaml}"
+    );
 }
