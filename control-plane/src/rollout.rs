@@ -48,6 +48,9 @@ pub struct Decision {
     pub counts: Counts,
 }
 
+/// How many late devices a DeadlineExceeded message names.
+const LATE_DEVICES_NAMED: usize = 5;
+
 /// Decides one pass. `revoked` says whether a device lost its authorization.
 pub fn decide(
     targets: &[TargetView],
@@ -110,12 +113,24 @@ pub fn decide(
         });
     }
     if now >= deadline {
+        // The operator's next question is which devices: name the first few.
+        let late: Vec<&str> = targets
+            .iter()
+            .filter(|t| matches!(t.outcome, Outcome::Unreleased | Outcome::Pending))
+            .map(|t| t.device.as_str())
+            .collect();
+        let named = late.len().min(LATE_DEVICES_NAMED);
+        let more = match late.len() - named {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
         return done(Finish::Failed {
             reason: "DeadlineExceeded",
             message: format!(
-                "{} of {} targets had not finished by the deadline {deadline}",
+                "{} of {} targets had not finished by the deadline {deadline}: {}{more}",
                 counts.targets - counts.succeeded - counts.failed,
-                counts.targets
+                counts.targets,
+                late[..named].join(", "),
             ),
         });
     }
@@ -175,6 +190,26 @@ mod tests {
             Finish::Failed { reason, .. } => reason,
         });
         assert_eq!(reason, finish, "{targets:?}");
+    }
+
+    #[test]
+    fn a_deadline_exceeded_names_the_late_devices() {
+        let mut spec: Vec<(String, Outcome)> = vec![("done".into(), Outcome::Succeeded)];
+        spec.extend((0..7).map(|n| (format!("late-{n}"), Outcome::Pending)));
+        let spec: Vec<(&str, bool, Outcome)> = spec
+            .iter()
+            .map(|(d, o)| (d.as_str(), false, o.clone()))
+            .collect();
+        let decision = decide(&view(&spec), t(150), t(100), &|_| false);
+        let Some(Finish::Failed { reason, message }) = decision.finish else {
+            panic!("the run must fail");
+        };
+        assert_eq!(reason, "DeadlineExceeded");
+        assert!(
+            message.starts_with("7 of 8 targets had not finished")
+                && message.ends_with(": late-0, late-1, late-2, late-3, late-4 and 2 more"),
+            "{message}"
+        );
     }
 
     #[test]
