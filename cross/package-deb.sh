@@ -104,7 +104,11 @@ manuals "$pkg" drover-agent 8
 # Reading dpkg's own state is the point: the agent detects an interrupted
 # dpkg from its journal and notices package changes from the status file.
 install -d -m 0755 "$pkg/usr/share/lintian/overrides"
-echo "drover-agent: uses-dpkg-database-directly [usr/bin/drover-agent]" > "$pkg/usr/share/lintian/overrides/drover-agent"
+{
+    echo "drover-agent: uses-dpkg-database-directly [usr/bin/drover-agent]"
+    # Not uploaded to Debian: there is no ITP bug for the changelog to close.
+    echo "drover-agent: initial-upload-closes-no-bugs [usr/share/doc/drover-agent/changelog.Debian.gz:1]"
+} > "$pkg/usr/share/lintian/overrides/drover-agent"
 echo /etc/drover/agent.toml > "$pkg/DEBIAN/conffiles"
 cat > "$pkg/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
@@ -172,7 +176,10 @@ manuals "$pkg" drover 1
 # The YAML parser (unsafe-libyaml) is a Rust translation of libyaml compiled
 # into the binary, not a copy of the C library.
 install -d -m 0755 "$pkg/usr/share/lintian/overrides"
-echo "drover: embedded-library libyaml [usr/bin/drover]" > "$pkg/usr/share/lintian/overrides/drover"
+{
+    echo "drover: embedded-library libyaml [usr/bin/drover]"
+    echo "drover: initial-upload-closes-no-bugs [usr/share/doc/drover/changelog.Debian.gz:1]"
+} > "$pkg/usr/share/lintian/overrides/drover"
 cat > "$pkg/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
 set -e

@@ -19,5 +19,5 @@ for arch in arm64 armhf; do
         echo "$arch: not built (see cross/setup.sh's warnings); install check skipped"
     fi
 done
-command -v lintian >/dev/null && lintian --fail-on error --tag-display-limit 0 target/debs/*.deb
+command -v lintian >/dev/null && lintian --fail-on warning --tag-display-limit 0 target/debs/*.deb
 echo "cross suite: 1 passed, 0 failed"
