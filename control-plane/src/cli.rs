@@ -333,6 +333,9 @@ pub enum PackagesCommand {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
+    /// The table with more columns (devices: OS, architecture, transport,
+    /// time zone, boot id).
+    Wide,
     Json,
     Yaml,
 }

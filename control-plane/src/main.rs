@@ -158,7 +158,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 Resource::Devices => {
                     let devices: Vec<ListedDevice> = api.get("/devices").await?;
                     if !structured(*output, &devices)? {
-                        print_devices(&devices);
+                        print_devices(&devices, *output == Output::Wide);
                     }
                 }
                 Resource::Taskruns => {
@@ -513,9 +513,9 @@ fn age(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
     }
 }
 
-fn print_devices(devices: &[ListedDevice]) {
+fn print_devices(devices: &[ListedDevice], wide: bool) {
     let now = jiff::Timestamp::now();
-    let mut rows = table(&[
+    let mut headers = vec![
         "DEVICE",
         "STATE",
         "LAST SEEN",
@@ -523,7 +523,11 @@ fn print_devices(devices: &[ListedDevice]) {
         "GROUPS",
         "LABELS",
         "CAPABILITIES",
-    ]);
+    ];
+    if wide {
+        headers.extend(["OS", "ARCH", "TRANSPORT", "TIME ZONE", "BOOT ID"]);
+    }
+    let mut rows = table(&headers);
     for listed in devices {
         let d = &listed.record;
         let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
@@ -538,7 +542,7 @@ fn print_devices(devices: &[ListedDevice]) {
             (false, true, true) => "online",
             (false, true, false) => "offline",
         };
-        rows.add_row(vec![
+        let mut row = vec![
             d.id.to_string(),
             state.to_owned(),
             age(d.last_seen.max(d.last_heartbeat), now),
@@ -546,7 +550,19 @@ fn print_devices(devices: &[ListedDevice]) {
             printable(&groups.join(",")),
             labels.join(","),
             printable(&d.capabilities.join(",")),
-        ]);
+        ];
+        if wide {
+            for extra in [
+                &d.os_release,
+                &d.architecture,
+                &d.transport,
+                &d.time_zone,
+                &d.boot_id,
+            ] {
+                row.push(printable(extra.as_deref().unwrap_or("-")));
+            }
+        }
+        rows.add_row(row);
     }
     print_table(&rows);
 }
@@ -673,7 +689,7 @@ fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool> {
     match output {
         Output::Json => out!("{}", serde_json::to_string_pretty(value)?),
         Output::Yaml => out!("{}", serde_yaml_ng::to_string(value)?.trim_end()),
-        Output::Table => return Ok(false),
+        Output::Table | Output::Wide => return Ok(false),
     }
     Ok(true)
 }

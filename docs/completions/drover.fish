@@ -101,13 +101,14 @@ complete -c drover -n "__fish_drover_using_subcommand apply" -l token -d 'The op
 complete -c drover -n "__fish_drover_using_subcommand apply" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand get" -s o -l output -r -f -a "table\t''
+wide\t'The table with more columns (devices: OS, architecture, transport, time zone, boot id)'
 json\t''
 yaml\t''"
 complete -c drover -n "__fish_drover_using_subcommand get" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand get" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand get" -l token -d 'The operator token (default: DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand get" -l data -d 'The control plane\'s data directory' -r -F
-complete -c drover -n "__fish_drover_using_subcommand get" -s h -l help -d 'Print help'
+complete -c drover -n "__fish_drover_using_subcommand get" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand runs; and not __fish_seen_subcommand_from watch help" -l token -d 'The operator token (default: DATA/operator.token)' -r
@@ -123,6 +124,7 @@ complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subc
 complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "watch" -d 'A live progress bar of a task run or a deployment until it finishes (NAME, or deployment/NAME, taskrun/NAME)'
 complete -c drover -n "__fish_drover_using_subcommand runs; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c drover -n "__fish_drover_using_subcommand describe" -s o -l output -r -f -a "table\t''
+wide\t'The table with more columns (devices: OS, architecture, transport, time zone, boot id)'
 json\t''
 yaml\t''"
 complete -c drover -n "__fish_drover_using_subcommand describe" -l server -d 'The control plane\'s API' -r

@@ -227,6 +227,20 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         row.find("online"),
         "columns line up:\n{table}"
     );
+    // -o wide adds the OS, architecture, transport, time zone and boot id.
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["get", "devices", "-o", "wide"])
+        .output()
+        .expect("drover get devices -o wide");
+    let wide = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        wide.lines().next().is_some_and(|h| h.contains("TRANSPORT"))
+            && wide
+                .lines()
+                .any(|l| l.starts_with("tls-1 ") && l.contains(" websocket ")),
+        "{wide}"
+    );
     agent.kill9();
     eventually(
         Duration::from_secs(20),
