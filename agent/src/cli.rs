@@ -25,9 +25,8 @@ pub enum Command {
     /// Check the config file and say what it sets up.
     Check {
         /// Also connect to the control plane (or broker) with this device's
-        /// token, and say whether it lets the device in. Run it before
-        /// starting the agent: over WebSocket the probe takes over a running
-        /// agent's connection for a moment (the agent reconnects).
+        /// token, and say whether it lets the device in. A running agent's
+        /// connection is left alone.
         #[arg(long)]
         connect: bool,
     },

@@ -38,7 +38,7 @@ complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "help" -d 
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand run" -l config -d 'The agent\'s config file' -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand run" -s h -l help -d 'Print help'
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand check" -l config -d 'The agent\'s config file' -r -F
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand check" -l connect -d 'Also connect to the control plane (or broker) with this device\'s token, and say whether it lets the device in. Run it before starting the agent: over WebSocket the probe takes over a running agent\'s connection for a moment (the agent reconnects)'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand check" -l connect -d 'Also connect to the control plane (or broker) with this device\'s token, and say whether it lets the device in. A running agent\'s connection is left alone'
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand check" -s h -l help -d 'Print help'
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand status" -l socket -d 'The status socket, if not the one in the config' -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand status" -l config -d 'The agent\'s config file' -r -F

@@ -182,9 +182,7 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         text(&out)
     );
 
-    // The right token, checked before the agent starts (as the README
-    // says: a probe on a running device takes over its connection for a
-    // moment, and the agent reconnects).
+    // The right token, checked before the agent starts, as the README says.
     let good = agent_dir.join("good.toml");
     std::fs::write(
         &good,
@@ -226,6 +224,30 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         header.find("STATE"),
         row.find("online"),
         "columns line up:\n{table}"
+    );
+    // check --connect beside the running agent leaves its session alone:
+    // the device stays online and the agent never had to reconnect.
+    let out = check_connect(&good);
+    assert!(out.status.success(), "{}", text(&out));
+    let after = devices(&cp);
+    assert!(
+        after
+            .lines()
+            .any(|l| l.starts_with("tls-1 ") && l.contains(" online ")),
+        "{after}"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the control plane to log the connection check",
+        || async { cp.log().contains("connection check").then_some(()) },
+    )
+    .await;
+    let agent_log = std::fs::read_to_string(agent_dir.join("agent.log")).expect("agent log");
+    assert_eq!(
+        agent_log.matches("connected to the control plane").count(),
+        1,
+        "the agent kept its one connection:\n{}",
+        agent.log()
     );
     // -o wide adds the OS, architecture, transport, time zone and boot id.
     let out = Command::new(bin("drover"))

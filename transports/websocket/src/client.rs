@@ -4,7 +4,7 @@
 
 use crate::protocol::{AgentMessage, ServerMessage};
 use crate::tls::{client_config, is_loopback};
-use crate::{AGENT_PATH_PREFIX, ws_config};
+use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
 use agent_core::executor::{AdmitError, Agent};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
@@ -180,6 +180,7 @@ pub fn check_settings(server_url: &str, ca_file: &std::path::Path) -> Result<(),
 async fn connect(
     settings: &ClientSettings,
     device: &str,
+    probe: bool,
 ) -> Result<WebSocketStream<Box<dyn Io>>, ClientError> {
     let url_error = |reason: &str| ClientError::Url {
         url: settings.server_url.clone(),
@@ -226,6 +227,11 @@ async fn connect(
     let bearer = HeaderValue::from_str(&format!("Bearer {}", settings.token))
         .map_err(|_| url_error("token is not a valid header value"))?;
     request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    if probe {
+        request
+            .headers_mut()
+            .insert(PROBE_HEADER, HeaderValue::from_static("1"));
+    }
     let (ws, _) = tokio::time::timeout(
         settings.connect_timeout,
         tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
@@ -244,7 +250,7 @@ async fn connect(
 /// Connects, is let in with this device's token, and closes: `drover-agent
 /// check --connect`.
 pub async fn probe(settings: &ClientSettings, device: &str) -> Result<(), ClientError> {
-    let mut ws = connect(settings, device).await?;
+    let mut ws = connect(settings, device, true).await?;
     let _ = ws.close(None).await;
     Ok(())
 }
@@ -255,7 +261,7 @@ async fn connect_and_serve(
     shutdown: &CancellationToken,
 ) -> Result<(), ClientError> {
     let ws = tokio::select! {
-        ws = connect(settings, agent.device_id().as_str()) => ws?,
+        ws = connect(settings, agent.device_id().as_str(), false) => ws?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     info!(url = %settings.server_url, "connected to the control plane");

@@ -15,6 +15,9 @@ pub mod tls;
 
 /// The path agents connect to; the device id follows it.
 pub const AGENT_PATH_PREFIX: &str = "/agent/v1/ws/";
+/// Sent by `drover-agent check --connect`: the server checks the token and
+/// closes, without taking the device's session from its running agent.
+pub const PROBE_HEADER: &str = "x-drover-probe";
 /// Upper bound of one protocol message. Larger messages are refused with an
 /// `error` message and the connection goes on.
 pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;

@@ -142,6 +142,10 @@ impl WsLinks {
                     Err(_) => Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
                 };
                 match accepted {
+                    Ok(mut agent) if agent.probe => {
+                        info!(device = %agent.device_id, "connection check: the device's token is good");
+                        let _ = agent.ws.close(None).await;
+                    }
                     Ok(agent) => {
                         let span = info_span!("agent", device = %agent.device_id);
                         links

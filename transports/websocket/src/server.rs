@@ -2,7 +2,7 @@
 //! `/agent/v1/ws/<device-id>` with `Authorization: Bearer <token>`; the
 //! caller's `authorize` decides. What happens after it is [`crate::links`].
 
-use crate::{AGENT_PATH_PREFIX, ws_config};
+use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
 use agent_core::DeviceId;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
@@ -22,6 +22,9 @@ pub enum AcceptError {
 pub struct AcceptedAgent<S> {
     pub device_id: DeviceId,
     pub ws: WebSocketStream<S>,
+    /// A connection check ([`PROBE_HEADER`]): let in, then closed; it
+    /// never becomes the device's session.
+    pub probe: bool,
 }
 
 #[allow(clippy::result_large_err)]
@@ -44,6 +47,7 @@ where
 {
     let mut accepted: Option<DeviceId> = None;
     let mut refusal: Option<String> = None;
+    let mut probe = false;
     // The callback's signature is tungstenite's; its error response is large by design.
     #[allow(clippy::result_large_err)]
     let callback = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
@@ -76,6 +80,7 @@ where
             ));
         }
         accepted = Some(device);
+        probe = request.headers().contains_key(PROBE_HEADER);
         Ok(response)
     };
     let result = tokio_tungstenite::accept_hdr_async_with_config(
@@ -85,7 +90,11 @@ where
     )
     .await;
     match (result, accepted) {
-        (Ok(ws), Some(device_id)) => Ok(AcceptedAgent { device_id, ws }),
+        (Ok(ws), Some(device_id)) => Ok(AcceptedAgent {
+            device_id,
+            ws,
+            probe,
+        }),
         (Ok(_), None) => Err(AcceptError::Refused(
             "handshake finished without a device".into(),
         )),
