@@ -202,46 +202,50 @@ impl RedbStore {
 /// The store this build of the agent uses unless its config names another.
 pub const STORE_NAME: &str = "redb";
 
+/// Version 1 of any stored record, borrowed for encoding: postcard writes
+/// the variant index and then the value, the same bytes as `StoredJob::V1`
+/// and its siblings, without cloning the record first.
+#[derive(Serialize)]
+enum V1<'a, T> {
+    V1(&'a T),
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    Ok(postcard::to_stdvec(&V1::V1(value))?)
+}
+
+fn decode<S: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &'static str,
+) -> Result<S, StoreError> {
+    postcard::from_bytes(bytes).map_err(|source| StoreError::Corrupt { what, source })
+}
+
 pub(crate) fn encode_job(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
-    Ok(postcard::to_stdvec(&StoredJob::V1(record.clone()))?)
+    encode(record)
 }
 
 pub(crate) fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
-    match postcard::from_bytes::<StoredJob>(bytes) {
-        Ok(StoredJob::V1(record)) => Ok(record),
-        Err(source) => Err(StoreError::Corrupt {
-            what: "job",
-            source,
-        }),
-    }
+    let StoredJob::V1(record) = decode(bytes, "job")?;
+    Ok(record)
 }
 
 pub(crate) fn encode_summary(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
-    Ok(postcard::to_stdvec(&StoredSummary::V1(record.summary()))?)
+    encode(&record.summary())
 }
 
 pub(crate) fn decode_summary(bytes: &[u8]) -> Result<JobSummary, StoreError> {
-    match postcard::from_bytes::<StoredSummary>(bytes) {
-        Ok(StoredSummary::V1(summary)) => Ok(summary),
-        Err(source) => Err(StoreError::Corrupt {
-            what: "job summary",
-            source,
-        }),
-    }
+    let StoredSummary::V1(summary) = decode(bytes, "job summary")?;
+    Ok(summary)
 }
 
 pub(crate) fn encode_status(status: &JobStatus) -> Result<Vec<u8>, StoreError> {
-    Ok(postcard::to_stdvec(&StoredStatus::V1(status.clone()))?)
+    encode(status)
 }
 
 pub(crate) fn decode_status(bytes: &[u8]) -> Result<JobStatus, StoreError> {
-    match postcard::from_bytes::<StoredStatus>(bytes) {
-        Ok(StoredStatus::V1(status)) => Ok(status),
-        Err(source) => Err(StoreError::Corrupt {
-            what: "outbox",
-            source,
-        }),
-    }
+    let StoredStatus::V1(status) = decode(bytes, "outbox")?;
+    Ok(status)
 }
 
 /// The jobs `prune` removes: the oldest terminal ones beyond `keep` whose
@@ -513,6 +517,23 @@ mod tests {
         assert_eq!(
             summarised, left,
             "pruned records take their summaries along"
+        );
+    }
+
+    #[test]
+    fn records_are_encoded_as_the_versioned_enums_wrote_them() {
+        let job = record(JobState::Running, 3);
+        assert_eq!(
+            encode_job(&job).expect("encode"),
+            postcard::to_stdvec(&StoredJob::V1(job.clone())).expect("postcard")
+        );
+        assert_eq!(
+            encode_status(&job.status).expect("encode"),
+            postcard::to_stdvec(&StoredStatus::V1(job.status.clone())).expect("postcard")
+        );
+        assert_eq!(
+            decode_summary(&encode_summary(&job).expect("encode")).expect("decode"),
+            job.summary()
         );
     }
 

@@ -51,6 +51,21 @@ fn websocket(url: &str, token: &str, ca: &Path) -> String {
 
 const SIMULATE: &str = "mode = \"simulate\"\nmin_free_mib = 10";
 
+/// An agent config for `check --connect`: the device, its state directory
+/// and the `[transport]` table given.
+fn write_config(path: &Path, device: &str, state_dir: &Path, transport: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "device_id = {}\nintent_public_keys = [{}]\nstate_dir = {}\n[transport]\n{transport}\n[updater]\n{SIMULATE}\n",
+            toml_string(device),
+            toml_string(TEST_INTENT_PUBLIC_KEY),
+            toml_string(&state_dir.display().to_string()),
+        ),
+    )
+    .expect("config");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token() {
     // A directory before `drover init` made anything but the intent key
@@ -155,16 +170,12 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
     let agent_dir = cp.dir.path().join("agent-tls-1");
     let bad = agent_dir.join("bad.toml");
     std::fs::create_dir_all(&agent_dir).expect("dir");
-    std::fs::write(
+    write_config(
         &bad,
-        format!(
-            "device_id = \"tls-1\"\nintent_public_keys = [{}]\nstate_dir = {}\n[transport]\n{}\n[updater]\n{SIMULATE}\n",
-            toml_string(TEST_INTENT_PUBLIC_KEY),
-            toml_string(&agent_dir.join("bad-state").display().to_string()),
-            websocket(&url, &"0".repeat(64), &ca)
-        ),
-    )
-    .expect("config");
+        "tls-1",
+        &agent_dir.join("bad-state"),
+        &websocket(&url, &"0".repeat(64), &ca),
+    );
     let out = check_connect(&bad);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
@@ -300,16 +311,12 @@ async fn a_ca_certificate_served_as_the_servers_own_gets_a_sentence_saying_what_
     ]);
     let url = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
     let config = scratch.path().join("agent.toml");
-    std::fs::write(
+    write_config(
         &config,
-        format!(
-            "device_id = \"ca-1\"\nintent_public_keys = [{}]\nstate_dir = {}\n[transport]\n{}\n[updater]\n{SIMULATE}\n",
-            toml_string(TEST_INTENT_PUBLIC_KEY),
-            toml_string(&scratch.path().join("state").display().to_string()),
-            websocket(&url, &cp.device_token("ca-1"), &cert_path)
-        ),
-    )
-    .expect("config");
+        "ca-1",
+        &scratch.path().join("state"),
+        &websocket(&url, &cp.device_token("ca-1"), &cert_path),
+    );
     let out = check_connect(&config);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
