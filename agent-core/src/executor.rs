@@ -238,6 +238,9 @@ impl Agent {
                 ),
             }));
         }
+        if crate::wire::is_cancel_order(&value) {
+            return self.cancel_signed(value);
+        }
         match self.settings.trusted_keys.verify(&value) {
             Ok(()) => self.admit(parse_intent_value(value)),
             Err(problem) => {
@@ -319,7 +322,7 @@ impl Agent {
             None => None,
         };
         // A new job, or one that takes the place of a recorded refusal.
-        let fresh = existing.as_ref().is_none_or(|r| r.intent.is_none());
+        let fresh = existing.as_ref().is_none_or(|r| r.gives_way());
         let unfinished = if fresh {
             self.store
                 .summaries()?
@@ -375,19 +378,76 @@ impl Agent {
         })
     }
 
-    /// Cancels a job that has not started. A started job is never interrupted.
-    pub fn cancel(&self, job_id: JobId) -> Result<Option<JobStatus>, StoreError> {
-        let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(record) = self.store.job(job_id)? else {
-            return Ok(None);
+    /// Carries out the control plane's signed order to cancel a job. A job
+    /// that has not started is Canceled and reported; a started one is never
+    /// interrupted (A3) and reports its own end; a finished one reports its
+    /// status again. A job this agent never received is recorded as Canceled
+    /// and reported, so the intent can never run should it still arrive.
+    /// An order that is unsigned, badly signed or for another device changes
+    /// nothing: a cancel must not let a broker shadow a job (A11).
+    fn cancel_signed(&self, value: serde_json::Value) -> Result<AdmitReply, AdmitError> {
+        let unusable = |job_id, reason: String| {
+            AdmitError::Unreadable(IntentError {
+                job_id,
+                device_id: None,
+                kind: None,
+                attempt: 0,
+                reason,
+            })
         };
-        let (record, persist, _) = lifecycle::transition(
-            record,
-            Event::Cancel { now: clock::now() },
-            self.settings.limits,
-        );
+        let named = value
+            .get(crate::wire::CANCEL_FIELD)
+            .and_then(|v| v.as_str())
+            .and_then(|s| s.parse::<JobId>().ok());
+        if let Err(problem) = self.settings.trusted_keys.verify(&value) {
+            warn!(job_id = ?named, %problem, "cancel order ignored: its signature does not hold");
+            return Err(unusable(named, format!("cancel order ignored: {problem}")));
+        }
+        let order = crate::wire::parse_cancel_order(value).map_err(AdmitError::Unreadable)?;
+        if order.device_id != self.settings.device_id {
+            return Err(unusable(
+                Some(order.cancel_job),
+                format!(
+                    "cancel order is for device {}, this agent is {}; ignored",
+                    order.device_id, self.settings.device_id
+                ),
+            ));
+        }
+        let span = tracing::info_span!("job", job_id = %order.cancel_job);
+        let _span = span.enter();
+        let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let (record, persist) = match self.store.job(order.cancel_job)? {
+            Some(record) if record.status.state.is_terminal() => (record, Persist::Report),
+            Some(record) => {
+                let (record, persist, _) = lifecycle::transition(
+                    record,
+                    Event::Cancel { now: clock::now() },
+                    self.settings.limits,
+                );
+                (record, persist)
+            }
+            None => {
+                let ctx = AdmitContext {
+                    device_id: &self.settings.device_id,
+                    boot_id: &self.settings.boot_id,
+                    now: clock::now(),
+                    control_plane_now: self.control_plane_clock.now_or_local(),
+                    arrival: self.checked(self.store.next("arrival"))?,
+                    unfinished: 0,
+                    steps: None,
+                };
+                (
+                    lifecycle::canceled_unreceived(&order, &ctx),
+                    Persist::Report,
+                )
+            }
+        };
         self.persist(&record, persist)?;
-        Ok(Some(record.status))
+        info!(state = ?record.status.state, "cancel order carried out");
+        Ok(AdmitReply {
+            status: record.status,
+            duplicate: false,
+        })
     }
 
     /// Jobs the agent still holds: unfinished ones and those whose final
@@ -583,10 +643,27 @@ impl Agent {
                 "the agent stopped while this job ran; resuming it at its current step"
             );
         }
+        let job_id = record.status.job_id;
+        let mut first = true;
         loop {
-            let (next_record, persist, next) = lifecycle::transition(record, event, limits);
+            let (next_record, persist, next) = if first {
+                // The pick reads the record again under the admission lock: a
+                // cancel order that came after the queue scan wins, and the
+                // job never starts.
+                first = false;
+                let _guard = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(fresh) = self.store.job(job_id)? else {
+                    return Ok(());
+                };
+                let picked = lifecycle::transition(fresh, event, limits);
+                self.persist(&picked.0, picked.1)?;
+                picked
+            } else {
+                let stepped = lifecycle::transition(record, event, limits);
+                self.persist(&stepped.0, stepped.1)?;
+                stepped
+            };
             record = next_record;
-            self.persist(&record, persist)?;
             if persist == Persist::Report {
                 info!(state = ?record.status.state, step = current_step_name(&record), "job progress");
             }

@@ -205,3 +205,108 @@ fn heartbeats_increase_across_restarts_with_one_durable_write_per_start() {
     assert_eq!(store.next("agent-start").expect("counter"), 3);
     assert_eq!(store.next("heartbeat").expect("counter"), 1);
 }
+
+/// A control plane's key, and the agent's settings that trust it.
+fn signing_key() -> (ring::signature::Ed25519KeyPair, TrustedKeys) {
+    use ring::signature::KeyPair;
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("generate");
+    let key = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("parse");
+    let trusted =
+        TrustedKeys::from_hex(&[crate::signing::hex(key.public_key().as_ref())]).expect("trusted");
+    (key, trusted)
+}
+
+fn signed(
+    key: &ring::signature::Ed25519KeyPair,
+    mut value: serde_json::Value,
+) -> serde_json::Value {
+    let message = crate::signing::canonical(&value).expect("object");
+    value[crate::signing::SIGNATURE_FIELD] =
+        serde_json::Value::String(crate::signing::hex(key.sign(&message).as_ref()));
+    value
+}
+
+fn cancel_order(job: JobId, device: &str) -> serde_json::Value {
+    serde_json::json!({"cancelJob": job, "deviceId": device, "attempt": 1})
+}
+
+/// The control plane's signed cancel order: a queued job is Canceled and
+/// reported, never runs; a job the agent never received is recorded as
+/// Canceled so its intent, should it still arrive, never runs (A1); an
+/// unsigned order, or one for another device, changes nothing (A11).
+#[tokio::test]
+async fn a_signed_cancel_order_cancels_queued_and_unreceived_jobs_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(RedbStore::open(&dir.path().join("a.redb")).expect("open"));
+    let chain = Arc::new(Counting::default());
+    let (key, trusted) = signing_key();
+    let mut settings = settings(dir.path(), None);
+    settings.trusted_keys = trusted;
+    let agent = Agent::new(settings, store, vec![chain.clone()]);
+    let intent_value = |intent: &Intent| signed(&key, serde_json::to_value(intent).expect("json"));
+
+    // Queued (the worker is not running yet): canceled, reported.
+    let queued = intent(3600);
+    agent
+        .admit_signed(Ok(intent_value(&queued)))
+        .expect("admit");
+    let reply = agent
+        .admit_signed(Ok(signed(&key, cancel_order(queued.job_id, "device-1"))))
+        .expect("cancel");
+    assert_eq!(reply.status.state, JobState::Canceled);
+    assert!(
+        agent
+            .outbox(100)
+            .expect("outbox")
+            .iter()
+            .any(|e| e.status.job_id == queued.job_id && e.status.state == JobState::Canceled),
+        "the Canceled status is reported"
+    );
+
+    // Never received: recorded as Canceled; the intent arriving later is a
+    // duplicate and never runs.
+    let late = intent(3600);
+    let reply = agent
+        .admit_signed(Ok(signed(&key, cancel_order(late.job_id, "device-1"))))
+        .expect("cancel an unknown job");
+    assert_eq!(reply.status.state, JobState::Canceled);
+    let again = agent
+        .admit_signed(Ok(intent_value(&late)))
+        .expect("the intent after its cancel");
+    assert!(again.duplicate, "the canceled job's intent is a duplicate");
+    assert_eq!(again.status.state, JobState::Canceled);
+
+    // Unsigned, or signed for another device: refused, nothing recorded.
+    let kept = intent(3600);
+    agent.admit_signed(Ok(intent_value(&kept))).expect("admit");
+    let unsigned = agent.admit_signed(Ok(cancel_order(kept.job_id, "device-1")));
+    assert!(
+        matches!(&unsigned, Err(AdmitError::Unreadable(e)) if e.reason.contains("not signed")),
+        "{unsigned:?}"
+    );
+    let elsewhere = agent.admit_signed(Ok(signed(&key, cancel_order(kept.job_id, "device-2"))));
+    assert!(
+        matches!(&elsewhere, Err(AdmitError::Unreadable(e)) if e.reason.contains("for device device-2")),
+        "{elsewhere:?}"
+    );
+    let stranger = JobId::random();
+    let _ = agent.admit_signed(Ok(cancel_order(stranger, "device-1")));
+    assert!(
+        agent.job(stranger).expect("job").is_none(),
+        "nothing recorded"
+    );
+
+    // The worker runs only the job nobody canceled.
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+    wait_for_state(&agent, kept.job_id, JobState::Succeeded).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(chain.total.load(Ordering::SeqCst), 2, "one job, two steps");
+    assert_eq!(
+        agent.job(queued.job_id).expect("job").map(|s| s.state),
+        Some(JobState::Canceled)
+    );
+    shutdown.cancel();
+    worker.await.expect("worker");
+}

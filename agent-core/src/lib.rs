@@ -11,6 +11,7 @@ pub mod executor;
 pub mod facts;
 pub mod ids;
 pub mod lifecycle;
+pub mod logging;
 pub mod model;
 pub mod report;
 pub mod sealed;

@@ -6,7 +6,7 @@ use crate::chain::StepOutcome;
 use crate::ids::DeviceId;
 use crate::model::{Intent, JobState, JobStatus, StepRecord, StepState};
 use crate::store::{JobRecord, Origin};
-use crate::wire::IntentError;
+use crate::wire::{CancelOrder, IntentError};
 use crate::{MAX_ERROR_BYTES, bounded};
 use jiff::Timestamp;
 use std::time::Duration;
@@ -75,7 +75,7 @@ pub fn admit(
     // control plane's own redelivery would have been refused the same way, so
     // the refused copy was not the control plane's intent.
     let superseded = match existing {
-        Some(record) if record.intent.is_none() && parsed.is_ok() => Some(record.status.seq),
+        Some(record) if record.gives_way() && parsed.is_ok() => Some(record.status.seq),
         Some(record) => return Ok(Admission::Duplicate(record)),
         None => None,
     };
@@ -152,6 +152,12 @@ fn refuse(mut status: JobStatus, reason: &str, ctx: &AdmitContext<'_>) -> JobRec
     status.state = JobState::Rejected;
     status.error = Some(bounded(reason, MAX_ERROR_BYTES));
     status.finished_at = Some(ctx.now);
+    ended_without_intent(status, ctx)
+}
+
+/// The record of a fleet job decided without its intent (refused, or
+/// canceled before it arrived).
+fn ended_without_intent(status: JobStatus, ctx: &AdmitContext<'_>) -> JobRecord {
     JobRecord {
         intent: None,
         status,
@@ -160,6 +166,18 @@ fn refuse(mut status: JobStatus, reason: &str, ctx: &AdmitContext<'_>) -> JobRec
         resumes: 0,
         reboot_from_boot: None,
     }
+}
+
+/// The record of a job the control plane canceled before this device
+/// received it: Canceled at once and reported, so the control plane can
+/// decide the job, and kept so the intent, should it still arrive (a relay
+/// that held it back), is answered with this status and never runs (A1).
+pub fn canceled_unreceived(order: &CancelOrder, ctx: &AdmitContext<'_>) -> JobRecord {
+    let mut status = new_status(ctx, order.cancel_job, order.attempt);
+    status.state = JobState::Canceled;
+    status.finished_at = Some(ctx.now);
+    status.error = Some("canceled by the control plane before this device received it".into());
+    ended_without_intent(status, ctx)
 }
 
 /// Something that happens to a job.

@@ -33,6 +33,16 @@ pub struct JobRecord {
     pub reboot_from_boot: Option<String>,
 }
 
+impl JobRecord {
+    /// A recorded refusal gives way to a valid intent of the same id: the
+    /// control plane's own redelivery would have been refused the same way,
+    /// so the refused copy was not its intent. A signed cancel's record does
+    /// not: the control plane withdrew that job.
+    pub fn gives_way(&self) -> bool {
+        self.intent.is_none() && self.status.state == crate::model::JobState::Rejected
+    }
+}
+
 /// A status waiting in the outbox until a transport confirms it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxEntry {

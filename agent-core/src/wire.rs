@@ -128,6 +128,37 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
     })
 }
 
+/// The control plane's order to cancel one job on one device, signed like
+/// an intent (A11). It travels where the intent travels: in its place in a
+/// broker (the NATS bucket key, the MQTT retained topic), so an agent that
+/// was away finds the order instead of the intent; over WebSocket in a
+/// `cancel` message. `cancelJob` tells it from an intent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelOrder {
+    pub cancel_job: JobId,
+    pub device_id: DeviceId,
+    pub attempt: u32,
+}
+
+/// The field that marks a cancel order.
+pub const CANCEL_FIELD: &str = "cancelJob";
+
+/// Whether a value in an intent's place is a cancel order.
+pub fn is_cancel_order(value: &serde_json::Value) -> bool {
+    value.get(CANCEL_FIELD).is_some()
+}
+
+/// Parses a cancel order; the error says what is wrong with it.
+pub fn parse_cancel_order(value: serde_json::Value) -> Result<CancelOrder, IntentError> {
+    let job_id = value
+        .get(CANCEL_FIELD)
+        .and_then(|v| v.as_str())
+        .and_then(|s| s.parse::<JobId>().ok());
+    serde_json::from_value(value)
+        .map_err(|e| refusal(job_id, format!("malformed cancel order: {e}")))
+}
+
 fn refusal(job_id: Option<JobId>, reason: String) -> IntentError {
     IntentError {
         job_id,

@@ -201,18 +201,7 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: not in the journal or a
-        // file, and never when NO_COLOR is set (no-color.org).
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-        )
-        .init();
+    agent_core::logging::init("info");
 }
 
 /// The socket named on the command line, else the config's, else the default.

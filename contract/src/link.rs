@@ -138,6 +138,16 @@ pub trait AgentLinks: Send + Sync + 'static {
         server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
 
+    /// Delivers the control plane's signed order to cancel a job
+    /// (`agent_core::wire::CancelOrder`). A broker keeps it in the intent's
+    /// place, so an agent that was away reads the order, never the intent.
+    fn cancel<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+        signed: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
+
     /// Withdraws an intent that is decided (finished or expired): a broker
     /// forgets it. A no-op where nothing is kept.
     fn withdraw<'a>(

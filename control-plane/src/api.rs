@@ -7,7 +7,8 @@ use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
 use crate::packages::PackageRecord;
 use crate::records::{
-    Db, DbError, DeviceRecord, JobDelivery, RunStatus, TaskRunRecord, device_key, job_key, run_key,
+    Db, DbError, DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key,
+    run_key,
 };
 use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};
@@ -67,19 +68,21 @@ pub fn router(state: ApiState) -> Router {
     let api = Router::new()
         .route("/summary", get(summary))
         .route("/devices", get(list_devices))
-        .route("/devices/{id}", get(get_device))
+        .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route("/taskschedules/{name}", get(get_schedule))
         .route("/taskruns", get(list_runs))
-        .route("/taskruns/{name}", get(get_run))
+        .route("/taskruns/{name}", get(get_run).delete(delete_run))
         .route("/taskruns/{name}/targets", get(run_targets))
+        .route("/taskruns/{name}/cancel", post(cancel_run))
         .route("/deployments", get(list_deployments))
         .route("/deployments/{name}", get(get_deployment))
         .route("/deployments/{name}/targets", get(deployment_targets))
         .route("/deployments/{name}/describe", get(describe_deployment))
         .route("/deployments/{name}/add-new-devices", post(add_new_devices))
+        .route("/deployments/{name}/cancel", post(cancel_deployment))
         // The body is streamed to disk and bounded there, not by the limit below.
         .route("/packages", get(list_packages).post(upload_package))
         .route("/secrets", get(list_secrets))
@@ -165,6 +168,112 @@ async fn get_device(
     }
 }
 
+/// Removes a device from the registry with its inventory and its finished
+/// jobs. Refused while one of its jobs is undecided (cancel its run or
+/// deployment, or wait). Its token is derived, not stored: an agent that
+/// still runs with it registers the device again when it connects, as a
+/// kubelet does; decommission the device to refuse it instead.
+async fn delete_device(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let Some((_, device)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
+        return Err(not_found(format!("device {id}")));
+    };
+    let jobs = state
+        .db
+        .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
+        .await?;
+    let undecided: Vec<String> = jobs
+        .iter()
+        .filter(|(_, _, job)| {
+            !job.status.as_ref().is_some_and(|s| s.state.is_terminal())
+                && !matches!(job.delivery, crate::records::Delivery::Expired { .. })
+        })
+        .map(|(_, _, job)| {
+            job.run
+                .clone()
+                .unwrap_or_else(|| job.intent.job_id.to_string())
+        })
+        .collect();
+    if !undecided.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "device {id} has {} undecided job(s) ({}); cancel the run or deployment, or wait for it, then delete the device",
+                undecided.len(),
+                undecided.join(", ")
+            ),
+        ));
+    }
+    let online = state
+        .presence
+        .online(&id, device.last_seen, Timestamp::now());
+    let mut keys: Vec<String> = jobs.into_iter().map(|(key, _, _)| key).collect();
+    let job_count = keys.len();
+    keys.push(crate::deployment::inventory_key(&id));
+    keys.push(device_key(&id));
+    state.db.delete_all(&keys).await?;
+    tracing::info!(device = %id, jobs = job_count, "device deleted");
+    Ok(Json(json!({
+        "kind": "Device",
+        "name": id,
+        "result": "deleted",
+        "jobs": job_count,
+        "online": online,
+    })))
+}
+
+/// Deletes a finished task run: its record, its frozen plan and its jobs'
+/// records. A run still going is refused: cancel it first.
+async fn delete_run(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Some((_, run)) = state.db.get::<TaskRunRecord>(&run_key(&name)).await? else {
+        return Err(not_found(format!("TaskRun {name}")));
+    };
+    if run.status.phase == Phase::Canceling {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "TaskRun {name} is still canceling (jobs that had started run to their end); delete it once it has ended"
+            ),
+        ));
+    }
+    if !run.status.phase.is_terminal() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "TaskRun {name} is {:?}; cancel it first (drover cancel taskrun {name}) and delete it once it has ended",
+                run.status.phase
+            ),
+        ));
+    }
+    let plan = state.engine.load_plan(&run).await?;
+    let job_keys: Vec<String> = plan
+        .iter()
+        .map(|target| job_key(&target.device, run.uid))
+        .collect();
+    // Jobs first, the run last: a delete cut short is finished by running
+    // it again.
+    let jobs = state.db.delete_all(&job_keys).await?;
+    let mut plan_keys: Vec<String> = (0..run.status.plan_chunks)
+        .map(|index| crate::records::plan_key(run.uid, index))
+        .collect();
+    plan_keys.push(crate::records::plan_header_key(run.uid));
+    state.db.delete_all(&plan_keys).await?;
+    state.db.delete_all(&[run_key(&name)]).await?;
+    tracing::info!(run = %name, jobs, "run deleted");
+    Ok(Json(json!({
+        "kind": "TaskRun",
+        "name": name,
+        "result": "deleted",
+        "jobs": jobs,
+    })))
+}
+
 /// Applies one manifest, a JSON array of them, or a `kind: List` with
 /// `items` (what `drover apply -f` sends for a file of several documents):
 /// many devices register in one request.
@@ -216,12 +325,42 @@ async fn apply(
         .collect();
     let mut device_results = apply_devices(&state, &devices).await?.into_iter();
     let mut results = Vec::with_capacity(items.len());
-    for (item, manifest) in items.into_iter().zip(&manifests) {
+    for (index, (item, manifest)) in items.into_iter().zip(&manifests).enumerate() {
         if matches!(manifest, Manifest::Device { .. }) {
             results.push(device_results.next().unwrap_or(Value::Null));
-        } else {
-            let (_, Json(result)) = apply_one(&state, item).await?;
-            results.push(result);
+            continue;
+        }
+        let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+        let kind = item["kind"].as_str().unwrap_or("?").to_owned();
+        match apply_one(&state, item).await {
+            Ok((_, Json(result))) => results.push(result),
+            // Stop at the first failure and say what is applied: the items
+            // before it, and every device (they went in first, together).
+            Err(ApiError(code, error)) => {
+                results.extend(device_results);
+                let applied: Vec<String> = results
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{}/{} {}",
+                            r["kind"].as_str().unwrap_or("?"),
+                            r["name"].as_str().unwrap_or("?"),
+                            r["result"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect();
+                let applied = if applied.is_empty() {
+                    "nothing was applied".to_owned()
+                } else {
+                    format!("applied: {}", applied.join(", "))
+                };
+                return Err(ApiError(
+                    code,
+                    format!(
+                        "item {index} ({kind}/{name}): {error}; it and the items after it were not applied; {applied}"
+                    ),
+                ));
+            }
         }
     }
     Ok((
@@ -643,6 +782,7 @@ async fn run_targets(
             "released": job.is_some(),
             "delivery": job.as_ref().map(|j| &j.delivery),
             "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
+            "cancelRequestedAt": job.as_ref().and_then(|j| j.cancel_requested_at.map(|t| t.to_string())),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
         }));
     }
@@ -687,6 +827,7 @@ fn target_state(target: &TargetRecord, job: Option<&JobDelivery>, now: Timestamp
         (Some(TargetEnd::Succeeded { .. }), _) => "succeeded",
         (Some(TargetEnd::Failed { .. }), _) => "failed",
         (Some(TargetEnd::Expired { .. }), _) => "expired",
+        (Some(TargetEnd::Canceled { .. }), _) => "canceled",
         (None, None) if target.next_attempt_at.is_some_and(|at| at > now) => "waitingRetry",
         (None, None) => "pending",
         (None, Some(_)) => match job.map(|j| crate::engine::observe(j, now)) {
@@ -823,6 +964,100 @@ async fn describe_deployment(
         })).collect::<Vec<_>>(),
         "waitingRetryTotal": waiting.len(),
     })))
+}
+
+async fn cancel_run(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let (answer, run) = cancel::<TaskRunRecord>(&state, "TaskRun", &run_key(&name), &name, |r| {
+        &mut r.status.phase
+    })
+    .await?;
+    // Every job out is asked before the answer, so a device that comes back
+    // right after it gets the order, not the intent; the engine's passes ask
+    // any job a pass released meanwhile.
+    let keys: Vec<String> = state
+        .engine
+        .load_plan(&run)
+        .await?
+        .iter()
+        .map(|target| job_key(&target.device, run.uid))
+        .collect();
+    state.db.request_cancels(&keys, Timestamp::now()).await?;
+    Ok(answer)
+}
+
+async fn cancel_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let key = crate::records::deployment_key(&name);
+    let (answer, deployment) =
+        cancel::<DeploymentRecord>(&state, "Deployment", &key, &name, |d| &mut d.status.phase)
+            .await?;
+    let keys: Vec<String> = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?
+        .into_iter()
+        .filter_map(|(_, _, target)| target.job.map(|job| job_key(&target.device, job)))
+        .collect();
+    state.db.request_cancels(&keys, Timestamp::now()).await?;
+    Ok(answer)
+}
+
+/// Cancels a run or deployment: it enters `Canceling` and the engine does
+/// the rest (releases nothing more, asks every job that is out to cancel,
+/// ends it Failed with reason `Canceled` once they are decided). Asking
+/// again is harmless; a finished one is refused.
+async fn cancel<T: crate::stored::Record + Clone + Send + Sync + 'static>(
+    state: &ApiState,
+    kind: &str,
+    key: &str,
+    name: &str,
+    phase: fn(&mut T) -> &mut Phase,
+) -> Result<((StatusCode, Json<Value>), T), ApiError> {
+    let mut refused = None;
+    let mut already = false;
+    let updated = state
+        .db
+        .update::<T, _>(key, |current| {
+            let mut record = current?;
+            let now = *phase(&mut record);
+            if now.is_terminal() {
+                refused = Some(format!(
+                    "{kind} {name} has finished ({now:?}); there is nothing to cancel"
+                ));
+                return None;
+            }
+            already = now == Phase::Canceling;
+            if already {
+                return None;
+            }
+            *phase(&mut record) = Phase::Canceling;
+            Some(record)
+        })
+        .await?;
+    if let Some(refused) = refused {
+        return Err(ApiError(StatusCode::CONFLICT, refused));
+    }
+    let Some(record) = updated else {
+        return Err(not_found(format!("{kind} {name}")));
+    };
+    let result = if already {
+        "already canceling"
+    } else {
+        "cancel requested"
+    };
+    tracing::info!(kind, name, result, "cancel");
+    Ok((
+        (
+            StatusCode::ACCEPTED,
+            Json(json!({"kind": kind, "name": name, "result": result, "phase": "Canceling"})),
+        ),
+        record,
+    ))
 }
 
 /// "Add new devices": the engine runs the deployment's targeting again and

@@ -140,7 +140,11 @@ impl IntentSigner {
 
     /// The intent as JSON with its signature.
     pub fn sign(&self, intent: &agent_core::Intent) -> serde_json::Value {
-        let mut value = serde_json::to_value(intent).unwrap_or(serde_json::Value::Null);
+        self.sign_value(serde_json::to_value(intent).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// A JSON object (an intent, a cancel order) with its signature.
+    pub fn sign_value(&self, mut value: serde_json::Value) -> serde_json::Value {
         if let Some(message) = agent_core::signing::canonical(&value) {
             let signature = self.key.sign(&message);
             value[agent_core::signing::SIGNATURE_FIELD] =

@@ -147,6 +147,10 @@ pub enum Command {
         name: Option<String>,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// After the listing, print a row (or, with -o json|yaml, an object)
+        /// for every one that changes, until interrupted.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// Follow task runs and deployments.
     Runs {
@@ -161,6 +165,24 @@ pub enum Command {
         name: String,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// Cancel a task run or a deployment: nothing more is released, jobs
+    /// that have not started on their devices are canceled there, and jobs
+    /// that have started run to their end (an upgrade is never cut short).
+    /// It ends Failed with reason Canceled once every job is decided;
+    /// `drover runs watch NAME` follows it.
+    Cancel {
+        #[arg(value_enum)]
+        resource: Cancelable,
+        name: String,
+    },
+    /// Delete a finished task run (its record, plan and jobs), or a device
+    /// (its registry record, inventory and finished jobs). A run still going
+    /// or a device with an undecided job is refused: cancel first.
+    Delete {
+        #[arg(value_enum)]
+        resource: Deletable,
+        name: String,
     },
     /// Act on deployments.
     Deployments {
@@ -313,6 +335,18 @@ pub enum Described {
     Deployment,
     /// A task run with a table of its targets: state, current step, error.
     Taskrun,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Cancelable {
+    Taskrun,
+    Deployment,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Deletable {
+    Taskrun,
+    Device,
 }
 
 #[derive(Subcommand)]

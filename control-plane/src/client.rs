@@ -104,6 +104,18 @@ impl ApiClient {
         Self::check(response).await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<Value> {
+        let url = format!("{}/api/v1{path}", self.base);
+        let response = self
+            .http
+            .delete(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+        Self::check(response).await
+    }
+
     /// Sends a file as the body of a POST (a package upload).
     pub async fn post_file(&self, path: &str, file: &Path) -> Result<Value> {
         let bytes = tokio::fs::read(file)

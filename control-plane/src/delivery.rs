@@ -20,6 +20,19 @@ pub struct JobFacts {
     /// The stored status is terminal: the job is decided.
     pub finished: bool,
     pub expires_at: Timestamp,
+    pub cancel: Cancel,
+}
+
+/// Whether the job is being canceled, and whether its cancel order is out.
+/// Only the request is stored (`cancel_requested_at`); whether the order got
+/// out is kept in memory, like `Sent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    NotRequested,
+    /// Requested; the order has not got out (or its delivery failed).
+    Requested,
+    /// The order was written to the device's connection or its broker.
+    OrderOut,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +47,8 @@ pub enum DeliveryEvent {
     Status { terminal: bool, at: Timestamp },
     /// The agent (re)connected; `holds` says whether it lists this job.
     Hello { holds: bool, at: Timestamp },
+    /// The job's cancel was requested just now.
+    Cancel,
     /// The sweeper's periodic look.
     Tick {
         now: Timestamp,
@@ -47,6 +62,8 @@ pub enum Effect {
     Send,
     /// Withdraw the intent from wherever a broker keeps it.
     Withdraw,
+    /// Send the signed cancel order; a broker keeps it in the intent's place.
+    SendCancel,
 }
 
 /// The delivery transition table. Pure: same inputs, same outputs; every
@@ -55,10 +72,7 @@ pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) 
     use Delivery::*;
     use DeliveryEvent as E;
     let unchanged = (facts.delivery.clone(), Vec::new());
-    let acked = |at: Timestamp| match &facts.delivery {
-        Acked { at } => Acked { at: *at },
-        _ => Acked { at },
-    };
+    let acked = |at: Timestamp| acked(&facts.delivery, at);
     // A decided job is never sent again; its only effect is the withdrawal
     // when its terminal status first arrives.
     if facts.finished {
@@ -69,20 +83,18 @@ pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) 
             | E::Ack { .. }
             | E::Status { .. }
             | E::Hello { .. }
+            | E::Cancel
             | E::Tick { .. } => unchanged,
         };
     }
+    if let Some(settled) = expired_or_status(facts, event) {
+        return settled;
+    }
+    if facts.cancel != Cancel::NotRequested {
+        return canceling(facts, event);
+    }
     match (&facts.delivery, event) {
-        // An expired job never goes out again (A3).
-        (Expired { .. }, _) => unchanged,
-        (_, E::Status { terminal, at }) => {
-            let effects = if *terminal {
-                vec![Effect::Withdraw]
-            } else {
-                Vec::new()
-            };
-            (acked(*at), effects)
-        }
+        (Expired { .. }, _) | (_, E::Status { .. }) => unchanged,
         (Created | Sent { .. }, E::Ack { at }) => (acked(*at), Vec::new()),
         (Acked { .. }, E::Ack { .. }) => unchanged,
         (Created, E::Consider { now }) => {
@@ -110,6 +122,68 @@ pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) 
             (Created, vec![Effect::Send])
         }
         (Created | Sent { .. } | Acked { .. }, E::Tick { .. }) => unchanged,
+        // Only a job whose cancel is requested gets this event; see `canceling`.
+        (Created | Sent { .. } | Acked { .. }, E::Cancel) => unchanged,
+    }
+}
+
+/// An acknowledgement at `at`; the first one's time is kept.
+fn acked(delivery: &Delivery, at: Timestamp) -> Delivery {
+    match delivery {
+        Delivery::Acked { at } => Delivery::Acked { at: *at },
+        _ => Delivery::Acked { at },
+    }
+}
+
+/// What holds for every undecided job, canceled or not: an expired one
+/// never goes out again (A3); a status acknowledges it, and a terminal one
+/// withdraws it.
+fn expired_or_status(facts: &JobFacts, event: &DeliveryEvent) -> Option<(Delivery, Vec<Effect>)> {
+    match (&facts.delivery, event) {
+        (Delivery::Expired { .. }, _) => Some((facts.delivery.clone(), Vec::new())),
+        (_, DeliveryEvent::Status { terminal, at }) => {
+            let effects = if *terminal {
+                vec![Effect::Withdraw]
+            } else {
+                Vec::new()
+            };
+            Some((acked(&facts.delivery, *at), effects))
+        }
+        _ => None,
+    }
+}
+
+/// The table of an undecided job whose cancel was requested: the intent
+/// never goes out again; the cancel order goes wherever the intent would
+/// (on the request, at every hello, after a restart, and until it got out
+/// once). Acks, statuses and expiry keep their meaning: the job is decided by
+/// the agent's status (Canceled, or the end of a job that had started) or
+/// by its expiry.
+fn canceling(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) {
+    use Delivery::*;
+    use DeliveryEvent as E;
+    let unchanged = (facts.delivery.clone(), Vec::new());
+    let order = vec![Effect::SendCancel];
+    let acked = |at: Timestamp| acked(&facts.delivery, at);
+    let expired = |now: &Timestamp| {
+        !matches!(facts.delivery, Acked { .. }) && *now >= facts.expires_at && !facts.has_status
+    };
+    match (&facts.delivery, event) {
+        // Settled by `expired_or_status` before this table is asked.
+        (Expired { .. }, _) | (_, E::Status { .. }) => unchanged,
+        (_, E::Ack { at }) => (acked(*at), Vec::new()),
+        (_, E::Delivered { at }) => match &facts.delivery {
+            Created => (Sent { at: *at }, Vec::new()),
+            _ => unchanged,
+        },
+        (_, E::Consider { now }) | (_, E::Tick { now, .. }) if expired(now) => {
+            (Expired { at: *now }, vec![Effect::Withdraw])
+        }
+        (_, E::Cancel | E::Consider { .. }) => (facts.delivery.clone(), order),
+        (_, E::Hello { holds: true, at }) => (acked(*at), order),
+        (_, E::Hello { holds: false, .. }) => (facts.delivery.clone(), order),
+        (_, E::Tick { .. }) if facts.cancel == Cancel::Requested => (facts.delivery.clone(), order),
+        (_, E::Tick { .. }) => unchanged,
     }
 }
 
@@ -129,6 +203,14 @@ mod tests {
             has_status,
             finished,
             expires_at: t(1000),
+            cancel: Cancel::NotRequested,
+        }
+    }
+
+    fn canceled(delivery: Delivery, has_status: bool, cancel: Cancel) -> JobFacts {
+        JobFacts {
+            cancel,
+            ..facts(delivery, has_status, false)
         }
     }
 
@@ -143,6 +225,7 @@ mod tests {
     fn delivery_table() {
         let send = vec![Effect::Send];
         let withdraw = vec![Effect::Withdraw];
+        let order = vec![Effect::SendCancel];
         let none: Vec<Effect> = Vec::new();
         #[rustfmt::skip]
         let cases: Vec<(&str, JobFacts, DeliveryEvent, Delivery, Vec<Effect>)> = vec![
@@ -167,6 +250,20 @@ mod tests {
             ("acked past expiry: it may run, never interrupted (A3)", facts(Acked { at: t(2) }, true, false), tick(2000), Acked { at: t(2) }, none.clone()),
             ("expired stays expired", facts(Expired { at: t(1000) }, false, false), E::Hello { holds: false, at: t(1001) }, Expired { at: t(1000) }, none.clone()),
             ("created waits on a tick (nobody reachable)", facts(Created, false, false), tick(10), Created, none.clone()),
+            ("a cancel request: the order goes out", canceled(Created, false, Cancel::Requested), E::Cancel, Created, order.clone()),
+            ("a cancel of an acked job: the order goes out", canceled(Acked { at: t(2) }, false, Cancel::Requested), E::Cancel, Acked { at: t(2) }, order.clone()),
+            ("a cancel of a decided job: nothing", facts(Acked { at: t(2) }, true, true), E::Cancel, Acked { at: t(2) }, none.clone()),
+            ("a cancel of an expired job: nothing", canceled(Expired { at: t(5) }, false, Cancel::Requested), E::Cancel, Expired { at: t(5) }, none.clone()),
+            ("canceling, considered after a restart: the order, never the intent", canceled(Created, false, Cancel::Requested), E::Consider { now: t(3) }, Created, order.clone()),
+            ("canceling, a hello without the job: the order, never the intent", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), E::Hello { holds: false, at: t(4) }, Sent { at: t(1) }, order.clone()),
+            ("canceling, a hello holding the job: acked, and the order", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), E::Hello { holds: true, at: t(4) }, Acked { at: t(4) }, order.clone()),
+            ("canceling, no ack in time: the intent is not sent again", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), tick(61), Sent { at: t(1) }, none.clone()),
+            ("canceling, the order did not get out: a tick tries again", canceled(Created, false, Cancel::Requested), tick(10), Created, order.clone()),
+            ("canceling, the agent's Canceled status: withdrawn", canceled(Sent { at: t(1) }, true, Cancel::OrderOut), E::Status { terminal: true, at: t(5) }, Acked { at: t(5) }, withdraw.clone()),
+            ("canceling, a started job reports progress: wait for its end", canceled(Acked { at: t(2) }, true, Cancel::OrderOut), E::Status { terminal: false, at: t(5) }, Acked { at: t(2) }, none.clone()),
+            ("canceling, the order's delivery", canceled(Created, false, Cancel::Requested), E::Delivered { at: t(3) }, Sent { at: t(3) }, none.clone()),
+            ("canceling, never acked past expiry: expired", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), tick(1000), Expired { at: t(1000) }, withdraw.clone()),
+            ("canceling, acked past expiry: its status decides (A3)", canceled(Acked { at: t(2) }, false, Cancel::OrderOut), tick(2000), Acked { at: t(2) }, none.clone()),
         ];
         for (name, facts, event, delivery, effects) in cases {
             assert_eq!(step(&facts, &event), (delivery, effects), "{name}");

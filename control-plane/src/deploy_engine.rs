@@ -56,6 +56,8 @@ pub(super) struct DeploymentView {
     jobs: Vec<Option<Observed>>,
     /// The device's stored last-seen time (for devices on other replicas).
     last_seen: Vec<Option<Timestamp>>,
+    /// Jobs of a canceled deployment whose cancel this replica requested.
+    cancel_asked: HashSet<JobId>,
     /// When a pass is next due without any change: a retry's backoff ends,
     /// a running attempt times out, or the deployment expires.
     next_due: Option<Timestamp>,
@@ -158,19 +160,52 @@ pub fn observe(job: &JobDelivery, now: Timestamp) -> Observed {
         }
         JobState::Succeeded | JobState::Running | JobState::AwaitingReboot => Observed::Running,
         JobState::Accepted | JobState::Waiting => Observed::Queued,
-        JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {
-            Observed::Failed {
-                at: received,
-                error: status
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| format!("{:?}", status.state)),
-            }
-        }
+        JobState::Canceled => Observed::Canceled { at: received },
+        JobState::Failed | JobState::Expired | JobState::Rejected => Observed::Failed {
+            at: received,
+            error: status
+                .error
+                .clone()
+                .unwrap_or_else(|| format!("{:?}", status.state)),
+        },
     }
 }
 
 impl Engine {
+    /// Asks the current jobs of these targets of a canceled deployment to
+    /// cancel (the delivery core sends the order when it sees the request),
+    /// once per job and view; a request already stored is left alone.
+    async fn request_deployment_cancels(
+        &self,
+        view: &mut DeploymentView,
+        targets: &[usize],
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let asking: Vec<(JobId, String)> = targets
+            .iter()
+            .filter_map(|&index| {
+                let target = &view.targets[index];
+                let job = target.job?;
+                (!view.cancel_asked.contains(&job)).then(|| (job, job_key(&target.device, job)))
+            })
+            .collect();
+        if asking.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = asking.iter().map(|(_, key)| key.clone()).collect();
+        let settled = self.db.request_cancels(&keys, now).await?;
+        for (job, key) in asking {
+            if settled.contains(&key) {
+                view.cancel_asked.insert(job);
+            }
+        }
+        info!(
+            asked = settled.len(),
+            "cancel requested for the deployment's jobs that are out"
+        );
+        Ok(())
+    }
+
     /// Follows one stored change that may concern a deployment.
     pub(super) async fn route_deployment(
         &self,
@@ -409,7 +444,9 @@ impl Engine {
                 Ok(())
             }
             Phase::Planning => self.materialise(revision, record, now).await,
-            Phase::Running => self.advance_deployment(revision, record, now).await,
+            Phase::Running | Phase::Canceling => {
+                self.advance_deployment(revision, record, now).await
+            }
         }
     }
 
@@ -541,6 +578,7 @@ impl Engine {
             index: HashMap::with_capacity(stored.len()),
             jobs: Vec::with_capacity(stored.len()),
             last_seen: Vec::with_capacity(stored.len()),
+            cancel_asked: HashSet::new(),
             next_due: None,
         };
         let now = Timestamp::now();
@@ -608,7 +646,8 @@ impl Engine {
         let mut adds: Vec<(TargetRecord, Option<Timestamp>)> = Vec::new();
         let mut add_error = None;
         let handling_adds = record.add_requests > record.status.add_requests_handled;
-        if handling_adds {
+        // A canceled deployment takes no new devices; the request is handled.
+        if handling_adds && record.status.phase != Phase::Canceling {
             let (selected, _) = self.select_targets(&record).await?;
             let view = views.by_name.get(&name).expect("loaded above");
             adds = selected
@@ -645,6 +684,13 @@ impl Engine {
             .collect();
         let decision = deployment::decide(&record.facts(), &inputs, now);
         drop(inputs);
+        if !decision.cancel.is_empty()
+            && let Some(view) = views.by_name.get_mut(&name)
+        {
+            self.request_deployment_cancels(view, &decision.cancel, now)
+                .await?;
+        }
+        let view = views.by_name.get(&name).expect("loaded above");
         let deadline = record.facts().deadline();
         let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
             + deployment::RUNNING_GRACE;
@@ -669,7 +715,20 @@ impl Engine {
         if handling_adds {
             status.add_requests_handled = record.add_requests;
         }
-        if decision.finished && adds.is_empty() {
+        if decision.finished && record.status.phase == Phase::Canceling {
+            let c = &status.counts;
+            status.phase = Phase::Failed;
+            status.reason = Some("Canceled".into());
+            status.completion_time = Some(now);
+            status.latest_error = Some(format!(
+                "canceled by an operator: {} of {} targets succeeded, {} failed, {} expired, {} canceled",
+                c.succeeded,
+                c.total(),
+                c.failed,
+                c.expired,
+                c.canceled
+            ));
+        } else if decision.finished && adds.is_empty() {
             let c = &status.counts;
             status.phase = if c.failed == 0 && c.expired == 0 {
                 Phase::Complete
@@ -752,6 +811,7 @@ impl Engine {
                 status: None,
                 created_at: now,
                 terminal_received_at: None,
+                cancel_requested_at: None,
             };
             let key = job_key(&target.device, job_id);
             ops.push(Op::Put {

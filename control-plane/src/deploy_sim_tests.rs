@@ -503,6 +503,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
                 Some(TargetEnd::Succeeded { .. }) => recount.succeeded += 1,
                 Some(TargetEnd::Failed { .. }) => recount.failed += 1,
                 Some(TargetEnd::Expired { .. }) => recount.expired += 1,
+                Some(TargetEnd::Canceled { .. }) => recount.canceled += 1,
                 None => panic!("{name}/{} never ended", target.device),
             }
         }

@@ -288,6 +288,7 @@ impl DeploymentRecord {
             spec: &self.spec,
             uid: self.uid,
             started: self.status.start_time.unwrap_or(self.created_at),
+            canceling: self.status.phase == crate::records::Phase::Canceling,
         }
     }
 }
@@ -426,9 +427,20 @@ impl TargetRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum TargetEnd {
-    Succeeded { at: Timestamp },
-    Failed { at: Timestamp },
-    Expired { at: Timestamp },
+    Succeeded {
+        at: Timestamp,
+    },
+    Failed {
+        at: Timestamp,
+    },
+    Expired {
+        at: Timestamp,
+    },
+    /// An operator canceled the deployment before this target's job started.
+    /// (Appended: stored targets decode unchanged.)
+    Canceled {
+        at: Timestamp,
+    },
 }
 
 /// What the current attempt's job is doing, as its record says.
@@ -444,6 +456,11 @@ pub enum Observed {
     Failed {
         at: Timestamp,
         error: String,
+    },
+    /// The device canceled it on the control plane's order, before it
+    /// started.
+    Canceled {
+        at: Timestamp,
     },
 }
 
@@ -468,11 +485,20 @@ pub struct Counts {
     pub succeeded: u32,
     pub failed: u32,
     pub expired: u32,
+    /// Ended by an operator's cancel: never released, or canceled on the
+    /// device before it started.
+    pub canceled: u32,
 }
 
 impl Counts {
     pub fn total(&self) -> u32 {
-        self.pending + self.queued + self.running + self.succeeded + self.failed + self.expired
+        self.pending
+            + self.queued
+            + self.running
+            + self.succeeded
+            + self.failed
+            + self.expired
+            + self.canceled
     }
 }
 
@@ -490,6 +516,9 @@ pub struct Decision {
     pub next_retry_at: Option<Timestamp>,
     /// `<device>: <error>` of a target that failed an attempt in this pass.
     pub latest_error: Option<String>,
+    /// Of a canceled deployment: the targets whose job is out and must be
+    /// asked to cancel.
+    pub cancel: Vec<usize>,
 }
 
 /// The deployment's own facts a pass needs.
@@ -498,6 +527,8 @@ pub struct Facts<'a> {
     pub spec: &'a DeploymentSpec,
     pub uid: JobId,
     pub started: Timestamp,
+    /// An operator canceled it: nothing more is released or retried.
+    pub canceling: bool,
 }
 
 impl Facts<'_> {
@@ -569,7 +600,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         record.job = None;
         record.released_at = None;
         record.running_since = None;
-        if record.attempt <= spec.retries && !expired {
+        if record.attempt <= spec.retries && !expired && !facts.canceling {
             record.next_attempt_at = Some(at + backoff(spec, record.attempt));
         } else {
             record.end = Some(TargetEnd::Failed { at });
@@ -596,6 +627,23 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                     .last_error
                     .as_ref()
                     .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+            }
+            (Some(_), Some(Observed::Canceled { at })) => {
+                let next = changed.insert(record.clone());
+                next.job = None;
+                next.released_at = None;
+                next.running_since = None;
+                next.end = Some(TargetEnd::Canceled { at: *at });
+                next.last_error = Some("canceled on the device before it started".into());
+            }
+            (Some(_), Some(Observed::Running)) if facts.canceling => {
+                // A started job is never interrupted (A3); the order is sent
+                // all the same, and its end decides the target.
+                decision.cancel.push(index);
+                if record.running_since.is_none() {
+                    changed.insert(record.clone()).running_since = Some(now);
+                }
+                active += 1;
             }
             (Some(_), Some(Observed::Running)) => match record.running_since {
                 None => {
@@ -627,11 +675,21 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                     next.last_error =
                         Some("the deployment expired before the device started the job".into());
                 } else {
+                    if facts.canceling {
+                        decision.cancel.push(index);
+                    }
                     active += 1;
                 }
             }
             (None, _) => {
-                if expired {
+                if facts.canceling {
+                    let next = changed.insert(record.clone());
+                    next.end = Some(TargetEnd::Canceled { at: now });
+                    next.next_attempt_at = None;
+                    next.last_error = Some(record.last_error.clone().unwrap_or_else(|| {
+                        "canceled by an operator before it was released".into()
+                    }));
+                } else if expired {
                     let next = changed.insert(record.clone());
                     next.end = Some(TargetEnd::Expired { at: now });
                     next.last_error =
@@ -650,7 +708,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         }
     }
 
-    // Release in target order while there is room.
+    // Release in target order while there is room (a canceled deployment
+    // has no pending targets left).
     for index in pending {
         if active >= spec.max_concurrency {
             break;
@@ -692,6 +751,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             (Some(TargetEnd::Succeeded { .. }), _) => counts.succeeded += 1,
             (Some(TargetEnd::Failed { .. }), _) => counts.failed += 1,
             (Some(TargetEnd::Expired { .. }), _) => counts.expired += 1,
+            (Some(TargetEnd::Canceled { .. }), _) => counts.canceled += 1,
             (None, None) => {
                 counts.pending += 1;
                 if let Some(at) = record.next_attempt_at
@@ -714,8 +774,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             }
         }
     }
-    decision.finished = decision.counts.total()
-        == decision.counts.succeeded + decision.counts.failed + decision.counts.expired;
+    let c = &decision.counts;
+    decision.finished = c.total() == c.succeeded + c.failed + c.expired + c.canceled;
     decision.changes = records.into_iter().collect();
     decision
 }

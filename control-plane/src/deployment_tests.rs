@@ -32,6 +32,7 @@ fn facts(spec: &DeploymentSpec) -> Facts<'_> {
         spec,
         uid: UID.parse().expect("uid"),
         started: t(START),
+        canceling: false,
     }
 }
 
@@ -481,7 +482,8 @@ fn expiry_ends_pending_and_queued_targets_but_not_running_ones() {
             running: 1,
             succeeded: 0,
             failed: 1,
-            expired: 2
+            expired: 2,
+            canceled: 0,
         }
     );
     assert!(!decision.finished);
@@ -698,5 +700,84 @@ fn software_conditions_need_an_inventory_that_can_decide_them() {
     assert_eq!(
         select(&targeting, &device, Some(&patched)),
         Selection::NotSelected
+    );
+}
+
+/// A canceled deployment releases nothing and retries nothing; targets not
+/// released end Canceled; jobs that are out (queued or running) are listed
+/// for a cancel order and decide their targets by how they end; it is
+/// finished once every target has ended.
+#[test]
+fn a_canceled_deployment_releases_nothing_and_asks_its_jobs_out_to_cancel() {
+    let spec = spec(10, None, 3);
+    let now = t("2026-03-01T10:00:00Z");
+    let mut waiting = released("retrying", 1, "2026-03-01T09:00:00Z");
+    waiting.job = None;
+    waiting.released_at = None;
+    waiting.next_attempt_at = Some(t("2026-03-01T10:05:00Z"));
+    waiting.last_error = Some("apt failed".into());
+    let records = [
+        pending("never", None),
+        waiting,
+        released("queued", 1, "2026-03-01T09:00:00Z"),
+        released("running", 1, "2026-03-01T09:00:00Z"),
+        released("failing", 1, "2026-03-01T09:00:00Z"),
+        released("canceled", 1, "2026-03-01T09:00:00Z"),
+    ];
+    let jobs = [
+        None,
+        None,
+        Some(Observed::Queued),
+        Some(Observed::Running),
+        Some(Observed::Failed {
+            at: now,
+            error: "dpkg failed".into(),
+        }),
+        Some(Observed::Canceled { at: now }),
+    ];
+    let inputs: Vec<TargetInput> = records
+        .iter()
+        .zip(jobs)
+        .map(|(r, job)| input(r, job))
+        .collect();
+    let mut facts = facts(&spec);
+    facts.canceling = true;
+    let decision = decide(&facts, &inputs, now);
+    assert!(decision.released.is_empty(), "nothing is released");
+    assert_eq!(
+        decision.cancel,
+        vec![2, 3],
+        "the queued and the running job"
+    );
+    let end = |i: usize| {
+        decision
+            .changes
+            .iter()
+            .find(|(j, _)| *j == i)
+            .and_then(|(_, r)| r.end)
+    };
+    assert_eq!(end(0), Some(TargetEnd::Canceled { at: now }));
+    assert_eq!(end(1), Some(TargetEnd::Canceled { at: now }), "no retry");
+    assert_eq!(end(4), Some(TargetEnd::Failed { at: now }), "no retry");
+    assert_eq!(end(5), Some(TargetEnd::Canceled { at: now }));
+    assert_eq!(
+        (
+            decision.counts.canceled,
+            decision.counts.failed,
+            decision.counts.queued,
+            decision.counts.running
+        ),
+        (3, 1, 1, 1)
+    );
+    assert!(!decision.finished, "two jobs are still out");
+
+    // Without the cancel, the same targets release and retry.
+    facts.canceling = false;
+    let running = decide(&facts, &inputs, now);
+    assert_eq!(names(&records, &running), ["never"]);
+    assert!(running.cancel.is_empty());
+    assert_eq!(
+        running.counts.canceled, 1,
+        "the device's own Canceled status"
     );
 }

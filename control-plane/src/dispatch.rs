@@ -14,7 +14,7 @@
 //! stored time is older than [`PRESENCE_PERSIST`].
 
 use crate::auth::IntentSigner;
-use crate::delivery::{self, DeliveryEvent, Effect, JobFacts};
+use crate::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
 use crate::records::{Db, DbError, Delivery, DeviceRecord, JobDelivery, device_key};
 use crate::store::{Change, Op};
 use agent_core::DeviceId;
@@ -195,6 +195,7 @@ struct OpenJob {
     revision: u64,
     /// When a delivery was last tried; None: never.
     last_attempt: Option<Timestamp>,
+    cancel: Cancel,
 }
 
 impl OpenJob {
@@ -204,6 +205,7 @@ impl OpenJob {
             has_status: self.has_status,
             finished: false,
             expires_at: self.intent.expires_at,
+            cancel: self.cancel,
         }
     }
 }
@@ -254,13 +256,22 @@ pub struct Dispatcher {
     /// Broker links that have not handed over their backlog yet.
     behind: HashSet<&'static str>,
     caught_up: watch::Sender<bool>,
-    in_flight: JoinSet<(String, &'static str, Result<Delivered, LinkError>)>,
+    in_flight: JoinSet<(Flight, &'static str, Result<Delivered, LinkError>)>,
     queued: VecDeque<String>,
     /// The keys in `queued`, so a key is queued once.
     queued_keys: HashSet<String>,
     signer: Arc<IntentSigner>,
     /// Attaches what a job needs as it goes out (links, sealed secrets).
     enricher: Option<Arc<crate::secrets::Enricher>>,
+}
+
+/// What went out over a link, to handle its result.
+enum Flight {
+    /// The intent of the job at this key.
+    Intent(String),
+    /// The cancel order of the job at this key.
+    Cancel(String),
+    Withdrawal,
 }
 
 /// What the engine sends the delivery core: job keys it just released.
@@ -364,8 +375,8 @@ impl Dispatcher {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 done = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    if let Some(Ok((key, transport, result))) = done {
-                        self.delivered(&key, transport, result);
+                    if let Some(Ok((flight, transport, result))) = done {
+                        self.delivered(flight, transport, result);
                     }
                     self.start_queued();
                 }
@@ -424,8 +435,12 @@ impl Dispatcher {
             has_status: job.status.is_some(),
             revision,
             last_attempt: None,
+            cancel: Cancel::NotRequested,
         });
         entry.revision = entry.revision.max(revision);
+        if job.cancel_requested_at.is_some() && entry.cancel == Cancel::NotRequested {
+            entry.cancel = Cancel::Requested;
+        }
         entry.has_status |= job.status.is_some();
         // A stored Acked wins over an in-memory Created or Sent.
         if matches!(job.delivery, Delivery::Acked { .. }) {
@@ -485,6 +500,11 @@ impl Dispatcher {
                 && over
                 && !matches!(job.delivery, Delivery::Expired { .. })
             {
+                if job.cancel != Cancel::NotRequested {
+                    job.cancel = Cancel::Requested;
+                    effects.push((key, Effect::SendCancel));
+                    continue;
+                }
                 if !matches!(job.delivery, Delivery::Acked { .. }) || !job.has_status {
                     job.delivery = Delivery::Created;
                 }
@@ -534,6 +554,7 @@ impl Dispatcher {
     async fn changed(&mut self, changes: Vec<Change>) {
         let now = Timestamp::now();
         let mut consider = Vec::new();
+        let mut cancels = Vec::new();
         for change in changes {
             if change.key.starts_with("devices/") {
                 if let Some(id) = change
@@ -543,7 +564,7 @@ impl Dispatcher {
                     && self
                         .devices
                         .get(&id)
-                        .is_some_and(|(rev, _)| *rev < change.revision)
+                        .is_some_and(|(rev, _)| change.deleted || *rev < change.revision)
                 {
                     self.devices.remove(&id);
                 }
@@ -553,6 +574,12 @@ impl Dispatcher {
                 continue;
             }
             if change.deleted {
+                // A deleted job that was undecided (its run ended at the
+                // deadline while the device still had it): a broker forgets
+                // its intent too.
+                if self.open.contains_key(&change.key) {
+                    self.effect(change.key.clone(), Effect::Withdraw);
+                }
                 self.forget(&change.key);
                 continue;
             }
@@ -564,14 +591,35 @@ impl Dispatcher {
                 continue;
             }
             let known = self.open.contains_key(&change.key);
+            let canceling = self
+                .open
+                .get(&change.key)
+                .is_some_and(|o| o.cancel != Cancel::NotRequested);
             match self.db.get::<JobDelivery>(&change.key).await {
                 Ok(Some((revision, job))) => {
-                    if self.track(&change.key, revision, &job) && !known {
-                        consider.push(change.key);
+                    if self.track(&change.key, revision, &job) {
+                        if !known {
+                            consider.push(change.key);
+                        } else if !canceling && job.cancel_requested_at.is_some() {
+                            cancels.push(change.key);
+                        }
                     }
                 }
                 Ok(None) => self.forget(&change.key),
                 Err(e) => warn!(key = %change.key, error = %e, "cannot read a changed job"),
+            }
+        }
+        // A job whose cancel was just requested: its order goes out now (from
+        // every replica that tracks it; a second order changes nothing).
+        for key in cancels {
+            self.ensure_device(&key).await;
+            if let Some(job) = self.open.get_mut(&key) {
+                let (delivery, effects) = delivery::step(&job.facts(), &DeliveryEvent::Cancel);
+                job.delivery = delivery;
+                info!(job_id = %job.intent.job_id, device = %job.intent.device_id, "canceling the job");
+                for effect in effects {
+                    self.effect(key.clone(), effect);
+                }
             }
         }
         // A job another writer released: a link that reaches the device
@@ -626,7 +674,32 @@ impl Dispatcher {
                 };
                 self.in_flight.spawn(async move {
                     let result = link.withdraw(&device, job).await.map(|()| Delivered::Sent);
-                    (String::new(), link.transport(), result)
+                    (Flight::Withdrawal, link.transport(), result)
+                });
+            }
+            Effect::SendCancel => {
+                let Some(job) = self.open.get_mut(&key) else {
+                    return;
+                };
+                job.last_attempt = Some(Timestamp::now());
+                let device = job.intent.device_id.clone();
+                let order = serde_json::json!({
+                    agent_core::wire::CANCEL_FIELD: job.intent.job_id,
+                    "deviceId": device,
+                    "attempt": job.intent.attempt,
+                });
+                let job_id = job.intent.job_id;
+                let Some(link) = self.link_for(&device) else {
+                    debug!(
+                        key,
+                        "no link reaches the device yet; the cancel order waits for it"
+                    );
+                    return;
+                };
+                let signed = self.signer.sign_value(order);
+                self.in_flight.spawn(async move {
+                    let result = link.cancel(&device, job_id, &signed).await;
+                    (Flight::Cancel(key), link.transport(), result)
                 });
             }
         }
@@ -643,7 +716,8 @@ impl Dispatcher {
             let Some(job) = self.open.get_mut(&key) else {
                 continue;
             };
-            if job.delivery != Delivery::Created {
+            // A job being canceled never goes out again.
+            if job.delivery != Delivery::Created || job.cancel != Cancel::NotRequested {
                 continue;
             }
             job.last_attempt = Some(now);
@@ -670,23 +744,45 @@ impl Dispatcher {
                 }
                 let signed = signer.sign(&intent);
                 let result = link.deliver(&intent, &signed, Timestamp::now()).await;
-                (key, link.transport(), result)
+                (Flight::Intent(key), link.transport(), result)
             });
         }
     }
 
     fn delivered(
         &mut self,
-        key: &str,
+        flight: Flight,
         transport: &'static str,
         result: Result<Delivered, LinkError>,
     ) {
-        if key.is_empty() {
-            if let Err(e) = result {
-                debug!(error = %e, "cannot withdraw an intent");
+        let key = match flight {
+            Flight::Intent(key) => key,
+            Flight::Withdrawal => {
+                if let Err(e) = result {
+                    debug!(error = %e, "cannot withdraw an intent");
+                }
+                return;
             }
-            return;
-        }
+            Flight::Cancel(key) => {
+                let out = match result {
+                    Ok(Delivered::Sent) => true,
+                    Ok(Delivered::NotConnected) => false,
+                    Err(e) => {
+                        warn!(key, error = %e, "cannot deliver a cancel order; trying again later");
+                        false
+                    }
+                };
+                if let Some(job) = self.open.get_mut(&key) {
+                    job.cancel = if out {
+                        Cancel::OrderOut
+                    } else {
+                        Cancel::Requested
+                    };
+                }
+                return;
+            }
+        };
+        let key = key.as_str();
         let undo = match result {
             Ok(Delivered::Sent) => {
                 debug!(key, transport, "intent delivered");
@@ -720,10 +816,16 @@ impl Dispatcher {
             let Some(job) = self.open.get_mut(&key) else {
                 continue;
             };
-            let retry_created = job.delivery == Delivery::Created
-                && job
-                    .last_attempt
-                    .is_none_or(|at| now.duration_since(at) >= timeout);
+            let due = job
+                .last_attempt
+                .is_none_or(|at| now.duration_since(at) >= timeout);
+            // A cancel order that did not get out is tried again as often as
+            // an intent would be.
+            if job.cancel == Cancel::Requested && !due {
+                continue;
+            }
+            let retry_created =
+                job.delivery == Delivery::Created && job.cancel == Cancel::NotRequested && due;
             if retry_created {
                 self.ensure_device(&key).await;
             }
@@ -1104,6 +1206,14 @@ impl Dispatcher {
             has_status: job.status.is_some(),
             finished,
             expires_at: job.intent.expires_at,
+            cancel: self.open.get(&key).map_or(
+                if job.cancel_requested_at.is_some() {
+                    Cancel::Requested
+                } else {
+                    Cancel::NotRequested
+                },
+                |o| o.cancel,
+            ),
         };
         let (delivery, effects) =
             delivery::step(&facts, &DeliveryEvent::Status { terminal, at: now });

@@ -404,7 +404,7 @@ impl Engine {
                 Ok(())
             }
             Phase::Planning => self.plan(revision, run, now).await,
-            Phase::Running => self.advance(revision, run, now).await,
+            Phase::Running | Phase::Canceling => self.advance(revision, run, now).await,
         }
     }
 
@@ -564,7 +564,7 @@ impl Engine {
     async fn advance(
         &self,
         revision: u64,
-        mut run: TaskRunRecord,
+        run: TaskRunRecord,
         now: Timestamp,
     ) -> Result<(), DbError> {
         let mut views = self.views.lock().await;
@@ -581,6 +581,17 @@ impl Engine {
             };
             judge(view, deadline)
         };
+        if run.status.phase == Phase::Canceling {
+            let Some(view) = views.runs.get_mut(&run.name) else {
+                return Ok(());
+            };
+            self.request_cancels(view, now).await?;
+            drop(views);
+            let decision = rollout::decide_canceling(&targets, now, deadline);
+            return self
+                .finish_pass(revision, run, decision, latest_error, now)
+                .await;
+        }
         let candidates = rollout::decide(&targets, now, deadline, &|_| false).release;
         // Group authorization is read now, just before release.
         let mut revoked_devices = HashSet::new();
@@ -615,6 +626,7 @@ impl Engine {
                     status: None,
                     created_at: now,
                     terminal_received_at: None,
+                    cancel_requested_at: None,
                 };
                 let key = job_key(device, run.uid);
                 ops.push(Op::Put {
@@ -639,7 +651,7 @@ impl Engine {
                     if let Some(&i) = view.index.get(device)
                         && view.outcomes[i] == Seen::Unreleased
                     {
-                        view.outcomes[i] = Seen::Pending;
+                        view.outcomes[i] = Seen::Pending { cancel: false };
                     }
                 }
             }
@@ -651,6 +663,47 @@ impl Engine {
         {
             let _ = released.send(released_keys);
         }
+        self.finish_pass(revision, run, decision, latest_error, now)
+            .await
+    }
+
+    /// Asks every released, undecided job of a canceled run to cancel (the
+    /// delivery core sends the order when it sees the request). A pass that
+    /// released a job after the cancel was stored sees it here on the next
+    /// pass, so none is missed.
+    async fn request_cancels(&self, view: &mut RunView, now: Timestamp) -> Result<(), DbError> {
+        let asking: Vec<usize> = (0..view.plan.len())
+            .filter(|&i| view.outcomes[i] == (Seen::Pending { cancel: false }))
+            .collect();
+        if asking.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = asking
+            .iter()
+            .map(|&i| job_key(&view.plan[i].device, view.uid))
+            .collect();
+        let settled = self.db.request_cancels(&keys, now).await?;
+        for (&position, key) in asking.iter().zip(&keys) {
+            if settled.contains(key) {
+                view.outcomes[position] = Seen::Pending { cancel: true };
+            }
+        }
+        info!(
+            asked = settled.len(),
+            "cancel requested for the run's undecided jobs"
+        );
+        Ok(())
+    }
+
+    /// Stores what a pass decided: the counts, and the end if it came.
+    async fn finish_pass(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        decision: rollout::Decision,
+        latest_error: Option<String>,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
         let mut status = run.status.clone();
         status.released = decision.counts.released + decision.release.len() as u32;
         status.succeeded = decision.counts.succeeded;
@@ -733,7 +786,10 @@ impl Engine {
 #[derive(Debug, Clone, PartialEq)]
 enum Seen {
     Unreleased,
-    Pending,
+    /// Released, undecided; `cancel` once its cancel was requested.
+    Pending {
+        cancel: bool,
+    },
     /// Succeeded; when the control plane received it (or, for a record from
     /// before that was kept, the device's completion time).
     Succeeded {
@@ -749,12 +805,15 @@ fn seen_of(job: Option<JobDelivery>) -> Seen {
     if matches!(job.delivery, Delivery::Expired { .. }) && job.status.is_none() {
         return Seen::Failed("the intent expired before the device took it".into());
     }
+    let pending = Seen::Pending {
+        cancel: job.cancel_requested_at.is_some(),
+    };
     let Some(status) = job.status else {
-        return Seen::Pending;
+        return pending;
     };
     match status.state {
         JobState::Succeeded => match status.completion_heartbeat_at {
-            None => Seen::Pending,
+            None => pending,
             // Records stored before the control plane kept its receive time
             // (layout V1) are judged by the device's completion time, as then.
             Some(device_time) => Seen::Succeeded {
@@ -769,7 +828,7 @@ fn seen_of(job: Option<JobDelivery>) -> Seen {
             )
         }
         JobState::Accepted | JobState::Waiting | JobState::Running | JobState::AwaitingReboot => {
-            Seen::Pending
+            pending
         }
     }
 }
@@ -777,7 +836,7 @@ fn seen_of(job: Option<JobDelivery>) -> Seen {
 fn judged(seen: &Seen, deadline: Timestamp) -> Outcome {
     match seen {
         Seen::Unreleased => Outcome::Unreleased,
-        Seen::Pending => Outcome::Pending,
+        Seen::Pending { .. } => Outcome::Pending,
         Seen::Succeeded { at } if *at <= deadline => Outcome::Succeeded,
         Seen::Succeeded { at } => Outcome::Failed(format!(
             "the result reached the control plane at {at}, after the deadline {deadline}"

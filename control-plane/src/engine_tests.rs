@@ -249,6 +249,7 @@ fn success_is_judged_by_the_control_planes_receive_time() {
             }),
             created_at: t(0),
             terminal_received_at: received.map(t),
+            cancel_requested_at: None,
         }
     };
     // (device's completion time, control plane's receive time, succeeded?)

@@ -13,6 +13,7 @@ pub mod demo;
 pub mod deployment;
 pub mod dispatch;
 pub mod engine;
+pub mod get;
 pub mod init;
 pub mod manifest;
 pub mod packages;

@@ -4,11 +4,11 @@ use agent_core::out;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use drover::cli::{
-    Cli, Command, DeploymentsCommand, Described, Output, PackagesCommand, Resource, RunsCommand,
-    StoreKind,
+    Cancelable, Cli, Command, Deletable, DeploymentsCommand, Described, PackagesCommand,
+    RunsCommand, StoreKind,
 };
 use drover::client::ApiClient;
-use drover::records::DeviceRecord;
+use drover::get::{age, print_deployments, print_runs, print_table, shown, structured, table};
 use drover::serve::{self, ServeOptions};
 use drover::watch::printable;
 use serde_json::Value;
@@ -29,24 +29,12 @@ fn main() {
 
 fn run() -> Result<i32> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        let default = if matches!(cli.command, Command::Serve { .. }) {
-            "info"
-        } else {
-            "warn"
-        };
-        tracing_subscriber::EnvFilter::new(default)
+    // A command prints what it did; only `serve` logs as it goes.
+    agent_core::logging::init(if matches!(cli.command, Command::Serve { .. }) {
+        "info"
+    } else {
+        "warn"
     });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: not in the journal or a
-        // file, and never when NO_COLOR is set (no-color.org).
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-        )
-        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -152,78 +140,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             resource,
             name,
             output,
+            watch,
         } => {
-            let api = client(&cli)?;
-            match resource {
-                Resource::Devices => {
-                    let devices: Vec<ListedDevice> = api.get("/devices").await?;
-                    if !structured(*output, &devices)? {
-                        print_devices(&devices, *output == Output::Wide);
-                    }
-                }
-                Resource::Taskruns => {
-                    let runs: Vec<Value> = api.get("/taskruns").await?;
-                    if !structured(*output, &runs)? {
-                        print_runs(&runs);
-                    }
-                }
-                Resource::Taskschedules | Resource::Taskschedule => {
-                    let schedules: Vec<Value> = match (resource, name) {
-                        (Resource::Taskschedule, Some(name)) => {
-                            vec![api.get(&format!("/taskschedules/{name}")).await?]
-                        }
-                        (Resource::Taskschedule, None) => bail!("drover get taskschedule NAME"),
-                        _ => api.get("/taskschedules").await?,
-                    };
-                    if !structured(*output, &schedules)? {
-                        print_schedules(&schedules);
-                    }
-                }
-                Resource::Deployments | Resource::Deployment => {
-                    let deployments: Vec<Value> = match (resource, name) {
-                        (Resource::Deployment, Some(name)) => {
-                            vec![api.get(&format!("/deployments/{name}")).await?]
-                        }
-                        (Resource::Deployment, None) => bail!("drover get deployment NAME"),
-                        _ => api.get("/deployments").await?,
-                    };
-                    if !structured(*output, &deployments)? {
-                        print_deployments(&deployments);
-                    }
-                }
-                Resource::Packages => {
-                    let packages: Vec<Value> = api.get("/packages").await?;
-                    if !structured(*output, &packages)? {
-                        out!(
-                            "{:<40} {:>12}  {:<64}  UPLOADED",
-                            "PACKAGE",
-                            "BYTES",
-                            "SHA256"
-                        );
-                        for p in &packages {
-                            out!(
-                                "{:<40} {:>12}  {:<64}  {}",
-                                shown(&p["id"]),
-                                p["size"],
-                                shown(&p["sha256"]),
-                                shown(&p["uploadedAt"])
-                            );
-                        }
-                    }
-                }
-                Resource::Taskrun => {
-                    let Some(name) = name else {
-                        bail!("drover get taskrun NAME")
-                    };
-                    let run: Value = api.get(&format!("/taskruns/{name}")).await?;
-                    if !structured(*output, &run)? {
-                        print_runs(std::slice::from_ref(&run));
-                        if let Some(error) = run["status"]["latestError"].as_str() {
-                            out!("latest error: {}", printable(error));
-                        }
-                    }
-                }
-            }
+            drover::get::get(&client(&cli)?, *resource, name.as_deref(), *output, *watch).await?;
             Ok(0)
         }
         Command::VerifyStore { path } => {
@@ -406,6 +325,47 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
+        Command::Cancel { resource, name } => {
+            let path = match resource {
+                Cancelable::Taskrun => format!("/taskruns/{name}/cancel"),
+                Cancelable::Deployment => format!("/deployments/{name}/cancel"),
+            };
+            let answer = client(&cli)?.post(&path, &Value::Null).await?;
+            let kind = match resource {
+                Cancelable::Taskrun => "taskrun",
+                Cancelable::Deployment => "deployment",
+            };
+            out!(
+                "{kind}/{name} {}: jobs not started are canceled on their devices, started ones run to their end",
+                answer["result"].as_str().unwrap_or("?")
+            );
+            Ok(0)
+        }
+        Command::Delete { resource, name } => {
+            let api = client(&cli)?;
+            match resource {
+                Deletable::Taskrun => {
+                    let answer = api.delete(&format!("/taskruns/{name}")).await?;
+                    out!(
+                        "taskrun/{name} deleted with {} job record(s)",
+                        answer["jobs"]
+                    );
+                }
+                Deletable::Device => {
+                    let answer = api.delete(&format!("/devices/{name}")).await?;
+                    out!(
+                        "device/{name} deleted with {} job record(s)",
+                        answer["jobs"]
+                    );
+                    if answer["online"] == Value::Bool(true) {
+                        out!(
+                            "its agent is connected and will register it again; to keep it out, set `decommissioned: true` in its Device manifest instead"
+                        );
+                    }
+                }
+            }
+            Ok(0)
+        }
         Command::Runs {
             command: RunsCommand::Watch { name },
         } => {
@@ -467,231 +427,6 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(if complete { 0 } else { 1 })
         }
     }
-}
-
-/// A device as `GET /devices` lists it.
-#[derive(serde::Deserialize, serde::Serialize)]
-struct ListedDevice {
-    #[serde(flatten)]
-    record: DeviceRecord,
-    /// Connected and heard from lately (absent from older servers).
-    #[serde(default)]
-    online: bool,
-}
-
-/// A table in kubectl's style: no borders, columns two spaces apart, each
-/// as wide as its widest cell whatever the cell holds.
-fn table(headers: &[&str]) -> comfy_table::Table {
-    let mut table = comfy_table::Table::new();
-    table
-        .load_preset(comfy_table::presets::NOTHING)
-        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
-        .set_header(headers.iter().copied());
-    for column in table.column_iter_mut() {
-        column.set_padding((0, 2));
-    }
-    table
-}
-
-fn print_table(table: &comfy_table::Table) {
-    for line in table.lines() {
-        out!("{}", line.trim_end());
-    }
-}
-
-/// How long ago `at` was, in the largest unit that fits: 45s, 12m, 3h, 9d.
-fn age(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
-    let Some(at) = at else {
-        return "-".into();
-    };
-    let seconds = now.duration_since(at).as_secs().max(0);
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
-fn print_devices(devices: &[ListedDevice], wide: bool) {
-    let now = jiff::Timestamp::now();
-    let mut headers = vec![
-        "DEVICE",
-        "STATE",
-        "LAST SEEN",
-        "VERSION",
-        "GROUPS",
-        "LABELS",
-        "CAPABILITIES",
-    ];
-    if wide {
-        headers.extend(["OS", "ARCH", "TRANSPORT", "TIME ZONE", "BOOT ID"]);
-    }
-    let mut rows = table(&headers);
-    for listed in devices {
-        let d = &listed.record;
-        let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
-        let labels: Vec<String> = d
-            .labels
-            .iter()
-            .map(|(k, v)| printable(&format!("{k}={v}")))
-            .collect();
-        let state = match (d.decommissioned, d.agent_present, listed.online) {
-            (true, _, _) => "decommissioned",
-            (false, false, _) => "never connected",
-            (false, true, true) => "online",
-            (false, true, false) => "offline",
-        };
-        let mut row = vec![
-            d.id.to_string(),
-            state.to_owned(),
-            age(d.last_seen.max(d.last_heartbeat), now),
-            printable(d.agent_version.as_deref().unwrap_or("-")),
-            printable(&groups.join(",")),
-            labels.join(","),
-            printable(&d.capabilities.join(",")),
-        ];
-        if wide {
-            for extra in [
-                &d.os_release,
-                &d.architecture,
-                &d.transport,
-                &d.time_zone,
-                &d.boot_id,
-            ] {
-                row.push(printable(extra.as_deref().unwrap_or("-")));
-            }
-        }
-        rows.add_row(row);
-    }
-    print_table(&rows);
-}
-
-fn print_schedules(schedules: &[Value]) {
-    let mut rows = table(&[
-        "NAME",
-        "SCHEDULE (UTC)",
-        "SUSPENDED",
-        "LAST TICK",
-        "NEXT TICK",
-        "ACTIVE RUN",
-        "SKIPPED",
-    ]);
-    let time = |v: &Value| {
-        v.as_str()
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            .map(|t| t.strftime("%Y-%m-%d %H:%M").to_string())
-            .unwrap_or_else(|| "-".into())
-    };
-    for schedule in schedules {
-        let cadence = &schedule["spec"]["schedule"];
-        let cadence = match cadence.as_object().and_then(|m| m.iter().next()) {
-            Some((form, Value::String(value))) => format!("{form} {value}"),
-            Some((form, Value::Object(fields))) => format!(
-                "{form} {}",
-                fields
-                    .values()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
-            _ => "?".into(),
-        };
-        let status = &schedule["status"];
-        rows.add_row(vec![
-            printable(schedule["metadata"]["name"].as_str().unwrap_or("?")),
-            printable(&cadence),
-            if schedule["spec"]["suspend"] == true {
-                "yes"
-            } else {
-                "no"
-            }
-            .to_owned(),
-            time(&status["lastTick"]),
-            time(&status["nextTick"]),
-            printable(status["activeRun"].as_str().unwrap_or("-")),
-            status["skippedTicks"].as_u64().unwrap_or(0).to_string(),
-        ]);
-    }
-    print_table(&rows);
-}
-
-fn print_runs(runs: &[Value]) {
-    let mut rows = table(&[
-        "NAME",
-        "PHASE",
-        "TARGETS",
-        "RELEASED",
-        "SUCCEEDED",
-        "FAILED",
-        "REASON",
-    ]);
-    for run in runs {
-        let s = &run["status"];
-        rows.add_row(vec![
-            printable(run["metadata"]["name"].as_str().unwrap_or("?")),
-            printable(s["phase"].as_str().unwrap_or("?")),
-            number(&s["targets"]),
-            number(&s["released"]),
-            number(&s["succeeded"]),
-            number(&s["failed"]),
-            printable(s["reason"].as_str().unwrap_or("")),
-        ]);
-    }
-    print_table(&rows);
-}
-
-/// A count from the API, or "-" when absent.
-fn number(value: &Value) -> String {
-    value.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
-}
-
-fn print_deployments(deployments: &[Value]) {
-    let mut rows = table(&[
-        "NAME",
-        "PHASE",
-        "TARGETS",
-        "EXCLUDED",
-        "PENDING",
-        "QUEUED",
-        "RUNNING",
-        "SUCCEEDED",
-        "FAILED",
-        "EXPIRED",
-        "REASON",
-    ]);
-    for deployment in deployments {
-        let s = &deployment["status"];
-        let mut row = vec![
-            printable(deployment["metadata"]["name"].as_str().unwrap_or("?")),
-            printable(s["phase"].as_str().unwrap_or("?")),
-        ];
-        for count in [
-            "targets",
-            "excludedCount",
-            "pending",
-            "queued",
-            "running",
-            "succeeded",
-            "failed",
-            "expired",
-        ] {
-            row.push(number(&s[count]));
-        }
-        row.push(printable(s["reason"].as_str().unwrap_or("")));
-        rows.add_row(row);
-    }
-    print_table(&rows);
-}
-
-/// Prints `value` as JSON or YAML when asked; false for a table.
-fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool> {
-    match output {
-        Output::Json => out!("{}", serde_json::to_string_pretty(value)?),
-        Output::Yaml => out!("{}", serde_yaml_ng::to_string(value)?.trim_end()),
-        Output::Table | Output::Wide => return Ok(false),
-    }
-    Ok(true)
 }
 
 /// A task run's counts, then one row per target: whether it is the canary,
@@ -817,9 +552,4 @@ fn print_described_deployment(described: &Value) {
             );
         }
     }
-}
-
-/// A string field of an API answer, safe to print.
-fn shown(value: &Value) -> String {
-    drover::watch::printable(value.as_str().unwrap_or(""))
 }

@@ -624,6 +624,7 @@ pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> se
             "succeeded": status.counts.succeeded,
             "failed": status.counts.failed,
             "expired": status.counts.expired,
+            "canceled": status.counts.canceled,
             "startTime": status.start_time.map(|t| t.to_string()),
             "completionTime": status.completion_time.map(|t| t.to_string()),
             "nextRetryAt": status.next_retry_at.map(|t| t.to_string()),

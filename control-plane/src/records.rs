@@ -89,6 +89,10 @@ pub enum Phase {
     Running,
     Complete,
     Failed,
+    /// An operator canceled it: nothing more is released, undecided jobs
+    /// get a cancel order, and it ends Failed with reason `Canceled` once
+    /// they are decided. (Appended: stored records decode unchanged.)
+    Canceling,
 }
 
 impl Phase {
@@ -209,6 +213,12 @@ pub struct JobDelivery {
     /// The control plane's time when the terminal status arrived: success
     /// before the deadline is judged by it, never by the device's clock (A12).
     pub terminal_received_at: Option<Timestamp>,
+    /// When the control plane decided to cancel the job (its run or
+    /// deployment was canceled). From then on the delivery core sends the
+    /// signed cancel order in place of the intent; the job is decided by the
+    /// status the agent reports (Canceled, or the end of a job that had
+    /// started: a started job is never interrupted).
+    pub cancel_requested_at: Option<Timestamp>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -317,6 +327,101 @@ impl Db {
                 Ok((key, entry.revision, value))
             })
             .collect()
+    }
+
+    /// Deletes these keys, each at the revision it has when read (a key
+    /// written meanwhile is read and deleted again); returns how many were
+    /// there. Commits in chunks, so a long list is not one huge commit.
+    pub async fn delete_all(&self, keys: &[String]) -> Result<usize, DbError> {
+        const CHUNK: usize = 500;
+        const TRIES: u32 = 10;
+        let mut deleted = 0;
+        for chunk in keys.chunks(CHUNK) {
+            let mut left: Vec<&String> = chunk.iter().collect();
+            for _ in 0..TRIES {
+                let mut ops = Vec::new();
+                for key in &left {
+                    if let Some(entry) = self.kv.get(key).await? {
+                        ops.push(Op::Delete {
+                            key: (*key).clone(),
+                            expected: entry.revision,
+                        });
+                    }
+                }
+                if ops.is_empty() {
+                    left.clear();
+                    break;
+                }
+                let tried: Vec<String> = ops.iter().map(|op| op.key().to_owned()).collect();
+                let mut again = Vec::new();
+                for (key, result) in tried.iter().zip(self.kv.commit(ops).await?) {
+                    match result {
+                        Ok(_) => deleted += 1,
+                        Err(e) if e.is_conflict() => again.push(key.clone()),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                left = chunk.iter().filter(|k| again.contains(k)).collect();
+                if left.is_empty() {
+                    break;
+                }
+            }
+            if let Some(key) = left.first() {
+                return Err(DbError::Contention {
+                    key: (*key).clone(),
+                    tries: TRIES,
+                });
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Writes `cancelRequestedAt` on these jobs' records where the job is
+    /// undecided and not asked yet, in commits of a few hundred. Returns the
+    /// keys that are settled (asked now, asked before, decided or gone); a
+    /// key that lost a revision race is left out, for the next pass.
+    pub async fn request_cancels(
+        &self,
+        keys: &[String],
+        now: Timestamp,
+    ) -> Result<std::collections::HashSet<String>, DbError> {
+        const CHUNK: usize = 500;
+        let mut settled = std::collections::HashSet::new();
+        for chunk in keys.chunks(CHUNK) {
+            let mut ops = Vec::new();
+            for key in chunk {
+                let Some((revision, mut job)) = self.get::<JobDelivery>(key).await? else {
+                    settled.insert(key.clone());
+                    continue;
+                };
+                let decided = job.status.as_ref().is_some_and(|s| s.state.is_terminal())
+                    || matches!(job.delivery, Delivery::Expired { .. });
+                if decided || job.cancel_requested_at.is_some() {
+                    settled.insert(key.clone());
+                    continue;
+                }
+                job.cancel_requested_at = Some(now);
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value: Self::encode(&job)?,
+                    expected: revision,
+                });
+            }
+            let tried: Vec<String> = ops.iter().map(|op| op.key().to_owned()).collect();
+            if ops.is_empty() {
+                continue;
+            }
+            for (key, result) in tried.into_iter().zip(self.kv.commit(ops).await?) {
+                match result {
+                    Ok(_) => {
+                        settled.insert(key);
+                    }
+                    Err(e) if e.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(settled)
     }
 
     pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {

@@ -51,13 +51,40 @@ pub struct Decision {
 /// How many late devices a DeadlineExceeded message names.
 const LATE_DEVICES_NAMED: usize = 5;
 
-/// Decides one pass. `revoked` says whether a device lost its authorization.
-pub fn decide(
-    targets: &[TargetView],
-    now: Timestamp,
-    deadline: Timestamp,
-    revoked: &dyn Fn(&DeviceId) -> bool,
-) -> Decision {
+/// Decides a pass over a run an operator canceled: nothing more is
+/// released, and the run ends, Failed with reason `Canceled`, once no
+/// released target is undecided (a job that had started runs to its end,
+/// A3; one that had not reports Canceled), or at the deadline.
+pub fn decide_canceling(targets: &[TargetView], now: Timestamp, deadline: Timestamp) -> Decision {
+    let counts = count(targets);
+    let undecided = targets
+        .iter()
+        .filter(|t| t.outcome == Outcome::Pending)
+        .count();
+    let unreleased = counts.targets - counts.released;
+    let finish = (undecided == 0 || now >= deadline).then(|| {
+        let mut message = format!(
+            "canceled by an operator: {} of {} targets succeeded, {} failed or were canceled, {unreleased} were never released",
+            counts.succeeded, counts.targets, counts.failed
+        );
+        if undecided > 0 {
+            message.push_str(&format!(
+                ", {undecided} had not finished by the deadline {deadline}"
+            ));
+        }
+        Finish::Failed {
+            reason: "Canceled",
+            message,
+        }
+    });
+    Decision {
+        release: Vec::new(),
+        finish,
+        counts,
+    }
+}
+
+fn count(targets: &[TargetView]) -> Counts {
     let mut counts = Counts {
         targets: targets.len() as u32,
         ..Counts::default()
@@ -77,6 +104,17 @@ pub fn decide(
             }
         }
     }
+    counts
+}
+
+/// Decides one pass. `revoked` says whether a device lost its authorization.
+pub fn decide(
+    targets: &[TargetView],
+    now: Timestamp,
+    deadline: Timestamp,
+    revoked: &dyn Fn(&DeviceId) -> bool,
+) -> Decision {
+    let counts = count(targets);
     let done = |finish| Decision {
         release: Vec::new(),
         finish: Some(finish),
@@ -190,6 +228,53 @@ mod tests {
             Finish::Failed { reason, .. } => reason,
         });
         assert_eq!(reason, finish, "{targets:?}");
+    }
+
+    #[test]
+    fn a_canceled_run_releases_nothing_and_ends_when_its_released_targets_are_decided() {
+        let spec = |second: Outcome| {
+            view(&[
+                ("canary", true, Succeeded),
+                ("second", false, second),
+                ("third", false, Unreleased),
+            ])
+        };
+        let waiting = decide_canceling(&spec(Pending), t(10), t(100));
+        assert!(
+            waiting.release.is_empty(),
+            "a canceled run releases nothing"
+        );
+        assert_eq!(waiting.finish, None, "a started job runs to its end");
+        let ended = decide_canceling(
+            &spec(Failed("canceled before it started".into())),
+            t(11),
+            t(100),
+        );
+        assert!(ended.release.is_empty());
+        match ended.finish {
+            Some(Finish::Failed { reason, message }) => {
+                assert_eq!(reason, "Canceled");
+                assert!(
+                    message.contains(
+                        "1 of 3 targets succeeded, 1 failed or were canceled, 1 were never released"
+                    ),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // At the deadline it ends even with a job still out.
+        let late = decide_canceling(&spec(Pending), t(100), t(100));
+        match late.finish {
+            Some(Finish::Failed { reason, message }) => {
+                assert_eq!(reason, "Canceled");
+                assert!(
+                    message.contains("1 had not finished by the deadline"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -49,11 +49,78 @@ one_layout!(
 );
 
 /// A deployment as stored: V1 until device filters took software
-/// conditions, V2 since.
+/// conditions, V2 until its counts had canceled targets, V3 since.
 #[derive(Serialize, Deserialize)]
 enum StoredDeployment {
     V1(DeploymentV1),
-    V2(crate::deployment::DeploymentRecord),
+    V2(DeploymentV2),
+    V3(crate::deployment::DeploymentRecord),
+}
+
+/// Frozen: the layout written before V3. Never change it.
+#[derive(Serialize, Deserialize)]
+struct DeploymentV2 {
+    name: String,
+    uid: agent_core::JobId,
+    created_at: Timestamp,
+    spec: crate::deployment::DeploymentSpec,
+    add_requests: u32,
+    status: DeploymentStatusV1,
+}
+
+/// Frozen: the status of layouts V1 and V2. Never change these two.
+#[derive(Serialize, Deserialize)]
+struct DeploymentStatusV1 {
+    phase: crate::records::Phase,
+    reason: Option<String>,
+    targets: u32,
+    excluded: u32,
+    counts: CountsV1,
+    start_time: Option<Timestamp>,
+    completion_time: Option<Timestamp>,
+    latest_error: Option<String>,
+    next_retry_at: Option<Timestamp>,
+    lease: Option<crate::deployment::Lease>,
+    add_requests_handled: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CountsV1 {
+    pending: u32,
+    waiting_retry: u32,
+    queued: u32,
+    running: u32,
+    succeeded: u32,
+    failed: u32,
+    expired: u32,
+}
+
+impl From<DeploymentStatusV1> for crate::deployment::DeploymentStatus {
+    fn from(v1: DeploymentStatusV1) -> Self {
+        let c = v1.counts;
+        Self {
+            phase: v1.phase,
+            reason: v1.reason,
+            targets: v1.targets,
+            excluded: v1.excluded,
+            counts: crate::deployment::Counts {
+                pending: c.pending,
+                waiting_retry: c.waiting_retry,
+                queued: c.queued,
+                running: c.running,
+                succeeded: c.succeeded,
+                failed: c.failed,
+                expired: c.expired,
+                canceled: 0,
+            },
+            start_time: v1.start_time,
+            completion_time: v1.completion_time,
+            latest_error: v1.latest_error,
+            next_retry_at: v1.next_retry_at,
+            lease: v1.lease,
+            add_requests_handled: v1.add_requests_handled,
+        }
+    }
 }
 
 /// Frozen: the layout written before V2. Never change these four.
@@ -64,7 +131,7 @@ struct DeploymentV1 {
     created_at: Timestamp,
     spec: DeploymentSpecV1,
     add_requests: u32,
-    status: crate::deployment::DeploymentStatus,
+    status: DeploymentStatusV1,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -93,7 +160,7 @@ struct DeviceFilterV1 {
 
 impl Record for crate::deployment::DeploymentRecord {
     fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredDeployment::V2(self.clone()))
+        postcard::to_stdvec(&StoredDeployment::V3(self.clone()))
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
@@ -123,19 +190,29 @@ impl Record for crate::deployment::DeploymentRecord {
                     deadline_seconds: v1.spec.deadline_seconds,
                 },
                 add_requests: v1.add_requests,
-                status: v1.status,
+                status: v1.status.into(),
             },
-            StoredDeployment::V2(v2) => v2,
+            StoredDeployment::V2(v2) => DeploymentRecord {
+                name: v2.name,
+                uid: v2.uid,
+                created_at: v2.created_at,
+                spec: v2.spec,
+                add_requests: v2.add_requests,
+                status: v2.status.into(),
+            },
+            StoredDeployment::V3(v3) => v3,
         })
     }
 }
 
 /// A job record as stored: V1 until the control plane recorded its own
-/// receive time of the terminal status (A12), V2 since.
+/// receive time of the terminal status (A12), V2 until an operator could
+/// cancel a job, V3 since.
 #[derive(Serialize, Deserialize)]
 enum StoredJob {
     V1(JobV1),
     V2(JobV2),
+    V3(JobV3),
 }
 
 /// Frozen: the layout written before V2. Never change it.
@@ -148,7 +225,7 @@ struct JobV1 {
     created_at: Timestamp,
 }
 
-/// Frozen once a V3 exists.
+/// Frozen: the layout written before V3. Never change it.
 #[derive(Serialize, Deserialize)]
 struct JobV2 {
     intent: Intent,
@@ -159,15 +236,28 @@ struct JobV2 {
     terminal_received_at: Option<Timestamp>,
 }
 
+/// Frozen once a V4 exists.
+#[derive(Serialize, Deserialize)]
+struct JobV3 {
+    intent: Intent,
+    run: Option<String>,
+    delivery: Delivery,
+    status: Option<JobStatus>,
+    created_at: Timestamp,
+    terminal_received_at: Option<Timestamp>,
+    cancel_requested_at: Option<Timestamp>,
+}
+
 impl Record for JobDelivery {
     fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredJob::V2(JobV2 {
+        postcard::to_stdvec(&StoredJob::V3(JobV3 {
             intent: self.intent.clone(),
             run: self.run.clone(),
             delivery: self.delivery.clone(),
             status: self.status.clone(),
             created_at: self.created_at,
             terminal_received_at: self.terminal_received_at,
+            cancel_requested_at: self.cancel_requested_at,
         }))
     }
 
@@ -182,6 +272,7 @@ impl Record for JobDelivery {
                 status: v1.status,
                 created_at: v1.created_at,
                 terminal_received_at: None,
+                cancel_requested_at: None,
             },
             StoredJob::V2(v2) => JobDelivery {
                 intent: v2.intent,
@@ -190,6 +281,16 @@ impl Record for JobDelivery {
                 status: v2.status,
                 created_at: v2.created_at,
                 terminal_received_at: v2.terminal_received_at,
+                cancel_requested_at: None,
+            },
+            StoredJob::V3(v3) => JobDelivery {
+                intent: v3.intent,
+                run: v3.run,
+                delivery: v3.delivery,
+                status: v3.status,
+                created_at: v3.created_at,
+                terminal_received_at: v3.terminal_received_at,
+                cancel_requested_at: v3.cancel_requested_at,
             },
         })
     }
@@ -225,10 +326,31 @@ mod tests {
         assert_eq!(status.seq, 7);
         assert_eq!(status.steps[0].name, "preflight");
         assert_eq!(job.terminal_received_at, None, "V1 had no receive time");
-        // Written back, it is V2 and reads back the same.
+        // Written back, it is V3 and reads back the same.
         let again = job.to_bytes().expect("encode");
-        assert_eq!(again[0], 1, "the version byte of V2");
-        assert_eq!(JobDelivery::from_bytes(&again).expect("V2 decodes"), job);
+        assert_eq!(again[0], 2, "the version byte of V3");
+        assert_eq!(JobDelivery::from_bytes(&again).expect("V3 decodes"), job);
+    }
+
+    /// Bytes written by the control plane before cancel existed (layout V2).
+    #[test]
+    fn a_v2_job_record_decodes_without_a_cancel() {
+        let bytes = hex(include_str!("fixtures/job_v2.hex"));
+        assert_eq!(bytes[0], 1, "the version byte of V2");
+        let job = JobDelivery::from_bytes(&bytes).expect("V2 decodes");
+        assert_eq!(job.intent.device_id.as_str(), "pi-kitchen");
+        assert_eq!(
+            job.terminal_received_at,
+            Some("2026-11-30T12:00:00Z".parse().expect("time"))
+        );
+        assert_eq!(job.cancel_requested_at, None, "V2 had no cancel");
+        let mut canceled = job.clone();
+        canceled.cancel_requested_at = Some("2026-11-30T12:30:00Z".parse().expect("time"));
+        let again = canceled.to_bytes().expect("encode");
+        assert_eq!(
+            JobDelivery::from_bytes(&again).expect("V3 decodes"),
+            canceled
+        );
     }
 
     /// Bytes of the records with one layout so far, written by this
@@ -333,8 +455,9 @@ mod tests {
         assert_eq!(package.size, 4096);
         assert_eq!(package.secrets, ["kiosk"]);
         assert!(package.download.is_none() && package.sealed.is_none());
-        // What this build writes is V2, and reads back the same.
-        assert_eq!(v2.to_bytes().expect("encode")[0], 1, "variant V2");
+        assert_eq!(v2.status.counts.canceled, 0, "V2 had no canceled count");
+        // What this build writes is V3, and reads back the same.
+        assert_eq!(v2.to_bytes().expect("encode")[0], 2, "variant V3");
         assert_eq!(
             DeploymentRecord::from_bytes(&v2.to_bytes().expect("encode")).expect("decode"),
             v2

@@ -61,16 +61,17 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
         let targets = count("targets");
         let (ended, message) = if deployment {
             (
-                count("succeeded") + count("failed") + count("expired"),
+                count("succeeded") + count("failed") + count("expired") + count("canceled"),
                 format!(
-                    "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired",
+                    "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired, {} canceled",
                     count("pending"),
                     count("waitingRetry"),
                     count("queued"),
                     count("running"),
                     count("succeeded"),
                     count("failed"),
-                    count("expired")
+                    count("expired"),
+                    count("canceled")
                 ),
             )
         } else {

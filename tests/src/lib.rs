@@ -824,3 +824,54 @@ impl Drop for AgentProcess {
         }
     }
 }
+
+/// The control plane's user on a broker (`drover nats-config` and
+/// `mqtt-config` name it so by default).
+pub const CP_BROKER_USER: &str = "drover-control-plane";
+
+/// A nats-server whose authorization `drover nats-config` made for
+/// `devices`, and a control plane serving over it with `password`.
+pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let mut args = vec!["nats-config", "--control-plane-password", password];
+    for device in devices {
+        args.extend(["--device", device.as_ref()]);
+    }
+    let nats = NatsServer::start(&ControlPlane::drover_in(dir.path(), &args));
+    let url = nats.url();
+    let cp = ControlPlane::start_in(
+        dir,
+        &[
+            "--nats-url",
+            &url,
+            "--nats-user",
+            CP_BROKER_USER,
+            "--nats-password",
+            password,
+        ],
+    );
+    (nats, cp)
+}
+
+/// A mosquitto whose passwords and ACLs `drover mqtt-config` made for
+/// `devices`, and a control plane serving over it with `password`.
+pub fn mqtt_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (Mosquitto, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let out = dir.path().join("mqtt").display().to_string();
+    let mut args = vec![
+        "mqtt-config",
+        "--control-plane-password",
+        password,
+        "--out",
+        &out,
+    ];
+    for device in devices {
+        args.extend(["--device", device.as_ref()]);
+    }
+    let auth = ControlPlane::drover_in(dir.path(), &args);
+    assert!(auth.contains("acl_file"), "{auth}");
+    let broker = Mosquitto::start(&auth);
+    let url = broker.url();
+    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", password]);
+    (broker, cp)
+}

@@ -264,3 +264,53 @@ async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
         "{stderr}"
     );
 }
+
+/// A file of several documents that fails partway says which item failed
+/// and what was applied before it (devices go in first, together), so the
+/// operator knows what to fix and what is already there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_document_apply_that_fails_partway_says_what_it_applied() {
+    let cp = ControlPlane::start(&[]);
+    let run = |name: &str, deadline: u64| {
+        format!(
+            "apiVersion: fleet.nationtech.io/v1alpha1\nkind: TaskRun\nmetadata:\n  name: {name}\n\
+             spec:\n  allowedGroups: [production]\n  deadlineSeconds: {deadline}\n  systemUpgradeV1: {{}}\n"
+        )
+    };
+    let first = cp.dir.path().join("first.yaml");
+    std::fs::write(&first, run("kept", 600)).expect("write");
+    let out = drover(&cp, &["apply", "-f", first.to_str().expect("utf-8")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The second file: a new run, the existing one with another spec (a
+    // run's spec never changes: 409), a run after it, and a device.
+    let file = cp.dir.path().join("many.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "{}---\n{}---\n{}---\napiVersion: fleet.nationtech.io/v1alpha1\nkind: Device\nmetadata:\n  name: late-device\nspec:\n  groups: [production]\n",
+            run("fresh", 600),
+            run("kept", 900),
+            run("never", 600)
+        ),
+    )
+    .expect("write");
+    let out = drover(&cp, &["apply", "-f", file.to_str().expect("utf-8")]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("item 1 (TaskRun/kept)"), "{said}");
+    assert!(
+        said.contains("applied: TaskRun/fresh created, Device/late-device created"),
+        "{said}"
+    );
+    assert!(
+        said.contains("the items after it were not applied"),
+        "{said}"
+    );
+    let runs = drover(&cp, &["get", "taskruns"]);
+    let runs = String::from_utf8_lossy(&runs.stdout);
+    assert!(runs.contains("fresh") && !runs.contains("never"), "{runs}");
+}

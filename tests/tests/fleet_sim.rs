@@ -4,7 +4,7 @@
 //! simulated agent connects, and a TaskRun completes on all of them, over
 //! WebSocket and over NATS. `drover-sim bench` runs the same at fleet scale.
 
-use drover_tests::{API_VERSION, ControlPlane, NatsServer, bin, eventually};
+use drover_tests::{API_VERSION, ControlPlane, bin, eventually};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -74,31 +74,9 @@ async fn a_simulated_fleet_over_websocket_completes_a_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_over_nats_completes_a_run() {
-    let dir = ControlPlane::prepare();
     let devices: Vec<String> = (0..30).map(|i| format!("fsn-{i:05}")).collect();
-    let mut args = vec![
-        "nats-config".to_owned(),
-        "--control-plane-password".into(),
-        "cp-secret".into(),
-    ];
-    for device in &devices {
-        args.push("--device".into());
-        args.push(device.clone());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let nats = NatsServer::start(&ControlPlane::drover_in(dir.path(), &args));
+    let (nats, cp) = drover_tests::nats_fleet(&devices, "cp-secret");
     let url = nats.url();
-    let cp = ControlPlane::start_in(
-        dir,
-        &[
-            "--nats-url",
-            &url,
-            "--nats-user",
-            "drover-control-plane",
-            "--nats-password",
-            "cp-secret",
-        ],
-    );
     register(&cp, "fsn-", 30).await;
     let _sim = sim(&cp, "nats", &url, 30, "fsn-");
     run_to_completion(&cp, 30, "sim-nats").await;
@@ -106,24 +84,9 @@ async fn a_simulated_fleet_over_nats_completes_a_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_over_mqtt_completes_a_run() {
-    let dir = ControlPlane::prepare();
-    let out = dir.path().join("mqtt").display().to_string();
     let devices: Vec<String> = (0..30).map(|i| format!("fsm-{i:05}")).collect();
-    let mut args = vec![
-        "mqtt-config".to_owned(),
-        "--control-plane-password".into(),
-        "cp-secret".into(),
-        "--out".into(),
-        out,
-    ];
-    for device in &devices {
-        args.push("--device".into());
-        args.push(device.clone());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let broker = drover_tests::Mosquitto::start(&ControlPlane::drover_in(dir.path(), &args));
+    let (broker, cp) = drover_tests::mqtt_fleet(&devices, "cp-secret");
     let url = broker.url();
-    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", "cp-secret"]);
     register(&cp, "fsm-", 30).await;
     let _sim = sim(&cp, "mqtt", &url, 30, "fsm-");
     run_to_completion(&cp, 30, "sim-mqtt").await;

@@ -16,26 +16,7 @@ const CP_PASSWORD: &str = "cp-mqtt-secret";
 /// A mosquitto whose passwords and ACLs come from `drover mqtt-config`, and
 /// a control plane serving over it.
 fn fleet(devices: &[&str]) -> (Mosquitto, ControlPlane) {
-    let dir = ControlPlane::prepare();
-    let out = dir.path().join("mqtt");
-    let out_text = out.display().to_string();
-    let mut args = vec![
-        "mqtt-config",
-        "--control-plane-password",
-        CP_PASSWORD,
-        "--out",
-        &out_text,
-    ];
-    for device in devices {
-        args.push("--device");
-        args.push(device);
-    }
-    let auth = ControlPlane::drover_in(dir.path(), &args);
-    assert!(auth.contains("acl_file"), "{auth}");
-    let broker = Mosquitto::start(&auth);
-    let url = broker.url();
-    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", CP_PASSWORD]);
-    (broker, cp)
+    drover_tests::mqtt_fleet(devices, CP_PASSWORD)
 }
 
 fn agent(cp: &ControlPlane, broker: &Mosquitto, device: &str, extra: &str) -> AgentProcess {

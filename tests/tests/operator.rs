@@ -379,17 +379,48 @@ fn readme_heredoc(file: &str) -> String {
     format!("{}\n", &readme[from..from + len])
 }
 
-/// The README's "Using it" manifests apply as written with `drover apply -f`,
-/// and its TaskRun finds the device it registers and completes.
+/// The README's operator walk-through, step by step as written ("Using it"):
+/// `drover init` with TLS names, `serve` with the certificate it made,
+/// register the device from the README's manifest (`apply -f -`), its token
+/// and the intent key, an agent over wss trusting `tls/ca.pem` with its
+/// token in a 0600 file, `check --connect`, the README's TaskRun, `runs
+/// watch` piped, `describe`, `get -o yaml`, `get devices -o wide`; then a
+/// second run canceled while the device is away, and `delete` of the runs
+/// and of the device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_manifests_apply_as_written_and_the_run_completes() {
-    let cp = ControlPlane::start(&[]);
-    let cli = |args: &[&str]| {
-        let out = Command::new(bin("drover"))
+async fn the_readme_walk_through_works_as_written() {
+    let dir = ControlPlane::prepare();
+    let data = dir.path().join("data");
+    let said = ControlPlane::drover_in(
+        dir.path(),
+        &["init", "--tls-name", "localhost", "--tls-name", "127.0.0.1"],
+    );
+    assert!(said.contains("server.pem"), "{said}");
+    let tls = data.join("tls");
+    let (cert, key, ca) = (
+        tls.join("server.pem"),
+        tls.join("server.key"),
+        tls.join("ca.pem"),
+    );
+    let cp = ControlPlane::start_in(
+        dir,
+        &[
+            "--agent-tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--agent-tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+    );
+    let wss = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
+    let run_cli = |args: &[&str]| {
+        Command::new(bin("drover"))
             .args(["--server", &cp.api, "--token", &cp.token])
             .args(args)
             .output()
-            .expect("drover");
+            .expect("drover")
+    };
+    let cli = |args: &[&str]| {
+        let out = run_cli(args);
         assert!(out.status.success(), "drover {args:?}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -413,27 +444,41 @@ async fn the_readme_manifests_apply_as_written_and_the_run_completes() {
         "{}",
         text(&out)
     );
-    let token = cp.device_token("pi-kitchen");
-    let _agent = AgentProcess::start(
-        &cp.dir.path().join("agent-pi-kitchen"),
-        "pi-kitchen",
-        &cp.agent_url,
-        &token,
-        "",
+    // On the control plane's host: the device's token and the intent key.
+    let token = ControlPlane::drover_in(cp.dir.path(), &["token", "pi-kitchen"]);
+    let intent_key = ControlPlane::drover_in(cp.dir.path(), &["intent-key"]);
+    assert_eq!(intent_key.trim(), TEST_INTENT_PUBLIC_KEY);
+    // On the device: the token in a 0600 file, the CA, the config.
+    let device = cp.dir.path().join("device");
+    std::fs::create_dir_all(&device).expect("device dir");
+    let token_file = device.join("agent.token");
+    std::fs::write(&token_file, token.trim()).expect("token");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))
+            .expect("0600");
+    }
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\ntoken_file = {}\nca_file = {}\n\
+         heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(&wss),
+        toml_string(&token_file.display().to_string()),
+        toml_string(&ca.display().to_string())
     );
+    let mut agent = AgentProcess::start_full(&device, "pi-kitchen", &transport, "", SIMULATE, "");
+    let checked = check_connect(&agent.config);
+    assert!(checked.status.success(), "{}", text(&checked));
     cp.wait_for_agents(&["pi-kitchen"]).await;
+
+    // The README's TaskRun, watched, described, listed.
     let run = cp.dir.path().join("upgrade.yaml");
     std::fs::write(&run, readme_heredoc("upgrade.yaml")).expect("write");
     assert!(
         cli(&["apply", "-f", run.to_str().expect("utf-8")]).contains("upgrade-pi-kitchen"),
         "the README names the run upgrade-pi-kitchen"
     );
-    let finished = cp
-        .wait_run_finished("upgrade-pi-kitchen", Duration::from_secs(60))
-        .await;
-    assert_eq!(finished["status"]["phase"], "Complete", "{finished}");
-    assert_eq!(finished["status"]["targets"], 1, "{finished}");
-    // describe taskrun: a row per target with its state and last step.
+    let watched = cli(&["runs", "watch", "upgrade-pi-kitchen"]);
+    assert!(watched.contains("Complete"), "{watched}");
     let described = cli(&["describe", "taskrun", "upgrade-pi-kitchen"]);
     let row = described
         .lines()
@@ -443,10 +488,207 @@ async fn the_readme_manifests_apply_as_written_and_the_run_completes() {
         row.contains("yes") && row.contains("Succeeded") && row.contains("(Done)"),
         "{described}"
     );
-    // -o yaml for scripts, as kubectl users expect.
     let yaml = cli(&["get", "taskrun", "upgrade-pi-kitchen", "-o", "yaml"]);
     assert!(
         yaml.contains("name: upgrade-pi-kitchen") && yaml.contains("phase: Complete"),
         "{yaml}"
+    );
+    let devices = cli(&["get", "devices", "-o", "wide"]);
+    assert!(
+        devices.lines().any(|l| l.starts_with("pi-kitchen ")
+            && l.contains("online")
+            && l.contains("websocket")),
+        "{devices}"
+    );
+
+    // A second run while the device is away, canceled: the device never
+    // runs it, and the run ends Canceled.
+    agent.kill9();
+    let second = cp.dir.path().join("second.yaml");
+    std::fs::write(
+        &second,
+        readme_heredoc("upgrade.yaml").replace("upgrade-pi-kitchen ", "upgrade-pi-kitchen-2 "),
+    )
+    .expect("write");
+    cli(&["apply", "-f", second.to_str().expect("utf-8")]);
+    eventually(
+        Duration::from_secs(30),
+        "the second run released",
+        || async {
+            let targets = cp.targets("upgrade-pi-kitchen-2").await;
+            (targets.first()?["released"] == true).then_some(())
+        },
+    )
+    .await;
+    assert!(cli(&["cancel", "taskrun", "upgrade-pi-kitchen-2"]).contains("cancel requested"));
+    agent.restart();
+    let watched = run_cli(&["runs", "watch", "upgrade-pi-kitchen-2"]);
+    assert!(!watched.status.success(), "a canceled run is not Complete");
+    assert!(text(&watched).contains("Canceled"), "{}", text(&watched));
+    let described = cli(&["describe", "taskrun", "upgrade-pi-kitchen-2"]);
+    assert!(
+        described
+            .lines()
+            .any(|l| l.starts_with("pi-kitchen ") && l.contains("Canceled")),
+        "{described}"
+    );
+
+    // Delete: the finished runs, then the device once its agent is gone.
+    for name in ["upgrade-pi-kitchen", "upgrade-pi-kitchen-2"] {
+        assert!(cli(&["delete", "taskrun", name]).contains("deleted"));
+    }
+    assert!(!cli(&["get", "taskruns"]).contains("upgrade-pi-kitchen"));
+    agent.kill9();
+    let deleted = cli(&["delete", "device", "pi-kitchen"]);
+    assert!(deleted.contains("device/pi-kitchen deleted"), "{deleted}");
+    assert!(!cli(&["get", "devices"]).contains("pi-kitchen"));
+}
+
+/// Under systemd the agent's lines carry their syslog priority for journald
+/// (`<4>` a warning, `<6>` info) and no timestamp of their own, and keep
+/// their fields; anywhere else they are the usual timestamped lines. The
+/// test plays systemd: stderr is a file, and JOURNAL_STREAM names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_systemd_the_agents_lines_carry_their_priority_for_journald() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("agent.toml");
+    // Nothing listens on port 9: the agent warns that it cannot connect.
+    std::fs::write(
+        &config,
+        format!(
+            "device_id = \"pi-journal\"\nintent_public_keys = [{}]\nstate_dir = {}\nstatus_socket = {}\n\
+             [transport]\nkind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"\ntoken = \"t\"\n\
+             backoff_max_seconds = 1\n[updater]\n{SIMULATE}\n",
+            toml_string(TEST_INTENT_PUBLIC_KEY),
+            toml_string(&dir.path().join("state").display().to_string()),
+            toml_string(&dir.path().join("s.sock").display().to_string()),
+        ),
+    )
+    .expect("config");
+    let run = |name: &str, journal: bool| {
+        let log = dir.path().join(name);
+        let file = std::fs::File::create(&log).expect("log");
+        let meta = file.metadata().expect("metadata");
+        let mut command = Command::new(bin("drover-agent"));
+        command
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("RUST_LOG")
+            .stderr(file);
+        if journal {
+            command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        }
+        (command.spawn().expect("agent"), log)
+    };
+    for journal in [true, false] {
+        let (mut child, log) = run(if journal { "journal.log" } else { "plain.log" }, journal);
+        let text = eventually(Duration::from_secs(30), "a warning", || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines().any(|l| l.contains("WARN")).then_some(text)
+        })
+        .await;
+        let _ = child.kill();
+        let _ = child.wait();
+        let warning = text.lines().find(|l| l.contains("WARN")).expect("warning");
+        let info = text.lines().find(|l| l.contains("INFO")).expect("info");
+        if journal {
+            assert!(warning.starts_with("<4> WARN "), "{text}");
+            assert!(info.starts_with("<6> INFO "), "{text}");
+            assert!(
+                text.lines().all(|l| l.starts_with('<')),
+                "every line has a priority: {text}"
+            );
+        } else {
+            assert!(
+                warning.starts_with("20") && !warning.starts_with('<'),
+                "a timestamp, no priority: {text}"
+            );
+        }
+        assert!(!text.contains('\u{1b}'), "no colour in a file: {text}");
+    }
+}
+
+/// `drover get taskruns -w` prints the table once, then a row each time a
+/// run changes, as kubectl does: the run is seen going to Complete without
+/// asking again. With -o json it prints each changed object on one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_prints_a_row_for_every_change() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("pi-watch", &["production"], json!({}))
+        .await;
+    let _agent = AgentProcess::start(
+        &cp.dir.path().join("pi-watch"),
+        "pi-watch",
+        &cp.agent_url,
+        &cp.device_token("pi-watch"),
+        "",
+    );
+    cp.wait_for_agents(&["pi-watch"]).await;
+    let watch = |output: &str| {
+        let mut child = Command::new(bin("drover"))
+            .args([
+                "--server", &cp.api, "--token", &cp.token, "get", "taskruns", "-w", "-o", output,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("drover get -w");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let (mut table, table_lines) = watch("table");
+    let (mut json_watch, json_lines) = watch("json");
+    cp.apply_upgrade_run("watched", "production", 600).await;
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !seen.iter().any(|l: &String| l.contains("Complete")) {
+        assert!(std::time::Instant::now() < deadline, "{seen:?}");
+        if let Ok(line) = table_lines.recv_timeout(Duration::from_secs(1)) {
+            seen.push(line);
+        }
+    }
+    let _ = table.kill();
+    assert_eq!(seen[0].split_whitespace().next(), Some("NAME"), "{seen:?}");
+    assert_eq!(
+        seen.iter().filter(|l| l.starts_with("NAME")).count(),
+        1,
+        "one header: {seen:?}"
+    );
+    let rows: Vec<&String> = seen.iter().filter(|l| l.starts_with("watched ")).collect();
+    assert!(rows.len() >= 2, "the run before and at Complete: {seen:?}");
+    assert!(
+        rows.windows(2).all(|w| w[0] != w[1]),
+        "a row only on a change: {seen:?}"
+    );
+    // The JSON watch saw the same run complete, one object per line.
+    let mut objects = Vec::new();
+    while let Ok(line) = json_lines.recv_timeout(Duration::from_secs(3)) {
+        let object: serde_json::Value =
+            serde_json::from_str(&line).expect("one JSON object a line");
+        let done = object["status"]["phase"] == "Complete";
+        objects.push(object);
+        if done {
+            break;
+        }
+    }
+    let _ = json_watch.kill();
+    assert_eq!(
+        objects.last().map(|o| o["status"]["phase"].clone()),
+        Some(json!("Complete")),
+        "{objects:?}"
     );
 }

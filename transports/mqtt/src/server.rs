@@ -295,6 +295,28 @@ impl MqttLinks {
     }
 }
 
+impl MqttLinks {
+    /// Publishes what the broker keeps for a device's job, retained QoS 1 on
+    /// its intent topic: the signed intent, the signed cancel order in its
+    /// place, or nothing (withdrawn).
+    async fn retain(
+        &self,
+        device: &DeviceId,
+        job_id: JobId,
+        payload: Vec<u8>,
+    ) -> Result<(), LinkError> {
+        self.client
+            .publish(
+                self.topics.intent(device, job_id),
+                QoS::AtLeastOnce,
+                true,
+                payload,
+            )
+            .await
+            .map_err(link_error)
+    }
+}
+
 impl AgentLinks for MqttLinks {
     fn transport(&self) -> &'static str {
         TRANSPORT
@@ -312,15 +334,23 @@ impl AgentLinks for MqttLinks {
     ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
         Box::pin(async move {
             let payload = serde_json::to_vec(signed).map_err(link_error)?;
-            self.client
-                .publish(
-                    self.topics.intent(&intent.device_id, intent.job_id),
-                    QoS::AtLeastOnce,
-                    true,
-                    payload,
-                )
-                .await
-                .map_err(link_error)?;
+            self.retain(&intent.device_id, intent.job_id, payload)
+                .await?;
+            Ok(Delivered::Sent)
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+        signed: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        Box::pin(async move {
+            let payload = serde_json::to_vec(signed).map_err(link_error)?;
+            // In the intent's place: the broker keeps the order, not the
+            // intent, for an agent that is away.
+            self.retain(device, job_id, payload).await?;
             Ok(Delivered::Sent)
         })
     }
@@ -330,17 +360,7 @@ impl AgentLinks for MqttLinks {
         device: &'a DeviceId,
         job_id: JobId,
     ) -> BoxFuture<'a, Result<(), LinkError>> {
-        Box::pin(async move {
-            self.client
-                .publish(
-                    self.topics.intent(device, job_id),
-                    QoS::AtLeastOnce,
-                    true,
-                    Vec::new(),
-                )
-                .await
-                .map_err(link_error)
-        })
+        Box::pin(self.retain(device, job_id, Vec::new()))
     }
 }
 

@@ -319,6 +319,24 @@ fn status_event(entry: async_nats::jetstream::kv::Entry) -> Option<Inbound> {
     })
 }
 
+impl NatsLinks {
+    /// Puts what the intent bucket keeps for a device's job (the signed
+    /// intent, or the signed cancel order in its place); returns its revision.
+    async fn put(
+        &self,
+        device: &DeviceId,
+        job_id: JobId,
+        signed: &serde_json::Value,
+    ) -> Result<u64, LinkError> {
+        let payload = serde_json::to_vec(signed).map_err(link_error)?;
+        self.buckets
+            .intents
+            .put(key(device, job_id), payload.into())
+            .await
+            .map_err(link_error)
+    }
+}
+
 impl AgentLinks for NatsLinks {
     fn transport(&self) -> &'static str {
         TRANSPORT
@@ -335,14 +353,23 @@ impl AgentLinks for NatsLinks {
         _server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
         Box::pin(async move {
-            let payload = serde_json::to_vec(signed).map_err(link_error)?;
-            let revision = self
-                .buckets
-                .intents
-                .put(key(&intent.device_id, intent.job_id), payload.into())
-                .await
-                .map_err(link_error)?;
+            let revision = self.put(&intent.device_id, intent.job_id, signed).await?;
             info!(job_id = %intent.job_id, device = %intent.device_id, revision, "intent put");
+            Ok(Delivered::Sent)
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job_id: JobId,
+        signed: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        Box::pin(async move {
+            // The order takes the intent's key: an agent that reads its keys
+            // after a reconnect finds the order, never the intent.
+            let revision = self.put(device, job_id, signed).await?;
+            info!(job_id = %job_id, device = %device, revision, "cancel order put");
             Ok(Delivered::Sent)
         })
     }

@@ -376,16 +376,20 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
                 }
             }
         }
-        ServerMessage::Cancel { job_id } => {
-            match agent.cancel(job_id) {
-                Ok(Some(status)) => {
-                    info!(job_id = %job_id, state = ?status.state, "cancel handled")
-                }
-                Ok(None) => info!(job_id = %job_id, "cancel for an unknown job ignored"),
-                Err(e) => warn!(job_id = %job_id, error = %e, "cannot cancel"),
+        ServerMessage::Cancel { order } => match agent.admit_signed(Ok(order)) {
+            // The agent's answer to the order is the job's status, from its outbox.
+            Ok(reply) => Some(AgentMessage::Ack {
+                job_id: reply.status.job_id,
+            }),
+            Err(AdmitError::Unreadable(e)) => {
+                warn!(error = %e, "cancel order refused");
+                Some(error_reply(format!("cancel refused: {e}")))
             }
-            None
-        }
+            Err(AdmitError::Store(e)) => {
+                tracing::error!(error = %e, "cannot record a cancel order");
+                Some(error_reply(format!("cannot record the cancel order: {e}")))
+            }
+        },
         ServerMessage::Received { outbox_id } => {
             if let Err(e) = agent.outbox_ack(outbox_id) {
                 warn!(outbox_id, error = %e, "cannot drop a confirmed status from the outbox");

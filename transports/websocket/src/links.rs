@@ -405,6 +405,20 @@ enum Incoming {
     AwaitCommit(Option<u64>, tokio::sync::oneshot::Receiver<Answer>),
 }
 
+impl WsLinks {
+    /// Writes a message to the device's session, if this replica holds one.
+    fn send(&self, device: &DeviceId, message: ServerMessage) -> Delivered {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(session) = sessions.get(device) else {
+            return Delivered::NotConnected;
+        };
+        match session.outgoing.send(Message::text(message.encode())) {
+            Ok(()) => Delivered::Sent,
+            Err(_) => Delivered::NotConnected,
+        }
+    }
+}
+
 impl AgentLinks for WsLinks {
     fn transport(&self) -> &'static str {
         TRANSPORT
@@ -420,20 +434,23 @@ impl AgentLinks for WsLinks {
         signed: &'a serde_json::Value,
         server_time: Timestamp,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
-        Box::pin(async move {
-            let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(session) = sessions.get(&intent.device_id) else {
-                return Ok(Delivered::NotConnected);
-            };
-            let message = ServerMessage::Job {
-                intent: signed.clone(),
-                server_time: Some(server_time),
-            };
-            match session.outgoing.send(Message::text(message.encode())) {
-                Ok(()) => Ok(Delivered::Sent),
-                Err(_) => Ok(Delivered::NotConnected),
-            }
-        })
+        let message = ServerMessage::Job {
+            intent: signed.clone(),
+            server_time: Some(server_time),
+        };
+        Box::pin(async move { Ok(self.send(&intent.device_id, message)) })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        _job_id: JobId,
+        signed: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Delivered, LinkError>> {
+        let message = ServerMessage::Cancel {
+            order: signed.clone(),
+        };
+        Box::pin(async move { Ok(self.send(device, message)) })
     }
 
     fn withdraw<'a>(

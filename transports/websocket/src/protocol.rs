@@ -64,17 +64,13 @@ pub enum ServerMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         server_time: Option<jiff::Timestamp>,
     },
-    Cancel {
-        job_id: JobId,
-    },
+    /// The control plane's signed order to cancel a job (`CancelOrder`),
+    /// kept as raw JSON like an intent: the agent checks its signature.
+    Cancel { order: serde_json::Value },
     /// The status with this outbox id is stored by the server.
-    Received {
-        outbox_id: u64,
-    },
+    Received { outbox_id: u64 },
     /// The server could not use a message the agent sent.
-    Error {
-        message: String,
-    },
+    Error { message: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

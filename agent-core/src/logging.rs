@@ -1,0 +1,172 @@
+//! Logging for both binaries: tracing's text lines on stderr.
+//!
+//! - Colour only for a person at a terminal, and never with `NO_COLOR` set
+//!   (no-color.org).
+//! - Under systemd, when stderr is the journal stream `$JOURNAL_STREAM`
+//!   names, each line starts with its syslog priority (`<3>` error, `<4>`
+//!   warning, `<6>` info, `<7>` debug), which journald takes as the entry's
+//!   `PRIORITY` (`SyslogLevelPrefix=`, on by default), and has no timestamp
+//!   of its own (the journal stamps every entry). So `journalctl -p warning`
+//!   filters by level, and each entry's message keeps its fields and spans,
+//!   the job id included: `journalctl -u drover-agent -g JOB_ID` finds a
+//!   job's lines. (tracing-journald would put only the bare message in
+//!   `MESSAGE` and every field beside it, where a plain `journalctl -u`
+//!   shows none of them; see ARCHITECTURE.md.)
+
+use std::fmt;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::FmtContext;
+use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Installs the global subscriber; `default` is the filter when `RUST_LOG`
+/// is unset.
+pub fn init(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if stderr_is_the_journal() {
+        builder
+            .with_ansi(false)
+            .event_format(Prioritized(format().without_time()))
+            .init();
+    } else {
+        builder.with_ansi(colour()).init();
+    }
+}
+
+fn format() -> format::Format {
+    format::Format::default()
+}
+
+fn colour() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Whether stderr is the stream systemd connected to the journal: its
+/// device and inode are the ones in `$JOURNAL_STREAM` (systemd.exec(5)), so a
+/// process started from a unit whose stderr was redirected is not fooled.
+pub fn stderr_is_the_journal() -> bool {
+    names_the_stream(
+        std::env::var_os("JOURNAL_STREAM").as_deref(),
+        std::path::Path::new("/proc/self/fd/2"),
+    )
+}
+
+/// Whether `stream` (`DEVICE:INODE`) names the file `file` refers to.
+fn names_the_stream(stream: Option<&std::ffi::OsStr>, file: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some((device, inode)) = stream
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.split_once(':'))
+    else {
+        return false;
+    };
+    let Ok(found) = std::fs::metadata(file) else {
+        return false;
+    };
+    device.parse() == Ok(found.dev()) && inode.parse() == Ok(found.ino())
+}
+
+/// The syslog priority journald reads from a line's `<N>` prefix.
+pub fn priority(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// A line format with the event's syslog priority in front.
+pub struct Prioritized<F>(pub F);
+
+impl<S, N, F> FormatEvent<S, N> for Prioritized<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "<{}>", priority(event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::fmt::MakeWriter;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn journal_lines_carry_their_priority_and_every_field_without_a_timestamp() {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .event_format(Prioritized(format().without_time()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("job", job_id = "6f1c3b1e");
+            let _entered = span.enter();
+            tracing::warn!(step = "full-upgrade", "apt is slow");
+            tracing::info!("job progress");
+            tracing::error!("cannot record");
+        });
+        let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].starts_with("<4> WARN job{job_id=\"6f1c3b1e\"}:"),
+            "{text}"
+        );
+        assert!(lines[0].contains("step=\"full-upgrade\""), "{text}");
+        assert!(lines[1].starts_with("<6> INFO job{"), "{text}");
+        assert!(lines[2].starts_with("<3>ERROR job{"), "{text}");
+    }
+
+    #[test]
+    fn only_the_stream_systemd_names_is_the_journal() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (file, other) = (dir.path().join("stream"), dir.path().join("other"));
+        std::fs::write(&file, "").expect("file");
+        std::fs::write(&other, "").expect("file");
+        let meta = std::fs::metadata(&file).expect("metadata");
+        let named = format!("{}:{}", meta.dev(), meta.ino());
+        let named = std::ffi::OsStr::new(&named);
+        assert!(names_the_stream(Some(named), &file));
+        assert!(!names_the_stream(Some(named), &other), "another file");
+        assert!(!names_the_stream(None, &file), "no JOURNAL_STREAM");
+        assert!(!names_the_stream(Some(std::ffi::OsStr::new("junk")), &file));
+    }
+}

@@ -1,0 +1,555 @@
+//! `drover get`: one listing of a resource as the API gives it, printed as
+//! a table in kubectl's style or as JSON or YAML; with `--watch`, the table
+//! once, then a row for every object that changes (polled every second, as
+//! `runs watch` is), until interrupted.
+
+use crate::cli::{Output, Resource};
+use crate::client::ApiClient;
+use crate::records::DeviceRecord;
+use crate::watch::printable;
+use agent_core::out;
+use anyhow::{Result, bail};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How often `--watch` asks the API.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// One row of a listing, keyed by the object's name.
+pub struct Row {
+    pub key: String,
+    pub cells: Vec<String>,
+}
+
+/// A resource's rows and how to print them.
+pub struct Listing {
+    pub headers: Vec<&'static str>,
+    pub rows: Vec<Row>,
+    /// Columns that change with the clock alone (ages): under `--watch` a
+    /// row is not printed again for them.
+    pub volatile: Vec<usize>,
+    /// Printed under the table (a run's latest error).
+    pub note: Option<String>,
+}
+
+/// What `drover get` fetched: the objects as the API gave them (for -o
+/// json|yaml; one object for a named taskrun), and their rows.
+struct Fetched {
+    structured: Value,
+    /// Each object with its row key, for `--watch -o json|yaml`.
+    objects: Vec<(String, Value)>,
+    listing: Listing,
+}
+
+async fn fetch(
+    api: &ApiClient,
+    resource: Resource,
+    name: Option<&str>,
+    wide: bool,
+) -> Result<Fetched> {
+    let named = |kind: &str| match name {
+        Some(name) => Ok(name.to_owned()),
+        None => bail!("drover get {kind} NAME"),
+    };
+    let keyed = |objects: &[Value]| -> Vec<(String, Value)> {
+        objects
+            .iter()
+            .map(|o| {
+                let key = o["metadata"]["name"]
+                    .as_str()
+                    .or_else(|| o["id"].as_str())
+                    .unwrap_or("?")
+                    .to_owned();
+                (key, o.clone())
+            })
+            .collect()
+    };
+    Ok(match resource {
+        Resource::Devices => {
+            let devices: Vec<ListedDevice> = api.get("/devices").await?;
+            let structured = serde_json::to_value(&devices)?;
+            let objects = devices
+                .iter()
+                .map(|d| Ok((d.record.id.to_string(), serde_json::to_value(d)?)))
+                .collect::<Result<Vec<_>>>()?;
+            Fetched {
+                structured,
+                objects,
+                listing: device_rows(&devices, wide),
+            }
+        }
+        Resource::Taskruns => {
+            let runs: Vec<Value> = api.get("/taskruns").await?;
+            Fetched {
+                objects: keyed(&runs),
+                listing: run_rows(&runs),
+                structured: Value::Array(runs),
+            }
+        }
+        Resource::Taskrun => {
+            let run: Value = api.get(&format!("/taskruns/{}", named("taskrun")?)).await?;
+            let mut listing = run_rows(std::slice::from_ref(&run));
+            listing.note = run["status"]["latestError"]
+                .as_str()
+                .map(|error| format!("latest error: {}", printable(error)));
+            Fetched {
+                objects: keyed(std::slice::from_ref(&run)),
+                listing,
+                structured: run,
+            }
+        }
+        Resource::Taskschedules | Resource::Taskschedule => {
+            let schedules: Vec<Value> = match resource {
+                Resource::Taskschedule => {
+                    vec![
+                        api.get(&format!("/taskschedules/{}", named("taskschedule")?))
+                            .await?,
+                    ]
+                }
+                _ => api.get("/taskschedules").await?,
+            };
+            Fetched {
+                objects: keyed(&schedules),
+                listing: schedule_rows(&schedules),
+                structured: Value::Array(schedules),
+            }
+        }
+        Resource::Deployments | Resource::Deployment => {
+            let deployments: Vec<Value> = match resource {
+                Resource::Deployment => {
+                    vec![
+                        api.get(&format!("/deployments/{}", named("deployment")?))
+                            .await?,
+                    ]
+                }
+                _ => api.get("/deployments").await?,
+            };
+            Fetched {
+                objects: keyed(&deployments),
+                listing: deployment_rows(&deployments),
+                structured: Value::Array(deployments),
+            }
+        }
+        Resource::Packages => {
+            let packages: Vec<Value> = api.get("/packages").await?;
+            Fetched {
+                objects: keyed(&packages),
+                listing: package_rows(&packages),
+                structured: Value::Array(packages),
+            }
+        }
+    })
+}
+
+/// `drover get`: once, or with `watch` until interrupted.
+pub async fn get(
+    api: &ApiClient,
+    resource: Resource,
+    name: Option<&str>,
+    output: Output,
+    watch: bool,
+) -> Result<()> {
+    let wide = output == Output::Wide;
+    let fetched = fetch(api, resource, name, wide).await?;
+    if !watch {
+        if !structured(output, &fetched.structured)? {
+            print_listing(&fetched.listing);
+        }
+        return Ok(());
+    }
+    let mut watcher = Watcher::default();
+    let mut fetched = fetched;
+    loop {
+        match output {
+            Output::Table | Output::Wide => watcher.rows(&fetched.listing),
+            Output::Json | Output::Yaml => watcher.objects(output, &fetched.objects)?,
+        }
+        tokio::time::sleep(WATCH_EVERY).await;
+        fetched = fetch(api, resource, name, wide).await?;
+    }
+}
+
+/// A listing as one table, and its note under it.
+pub fn print_listing(listing: &Listing) {
+    let mut rows = table(&listing.headers);
+    for row in &listing.rows {
+        rows.add_row(row.cells.clone());
+    }
+    print_table(&rows);
+    if let Some(note) = &listing.note {
+        out!("{note}");
+    }
+}
+
+pub fn print_runs(runs: &[Value]) {
+    print_listing(&run_rows(runs));
+}
+
+pub fn print_deployments(deployments: &[Value]) {
+    print_listing(&deployment_rows(deployments));
+}
+
+/// What `--watch` printed last, to print only what changed.
+#[derive(Default)]
+struct Watcher {
+    /// Column widths, fixed by the first listing (a longer cell widens its
+    /// own line only, as kubectl does).
+    widths: Vec<usize>,
+    seen: HashMap<String, String>,
+}
+
+impl Watcher {
+    fn rows(&mut self, listing: &Listing) {
+        if self.widths.is_empty() {
+            self.widths = listing.headers.iter().map(|h| h.chars().count()).collect();
+            for row in &listing.rows {
+                for (width, cell) in self.widths.iter_mut().zip(&row.cells) {
+                    *width = (*width).max(cell.chars().count());
+                }
+            }
+            let headers: Vec<String> = listing.headers.iter().map(|h| h.to_string()).collect();
+            out!("{}", self.line(&headers));
+        }
+        for row in &listing.rows {
+            let compared: Vec<&str> = row
+                .cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if listing.volatile.contains(&i) {
+                        ""
+                    } else {
+                        c.as_str()
+                    }
+                })
+                .collect();
+            let compared = compared.join("\u{1f}");
+            if self.seen.get(&row.key) != Some(&compared) {
+                out!("{}", self.line(&row.cells));
+                self.seen.insert(row.key.clone(), compared);
+            }
+        }
+    }
+
+    fn objects(&mut self, output: Output, objects: &[(String, Value)]) -> Result<()> {
+        for (key, object) in objects {
+            let text = serde_json::to_string(object)?;
+            if self.seen.get(key) != Some(&text) {
+                match output {
+                    Output::Yaml => out!("---\n{}", serde_yaml_ng::to_string(object)?.trim_end()),
+                    _ => out!("{text}"),
+                }
+                self.seen.insert(key.clone(), text);
+            }
+        }
+        Ok(())
+    }
+
+    fn line(&self, cells: &[String]) -> String {
+        let mut line = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            line.push_str(cell);
+            if i + 1 < cells.len() {
+                let width = self.widths.get(i).copied().unwrap_or(0);
+                let pad = width.saturating_sub(cell.chars().count()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        line.trim_end().to_owned()
+    }
+}
+
+fn package_rows(packages: &[Value]) -> Listing {
+    let rows = packages
+        .iter()
+        .map(|p| {
+            let id = shown(&p["id"]);
+            Row {
+                key: id.clone(),
+                cells: vec![
+                    id,
+                    number(&p["size"]),
+                    shown(&p["sha256"]),
+                    shown(&p["uploadedAt"]),
+                ],
+            }
+        })
+        .collect();
+    Listing {
+        headers: vec!["PACKAGE", "BYTES", "SHA256", "UPLOADED"],
+        rows,
+        volatile: Vec::new(),
+        note: None,
+    }
+}
+
+/// A string field for a table, escaped; "" when absent.
+pub fn shown(value: &Value) -> String {
+    printable(value.as_str().unwrap_or(""))
+}
+
+/// A device as `GET /devices` lists it.
+#[derive(serde::Deserialize, serde::Serialize)]
+pub struct ListedDevice {
+    #[serde(flatten)]
+    pub record: DeviceRecord,
+    /// Connected and heard from lately (absent from older servers).
+    #[serde(default)]
+    pub online: bool,
+}
+
+/// A table in kubectl's style: no borders, columns two spaces apart, each
+/// as wide as its widest cell whatever the cell holds.
+pub fn table(headers: &[&str]) -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(headers.iter().copied());
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+}
+
+pub fn print_table(table: &comfy_table::Table) {
+    for line in table.lines() {
+        out!("{}", line.trim_end());
+    }
+}
+
+/// How long ago `at` was, in the largest unit that fits: 45s, 12m, 3h, 9d.
+pub fn age(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
+    let Some(at) = at else {
+        return "-".into();
+    };
+    let seconds = now.duration_since(at).as_secs().max(0);
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
+    let now = jiff::Timestamp::now();
+    let mut headers = vec![
+        "DEVICE",
+        "STATE",
+        "LAST SEEN",
+        "VERSION",
+        "GROUPS",
+        "LABELS",
+        "CAPABILITIES",
+    ];
+    if wide {
+        headers.extend(["OS", "ARCH", "TRANSPORT", "TIME ZONE", "BOOT ID"]);
+    }
+    let mut rows = Vec::new();
+    for listed in devices {
+        let d = &listed.record;
+        let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
+        let labels: Vec<String> = d
+            .labels
+            .iter()
+            .map(|(k, v)| printable(&format!("{k}={v}")))
+            .collect();
+        let state = match (d.decommissioned, d.agent_present, listed.online) {
+            (true, _, _) => "decommissioned",
+            (false, false, _) => "never connected",
+            (false, true, true) => "online",
+            (false, true, false) => "offline",
+        };
+        let mut row = vec![
+            d.id.to_string(),
+            state.to_owned(),
+            age(d.last_seen.max(d.last_heartbeat), now),
+            printable(d.agent_version.as_deref().unwrap_or("-")),
+            printable(&groups.join(",")),
+            labels.join(","),
+            printable(&d.capabilities.join(",")),
+        ];
+        if wide {
+            for extra in [
+                &d.os_release,
+                &d.architecture,
+                &d.transport,
+                &d.time_zone,
+                &d.boot_id,
+            ] {
+                row.push(printable(extra.as_deref().unwrap_or("-")));
+            }
+        }
+        rows.push(Row {
+            key: d.id.to_string(),
+            cells: row,
+        });
+    }
+    Listing {
+        headers,
+        rows,
+        // LAST SEEN changes with the clock alone.
+        volatile: vec![2],
+        note: None,
+    }
+}
+
+fn schedule_rows(schedules: &[Value]) -> Listing {
+    let headers = vec![
+        "NAME",
+        "SCHEDULE (UTC)",
+        "SUSPENDED",
+        "LAST TICK",
+        "NEXT TICK",
+        "ACTIVE RUN",
+        "SKIPPED",
+    ];
+    let mut rows = Vec::new();
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .map(|t| t.strftime("%Y-%m-%d %H:%M").to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    for schedule in schedules {
+        let cadence = &schedule["spec"]["schedule"];
+        let cadence = match cadence.as_object().and_then(|m| m.iter().next()) {
+            Some((form, Value::String(value))) => format!("{form} {value}"),
+            Some((form, Value::Object(fields))) => format!(
+                "{form} {}",
+                fields
+                    .values()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            _ => "?".into(),
+        };
+        let status = &schedule["status"];
+        let name = printable(schedule["metadata"]["name"].as_str().unwrap_or("?"));
+        rows.push(Row {
+            key: name.clone(),
+            cells: vec![
+                name,
+                printable(&cadence),
+                if schedule["spec"]["suspend"] == true {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_owned(),
+                time(&status["lastTick"]),
+                time(&status["nextTick"]),
+                printable(status["activeRun"].as_str().unwrap_or("-")),
+                status["skippedTicks"].as_u64().unwrap_or(0).to_string(),
+            ],
+        });
+    }
+    Listing {
+        headers,
+        rows,
+        volatile: Vec::new(),
+        note: None,
+    }
+}
+
+fn run_rows(runs: &[Value]) -> Listing {
+    let headers = vec![
+        "NAME",
+        "PHASE",
+        "TARGETS",
+        "RELEASED",
+        "SUCCEEDED",
+        "FAILED",
+        "REASON",
+    ];
+    let mut rows = Vec::new();
+    for run in runs {
+        let s = &run["status"];
+        let name = printable(run["metadata"]["name"].as_str().unwrap_or("?"));
+        rows.push(Row {
+            key: name.clone(),
+            cells: vec![
+                name,
+                printable(s["phase"].as_str().unwrap_or("?")),
+                number(&s["targets"]),
+                number(&s["released"]),
+                number(&s["succeeded"]),
+                number(&s["failed"]),
+                printable(s["reason"].as_str().unwrap_or("")),
+            ],
+        });
+    }
+    Listing {
+        headers,
+        rows,
+        volatile: Vec::new(),
+        note: None,
+    }
+}
+
+/// A count from the API, or "-" when absent.
+pub fn number(value: &Value) -> String {
+    value.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+fn deployment_rows(deployments: &[Value]) -> Listing {
+    let headers = vec![
+        "NAME",
+        "PHASE",
+        "TARGETS",
+        "EXCLUDED",
+        "PENDING",
+        "QUEUED",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "EXPIRED",
+        "CANCELED",
+        "REASON",
+    ];
+    let mut rows = Vec::new();
+    for deployment in deployments {
+        let s = &deployment["status"];
+        let mut row = vec![
+            printable(deployment["metadata"]["name"].as_str().unwrap_or("?")),
+            printable(s["phase"].as_str().unwrap_or("?")),
+        ];
+        for count in [
+            "targets",
+            "excludedCount",
+            "pending",
+            "queued",
+            "running",
+            "succeeded",
+            "failed",
+            "expired",
+            "canceled",
+        ] {
+            row.push(number(&s[count]));
+        }
+        row.push(printable(s["reason"].as_str().unwrap_or("")));
+        rows.push(Row {
+            key: row[0].clone(),
+            cells: row,
+        });
+    }
+    Listing {
+        headers,
+        rows,
+        volatile: Vec::new(),
+        note: None,
+    }
+}
+
+/// Prints `value` as JSON or YAML when asked; false for a table.
+pub fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool> {
+    match output {
+        Output::Json => out!("{}", serde_json::to_string_pretty(value)?),
+        Output::Yaml => out!("{}", serde_yaml_ng::to_string(value)?.trim_end()),
+        Output::Table | Output::Wide => return Ok(false),
+    }
+    Ok(true)
+}
