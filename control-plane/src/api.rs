@@ -91,9 +91,19 @@ pub fn router(state: ApiState) -> Router {
             require_operator,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
+    // Prometheus scrapes with the operator token too
+    // (`authorization: {credentials_file: …}` in its scrape config).
+    let metrics =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                require_operator,
+            ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .nest("/api/v1", api)
+        .merge(metrics)
         .with_state(state)
 }
 
@@ -129,6 +139,43 @@ async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError>
         "connectedHere": state.presence.connected(),
         "engine": state.engine.stats.json(),
     })))
+}
+
+/// The process's metrics, with the gauges a scrape computes: devices by
+/// state (as `get devices` shows them) and agents connected here.
+async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let metrics = crate::metrics::metrics();
+    let now = Timestamp::now();
+    let mut states: std::collections::BTreeMap<&'static str, i64> = [
+        ("online", 0),
+        ("offline", 0),
+        ("never connected", 0),
+        ("decommissioned", 0),
+    ]
+    .into_iter()
+    .collect();
+    for (_, _, device) in state.db.list::<DeviceRecord>("devices/").await? {
+        let online = state.presence.online(&device.id, device.last_seen, now);
+        *states.entry(device.state(online)).or_default() += 1;
+    }
+    for (name, count) in states {
+        metrics
+            .devices
+            .get_or_create(&vec![("state", name.replace(' ', "_"))])
+            .set(count);
+    }
+    metrics.agents.clear();
+    for (transport, count) in state.presence.connected() {
+        metrics
+            .agents
+            .get_or_create(&vec![("transport", transport.into())])
+            .set(count as i64);
+    }
+    Ok((
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        metrics.encode(),
+    )
+        .into_response())
 }
 
 /// A device as stored, with the fresher times this replica has seen.

@@ -837,6 +837,7 @@ impl Engine {
         }
         // Last, the counts, under the lease: it fails only if the lease was
         // lost, and then the next pass starts from the store again.
+        let kind = record.spec.job.kind().name().to_owned();
         let mut done = record;
         done.status = status;
         ops.push(Op::Put {
@@ -903,6 +904,10 @@ impl Engine {
         drop(views);
         if !released_keys.is_empty() {
             info!(deployment = %name, released = released_keys.len(), "deployment released jobs");
+            crate::metrics::metrics()
+                .jobs_released
+                .get_or_create(&vec![("kind", kind)])
+                .inc_by(released_keys.len() as u64);
             if let Some(released) = &self.released {
                 let _ = released.send(released_keys);
             }

@@ -196,6 +196,9 @@ struct OpenJob {
     /// When a delivery was last tried; None: never.
     last_attempt: Option<Timestamp>,
     cancel: Cancel,
+    /// Its acknowledgement is in the delivery histogram (or came before
+    /// this process tracked it).
+    ack_observed: bool,
 }
 
 impl OpenJob {
@@ -341,6 +344,7 @@ impl Dispatcher {
                 _ = shutdown.cancelled() => return,
                 event = events.recv() => {
                     let Some(first) = event else { return };
+                    let arrived = std::time::Instant::now();
                     let mut batch = vec![first];
                     drain(&mut events, &mut batch);
                     if batch.len() < MAX_BATCH / 8 {
@@ -349,7 +353,13 @@ impl Dispatcher {
                         tokio::time::sleep(GATHER).await;
                         drain(&mut events, &mut batch);
                     }
+                    let events = batch.len();
                     self.handle(batch).await;
+                    // Every event of the batch waited as long as its first.
+                    let intake = crate::metrics::seconds(arrived);
+                    for _ in 0..events {
+                        crate::metrics::metrics().status_intake_seconds.observe(intake);
+                    }
                 }
                 keys = released.recv() => {
                     let Some(mut keys) = keys else { continue };
@@ -436,6 +446,7 @@ impl Dispatcher {
             revision,
             last_attempt: None,
             cancel: Cancel::NotRequested,
+            ack_observed: matches!(job.delivery, Delivery::Acked { .. }),
         });
         entry.revision = entry.revision.max(revision);
         if job.cancel_requested_at.is_some() && entry.cancel == Cancel::NotRequested {
@@ -857,6 +868,13 @@ impl Dispatcher {
             self.expire(&key, delivery).await;
         }
         self.start_queued();
+        let gauge = &crate::metrics::metrics().jobs_undecided;
+        gauge.clear();
+        for ((state, kind), count) in undecided_counts(self.open.values()) {
+            gauge
+                .get_or_create(&vec![("delivery", state.into()), ("kind", kind.into())])
+                .set(count);
+        }
     }
 
     async fn expire(&mut self, key: &str, delivery: Delivery) {
@@ -989,6 +1007,9 @@ impl Dispatcher {
                 Ok(revision) => {
                     if let Some(job) = job {
                         let was_open = self.open.get(&key).map(|o| o.delivery.clone());
+                        if let Some(open) = self.open.get_mut(&key) {
+                            observe_commit(open, &job);
+                        }
                         if self.track(&key, *revision, &job)
                             && let (Some(open), Some(delivery)) =
                                 (self.open.get_mut(&key), was_open)
@@ -1578,6 +1599,47 @@ fn bounded_status(status: &JobStatus) -> JobStatus {
         inventory.disks.truncate(64);
     }
     status
+}
+
+/// Records what a committed record of an open job shows: its first
+/// acknowledgement (how long delivery took, on the control plane's clock),
+/// its terminal status.
+fn observe_commit(open: &mut OpenJob, job: &JobDelivery) {
+    let metrics = crate::metrics::metrics();
+    if let Delivery::Acked { at } = job.delivery
+        && !open.ack_observed
+    {
+        open.ack_observed = true;
+        let took = at.duration_since(job.created_at).as_secs_f64().max(0.0);
+        metrics.delivery_seconds.observe(took);
+    }
+    if let Some(status) = job.status.as_ref().filter(|s| s.state.is_terminal()) {
+        metrics
+            .jobs_finished
+            .get_or_create(&vec![
+                ("state", format!("{:?}", status.state)),
+                ("kind", job.intent.kind.name().into()),
+            ])
+            .inc();
+    }
+}
+
+/// The undecided jobs by delivery state and kind, for the gauge.
+fn undecided_counts<'a>(
+    open: impl Iterator<Item = &'a OpenJob>,
+) -> HashMap<(&'static str, &'static str), i64> {
+    let mut counts = HashMap::new();
+    for job in open {
+        let state = match (&job.delivery, job.cancel) {
+            (_, Cancel::Requested | Cancel::OrderOut) => "canceling",
+            (Delivery::Created, _) => "created",
+            (Delivery::Sent { .. }, _) => "sent",
+            (Delivery::Acked { .. }, _) => "acked",
+            (Delivery::Expired { .. }, _) => "expired",
+        };
+        *counts.entry((state, job.intent.kind.name())).or_insert(0) += 1;
+    }
+    counts
 }
 
 fn drain(events: &mut mpsc::Receiver<Event>, batch: &mut Vec<Event>) {

@@ -312,6 +312,10 @@ impl Engine {
             if let Err(e) = self.pass_deployment(&name, now).await {
                 warn!(deployment = %name, error = %e, "cannot advance deployment");
             }
+            crate::metrics::metrics()
+                .engine_pass_seconds
+                .get_or_create(&vec![("kind", "deployment".into())])
+                .observe(crate::metrics::seconds(since));
             PassStats::add(
                 &self.stats.deployment_passes,
                 &self.stats.deployment_pass_micros,
@@ -333,6 +337,10 @@ impl Engine {
             if let Err(e) = self.reconcile(&name, now).await {
                 warn!(run = %name, error = %e, "cannot advance run");
             }
+            crate::metrics::metrics()
+                .engine_pass_seconds
+                .get_or_create(&vec![("kind", "run".into())])
+                .observe(crate::metrics::seconds(since));
             PassStats::add(&self.stats.run_passes, &self.stats.run_pass_micros, since);
         }
         Ok(())
@@ -656,6 +664,10 @@ impl Engine {
                 }
             }
             info!(run = %run.name, released = released_keys.len(), "intents released");
+            crate::metrics::metrics()
+                .jobs_released
+                .get_or_create(&vec![("kind", JobKind::system_upgrade().name().into())])
+                .inc_by(released_keys.len() as u64);
         }
         drop(views);
         if !released_keys.is_empty()

@@ -356,12 +356,7 @@ fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
             .iter()
             .map(|(k, v)| printable(&format!("{k}={v}")))
             .collect();
-        let state = match (d.decommissioned, d.agent_present, listed.online) {
-            (true, _, _) => "decommissioned",
-            (false, false, _) => "never connected",
-            (false, true, true) => "online",
-            (false, true, false) => "offline",
-        };
+        let state = d.state(listed.online);
         let mut row = vec![
             d.id.to_string(),
             state.to_owned(),

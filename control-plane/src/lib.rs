@@ -16,6 +16,7 @@ pub mod engine;
 pub mod get;
 pub mod init;
 pub mod manifest;
+pub mod metrics;
 pub mod packages;
 pub mod placement;
 pub mod records;

@@ -57,6 +57,17 @@ impl DeviceRecord {
         }
     }
 
+    /// The device's state as operators read it (`get devices`, /metrics):
+    /// `online` is whether its agent is connected and heard from lately.
+    pub fn state(&self, online: bool) -> &'static str {
+        match (self.decommissioned, self.agent_present, online) {
+            (true, _, _) => "decommissioned",
+            (false, false, _) => "never connected",
+            (false, true, true) => "online",
+            (false, true, false) => "offline",
+        }
+    }
+
     /// The device's labels including the implicit `device-id` label, so a
     /// selector can pick one device by name as the fleet-tasks seed does.
     pub fn effective_labels(&self) -> BTreeMap<String, String> {
@@ -306,7 +317,11 @@ impl Db {
             value: Self::encode(value)?,
             expected,
         };
+        let since = std::time::Instant::now();
         let mut results = self.kv.commit(vec![op]).await?;
+        crate::metrics::metrics()
+            .store_commit_seconds
+            .observe(crate::metrics::seconds(since));
         Ok(results
             .pop()
             .unwrap_or_else(|| Err(KvError::Db("the store answered nothing".into())))?)
@@ -314,7 +329,12 @@ impl Db {
 
     /// Many writes in one commit; each is checked on its own.
     pub async fn commit(&self, ops: Vec<Op>) -> Result<OpResults, DbError> {
-        Ok(self.kv.commit(ops).await?)
+        let since = std::time::Instant::now();
+        let results = self.kv.commit(ops).await?;
+        crate::metrics::metrics()
+            .store_commit_seconds
+            .observe(crate::metrics::seconds(since));
+        Ok(results)
     }
 
     pub async fn list<T: Record>(&self, prefix: &str) -> Result<Vec<(String, u64, T)>, DbError> {
