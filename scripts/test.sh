@@ -11,11 +11,13 @@ command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (a
 # fcntl locks as apt takes them, setsid/chroot run apt inside the roots;
 # nats-server (with JetStream) is the broker of the NATS tests, mosquitto
 # that of the MQTT tests (mosquitto-clients to watch it); lintian and
-# binutils check and strip the .deb packages.
+# binutils check and strip the .deb packages; chromium and chromedriver run
+# the dashboard's browser tests (fonts-dejavu-core: readable screenshots).
 need_apt=()
-for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils; do
+for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils chromium:chromium chromedriver:chromium-driver; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 # tzdata: maintenance windows in each site's time zone.
 [ -e /usr/share/zoneinfo/Europe/Sofia ] || need_apt+=(tzdata)
 if [ "${#need_apt[@]}" -gt 0 ]; then

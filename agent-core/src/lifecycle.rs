@@ -37,6 +37,10 @@ pub enum Admission {
     Refused(JobRecord),
 }
 
+/// Names a job failed because the agent kept stopping while it ran (A10);
+/// the control plane raises an alert on a status whose error holds it.
+pub const RESUME_LOOP: &str = "a crash or reboot loop";
+
 /// Upper bound of unfinished jobs an agent holds; beyond it an intent is
 /// refused with a reason, so a flood cannot grow the queue without bound.
 pub const MAX_UNFINISHED: usize = 64;
@@ -470,7 +474,7 @@ fn give_up(mut record: JobRecord, now: Timestamp) -> (JobRecord, Persist, Next) 
     finish(&mut record, JobState::Failed, now);
     record.status.error = Some(format!(
         "job was picked up again {resumes} times after the agent stopped while it ran \
-         (a crash or reboot loop); giving up instead of looping"
+         ({RESUME_LOOP}); giving up instead of looping"
     ));
     (record, Persist::Report, Next::Stop)
 }

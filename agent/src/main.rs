@@ -67,9 +67,20 @@ fn run_cli() -> Result<()> {
             config.transport.read_token()?;
             config.transport.check()?;
             let store = config.state_dir.join("agent.redb");
-            if store.exists() {
+            // A running agent holds its database (and answers on its socket):
+            // the database is in use, not damaged, and is left alone.
+            let running = runtime
+                .block_on(status_socket::request(
+                    &config.status_socket,
+                    &Request::Status,
+                ))
+                .is_ok();
+            if store.exists() && !running {
                 let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
                 RedbStore::open_checked(&store, &checker)?;
+            }
+            if running {
+                out!("the agent is running (its database is in use, so it is not checked now)");
             }
             let transport = match &config.transport {
                 Transport::Websocket { server_url, .. } => format!("websocket to {server_url}"),

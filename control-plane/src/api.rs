@@ -44,6 +44,10 @@ pub struct ApiState {
     pub downloads: bool,
     /// Seals Secrets at rest.
     pub vault: Arc<crate::secrets::Vault>,
+    /// A device not heard from for this long is an alert.
+    pub offline_alert: jiff::SignedDuration,
+    /// The dashboard's cookie is `Secure` (the API speaks https).
+    pub secure_cookies: bool,
 }
 
 pub struct ApiError(pub StatusCode, pub String);
@@ -68,11 +72,14 @@ pub fn router(state: ApiState) -> Router {
     let api = Router::new()
         .route("/summary", get(summary))
         .route("/devices", get(list_devices))
+        .route("/devices/page", get(device_page))
+        .route("/alerts", get(list_alerts))
         .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route("/taskschedules/{name}", get(get_schedule))
+        .route("/taskschedules/{name}/suspend", post(suspend_schedule))
         .route("/taskruns", get(list_runs))
         .route("/taskruns/{name}", get(get_run).delete(delete_run))
         .route("/taskruns/{name}/targets", get(run_targets))
@@ -104,6 +111,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .nest("/api/v1", api)
         .merge(metrics)
+        .merge(crate::ui::router(state.clone()))
         .with_state(state)
 }
 
@@ -117,16 +125,53 @@ pub fn bearer(request: &Request) -> &str {
         .unwrap_or("")
 }
 
-async fn require_operator(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    let token = bearer(&request);
-    if !state.secrets.verify_operator(token) {
-        return ApiError(
-            StatusCode::UNAUTHORIZED,
-            "missing or bad operator token (Authorization: Bearer <token>)".into(),
-        )
-        .into_response();
+pub async fn require_operator(
+    State(state): State<ApiState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match authorize(&state, &request) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
     }
-    next.run(request).await
+}
+
+/// The operator's bearer token, or the dashboard's session cookie; with the
+/// cookie, a request that changes something must carry the session's CSRF
+/// token too (a page on another site can send the cookie, SameSite aside,
+/// but cannot read the token or set the header).
+fn authorize(state: &ApiState, request: &Request) -> Result<(), ApiError> {
+    if state.secrets.verify_operator(bearer(request)) {
+        return Ok(());
+    }
+    let now = Timestamp::now().as_second();
+    if let Some(session) = crate::ui::session_cookie(request.headers())
+        && state.secrets.verify_ui_session(session, now)
+    {
+        let reads = matches!(
+            *request.method(),
+            axum::http::Method::GET | axum::http::Method::HEAD
+        );
+        let csrf = request
+            .headers()
+            .get(crate::ui::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if reads || state.secrets.verify_ui_csrf(session, csrf) {
+            return Ok(());
+        }
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "a dashboard request that changes something needs the session's {} header",
+                crate::ui::CSRF_HEADER
+            ),
+        ));
+    }
+    Err(ApiError(
+        StatusCode::UNAUTHORIZED,
+        "missing or bad operator token (Authorization: Bearer <token>)".into(),
+    ))
 }
 
 /// Fleet counts, cheap enough to poll.
@@ -176,6 +221,132 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
         metrics.encode(),
     )
         .into_response())
+}
+
+#[derive(Deserialize)]
+struct DevicePage {
+    #[serde(default)]
+    offset: usize,
+    limit: Option<usize>,
+    /// Matches the id, a group, a label (`key=value`), the OS or the
+    /// agent's version, ignoring case.
+    #[serde(default)]
+    q: String,
+    /// online, offline, never_connected, decommissioned.
+    state: Option<String>,
+}
+
+/// One page of the fleet for the dashboard, filtered on the server: the
+/// fleet may be 20,000 devices. Each device comes with its state and its
+/// current (undecided) job, if any.
+async fn device_page(
+    State(state): State<ApiState>,
+    Query(page): Query<DevicePage>,
+) -> Result<Json<Value>, ApiError> {
+    let now = Timestamp::now();
+    let q = page.q.trim().to_lowercase();
+    let wanted = page.state.as_deref().map(|s| s.replace('_', " "));
+    let mut matching = Vec::new();
+    for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
+        let online = state.presence.online(&stored.id, stored.last_seen, now);
+        let device = with_presence(&state, stored);
+        let device_state = device.state(online);
+        if wanted.as_deref().is_some_and(|w| w != device_state) {
+            continue;
+        }
+        if !q.is_empty() && !device_matches(&device, &q) {
+            continue;
+        }
+        matching.push((device, device_state));
+    }
+    let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
+    let mut items = Vec::new();
+    for (device, device_state) in matching.iter().skip(page.offset).take(limit) {
+        let jobs = state
+            .db
+            .list::<JobDelivery>(&crate::records::device_jobs_prefix(&device.id))
+            .await?;
+        let current = jobs.iter().find_map(|(_, _, job)| {
+            let decided = job.status.as_ref().is_some_and(|s| s.state.is_terminal())
+                || matches!(job.delivery, crate::records::Delivery::Expired { .. });
+            (!decided).then(|| {
+                let step = job.status.as_ref().and_then(|s| {
+                    s.steps
+                        .iter()
+                        .rfind(|step| step.state != agent_core::StepState::Pending)
+                        .map(|step| step.name.clone())
+                });
+                json!({
+                    "run": job.run,
+                    "kind": job.intent.kind.name(),
+                    "state": job.status.as_ref().map_or("Queued".to_owned(), |s| format!("{:?}", s.state)),
+                    "step": step,
+                })
+            })
+        });
+        let mut item = serde_json::to_value(device)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        item["state"] = json!(device_state);
+        item["currentJob"] = current.unwrap_or(Value::Null);
+        items.push(item);
+    }
+    Ok(Json(json!({
+        "total": matching.len(),
+        "offset": page.offset,
+        "items": items,
+    })))
+}
+
+fn device_matches(device: &DeviceRecord, q: &str) -> bool {
+    let has = |text: &str| text.to_lowercase().contains(q);
+    has(device.id.as_str())
+        || device.groups.iter().any(|g| has(g))
+        || device.labels.iter().any(|(k, v)| has(&format!("{k}={v}")))
+        || device.os_release.as_deref().is_some_and(has)
+        || device.agent_version.as_deref().is_some_and(has)
+}
+
+/// What needs an operator's eye now (see `alerts.rs`).
+async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let now = Timestamp::now();
+    let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
+    let (alerts, offline) =
+        crate::alerts::list(&state.db, now, state.offline_alert, &online).await?;
+    Ok(Json(json!({
+        "items": alerts,
+        "offlineDevices": offline,
+        "offlineAfterMinutes": state.offline_alert.as_secs() / 60,
+    })))
+}
+
+#[derive(Deserialize)]
+struct Suspension {
+    suspend: bool,
+}
+
+/// Suspends a schedule (no new runs; ticks meanwhile are not owed) or
+/// resumes it. Its runs are left as they are.
+async fn suspend_schedule(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Json(body): Json<Suspension>,
+) -> Result<Json<Value>, ApiError> {
+    let key = crate::records::schedule_key(&name);
+    let updated = state
+        .db
+        .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+            let mut schedule = current?;
+            if schedule.spec.suspend == body.suspend {
+                return None;
+            }
+            schedule.spec.suspend = body.suspend;
+            Some(schedule)
+        })
+        .await?;
+    let Some(schedule) = updated else {
+        return Err(not_found(format!("TaskSchedule {name}")));
+    };
+    Ok(Json(manifest::render_schedule(&schedule, Timestamp::now())))
 }
 
 /// A device as stored, with the fresher times this replica has seen.

@@ -239,11 +239,75 @@ impl Secrets {
     pub fn operator_token(&self) -> &str {
         &self.operator_token
     }
+
+    fn session_message(&self, expires: i64) -> Vec<u8> {
+        // Bound to the operator token: replacing it ends every session.
+        let operator = hmac::sign(&self.key, self.operator_token.as_bytes());
+        format!("drover-ui-session:v1:{expires}:{}", hex(operator.as_ref())).into_bytes()
+    }
+
+    /// A dashboard session until `expires` (Unix seconds): `EXPIRES.MAC`.
+    /// Nothing is stored; replicas share the key, so any one verifies it.
+    pub fn ui_session(&self, expires: i64) -> String {
+        let tag = hmac::sign(&self.key, &self.session_message(expires));
+        format!("{expires}.{}", hex(tag.as_ref()))
+    }
+
+    /// Whether `session` is one of ours and not expired at `now`.
+    pub fn verify_ui_session(&self, session: &str, now: i64) -> bool {
+        let Some((expires, tag)) = session.split_once('.') else {
+            return false;
+        };
+        let (Ok(expires), Some(tag)) = (expires.parse::<i64>(), unhex(tag)) else {
+            return false;
+        };
+        expires > now && hmac::verify(&self.key, &self.session_message(expires), &tag).is_ok()
+    }
+
+    fn csrf_message(session: &str) -> Vec<u8> {
+        format!("drover-ui-csrf:v1:{session}").into_bytes()
+    }
+
+    /// The CSRF token of a session: the dashboard sends it in
+    /// `X-Drover-CSRF` with every request that changes something.
+    pub fn ui_csrf(&self, session: &str) -> String {
+        hex(hmac::sign(&self.key, &Self::csrf_message(session)).as_ref())
+    }
+
+    /// Constant-time check of a session's CSRF token.
+    pub fn verify_ui_csrf(&self, session: &str, token: &str) -> bool {
+        match unhex(token) {
+            Some(tag) => hmac::verify(&self.key, &Self::csrf_message(session), &tag).is_ok(),
+            None => false,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dashboard_sessions_expire_and_carry_their_own_csrf_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secrets = Secrets::load_or_create(dir.path(), None).expect("create");
+        let session = secrets.ui_session(2_000);
+        assert!(secrets.verify_ui_session(&session, 1_999));
+        assert!(!secrets.verify_ui_session(&session, 2_000), "expired");
+        let forged = session.replacen("2000", "9000", 1);
+        assert!(
+            !secrets.verify_ui_session(&forged, 1_000),
+            "a later expiry is not ours"
+        );
+        assert!(!secrets.verify_ui_session("", 0));
+        let csrf = secrets.ui_csrf(&session);
+        assert!(secrets.verify_ui_csrf(&session, &csrf));
+        assert!(!secrets.verify_ui_csrf(&secrets.ui_session(3_000), &csrf));
+        // Another operator token (another data directory) ends the session.
+        let other = tempfile::tempdir().expect("tempdir");
+        let others = Secrets::load_or_create(other.path(), None).expect("create");
+        assert!(!others.verify_ui_session(&session, 1_000));
+    }
 
     #[test]
     fn tokens_open_one_device_and_survive_restarts() {

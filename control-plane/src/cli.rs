@@ -82,6 +82,10 @@ pub enum Command {
         /// (https://host:port), when not the listen address.
         #[arg(long)]
         download_url: Option<String>,
+        /// The dashboard (and GET /api/v1/alerts) raises an alert for a
+        /// device not heard from for this long.
+        #[arg(long, default_value_t = 60)]
+        offline_alert_minutes: u64,
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,

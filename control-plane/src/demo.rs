@@ -142,6 +142,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             mqtt: None,
             download_listen: None,
             download_url: None,
+            offline_alert: Duration::from_secs(3600),
         },
         shutdown.clone(),
     )

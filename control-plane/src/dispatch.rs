@@ -228,6 +228,8 @@ struct Work {
     /// Installed packages from inventory results (`inventory/<device>`).
     inventories: HashMap<String, (u64, crate::deployment::DeviceInventory)>,
     cursors: HashMap<&'static str, u64>,
+    /// Alerts this batch raises, created once (a conflict means it exists).
+    alerts: Vec<(String, crate::alerts::AlertRecord)>,
     /// Brokers whose backlog is handed over once this batch is committed.
     caught_up: Vec<&'static str>,
     /// Per event: its reply, its answer, the keys it wrote, its effects.
@@ -984,6 +986,17 @@ impl Dispatcher {
                 Err(e) => warn!(error = %e, "cannot read a status cursor"),
             }
         }
+        // After every op whose result is read below: an alert that exists
+        // already (create-only) is no lost write.
+        for (key, alert) in &work.alerts {
+            if let Ok(value) = Db::encode(alert) {
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value,
+                    expected: 0,
+                });
+            }
+        }
         let results = if ops.is_empty() {
             Ok(Vec::new())
         } else {
@@ -1269,6 +1282,19 @@ impl Dispatcher {
             work.inventories
                 .insert(inventory_key.clone(), (expected, inventory));
             keys.push(inventory_key);
+        }
+        if status.state == agent_core::JobState::Failed
+            && let Some(error) = status
+                .error
+                .as_deref()
+                .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
+        {
+            work.alerts.push(crate::alerts::resume_loop(
+                device,
+                &job,
+                error,
+                received_at.min(now),
+            ));
         }
         debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
         job.status = Some(status);

@@ -4,6 +4,7 @@
 //! API. `main.rs` is its CLI. No wire library is used here: the transports'
 //! server sides plug in through `drover-contract`.
 
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod cli;
@@ -27,4 +28,5 @@ pub mod serve;
 pub mod store;
 pub mod stored;
 pub mod strict_json;
+pub mod ui;
 pub mod watch;

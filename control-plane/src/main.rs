@@ -64,6 +64,7 @@ fn client(cli: &Cli) -> Result<ApiClient> {
 async fn dispatch(cli: Cli) -> Result<i32> {
     match &cli.command {
         Command::Serve {
+            offline_alert_minutes,
             listen,
             agent_listen,
             agent_tls_cert,
@@ -99,6 +100,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     mqtt: mqtt.settings(),
                     download_listen: *download_listen,
                     download_url: download_url.clone(),
+                    offline_alert: Duration::from_secs(offline_alert_minutes.saturating_mul(60)),
                 },
                 shutdown.clone(),
             )

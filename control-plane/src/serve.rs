@@ -54,6 +54,8 @@ pub struct ServeOptions {
     /// reach the download listener under another name (a proxy, a wildcard
     /// listen address).
     pub download_url: Option<String>,
+    /// A device not heard from for this long is an alert.
+    pub offline_alert: Duration,
 }
 
 /// A started control plane.
@@ -199,6 +201,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         data: options.data.clone(),
         downloads: downloads.is_some(),
         vault,
+        offline_alert: jiff::SignedDuration::try_from(options.offline_alert)
+            .unwrap_or(jiff::SignedDuration::MAX),
+        secure_cookies: options.api_tls.is_some(),
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

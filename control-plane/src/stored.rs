@@ -45,7 +45,8 @@ one_layout!(
     crate::deployment::TargetRecord,
     crate::deployment::DeviceInventory,
     crate::packages::PackageRecord,
-    crate::secrets::SecretRecord
+    crate::secrets::SecretRecord,
+    crate::alerts::AlertRecord
 );
 
 /// A deployment as stored: V1 until device filters took software
@@ -379,6 +380,12 @@ mod tests {
             .expect("plan chunk V1");
         assert_eq!(chunk[0].device.as_str(), "pi-kitchen");
         assert!(chunk[0].canary);
+        let alert =
+            crate::alerts::AlertRecord::from_bytes(&hex(include_str!("fixtures/alert_v1.hex")))
+                .expect("alert V1");
+        assert_eq!(alert.device.as_str(), "pi-kitchen");
+        assert_eq!(alert.run.as_deref(), Some("upgrade-kitchen"));
+        assert!(alert.message.contains(agent_core::lifecycle::RESUME_LOOP));
     }
 
     /// A deployment and one of its targets as first stored.

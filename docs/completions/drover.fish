@@ -59,6 +59,7 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l pass-interval-ms
 complete -c drover -n "__fish_drover_using_subcommand serve" -l max-agent-connections -d 'Agent connections held at once (keep it below the open-file limit, LimitNOFILE in drover.service); more are closed at once' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen -d 'Where agents download packages (PackageInstallV1), with the same TLS as --agent-listen. Default: the agents\' address, a free port (the links carry it)' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port), when not the listen address' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l offline-alert-minutes -d 'The dashboard (and GET /api/v1/alerts) raises an alert for a device not heard from for this long' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l ready-file -d 'Write the bound addresses here as JSON once listening' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-url -d 'nats://HOST:PORT (or tls://) of a nats-server with JetStream' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-user -r

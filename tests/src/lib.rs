@@ -769,6 +769,19 @@ impl AgentProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Restarts the agent demanding more free space than any disk has, so
+    /// every upgrade fails its preflight (a failing canary).
+    pub fn fail_preflight(&mut self) {
+        let config = std::fs::read_to_string(&self.config).expect("config");
+        std::fs::write(
+            &self.config,
+            config.replace("min_free_mib = 10", "min_free_mib = 1000000"),
+        )
+        .expect("write config");
+        self.kill9();
+        self.restart();
+    }
+
     /// `drover-agent status --json` against this agent's socket.
     pub fn status(&self) -> Value {
         let out = Command::new(bin("drover-agent"))

@@ -114,7 +114,8 @@ async fn sigkill_mid_job(top: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
-    let cp = ControlPlane::start(&[]);
+    // Any device offline is an alert at once here.
+    let cp = ControlPlane::start(&["--offline-alert-minutes", "0"]);
     cp.apply_device("loop-1", &["loop"], json!({})).await;
     let dir = cp.dir.path().join("agent-loop-1");
     let hold = dir.join("hold");
@@ -148,6 +149,24 @@ async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
     let error = run["status"]["latestError"].as_str().unwrap_or("");
     assert!(error.contains("crash or reboot loop"), "{error}");
     assert!(!reached.exists(), "the step did not run a fourth time");
+    // The dashboard's alerts name the device stuck in the loop and, once
+    // its agent is gone, the device offline.
+    let alerts = cp.get("/alerts").await;
+    let has = |alerts: &serde_json::Value, kind: &str| {
+        alerts["items"].as_array().is_some_and(|items| {
+            items
+                .iter()
+                .any(|a| a["kind"] == kind && a["resource"] == "device/loop-1")
+        })
+    };
+    assert!(has(&alerts, "ResumeLoop"), "{alerts}");
+    assert!(!has(&alerts, "DeviceOffline"), "{alerts}");
+    agent.kill9();
+    eventually(Duration::from_secs(30), "the offline alert", || async {
+        let alerts = cp.get("/alerts").await;
+        has(&alerts, "DeviceOffline").then_some(())
+    })
+    .await;
 }
 
 /// A tmpfs of one MiB mounted for the agent's state; unmounted on drop.

@@ -505,14 +505,7 @@ async fn a_failing_canary_over_nats_stops_the_rollout() {
         .map(|d| {
             let mut agent = nats_agent(&cp, &nats.url(), d, None, "");
             if *d == "fc-canary" {
-                let config = std::fs::read_to_string(&agent.config).expect("config");
-                std::fs::write(
-                    &agent.config,
-                    config.replace("min_free_mib = 10", "min_free_mib = 1000000"),
-                )
-                .expect("write");
-                agent.kill9();
-                agent.restart();
+                agent.fail_preflight();
             }
             agent
         })

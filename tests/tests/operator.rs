@@ -466,9 +466,16 @@ async fn the_readme_walk_through_works_as_written() {
         toml_string(&ca.display().to_string())
     );
     let mut agent = AgentProcess::start_full(&device, "pi-kitchen", &transport, "", SIMULATE, "");
+    cp.wait_for_agents(&["pi-kitchen"]).await;
+    // `check --connect` beside the running agent: its database is in use,
+    // not damaged (a fresh clone's CI once found the check calling it so).
     let checked = check_connect(&agent.config);
     assert!(checked.status.success(), "{}", text(&checked));
-    cp.wait_for_agents(&["pi-kitchen"]).await;
+    assert!(
+        text(&checked).contains("the agent is running"),
+        "{}",
+        text(&checked)
+    );
 
     // The README's TaskRun, watched, described, listed.
     let run = cp.dir.path().join("upgrade.yaml");

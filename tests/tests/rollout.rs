@@ -20,15 +20,7 @@ async fn a_failing_canary_stops_the_rollout() {
         let token = cp.device_token(device);
         let mut agent = AgentProcess::start(&dir, device, &cp.agent_url, &token, "");
         if device == "canary-1" {
-            // Demand more free space than any disk has: preflight fails.
-            let config = std::fs::read_to_string(&agent.config).expect("config");
-            std::fs::write(
-                &agent.config,
-                config.replace("min_free_mib = 10", "min_free_mib = 1000000"),
-            )
-            .expect("write");
-            agent.kill9();
-            agent.restart();
+            agent.fail_preflight();
         }
         agents.push(agent);
     }

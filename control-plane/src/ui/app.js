@@ -1,0 +1,484 @@
+// Drover's dashboard: plain JavaScript, no build step, no dependencies.
+// Every page reads /api/v1 (the session cookie stands in for the operator
+// token) and fetches again when the server's event stream says that what it
+// shows changed. Times are shown in the viewer's time zone.
+"use strict";
+
+const PAGE_SIZE = 50;
+let csrf = null;
+let current = null; // { topics: [...], render: async () => {} }
+let refreshTimer = null;
+let alertTimer = null;
+
+// --- small helpers ---------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function when(iso) {
+  if (!iso) return "–";
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return String(iso);
+  return date.toLocaleString();
+}
+
+function ago(iso) {
+  if (!iso) return "never";
+  const seconds = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (seconds < 120) return `${Math.round(seconds)} s ago`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min ago`;
+  if (seconds < 172800) return `${Math.round(seconds / 3600)} h ago`;
+  return `${Math.round(seconds / 86400)} d ago`;
+}
+
+function badge(state) {
+  const text = state || "–";
+  return h("span", { class: `badge state-${String(text).replace(/\s+/g, "_")}` }, text);
+}
+
+function progress(done, failed, total) {
+  const bar = h("span", { class: "progress", title: `${done} succeeded, ${failed} failed of ${total}` });
+  const ok = h("span", { class: "done" });
+  const bad = h("span", { class: "failed" });
+  const share = (n) => (total > 0 ? `${Math.round((100 * n) / total)}%` : "0");
+  ok.style.width = share(done);
+  bad.style.width = share(failed);
+  bar.append(ok, bad);
+  return bar;
+}
+
+async function api(path, options = {}) {
+  const headers = { ...(options.headers || {}) };
+  if (options.body !== undefined) headers["content-type"] = "application/json";
+  if (options.method && options.method !== "GET" && csrf) headers["x-drover-csrf"] = csrf;
+  const response = await fetch(`/api/v1${path}`, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    credentials: "same-origin",
+  });
+  if (response.status === 401) {
+    location.href = "/ui/login";
+    throw new Error("logged out");
+  }
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || `${response.status}`);
+  return body;
+}
+
+function table(headers, rows, empty) {
+  if (rows.length === 0) return h("p", { class: "muted" }, empty);
+  return h(
+    "table",
+    {},
+    h("thead", {}, h("tr", {}, headers.map((title) => h("th", {}, title)))),
+    h("tbody", {}, rows),
+  );
+}
+
+// Buttons waiting for their second click, by id: a live update redraws
+// the page, and the button must still be waiting after it.
+const armed = new Set();
+
+// A button that asks once more before it acts.
+function confirmButton(label, confirmLabel, id, action) {
+  const button = h("button", { type: "button", id }, label);
+  const arm = () => {
+    button.textContent = confirmLabel;
+    button.className = "danger";
+  };
+  if (armed.has(id)) arm();
+  button.addEventListener("click", async () => {
+    if (!armed.has(id)) {
+      armed.add(id);
+      arm();
+      return;
+    }
+    armed.delete(id);
+    button.disabled = true;
+    try {
+      await action();
+    } catch (e) {
+      button.after(h("span", { class: "error" }, ` ${e.message}`));
+    }
+    await refresh();
+  });
+  return button;
+}
+
+// --- pages -------------------------------------------------------------------
+
+const fleetQuery = { q: "", state: "", offset: 0 };
+
+async function fleetPage(main) {
+  const params = new URLSearchParams({ offset: fleetQuery.offset, limit: PAGE_SIZE, q: fleetQuery.q });
+  if (fleetQuery.state) params.set("state", fleetQuery.state);
+  const page = await api(`/devices/page?${params}`);
+  const search = h("input", { type: "search", id: "fleet-search", placeholder: "Search id, group, label, OS, version", value: fleetQuery.q });
+  let typing = null;
+  search.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      fleetQuery.q = search.value;
+      fleetQuery.offset = 0;
+      refresh();
+    }, 300);
+  });
+  const state = h(
+    "select",
+    { id: "fleet-state" },
+    ["", "online", "offline", "never_connected", "decommissioned"].map((s) =>
+      h("option", { value: s, selected: s === fleetQuery.state }, s ? s.replace("_", " ") : "every state"),
+    ),
+  );
+  state.addEventListener("change", () => {
+    fleetQuery.state = state.value;
+    fleetQuery.offset = 0;
+    refresh();
+  });
+  const first = page.total === 0 ? 0 : fleetQuery.offset + 1;
+  const last = Math.min(fleetQuery.offset + PAGE_SIZE, page.total);
+  const pager = h(
+    "span",
+    { class: "muted", id: "fleet-count" },
+    `${first}–${last} of ${page.total} devices `,
+    h("button", { type: "button", disabled: fleetQuery.offset === 0, onclick: () => { fleetQuery.offset = Math.max(0, fleetQuery.offset - PAGE_SIZE); refresh(); } }, "‹ Previous"),
+    " ",
+    h("button", { type: "button", disabled: last >= page.total, onclick: () => { fleetQuery.offset += PAGE_SIZE; refresh(); } }, "Next ›"),
+  );
+  const rows = page.items.map((d) => {
+    const job = d.currentJob;
+    return h(
+      "tr",
+      { "data-device": d.id },
+      h("td", {}, d.id),
+      h("td", {}, badge(d.state)),
+      h("td", { title: when(d.lastSeen) }, ago(d.lastSeen)),
+      h("td", {}, d.agentVersion || "–"),
+      h("td", {}, d.osRelease || "–"),
+      h("td", {}, (d.groups || []).join(", ")),
+      h("td", {}, Object.entries(d.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")),
+      h("td", {}, job ? [jobLink(job.run), " ", badge(job.state), job.step ? ` ${job.step}` : ""] : "–"),
+    );
+  });
+  main.replaceChildren(
+    h("h2", {}, "Fleet"),
+    h("div", { class: "toolbar" }, search, state, pager),
+    table(["Device", "State", "Last seen", "Agent", "OS", "Groups", "Labels", "Current job"], rows, "No device matches."),
+  );
+}
+
+function jobLink(run) {
+  if (!run) return "a job";
+  if (run.startsWith("deployment/")) return h("a", { href: `#/deployments/${encodeURIComponent(run.slice(11))}` }, run);
+  return h("a", { href: `#/runs/${encodeURIComponent(run)}` }, run);
+}
+
+async function runsPage(main) {
+  const runs = await api("/taskruns");
+  runs.sort((a, b) => String(b.metadata.creationTimestamp || "").localeCompare(String(a.metadata.creationTimestamp || "")));
+  const rows = runs.map((run) => {
+    const s = run.status || {};
+    return h(
+      "tr",
+      { "data-run": run.metadata.name },
+      h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.metadata.name)}` }, run.metadata.name)),
+      h("td", { class: "phase" }, badge(s.phase)),
+      h("td", {}, progress(s.succeeded || 0, s.failed || 0, s.targets || 0), ` ${s.succeeded || 0}/${s.targets || 0}`),
+      h("td", { class: "num" }, s.released ?? "–"),
+      h("td", { class: "num" }, s.failed ?? "–"),
+      h("td", {}, s.reason || ""),
+      h("td", {}, when(s.startTime)),
+      h("td", {}, when(s.completionTime)),
+    );
+  });
+  main.replaceChildren(
+    h("h2", {}, "Task runs"),
+    table(["Run", "Phase", "Progress", "Released", "Failed", "Reason", "Started", "Ended"], rows, "No task run yet."),
+  );
+}
+
+function stepList(status) {
+  const steps = (status && status.steps) || [];
+  if (steps.length === 0) return "–";
+  return h(
+    "ul",
+    { class: "steps" },
+    steps
+      .filter((step) => step.state !== "Pending")
+      .map((step) => h("li", {}, `${step.name}: `, badge(step.state), step.error ? h("span", { class: "error" }, ` ${step.error}`) : "")),
+  );
+}
+
+async function runPage(main, name) {
+  const [run, targets] = await Promise.all([
+    api(`/taskruns/${encodeURIComponent(name)}`),
+    api(`/taskruns/${encodeURIComponent(name)}/targets?limit=500`),
+  ]);
+  const s = run.status || {};
+  const terminal = s.phase === "Complete" || s.phase === "Failed";
+  const actions = terminal
+    ? []
+    : [confirmButton("Cancel run", "Confirm: cancel this run", "cancel-run", () => api(`/taskruns/${encodeURIComponent(name)}/cancel`, { method: "POST" }))];
+  const rows = targets.items.map((t) => {
+    const status = t.status || {};
+    return h(
+      "tr",
+      { "data-device": t.device },
+      h("td", {}, t.device),
+      h("td", {}, t.canary ? "canary" : ""),
+      h("td", {}, badge(status.state || (t.released ? "Queued" : "Not released"))),
+      h("td", {}, stepList(status)),
+      h("td", { class: "error" }, status.error || ""),
+      h("td", {}, when(status.finishedAt || status.startedAt || status.acceptedAt)),
+    );
+  });
+  main.replaceChildren(
+    h("h2", {}, "Task run ", name, " ", h("span", { id: "run-phase" }, badge(s.phase))),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Progress"), h("dd", { id: "run-progress" }, progress(s.succeeded || 0, s.failed || 0, s.targets || 0), ` ${s.succeeded || 0} of ${s.targets || 0} succeeded, ${s.failed || 0} failed, ${s.released || 0} released`),
+      h("dt", {}, "Reason"), h("dd", { id: "run-reason" }, s.reason || "–"),
+      h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
+      h("dt", {}, "Deadline"), h("dd", {}, `${run.spec.deadlineSeconds} s after the start`),
+      h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
+      h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
+    ),
+    h("div", { class: "toolbar" }, actions),
+    table(["Device", "", "State", "Steps", "Error", "Updated"], rows, "No target yet (planning)."),
+    targets.total > targets.items.length ? h("p", { class: "muted" }, `The first ${targets.items.length} of ${targets.total} targets.`) : "",
+  );
+}
+
+async function deploymentsPage(main) {
+  const deployments = await api("/deployments");
+  const rows = deployments.map((d) => {
+    const s = d.status || {};
+    return h(
+      "tr",
+      { "data-deployment": d.metadata.name },
+      h("td", {}, h("a", { href: `#/deployments/${encodeURIComponent(d.metadata.name)}` }, d.metadata.name)),
+      h("td", {}, badge(s.phase)),
+      h("td", {}, progress(s.succeeded || 0, (s.failed || 0) + (s.expired || 0), s.targets || 0)),
+      ["pending", "queued", "running", "succeeded", "failed", "expired", "canceled"].map((k) => h("td", { class: "num" }, s[k] ?? 0)),
+      h("td", {}, s.reason || ""),
+    );
+  });
+  main.replaceChildren(
+    h("h2", {}, "Deployments"),
+    table(["Deployment", "Phase", "Progress", "Pending", "Queued", "Running", "Succeeded", "Failed", "Expired", "Canceled", "Reason"], rows, "No deployment yet."),
+  );
+}
+
+async function deploymentPage(main, name) {
+  const path = `/deployments/${encodeURIComponent(name)}`;
+  const [deployment, targets] = await Promise.all([api(path), api(`${path}/targets?limit=500`)]);
+  const s = deployment.status || {};
+  const terminal = s.phase === "Complete" || s.phase === "Failed";
+  const actions = terminal
+    ? []
+    : [confirmButton("Cancel deployment", "Confirm: cancel this deployment", "cancel-deployment", () => api(`${path}/cancel`, { method: "POST" }))];
+  const rows = targets.items.map((t) =>
+    h(
+      "tr",
+      { "data-device": t.device },
+      h("td", {}, t.device),
+      h("td", {}, badge(t.state)),
+      h("td", { class: "num" }, t.attempt),
+      h("td", { class: "error" }, t.lastError || ""),
+      h("td", {}, when(t.nextAttemptAt)),
+    ),
+  );
+  main.replaceChildren(
+    h("h2", {}, "Deployment ", name, " ", badge(s.phase)),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Progress"), h("dd", {}, progress(s.succeeded || 0, (s.failed || 0) + (s.expired || 0), s.targets || 0), ` ${s.succeeded || 0} of ${s.targets || 0} succeeded`),
+      h("dt", {}, "Counts"), h("dd", {}, ["pending", "queued", "running", "failed", "expired", "canceled"].map((k) => `${k} ${s[k] ?? 0}`).join(", ")),
+      h("dt", {}, "Reason"), h("dd", {}, s.reason || "–"),
+      h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
+      h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
+      h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
+    ),
+    h("div", { class: "toolbar" }, actions),
+    table(["Device", "State", "Attempt", "Last error", "Next attempt"], rows, "No target yet."),
+  );
+}
+
+async function schedulesPage(main) {
+  const schedules = await api("/taskschedules");
+  const rows = schedules.map((schedule) => {
+    const name = schedule.metadata.name;
+    const s = schedule.status || {};
+    const suspended = schedule.spec.suspend === true;
+    const toggle = h("button", { type: "button", "data-suspend": name }, suspended ? "Resume" : "Suspend");
+    toggle.addEventListener("click", async () => {
+      toggle.disabled = true;
+      await api(`/taskschedules/${encodeURIComponent(name)}/suspend`, { method: "POST", body: { suspend: !suspended } }).catch((e) => toggle.after(h("span", { class: "error" }, ` ${e.message}`)));
+      await refresh();
+    });
+    return h(
+      "tr",
+      { "data-schedule": name },
+      h("td", {}, name),
+      h("td", {}, JSON.stringify(schedule.spec.schedule)),
+      h("td", {}, suspended ? badge("suspended") : "active"),
+      h("td", {}, when(s.lastTick)),
+      h("td", {}, when(s.nextTick)),
+      h("td", {}, s.activeRun ? jobLink(s.activeRun) : "–"),
+      h("td", { class: "num" }, s.skippedTicks ?? 0),
+      h("td", {}, toggle),
+    );
+  });
+  main.replaceChildren(
+    h("h2", {}, "Schedules"),
+    table(["Schedule", "When (UTC)", "State", "Last tick", "Next tick", "Active run", "Skipped", ""], rows, "No schedule yet."),
+  );
+}
+
+function resourceLink(resource) {
+  const [kind, name] = resource.split("/");
+  if (kind === "taskrun") return h("a", { href: `#/runs/${encodeURIComponent(name)}` }, resource);
+  if (kind === "deployment") return h("a", { href: `#/deployments/${encodeURIComponent(name)}` }, resource);
+  if (kind === "device") return h("a", { href: "#/fleet", onclick: () => { fleetQuery.q = name; fleetQuery.offset = 0; } }, resource);
+  return resource;
+}
+
+async function alertsPage(main) {
+  const alerts = await api("/alerts");
+  showAlertCount(alerts);
+  const rows = alerts.items.map((a) =>
+    h(
+      "tr",
+      { "data-alert": a.kind },
+      h("td", {}, badge(a.severity)),
+      h("td", {}, a.kind),
+      h("td", {}, resourceLink(a.resource)),
+      h("td", {}, a.message),
+      h("td", {}, when(a.at)),
+    ),
+  );
+  const more = alerts.offlineDevices > alerts.items.filter((a) => a.kind === "DeviceOffline").length
+    ? h("p", { class: "muted" }, `${alerts.offlineDevices} devices offline for more than ${alerts.offlineAfterMinutes} minutes (the longest offline are listed).`)
+    : "";
+  main.replaceChildren(
+    h("h2", {}, "Alerts"),
+    table(["Severity", "Alert", "About", "What", "When"], rows, "Nothing needs attention."),
+    more,
+  );
+}
+
+function showAlertCount(alerts) {
+  const critical = alerts.items.filter((a) => a.severity === "critical").length;
+  document.getElementById("alert-count").textContent = critical > 0 ? String(critical) : "";
+}
+
+// --- routing and live updates --------------------------------------------
+
+function route() {
+  const parts = (location.hash || "#/fleet").slice(2).split("/").map(decodeURIComponent);
+  const [page, name] = parts;
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.nav === page);
+  switch (page) {
+    case "runs":
+      return name ? { topics: ["runs", "jobs"], render: (m) => runPage(m, name) } : { topics: ["runs"], render: runsPage };
+    case "deployments":
+      return name ? { topics: ["deployments", "jobs"], render: (m) => deploymentPage(m, name) } : { topics: ["deployments"], render: deploymentsPage };
+    case "schedules":
+      return { topics: ["schedules", "runs"], render: schedulesPage };
+    case "alerts":
+      return { topics: ["runs", "deployments", "devices", "alerts"], render: alertsPage };
+    default:
+      return { topics: ["devices", "jobs"], render: fleetPage };
+  }
+}
+
+async function refresh() {
+  const main = document.getElementById("main");
+  try {
+    await current.render(main);
+    document.body.dataset.rendered = String(Date.now());
+  } catch (e) {
+    main.replaceChildren(h("p", { class: "error" }, `Cannot load this page: ${e.message}`));
+  }
+}
+
+function changed(topics) {
+  const touched = topics.includes("all") || topics.some((t) => current.topics.includes(t));
+  if (touched) {
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(refresh, 200);
+  }
+  if (topics.some((t) => ["all", "runs", "deployments", "alerts"].includes(t))) {
+    clearTimeout(alertTimer);
+    alertTimer = setTimeout(() => api("/alerts").then(showAlertCount).catch(() => {}), 1000);
+  }
+}
+
+function listen() {
+  const live = document.getElementById("live");
+  const source = new EventSource("/ui/events");
+  source.addEventListener("open", () => live.classList.add("on"));
+  source.addEventListener("error", () => live.classList.remove("on"));
+  source.addEventListener("changed", (event) => changed(event.data.split(",")));
+}
+
+async function startApp() {
+  const session = await fetch("/ui/session", { credentials: "same-origin" });
+  if (session.status === 401) {
+    location.href = "/ui/login";
+    return;
+  }
+  csrf = (await session.json()).csrf;
+  document.getElementById("logout").addEventListener("click", async () => {
+    await fetch("/ui/logout", { method: "POST", credentials: "same-origin" });
+    location.href = "/ui/login";
+  });
+  window.addEventListener("hashchange", () => {
+    armed.clear();
+    current = route();
+    refresh();
+  });
+  current = route();
+  await refresh();
+  listen();
+  api("/alerts").then(showAlertCount).catch(() => {});
+}
+
+function startLogin() {
+  const form = document.getElementById("login-form");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = document.getElementById("login-error");
+    error.textContent = "";
+    const response = await fetch("/ui/login", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token: document.getElementById("token").value }),
+      credentials: "same-origin",
+    });
+    if (response.ok) {
+      location.href = "/ui/";
+    } else {
+      const body = await response.json().catch(() => ({}));
+      error.textContent = body.error || `Log in failed (${response.status})`;
+    }
+  });
+}
+
+if (document.body.dataset.page === "login") startLogin();
+else startApp();

@@ -1,0 +1,415 @@
+//! The dashboard (issue 17) in a real browser: headless Chromium driven
+//! through chromedriver against a control plane with agents in simulate
+//! mode. It logs in with the operator token, sees the fleet and searches
+//! it, watches a run go to Complete live without reloading, cancels a run,
+//! and sees the alert for a failed canary. A screenshot of each page is
+//! written to `target/test-artefacts/dashboard/` (with `DROVER_BLESS=1`,
+//! the run page's also to `docs/dashboard.png`, which the README shows).
+
+use drover_tests::{AgentProcess, ControlPlane, free_port, hold_config};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// chromedriver on a free port, stopped when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let port = free_port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (the test command installs chromium-driver)");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = http.get(format!("{url}/status")).send().await
+                && response.status().is_success()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Self { child, url }
+    }
+
+    async fn browser(&self) -> Client {
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,900"]
+            }),
+        );
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn artefacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artefacts/dashboard");
+    std::fs::create_dir_all(&dir).expect("artefact directory");
+    dir
+}
+
+async fn screenshot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("screenshot");
+    std::fs::write(artefacts().join(format!("{name}.png")), &png).expect("write screenshot");
+    if name == "run" && std::env::var_os("DROVER_BLESS").is_some() {
+        std::fs::write(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png"),
+            &png,
+        )
+        .expect("write docs/dashboard.png");
+    }
+}
+
+/// Waits until the text of the first element matching `css` satisfies `ok`.
+async fn wait_text(browser: &Client, css: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    loop {
+        if let Ok(element) = browser.find(Locator::Css(css)).await
+            && let Ok(text) = element.text().await
+        {
+            if ok(&text) {
+                return text;
+            }
+            last = text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {css} still says {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn rows(browser: &Client, css: &str) -> usize {
+    browser
+        .find_all(Locator::Css(css))
+        .await
+        .map(|found| found.len())
+        .unwrap_or(0)
+}
+
+async fn go(browser: &Client, cp: &ControlPlane, page: &str) {
+    browser
+        .goto(&format!("{}/ui/{page}", cp.api))
+        .await
+        .expect("navigate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_alerts() {
+    let cp = ControlPlane::start(&[]);
+    // live: a run watched live; away: a run canceled while its device is
+    // away; canary: a canary whose preflight fails.
+    let devices = [
+        ("web-1", "live", json!({})),
+        ("web-2", "live", json!({})),
+        ("web-away", "away", json!({})),
+        ("web-canary", "canary", json!({"canary": "true"})),
+        ("web-after", "canary", json!({})),
+    ];
+    for (device, group, labels) in &devices {
+        cp.apply_device(device, &[group], labels.clone()).await;
+    }
+    let dir = cp.dir.path();
+    let hold = dir.join("web-1/hold");
+    let reached = dir.join("web-1/reached");
+    std::fs::create_dir_all(dir.join("web-1")).expect("dir");
+    std::fs::write(&hold, "").expect("hold");
+    let start = |device: &str, extra: &str| {
+        AgentProcess::start(
+            &dir.join(device),
+            device,
+            &cp.agent_url,
+            &cp.device_token(device),
+            extra,
+        )
+    };
+    let _web1 = start("web-1", &hold_config(&hold, &reached));
+    let _web2 = start("web-2", "");
+    let mut away = start("web-away", "");
+    let mut canary = start("web-canary", "");
+    canary.fail_preflight();
+    let _after = start("web-after", "");
+    cp.wait_for_agents(&["web-1", "web-2", "web-away", "web-canary", "web-after"])
+        .await;
+    away.kill9();
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+
+    // Not logged in: the login page; a wrong token is refused, the right one
+    // sets an HttpOnly session cookie the page's JavaScript cannot read.
+    go(&browser, &cp, "").await;
+    browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("login page");
+    screenshot(&browser, "login").await;
+    let token = browser.find(Locator::Css("#token")).await.expect("token");
+    token.send_keys("not-the-token").await.expect("type");
+    click(&browser, "#login").await;
+    wait_text(&browser, "#login-error", "a wrong token", |t| {
+        t.contains("not this control plane's operator token")
+    })
+    .await;
+    token.clear().await.expect("clear");
+    token.send_keys(&cp.token).await.expect("type");
+    click(&browser, "#login").await;
+
+    // The fleet, every device, and a search narrowed on the server.
+    wait_text(&browser, "#fleet-count", "the fleet", |t| {
+        t.contains("of 5 devices")
+    })
+    .await;
+    let script = browser
+        .execute("return document.cookie", vec![])
+        .await
+        .expect("script");
+    assert_eq!(script, json!(""), "the session cookie is HttpOnly");
+    let row = wait_text(&browser, "tr[data-device='web-2']", "web-2's row", |t| {
+        t.contains("online")
+    })
+    .await;
+    assert!(row.contains("live"), "{row}");
+    screenshot(&browser, "fleet").await;
+    browser
+        .find(Locator::Css("#fleet-search"))
+        .await
+        .expect("search")
+        .send_keys("canary")
+        .await
+        .expect("type");
+    wait_text(&browser, "#fleet-count", "the search", |t| {
+        t.contains("of 2 devices")
+    })
+    .await;
+    assert_eq!(rows(&browser, "tbody tr").await, 2);
+
+    // A run watched live: the page is not reloaded, the phase changes.
+    cp.apply_upgrade_run("live-run", "live", 600).await;
+    wait_for(&reached, "web-1's job to start").await;
+    go(&browser, &cp, "#/runs/live-run").await;
+    wait_text(&browser, "#run-phase", "the run running", |t| {
+        t == "Running"
+    })
+    .await;
+    browser
+        .execute("window.notReloaded = true; return true", vec![])
+        .await
+        .expect("mark the page");
+    screenshot(&browser, "run").await;
+    std::fs::remove_file(&hold).expect("release web-1");
+    wait_text(&browser, "#run-phase", "the run to complete live", |t| {
+        t == "Complete"
+    })
+    .await;
+    let still = browser
+        .execute("return window.notReloaded === true", vec![])
+        .await
+        .expect("script");
+    assert_eq!(
+        still,
+        json!(true),
+        "the page followed the run without reloading"
+    );
+    wait_text(&browser, "#run-progress", "the counts", |t| {
+        t.contains("2 of 2 succeeded")
+    })
+    .await;
+    go(&browser, &cp, "#/runs").await;
+    wait_text(
+        &browser,
+        "tr[data-run='live-run'] .phase",
+        "the runs list",
+        |t| t == "Complete",
+    )
+    .await;
+    screenshot(&browser, "runs").await;
+
+    // Cancel a run from its page (the button asks twice).
+    cp.apply_upgrade_run("cancel-me", "away", 600).await;
+    go(&browser, &cp, "#/runs/cancel-me").await;
+    wait_text(&browser, "#run-phase", "the run released", |t| {
+        t == "Running"
+    })
+    .await;
+    click(&browser, "#cancel-run").await;
+    wait_text(&browser, "#cancel-run", "the button to ask again", |t| {
+        t.starts_with("Confirm")
+    })
+    .await;
+    click(&browser, "#cancel-run").await;
+    wait_text(&browser, "#run-phase", "the run canceling", |t| {
+        t == "Canceling"
+    })
+    .await;
+    let run = cp.get("/taskruns/cancel-me").await;
+    assert_eq!(run["status"]["phase"], "Canceling", "{run}");
+    away.restart();
+    wait_text(&browser, "#run-phase", "the canceled run to end", |t| {
+        t == "Failed"
+    })
+    .await;
+    wait_text(&browser, "#run-reason", "the reason", |t| t == "Canceled").await;
+
+    // A failed canary raises an alert, counted in the header.
+    cp.apply_upgrade_run("canary-run", "canary", 600).await;
+    let ended = cp
+        .wait_run_finished("canary-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(ended["status"]["reason"], "CanaryFailed", "{ended}");
+    go(&browser, &cp, "#/alerts").await;
+    let alert = wait_text(
+        &browser,
+        "tr[data-alert='CanaryFailed']",
+        "the alert",
+        |t| t.contains("taskrun/canary-run"),
+    )
+    .await;
+    assert!(alert.contains("web-canary"), "{alert}");
+    wait_text(&browser, "#alert-count", "the alert count", |t| {
+        !t.is_empty()
+    })
+    .await;
+    screenshot(&browser, "alerts").await;
+
+    // The other pages render.
+    for (page, css) in [("#/deployments", "main h2"), ("#/schedules", "main h2")] {
+        go(&browser, &cp, page).await;
+        wait_text(&browser, css, page, |t| !t.is_empty()).await;
+        screenshot(&browser, page.trim_start_matches("#/")).await;
+    }
+    // Logging out ends the session.
+    click(&browser, "#logout").await;
+    browser
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("back at the login page");
+    browser.close().await.expect("close");
+}
+
+/// Clicks the element `css`, finding it again if a live update redrew the
+/// page between finding and clicking.
+async fn click(browser: &Client, css: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let clicked = match browser.find(Locator::Css(css)).await {
+            Ok(element) => element.click().await.is_ok(),
+            Err(_) => false,
+        };
+        if clicked {
+            return;
+        }
+        assert!(Instant::now() < deadline, "cannot click {css}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for(path: &Path, what: &str) {
+    drover_tests::eventually(Duration::from_secs(60), what, || async {
+        path.exists().then_some(())
+    })
+    .await
+}
+
+/// Without the session's CSRF token, a request that changes something is
+/// refused even with a valid session cookie; with it, it goes through. A
+/// page on another site can make the browser send the cookie, but cannot
+/// read the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("csrf-1", &["g"], json!({})).await;
+    cp.apply_upgrade_run("csrf-run", "g", 600).await;
+    let http = reqwest::Client::new();
+    let login = http
+        .post(format!("{}/ui/login", cp.api))
+        .json(&json!({"token": cp.token}))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), 200);
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().expect("pair").to_owned();
+    // Reads work with the cookie alone.
+    let read = http
+        .get(format!("{}/api/v1/taskruns/csrf-run", cp.api))
+        .header("cookie", &session)
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(read.status(), 200);
+    let cancel = format!("{}/api/v1/taskruns/csrf-run/cancel", cp.api);
+    let refused = http
+        .post(&cancel)
+        .header("cookie", &session)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), 403);
+    let run = cp.get("/taskruns/csrf-run").await;
+    assert_ne!(run["status"]["phase"], "Canceling", "nothing changed");
+    let csrf: Value = http
+        .get(format!("{}/ui/session", cp.api))
+        .header("cookie", &session)
+        .send()
+        .await
+        .expect("session")
+        .json()
+        .await
+        .expect("json");
+    let allowed = http
+        .post(&cancel)
+        .header("cookie", &session)
+        .header("x-drover-csrf", csrf["csrf"].as_str().expect("csrf"))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(allowed.status(), 202, "{:?}", allowed.text().await);
+    // A forged or expired session is no session.
+    let forged = http
+        .get(format!("{}/api/v1/taskruns", cp.api))
+        .header("cookie", "drover_session=9999999999.00")
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(forged.status(), 401);
+}
