@@ -52,6 +52,7 @@ fi
 echo
 "$sim" bench --devices "$large" --transport websocket
 "$sim" bench --devices "$sizes" --transport nats | tail -n +3
+"$sim" bench --devices "$sizes" --transport nats --nats-cluster | tail -n +3
 "$sim" bench --devices "$sizes" --transport mqtt | tail -n +3
 echo
 "$sim" bench --devices "$large" --transport websocket --deployment-concurrency 1000

@@ -168,10 +168,8 @@ impl Transport {
                 Ok(())
             }
             Transport::Nats { url, ca_file, .. } => {
-                let scheme = url.split("://").next().unwrap_or("");
-                if !url.contains("://") || !["nats", "tls"].contains(&scheme) {
-                    bail!("transport.url {url:?}: scheme must be nats:// or tls://");
-                }
+                transport_nats::parse_addresses(url)
+                    .map_err(|e| anyhow::anyhow!("transport.url: {e}"))?;
                 if let Some(ca) = ca_file {
                     std::fs::read(ca).with_context(|| {
                         format!("transport.ca_file {} is not readable", ca.display())
@@ -409,6 +407,25 @@ mode = "simulate"
         let config = Config::parse(GOOD).expect("parses");
         assert_eq!(config.limits.max_resumes, 5);
         assert_eq!(config.status_socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn a_nats_transport_takes_every_node_of_a_cluster() {
+        let nats = |url: &str| {
+            GOOD.replace(
+                "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:7181\"",
+                &format!("kind = \"nats\"\nurl = \"{url}\""),
+            )
+        };
+        let three = Config::parse(&nats("nats://n1:4222,nats://n2:4222,tls://n3:4222"))
+            .expect("three nodes");
+        three.transport.check().expect("three nodes check");
+        let bad = Config::parse(&nats("nats://n1:4222,http://n2:80"))
+            .expect("parses")
+            .transport
+            .check()
+            .expect_err("http is no NATS URL");
+        assert!(format!("{bad:#}").contains("http://n2:80"), "{bad:#}");
     }
 
     #[test]

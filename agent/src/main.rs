@@ -557,6 +557,7 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                     password: Some(token),
                     ca_file: ca_file.clone(),
                     connect_timeout: Duration::from_secs(10),
+                    replicas: 1,
                 },
                 heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),

@@ -116,6 +116,10 @@ pub enum Command {
         /// duplicates the block.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also print, as comments, what each node of a three-node JetStream
+        /// cluster needs and how replicas and agents name the nodes.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Write mosquitto's password and ACL files for the control plane and
     /// these devices (a device may read only its own intents and write only
@@ -280,9 +284,14 @@ impl MqttArgs {
 /// Serving agents over NATS JetStream as well as WebSocket.
 #[derive(clap::Args)]
 pub struct NatsArgs {
-    /// nats://HOST:PORT (or tls://) of a nats-server with JetStream.
+    /// nats://HOST:PORT (or tls://) of a nats-server with JetStream; for a
+    /// cluster, several, comma-separated.
     #[arg(long)]
     pub nats_url: Option<String>,
+    /// Copies JetStream keeps of each bucket Drover creates: 1 on one
+    /// server, 3 on a cluster of three (set before the buckets exist).
+    #[arg(long, requires = "nats_url", default_value_t = 1)]
+    pub nats_replicas: usize,
     #[arg(long, requires = "nats_url")]
     pub nats_user: Option<String>,
     #[arg(
@@ -305,6 +314,7 @@ impl NatsArgs {
             password: self.nats_password.clone(),
             ca_file: self.nats_ca.clone(),
             connect_timeout: Duration::from_secs(10),
+            replicas: self.nats_replicas,
         })
     }
 }

@@ -379,6 +379,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             control_plane_user,
             control_plane_password,
             out,
+            cluster,
         } => {
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let devices = devices
@@ -404,6 +405,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     );
                 }
                 None => out!("{}", config.trim_end()),
+            }
+            if *cluster {
+                out!("{}", transport_nats::server::CLUSTER_NOTES.trim_end());
             }
             Ok(0)
         }

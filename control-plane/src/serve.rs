@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 use transport_websocket::links::WsLinks;
 
 /// Inbound events waiting for the delivery core; a full queue slows the
@@ -58,6 +58,34 @@ pub struct ServeOptions {
     pub offline_alert: Duration,
 }
 
+/// How long `serve` waits for JetStream to take its buckets: a cluster's
+/// nodes and the control plane may start in any order, and JetStream
+/// answers only once its nodes have elected a meta leader.
+const JETSTREAM_READY: Duration = Duration::from_secs(120);
+
+/// Runs `attempt` until it succeeds or [`JETSTREAM_READY`] has passed,
+/// logging why it waits.
+async fn until_jetstream_ready<T, E, F, Fut>(what: &str, mut attempt: F) -> Result<T>
+where
+    E: std::fmt::Display + Send + Sync + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, E>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(e) if started.elapsed() < JETSTREAM_READY => {
+                warn!(error = %e, "JetStream cannot take {what} yet; trying again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                anyhow::bail!("JetStream did not take {what} within {JETSTREAM_READY:?}: {e}")
+            }
+        }
+    }
+}
+
 /// A started control plane.
 pub struct Started {
     pub api_addr: SocketAddr,
@@ -79,9 +107,14 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         None => None,
     };
     let db = match (&nats_client, options.store_on_nats) {
-        (Some(client), true) => Db::new(Arc::new(
-            transport_nats::kv::NatsKv::open(client.clone()).await?,
-        )),
+        (Some(client), true) => {
+            let replicas = options.nats.as_ref().map_or(1, |n| n.replicas);
+            let kv = until_jetstream_ready("the control plane's bucket", || {
+                transport_nats::kv::NatsKv::open(client.clone(), replicas)
+            })
+            .await?;
+            Db::new(Arc::new(kv))
+        }
         (None, true) => anyhow::bail!("--store nats needs --nats-url"),
         (_, false) => {
             let path = options.data.join("drover.redb");
@@ -105,10 +138,15 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];
     let mut tasks = Vec::new();
     if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
-        let buckets = transport_nats::server::ensure_buckets(
-            client,
-            transport_nats::server::BucketLimits::default(),
-        )
+        let buckets = until_jetstream_ready("the intent and status buckets", || {
+            transport_nats::server::ensure_buckets(
+                client.clone(),
+                transport_nats::server::BucketLimits {
+                    replicas: nats.replicas,
+                    ..Default::default()
+                },
+            )
+        })
         .await?;
         let resume_after = db
             .get::<u64>(&cursor_key(transport_nats::links::TRANSPORT))
@@ -151,7 +189,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let download_base = match &options.download_url {
         Some(url) => Some(url.clone()),
         None if download_addr.ip().is_unspecified() => {
-            tracing::warn!(listen = %download_addr, "package downloads are off: pass --download-url with the address agents reach");
+            warn!(listen = %download_addr, "package downloads are off: pass --download-url with the address agents reach");
             None
         }
         None => Some(format!(

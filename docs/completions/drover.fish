@@ -61,7 +61,8 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen 
 complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port), when not the listen address' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l offline-alert-minutes -d 'The dashboard (and GET /api/v1/alerts) raises an alert for a device not heard from for this long' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l ready-file -d 'Write the bound addresses here as JSON once listening' -r -F
-complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-url -d 'nats://HOST:PORT (or tls://) of a nats-server with JetStream' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-url -d 'nats://HOST:PORT (or tls://) of a nats-server with JetStream; for a cluster, several, comma-separated' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-replicas -d 'Copies JetStream keeps of each bucket Drover creates: 1 on one server, 3 on a cluster of three (set before the buckets exist)' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-password -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-ca -d 'CA certificate of the nats-server (requires TLS)' -r -F
@@ -86,6 +87,7 @@ complete -c drover -n "__fish_drover_using_subcommand nats-config" -l server -d 
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l token -d 'The operator token (default: DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l cluster -d 'Also print, as comments, what each node of a three-node JetStream cluster needs and how replicas and agents name the nodes'
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l device -d 'A device to authorize (repeat for each)' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-user -r

@@ -40,6 +40,9 @@ pub struct BenchOptions {
     pub keep: bool,
     /// What is applied: a TaskRun, or a Deployment with this concurrency.
     pub deployment_concurrency: Option<u32>,
+    /// Over NATS: three nats-server nodes as one cluster, every bucket with
+    /// three replicas, the simulated agents spread over the nodes.
+    pub nats_cluster: bool,
 }
 
 /// One row of the benchmark's table.
@@ -54,7 +57,9 @@ pub struct Figures {
     pub written_kib_per_device: f64,
     pub complete: bool,
     pub control_plane_rss_mib: u64,
-    pub broker_rss_mib: Option<u64>,
+    /// Each broker process's RSS after the run (three for a cluster).
+    pub broker_rss_mib: Vec<u64>,
+    pub cluster: bool,
     /// "TaskRun", or "Deployment (N at once)".
     pub work: String,
     /// Passes over the run or deployment, and the time they took in all.
@@ -73,10 +78,11 @@ impl Figures {
         format!(
             "| {} | {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} | {} | {} | {} | {:.2} ({:.1} %) | {} |",
             self.devices,
-            match self.transport {
-                Transport::Websocket => "WebSocket",
-                Transport::Nats => "NATS",
-                Transport::Mqtt => "MQTT",
+            match (self.transport, self.cluster) {
+                (Transport::Websocket, _) => "WebSocket",
+                (Transport::Nats, false) => "NATS",
+                (Transport::Nats, true) => "NATS, 3-node cluster (R3)",
+                (Transport::Mqtt, _) => "MQTT",
             },
             self.work,
             self.connect_seconds,
@@ -90,8 +96,15 @@ impl Figures {
             self.idle_rss_kib_per_device,
             self.written_kib_per_device,
             self.control_plane_rss_mib,
-            self.broker_rss_mib
-                .map_or_else(|| "-".to_owned(), |m| m.to_string()),
+            if self.broker_rss_mib.is_empty() {
+                "-".to_owned()
+            } else {
+                self.broker_rss_mib
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            },
             self.passes,
             self.pass_seconds,
             if self.run_seconds > 0.0 {
@@ -142,6 +155,13 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
          jetstream {{ store_dir: {:?} }}\n{auth}",
         dir.join("js").display().to_string()
     );
+    let process = spawn_nats(dir, &config, port)?;
+    Ok((process, format!("nats://127.0.0.1:{port}")))
+}
+
+/// Starts nats-server with `config` (written to DIR/nats.conf, its log to
+/// DIR/nats.log) and waits until it listens on `port`.
+fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
     let path = dir.join("nats.conf");
     std::fs::write(&path, config)?;
     let log = std::fs::File::create(dir.join("nats.log"))?;
@@ -164,7 +184,42 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok((process, format!("nats://127.0.0.1:{port}")))
+    Ok(process)
+}
+
+/// Starts three nats-server nodes as one JetStream cluster (routes on
+/// loopback, one store directory each); returns them and their client URLs.
+pub(crate) fn start_nats_cluster(
+    dir: &Path,
+    tokens: &[(DeviceId, String)],
+) -> Result<(Vec<Process>, Vec<String>)> {
+    let auth = transport_nats::server::authorization_config((CP_USER, CP_PASSWORD), tokens);
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let others: Vec<String> = (0..3)
+            .filter(|j| *j != i)
+            .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
+            .collect();
+        let node = dir.join(format!("n{i}"));
+        std::fs::create_dir_all(&node)?;
+        let config = format!(
+            "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
+             jetstream {{ store_dir: {:?} }}\n\
+             cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
+            ports[i],
+            node.join("js").display().to_string(),
+            routes[i],
+            others.join(", ")
+        );
+        nodes.push(spawn_nats(&node, &config, ports[i])?);
+    }
+    let urls = ports
+        .iter()
+        .map(|port| format!("nats://127.0.0.1:{port}"))
+        .collect();
+    Ok((nodes, urls))
 }
 
 /// Starts mosquitto with one password and ACL entry per device.
@@ -219,6 +274,7 @@ pub(crate) fn start_drover(
     dir: &Path,
     transport: Transport,
     broker_url: Option<&str>,
+    nats_replicas: usize,
 ) -> Result<(Process, String, String)> {
     let ready = dir.join("ready.json");
     let log = std::fs::File::create(dir.join("drover.log"))?;
@@ -248,6 +304,8 @@ pub(crate) fn start_drover(
                 CP_USER,
                 "--nats-password",
                 CP_PASSWORD,
+                "--nats-replicas",
+                &nats_replicas.to_string(),
             ]);
         }
         (Transport::Mqtt, Some(url)) => {
@@ -383,8 +441,10 @@ pub fn spawn_agents(
                 ));
             }
             None => {
+                // A cluster's nodes, comma-separated: the agents spread over them.
+                let nodes: Vec<&str> = agent_url.split(',').collect();
                 tokio::spawn(crate::nats::play(
-                    agent_url.to_owned(),
+                    nodes[index % nodes.len()].to_owned(),
                     token,
                     agent,
                     shutdown,
@@ -421,9 +481,20 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         .iter()
         .map(|d| (d.clone(), secrets.device_token(d)))
         .collect();
-    let broker = match options.transport {
-        Transport::Nats => Some(start_nats(dir.path(), &tokens)?),
-        Transport::Mqtt => Some(start_mosquitto(dir.path(), &tokens)?),
+    let cluster = options.nats_cluster && options.transport == Transport::Nats;
+    let broker: Option<(Vec<Process>, String)> = match options.transport {
+        Transport::Nats if cluster => {
+            let (nodes, urls) = start_nats_cluster(dir.path(), &tokens)?;
+            Some((nodes, urls.join(",")))
+        }
+        Transport::Nats => {
+            let (process, url) = start_nats(dir.path(), &tokens)?;
+            Some((vec![process], url))
+        }
+        Transport::Mqtt => {
+            let (process, url) = start_mosquitto(dir.path(), &tokens)?;
+            Some((vec![process], url))
+        }
         Transport::Websocket => None,
     };
     let broker_url = broker.as_ref().map(|(_, url)| url.clone());
@@ -432,6 +503,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         dir.path(),
         options.transport,
         broker_url.as_deref(),
+        if cluster { 3 } else { 1 },
     )?;
     let pid = cp.0.id();
     let api = Api {
@@ -534,10 +606,12 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
                 .as_f64()
                 .unwrap_or(0.0)
     });
-    let broker_rss = broker
-        .as_ref()
-        .and_then(|(process, _)| procstat::usage(process.0.id()))
-        .map(|u| u.rss_bytes / (1024 * 1024));
+    let broker_rss: Vec<u64> = broker
+        .iter()
+        .flat_map(|(processes, _)| processes)
+        .filter_map(|process| procstat::usage(process.0.id()))
+        .map(|u| u.rss_bytes / (1024 * 1024))
+        .collect();
     shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(cp);
@@ -562,6 +636,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         complete,
         control_plane_rss_mib: idle.rss_bytes / (1024 * 1024),
         broker_rss_mib: broker_rss,
+        cluster,
         work,
         passes,
         pass_seconds,

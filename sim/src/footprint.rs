@@ -200,6 +200,7 @@ pub async fn measure_agent(
         dir.path(),
         transport,
         broker_url.as_deref(),
+        1,
     )?;
     let api = Api {
         base: format!("http://{api_base}"),

@@ -97,6 +97,10 @@ enum Command {
         /// instead of a TaskRun.
         #[arg(long)]
         deployment_concurrency: Option<u32>,
+        /// With --transport nats: three nodes as one JetStream cluster, every
+        /// bucket with three replicas, the agents spread over the nodes.
+        #[arg(long)]
+        nats_cluster: bool,
     },
 }
 
@@ -221,6 +225,7 @@ fn main() -> Result<()> {
                 run_timeout_seconds,
                 keep,
                 deployment_concurrency,
+                nats_cluster,
             } => {
                 let drover = beside_this(drover, "drover")?;
                 let options = BenchOptions {
@@ -231,6 +236,7 @@ fn main() -> Result<()> {
                     run_timeout: Duration::from_secs(run_timeout_seconds),
                     keep,
                     deployment_concurrency,
+                    nats_cluster,
                 };
                 println!("{}", Figures::header());
                 for size in devices {

@@ -208,6 +208,100 @@ impl Drop for NatsServer {
     }
 }
 
+/// Three `nats-server -js` processes on loopback as one cluster (routes, a
+/// shared cluster name, JetStream on each), each with its own store
+/// directory and monitoring port; `auth` (what `drover nats-config`
+/// prints) goes into every node's config.
+pub struct NatsCluster {
+    pub nodes: Vec<NatsServer>,
+    monitors: Vec<u16>,
+}
+
+impl NatsCluster {
+    pub async fn start(auth: &str) -> Self {
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let monitors: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let nodes: Vec<NatsServer> = (0..3)
+            .map(|i| {
+                let others: Vec<String> = (0..3)
+                    .filter(|j| *j != i)
+                    .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
+                    .collect();
+                NatsServer::start(&format!(
+                    "server_name: n{i}\nhttp: \"127.0.0.1:{}\"\n\
+                     cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
+                    monitors[i],
+                    routes[i],
+                    others.join(", ")
+                ))
+            })
+            .collect();
+        let cluster = Self { nodes, monitors };
+        eventually(
+            Duration::from_secs(60),
+            "a JetStream meta leader",
+            || async { cluster.meta_leader().await },
+        )
+        .await;
+        cluster
+    }
+
+    /// Every node's client URL, comma-separated, as configs take them.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node that leads JetStream's meta group now, as the monitoring
+    /// endpoint (`/jsz`) of any live node says.
+    pub async fn meta_leader(&self) -> Option<usize> {
+        let http = http_client();
+        for port in &self.monitors {
+            let Ok(response) = http
+                .get(format!("http://127.0.0.1:{port}/jsz"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let Ok(jsz) = response.json::<Value>().await else {
+                continue;
+            };
+            let leader = jsz["meta_cluster"]["leader"].as_str()?;
+            return leader.strip_prefix('n')?.parse().ok();
+        }
+        None
+    }
+
+    /// Resident memory of each node (from its monitoring endpoint), in
+    /// bytes; None for a node that is down.
+    pub async fn memory(&self) -> Vec<Option<u64>> {
+        let http = http_client();
+        let mut out = Vec::new();
+        for port in &self.monitors {
+            let mem = match http
+                .get(format!("http://127.0.0.1:{port}/varz"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            {
+                Ok(response) => response
+                    .json::<Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["mem"].as_u64()),
+                Err(_) => None,
+            };
+            out.push(mem);
+        }
+        out
+    }
+}
+
 /// `mosquitto` as a process with its own config, password and ACL files and
 /// persistence directory, on a free loopback port.
 pub struct Mosquitto {
@@ -814,6 +908,20 @@ impl AgentProcess {
         .await
     }
 
+    /// Asserts the agent holds one job whose every step ran once: nothing
+    /// ran twice.
+    pub fn assert_one_job_run_once(&self) {
+        let jobs = self.jobs();
+        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+        let tries: Vec<u64> = jobs[0]["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| s["tries"].as_u64().unwrap_or(9))
+            .collect();
+        assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice: {jobs}");
+    }
+
     /// `drover-agent jobs --json` against this agent's socket.
     pub fn jobs(&self) -> Value {
         let out = Command::new(bin("drover-agent"))
@@ -846,11 +954,7 @@ pub const CP_BROKER_USER: &str = "drover-control-plane";
 /// `devices`, and a control plane serving over it with `password`.
 pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, ControlPlane) {
     let dir = ControlPlane::prepare();
-    let mut args = vec!["nats-config", "--control-plane-password", password];
-    for device in devices {
-        args.extend(["--device", device.as_ref()]);
-    }
-    let nats = NatsServer::start(&ControlPlane::drover_in(dir.path(), &args));
+    let nats = NatsServer::start(&nats_auth(dir.path(), devices, password));
     let url = nats.url();
     let cp = ControlPlane::start_in(
         dir,
@@ -864,6 +968,16 @@ pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, 
         ],
     );
     (nats, cp)
+}
+
+/// The authorization block `drover nats-config` prints for `devices`, with
+/// the keys of the control plane in `dir` and its password.
+pub fn nats_auth<S: AsRef<str>>(dir: &Path, devices: &[S], password: &str) -> String {
+    let mut args = vec!["nats-config", "--control-plane-password", password];
+    for device in devices {
+        args.extend(["--device", device.as_ref()]);
+    }
+    ControlPlane::drover_in(dir, &args)
 }
 
 /// A mosquitto whose passwords and ACLs `drover mqtt-config` made for

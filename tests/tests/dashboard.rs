@@ -6,7 +6,7 @@
 //! written to `target/test-artefacts/dashboard/` (with `DROVER_BLESS=1`,
 //! the run page's also to `docs/dashboard.png`, which the README shows).
 
-use drover_tests::{AgentProcess, ControlPlane, free_port, hold_config};
+use drover_tests::{AgentProcess, ControlPlane, free_port, hold_config, http_client};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ impl Driver {
             .spawn()
             .expect("chromedriver (the test command installs chromium-driver)");
         let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        let http = http_client();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(response) = http.get(format!("{url}/status")).send().await

@@ -287,15 +287,7 @@ async fn an_agent_killed_mid_job_over_mqtt_runs_the_job_once() {
         .wait_run_finished("kill-run", Duration::from_secs(60))
         .await;
     assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
-    let jobs = agent.jobs();
-    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
-    let tries: Vec<u64> = jobs[0]["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| s["tries"].as_u64().unwrap_or(9))
-        .collect();
-    assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice: {jobs}");
+    agent.assert_one_job_run_once();
 }
 
 /// The control plane's store is the truth: an intent the broker lost in a

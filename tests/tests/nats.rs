@@ -297,15 +297,7 @@ async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
         },
     )
     .await;
-    let jobs = agent.jobs();
-    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
-    let tries: Vec<u64> = jobs[0]["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| s["tries"].as_u64().unwrap_or(9))
-        .collect();
-    assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice");
+    agent.assert_one_job_run_once();
     let again = cp.targets("dup-run").await;
     assert_eq!(
         again[0]["status"], targets[0]["status"],
@@ -476,15 +468,7 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
     let seen_by_first = first.get("/taskruns/replicated").await;
     assert_eq!(seen_by_first["status"], run["status"]);
     for agent in &agents {
-        let jobs = agent.jobs();
-        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
-        let tries: Vec<u64> = jobs[0]["steps"]
-            .as_array()
-            .expect("steps")
-            .iter()
-            .map(|s| s["tries"].as_u64().unwrap_or(9))
-            .collect();
-        assert_eq!(tries, vec![1, 1, 1, 1, 1], "{jobs}");
+        agent.assert_one_job_run_once();
     }
 }
 

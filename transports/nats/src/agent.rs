@@ -49,7 +49,7 @@ pub(crate) fn explain(e: &async_nats::ConnectError) -> String {
 /// --connect`.
 pub async fn probe(settings: &NatsSettings) -> Result<(), NatsError> {
     let client = connect_options(settings)
-        .connect(settings.url.as_str())
+        .connect(settings.addresses()?)
         .await
         .map_err(|e| NatsError::Connect {
             url: settings.url.clone(),
@@ -107,7 +107,7 @@ async fn serve(
             }
         });
     let client = tokio::select! {
-        client = options.connect(settings.nats.url.as_str()) => client.map_err(|e| NatsError::Connect {
+        client = options.connect(settings.nats.addresses()?) => client.map_err(|e| NatsError::Connect {
             url: settings.nats.url.clone(),
             reason: explain(&e),
         })?,

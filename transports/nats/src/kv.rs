@@ -72,7 +72,7 @@ fn apply(mirror: &Mutex<Mirror>, key: &str, revision: u64, value: Option<Vec<u8>
 impl NatsKv {
     /// Opens the bucket, creating its stream if needed (directly: async-nats
     /// 0.51 cannot create a bucket on nats-server 2.9), and fills the mirror.
-    pub async fn open(client: async_nats::Client) -> Result<Self, KvError> {
+    pub async fn open(client: async_nats::Client, replicas: usize) -> Result<Self, KvError> {
         let js = jetstream::new(client);
         let config = stream::Config {
             name: format!("KV_{BUCKET}"),
@@ -85,7 +85,7 @@ impl NatsKv {
             discard: stream::DiscardPolicy::New,
             duplicate_window: Duration::from_secs(120),
             max_message_size: -1,
-            num_replicas: 1,
+            num_replicas: replicas,
             ..Default::default()
         };
         let mut created = js.get_or_create_stream(config).await.map_err(db_error)?;

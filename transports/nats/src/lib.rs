@@ -91,13 +91,18 @@ pub fn inbox_prefix(device: &DeviceId) -> String {
 
 #[derive(Debug, Clone)]
 pub struct NatsSettings {
-    /// `nats://host:port` or `tls://host:port`.
+    /// `nats://host:port` or `tls://host:port`; several, comma-separated, for
+    /// the nodes of a cluster (a client also learns the others from the
+    /// one it reaches, and moves to a survivor when its node goes).
     pub url: String,
     pub user: Option<String>,
     pub password: Option<String>,
     /// CA certificate to trust; setting it requires TLS.
     pub ca_file: Option<PathBuf>,
     pub connect_timeout: Duration,
+    /// The control plane's: copies JetStream keeps of every bucket it
+    /// creates (3 on a cluster of three). Agents create nothing.
+    pub replicas: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +111,38 @@ pub enum NatsError {
     Connect { url: String, reason: String },
     #[error("JetStream: {0}")]
     JetStream(String),
+}
+
+impl NatsSettings {
+    /// The server addresses in `url`.
+    pub fn addresses(&self) -> Result<Vec<async_nats::ServerAddr>, NatsError> {
+        parse_addresses(&self.url)
+    }
+}
+
+/// Parses `nats://a:4222,nats://b:4222`: each a nats:// or tls:// URL.
+pub fn parse_addresses(urls: &str) -> Result<Vec<async_nats::ServerAddr>, NatsError> {
+    let bad = |reason: String| NatsError::Connect {
+        url: urls.to_owned(),
+        reason,
+    };
+    let addresses: Vec<async_nats::ServerAddr> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            let scheme = u.split("://").next().unwrap_or("");
+            if !u.contains("://") || !["nats", "tls"].contains(&scheme) {
+                return Err(bad(format!("{u:?}: the scheme must be nats:// or tls://")));
+            }
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| bad(format!("{u:?}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    if addresses.is_empty() {
+        return Err(bad("no server URL".into()));
+    }
+    Ok(addresses)
 }
 
 pub(crate) fn connect_options(settings: &NatsSettings) -> async_nats::ConnectOptions {
@@ -123,6 +160,19 @@ pub(crate) fn connect_options(settings: &NatsSettings) -> async_nats::ConnectOpt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_server_urls_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_addresses("nats://a:4222, nats://b:4223,tls://c:4224")
+                .expect("three")
+                .len(),
+            3
+        );
+        let bad = parse_addresses("nats://a:4222,http://b:80").expect_err("http");
+        assert!(bad.to_string().contains("http://b:80"), "{bad}");
+        assert!(parse_addresses(" , ").is_err());
+    }
 
     #[test]
     fn keys_round_trip() {

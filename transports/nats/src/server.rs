@@ -14,6 +14,9 @@ use std::time::Duration;
 pub struct BucketLimits {
     pub max_bytes: i64,
     pub max_age: Duration,
+    /// Copies JetStream keeps of each bucket: 1 on one server, 3 on a
+    /// cluster of three (a write is acknowledged once a majority has it).
+    pub replicas: usize,
 }
 
 impl Default for BucketLimits {
@@ -22,6 +25,7 @@ impl Default for BucketLimits {
             max_bytes: 1024 * 1024 * 1024,
             // Longer than the longest deadline (30 days), so no live intent ages out.
             max_age: Duration::from_secs(31 * 24 * 3600),
+            replicas: 1,
         }
     }
 }
@@ -37,7 +41,7 @@ pub async fn connect(settings: &NatsSettings, name: &str) -> Result<async_nats::
     connect_options(settings)
         .name(name)
         .retry_on_initial_connect()
-        .connect(settings.url.as_str())
+        .connect(settings.addresses()?)
         .await
         .map_err(|e| NatsError::Connect {
             url: settings.url.clone(),
@@ -73,7 +77,7 @@ pub async fn ensure_buckets(
             discard: stream::DiscardPolicy::New,
             duplicate_window: limits.max_age.min(Duration::from_secs(120)),
             max_message_size: -1,
-            num_replicas: 1,
+            num_replicas: limits.replicas,
             republish,
             ..Default::default()
         };
@@ -140,6 +144,25 @@ pub fn authorization_config(control_plane: (&str, &str), devices: &[(DeviceId, S
     out.push_str("  ]\n}\n");
     out
 }
+
+/// What a node of a cluster needs besides the authorization block (the
+/// same block on every node), as comments `drover nats-config --cluster`
+/// prints after it.
+pub const CLUSTER_NOTES: &str = "\
+# A JetStream cluster of three: this same block on every node, and on each
+#   server_name: n1                       # unique per node
+#   jetstream { store_dir: /var/lib/nats/jetstream }
+#   cluster {
+#     name: drover
+#     listen: 0.0.0.0:6222
+#     routes: [nats-route://n2.example.org:6222, nats-route://n3.example.org:6222]
+#   }
+# Every control-plane replica (they share secret.key and operator.token):
+#   drover serve --store nats --nats-replicas 3 \\
+#     --nats-url nats://n1.example.org:4222,nats://n2.example.org:4222,nats://n3.example.org:4222
+# Every agent, in [transport]:
+#   url = \"nats://n1.example.org:4222,nats://n2.example.org:4222,nats://n3.example.org:4222\"
+";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,237 @@
+//! The scale path as operators run it (issue 18): three `nats-server -js`
+//! nodes as one cluster, every Drover bucket with three replicas, three
+//! control-plane replicas on the NATS store, and agents given every node's
+//! URL. Mid-rollout one node (the JetStream meta leader in one test, a
+//! follower in the other) and one control-plane replica are SIGKILLed and
+//! later restarted. The run completes, every device ran its job once, no
+//! status is lost, and the job records show each intent released once.
+
+use drover_tests::{
+    AgentProcess, CP_BROKER_USER, ControlPlane, NatsCluster, eventually, hold_config, nats_auth,
+};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const PASSWORD: &str = "cluster-secret";
+
+/// Three control-plane replicas sharing the secrets (not the data
+/// directory), all on the cluster's store with three replicas per bucket.
+fn replicas(first: tempfile::TempDir, urls: &str) -> Vec<ControlPlane> {
+    let args = [
+        "--store",
+        "nats",
+        "--nats-url",
+        urls,
+        "--nats-user",
+        CP_BROKER_USER,
+        "--nats-password",
+        PASSWORD,
+        "--nats-replicas",
+        "3",
+    ];
+    let mut dirs = vec![first];
+    for _ in 0..2 {
+        let dir = ControlPlane::prepare();
+        for file in ["secret.key", "operator.token"] {
+            std::fs::copy(
+                dirs[0].path().join("data").join(file),
+                dir.path().join("data").join(file),
+            )
+            .expect("copy secret");
+        }
+        dirs.push(dir);
+    }
+    dirs.into_iter()
+        .map(|dir| ControlPlane::start_in(dir, &args))
+        .collect()
+}
+
+async fn a_rollout_survives_a_killed_node_and_replica(kill_leader: bool) {
+    let devices: Vec<String> = (0..6).map(|i| format!("cl-{i}")).collect();
+    let dir = ControlPlane::prepare();
+    let mut cluster = NatsCluster::start(&nats_auth(dir.path(), &devices, PASSWORD)).await;
+    let urls = cluster.urls();
+    let mut cps = replicas(dir, &urls);
+    for device in &devices {
+        let labels = if device == "cl-0" {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        cps[1].apply_device(device, &["production"], labels).await;
+    }
+    let canary_dir = cps[0].dir.path().join("cl-0");
+    std::fs::create_dir_all(&canary_dir).expect("dir");
+    let hold = canary_dir.join("hold");
+    let reached = canary_dir.join("reached");
+    std::fs::write(&hold, "").expect("hold");
+    let testing = hold_config(&hold, &reached);
+    // Every agent is given every node, in a different order.
+    let agents: Vec<AgentProcess> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let mut nodes: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+            nodes.rotate_left(i % 3);
+            AgentProcess::start_nats(
+                &cps[0].dir.path().join(device),
+                device,
+                &nodes.join(","),
+                &cps[0].device_token(device),
+                None,
+                if device == "cl-0" { &testing } else { "" },
+            )
+        })
+        .collect();
+    let names: Vec<&str> = devices.iter().map(String::as_str).collect();
+    cps[1].wait_for_agents(&names).await;
+    cps[1]
+        .apply_upgrade_run("clustered", "production", 600)
+        .await;
+    eventually(Duration::from_secs(60), "the canary mid-job", || async {
+        reached.exists().then_some(())
+    })
+    .await;
+
+    // Mid-rollout: a node and a replica die.
+    let leader = cluster.meta_leader().await.expect("a meta leader");
+    let victim = if kill_leader {
+        leader
+    } else {
+        (leader + 1) % 3
+    };
+    cluster.nodes[victim].kill9();
+    cps[0].kill9();
+    if kill_leader {
+        eventually(Duration::from_secs(60), "a new meta leader", || async {
+            cluster.meta_leader().await.filter(|new| *new != victim)
+        })
+        .await;
+    }
+    std::fs::remove_file(&hold).expect("release the canary");
+    let run = cps[1]
+        .wait_run_finished("clustered", Duration::from_secs(180))
+        .await;
+    assert_eq!(
+        run["status"]["phase"],
+        "Complete",
+        "{run}\n{}\n{}",
+        cps[1].log(),
+        cps[2].log()
+    );
+    assert_eq!(run["status"]["succeeded"], 6, "{run}");
+    assert_eq!(run["status"]["released"], 6, "{run}");
+
+    // Both come back; every replica agrees, nothing is released again.
+    cluster.nodes[victim].restart();
+    cps[0].restart();
+    eventually(
+        Duration::from_secs(60),
+        "the restarted replica to agree",
+        || async {
+            let seen = cps[0].get("/taskruns/clustered").await;
+            (seen["status"] == run["status"]).then_some(())
+        },
+    )
+    .await;
+    // Each device ran the job once: one job, every step tried once.
+    for agent in &agents {
+        agent.assert_one_job_run_once();
+    }
+    // No status lost, each intent released once, by the control plane's
+    // own records: one job record per target, created once (create-only)
+    // before the kills or after, each holding the device's terminal status.
+    let targets = cps[2].targets("clustered").await;
+    assert_eq!(targets.len(), 6);
+    let uid = run["metadata"]["uid"].as_str().expect("uid");
+    for target in &targets {
+        assert_eq!(target["released"], true, "{target}");
+        assert_eq!(target["status"]["state"], "Succeeded", "{target}");
+        assert_eq!(target["status"]["jobId"], uid, "{target}");
+    }
+    let released: f64 =
+        metric_sum(&cps, "drover_jobs_released_total{kind=\"systemUpgradeV1\"}").await;
+    assert!(
+        released <= 6.0,
+        "the surviving replicas released at most one job per device: {released}"
+    );
+    let memory = cluster.memory().await;
+    assert!(memory.iter().all(Option::is_some), "{memory:?}");
+}
+
+/// The sum of one series over the replicas' /metrics.
+async fn metric_sum(cps: &[ControlPlane], series: &str) -> f64 {
+    let http = drover_tests::http_client();
+    let mut sum = 0.0;
+    for cp in cps {
+        let text = http
+            .get(format!("{}/metrics", cp.api))
+            .bearer_auth(&cp.token)
+            .send()
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text");
+        sum += text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    sum
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_survives_the_meta_leader_and_a_replica_killed_mid_run() {
+    a_rollout_survives_a_killed_node_and_replica(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_survives_a_follower_and_a_replica_killed_mid_run() {
+    a_rollout_survives_a_killed_node_and_replica(false).await;
+}
+
+/// Every bucket Drover creates on a cluster has three replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bucket_on_the_cluster_has_three_replicas() {
+    let dir = ControlPlane::prepare();
+    // `nats-config --cluster` says what each node and replica needs.
+    let printed = ControlPlane::drover_in(
+        dir.path(),
+        &[
+            "nats-config",
+            "--device",
+            "one",
+            "--control-plane-password",
+            PASSWORD,
+            "--cluster",
+        ],
+    );
+    for needed in [
+        "server_name",
+        "routes",
+        "--nats-replicas 3",
+        "authorization {",
+    ] {
+        assert!(printed.contains(needed), "{needed}: {printed}");
+    }
+    let cluster = NatsCluster::start(&nats_auth(dir.path(), &["one"], PASSWORD)).await;
+    let cps = replicas(dir, &cluster.urls());
+    cps[0].apply_device("one", &["g"], json!({})).await;
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_BROKER_USER.into(), PASSWORD.into())
+            .connect(cluster.nodes[0].url())
+            .await
+            .expect("connect");
+    let js = async_nats::jetstream::new(client);
+    for stream in [
+        "KV_system-upgrade-intent",
+        "KV_system-upgrade-status",
+        "KV_drover-control-plane",
+    ] {
+        let mut found = js.get_stream(stream).await.expect(stream);
+        let info: Value =
+            serde_json::to_value(found.info().await.expect("info").config.clone()).expect("json");
+        assert_eq!(info["num_replicas"], 3, "{stream}: {info}");
+    }
+}
