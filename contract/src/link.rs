@@ -95,6 +95,12 @@ impl Reply {
         (Self(Some(tx)), rx)
     }
 
+    /// Whether someone waits on the answer (an agent that resends what is
+    /// not confirmed); a broker's backlog handed over waits on nobody.
+    pub fn is_awaited(&self) -> bool {
+        self.0.is_some()
+    }
+
     pub fn send(mut self, answer: Answer) {
         if let Some(tx) = self.0.take() {
             let _ = tx.send(answer);

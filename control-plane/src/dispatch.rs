@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// A stored last-seen time older than this is written again.
 pub const PRESENCE_PERSIST: SignedDuration = SignedDuration::from_secs(300);
@@ -41,6 +41,10 @@ const MAX_IN_FLIGHT: usize = 512;
 const GATHER: Duration = Duration::from_millis(3);
 /// How often a batch that lost a revision race is tried again.
 const ROUNDS: usize = 5;
+/// How long events nobody waits on (statuses a broker handed over) are
+/// committed again while the store fails; their cursor does not move past
+/// them meanwhile, so a restart reads them again too.
+const STORE_RETRY: Duration = Duration::from_secs(300);
 
 /// What this replica knows of a device's connection right now.
 #[derive(Debug, Clone, PartialEq)]
@@ -777,12 +781,12 @@ impl Dispatcher {
                 return;
             }
             Flight::Cancel(key) => {
-                let out = match result {
-                    Ok(Delivered::Sent) => true,
-                    Ok(Delivered::NotConnected) => false,
+                let (out, failed) = match result {
+                    Ok(Delivered::Sent) => (true, false),
+                    Ok(Delivered::NotConnected) => (false, false),
                     Err(e) => {
-                        warn!(key, error = %e, "cannot deliver a cancel order; trying again later");
-                        false
+                        warn!(key, error = %e, "cannot deliver a cancel order; trying again at the next sweep");
+                        (false, true)
                     }
                 };
                 if let Some(job) = self.open.get_mut(&key) {
@@ -791,23 +795,26 @@ impl Dispatcher {
                     } else {
                         Cancel::Requested
                     };
+                    if failed {
+                        job.last_attempt = None;
+                    }
                 }
                 return;
             }
         };
         let key = key.as_str();
-        let undo = match result {
+        let (undo, failed) = match result {
             Ok(Delivered::Sent) => {
                 debug!(key, transport, "intent delivered");
-                false
+                (false, false)
             }
             Ok(Delivered::NotConnected) => {
                 debug!(key, transport, "device not connected here");
-                true
+                (true, false)
             }
             Err(e) => {
-                warn!(key, error = %e, "cannot deliver an intent; trying again later");
-                true
+                warn!(key, error = %e, "cannot deliver an intent; trying again at the next sweep");
+                (true, true)
             }
         };
         if undo
@@ -815,6 +822,11 @@ impl Dispatcher {
             && matches!(job.delivery, Delivery::Sent { .. })
         {
             job.delivery = Delivery::Created;
+            // A link that failed (a broker electing a leader, say) is tried
+            // again at the next sweep, not a whole ack timeout later.
+            if failed {
+                job.last_attempt = None;
+            }
         }
     }
 
@@ -879,6 +891,34 @@ impl Dispatcher {
         }
     }
 
+    /// Moves the brokers' status cursors forward (never back).
+    async fn commit_cursors(&self, cursors: &HashMap<&'static str, u64>) {
+        let mut ops = Vec::new();
+        for (transport, position) in cursors {
+            let key = cursor_key(transport);
+            match self.db.get::<u64>(&key).await {
+                Ok(current) => {
+                    let (expected, stored) = current.unwrap_or((0, 0));
+                    if *position > stored
+                        && let Ok(value) = Db::encode(position)
+                    {
+                        ops.push(Op::Put {
+                            key,
+                            value,
+                            expected,
+                        });
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot read a status cursor"),
+            }
+        }
+        if !ops.is_empty()
+            && let Err(e) = self.db.commit(ops).await
+        {
+            warn!(error = %e, "cannot move a status cursor; a restart reads a little more again");
+        }
+    }
+
     async fn expire(&mut self, key: &str, delivery: Delivery) {
         let result = self
             .db
@@ -905,19 +945,42 @@ impl Dispatcher {
     /// Applies a batch of inbound events in as few commits as it takes.
     async fn handle(&mut self, batch: Vec<Event>) {
         let mut pending = batch;
-        for round in 0..ROUNDS {
+        let started = std::time::Instant::now();
+        let mut round = 0;
+        let mut pause = Duration::from_millis(100);
+        loop {
             let mut work = Work::default();
             for event in pending {
                 self.apply(event, &mut work).await;
             }
-            pending = self.commit(work, round + 1 == ROUNDS).await;
+            round += 1;
+            pending = self.commit(work, round >= ROUNDS).await;
             if pending.is_empty() {
                 break;
             }
-            debug!(
+            if round < ROUNDS {
+                debug!(
+                    events = pending.len(),
+                    "events lost a revision race; applying them again"
+                );
+                continue;
+            }
+            // Past the quick rounds only events nobody waits on are left
+            // (an agent with a reply resends its own): the store is failing
+            // (a cluster electing a leader, say). Keep them, and try again.
+            if started.elapsed() >= STORE_RETRY {
+                error!(
+                    events = pending.len(),
+                    "the store failed for {STORE_RETRY:?}; these statuses wait for the next restart, which reads them again"
+                );
+                break;
+            }
+            warn!(
                 events = pending.len(),
-                "events lost a revision race; applying them again"
+                "cannot commit what the broker handed over; trying again in {pause:?}"
             );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
         }
         self.start_queued();
     }
@@ -966,26 +1029,6 @@ impl Dispatcher {
                 Err(e) => warn!(key, error = %e, "cannot encode an inventory"),
             }
         }
-        let mut cursor_keys = Vec::new();
-        for (transport, position) in &work.cursors {
-            let key = cursor_key(transport);
-            match self.db.get::<u64>(&key).await {
-                Ok(current) => {
-                    let (expected, stored) = current.unwrap_or((0, 0));
-                    if *position > stored
-                        && let Ok(value) = Db::encode(position)
-                    {
-                        ops.push(Op::Put {
-                            key: key.clone(),
-                            value,
-                            expected,
-                        });
-                        cursor_keys.push(key);
-                    }
-                }
-                Err(e) => warn!(error = %e, "cannot read a status cursor"),
-            }
-        }
         // After every op whose result is read below: an alert that exists
         // already (create-only) is no lost write.
         for (key, alert) in &work.alerts {
@@ -1005,13 +1048,20 @@ impl Dispatcher {
         let results = match results {
             Ok(results) => results,
             Err(e) => {
-                warn!(error = %e, "cannot commit what agents reported; they send it again");
+                warn!(error = %e, "cannot commit what agents reported; agents send it again, what a broker handed over is tried again");
+                let mut again = Vec::new();
                 for outcome in work.outcomes {
-                    if let Some(reply) = outcome.reply {
-                        reply.send(Answer::Failed(e.to_string()));
+                    let awaited = outcome.reply.as_ref().is_some_and(Reply::is_awaited);
+                    match (outcome.reply, outcome.retry) {
+                        (Some(reply), _) if awaited => reply.send(Answer::Failed(e.to_string())),
+                        (reply, Some(mut event)) => {
+                            put_reply(&mut event, reply);
+                            again.push(event);
+                        }
+                        (_, None) => {}
                     }
                 }
-                return Vec::new();
+                return again;
             }
         };
         let mut lost: HashSet<String> = HashSet::new();
@@ -1048,6 +1098,12 @@ impl Dispatcher {
                 }
             }
         }
+        // A broker's cursor moves only past a batch committed whole: on a
+        // store that commits op by op (NATS), a status whose write failed
+        // must not be skipped by the next start.
+        if lost.is_empty() {
+            self.commit_cursors(&work.cursors).await;
+        }
         for transport in work.caught_up {
             if self.behind.remove(transport) && self.behind.is_empty() {
                 info!("every broker's backlog of statuses is committed");
@@ -1057,8 +1113,11 @@ impl Dispatcher {
         let mut again = Vec::new();
         for outcome in work.outcomes {
             let raced = outcome.keys.iter().any(|k| lost.contains(k));
+            // An event nobody waits on is never dropped for a lost race or a
+            // failed write: it is applied again (see `handle`).
+            let awaited = outcome.reply.as_ref().is_some_and(Reply::is_awaited);
             if raced
-                && !last_round
+                && (!last_round || !awaited)
                 && let Some(mut event) = outcome.retry
             {
                 put_reply(&mut event, outcome.reply);

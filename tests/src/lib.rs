@@ -277,6 +277,31 @@ impl NatsCluster {
         None
     }
 
+    /// The users connected to the live nodes now (`/connz?auth=1`).
+    pub async fn connected_users(&self) -> std::collections::BTreeSet<String> {
+        let http = http_client();
+        let mut users = std::collections::BTreeSet::new();
+        for port in &self.monitors {
+            let Ok(response) = http
+                .get(format!("http://127.0.0.1:{port}/connz?auth=1&limit=10000"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let Ok(connz) = response.json::<Value>().await else {
+                continue;
+            };
+            for connection in connz["connections"].as_array().into_iter().flatten() {
+                if let Some(user) = connection["authorized_user"].as_str() {
+                    users.insert(user.to_owned());
+                }
+            }
+        }
+        users
+    }
+
     /// Resident memory of each node (from its monitoring endpoint), in
     /// bytes; None for a node that is down.
     pub async fn memory(&self) -> Vec<Option<u64>> {

@@ -350,9 +350,15 @@ async fn wait_for(path: &Path, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
     let cp = ControlPlane::start(&[]);
-    cp.apply_device("csrf-1", &["g"], json!({})).await;
-    cp.apply_upgrade_run("csrf-run", "g", 600).await;
-    let http = reqwest::Client::new();
+    // A schedule: something that stays as it is until an action changes it.
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "TaskSchedule",
+        "metadata": {"name": "csrf-nightly"},
+        "spec": {"schedule": {"daily": "03:00"},
+                 "template": {"spec": {"allowedGroups": ["g"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}}
+    }))
+    .await;
+    let http = http_client();
     let login = http
         .post(format!("{}/ui/login", cp.api))
         .json(&json!({"token": cp.token}))
@@ -371,22 +377,23 @@ async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
     let session = cookie.split(';').next().expect("pair").to_owned();
     // Reads work with the cookie alone.
     let read = http
-        .get(format!("{}/api/v1/taskruns/csrf-run", cp.api))
+        .get(format!("{}/api/v1/taskschedules/csrf-nightly", cp.api))
         .header("cookie", &session)
         .send()
         .await
         .expect("read");
     assert_eq!(read.status(), 200);
-    let cancel = format!("{}/api/v1/taskruns/csrf-run/cancel", cp.api);
+    let suspend = format!("{}/api/v1/taskschedules/csrf-nightly/suspend", cp.api);
     let refused = http
-        .post(&cancel)
+        .post(&suspend)
         .header("cookie", &session)
+        .json(&json!({"suspend": true}))
         .send()
         .await
         .expect("post");
     assert_eq!(refused.status(), 403);
-    let run = cp.get("/taskruns/csrf-run").await;
-    assert_ne!(run["status"]["phase"], "Canceling", "nothing changed");
+    let schedule = cp.get("/taskschedules/csrf-nightly").await;
+    assert_eq!(schedule["spec"]["suspend"], false, "nothing changed");
     let csrf: Value = http
         .get(format!("{}/ui/session", cp.api))
         .header("cookie", &session)
@@ -397,13 +404,16 @@ async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
         .await
         .expect("json");
     let allowed = http
-        .post(&cancel)
+        .post(&suspend)
         .header("cookie", &session)
         .header("x-drover-csrf", csrf["csrf"].as_str().expect("csrf"))
+        .json(&json!({"suspend": true}))
         .send()
         .await
         .expect("post");
-    assert_eq!(allowed.status(), 202, "{:?}", allowed.text().await);
+    assert_eq!(allowed.status(), 200, "{:?}", allowed.text().await);
+    let schedule = cp.get("/taskschedules/csrf-nightly").await;
+    assert_eq!(schedule["spec"]["suspend"], true, "suspended");
     // A forged or expired session is no session.
     let forged = http
         .get(format!("{}/api/v1/taskruns", cp.api))

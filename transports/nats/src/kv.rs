@@ -37,6 +37,8 @@ fn from_nats(key: &str) -> String {
 #[derive(Default)]
 struct Mirror {
     entries: BTreeMap<String, Entry>,
+    /// The highest revision seen, applied or not: how far the mirror is.
+    seen: u64,
 }
 
 pub struct NatsKv {
@@ -49,6 +51,7 @@ pub struct NatsKv {
 /// Applies a change to the mirror if it is newer; returns whether it was.
 fn apply(mirror: &Mutex<Mirror>, key: &str, revision: u64, value: Option<Vec<u8>>) -> bool {
     let mut mirror = mirror.lock().unwrap_or_else(|p| p.into_inner());
+    mirror.seen = mirror.seen.max(revision);
     if mirror
         .entries
         .get(key)
@@ -112,24 +115,30 @@ impl NatsKv {
         })
     }
 
-    /// Reads a key from the server into the mirror (after a lost race).
+    /// Reads a key from the server into the mirror (after a lost race). What
+    /// is newer than the mirror goes out on the change feed too, as the watch
+    /// would have sent it: a watch that stalls (a cluster node lost) must not
+    /// leave the engines and the delivery core without the change while the
+    /// mirror already has it, since the watch's replay then looks old.
     async fn refresh(&self, key: &str) {
-        if let Ok(entry) = self.kv.entry(to_nats(key)).await {
-            let mut mirror = self.mirror.lock().unwrap_or_else(|p| p.into_inner());
-            match entry.filter(|e| e.operation == kv::Operation::Put) {
-                Some(e) => {
-                    mirror.entries.insert(
-                        key.to_owned(),
-                        Entry {
-                            revision: e.revision,
-                            value: e.value.to_vec(),
-                        },
-                    );
-                }
-                None => {
-                    mirror.entries.remove(key);
-                }
+        let entry = match self.kv.entry(to_nats(key)).await {
+            Ok(Some(entry)) => entry,
+            // Gone from the server altogether (purged): gone here too.
+            Ok(None) => {
+                let mut mirror = self.mirror.lock().unwrap_or_else(|p| p.into_inner());
+                mirror.entries.remove(key);
+                return;
             }
+            Err(_) => return,
+        };
+        let deleted = entry.operation != kv::Operation::Put;
+        let value = (!deleted).then(|| entry.value.to_vec());
+        if apply(&self.mirror, key, entry.revision, value) {
+            let _ = self.changes.send(Change {
+                key: key.to_owned(),
+                revision: entry.revision,
+                deleted,
+            });
         }
     }
 
@@ -220,7 +229,30 @@ async fn follow(
     loop {
         match kv.watch_with_history(">").await {
             Ok(mut watch) => {
-                while let Some(entry) = watch.next().await {
+                // A watch whose consumer was lost with a cluster node can
+                // stall without an error: twice in a row behind the stream's
+                // last revision without moving, and it is started again (the
+                // mirror takes only newer revisions, so a full replay is
+                // harmless).
+                let mut check = tokio::time::interval(crate::WATCHDOG);
+                check.tick().await;
+                let mut dog = crate::Watchdog::default();
+                loop {
+                    let entry = tokio::select! {
+                        entry = watch.next() => entry,
+                        _ = check.tick() => {
+                            let seen = mirror.lock().unwrap_or_else(|p| p.into_inner()).seen;
+                            let mut stream = kv.stream.clone();
+                            let Ok(info) = stream.info().await else { continue };
+                            let last = info.state.last_sequence;
+                            if dog.stalled(seen, last) {
+                                warn!(seen, last, "the store's watch stopped short of the stream; watching again");
+                                break;
+                            }
+                            continue;
+                        }
+                    };
+                    let Some(entry) = entry else { break };
                     let entry = match entry {
                         Ok(entry) => entry,
                         Err(e) => {

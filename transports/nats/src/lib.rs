@@ -113,6 +113,34 @@ pub enum NatsError {
     JetStream(String),
 }
 
+/// How often a watch is checked against its stream's last revision.
+pub const WATCHDOG: Duration = Duration::from_secs(2);
+
+/// Tells a stalled watch: on a cluster, a watch whose consumer was lost with
+/// a node can stop without an error. Behind the stream's last revision on
+/// two checks in a row without moving means stalled; the watch is then
+/// started again from where it was (replays are harmless: the mirror and
+/// the delivery core take only what is newer).
+#[derive(Debug, Default)]
+pub struct Watchdog {
+    behind_at: Option<u64>,
+}
+
+impl Watchdog {
+    /// `seen`: the last revision the watch delivered; `last`: the stream's.
+    pub fn stalled(&mut self, seen: u64, last: u64) -> bool {
+        if seen >= last {
+            self.behind_at = None;
+            false
+        } else if self.behind_at == Some(seen) {
+            true
+        } else {
+            self.behind_at = Some(seen);
+            false
+        }
+    }
+}
+
 impl NatsSettings {
     /// The server addresses in `url`.
     pub fn addresses(&self) -> Result<Vec<async_nats::ServerAddr>, NatsError> {
@@ -172,6 +200,16 @@ mod tests {
         let bad = parse_addresses("nats://a:4222,http://b:80").expect_err("http");
         assert!(bad.to_string().contains("http://b:80"), "{bad}");
         assert!(parse_addresses(" , ").is_err());
+    }
+
+    #[test]
+    fn a_watch_is_stalled_only_when_behind_twice_without_moving() {
+        let mut dog = Watchdog::default();
+        assert!(!dog.stalled(10, 10), "current");
+        assert!(!dog.stalled(8, 12), "behind once");
+        assert!(!dog.stalled(9, 12), "behind, but moving");
+        assert!(dog.stalled(9, 13), "behind and not moving");
+        assert!(!dog.stalled(13, 13), "caught up again");
     }
 
     #[test]

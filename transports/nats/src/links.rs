@@ -85,33 +85,47 @@ impl NatsLinks {
                 caught_up = self.send(Inbound::CaughtUp).await;
             }
             match self.buckets.statuses.watch_all_from_revision(next).await {
-                Ok(mut watch) => loop {
-                    let entry = tokio::select! {
-                        entry = watch.next() => entry,
-                        _ = shutdown.cancelled() => return,
-                    };
-                    match entry {
-                        Some(Ok(entry)) => {
-                            let revision = entry.revision;
-                            let current = entry.seen_current
-                                || backlog_end.is_some_and(|end| revision >= end);
-                            if let Some(inbound) = status_event(entry)
-                                && !self.send(inbound).await
-                            {
-                                return;
+                Ok(mut watch) => {
+                    let mut check = tokio::time::interval(crate::WATCHDOG);
+                    check.tick().await;
+                    let mut dog = crate::Watchdog::default();
+                    loop {
+                        let entry = tokio::select! {
+                            entry = watch.next() => entry,
+                            _ = shutdown.cancelled() => return,
+                            _ = check.tick() => {
+                                let Ok(status) = self.buckets.statuses.status().await else { continue };
+                                let last = status.info.state.last_sequence;
+                                if dog.stalled(next - 1, last) {
+                                    warn!(after = next - 1, last, "the status watch stopped short of the bucket; resuming");
+                                    break;
+                                }
+                                continue;
                             }
-                            next = next.max(revision + 1);
-                            if current && !caught_up {
-                                caught_up = self.send(Inbound::CaughtUp).await;
+                        };
+                        match entry {
+                            Some(Ok(entry)) => {
+                                let revision = entry.revision;
+                                let current = entry.seen_current
+                                    || backlog_end.is_some_and(|end| revision >= end);
+                                if let Some(inbound) = status_event(entry)
+                                    && !self.send(inbound).await
+                                {
+                                    return;
+                                }
+                                next = next.max(revision + 1);
+                                if current && !caught_up {
+                                    caught_up = self.send(Inbound::CaughtUp).await;
+                                }
                             }
+                            Some(Err(e)) => {
+                                warn!(error = %e, after = next - 1, "status watch error; resuming");
+                                break;
+                            }
+                            None => break,
                         }
-                        Some(Err(e)) => {
-                            warn!(error = %e, after = next - 1, "status watch error; resuming");
-                            break;
-                        }
-                        None => break,
                     }
-                },
+                }
                 Err(e) => warn!(error = %e, "cannot watch the status bucket"),
             }
             tokio::select! {
