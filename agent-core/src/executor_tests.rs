@@ -297,11 +297,12 @@ async fn a_signed_cancel_order_cancels_queued_and_unreceived_jobs_and_nothing_el
         "nothing recorded"
     );
 
-    // The worker runs only the job nobody canceled.
+    // The worker runs only the job nobody canceled: it picks in arrival
+    // order and never a decided job, so once the last one has succeeded
+    // nothing else can run.
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
     wait_for_state(&agent, kept.job_id, JobState::Succeeded).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(chain.total.load(Ordering::SeqCst), 2, "one job, two steps");
     assert_eq!(
         agent.job(queued.job_id).expect("job").map(|s| s.state),

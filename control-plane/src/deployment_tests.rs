@@ -60,6 +60,15 @@ fn input(record: &TargetRecord, job: Option<Observed>) -> TargetInput<'_> {
     }
 }
 
+/// How target `i` ends in what this pass decided, if it ends.
+fn end_of(decision: &Decision, i: usize) -> Option<TargetEnd> {
+    decision
+        .changes
+        .iter()
+        .find(|(j, _)| *j == i)
+        .and_then(|(_, r)| r.end)
+}
+
 fn names(records: &[TargetRecord], decision: &Decision) -> Vec<String> {
     decision
         .released
@@ -458,13 +467,7 @@ fn expiry_ends_pending_and_queued_targets_but_not_running_ones() {
     ];
     let decision = decide(&facts(&spec), &inputs, deadline);
     assert!(decision.released.is_empty());
-    let end = |i: usize| {
-        decision
-            .changes
-            .iter()
-            .find(|(j, _)| *j == i)
-            .and_then(|(_, r)| r.end)
-    };
+    let end = |i: usize| end_of(&decision, i);
     assert_eq!(end(0), Some(TargetEnd::Expired { at: deadline }));
     assert_eq!(end(1), Some(TargetEnd::Expired { at: deadline }));
     assert_eq!(end(2), None, "a started job is never interrupted (A3)");
@@ -749,13 +752,7 @@ fn a_canceled_deployment_releases_nothing_and_asks_its_jobs_out_to_cancel() {
         vec![2, 3],
         "the queued and the running job"
     );
-    let end = |i: usize| {
-        decision
-            .changes
-            .iter()
-            .find(|(j, _)| *j == i)
-            .and_then(|(_, r)| r.end)
-    };
+    let end = |i: usize| end_of(&decision, i);
     assert_eq!(end(0), Some(TargetEnd::Canceled { at: now }));
     assert_eq!(end(1), Some(TargetEnd::Canceled { at: now }), "no retry");
     assert_eq!(end(4), Some(TargetEnd::Failed { at: now }), "no retry");

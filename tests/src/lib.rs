@@ -255,44 +255,42 @@ impl NatsCluster {
             .join(",")
     }
 
-    /// The node that leads JetStream's meta group now, as the monitoring
-    /// endpoint (`/jsz`) of any live node says.
-    pub async fn meta_leader(&self) -> Option<usize> {
+    /// Each node's monitoring endpoint `path` as JSON; None for a node that
+    /// is down.
+    async fn monitor(&self, path: &str) -> Vec<Option<Value>> {
         let http = http_client();
+        let mut out = Vec::new();
         for port in &self.monitors {
-            let Ok(response) = http
-                .get(format!("http://127.0.0.1:{port}/jsz"))
+            let response = http
+                .get(format!("http://127.0.0.1:{port}{path}"))
                 .timeout(Duration::from_secs(2))
                 .send()
-                .await
-            else {
-                continue;
-            };
-            let Ok(jsz) = response.json::<Value>().await else {
-                continue;
-            };
-            let leader = jsz["meta_cluster"]["leader"].as_str()?;
-            return leader.strip_prefix('n')?.parse().ok();
+                .await;
+            out.push(match response {
+                Ok(response) => response.json::<Value>().await.ok(),
+                Err(_) => None,
+            });
         }
-        None
+        out
+    }
+
+    /// The node that leads JetStream's meta group now, as the monitoring
+    /// endpoint (`/jsz`) of the first live node says.
+    pub async fn meta_leader(&self) -> Option<usize> {
+        let jsz = self.monitor("/jsz").await.into_iter().flatten().next()?;
+        let leader = jsz["meta_cluster"]["leader"].as_str()?;
+        leader.strip_prefix('n')?.parse().ok()
     }
 
     /// The users connected to the live nodes now (`/connz?auth=1`).
     pub async fn connected_users(&self) -> std::collections::BTreeSet<String> {
-        let http = http_client();
         let mut users = std::collections::BTreeSet::new();
-        for port in &self.monitors {
-            let Ok(response) = http
-                .get(format!("http://127.0.0.1:{port}/connz?auth=1&limit=10000"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-            else {
-                continue;
-            };
-            let Ok(connz) = response.json::<Value>().await else {
-                continue;
-            };
+        for connz in self
+            .monitor("/connz?auth=1&limit=10000")
+            .await
+            .into_iter()
+            .flatten()
+        {
             for connection in connz["connections"].as_array().into_iter().flatten() {
                 if let Some(user) = connection["authorized_user"].as_str() {
                     users.insert(user.to_owned());
@@ -302,28 +300,14 @@ impl NatsCluster {
         users
     }
 
-    /// Resident memory of each node (from its monitoring endpoint), in
-    /// bytes; None for a node that is down.
+    /// Resident memory of each node (`/varz`), in bytes; None for a node
+    /// that is down.
     pub async fn memory(&self) -> Vec<Option<u64>> {
-        let http = http_client();
-        let mut out = Vec::new();
-        for port in &self.monitors {
-            let mem = match http
-                .get(format!("http://127.0.0.1:{port}/varz"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-            {
-                Ok(response) => response
-                    .json::<Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v["mem"].as_u64()),
-                Err(_) => None,
-            };
-            out.push(mem);
-        }
-        out
+        self.monitor("/varz")
+            .await
+            .into_iter()
+            .map(|varz| varz.and_then(|v| v["mem"].as_u64()))
+            .collect()
     }
 }
 
@@ -448,6 +432,20 @@ impl ControlPlane {
         }
         std::fs::write(data.join("intent.key"), TEST_INTENT_KEY).expect("intent key");
         Self::drover_in(dir.path(), &["init"]);
+        dir
+    }
+
+    /// Another replica's directory: its own data directory with the secrets
+    /// of the one in `of` (device tokens, operator token), not its database.
+    pub fn prepare_replica(of: &Path) -> tempfile::TempDir {
+        let dir = Self::prepare();
+        for file in ["secret.key", "operator.token"] {
+            std::fs::copy(
+                of.join("data").join(file),
+                dir.path().join("data").join(file),
+            )
+            .expect("copy secret");
+        }
         dir
     }
 

@@ -99,33 +99,42 @@ impl Fleet {
 }
 
 /// The retained message on the device's intent topic for `job`, read as the
-/// control plane (which may read every topic).
+/// control plane (which may read every topic under the prefix). A message
+/// of our own on a second topic, published after the subscription, marks
+/// the end: mosquitto hands a subscriber the retained messages first.
 async fn retained(broker: &Mosquitto, device: &str, job: &str) -> Option<Value> {
     use rumqttc::{Event, Packet, QoS};
     let mut options = rumqttc::MqttOptions::new("cancel-test-reader", "127.0.0.1", broker.port);
     options.set_credentials(CP_USER, CP_PASSWORD);
     let (client, mut events) = rumqttc::AsyncClient::new(options, 16);
     let topic = format!("drover/v1/devices/{device}/intents/{job}");
-    client
-        .subscribe(topic.clone(), QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    let read = async {
-        loop {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == topic => {
-                    return serde_json::from_slice::<Value>(&p.payload).ok();
+    let marker = format!("drover/v1/devices/{device}/test-marker");
+    for t in [&topic, &marker] {
+        client
+            .subscribe(t.clone(), QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+    }
+    let mut subscribed = 0;
+    let mut found = None;
+    loop {
+        match events.poll().await.expect("mqtt") {
+            Event::Incoming(Packet::SubAck(_)) => {
+                subscribed += 1;
+                if subscribed == 2 {
+                    client
+                        .publish(marker.clone(), QoS::AtLeastOnce, false, "end")
+                        .await
+                        .expect("publish");
                 }
-                Ok(_) => {}
-                Err(e) => panic!("mqtt: {e}"),
             }
+            Event::Incoming(Packet::Publish(p)) if p.topic == topic => {
+                found = serde_json::from_slice::<Value>(&p.payload).ok();
+            }
+            Event::Incoming(Packet::Publish(p)) if p.topic == marker => return found,
+            _ => {}
         }
-    };
-    // No retained message: nothing arrives.
-    tokio::time::timeout(Duration::from_secs(2), read)
-        .await
-        .ok()
-        .flatten()
+    }
 }
 
 async fn wait_for_file(path: &Path, what: &str) {

@@ -381,15 +381,7 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
         CP_PASSWORD,
     ];
     // The second replica shares the secrets (device tokens, operator token), not the data.
-    let dir_b = ControlPlane::prepare();
-    std::fs::create_dir_all(dir_b.path().join("data")).expect("data");
-    for file in ["secret.key", "operator.token"] {
-        std::fs::copy(
-            dir.path().join("data").join(file),
-            dir_b.path().join("data").join(file),
-        )
-        .expect("copy secret");
-    }
+    let dir_b = ControlPlane::prepare_replica(dir.path());
     let mut first = ControlPlane::start_in(dir, &serve_args);
     let second = ControlPlane::start_in(dir_b, &serve_args);
 

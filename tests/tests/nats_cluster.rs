@@ -31,14 +31,7 @@ fn replicas(first: tempfile::TempDir, urls: &str) -> Vec<ControlPlane> {
     ];
     let mut dirs = vec![first];
     for _ in 0..2 {
-        let dir = ControlPlane::prepare();
-        for file in ["secret.key", "operator.token"] {
-            std::fs::copy(
-                dirs[0].path().join("data").join(file),
-                dir.path().join("data").join(file),
-            )
-            .expect("copy secret");
-        }
+        let dir = ControlPlane::prepare_replica(dirs[0].path());
         dirs.push(dir);
     }
     dirs.into_iter()

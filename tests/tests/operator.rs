@@ -49,6 +49,19 @@ fn websocket(url: &str, token: &str, ca: &Path) -> String {
     )
 }
 
+/// `drover serve` for agents over wss with this certificate and key.
+fn serve_with_tls(dir: tempfile::TempDir, cert: &Path, key: &Path) -> ControlPlane {
+    ControlPlane::start_in(
+        dir,
+        &[
+            "--agent-tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--agent-tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+    )
+}
+
 const SIMULATE: &str = "mode = \"simulate\"\nmin_free_mib = 10";
 
 /// An agent config for `check --connect`: the device, its state directory
@@ -153,15 +166,7 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
     assert!(out.status.success(), "{}", text(&out));
     let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
 
-    let cp = ControlPlane::start_in(
-        dir,
-        &[
-            "--agent-tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--agent-tls-key",
-            key.to_str().expect("utf-8"),
-        ],
-    );
+    let cp = serve_with_tls(dir, &cert, &key);
     cp.apply_device("tls-1", &["tls"], json!({})).await;
     let url = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
     assert!(url.starts_with("wss://localhost:"), "{url}");
@@ -402,15 +407,7 @@ async fn the_readme_walk_through_works_as_written() {
         tls.join("server.key"),
         tls.join("ca.pem"),
     );
-    let cp = ControlPlane::start_in(
-        dir,
-        &[
-            "--agent-tls-cert",
-            cert.to_str().expect("utf-8"),
-            "--agent-tls-key",
-            key.to_str().expect("utf-8"),
-        ],
-    );
+    let cp = serve_with_tls(dir, &cert, &key);
     let wss = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
     let run_cli = |args: &[&str]| {
         Command::new(bin("drover"))

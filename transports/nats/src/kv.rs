@@ -234,8 +234,7 @@ async fn follow(
                 // last revision without moving, and it is started again (the
                 // mirror takes only newer revisions, so a full replay is
                 // harmless).
-                let mut check = tokio::time::interval(crate::WATCHDOG);
-                check.tick().await;
+                let mut check = crate::Watchdog::checks();
                 let mut dog = crate::Watchdog::default();
                 loop {
                     let entry = tokio::select! {

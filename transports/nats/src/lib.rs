@@ -127,6 +127,11 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
+    /// Waits for the next check, [`WATCHDOG`] after the one before.
+    pub fn checks() -> tokio::time::Interval {
+        tokio::time::interval_at(tokio::time::Instant::now() + WATCHDOG, WATCHDOG)
+    }
+
     /// `seen`: the last revision the watch delivered; `last`: the stream's.
     pub fn stalled(&mut self, seen: u64, last: u64) -> bool {
         if seen >= last {

@@ -86,8 +86,7 @@ impl NatsLinks {
             }
             match self.buckets.statuses.watch_all_from_revision(next).await {
                 Ok(mut watch) => {
-                    let mut check = tokio::time::interval(crate::WATCHDOG);
-                    check.tick().await;
+                    let mut check = crate::Watchdog::checks();
                     let mut dog = crate::Watchdog::default();
                     loop {
                         let entry = tokio::select! {

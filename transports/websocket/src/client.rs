@@ -5,7 +5,7 @@
 use crate::protocol::{AgentMessage, ServerMessage};
 use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
-use agent_core::executor::{AdmitError, Agent};
+use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -361,35 +361,12 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
             if let Some(time) = server_time {
                 agent.observe_control_plane_time(time);
             }
-            match agent.admit_signed(Ok(intent)) {
-                Ok(reply) => Some(AgentMessage::Ack {
-                    job_id: reply.status.job_id,
-                }),
-                Err(AdmitError::Unreadable(e)) => {
-                    warn!(error = %e, "job refused before it could be recorded");
-                    Some(error_reply(format!("job refused: {e}")))
-                }
-                Err(AdmitError::Store(e)) => {
-                    // No ack: the server re-sends the job once the ack times out.
-                    tracing::error!(error = %e, "cannot record a job");
-                    Some(error_reply(format!("cannot record the job: {e}")))
-                }
-            }
+            Some(acknowledged(agent.admit_signed(Ok(intent)), "job"))
         }
-        ServerMessage::Cancel { order } => match agent.admit_signed(Ok(order)) {
-            // The agent's answer to the order is the job's status, from its outbox.
-            Ok(reply) => Some(AgentMessage::Ack {
-                job_id: reply.status.job_id,
-            }),
-            Err(AdmitError::Unreadable(e)) => {
-                warn!(error = %e, "cancel order refused");
-                Some(error_reply(format!("cancel refused: {e}")))
-            }
-            Err(AdmitError::Store(e)) => {
-                tracing::error!(error = %e, "cannot record a cancel order");
-                Some(error_reply(format!("cannot record the cancel order: {e}")))
-            }
-        },
+        // The agent's answer to the order is the job's status, from its outbox.
+        ServerMessage::Cancel { order } => {
+            Some(acknowledged(agent.admit_signed(Ok(order)), "cancel order"))
+        }
         ServerMessage::Received { outbox_id } => {
             if let Err(e) = agent.outbox_ack(outbox_id) {
                 warn!(outbox_id, error = %e, "cannot drop a confirmed status from the outbox");
@@ -399,6 +376,25 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
         ServerMessage::Error { message } => {
             warn!(%message, "the server could not use a message");
             None
+        }
+    }
+}
+
+/// The answer to a job or a cancel order (`what`) the agent was handed: an
+/// ack once recorded, else the reason. Without an ack the server sends it
+/// again once the ack times out.
+fn acknowledged(result: Result<AdmitReply, AdmitError>, what: &str) -> AgentMessage {
+    match result {
+        Ok(reply) => AgentMessage::Ack {
+            job_id: reply.status.job_id,
+        },
+        Err(AdmitError::Unreadable(e)) => {
+            warn!(error = %e, "{what} refused before it could be recorded");
+            error_reply(format!("{what} refused: {e}"))
+        }
+        Err(AdmitError::Store(e)) => {
+            tracing::error!(error = %e, "cannot record a {what}");
+            error_reply(format!("cannot record the {what}: {e}"))
         }
     }
 }
