@@ -12,9 +12,10 @@ command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (a
 # nats-server (with JetStream) is the broker of the NATS tests, mosquitto
 # that of the MQTT tests (mosquitto-clients to watch it); lintian and
 # binutils check and strip the .deb packages; chromium and chromedriver run
-# the dashboard's browser tests (fonts-dejavu-core: readable screenshots).
+# the dashboard's browser tests (fonts-dejavu-core: readable screenshots);
+# curl fetches the cluster tests' nats-server (scripts/fetch-nats-server.sh).
 need_apt=()
-for pair in debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils chromium:chromium chromedriver:chromium-driver; do
+for pair in curl:curl debootstrap:debootstrap dpkg-scanpackages:dpkg-dev python3:python3 setsid:util-linux chroot:coreutils nats-server:nats-server mosquitto:mosquitto mosquitto_sub:mosquitto-clients lintian:lintian strip:binutils chromium:chromium chromedriver:chromium-driver; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
@@ -35,4 +36,7 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo build --workspace --bins
 bash scripts/check-no-test-hooks.sh target/debug/drover-agent
 cargo build -p drover-agent --bins --features testing,sled-store
+# The cluster tests' nats-server (2.10: see the script).
+DROVER_TEST_CLUSTER_NATS_SERVER=$(bash scripts/fetch-nats-server.sh)
+export DROVER_TEST_CLUSTER_NATS_SERVER
 cargo test --workspace --all-features

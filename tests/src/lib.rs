@@ -91,7 +91,19 @@ fn stop(child: &mut Child) {
 }
 
 /// Polls `check` until it returns Some, or panics with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    within(timeout, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Polls `check` until it returns Some; None after `timeout` (for a caller
+/// that explains the failure itself).
+pub async fn within<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -99,12 +111,11 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -119,12 +130,36 @@ pub fn hold_config(hold: &Path, reached: &Path) -> String {
     )
 }
 
-/// A free TCP port on loopback (bound and released; a small race is acceptable in tests).
+/// A free TCP port on loopback, bound and released, each handed out once
+/// per test process. Taken below the kernel's ephemeral range: a port the
+/// kernel picks (`bind(0)`) can be given to any outgoing connection of the
+/// processes under test before the server meant for it binds (a cluster
+/// node once lost its monitoring port that way).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const SPAN: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    if ephemeral_low <= SPAN + 1024 {
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+    }
+    let low = ephemeral_low - SPAN;
+    // Test binaries run one after another; a start that differs per
+    // process keeps one from reusing the ports of the one before.
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(n < SPAN, "no free test port left");
+        let port = u16::try_from(low + (start + n) % SPAN).expect("a port");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// `nats-server -js` as a process with its own store directory and config.
@@ -133,11 +168,29 @@ pub struct NatsServer {
     pub dir: tempfile::TempDir,
     pub port: u16,
     config: PathBuf,
+    binary: PathBuf,
+}
+
+/// The nats-server the cluster tests run: `$DROVER_TEST_CLUSTER_NATS_SERVER`
+/// (the README's test command fetches Debian trixie's 2.10 there, see
+/// `scripts/fetch-nats-server.sh`), else the one on PATH. A cluster needs
+/// 2.10 or later: on bookworm's 2.9.10 a SIGKILLed node, restarted, took
+/// writes before it had rejoined its streams' Raft groups, and its copy of
+/// the control plane's bucket diverged from the others' for good.
+pub fn cluster_nats_server() -> PathBuf {
+    std::env::var_os("DROVER_TEST_CLUSTER_NATS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("nats-server"))
 }
 
 impl NatsServer {
     /// Starts a server; `extra` is appended to its config (authorization, tls).
     pub fn start(extra: &str) -> Self {
+        Self::start_binary(Path::new("nats-server"), extra)
+    }
+
+    /// Starts `binary` as the server.
+    pub fn start_binary(binary: &Path, extra: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("drover-nats-")
             .tempdir()
@@ -154,6 +207,7 @@ impl NatsServer {
             dir,
             port,
             config,
+            binary: binary.to_owned(),
         };
         server.restart();
         server
@@ -179,7 +233,7 @@ impl NatsServer {
             .append(true)
             .open(self.dir.path().join("nats.log"))
             .expect("log");
-        let child = Command::new("nats-server")
+        let child = Command::new(&self.binary)
             .arg("-c")
             .arg(&self.config)
             .stdin(Stdio::null())
@@ -227,23 +281,65 @@ impl NatsCluster {
                     .filter(|j| *j != i)
                     .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
                     .collect();
-                NatsServer::start(&format!(
-                    "server_name: n{i}\nhttp: \"127.0.0.1:{}\"\n\
+                NatsServer::start_binary(
+                    &cluster_nats_server(),
+                    &format!(
+                        "server_name: n{i}\nhttp: \"127.0.0.1:{}\"\n\
                      cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
-                    monitors[i],
-                    routes[i],
-                    others.join(", ")
-                ))
+                        monitors[i],
+                        routes[i],
+                        others.join(", ")
+                    ),
+                )
             })
             .collect();
         let cluster = Self { nodes, monitors };
-        eventually(
-            Duration::from_secs(60),
-            "a JetStream meta leader",
-            || async { cluster.meta_leader().await },
-        )
+        let formed = within(Duration::from_secs(60), || async {
+            cluster.formed().await.then_some(())
+        })
         .await;
+        if formed.is_none() {
+            let meta: Vec<Value> = cluster
+                .monitor("/jsz")
+                .await
+                .into_iter()
+                .map(|j| j.map_or(Value::Null, |j| j["meta_cluster"].clone()))
+                .collect();
+            panic!("the three nodes did not form JetStream's meta group in 60 s: {meta:#?}");
+        }
         cluster
+    }
+
+    /// Every node is up and names the same meta leader, and the leader
+    /// has both others as current peers: only then can a stream with
+    /// three replicas be placed (before, JetStream answers "no suitable
+    /// peers for placement").
+    async fn formed(&self) -> bool {
+        let jsz = self.monitor("/jsz").await;
+        let Some(leader) = jsz
+            .first()
+            .and_then(|j| j.as_ref()?["meta_cluster"]["leader"].as_str())
+            .filter(|l| !l.is_empty())
+        else {
+            return false;
+        };
+        let agreed = jsz.iter().all(|j| {
+            j.as_ref()
+                .is_some_and(|j| j["meta_cluster"]["leader"] == leader)
+        });
+        // Node i is named n{i}; only the leader lists its peers.
+        let Some(leader_jsz) = leader
+            .strip_prefix('n')
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| jsz.get(i)?.as_ref())
+        else {
+            return false;
+        };
+        let peers = leader_jsz["meta_cluster"]["replicas"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        agreed && peers.len() == 2 && peers.iter().all(|p| p["current"] == true)
     }
 
     /// Every node's client URL, comma-separated, as configs take them.
@@ -298,6 +394,46 @@ impl NatsCluster {
             }
         }
         users
+    }
+
+    /// What each live node says of every stream and consumer (`/jsz`): for
+    /// a failure's message.
+    pub async fn stream_report(&self) -> String {
+        let mut out = String::new();
+        let jsz = self
+            .monitor("/jsz?accounts=true&streams=true&consumers=true")
+            .await;
+        for (i, node) in jsz.iter().enumerate() {
+            let Some(node) = node else {
+                out.push_str(&format!("n{i}: down\n"));
+                continue;
+            };
+            out.push_str(&format!(
+                "n{i}: meta leader {}\n",
+                node["meta_cluster"]["leader"]
+            ));
+            for account in node["account_details"].as_array().into_iter().flatten() {
+                for stream in account["stream_detail"].as_array().into_iter().flatten() {
+                    out.push_str(&format!(
+                        "  {} last {} leader {} replicas {}\n",
+                        stream["name"],
+                        stream["state"]["last_seq"],
+                        stream["cluster"]["leader"],
+                        stream["cluster"]["replicas"]
+                    ));
+                    for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
+                        out.push_str(&format!(
+                            "    consumer {} delivered {} pending {} leader {}\n",
+                            consumer["name"],
+                            consumer["delivered"]["stream_seq"],
+                            consumer["num_pending"],
+                            consumer["cluster"]["leader"]
+                        ));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Resident memory of each node (`/varz`), in bytes; None for a node

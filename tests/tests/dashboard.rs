@@ -309,13 +309,15 @@ async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_al
         screenshot(&browser, page.trim_start_matches("#/")).await;
     }
     // Logging out ends the session.
+    // A find while the page navigates fails ("aborted by navigation"):
+    // asked again until the login page is there.
     click(&browser, "#logout").await;
-    browser
-        .wait()
-        .at_most(Duration::from_secs(10))
-        .for_element(Locator::Css("#token"))
-        .await
-        .expect("back at the login page");
+    drover_tests::eventually(
+        Duration::from_secs(10),
+        "back at the login page",
+        || async { browser.find(Locator::Css("#token")).await.ok() },
+    )
+    .await;
     browser.close().await.expect("close");
 }
 

@@ -37,8 +37,6 @@ fn from_nats(key: &str) -> String {
 #[derive(Default)]
 struct Mirror {
     entries: BTreeMap<String, Entry>,
-    /// The highest revision seen, applied or not: how far the mirror is.
-    seen: u64,
 }
 
 pub struct NatsKv {
@@ -51,7 +49,6 @@ pub struct NatsKv {
 /// Applies a change to the mirror if it is newer; returns whether it was.
 fn apply(mirror: &Mutex<Mirror>, key: &str, revision: u64, value: Option<Vec<u8>>) -> bool {
     let mut mirror = mirror.lock().unwrap_or_else(|p| p.into_inner());
-    mirror.seen = mirror.seen.max(revision);
     if mirror
         .entries
         .get(key)
@@ -92,7 +89,12 @@ impl NatsKv {
             ..Default::default()
         };
         let mut created = js.get_or_create_stream(config).await.map_err(db_error)?;
-        let empty = created.info().await.map_err(db_error)?.state.messages == 0;
+        // The stream's leader answers this: how far the mirror must get
+        // before this replica reads from it. The watch's own "caught up"
+        // is not enough: its consumer may sit on a node still catching up
+        // after a restart, and a replica acting on that node's stale view
+        // would write from it.
+        let last = created.info().await.map_err(db_error)?.state.last_sequence;
         let kv = js.get_key_value(BUCKET).await.map_err(db_error)?;
         let mirror = Arc::new(Mutex::new(Mirror::default()));
         let (changes, _) = broadcast::channel(1 << 16);
@@ -102,7 +104,7 @@ impl NatsKv {
             mirror.clone(),
             changes.clone(),
             ready_tx,
-            empty,
+            last,
         ));
         tokio::time::timeout(Duration::from_secs(120), ready)
             .await
@@ -115,30 +117,79 @@ impl NatsKv {
         })
     }
 
-    /// Reads a key from the server into the mirror (after a lost race). What
-    /// is newer than the mirror goes out on the change feed too, as the watch
-    /// would have sent it: a watch that stalls (a cluster node lost) must not
-    /// leave the engines and the delivery core without the change while the
-    /// mirror already has it, since the watch's replay then looks old.
+    /// The key's last message, from the stream's leader: its revision and
+    /// its value (None for a delete or purge marker); Ok(None) when the
+    /// stream has no message for it. Not a direct get: any replica may
+    /// answer one, and a node still catching up after a restart answers
+    /// with a stale value (a create then looks like a conflict with nothing,
+    /// a lost race like a race with an older write).
+    async fn last_on_leader(&self, key: &str) -> Result<Option<(u64, Option<Vec<u8>>)>, KvError> {
+        let subject = format!("$KV.{BUCKET}.{}", to_nats(key));
+        match self
+            .kv
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            // A put has no operation header; deletes and purges have one.
+            Ok(message) => Ok(Some((
+                message.sequence,
+                message
+                    .headers
+                    .get("KV-Operation")
+                    .is_none()
+                    .then(|| message.payload.to_vec()),
+            ))),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(db_error(e)),
+        }
+    }
+
+    /// Reads a key from the stream's leader into the mirror (after a lost
+    /// race). What is newer than the mirror goes out on the change feed
+    /// too, as the watch would have sent it: a watch that stalls (a cluster
+    /// node lost) must not leave the engines and the delivery core without
+    /// the change while the mirror already has it, since the watch's replay
+    /// then looks old.
     async fn refresh(&self, key: &str) {
-        let entry = match self.kv.entry(to_nats(key)).await {
-            Ok(Some(entry)) => entry,
+        match self.last_on_leader(key).await {
+            Ok(Some((revision, value))) => {
+                let deleted = value.is_none();
+                if apply(&self.mirror, key, revision, value) {
+                    let _ = self.changes.send(Change {
+                        key: key.to_owned(),
+                        revision,
+                        deleted,
+                    });
+                }
+            }
             // Gone from the server altogether (purged): gone here too.
             Ok(None) => {
                 let mut mirror = self.mirror.lock().unwrap_or_else(|p| p.into_inner());
                 mirror.entries.remove(key);
-                return;
             }
-            Err(_) => return,
+            Err(_) => {}
+        }
+    }
+
+    /// Creates a key that has no value: none ever, or a delete marker last.
+    /// Err(None) when it has a value (a lost race).
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<u64, Option<KvError>> {
+        let nats_key = to_nats(key);
+        let update = |expected| self.kv.update(&nats_key, value.clone().into(), expected);
+        let lost = match update(0).await {
+            Ok(revision) => return Ok(revision),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => None,
+            Err(e) => Some(db_error(e)),
         };
-        let deleted = entry.operation != kv::Operation::Put;
-        let value = (!deleted).then(|| entry.value.to_vec());
-        if apply(&self.mirror, key, entry.revision, value) {
-            let _ = self.changes.send(Change {
-                key: key.to_owned(),
-                revision: entry.revision,
-                deleted,
-            });
+        match self.last_on_leader(key).await.map_err(Some)? {
+            Some((marker, None)) => match update(marker).await {
+                Ok(revision) => Ok(revision),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(None),
+                Err(e) => Err(Some(db_error(e))),
+            },
+            Some((_, Some(_))) => Err(None),
+            None => Err(lost),
         }
     }
 
@@ -148,11 +199,7 @@ impl NatsKv {
         let result = match &op {
             Op::Put {
                 value, expected: 0, ..
-            } => match self.kv.create(&nats_key, value.clone().into()).await {
-                Ok(revision) => Ok(revision),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Err(None),
-                Err(e) => Err(Some(db_error(e))),
-            },
+            } => self.create(&key, value.clone()).await,
             Op::Put {
                 value, expected, ..
             } => match self
@@ -214,16 +261,19 @@ impl NatsKv {
 }
 
 /// Keeps the mirror current from one watch over the whole bucket (last
-/// value of every key, then every change); says when it first caught up.
+/// value of every key, then every change); says when it first reached
+/// revision `ready_at`.
 async fn follow(
     kv: kv::Store,
     mirror: Arc<Mutex<Mirror>>,
     changes: broadcast::Sender<Change>,
     ready: tokio::sync::oneshot::Sender<()>,
-    empty: bool,
+    ready_at: u64,
 ) {
     let mut ready = Some(ready);
-    if empty && let Some(ready) = ready.take() {
+    if ready_at == 0
+        && let Some(ready) = ready.take()
+    {
         let _ = ready.send(());
     }
     loop {
@@ -234,16 +284,24 @@ async fn follow(
                 // last revision without moving, and it is started again (the
                 // mirror takes only newer revisions, so a full replay is
                 // harmless).
+                // It is judged by what this watch delivered, not by the
+                // mirror: this replica's own writes move the mirror on and
+                // would hide a watch that stopped before other replicas'.
                 let mut check = crate::Watchdog::checks();
                 let mut dog = crate::Watchdog::default();
+                let mut delivered = 0;
                 loop {
                     let entry = tokio::select! {
                         entry = watch.next() => entry,
                         _ = check.tick() => {
-                            let seen = mirror.lock().unwrap_or_else(|p| p.into_inner()).seen;
-                            let mut stream = kv.stream.clone();
-                            let Ok(info) = stream.info().await else { continue };
-                            let last = info.state.last_sequence;
+                            let last = match crate::last_revision(&kv).await {
+                                Ok(last) => Some(last),
+                                Err(e) => {
+                                    warn!(error = %e, "cannot read the store's stream state");
+                                    None
+                                }
+                            };
+                            let seen = delivered;
                             if dog.stalled(seen, last) {
                                 warn!(seen, last, "the store's watch stopped short of the stream; watching again");
                                 break;
@@ -259,6 +317,7 @@ async fn follow(
                             break;
                         }
                     };
+                    delivered = delivered.max(entry.revision);
                     let key = from_nats(&entry.key);
                     let deleted = entry.operation != kv::Operation::Put;
                     let value = (!deleted).then(|| entry.value.to_vec());
@@ -269,7 +328,7 @@ async fn follow(
                             deleted,
                         });
                     }
-                    if (entry.seen_current || entry.delta == 0)
+                    if delivered >= ready_at
                         && let Some(ready) = ready.take()
                     {
                         let _ = ready.send(());

@@ -118,9 +118,12 @@ pub const WATCHDOG: Duration = Duration::from_secs(2);
 
 /// Tells a stalled watch: on a cluster, a watch whose consumer was lost with
 /// a node can stop without an error. Behind the stream's last revision on
-/// two checks in a row without moving means stalled; the watch is then
-/// started again from where it was (replays are harmless: the mirror and
-/// the delivery core take only what is newer).
+/// two checks in a row without moving means stalled; so does a check that
+/// cannot read the stream's state (no stream leader, a lost node) after one
+/// that was behind or could not tell either, since an idle watch cannot
+/// show it is alive. The watch is then started again from where it was
+/// (replays are harmless: the mirror and the delivery core take only what
+/// is newer).
 #[derive(Debug, Default)]
 pub struct Watchdog {
     behind_at: Option<u64>,
@@ -132,9 +135,10 @@ impl Watchdog {
         tokio::time::interval_at(tokio::time::Instant::now() + WATCHDOG, WATCHDOG)
     }
 
-    /// `seen`: the last revision the watch delivered; `last`: the stream's.
-    pub fn stalled(&mut self, seen: u64, last: u64) -> bool {
-        if seen >= last {
+    /// `seen`: the last revision the watch delivered; `last`: the stream's,
+    /// or None when it could not be read.
+    pub fn stalled(&mut self, seen: u64, last: Option<u64>) -> bool {
+        if last.is_some_and(|last| seen >= last) {
             self.behind_at = None;
             false
         } else if self.behind_at == Some(seen) {
@@ -144,6 +148,16 @@ impl Watchdog {
             false
         }
     }
+}
+
+/// The last revision of a bucket's stream now, as the stream's leader
+/// answers. Not `kv::Store::status()`: async-nats answers that from the
+/// stream info cached when the bucket was opened, so a watchdog comparing
+/// against it never saw a watch fall behind.
+pub async fn last_revision(
+    store: &async_nats::jetstream::kv::Store,
+) -> Result<u64, async_nats::jetstream::stream::InfoError> {
+    Ok(store.stream.clone().info().await?.state.last_sequence)
 }
 
 impl NatsSettings {
@@ -210,11 +224,26 @@ mod tests {
     #[test]
     fn a_watch_is_stalled_only_when_behind_twice_without_moving() {
         let mut dog = Watchdog::default();
-        assert!(!dog.stalled(10, 10), "current");
-        assert!(!dog.stalled(8, 12), "behind once");
-        assert!(!dog.stalled(9, 12), "behind, but moving");
-        assert!(dog.stalled(9, 13), "behind and not moving");
-        assert!(!dog.stalled(13, 13), "caught up again");
+        assert!(!dog.stalled(10, Some(10)), "current");
+        assert!(!dog.stalled(8, Some(12)), "behind once");
+        assert!(!dog.stalled(9, Some(12)), "behind, but moving");
+        assert!(dog.stalled(9, Some(13)), "behind and not moving");
+        assert!(!dog.stalled(13, Some(13)), "caught up again");
+    }
+
+    #[test]
+    fn a_watch_whose_stream_cannot_be_read_twice_is_stalled() {
+        let mut dog = Watchdog::default();
+        assert!(!dog.stalled(10, None), "unknown once");
+        assert!(dog.stalled(10, None), "unknown twice, not moving");
+        let mut dog = Watchdog::default();
+        assert!(!dog.stalled(10, Some(12)), "behind");
+        assert!(dog.stalled(10, None), "then unknown, not moving");
+        let mut dog = Watchdog::default();
+        assert!(!dog.stalled(10, None), "unknown");
+        assert!(!dog.stalled(11, None), "unknown, but moving");
+        assert!(!dog.stalled(11, Some(11)), "current again");
+        assert!(!dog.stalled(11, None), "unknown after current: once");
     }
 
     #[test]

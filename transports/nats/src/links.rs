@@ -74,8 +74,8 @@ impl NatsLinks {
         let mut caught_up = false;
         loop {
             // Everything up to the bucket's last revision now is backlog.
-            let backlog_end = match self.buckets.statuses.status().await {
-                Ok(status) => Some(status.info.state.last_sequence),
+            let backlog_end = match crate::last_revision(&self.buckets.statuses).await {
+                Ok(last) => Some(last),
                 Err(e) => {
                     warn!(error = %e, "cannot read the status bucket's state");
                     None
@@ -93,8 +93,13 @@ impl NatsLinks {
                             entry = watch.next() => entry,
                             _ = shutdown.cancelled() => return,
                             _ = check.tick() => {
-                                let Ok(status) = self.buckets.statuses.status().await else { continue };
-                                let last = status.info.state.last_sequence;
+                                let last = match crate::last_revision(&self.buckets.statuses).await {
+                                    Ok(last) => Some(last),
+                                    Err(e) => {
+                                        warn!(error = %e, "cannot read the status bucket's state");
+                                        None
+                                    }
+                                };
                                 if dog.stalled(next - 1, last) {
                                     warn!(after = next - 1, last, "the status watch stopped short of the bucket; resuming");
                                     break;
