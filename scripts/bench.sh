@@ -49,6 +49,12 @@ else
     sizes=1000,10000
     large=1000,10000,19000
 fi
+# NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
+# ARCHITECTURE.md, "Operations"), one node and three, in the same run.
+DROVER_NATS_SERVER=$(bash scripts/fetch-nats-server.sh)
+export DROVER_NATS_SERVER
+echo
+echo "NATS rows: $("$DROVER_NATS_SERVER" --version)"
 echo
 "$sim" bench --devices "$large" --transport websocket
 "$sim" bench --devices "$sizes" --transport nats | tail -n +3

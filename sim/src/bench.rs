@@ -160,12 +160,15 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
 }
 
 /// Starts nats-server with `config` (written to DIR/nats.conf, its log to
-/// DIR/nats.log) and waits until it listens on `port`.
+/// DIR/nats.log) and waits until it listens on `port`. The binary is
+/// `$DROVER_NATS_SERVER`, else the one on PATH (`scripts/bench.sh` gives
+/// the 2.10 a cluster needs, see ARCHITECTURE.md "Operations").
 fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
     let path = dir.join("nats.conf");
     std::fs::write(&path, config)?;
     let log = std::fs::File::create(dir.join("nats.log"))?;
-    let child = Command::new("nats-server")
+    let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
+    let child = Command::new(binary)
         .arg("-c")
         .arg(&path)
         .stdin(Stdio::null())
