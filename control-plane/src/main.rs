@@ -14,6 +14,7 @@ use drover::watch::printable;
 use serde_json::Value;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::error;
 
 /// An ordinary error is one line with its whole cause chain, never a
 /// backtrace or a `Caused by:` list.
@@ -26,6 +27,10 @@ fn main() {
         }
     }
 }
+
+/// The exit status after the embedded store refused a write on I/O
+/// (EX_IOERR), as the agent's: a restart opens it again once there is space.
+const EXIT_STORE_FAILED: i32 = 74;
 
 fn run() -> Result<i32> {
     let cli = Cli::parse();
@@ -111,12 +116,23 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 std::fs::write(&tmp, ready.to_string())?;
                 std::fs::rename(&tmp, path)?;
             }
-            agent_core::shutdown::wait_for_signal().await;
+            let code = tokio::select! {
+                () = agent_core::shutdown::wait_for_signal() => 0,
+                () = started.store_failed.notified() => {
+                    error!(
+                        data = %cli.data.display(),
+                        "the data directory's file system refused a write (is it full?); \
+                         exiting with EX_IOERR: the store takes no write until it is opened \
+                         again, so free space there and start drover again (systemd does)"
+                    );
+                    EXIT_STORE_FAILED
+                }
+            };
             shutdown.cancel();
             for task in started.tasks {
                 let _ = task.await;
             }
-            Ok(0)
+            Ok(code)
         }
         Command::Apply { file } => {
             let text = if file.as_os_str() == "-" {

@@ -93,6 +93,9 @@ pub struct Started {
     pub download_addr: SocketAddr,
     pub secrets: Arc<Secrets>,
     pub tasks: Vec<JoinHandle<()>>,
+    /// Notified when the embedded store's file system refused a write
+    /// (never on the NATS store): see [`RedbKv::io_failed`].
+    pub store_failed: Arc<tokio::sync::Notify>,
 }
 
 pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
@@ -106,6 +109,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
         None => None,
     };
+    let mut store_failed = Arc::new(tokio::sync::Notify::new());
     let db = match (&nats_client, options.store_on_nats) {
         (Some(client), true) => {
             let replicas = options.nats.as_ref().map_or(1, |n| n.replicas);
@@ -119,7 +123,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         (_, false) => {
             let path = options.data.join("drover.redb");
             let checker = agent_core::dbfile::Checker::this_binary("drover reset-store");
-            Db::new(Arc::new(RedbKv::open_checked(&path, &checker)?))
+            let kv = RedbKv::open_checked(&path, &checker)?;
+            store_failed = kv.io_failed();
+            Db::new(Arc::new(kv))
         }
     };
     let secrets = Arc::new(Secrets::load_or_create(
@@ -295,6 +301,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         download_addr,
         secrets,
         tasks,
+        store_failed,
     })
 }
 

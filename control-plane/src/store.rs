@@ -11,7 +11,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{Notify, broadcast, oneshot};
 
 macro_rules! db_err {
     ($($t:ty),*) => {$(
@@ -48,6 +48,7 @@ pub struct RedbKv {
     db: Arc<Database>,
     writer: mpsc::Sender<CommitRequest>,
     changes: broadcast::Sender<Change>,
+    io_failed: Arc<Notify>,
 }
 
 fn split(stored: &[u8]) -> Entry {
@@ -88,15 +89,26 @@ impl RedbKv {
         let (writer, requests) = mpsc::channel::<CommitRequest>();
         let thread_db = db.clone();
         let thread_changes = changes.clone();
+        let io_failed = Arc::new(Notify::new());
+        let thread_failed = io_failed.clone();
         std::thread::Builder::new()
             .name("drover-store-writer".into())
-            .spawn(move || write_loop(&thread_db, &requests, &thread_changes))
+            .spawn(move || write_loop(&thread_db, &requests, &thread_changes, &thread_failed))
             .map_err(|e| KvError::Db(format!("cannot start the store's writer: {e}")))?;
         Ok(Self {
             db,
             writer,
             changes,
+            io_failed,
         })
+    }
+
+    /// Notified once a commit failed on I/O (a full or failing file
+    /// system). redb then refuses every write until the database is opened
+    /// again, so the only way on is a new process: `serve` exits with
+    /// EX_IOERR and the service manager starts it again.
+    pub fn io_failed(&self) -> Arc<Notify> {
+        self.io_failed.clone()
     }
 
     fn read(&self, key: &str) -> Result<Option<Entry>, StoreFailure> {
@@ -127,6 +139,7 @@ fn write_loop(
     db: &Database,
     requests: &mpsc::Receiver<CommitRequest>,
     changes: &broadcast::Sender<Change>,
+    io_failed: &Notify,
 ) {
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
@@ -150,6 +163,11 @@ fn write_loop(
                 }
             }
             Err(StoreFailure(e)) => {
+                // redb's I/O errors (and every one after the first) say so.
+                if e.to_string().contains("I/O error") {
+                    tracing::error!(error = %e, "the store's file system refused a write");
+                    io_failed.notify_one();
+                }
                 for request in batch {
                     let _ = request.done.send(Err(e.clone()));
                 }

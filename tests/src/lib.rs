@@ -709,6 +709,13 @@ impl ControlPlane {
     }
 
     pub async fn apply(&self, manifest: Value) -> Value {
+        self.try_apply(manifest)
+            .await
+            .unwrap_or_else(|e| panic!("apply failed with {e}"))
+    }
+
+    /// Applies `manifest`; the status and body when the API refuses it.
+    pub async fn try_apply(&self, manifest: Value) -> Result<Value, String> {
         let response = self
             .http
             .post(format!("{}/api/v1/apply", self.api))
@@ -716,11 +723,29 @@ impl ControlPlane {
             .json(&manifest)
             .send()
             .await
-            .expect("apply");
+            .map_err(|e| format!("no answer: {e}"))?;
         let status = response.status();
-        let body: Value = response.json().await.expect("json");
-        assert!(status.is_success(), "apply failed with {status}: {body}");
-        body
+        let body = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(format!("{status}: {body}"));
+        }
+        Ok(serde_json::from_str(&body).expect("json"))
+    }
+
+    /// Waits until the control plane exits by itself; its exit status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for drover") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "drover serve did not exit within {timeout:?}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub async fn get(&self, path: &str) -> Value {
@@ -1160,4 +1185,68 @@ pub fn mqtt_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (Mosquitto, C
     let url = broker.url();
     let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", password]);
     (broker, cp)
+}
+
+/// A small tmpfs (a full disk on demand), unmounted on drop. None when
+/// not root (mount needs it).
+pub struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    /// Mounts `size` (tmpfs's `size=`, e.g. `1m`) at `at`.
+    pub fn mount(at: &std::path::Path, size: &str) -> Option<Self> {
+        let uid = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .expect("run id");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            return None;
+        }
+        std::fs::create_dir_all(at).expect("mount point");
+        let options = format!("size={size},mode=0700");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &options,
+                "drover-test",
+                &at.display().to_string(),
+            ])
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mount a tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(Self(at.to_owned()))
+    }
+
+    /// Writes a filler file until the file system refuses with ENOSPC.
+    pub fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut file = std::fs::File::create(&path).expect("filler");
+        let chunk = vec![0u8; 4096];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // Any partial chunk too, so that not one byte is free.
+        let _ = file.write(&[0u8; 1]);
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
 }

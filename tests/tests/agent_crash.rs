@@ -2,7 +2,7 @@
 //! job resumes at the step it was in, no finished step runs again, the job is
 //! not run a second time, and its final status reaches the control plane.
 
-use drover_tests::{AgentProcess, ControlPlane, eventually};
+use drover_tests::{AgentProcess, ControlPlane, SmallDisk, eventually};
 use serde_json::json;
 use std::time::Duration;
 
@@ -169,67 +169,6 @@ async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
     .await;
 }
 
-/// A tmpfs of one MiB mounted for the agent's state; unmounted on drop.
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(at: &std::path::Path) -> Option<Self> {
-        let uid = std::process::Command::new("id")
-            .arg("-u")
-            .output()
-            .expect("run id");
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            return None;
-        }
-        std::fs::create_dir_all(at).expect("mount point");
-        let out = std::process::Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                "size=1m",
-                "drover-test",
-                &at.display().to_string(),
-            ])
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mount a tmpfs: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some(Self(at.to_owned()))
-    }
-
-    /// Writes a filler file until the file system refuses with ENOSPC.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut file = std::fs::File::create(&path).expect("filler");
-        let chunk = vec![0u8; 4096];
-        loop {
-            match file.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
-                Err(e) => panic!("filling the disk: {e}"),
-            }
-        }
-        // Any partial chunk too, so that not one byte is free.
-        let _ = file.write(&[0u8; 1]);
-        path
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 /// The state store's file system fills up: the agent says so in its log and
 /// exits with EX_IOERR (74) rather than running on with a store that refuses
 /// every write (redb does until it is opened again). The job is not lost:
@@ -239,7 +178,7 @@ impl Drop for SmallDisk {
 async fn a_full_disk_stops_the_agent_clearly_and_loses_no_job() {
     let cp = ControlPlane::start(&[]);
     let dir = cp.dir.path().join("agent-full-1");
-    let Some(disk) = SmallDisk::mount(&dir.join("state")) else {
+    let Some(disk) = SmallDisk::mount(&dir.join("state"), "1m") else {
         eprintln!("skipped: mounting a small tmpfs needs root");
         return;
     };
@@ -277,4 +216,77 @@ async fn a_full_disk_stops_the_agent_clearly_and_loses_no_job() {
     let jobs = jobs.as_array().expect("jobs");
     assert_eq!(jobs.len(), 1, "the job ran once: {jobs:?}");
     assert_eq!(jobs[0]["state"], "Succeeded");
+}
+
+/// The control plane's data directory fills up: a write the API asked for
+/// fails with an error, and `serve` says so in its log and exits with
+/// EX_IOERR (74) rather than running on with a store that refuses every
+/// write until it is opened again (redb). Once space returns and it is
+/// started again (systemd does), what it had stored is there and writes
+/// go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_control_plane_clearly_and_loses_nothing() {
+    let dir = ControlPlane::prepare();
+    let data = dir.path().join("data");
+    let kept = dir.path().join("data.prepared");
+    std::fs::rename(&data, &kept).expect("set the prepared data aside");
+    let Some(disk) = SmallDisk::mount(&data, "8m") else {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    };
+    for entry in std::fs::read_dir(&kept).expect("prepared data") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), data.join(entry.file_name())).expect("copy");
+    }
+    let mut cp = ControlPlane::start_in(dir, &[]);
+    cp.apply_device("before-full", &["g"], json!({})).await;
+
+    // redb has room inside its file for a few commits: writes go on until
+    // the file must grow. Every write answered Ok must survive.
+    let filler = disk.fill();
+    let mut stored = vec!["before-full".to_owned()];
+    let mut refused = None;
+    for i in 0..2000 {
+        let name = format!("while-full-{i}");
+        match cp
+            .try_apply(json!({
+                "apiVersion": drover_tests::API_VERSION, "kind": "Device",
+                "metadata": {"name": name, "labels": {"padding": "x".repeat(60)}},
+                "spec": {"groups": ["g"]}
+            }))
+            .await
+        {
+            Ok(_) => stored.push(name),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a write on a full disk fails");
+    assert!(
+        refused.starts_with("503") && refused.contains("No space left"),
+        "the API says why: {refused}"
+    );
+    let code = cp.wait_exit(Duration::from_secs(30)).await;
+    let log = cp.log();
+    assert_eq!(code, Some(74), "exit status EX_IOERR\n{log}");
+    assert!(
+        log.contains("refused a write") && log.contains(&data.display().to_string()),
+        "the log names the problem and the data directory\n{log}"
+    );
+
+    std::fs::remove_file(&filler).expect("free the space");
+    cp.restart();
+    let devices = cp.get("/devices").await;
+    let ids: Vec<&str> = devices
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    for name in &stored {
+        assert!(ids.contains(&name.as_str()), "{name} was stored: {ids:?}");
+    }
+    cp.apply_device("after-full", &["g"], json!({})).await;
 }
