@@ -117,6 +117,119 @@ pub enum Delivered {
     NotConnected,
 }
 
+/// Where a link's connection to its broker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Connected, and its loop moves.
+    Up,
+    /// Not connected now; it is trying again.
+    Connecting,
+    /// Its loop stopped moving while connected; it drops the connection and
+    /// connects again.
+    Stalled,
+}
+
+impl LinkState {
+    /// The name the metrics and `/healthz` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Up => "up",
+            Self::Connecting => "connecting",
+            Self::Stalled => "stalled",
+        }
+    }
+}
+
+/// How a link is doing, for `/healthz` and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkHealth {
+    pub state: LinkState,
+    /// When the link last moved: a packet in or out, a connection attempt.
+    /// None where nothing is measured (a listener waits for its agents).
+    pub last_progress: Option<Timestamp>,
+    /// Why it is not up, in words.
+    pub reason: Option<String>,
+    /// How many times it was found stalled since the process started.
+    pub stalls: u64,
+    /// When the last stall was found, and what the loop waited on.
+    pub last_stall: Option<(Timestamp, String)>,
+}
+
+impl LinkHealth {
+    /// A link with nothing that can stall (WebSocket: agents connect to it).
+    pub fn always_up() -> Self {
+        Self {
+            state: LinkState::Up,
+            last_progress: None,
+            reason: None,
+            stalls: 0,
+            last_stall: None,
+        }
+    }
+}
+
+/// A link's health as its loop updates it and the API reads it.
+#[derive(Debug)]
+pub struct HealthCell(std::sync::Mutex<LinkHealth>);
+
+impl Default for HealthCell {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(LinkHealth {
+            state: LinkState::Connecting,
+            last_progress: None,
+            reason: Some("not connected yet".into()),
+            stalls: 0,
+            last_stall: None,
+        }))
+    }
+}
+
+impl HealthCell {
+    /// A std Mutex: held only to copy or change a few fields, never across
+    /// an await.
+    fn change(&self, change: impl FnOnce(&mut LinkHealth)) {
+        let mut health = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut health);
+    }
+
+    /// The loop moved.
+    pub fn progress(&self) {
+        self.change(|h| h.last_progress = Some(Timestamp::now()));
+    }
+
+    pub fn connected(&self) {
+        self.change(|h| {
+            h.state = LinkState::Up;
+            h.reason = None;
+            h.last_progress = Some(Timestamp::now());
+        });
+    }
+
+    pub fn connecting(&self, reason: String) {
+        self.change(|h| {
+            // A stall stays the reason until the link is up again.
+            if h.state != LinkState::Stalled {
+                h.state = LinkState::Connecting;
+                h.reason = Some(reason);
+            }
+            h.last_progress = Some(Timestamp::now());
+        });
+    }
+
+    pub fn stalled(&self, reason: String) {
+        self.change(|h| {
+            h.state = LinkState::Stalled;
+            h.last_stall = Some((Timestamp::now(), reason.clone()));
+            h.reason = Some(reason);
+            h.stalls += 1;
+        });
+    }
+
+    pub fn get(&self) -> LinkHealth {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{transport}: {reason}")]
 pub struct LinkError {
@@ -153,6 +266,11 @@ pub trait AgentLinks: Send + Sync + 'static {
         job_id: JobId,
         signed: &'a serde_json::Value,
     ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
+
+    /// How the link's connection is doing (`/healthz`, the metrics).
+    fn health(&self) -> LinkHealth {
+        LinkHealth::always_up()
+    }
 
     /// Withdraws an intent that is decided (finished or expired): a broker
     /// forgets it. A no-op where nothing is kept.

@@ -17,6 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use drover_contract::link::LinkState;
 use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -32,6 +33,8 @@ const MAX_LIST_ITEMS: usize = 20_000;
 
 #[derive(Clone)]
 pub struct ApiState {
+    /// The agent links, for `/healthz` and the metrics.
+    pub links: Vec<Arc<dyn drover_contract::link::AgentLinks>>,
     pub db: Db,
     pub secrets: Arc<Secrets>,
     pub engine: Arc<Engine>,
@@ -108,7 +111,7 @@ pub fn router(state: ApiState) -> Router {
                 require_operator,
             ));
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .nest("/api/v1", api)
         .merge(metrics)
         .merge(crate::ui::router(state.clone()))
@@ -188,8 +191,55 @@ async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError>
 
 /// The process's metrics, with the gauges a scrape computes: devices by
 /// state (as `get devices` shows them) and agents connected here.
+/// `ok` while every agent link is up; else 503 and a line per link that is
+/// not, with why (a broker down, a stalled link reconnecting).
+async fn healthz(State(state): State<ApiState>) -> Response {
+    let trouble: Vec<String> = state
+        .links
+        .iter()
+        .filter_map(|link| {
+            let health = link.health();
+            (health.state != LinkState::Up).then(|| {
+                format!(
+                    "{}: {}{}",
+                    link.transport(),
+                    health.state.name(),
+                    health.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                )
+            })
+        })
+        .collect();
+    if trouble.is_empty() {
+        "ok\n".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", trouble.join("\n")),
+        )
+            .into_response()
+    }
+}
+
 async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let metrics = crate::metrics::metrics();
+    for link in &state.links {
+        let health = link.health();
+        let labels = vec![("transport", link.transport().to_owned())];
+        metrics
+            .link_up
+            .get_or_create(&labels)
+            .set(i64::from(health.state == LinkState::Up));
+        metrics
+            .link_stalls
+            .get_or_create(&labels)
+            .set(i64::try_from(health.stalls).unwrap_or(i64::MAX));
+        if let Some(at) = health.last_progress {
+            metrics
+                .link_last_progress
+                .get_or_create(&labels)
+                .set(at.as_second());
+        }
+    }
     let now = Timestamp::now();
     let mut states: std::collections::BTreeMap<&'static str, i64> = [
         ("online", 0),

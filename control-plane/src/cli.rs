@@ -266,6 +266,16 @@ pub struct MqttArgs {
     /// Topic prefix.
     #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
     pub mqtt_prefix: String,
+    /// Requests (publishes, acknowledgements, subscriptions) waiting for
+    /// the link's event loop to send them. Hidden: the tests shrink it to
+    /// show that nothing waits on a queue only it drains.
+    #[arg(long, hide = true, default_value_t = transport_mqtt::server::REQUEST_QUEUE)]
+    pub mqtt_request_queue: usize,
+    /// The MQTT keep-alive: the broker drops a control plane silent for 1.5
+    /// times this, and the link calls itself stalled after as long without
+    /// moving. Hidden: the tests shorten it.
+    #[arg(long, hide = true, default_value_t = 30)]
+    pub mqtt_keep_alive_seconds: u64,
 }
 
 impl MqttArgs {
@@ -276,7 +286,7 @@ impl MqttArgs {
             password: self.mqtt_password.clone().unwrap_or_default(),
             ca_file: self.mqtt_ca.clone(),
             prefix: self.mqtt_prefix.clone(),
-            keep_alive: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(self.mqtt_keep_alive_seconds.max(1)),
         })
     }
 }

@@ -140,6 +140,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             store_on_nats: false,
             max_agent_connections: 1000,
             mqtt: None,
+            mqtt_request_queue: transport_mqtt::server::REQUEST_QUEUE,
             download_listen: None,
             download_url: None,
             offline_alert: Duration::from_secs(3600),

@@ -103,6 +103,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     store_on_nats: *store == StoreKind::Nats,
                     max_agent_connections: *max_agent_connections,
                     mqtt: mqtt.settings(),
+                    mqtt_request_queue: mqtt.mqtt_request_queue,
                     download_listen: *download_listen,
                     download_url: download_url.clone(),
                     offline_alert: Duration::from_secs(offline_alert_minutes.saturating_mul(60)),

@@ -29,6 +29,9 @@ pub struct Metrics {
     pub status_intake_seconds: Histogram,
     pub store_commit_seconds: Histogram,
     pub engine_pass_seconds: Family<Labels, Histogram>,
+    pub link_up: Family<Labels, Gauge>,
+    pub link_last_progress: Family<Labels, Gauge>,
+    pub link_stalls: Family<Labels, Gauge>,
 }
 
 /// 1 ms to about 33 s, doubling.
@@ -50,6 +53,9 @@ impl Metrics {
             status_intake_seconds: latency(),
             store_commit_seconds: latency(),
             engine_pass_seconds: Family::new_with_constructor(latency),
+            link_up: Family::default(),
+            link_last_progress: Family::default(),
+            link_stalls: Family::default(),
         };
         registry.register(
             "devices",
@@ -95,6 +101,21 @@ impl Metrics {
             "engine_pass_seconds",
             "One engine pass over a task run or a deployment",
             metrics.engine_pass_seconds.clone(),
+        );
+        registry.register(
+            "link_up",
+            "1 while an agent link is connected and moving, by transport (0: connecting or stalled)",
+            metrics.link_up.clone(),
+        );
+        registry.register(
+            "link_last_progress_timestamp_seconds",
+            "When a brokered agent link last moved (a packet in or out, a connection attempt), Unix time",
+            metrics.link_last_progress.clone(),
+        );
+        registry.register(
+            "link_stalls",
+            "Times an agent link stopped moving while connected and was reconnected, since the process started",
+            metrics.link_stalls.clone(),
         );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics

@@ -47,6 +47,8 @@ pub struct ServeOptions {
     pub max_agent_connections: usize,
     /// Serve agents over MQTT too.
     pub mqtt: Option<transport_mqtt::MqttSettings>,
+    /// The MQTT link's request queue ([`transport_mqtt::server::REQUEST_QUEUE`]).
+    pub mqtt_request_queue: usize,
     /// Where package downloads are served; None: the agents' address on an
     /// ephemeral port (links carry the port).
     pub download_listen: Option<SocketAddr>,
@@ -171,6 +173,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         let (link, event_loop) = transport_mqtt::server::MqttLinks::new(
             mqtt,
             &format!("drover-cp-{id}"),
+            options.mqtt_request_queue,
             events_tx.clone(),
         )?;
         links.push(link.clone());
@@ -219,7 +222,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     });
     let dispatcher = Dispatcher::new(
         db.clone(),
-        links,
+        links.clone(),
         DispatchSettings {
             ack_timeout: options.ack_timeout,
         },
@@ -237,6 +240,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let api_addr = api_listener.local_addr()?;
     let agent_addr = agent_listener.local_addr()?;
     let router = api::router(ApiState {
+        links,
         db: db.clone(),
         secrets: secrets.clone(),
         engine: engine.clone(),

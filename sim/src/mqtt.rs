@@ -50,6 +50,7 @@ async fn session(
     let mut in_flight: HashMap<u16, u64> = HashMap::new();
     let mut sent: HashSet<u64> = HashSet::new();
     let mut connected = false;
+    let (mut subscribe_due, mut hello_due) = (false, false);
     let mut heartbeat = tokio::time::interval_at(
         tokio::time::Instant::now() + agent.behaviour.heartbeat,
         agent.behaviour.heartbeat,
@@ -58,13 +59,14 @@ async fn session(
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    let _ = client.disconnect().await;
+                    let _ = client.try_disconnect();
                     return Ok(());
                 }
                 _ = heartbeat.tick(), if connected => {
                     let payload = serde_json::to_vec(&agent.heartbeat())?;
-                    asked.push_back(None);
-                    client.publish(topics.heartbeat(&agent.device), QoS::AtMostOnce, false, payload).await?;
+                    if client.try_publish(topics.heartbeat(&agent.device), QoS::AtMostOnce, false, payload).is_ok() {
+                        asked.push_back(None);
+                    }
                 }
                 event = events.poll() => match event? {
                     Event::Incoming(Incoming::ConnAck(_)) => {
@@ -72,16 +74,8 @@ async fn session(
                             agent.stats.connected.fetch_add(1, Ordering::Relaxed);
                         }
                         connected = true;
-                        client.subscribe(topics.intents_of(&agent.device), QoS::AtLeastOnce).await?;
-                        let hello = Hello {
-                            device_id: agent.device.clone(),
-                            agent_version: "sim".into(),
-                            boot_id: agent.boot_id.clone(),
-                            capabilities: SimAgent::capabilities(),
-                            jobs: agent.held(),
-                        };
-                        asked.push_back(None);
-                        client.publish(topics.hello(&agent.device), QoS::AtLeastOnce, false, serde_json::to_vec(&hello)?).await?;
+                        subscribe_due = true;
+                        hello_due = true;
                     }
                     Event::Incoming(Incoming::Publish(publish)) => {
                         if let Some(Topic::Intent(..)) = topics.parse(&publish.topic)
@@ -90,8 +84,9 @@ async fn session(
                             && agent.take(&intent).is_some()
                         {
                             let payload = serde_json::to_vec(&agent.heartbeat())?;
-                            asked.push_back(None);
-                            client.publish(topics.heartbeat(&agent.device), QoS::AtMostOnce, false, payload).await?;
+                            if client.try_publish(topics.heartbeat(&agent.device), QoS::AtMostOnce, false, payload).is_ok() {
+                                asked.push_back(None);
+                            }
                         }
                     }
                     Event::Outgoing(Outgoing::Publish(pkid)) => {
@@ -107,6 +102,32 @@ async fn session(
                     _ => {}
                 },
             }
+            // Like the agent, this loop alone drains its request queue, so it
+            // never waits for room there: what the queue does not take now
+            // is tried again after the next event.
+            if subscribe_due {
+                subscribe_due = client
+                    .try_subscribe(topics.intents_of(&agent.device), QoS::AtLeastOnce)
+                    .is_err();
+            }
+            if hello_due && !subscribe_due {
+                let hello = Hello {
+                    device_id: agent.device.clone(),
+                    agent_version: "sim".into(),
+                    boot_id: agent.boot_id.clone(),
+                    capabilities: SimAgent::capabilities(),
+                    jobs: agent.held(),
+                };
+                hello_due = client
+                    .try_publish(topics.hello(&agent.device), QoS::AtLeastOnce, false, serde_json::to_vec(&hello)?)
+                    .is_err();
+                if !hello_due {
+                    asked.push_back(None);
+                }
+            }
+            if hello_due || !connected {
+                continue;
+            }
             // Statuses not yet sent on this connection go out.
             let fresh: Vec<(u64, String, Vec<u8>)> = agent
                 .pending()
@@ -117,9 +138,11 @@ async fn session(
                 })
                 .collect();
             for (id, topic, payload) in fresh {
+                if client.try_publish(topic, QoS::AtLeastOnce, true, payload).is_err() {
+                    break;
+                }
                 sent.insert(id);
                 asked.push_back(Some(id));
-                client.publish(topic, QoS::AtLeastOnce, true, payload).await?;
             }
         }
     }

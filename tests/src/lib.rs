@@ -502,6 +502,26 @@ impl Mosquitto {
         }
     }
 
+    /// SIGSTOP: the broker holds its connections but answers nothing, as a
+    /// hung broker or a black-holed network would.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Mosquitto::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("mosquitto runs");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} mosquitto");
+    }
+
     pub fn restart(&mut self) {
         self.kill9();
         let child = Command::new("mosquitto")
@@ -758,6 +778,31 @@ impl ControlPlane {
             .json()
             .await
             .expect("json")
+    }
+
+    /// `GET /healthz`: its status code and body (no token needed).
+    pub async fn healthz(&self) -> (u16, String) {
+        let response = self
+            .http
+            .get(format!("{}/healthz", self.api))
+            .send()
+            .await
+            .expect("healthz");
+        let code = response.status().as_u16();
+        (code, response.text().await.unwrap_or_default())
+    }
+
+    /// `GET /metrics` as text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.api))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
     }
 
     pub async fn apply_device(&self, id: &str, groups: &[&str], labels: Value) {
@@ -1167,6 +1212,15 @@ pub fn nats_auth<S: AsRef<str>>(dir: &Path, devices: &[S], password: &str) -> St
 /// A mosquitto whose passwords and ACLs `drover mqtt-config` made for
 /// `devices`, and a control plane serving over it with `password`.
 pub fn mqtt_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (Mosquitto, ControlPlane) {
+    mqtt_fleet_with(devices, password, &[])
+}
+
+/// [`mqtt_fleet`], with more arguments for `drover serve`.
+pub fn mqtt_fleet_with<S: AsRef<str>>(
+    devices: &[S],
+    password: &str,
+    extra: &[&str],
+) -> (Mosquitto, ControlPlane) {
     let dir = ControlPlane::prepare();
     let out = dir.path().join("mqtt").display().to_string();
     let mut args = vec![
@@ -1183,7 +1237,9 @@ pub fn mqtt_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (Mosquitto, C
     assert!(auth.contains("acl_file"), "{auth}");
     let broker = Mosquitto::start(&auth);
     let url = broker.url();
-    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", password]);
+    let mut args = vec!["--mqtt-url", url.as_str(), "--mqtt-password", password];
+    args.extend_from_slice(extra);
+    let cp = ControlPlane::start_in(dir, &args);
     (broker, cp)
 }
 

@@ -91,3 +91,19 @@ async fn a_simulated_fleet_over_mqtt_completes_a_run() {
     let _sim = sim(&cp, "mqtt", &url, 30, "fsm-");
     run_to_completion(&cp, 30, "sim-mqtt").await;
 }
+
+/// The MQTT link's event loop is the only thing that drains its request
+/// queue, so it must never wait for room there (issue 26: from about 5,000
+/// devices the queue of 10,000 filled and the link stopped for good). A
+/// queue of 8 makes the same happen with a few hundred devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_fleet_finishes_when_the_links_request_queue_is_tiny() {
+    let count = 300;
+    let devices: Vec<String> = (0..count).map(|i| format!("fsq-{i:05}")).collect();
+    let (broker, cp) =
+        drover_tests::mqtt_fleet_with(&devices, "cp-secret", &["--mqtt-request-queue", "1"]);
+    let url = broker.url();
+    register(&cp, "fsq-", count).await;
+    let _sim = sim(&cp, "mqtt", &url, count, "fsq-");
+    run_to_completion(&cp, count, "sim-mqtt-queue").await;
+}

@@ -6,6 +6,7 @@
 //! intent nor publish another's status; a malformed intent is refused and
 //! the agent keeps working; an agent SIGKILLed mid-job runs the job once.
 
+use drover_contract::link::{AgentLinks, Inbound, LinkState};
 use drover_tests::{AgentProcess, ControlPlane, Mosquitto, eventually};
 use serde_json::json;
 use std::path::PathBuf;
@@ -402,4 +403,174 @@ async fn agents_and_the_control_plane_speak_tls_to_mosquitto() {
         "plain text must not connect"
     );
     drop(plain);
+}
+
+/// A broker that stops answering (SIGSTOP: connections held, nothing
+/// answered) is noticed through missed keep-alives: the control plane logs
+/// it at warn, `/healthz` answers 503 naming the MQTT link, the metrics say
+/// the link is down, and once the broker answers again the link is back
+/// and a run completes (issue 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_is_noticed_and_the_link_recovers() {
+    let device = "mq-hang";
+    let (broker, cp) =
+        drover_tests::mqtt_fleet_with(&[device], CP_PASSWORD, &["--mqtt-keep-alive-seconds", "1"]);
+    cp.apply_device(device, &["hang"], json!({})).await;
+    let agent = agent(&cp, &broker, device, "");
+    cp.wait_for_agents(&[device]).await;
+    // The positive control: everything is up before the broker hangs.
+    assert_eq!(cp.healthz().await, (200, "ok\n".to_owned()));
+    assert!(
+        cp.metrics()
+            .await
+            .contains("drover_link_up{transport=\"mqtt\"} 1"),
+        "{}",
+        cp.metrics().await
+    );
+    broker.pause();
+    let trouble = eventually(
+        Duration::from_secs(30),
+        "/healthz to report the link",
+        || async {
+            let (code, body) = cp.healthz().await;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(trouble.starts_with("mqtt: "), "{trouble}");
+    assert!(!trouble.contains("websocket"), "{trouble}");
+    assert!(
+        cp.metrics()
+            .await
+            .contains("drover_link_up{transport=\"mqtt\"} 0")
+    );
+    assert!(
+        cp.log().contains("WARN") && cp.log().contains("MQTT connection failed; reconnecting"),
+        "{}",
+        cp.log()
+    );
+    broker.resume();
+    eventually(
+        Duration::from_secs(30),
+        "/healthz to be ok again",
+        || async { (cp.healthz().await.0 == 200).then_some(()) },
+    )
+    .await;
+    cp.apply_upgrade_run("after-hang", "hang", 600).await;
+    let run = cp
+        .wait_run_finished("after-hang", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    agent.assert_one_job_run_once();
+}
+
+/// The link's loop watches itself: stuck for 1.5 keep-alives on anything,
+/// here on a delivery core that takes no event, it says so in its health,
+/// drops the connection, connects again, and the broker hands over again
+/// what was not acknowledged, so nothing is lost once the core takes
+/// events again (issue 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_stuck_on_its_core_calls_itself_stalled_and_loses_nothing() {
+    use transport_mqtt::server::MqttLinks;
+    let broker = Mosquitto::start("allow_anonymous true");
+    let settings = transport_mqtt::MqttSettings {
+        url: broker.url(),
+        user: "cp".into(),
+        password: String::new(),
+        ca_file: None,
+        prefix: transport_mqtt::DEFAULT_PREFIX.into(),
+        keep_alive: Duration::from_secs(1),
+    };
+    // Room for one event: the second waits on a core that reads nothing.
+    let (events_tx, mut events) = tokio::sync::mpsc::channel(1);
+    let (link, event_loop) =
+        MqttLinks::new(&settings, "drover-cp-stall", 16, events_tx).expect("link");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(link.clone().run(event_loop, shutdown.clone()));
+    eventually(Duration::from_secs(10), "the link to connect", || async {
+        (link.health().state == LinkState::Up).then_some(())
+    })
+    .await;
+    // The positive control: a link that moves is up and reports progress.
+    assert!(link.health().last_progress.is_some());
+    assert_eq!(link.health().stalls, 0);
+
+    let device = client_with_id("mq-stall-dev", &broker).await;
+    let topics = transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX);
+    let sent = 5;
+    for i in 0..sent {
+        let heartbeat = json!({"offline": true, "deviceId": format!("dev-{i}")});
+        device
+            .publish(
+                topics.heartbeat(&agent_core::DeviceId::new(format!("dev-{i}")).expect("id")),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                heartbeat.to_string(),
+            )
+            .await
+            .expect("publish");
+    }
+    let health = eventually(
+        Duration::from_secs(15),
+        "the link to call itself stalled",
+        || async {
+            let health = link.health();
+            (health.stalls > 0).then_some(health)
+        },
+    )
+    .await;
+    assert!(
+        health
+            .last_stall
+            .as_ref()
+            .is_some_and(|(_, why)| why.contains("delivery core")),
+        "{health:?}"
+    );
+    // The core takes events again: every message arrives (some twice: the
+    // broker resends what was not acknowledged), and the link is up.
+    let mut gone = std::collections::BTreeSet::new();
+    eventually(
+        Duration::from_secs(20),
+        "every message after the stall",
+        || {
+            while let Ok(event) = events.try_recv() {
+                if let Inbound::Gone { device } = event.inbound {
+                    gone.insert(device.to_string());
+                }
+            }
+            let done = gone.len() == sent;
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the link to be up again",
+        || async { (link.health().state == LinkState::Up).then_some(()) },
+    )
+    .await;
+    shutdown.cancel();
+    let _ = running.await;
+}
+
+/// A plain MQTT client with its own id, connected, its event loop driven.
+async fn client_with_id(id: &str, broker: &Mosquitto) -> rumqttc::AsyncClient {
+    let options = rumqttc::MqttOptions::new(id, "127.0.0.1", broker.port);
+    let (client, mut event_loop) = rumqttc::AsyncClient::new(options, 64);
+    let (connected_tx, connected) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut connected_tx = Some(connected_tx);
+        while let Ok(event) = event_loop.poll().await {
+            if let rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(_)) = event
+                && let Some(tx) = connected_tx.take()
+            {
+                let _ = tx.send(());
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), connected)
+        .await
+        .expect("connected in time")
+        .expect("connected");
+    client
 }

@@ -10,7 +10,7 @@ use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, opt
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::intent_json;
-use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS};
+use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS, SubscribeFilter};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +98,25 @@ struct Pending {
     in_flight: HashMap<u16, u64>,
     /// Outbox ids published on this connection.
     sent: HashSet<u64>,
+    /// What this connection still has to ask for once the request queue has
+    /// room: the session's loop is the only thing that drains that queue, so
+    /// it never waits for room there; it tries, and tries again after the
+    /// next event.
+    subscribe_due: bool,
+    hello_due: bool,
+    /// The outbox had more than the queue took.
+    outbox_due: bool,
 }
+
+impl Pending {
+    fn any_due(&self) -> bool {
+        self.subscribe_due || self.hello_due || self.outbox_due
+    }
+}
+
+/// The request queue of one connection: room for a full outbox page, the
+/// subscriptions, a hello and a heartbeat.
+const REQUEST_QUEUE: usize = 64 + 8;
 
 async fn session(
     settings: &AgentSettings,
@@ -119,18 +137,21 @@ async fn session(
         QoS::AtLeastOnce,
         false,
     ));
-    let (client, mut events) = AsyncClient::new(options, 64);
+    let (client, mut events) = AsyncClient::new(options, REQUEST_QUEUE);
     let mut pending = Pending {
         asked: VecDeque::new(),
         in_flight: HashMap::new(),
         sent: HashSet::new(),
+        subscribe_due: false,
+        hello_due: false,
+        outbox_due: false,
     };
     let mut connected = false;
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
-                let _ = client.disconnect().await;
+                let _ = client.try_disconnect();
                 return Ok(());
             }
             event = events.poll() => {
@@ -146,16 +167,9 @@ async fn session(
                         });
                         // Subscribing again is harmless, and needed when the
                         // broker lost the session (a crash between autosaves).
-                        client
-                            .subscribe(topics.intents_of(&device), QoS::AtLeastOnce)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        client
-                            .subscribe(topics.control(&device), QoS::AtLeastOnce)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        hello(&client, &topics, agent, &mut pending).await?;
-                        flush(&client, &topics, agent, &mut pending).await?;
+                        pending.subscribe_due = true;
+                        pending.hello_due = true;
+                        pending.outbox_due = true;
                     }
                     Event::Incoming(Incoming::Publish(publish)) => {
                         agent.update_link(|l| l.last_contact = Some(clock::now()));
@@ -165,7 +179,7 @@ async fn session(
                             }
                             Some(Topic::Intent(..)) => {
                                 admit(agent, &publish.payload);
-                                flush(&client, &topics, agent, &mut pending).await?;
+                                pending.outbox_due = true;
                             }
                             Some(Topic::Control(_)) => match serde_json::from_slice::<Control>(&publish.payload) {
                                 Ok(control) => {
@@ -192,18 +206,25 @@ async fn session(
                                 warn!(error = %e, "cannot drop a confirmed status");
                             }
                             // A long outbox goes out as room frees up.
-                            flush(&client, &topics, agent, &mut pending).await?;
+                            pending.outbox_due = true;
                         }
                     }
                     _ => {}
                 }
+                if connected && pending.any_due() {
+                    catch_up(&client, &topics, agent, &mut pending)?;
+                }
             }
-            _ = heartbeat.tick(), if connected => publish_heartbeat(&client, &topics, agent, &mut pending).await?,
+            _ = heartbeat.tick(), if connected => publish_heartbeat(&client, &topics, agent, &mut pending)?,
             _ = agent.heartbeat_wanted().notified(), if connected => {
-                flush(&client, &topics, agent, &mut pending).await?;
-                publish_heartbeat(&client, &topics, agent, &mut pending).await?;
+                pending.outbox_due = true;
+                catch_up(&client, &topics, agent, &mut pending)?;
+                publish_heartbeat(&client, &topics, agent, &mut pending)?;
             }
-            _ = agent.outbox_changed().notified(), if connected => flush(&client, &topics, agent, &mut pending).await?,
+            _ = agent.outbox_changed().notified(), if connected => {
+                pending.outbox_due = true;
+                catch_up(&client, &topics, agent, &mut pending)?;
+            }
         }
     }
 }
@@ -221,48 +242,64 @@ fn admit(agent: &Agent, payload: &[u8]) {
     }
 }
 
-async fn hello(
+/// Asks for what this connection still owes, in order (subscriptions, the
+/// hello, then the outbox), as far as the request queue takes it now; what
+/// it does not take stays due for the next turn.
+fn catch_up(
     client: &AsyncClient,
     topics: &Topics,
     agent: &Agent,
     pending: &mut Pending,
 ) -> Result<(), String> {
-    let hello = Hello {
-        device_id: agent.device_id().clone(),
-        agent_version: agent.agent_version().to_owned(),
-        boot_id: agent.boot_id().to_owned(),
-        capabilities: agent.capabilities(),
-        jobs: agent.held_jobs().map_err(|e| e.to_string())?,
-    };
-    let payload = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
-    pending.asked.push_back(None);
-    client
-        .publish(
-            topics.hello(agent.device_id()),
-            QoS::AtLeastOnce,
-            false,
-            payload,
-        )
-        .await
-        .map_err(|e| e.to_string())
+    let device = agent.device_id();
+    if pending.subscribe_due {
+        let filters = [topics.intents_of(device), topics.control(device)]
+            .map(|filter| SubscribeFilter::new(filter, QoS::AtLeastOnce));
+        if client.try_subscribe_many(filters).is_err() {
+            return Ok(());
+        }
+        pending.subscribe_due = false;
+    }
+    if pending.hello_due {
+        let hello = Hello {
+            device_id: device.clone(),
+            agent_version: agent.agent_version().to_owned(),
+            boot_id: agent.boot_id().to_owned(),
+            capabilities: agent.capabilities(),
+            jobs: agent.held_jobs().map_err(|e| e.to_string())?,
+        };
+        let payload = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
+        if client
+            .try_publish(topics.hello(device), QoS::AtLeastOnce, false, payload)
+            .is_err()
+        {
+            return Ok(());
+        }
+        pending.asked.push_back(None);
+        pending.hello_due = false;
+    }
+    if pending.outbox_due {
+        pending.outbox_due = !flush(client, topics, agent, pending)?;
+    }
+    Ok(())
 }
 
-/// Publishes every unconfirmed status not yet sent on this connection.
-async fn flush(
+/// Publishes unconfirmed statuses not yet sent on this connection; true when
+/// the queue took every one of them.
+fn flush(
     client: &AsyncClient,
     topics: &Topics,
     agent: &Agent,
     pending: &mut Pending,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let entries = agent.outbox(64).map_err(|e| e.to_string())?;
     for entry in entries {
-        if !pending.sent.insert(entry.id) {
+        if pending.sent.contains(&entry.id) {
             continue;
         }
         let payload = serde_json::to_vec(&entry.status).map_err(|e| e.to_string())?;
-        pending.asked.push_back(Some(entry.id));
-        client
-            .publish(
+        if client
+            .try_publish(
                 topics.status(&entry.status.device_id, entry.status.job_id),
                 QoS::AtLeastOnce,
                 // Retained: a control plane that (re)subscribes gets each
@@ -270,13 +307,18 @@ async fn flush(
                 true,
                 payload,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .is_err()
+        {
+            return Ok(false);
+        }
+        pending.sent.insert(entry.id);
+        pending.asked.push_back(Some(entry.id));
     }
-    Ok(())
+    Ok(true)
 }
 
-async fn publish_heartbeat(
+/// A heartbeat, QoS 0: skipped when the queue is full (the next one follows).
+fn publish_heartbeat(
     client: &AsyncClient,
     topics: &Topics,
     agent: &Agent,
@@ -284,14 +326,18 @@ async fn publish_heartbeat(
 ) -> Result<(), String> {
     let heartbeat = agent.heartbeat().map_err(|e| e.to_string())?;
     let payload = serde_json::to_vec(&heartbeat).map_err(|e| e.to_string())?;
-    pending.asked.push_back(None);
-    client
-        .publish(
+    if client
+        .try_publish(
             topics.heartbeat(agent.device_id()),
             QoS::AtMostOnce,
             false,
             payload,
         )
-        .await
-        .map_err(|e| e.to_string())
+        .is_ok()
+    {
+        pending.asked.push_back(None);
+    } else {
+        debug!("heartbeat skipped: the request queue is full");
+    }
+    Ok(())
 }

@@ -15,11 +15,13 @@ use agent_core::{DeviceId, JobId};
 use base64::Engine;
 use drover_contract::BoxFuture;
 use drover_contract::link::{
-    AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, Inbound, LinkError, Reply,
+    AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, HealthCell, Inbound, LinkError,
+    LinkHealth, Reply,
 };
 use jiff::Timestamp;
-use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS};
+use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS, SubscribeFilter};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -30,11 +32,58 @@ use tracing::{debug, info, warn};
 const BACKLOG_QUIET: Duration = Duration::from_millis(500);
 const BACKLOG_MAX: Duration = Duration::from_secs(15);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests waiting for the event loop to send them (rumqttc's queue).
+pub const REQUEST_QUEUE: usize = 10_000;
 
 pub struct MqttLinks {
     client: AsyncClient,
     topics: Topics,
     events: mpsc::Sender<LinkEvent>,
+    health: HealthCell,
+    /// What the loop waits on now ([`Waiting`]), for the stall warning.
+    waiting: AtomicU8,
+    /// The loop not moving for this long is a stall: the broker's own rule
+    /// for a client that stopped talking (1.5 keep-alives).
+    stall_after: Duration,
+}
+
+/// What the link's loop waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Waiting {
+    /// The next packet, or room to write one.
+    Broker = 0,
+    /// Room in the delivery core's queue of events.
+    Core = 1,
+}
+
+impl Waiting {
+    fn describe(value: u8) -> &'static str {
+        if value == Self::Core as u8 {
+            "waiting for the delivery core to take an event"
+        } else {
+            "waiting for the broker"
+        }
+    }
+}
+
+/// What one turn of the loop did.
+enum Step {
+    /// An event from the broker's connection, handled.
+    Moved,
+    /// Nothing came within the quiet tick.
+    Quiet,
+    /// The connection failed; the next turn connects again.
+    Failed,
+    /// The delivery core stopped: the link stops too.
+    CoreGone,
+}
+
+/// What the loop remembers between turns.
+struct Session {
+    first: bool,
+    backlog_since: Option<tokio::time::Instant>,
+    last_message: tokio::time::Instant,
 }
 
 fn link_error(e: impl std::fmt::Display) -> LinkError {
@@ -46,96 +95,174 @@ fn link_error(e: impl std::fmt::Display) -> LinkError {
 
 impl MqttLinks {
     /// Connects (the event loop runs in [`MqttLinks::run`]).
+    /// `request_queue` bounds what waits for the event loop to send it.
     pub fn new(
         settings: &MqttSettings,
         client_id: &str,
+        request_queue: usize,
         events: mpsc::Sender<LinkEvent>,
     ) -> Result<(Arc<Self>, EventLoop), crate::MqttError> {
         let mut options = options(settings, client_id)?;
         options.set_manual_acks(true).set_inflight(1000);
-        let (client, event_loop) = AsyncClient::new(options, 10_000);
+        let (client, event_loop) = AsyncClient::new(options, request_queue.max(1));
         Ok((
             Arc::new(Self {
                 client,
                 topics: Topics::new(&settings.prefix),
                 events,
+                health: HealthCell::default(),
+                waiting: AtomicU8::new(Waiting::Broker as u8),
+                stall_after: (settings.keep_alive * 3 / 2).max(Duration::from_secs(1)),
             }),
             event_loop,
         ))
     }
 
     async fn send(&self, inbound: Inbound) -> bool {
-        self.events
+        self.waiting.store(Waiting::Core as u8, Ordering::Relaxed);
+        let sent = self
+            .events
             .send(LinkEvent {
                 transport: TRANSPORT,
                 inbound,
             })
             .await
-            .is_ok()
+            .is_ok();
+        self.waiting.store(Waiting::Broker as u8, Ordering::Relaxed);
+        sent
     }
 
     /// Runs the event loop until `shutdown`.
+    ///
+    /// The loop is the only thing that drains rumqttc's request queue, so it
+    /// never waits for room there: what it sends itself (subscriptions,
+    /// acknowledgements) is tried at once and, when the queue is full, handed
+    /// to a task that waits. And it watches itself: when a turn does not move
+    /// for [`MqttLinks::stall_after`], it says so, drops the connection and
+    /// connects again; the broker then hands over again what was not
+    /// acknowledged.
     pub async fn run(self: Arc<Self>, mut event_loop: EventLoop, shutdown: CancellationToken) {
-        let mut first = true;
-        let mut backlog_since: Option<tokio::time::Instant> = None;
-        let mut last_message = tokio::time::Instant::now();
+        let mut session = Session {
+            first: true,
+            backlog_since: None,
+            last_message: tokio::time::Instant::now(),
+        };
+        let mut moved = tokio::time::Instant::now();
         loop {
-            let quiet = tokio::time::sleep(Duration::from_millis(100));
-            let event = tokio::select! {
+            let deadline = moved + self.stall_after;
+            let step = tokio::select! {
                 _ = shutdown.cancelled() => {
-                    let _ = self.client.disconnect().await;
+                    let _ = self.client.try_disconnect();
                     return;
                 }
-                event = event_loop.poll() => event,
-                _ = quiet => {
-                    if let Some(since) = backlog_since
-                        && (last_message.elapsed() >= BACKLOG_QUIET || since.elapsed() >= BACKLOG_MAX)
-                    {
-                        backlog_since = None;
-                        if !self.send(Inbound::CaughtUp).await {
-                            return;
-                        }
-                    }
-                    continue;
-                }
+                step = self.step(&mut event_loop, &mut session, &shutdown) => Some(step),
+                _ = tokio::time::sleep_until(deadline) => None,
             };
-            match event {
-                Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
-                    info!(
-                        session_present = ack.session_present,
-                        "connected to the MQTT broker"
+            match step {
+                Some(Step::Moved | Step::Failed) => {
+                    moved = tokio::time::Instant::now();
+                    self.health.progress();
+                }
+                Some(Step::Quiet) => {}
+                Some(Step::CoreGone) => return,
+                None => {
+                    let waiting = Waiting::describe(self.waiting.load(Ordering::Relaxed));
+                    let seconds = self.stall_after.as_secs_f64();
+                    warn!(
+                        seconds,
+                        waiting,
+                        "the MQTT link has not moved for {seconds:.0} s ({waiting}); \
+                         dropping the connection and connecting again"
                     );
-                    for filter in self.topics.server_filters() {
-                        if let Err(e) = self.client.subscribe(filter, QoS::AtLeastOnce).await {
-                            warn!(error = %e, "cannot subscribe");
-                        }
-                    }
-                    if first {
-                        backlog_since = Some(tokio::time::Instant::now());
-                        last_message = tokio::time::Instant::now();
-                    }
-                    // The broker came back without our session: it lost what
-                    // it kept, retained intents too. Send them again.
-                    if !ack.session_present && !first && !self.send(Inbound::Resend).await {
-                        return;
-                    }
-                    first = false;
-                }
-                Ok(Event::Incoming(Incoming::Publish(publish))) => {
-                    last_message = tokio::time::Instant::now();
-                    if !self.on_publish(publish).await {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    warn!(error = %e, "MQTT connection failed; reconnecting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = shutdown.cancelled() => return,
-                    }
+                    self.health.stalled(format!(
+                        "did not move for {seconds:.0} s ({waiting}); reconnecting"
+                    ));
+                    self.waiting.store(Waiting::Broker as u8, Ordering::Relaxed);
+                    // Drops the connection; the next poll connects again and
+                    // the broker resends what this replica did not
+                    // acknowledge (the message in hand, if any).
+                    event_loop.clean();
+                    moved = tokio::time::Instant::now();
                 }
             }
+        }
+    }
+
+    /// One turn: the next event from the broker's connection, handled.
+    async fn step(
+        self: &Arc<Self>,
+        event_loop: &mut EventLoop,
+        session: &mut Session,
+        shutdown: &CancellationToken,
+    ) -> Step {
+        let event = tokio::select! {
+            event = event_loop.poll() => event,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                if let Some(since) = session.backlog_since
+                    && (session.last_message.elapsed() >= BACKLOG_QUIET
+                        || since.elapsed() >= BACKLOG_MAX)
+                {
+                    session.backlog_since = None;
+                    if !self.send(Inbound::CaughtUp).await {
+                        return Step::CoreGone;
+                    }
+                }
+                return Step::Quiet;
+            }
+        };
+        match event {
+            Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
+                info!(
+                    session_present = ack.session_present,
+                    "connected to the MQTT broker"
+                );
+                self.health.connected();
+                self.subscribe();
+                if session.first {
+                    session.backlog_since = Some(tokio::time::Instant::now());
+                    session.last_message = tokio::time::Instant::now();
+                }
+                // The broker came back without our session: it lost what
+                // it kept, retained intents too. Send them again.
+                if !ack.session_present && !session.first && !self.send(Inbound::Resend).await {
+                    return Step::CoreGone;
+                }
+                session.first = false;
+            }
+            Ok(Event::Incoming(Incoming::Publish(publish))) => {
+                session.last_message = tokio::time::Instant::now();
+                if !self.on_publish(publish).await {
+                    return Step::CoreGone;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "MQTT connection failed; reconnecting");
+                self.health.connecting(format!("connection failed: {e}"));
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                return Step::Failed;
+            }
+        }
+        Step::Moved
+    }
+
+    /// Subscribes to what the control plane reads, without waiting in the loop.
+    fn subscribe(self: &Arc<Self>) {
+        let filters = || {
+            self.topics
+                .server_filters()
+                .map(|filter| SubscribeFilter::new(filter, QoS::AtLeastOnce))
+        };
+        if self.client.try_subscribe_many(filters()).is_err() {
+            let (links, filters) = (self.clone(), filters());
+            tokio::spawn(async move {
+                if let Err(e) = links.client.subscribe_many(filters).await {
+                    warn!(error = %e, "cannot subscribe");
+                }
+            });
         }
     }
 
@@ -146,7 +273,7 @@ impl MqttLinks {
         let (inbound, answer) = match topic {
             // The control plane's own clearing of a retained status.
             Some(Topic::Status(..)) if publish.payload.is_empty() => {
-                self.ack(&publish).await;
+                self.ack_soon(publish);
                 return true;
             }
             Some(Topic::Status(device, job)) => {
@@ -167,12 +294,12 @@ impl MqttLinks {
                     }
                     Ok(_) => {
                         warn!(topic = %publish.topic, "status names another job than its topic; ignored");
-                        self.ack(&publish).await;
+                        self.ack_soon(publish);
                         return true;
                     }
                     Err(e) => {
                         warn!(topic = %publish.topic, error = %e, "unreadable status ignored");
-                        self.ack(&publish).await;
+                        self.ack_soon(publish);
                         return true;
                     }
                 }
@@ -208,7 +335,7 @@ impl MqttLinks {
                 }
                 _ => {
                     warn!(topic = %publish.topic, "unusable hello ignored");
-                    self.ack(&publish).await;
+                    self.ack_soon(publish);
                     return true;
                 }
             },
@@ -230,7 +357,7 @@ impl MqttLinks {
                         ),
                         _ => {
                             debug!(topic = %publish.topic, "unusable heartbeat ignored");
-                            self.ack(&publish).await;
+                            self.ack_soon(publish);
                             return true;
                         }
                     }
@@ -238,7 +365,7 @@ impl MqttLinks {
             }
             _ => {
                 debug!(topic = %publish.topic, "message on an unexpected topic ignored");
-                self.ack(&publish).await;
+                self.ack_soon(publish);
                 return true;
             }
         };
@@ -268,9 +395,19 @@ impl MqttLinks {
                     }
                 });
             }
-            None => self.ack(&publish).await,
+            None => self.ack_soon(publish),
         }
         true
+    }
+
+    /// Acknowledges a message to the broker from the loop: at once when the
+    /// request queue has room, else from a task that waits for it (the loop
+    /// must not: only it makes room).
+    fn ack_soon(self: &Arc<Self>, publish: Publish) {
+        if self.client.try_ack(&publish).is_err() {
+            let links = self.clone();
+            tokio::spawn(async move { links.ack(&publish).await });
+        }
     }
 
     async fn ack(&self, publish: &Publish) {
@@ -324,6 +461,10 @@ impl AgentLinks for MqttLinks {
 
     fn brokered(&self) -> bool {
         true
+    }
+
+    fn health(&self) -> LinkHealth {
+        self.health.get()
     }
 
     fn deliver<'a>(

@@ -14,7 +14,8 @@ use agent_core::model::{Heartbeat, Intent, JobStatus};
 use agent_core::{DeviceId, JobId};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
-    AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
+    AgentHello, AgentLinks, Answer, Delivered, Event, HealthCell, Inbound, LinkError, LinkHealth,
+    LinkState, Reply,
 };
 use futures_util::StreamExt;
 use jiff::Timestamp;
@@ -31,6 +32,9 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct NatsLinks {
     buckets: Buckets,
     events: mpsc::Sender<Event>,
+    /// The status watch's health: up once it follows the bucket, stalled
+    /// when its watchdog finds it stopped short.
+    health: HealthCell,
 }
 
 fn link_error(e: impl std::fmt::Display) -> LinkError {
@@ -42,7 +46,11 @@ fn link_error(e: impl std::fmt::Display) -> LinkError {
 
 impl NatsLinks {
     pub fn new(buckets: Buckets, events: mpsc::Sender<Event>) -> Arc<Self> {
-        Arc::new(Self { buckets, events })
+        Arc::new(Self {
+            buckets,
+            events,
+            health: HealthCell::default(),
+        })
     }
 
     /// Runs the watchers until `shutdown`. Statuses are handed over from the
@@ -86,6 +94,7 @@ impl NatsLinks {
             }
             match self.buckets.statuses.watch_all_from_revision(next).await {
                 Ok(mut watch) => {
+                    self.health.connected();
                     let mut check = crate::Watchdog::checks();
                     let mut dog = crate::Watchdog::default();
                     loop {
@@ -102,6 +111,11 @@ impl NatsLinks {
                                 };
                                 if dog.stalled(next - 1, last) {
                                     warn!(after = next - 1, last, "the status watch stopped short of the bucket; resuming");
+                                    self.health.stalled(format!(
+                                        "the status watch stopped at revision {} short of the bucket's {}; resuming",
+                                        next - 1,
+                                        last.map_or_else(|| "unknown last revision".to_owned(), |l| l.to_string())
+                                    ));
                                     break;
                                 }
                                 continue;
@@ -109,6 +123,7 @@ impl NatsLinks {
                         };
                         match entry {
                             Some(Ok(entry)) => {
+                                self.health.progress();
                                 let revision = entry.revision;
                                 let current = entry.seen_current
                                     || backlog_end.is_some_and(|end| revision >= end);
@@ -130,7 +145,11 @@ impl NatsLinks {
                         }
                     }
                 }
-                Err(e) => warn!(error = %e, "cannot watch the status bucket"),
+                Err(e) => {
+                    warn!(error = %e, "cannot watch the status bucket");
+                    self.health
+                        .connecting(format!("cannot watch the status bucket: {e}"));
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -362,6 +381,16 @@ impl AgentLinks for NatsLinks {
 
     fn brokered(&self) -> bool {
         true
+    }
+
+    fn health(&self) -> LinkHealth {
+        let mut health = self.health.get();
+        let connection = self.buckets.client.connection_state();
+        if connection != async_nats::connection::State::Connected {
+            health.state = LinkState::Connecting;
+            health.reason = Some(format!("not connected to NATS ({connection})"));
+        }
+        health
     }
 
     fn deliver<'a>(
