@@ -67,6 +67,8 @@ pub struct Figures {
     pub pass_seconds: f64,
     /// Of the pass time, waiting for the store's commits (deployments only).
     pub store_seconds: Option<f64>,
+    /// The one-minute load average when the run was applied and when it ended.
+    pub load: (f64, f64),
 }
 
 impl Figures {
@@ -74,16 +76,21 @@ impl Figures {
         "| devices | transport | work | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB) | broker RSS (MiB) | passes | pass time (s, % of run) | of which store waits (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     }
 
+    /// The transport column's words.
+    pub fn transport_label(&self) -> &'static str {
+        match (self.transport, self.cluster) {
+            (Transport::Websocket, _) => "WebSocket",
+            (Transport::Nats, false) => "NATS",
+            (Transport::Nats, true) => "NATS, 3-node cluster (R3)",
+            (Transport::Mqtt, _) => "MQTT",
+        }
+    }
+
     pub fn row(&self) -> String {
         format!(
             "| {} | {} | {} | {:.1} | {}{:.1} | {:.2} | {:.1} | {:.1} | {} | {} | {} | {:.2} ({:.1} %) | {} |",
             self.devices,
-            match (self.transport, self.cluster) {
-                (Transport::Websocket, _) => "WebSocket",
-                (Transport::Nats, false) => "NATS",
-                (Transport::Nats, true) => "NATS, 3-node cluster (R3)",
-                (Transport::Mqtt, _) => "MQTT",
-            },
+            self.transport_label(),
             self.work,
             self.connect_seconds,
             if self.complete {
@@ -564,6 +571,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     };
     let engine_before = api.get("/summary").await?["engine"].clone();
     let start: Usage = procstat::usage(pid).context("control-plane usage")?;
+    let load_before = procstat::load_average().unwrap_or(f64::NAN);
     let started = Instant::now();
     api.post("/apply", &manifest).await?;
     let mut complete = false;
@@ -591,6 +599,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     }
     let run_seconds = started.elapsed().as_secs_f64();
     let end = procstat::usage(pid).context("control-plane usage")?;
+    let load_after = procstat::load_average().unwrap_or(f64::NAN);
     let engine_after = api.get("/summary").await?["engine"].clone();
     let (passes_key, seconds_key) = if options.deployment_concurrency.is_some() {
         ("deploymentPasses", "deploymentPassSeconds")
@@ -644,6 +653,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         passes,
         pass_seconds,
         store_seconds,
+        load: (load_before, load_after),
     })
 }
 

@@ -12,6 +12,7 @@ pub mod footprint;
 pub mod mqtt;
 pub mod nats;
 pub mod procstat;
+pub mod summary;
 pub mod ws;
 
 use agent_core::model::{Heartbeat, HeldJob, Intent, JobState, JobStatus, StepRecord, StepState};

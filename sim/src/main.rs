@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use drover_sim::bench::{self, BenchOptions, Figures, Transport};
+use drover_sim::bench::{self, BenchOptions, Transport};
 use drover_sim::footprint::{self, FootprintOptions};
 use drover_sim::{Behaviour, device_ids};
 use std::path::{Path, PathBuf};
@@ -101,6 +101,10 @@ enum Command {
         /// bucket with three replicas, the agents spread over the nodes.
         #[arg(long)]
         nats_cluster: bool,
+        /// Runs of each row: the table shows each figure's median with its
+        /// minimum and maximum (each run's own row goes to stderr).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
 }
 
@@ -226,6 +230,7 @@ fn main() -> Result<()> {
                 keep,
                 deployment_concurrency,
                 nats_cluster,
+                runs,
             } => {
                 let drover = beside_this(drover, "drover")?;
                 let options = BenchOptions {
@@ -238,13 +243,23 @@ fn main() -> Result<()> {
                     deployment_concurrency,
                     nats_cluster,
                 };
-                println!("{}", Figures::header());
+                println!("{}", drover_sim::summary::header());
                 for size in devices {
-                    match bench::measure(&options, size).await {
-                        Ok(figures) => println!("{}", figures.row()),
-                        Err(e) => {
-                            println!("| {size} | {transport:?} | failed: {e:#} | | | | | | | | | |")
+                    let mut figures = Vec::new();
+                    for run in 1..=runs.max(1) {
+                        match bench::measure(&options, size).await {
+                            Ok(one) => {
+                                eprintln!("run {run} of {runs}: {}", one.row());
+                                figures.push(one);
+                            }
+                            Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
                         }
+                    }
+                    match drover_sim::summary::row(&figures) {
+                        Some(row) => println!("{row}"),
+                        None => println!(
+                            "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | |"
+                        ),
                     }
                 }
                 Ok(())

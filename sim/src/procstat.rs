@@ -83,6 +83,17 @@ pub fn memory(pid: u32) -> Option<Memory> {
     })
 }
 
+/// The one-minute load average (/proc/loadavg), printed beside figures so a
+/// reader knows how busy the machine was.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
