@@ -266,15 +266,14 @@ pub struct MqttArgs {
     /// Topic prefix.
     #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
     pub mqtt_prefix: String,
-    /// Requests (publishes, acknowledgements, subscriptions) waiting for
-    /// the link's event loop to send them. Hidden: the tests shrink it to
-    /// show that nothing waits on a queue only it drains.
-    #[arg(long, hide = true, default_value_t = transport_mqtt::server::REQUEST_QUEUE)]
+    /// Requests (publishes, acknowledgements, subscriptions) that may wait
+    /// for the link to send them; more wait in tasks of their own.
+    #[arg(long, default_value_t = transport_mqtt::server::REQUEST_QUEUE)]
     pub mqtt_request_queue: usize,
     /// The MQTT keep-alive: the broker drops a control plane silent for 1.5
-    /// times this, and the link calls itself stalled after as long without
-    /// moving. Hidden: the tests shorten it.
-    #[arg(long, hide = true, default_value_t = 30)]
+    /// times this, and the link calls itself stalled (and reconnects) after
+    /// as long without moving.
+    #[arg(long, default_value_t = 30)]
     pub mqtt_keep_alive_seconds: u64,
 }
 

@@ -37,8 +37,6 @@ pub const PRESENCE_PERSIST: SignedDuration = SignedDuration::from_secs(300);
 const MAX_BATCH: usize = 8192;
 /// Upper bound of deliveries in flight at once.
 const MAX_IN_FLIGHT: usize = 512;
-/// How long a small batch waits for more events before its commit.
-const GATHER: Duration = Duration::from_millis(3);
 /// How often a batch that lost a revision race is tried again.
 const ROUNDS: usize = 5;
 /// How long events nobody waits on (statuses a broker handed over) are
@@ -351,14 +349,11 @@ impl Dispatcher {
                 event = events.recv() => {
                     let Some(first) = event else { return };
                     let arrived = std::time::Instant::now();
+                    // Group commit without a wait: what arrived meanwhile
+                    // goes into this batch, and what arrives during its
+                    // commit (the fsync) into the next.
                     let mut batch = vec![first];
                     drain(&mut events, &mut batch);
-                    if batch.len() < MAX_BATCH / 8 {
-                        // Writes that arrive within a few milliseconds share
-                        // one commit and one fsync (group commit).
-                        tokio::time::sleep(GATHER).await;
-                        drain(&mut events, &mut batch);
-                    }
                     let events = batch.len();
                     self.handle(batch).await;
                     // Every event of the batch waited as long as its first.

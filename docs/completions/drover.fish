@@ -71,6 +71,8 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-password -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-ca -d 'CA certificate of the broker (mqtts://)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-prefix -d 'Topic prefix' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-request-queue -d 'Requests (publishes, acknowledgements, subscriptions) that may wait for the link to send them; more wait in tasks of their own' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-keep-alive-seconds -d 'The MQTT keep-alive: the broker drops a control plane silent for 1.5 times this, and the link calls itself stalled (and reconnects) after as long without moving' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l store -d 'Where the control plane keeps its state: `embedded` (redb in --data; one replica) or `nats` (JetStream KV; several replicas)' -r -f -a "embedded\t''
 nats\t''"
 complete -c drover -n "__fish_drover_using_subcommand serve" -l server -d 'The control plane\'s API' -r

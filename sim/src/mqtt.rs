@@ -5,7 +5,7 @@
 
 use crate::SimAgent;
 use agent_core::wire::parse_intent_bytes;
-use rumqttc::{AsyncClient, Event, Incoming, Outgoing, QoS};
+use rumqttc::{Event, Incoming, Outgoing, QoS};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -45,7 +45,7 @@ async fn session(
         keep_alive: Duration::from_secs(60),
     };
     let options = transport_mqtt::options(&settings, agent.device.as_str())?;
-    let (client, mut events) = AsyncClient::new(options, 64);
+    let (client, mut events) = transport_mqtt::client(options, 64);
     let mut asked: VecDeque<Option<u64>> = VecDeque::new();
     let mut in_flight: HashMap<u16, u64> = HashMap::new();
     let mut sent: HashSet<u64> = HashSet::new();

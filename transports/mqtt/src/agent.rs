@@ -47,7 +47,7 @@ pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<()
     let mut options =
         options(settings, &format!("{client_id}.check")).map_err(|e| e.to_string())?;
     options.set_clean_session(true);
-    let (client, mut events) = AsyncClient::new(options, 8);
+    let (client, mut events) = crate::client(options, 8);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         match tokio::time::timeout_at(deadline, events.poll()).await {
@@ -137,7 +137,7 @@ async fn session(
         QoS::AtLeastOnce,
         false,
     ));
-    let (client, mut events) = AsyncClient::new(options, REQUEST_QUEUE);
+    let (client, mut events) = crate::client(options, REQUEST_QUEUE);
     let mut pending = Pending {
         asked: VecDeque::new(),
         in_flight: HashMap::new(),

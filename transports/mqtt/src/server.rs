@@ -104,7 +104,7 @@ impl MqttLinks {
     ) -> Result<(Arc<Self>, EventLoop), crate::MqttError> {
         let mut options = options(settings, client_id)?;
         options.set_manual_acks(true).set_inflight(1000);
-        let (client, event_loop) = AsyncClient::new(options, request_queue.max(1));
+        let (client, event_loop) = crate::client(options, request_queue.max(1));
         Ok((
             Arc::new(Self {
                 client,

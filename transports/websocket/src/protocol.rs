@@ -89,24 +89,31 @@ pub enum DecodeError {
     Binary,
 }
 
+/// Parses a message once, straight into its type; only a message that
+/// does not parse is read again, as generic JSON, to say what is wrong with
+/// it (not JSON, no type, an unknown type, or a malformed known one).
 fn decode<T: for<'de> Deserialize<'de>>(text: &str, known: &[&str]) -> Result<T, DecodeError> {
     if text.len() > MAX_MESSAGE_BYTES {
         return Err(DecodeError::TooLarge { size: text.len() });
     }
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
-    let kind = value
-        .get("type")
-        .and_then(|t| t.as_str())
-        .ok_or(DecodeError::NoType)?
-        .to_owned();
-    if !known.contains(&kind.as_str()) {
-        return Err(DecodeError::UnknownType(kind));
+    serde_json::from_str(text).map_err(|typed| explain(text, known, &typed))
+}
+
+fn explain(text: &str, known: &[&str], typed: &serde_json::Error) -> DecodeError {
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(e) => return DecodeError::NotJson(e.to_string()),
+    };
+    let Some(kind) = value.get("type").and_then(|t| t.as_str()) else {
+        return DecodeError::NoType;
+    };
+    if !known.contains(&kind) {
+        return DecodeError::UnknownType(kind.to_owned());
     }
-    serde_json::from_value(value).map_err(|e| DecodeError::Malformed {
-        kind,
-        reason: e.to_string(),
-    })
+    DecodeError::Malformed {
+        kind: kind.to_owned(),
+        reason: typed.to_string(),
+    }
 }
 
 impl AgentMessage {
