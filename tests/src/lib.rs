@@ -90,6 +90,63 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Every regular file under `dir`, at any depth (sockets and the like left out).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The files under `dir` that hold `needle` anywhere in their bytes.
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|file| {
+            std::fs::read(file)
+                .map(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A test that cannot run on this machine (it needs root, say). Under CI
+/// (`CI=true`), where every test must run, that is a failure. Elsewhere it
+/// says why on stderr and adds a line to `target/test-artefacts/skipped.txt`,
+/// which `scripts/test.sh` prints and counts at the end, so a skip is never
+/// silent.
+pub fn cannot_run_here(test: &str, reason: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test} cannot run here ({reason}), and CI runs every test");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artefacts");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("skipped.txt"))
+    {
+        use std::io::Write;
+        let _ = writeln!(file, "{test}: {reason}");
+    }
+}
+
 /// Polls `check` until it returns Some, or panics with `what` after `timeout`.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
 where
@@ -780,6 +837,24 @@ impl ControlPlane {
             .expect("json")
     }
 
+    /// Returns once the engine has finished every pass that began before
+    /// this call, so that a check of "nothing changed" follows the passes
+    /// that would have changed it: two runs with no targets, applied one
+    /// after the other; the engine ends each (NoTargets) in a pass, and a
+    /// pass starts only after the one before it ended.
+    pub async fn engine_barrier(&self) {
+        for _ in 0..2 {
+            let name = format!("barrier-{}", uuid::Uuid::new_v4());
+            self.apply(json!({
+                "apiVersion": API_VERSION, "kind": "TaskRun", "metadata": {"name": name},
+                "spec": {"allowedGroups": ["drover-test-no-such-group"], "deadlineSeconds": 600, "systemUpgradeV1": {}}
+            }))
+            .await;
+            let run = self.wait_run_finished(&name, Duration::from_secs(30)).await;
+            assert_eq!(run["status"]["reason"], "NoTargets", "{run}");
+        }
+    }
+
     /// `GET /healthz`: its status code and body (no token needed).
     pub async fn healthz(&self) -> (u16, String) {
         let response = self
@@ -1140,15 +1215,23 @@ impl AgentProcess {
     /// Asserts the agent holds one job whose every step ran once: nothing
     /// ran twice.
     pub fn assert_one_job_run_once(&self) {
+        self.assert_jobs_run_once(1);
+    }
+
+    /// Asserts the agent holds `count` jobs, each an upgrade whose every
+    /// step ran once.
+    pub fn assert_jobs_run_once(&self, count: usize) {
         let jobs = self.jobs();
-        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
-        let tries: Vec<u64> = jobs[0]["steps"]
-            .as_array()
-            .expect("steps")
-            .iter()
-            .map(|s| s["tries"].as_u64().unwrap_or(9))
-            .collect();
-        assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice: {jobs}");
+        assert_eq!(jobs.as_array().map(Vec::len), Some(count), "{jobs}");
+        for job in jobs.as_array().into_iter().flatten() {
+            let tries: Vec<u64> = job["steps"]
+                .as_array()
+                .expect("steps")
+                .iter()
+                .map(|s| s["tries"].as_u64().unwrap_or(9))
+                .collect();
+            assert_eq!(tries, vec![1, 1, 1, 1, 1], "nothing ran twice: {jobs}");
+        }
     }
 
     /// `drover-agent jobs --json` against this agent's socket.
@@ -1304,5 +1387,102 @@ impl Drop for SmallDisk {
             .arg("-l")
             .arg(&self.0)
             .status();
+    }
+}
+
+/// One put: the key (`<device>.<job>`) and the payload.
+type Put = (String, Vec<u8>);
+
+/// Every put on the intent bucket's subjects that one NATS connection saw
+/// from the moment it subscribed, in order: what the control plane released,
+/// counted from the broker's side across kills and restarts (a delete, a
+/// withdrawn intent, carries no payload and is not kept).
+pub struct IntentPuts {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Put>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl IntentPuts {
+    /// Subscribes on `url` (one node) as `user`; returns once subscribed.
+    pub async fn record(url: &str, user: &str, password: &str) -> Self {
+        use futures_util::StreamExt;
+        let client =
+            async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+                .connect(url)
+                .await
+                .expect("connect the intent recorder");
+        let mut subscription = client
+            .subscribe("$KV.system-upgrade-intent.>")
+            .await
+            .expect("subscribe to the intent bucket's subjects");
+        client.flush().await.expect("flush the subscription");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let task = tokio::spawn(async move {
+            let _client = client;
+            while let Some(message) = subscription.next().await {
+                let operation = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("KV-Operation"))
+                    .map(|v| v.as_str().to_owned());
+                if operation.is_none() && !message.payload.is_empty() {
+                    let key = message
+                        .subject
+                        .as_str()
+                        .trim_start_matches("$KV.system-upgrade-intent.")
+                        .to_owned();
+                    kept.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((key, message.payload.to_vec()));
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// Key (`<device>.<job>`) → every payload put there, in order.
+    pub fn per_key(&self) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+        let mut keys: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+        for (key, payload) in self.seen.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            keys.entry(key.clone()).or_default().push(payload.clone());
+        }
+        keys
+    }
+
+    /// Checks one release per device for `job`: each device's key holds
+    /// puts of one and the same signed intent for this job (a put repeated
+    /// after a lost acknowledgement is the same release), and no other key
+    /// was put. Returns how many puts each key saw.
+    pub fn assert_one_release_each(&self, devices: &[&str], job: &str) -> Vec<(String, usize)> {
+        let keys = self.per_key();
+        let expected: std::collections::BTreeSet<String> =
+            devices.iter().map(|d| format!("{d}.{job}")).collect();
+        let got: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
+        assert_eq!(got, expected, "the keys the intent bucket was put under");
+        let mut counts = Vec::new();
+        for (key, payloads) in &keys {
+            let distinct: std::collections::BTreeSet<&Vec<u8>> = payloads.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                1,
+                "{key} was released {} different ways: {:?}",
+                distinct.len(),
+                distinct
+                    .iter()
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>()
+            );
+            let intent: Value = serde_json::from_slice(payloads[0].as_slice()).expect("an intent");
+            assert_eq!(intent["jobId"], job, "{intent}");
+            counts.push((key.clone(), payloads.len()));
+        }
+        counts
+    }
+}
+
+impl Drop for IntentPuts {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

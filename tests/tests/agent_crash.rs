@@ -179,7 +179,10 @@ async fn a_full_disk_stops_the_agent_clearly_and_loses_no_job() {
     let cp = ControlPlane::start(&[]);
     let dir = cp.dir.path().join("agent-full-1");
     let Some(disk) = SmallDisk::mount(&dir.join("state"), "1m") else {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+        drover_tests::cannot_run_here(
+            "a_full_disk_stops_the_agent_clearly_and_loses_no_job",
+            "mounting a small tmpfs needs root",
+        );
         return;
     };
     cp.apply_device("full-1", &["full"], json!({})).await;
@@ -231,7 +234,10 @@ async fn a_full_disk_stops_the_control_plane_clearly_and_loses_nothing() {
     let kept = dir.path().join("data.prepared");
     std::fs::rename(&data, &kept).expect("set the prepared data aside");
     let Some(disk) = SmallDisk::mount(&data, "8m") else {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+        drover_tests::cannot_run_here(
+            "a_full_disk_stops_the_control_plane_clearly_and_loses_nothing",
+            "mounting a small tmpfs needs root",
+        );
         return;
     };
     for entry in std::fs::read_dir(&kept).expect("prepared data") {

@@ -796,13 +796,35 @@ async fn the_jobs_budget_holds_across_calls_and_restarts() {
         (jiff::Timestamp::now() > reached + jiff::SignedDuration::from_secs(11)).then_some(())
     })
     .await;
+    let restarted = jiff::Timestamp::now();
     rig.agent.restart();
     rig.server = Script::accept(&rig.listener, DEVICE).await;
     let status = rig.result(&job).await;
+    let answered = jiff::Timestamp::now();
     assert_eq!(status["state"], "Failed", "{status:#}\n{}", rig.agent.log());
     let error = status["error"].as_str().unwrap_or("");
     assert!(error.contains("budget"), "{error}");
     assert_eq!(step(&status, "full-upgrade")["state"], "Failed");
+    // Counted from the job's start, the budget ended before the restart; a
+    // budget counted from the restart would end 10 s after it.
+    let ran_out: jiff::Timestamp = error
+        .split("ran out at ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|at| {
+            at.trim_end_matches(|c: char| !c.is_ascii_digit() && c != 'Z')
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("the error names when the budget ran out: {error}"));
+    assert!(
+        ran_out < restarted,
+        "the budget ran out at {ran_out}, after the restart at {restarted}: it was counted from the restart"
+    );
+    assert!(
+        answered < restarted + jiff::SignedDuration::from_secs(8),
+        "the job failed at {answered}, not at once after the restart at {restarted}"
+    );
     assert!(
         rig.sandbox.path("/tmp/HOLD_PREINST").exists(),
         "the call was stopped, not released"

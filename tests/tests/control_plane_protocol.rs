@@ -80,19 +80,31 @@ async fn a_job_not_acked_in_time_is_sent_again_on_the_open_connection_and_after_
     ))
     .await
     .expect("ack");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     drop(ws);
     let mut ws = connect(&cp, "hand-1", &token).await.expect("reconnect");
-    hello(
-        &mut ws,
-        "hand-1",
-        json!([{"jobId": job_id, "state": "Running"}]),
+    let hello_boot2 = json!({
+        "type": "hello", "deviceId": "hand-1", "agentVersion": "hand", "bootId": "boot-2",
+        "capabilities": ["systemUpgradeV1"], "jobs": [{"jobId": job_id, "state": "Running"}]
+    });
+    ws.send(Message::text(hello_boot2.to_string()))
+        .await
+        .expect("hello");
+    // The hello is handled (its boot id is committed), and whatever it makes
+    // the core send goes out at once. An ack is kept in the core's memory,
+    // not in a record (issue 29's state model would show it), so the check
+    // is the connection itself: nothing arrives in the second after.
+    drover_tests::eventually(
+        Duration::from_secs(10),
+        "the hello to be handled",
+        || async { (cp.get("/devices/hand-1").await["bootId"] == "boot-2").then_some(()) },
     )
     .await;
     assert!(
-        next_json(&mut ws, Duration::from_secs(4)).await.is_none(),
+        next_json(&mut ws, Duration::from_secs(1)).await.is_none(),
         "a held job is not re-sent"
     );
+    let targets = cp.targets("hand-run").await;
+    assert!(targets[0]["status"].is_null(), "{}", targets[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +255,8 @@ async fn a_result_after_the_deadline_cannot_reopen_a_failed_run() {
         .await
         .expect("received");
     assert_eq!(received["type"], "received");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The engine's passes after the late result was committed are over.
+    cp.engine_barrier().await;
     let after = cp.get("/taskruns/late-run").await;
     assert_eq!(
         after["status"], run["status"],

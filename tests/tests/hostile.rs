@@ -923,20 +923,20 @@ async fn control_plane_agent_endpoint_table() {
 }
 
 /// Sessions that must not open or must end: (what, device in the path, whose token, first frame, error fragment or "" for a refused handshake).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_sessions_table() {
-    let cp = ControlPlane::start(&[]);
-    cp.apply_device("se-1", &["se"], json!({})).await;
-    cp.apply(device(
-        "se-gone",
-        json!({}),
-        json!({"decommissioned": true}),
-    ))
-    .await;
-    let own = cp.device_token("se-1");
-    let other = cp.device_token("se-2");
-    let gone = cp.device_token("se-gone");
-    let cases: Vec<(&str, &str, String, Option<Message>, &str)> = vec![
+/// The sessions table: (what, the device in the path, the token, the first
+/// message, the error fragment); no first message means the handshake
+/// itself must be refused.
+type SessionCase = (
+    &'static str,
+    &'static str,
+    String,
+    Option<Message>,
+    &'static str,
+);
+
+fn session_cases(own: &str, other: &str, gone: &str) -> Vec<SessionCase> {
+    let (own, other, gone) = (own.to_owned(), other.to_owned(), gone.to_owned());
+    vec![
         ("no token", "se-1", String::new(), None, ""),
         ("another device's token", "se-1", other.clone(), None, ""),
         ("a made-up token", "se-1", "ab".repeat(32), None, ""),
@@ -978,8 +978,27 @@ async fn control_plane_sessions_table() {
             Some(hello("se-gone")),
             "is decommissioned",
         ),
-    ];
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_sessions_table() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("se-1", &["se"], json!({})).await;
+    cp.apply(device(
+        "se-gone",
+        json!({}),
+        json!({"decommissioned": true}),
+    ))
+    .await;
+    let own = cp.device_token("se-1");
+    let other = cp.device_token("se-2");
+    let gone = cp.device_token("se-gone");
+    let cases = session_cases(&own, &other, &gone);
+    let declared = cases.len();
+    let mut ran = 0;
     for (what, path, token, first, fragment) in cases {
+        ran += 1;
         let connected = connect_as(&cp, path, &token).await;
         let Some(first) = first else {
             let err = connected
@@ -1003,6 +1022,7 @@ async fn control_plane_sessions_table() {
         );
         assert!(closed(&mut ws).await, "{what}: the session ends");
     }
+    assert_eq!(ran, declared, "every row of the sessions table ran");
     // One session per device: each new one replaces the one before. (Each
     // is opened once the one before it is registered: sessions that say
     // hello at the same moment are ordered by the server, not the client.)
@@ -1184,6 +1204,33 @@ const AGENT_CASES: &[AgentCase] = &[
     ),
 ];
 
+/// Server messages the agent cannot use: (what, the frame, the fragment of
+/// the agent's error answer).
+fn unusable_frames() -> Vec<(&'static str, Message, &'static str)> {
+    vec![
+        (
+            "an unknown server message",
+            Message::text(json!({"type": "reboot", "now": true}).to_string()),
+            "unknown message type \"reboot\"",
+        ),
+        (
+            "a binary frame",
+            Message::Binary(vec![1u8; 4].into()),
+            "binary frames",
+        ),
+        (
+            "a cancel with a bad id",
+            Message::text(json!({"type": "cancel", "jobId": 42}).to_string()),
+            "malformed cancel message",
+        ),
+        (
+            "a 200 KB frame",
+            Message::text(json!({"type": "error", "message": "x".repeat(200 * 1024)}).to_string()),
+            "over the protocol limit",
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_link_table() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -1221,29 +1268,11 @@ async fn agent_link_table() {
         }
     }
     // Server messages the agent cannot use: answered, nothing breaks.
-    let frames: Vec<(&str, Message, &str)> = vec![
-        (
-            "an unknown server message",
-            Message::text(json!({"type": "reboot", "now": true}).to_string()),
-            "unknown message type \"reboot\"",
-        ),
-        (
-            "a binary frame",
-            Message::Binary(vec![1u8; 4].into()),
-            "binary frames",
-        ),
-        (
-            "a cancel with a bad id",
-            Message::text(json!({"type": "cancel", "jobId": 42}).to_string()),
-            "malformed cancel message",
-        ),
-        (
-            "a 200 KB frame",
-            Message::text(json!({"type": "error", "message": "x".repeat(200 * 1024)}).to_string()),
-            "over the protocol limit",
-        ),
-    ];
+    let frames = unusable_frames();
+    let declared = frames.len();
+    let mut ran = 0;
     for (what, frame, fragment) in frames {
+        ran += 1;
         server.ws.send(frame).await.expect("send");
         let error = server.next_of("error").await;
         let message = error["message"].as_str().unwrap_or("");
@@ -1252,6 +1281,7 @@ async fn agent_link_table() {
             "{what}: expected {fragment:?} in {message:?}"
         );
     }
+    assert_eq!(ran, declared, "every unusable server message was sent");
     // Refusals of unsigned jobs are recorded as such on the device.
     let jobs = agent.jobs();
     let unverified = jobs
@@ -1397,11 +1427,13 @@ fn garbage(path: &Path) {
     file.write_all(&vec![0xA5u8; 32 * 1024]).expect("write");
 }
 
-#[test]
-fn control_plane_files_table() {
-    // (what, how the data directory is damaged, extra serve args, error fragment).
-    type Damage = fn(&Path);
-    let cases: Vec<(&str, Damage, Vec<&str>, &str)> = vec![
+/// How a data directory or store file is damaged.
+type Damage = fn(&Path);
+
+/// The control plane's files table: (what, how the data directory is
+/// damaged, extra serve args, error fragment).
+fn control_plane_damages() -> Vec<(&'static str, Damage, Vec<&'static str>, &'static str)> {
+    vec![
         (
             "an empty drover.redb",
             |d| std::fs::write(d.join("drover.redb"), b"").expect("truncate"),
@@ -1461,8 +1493,52 @@ fn control_plane_files_table() {
             vec!["--token", ""],
             "is empty; an empty token is never accepted",
         ),
-    ];
+    ]
+}
+
+/// The control plane's files table's rows written as code.
+const CONTROL_PLANE_FILE_ROWS: &[&str] = &[
+    "reset-store moves a damaged database aside",
+    "an empty operator token is refused",
+];
+
+/// Rows of a table written as code rather than data: each is named in a
+/// list, ticked as it runs, and the table ends by checking every named row
+/// ran, so the lists the count test adds up are what runs.
+struct Rows {
+    names: &'static [&'static str],
+    ran: Vec<&'static str>,
+}
+
+impl Rows {
+    fn new(names: &'static [&'static str]) -> Self {
+        Self {
+            names,
+            ran: Vec::new(),
+        }
+    }
+
+    fn ran(&mut self, name: &'static str) {
+        assert!(self.names.contains(&name), "{name:?} is not a declared row");
+        self.ran.push(name);
+    }
+
+    fn all_ran(self) {
+        let mut ran = self.ran.clone();
+        ran.sort_unstable();
+        let mut names = self.names.to_vec();
+        names.sort_unstable();
+        assert_eq!(ran, names, "every declared row ran once");
+    }
+}
+
+#[test]
+fn control_plane_files_table() {
+    let cases = control_plane_damages();
+    let declared = cases.len();
+    let mut ran = 0;
     for (what, damage, extra, fragment) in cases {
+        ran += 1;
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         let (ok, output) = serve_once(&data, &[]);
@@ -1484,6 +1560,8 @@ fn control_plane_files_table() {
         );
         assert!(!output.contains("panicked"), "{what}: {output}");
     }
+    assert_eq!(ran, declared, "every damage was tried");
+    let mut rows = Rows::new(CONTROL_PLANE_FILE_ROWS);
     // Moving a damaged database aside is the operator's explicit command.
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
@@ -1492,6 +1570,7 @@ fn control_plane_files_table() {
     let (ok, output) = run_drover(&data, &["reset-store"]);
     assert!(ok && output.contains("moved"), "{output}");
     assert!(serve_once(&data, &[]).0, "serves again with a new store");
+    rows.ran("reset-store moves a damaged database aside");
     // The CLI refuses an empty token too.
     let out = Command::new(bin("drover"))
         .args(["get", "devices"])
@@ -1503,12 +1582,14 @@ fn control_plane_files_table() {
         String::from_utf8_lossy(&out.stderr)
             .contains("operator token given (--token or DROVER_TOKEN) is empty")
     );
+    rows.ran("an empty operator token is refused");
+    rows.all_ran();
 }
 
-#[test]
-fn agent_files_table() {
-    type Damage = fn(&Path);
-    let cases: Vec<(&str, Damage, &str)> = vec![
+/// The agent's files table: (what, how its store file is damaged, error
+/// fragment).
+fn agent_damages() -> Vec<(&'static str, Damage, &'static str)> {
+    vec![
         (
             "an empty agent.redb",
             |p| std::fs::write(p, b"").expect("truncate"),
@@ -1524,8 +1605,16 @@ fn agent_files_table() {
             |p| std::fs::write(p, b"hello").expect("write"),
             "is damaged",
         ),
-    ];
+    ]
+}
+
+#[test]
+fn agent_files_table() {
+    let cases = agent_damages();
+    let declared = cases.len();
+    let mut ran = 0;
     for (what, damage, fragment) in cases {
+        ran += 1;
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("state");
         let config = dir.path().join("agent.toml");
@@ -1614,19 +1703,38 @@ fn agent_files_table() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    assert_eq!(ran, declared, "every damage was tried");
 }
 
+/// The rows of the tables above, counted from the same lists the tables
+/// run (each table checks it ran every row of its list), plus the hostile
+/// tests that are one row each.
 #[test]
 fn the_tables_hold_at_least_80_rows() {
-    let rows = CONFIG_CASES.len()
-        + API_CASES.len()
-        + endpoint_cases().len()
-        + 9 // sessions table
-        + AGENT_CASES.len()
-        + 4 // server messages the agent cannot use
-        + 8 // control-plane files
-        + 3 // agent files
-        + 3; // the flood, the idle connection, one session per device
-    assert!(rows >= 80, "{rows} rows");
+    let dummy = String::new();
+    let tables = [
+        ("agent config", CONFIG_CASES.len()),
+        ("operator API", API_CASES.len()),
+        ("agent endpoint", endpoint_cases().len()),
+        ("sessions", session_cases(&dummy, &dummy, &dummy).len()),
+        ("agent link", AGENT_CASES.len()),
+        ("unusable server messages", unusable_frames().len()),
+        (
+            "control-plane files",
+            control_plane_damages().len() + CONTROL_PLANE_FILE_ROWS.len(),
+        ),
+        ("agent files", agent_damages().len()),
+        ("single-row tests", SINGLE_ROW_TESTS.len()),
+    ];
+    let rows: usize = tables.iter().map(|(_, n)| n).sum();
+    eprintln!("hostile rows: {tables:?} = {rows}");
+    assert!(rows >= 80, "{rows} rows: {tables:?}");
     let _ = TEST_INTENT_PUBLIC_KEY;
 }
+
+/// The hostile cases that are a test of their own each.
+const SINGLE_ROW_TESTS: &[&str] = &[
+    "a_flood_of_jobs_is_bounded_by_the_queue",
+    "an_idle_connection_is_closed_after_the_handshake_timeout",
+    "one session per device (control_plane_sessions_table)",
+];

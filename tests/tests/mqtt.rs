@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const CP_PASSWORD: &str = "cp-mqtt-secret";
+const CP_USER: &str = "drover-control-plane";
 
 /// A mosquitto whose passwords and ACLs come from `drover mqtt-config`, and
 /// a control plane serving over it.
@@ -135,7 +136,7 @@ async fn a_broker_killed_mid_run_loses_no_status() {
         .await;
     cp.apply_device("crash-2", &["fleet"], json!({})).await;
     let (hold, reached, testing) = held(&cp, "crash-1");
-    let _canary = agent(&cp, &broker, "crash-1", &testing);
+    let canary = agent(&cp, &broker, "crash-1", &testing);
     let worker = agent(&cp, &broker, "crash-2", "");
     cp.wait_for_agents(&["crash-1", "crash-2"]).await;
     cp.apply_upgrade_run("crash-run", "fleet", 600).await;
@@ -143,7 +144,18 @@ async fn a_broker_killed_mid_run_loses_no_status() {
     // mosquitto dies without saving: its sessions and retained messages are gone.
     broker.kill9();
     std::fs::remove_file(&hold).expect("release");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The scenario: the canary's job ends while no broker runs, so its
+    // result waits in its outbox.
+    eventually(
+        Duration::from_secs(60),
+        "the canary to finish with its result unsent",
+        || async {
+            let status = canary.status();
+            (status["currentJob"].is_null() && status["outboxPending"].as_u64() > Some(0))
+                .then_some(())
+        },
+    )
+    .await;
     broker.restart();
     let run = cp
         .wait_run_finished("crash-run", Duration::from_secs(90))
@@ -153,6 +165,12 @@ async fn a_broker_killed_mid_run_loses_no_status() {
     assert_eq!(worker.jobs().as_array().map(Vec::len), Some(1));
 }
 
+/// Device A, logged in with its own credentials, can publish on its own
+/// topics (the positive control: a watcher with the control plane's user
+/// sees it) but not on B's, and reads none of B's messages. Each "nothing
+/// arrived" is judged at a barrier: a message sent after the forbidden one,
+/// on a topic the reader may read, so anything forwarded would have come
+/// first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status() {
     let (broker, cp) = fleet(&["acl-a", "acl-b"]);
@@ -160,8 +178,25 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     let (hold, reached, testing) = held(&cp, "acl-b");
     let _b = agent(&cp, &broker, "acl-b", &testing);
     cp.wait_for_agents(&["acl-b"]).await;
+    // A watcher with the control plane's credentials sees every device's
+    // statuses and heartbeats.
+    let (watcher, watcher_events) = client(&broker, "acl-watch", CP_USER, CP_PASSWORD).await;
+    watcher
+        .subscribe("drover/v1/devices/+/status/+", rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe call");
+    watcher
+        .subscribe(
+            "drover/v1/devices/acl-a/heartbeat",
+            rumqttc::QoS::AtLeastOnce,
+        )
+        .await
+        .expect("subscribe call");
+    let mut watched = Watched::new(watcher_events);
+    watched.until_subscribed(2).await;
     // Device A logs in with its own credentials and tries B's topics.
-    let (a, mut a_events) = client(&broker, "acl-a", "acl-a", &cp.device_token("acl-a")).await;
+    let (a, a_events) = client(&broker, "acl-a", "acl-a", &cp.device_token("acl-a")).await;
+    let mut a_seen = Watched::new(a_events);
     a.subscribe(
         "drover/v1/devices/acl-b/intents/+",
         rumqttc::QoS::AtLeastOnce,
@@ -171,12 +206,56 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     a.subscribe("drover/v1/#", rumqttc::QoS::AtLeastOnce)
         .await
         .expect("subscribe call");
+    // Its own intents, which it may read (where the barrier below arrives).
+    a.subscribe(
+        "drover/v1/devices/acl-a/intents/+",
+        rumqttc::QoS::AtLeastOnce,
+    )
+    .await
+    .expect("subscribe call");
+    a_seen.until_subscribed(3).await;
+    // The positive control: A publishes on its own topic, and it arrives.
+    a.publish(
+        "drover/v1/devices/acl-a/heartbeat",
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        "own-1",
+    )
+    .await
+    .expect("publish call");
+    let before = watched.until_payload("own-1").await;
+    assert!(
+        before.iter().all(|(topic, _)| !topic.contains("acl-b")),
+        "{before:?}"
+    );
+
     cp.apply_upgrade_run("acl-run", "fleet", 600).await;
     wait_for_file(&reached, "B's job to run").await;
     let uid = cp.get("/taskruns/acl-run").await["metadata"]["uid"]
         .as_str()
         .expect("uid")
         .to_owned();
+    // A reads nothing of B's: B's retained intent was published before this
+    // barrier on A's own intent topic (which A may read).
+    watcher
+        .publish(
+            "drover/v1/devices/acl-a/intents/00000000-0000-4000-8000-00000000ba11",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            "barrier",
+        )
+        .await
+        .expect("publish call");
+    let read = a_seen.until_payload("barrier").await;
+    let of_b: Vec<&String> = read
+        .iter()
+        .map(|(topic, _)| topic)
+        .filter(|topic| topic.contains("acl-b"))
+        .collect();
+    assert!(of_b.is_empty(), "A received B's messages: {of_b:?}");
+
+    // A publishes a status on B's topic: mosquitto refuses it and drops A's
+    // connection (the denial, seen), and no subscriber gets it.
     let forged = json!({
         "jobId": uid, "deviceId": "acl-b", "attempt": 1, "kind": "systemUpgradeV1",
         "state": "Failed", "steps": [], "error": "forged by A", "output": null,
@@ -191,17 +270,25 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     )
     .await
     .expect("publish call");
-    // A's event loop: whatever arrives must not be B's.
-    let mut seen_b = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, a_events.poll()).await {
-        if let rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p)) = event
-            && p.topic.contains("acl-b")
-        {
-            seen_b.push(p.topic);
-        }
-    }
-    assert!(seen_b.is_empty(), "A received B's messages: {seen_b:?}");
+    a_seen.until_closed().await;
+    // The barrier: published after the broker handled (and refused) A's
+    // message, on a topic the watcher reads; anything forwarded comes first.
+    watcher
+        .publish(
+            "drover/v1/devices/acl-a/heartbeat",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            "after",
+        )
+        .await
+        .expect("publish call");
+    let between = watched.until_payload("after").await;
+    assert!(
+        between
+            .iter()
+            .all(|(_, payload)| !payload.contains("forged by A")),
+        "A's status on B's topic reached the broker's subscribers: {between:?}"
+    );
     std::fs::remove_file(&hold).expect("release");
     let run = cp
         .wait_run_finished("acl-run", Duration::from_secs(60))
@@ -212,6 +299,143 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     );
     let targets = cp.targets("acl-run").await;
     assert_ne!(targets[0]["status"]["error"], "forged by A");
+}
+
+/// A raw client's event loop, driven by a task of its own (so every
+/// client's loop moves at once), read until a condition: what it received
+/// on the way, as (topic, payload).
+struct Watched {
+    events: tokio::sync::mpsc::UnboundedReceiver<rumqttc::Event>,
+}
+
+impl Watched {
+    fn new(mut event_loop: rumqttc::EventLoop) -> Self {
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(event) = event_loop.poll().await {
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { events }
+    }
+
+    async fn next(&mut self) -> rumqttc::Event {
+        self.next_or_closed()
+            .await
+            .expect("the MQTT connection ended")
+    }
+
+    /// The next event, or None once the connection ended.
+    async fn next_or_closed(&mut self) -> Option<rumqttc::Event> {
+        tokio::time::timeout(Duration::from_secs(20), self.events.recv())
+            .await
+            .expect("an MQTT event within 20 s")
+    }
+
+    /// Reads until the broker ends the connection.
+    async fn until_closed(&mut self) {
+        while self.next_or_closed().await.is_some() {}
+    }
+
+    /// Waits for the broker's SUBACKs of `count` subscriptions.
+    async fn until_subscribed(&mut self, mut count: usize) {
+        while count > 0 {
+            if let rumqttc::Event::Incoming(rumqttc::Incoming::SubAck(_)) = self.next().await {
+                count -= 1;
+            }
+        }
+    }
+
+    /// Reads until a message with `payload` arrives; returns what came before.
+    async fn until_payload(&mut self, payload: &str) -> Vec<(String, String)> {
+        let mut before = Vec::new();
+        loop {
+            if let rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p)) = self.next().await {
+                let text = String::from_utf8_lossy(&p.payload).into_owned();
+                if text == payload {
+                    return before;
+                }
+                before.push((p.topic, text));
+            }
+        }
+    }
+}
+
+/// An intent for another device published onto B's own intent topic, with
+/// a good signature, is dropped without a record, before B's own job and
+/// while it runs; B's own job runs and succeeds (as over NATS and WebSocket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_intent_on_a_devices_topic_is_dropped_and_never_shadows_its_job() {
+    let (broker, cp) = fleet(&["mfi-b"]);
+    cp.apply_device("mfi-b", &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, "mfi-b");
+    let b = agent(&cp, &broker, "mfi-b", &testing);
+    cp.wait_for_agents(&["mfi-b"]).await;
+    let (publisher, events) = client(&broker, "mfi-cp", CP_USER, CP_PASSWORD).await;
+    let mut publisher_events = Watched::new(events);
+    let foreign = |job: &str| {
+        drover_tests::sign_intent(json!({
+            "jobId": job, "deviceId": "mfi-other", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
+            "createdAt": jiff::Timestamp::now().to_string(),
+            "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
+            "timeoutSeconds": 1500
+        }))
+        .to_string()
+    };
+    let first = "00000000-0000-4000-8000-0000000000f1";
+    publisher
+        .publish(
+            format!("drover/v1/devices/mfi-b/intents/{first}"),
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            foreign(first),
+        )
+        .await
+        .expect("publish");
+    while !matches!(
+        publisher_events.next().await,
+        rumqttc::Event::Incoming(rumqttc::Incoming::PubAck(_))
+    ) {}
+    eventually(
+        Duration::from_secs(20),
+        "B to drop the foreign intent",
+        || async { b.log().contains("is for device mfi-other").then_some(()) },
+    )
+    .await;
+    assert_eq!(b.jobs(), json!([]), "nothing recorded for a foreign intent");
+    cp.apply_upgrade_run("mfi-run", "fleet", 600).await;
+    wait_for_file(&reached, "B's own job to run").await;
+    let uid = cp.get("/taskruns/mfi-run").await["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_owned();
+    // While B's job runs, a foreign intent under B's own job id.
+    publisher
+        .publish(
+            format!("drover/v1/devices/mfi-b/intents/{uid}"),
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            foreign(&uid),
+        )
+        .await
+        .expect("publish");
+    eventually(
+        Duration::from_secs(20),
+        "B to drop the second foreign intent",
+        || async { (b.log().matches("is for device mfi-other").count() >= 2).then_some(()) },
+    )
+    .await;
+    std::fs::remove_file(&hold).expect("release");
+    let run = cp
+        .wait_run_finished("mfi-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", b.log());
+    let jobs = b.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert_eq!(jobs[0]["jobId"], uid.as_str());
+    assert_eq!(jobs[0]["state"], "Succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,7 +232,7 @@ async fn a_nats_server_restart_mid_run_loses_no_status() {
     let reached = dir.join("reached");
     std::fs::write(&hold, "").expect("hold");
     let testing = drover_tests::hold_config(&hold, &reached);
-    let _agent = nats_agent(&cp, &nats.url(), "restart-1", None, &testing);
+    let agent = nats_agent(&cp, &nats.url(), "restart-1", None, &testing);
     cp.wait_for_agents(&["restart-1"]).await;
     cp.apply_upgrade_run("restart-run", "fleet", 600).await;
     eventually(
@@ -242,9 +242,19 @@ async fn a_nats_server_restart_mid_run_loses_no_status() {
     )
     .await;
     nats.kill9();
-    // The job finishes while the server is down: its statuses wait in the outbox.
+    // The job finishes while the server is down: its statuses wait in the
+    // outbox (the scenario happens only if that is seen before the restart).
     std::fs::remove_file(&hold).expect("release");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(
+        Duration::from_secs(60),
+        "the job to finish with its result unsent",
+        || async {
+            let status = agent.status();
+            (status["currentJob"].is_null() && status["outboxPending"].as_u64() > Some(0))
+                .then_some(())
+        },
+    )
+    .await;
     nats.restart();
     let run = cp
         .wait_run_finished("restart-run", Duration::from_secs(90))
@@ -412,6 +422,8 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
         })
         .collect();
     second.wait_for_agents(&devices).await;
+    // Every intent put from here on, restarts included, as the broker saw it.
+    let puts = drover_tests::IntentPuts::record(&url, CP_USER, CP_PASSWORD).await;
     first
         .apply_upgrade_run("replicated", "production", 600)
         .await;
@@ -435,9 +447,10 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
         second.log()
     );
     assert_eq!(run["status"]["succeeded"], 5);
-    // Released once, by the records: every job record was created once
-    // (create-only), and the intent bucket saw exactly one put and one
-    // withdrawal per device, whichever replica delivered it.
+    let uid = run["metadata"]["uid"].as_str().expect("uid").to_owned();
+    // Released once, by the broker's own record: the intent bucket saw
+    // exactly one put and one withdrawal per device, whichever replica
+    // delivered it.
     let client =
         async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
             .connect(url.clone())
@@ -454,13 +467,41 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
         2 * devices.len() as u64,
         "one put and one delete per device: {state:?}"
     );
-    // The dead replica comes back and agrees; nothing is released again.
+    let counts = puts.assert_one_release_each(&devices, &uid);
+    assert!(counts.iter().all(|(_, n)| *n == 1), "{counts:?}");
+
+    // The dead replica comes back and agrees; nothing is released again,
+    // through the event that would carry a second release: the restarted
+    // replica passes over runs again (a second run proves it) and answers
+    // the agents' hellos.
     first.restart();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let seen_by_first = first.get("/taskruns/replicated").await;
-    assert_eq!(seen_by_first["status"], run["status"]);
+    eventually(
+        Duration::from_secs(30),
+        "the restarted replica to agree",
+        || async {
+            let seen = first.get("/taskruns/replicated").await;
+            (seen["status"] == run["status"]).then_some(())
+        },
+    )
+    .await;
+    first
+        .apply_upgrade_run("after-restart", "production", 600)
+        .await;
+    let after = first
+        .wait_run_finished("after-restart", Duration::from_secs(90))
+        .await;
+    assert_eq!(after["status"]["phase"], "Complete", "{after}");
+    let keys = puts.per_key();
+    for device in devices {
+        let key = format!("{device}.{uid}");
+        assert_eq!(
+            keys.get(&key).map(Vec::len),
+            Some(1),
+            "the first run's intent for {device} was put again after the restart"
+        );
+    }
     for agent in &agents {
-        agent.assert_one_job_run_once();
+        agent.assert_jobs_run_once(2);
     }
 }
 
@@ -552,29 +593,76 @@ async fn a_status_put_while_the_control_plane_is_down_is_processed_when_it_retur
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_cannot_create_a_consumer_that_delivers_to_another_device() {
     let (nats, cp) = fleet(&["shadow-a", "shadow-b"], None);
-    let token_a = cp.device_token("shadow-a");
-    let client = async_nats::ConnectOptions::with_user_and_password("shadow-a".into(), token_a)
-        .custom_inbox_prefix("_INBOX_shadow-a")
-        .connect(nats.url())
-        .await
-        .expect("A connects");
-    let js = async_nats::jetstream::new(client);
     // Filtered to A's own keys (what the old permissions allowed), delivering to B.
-    let config = async_nats::jetstream::consumer::push::Config {
+    let config = || async_nats::jetstream::consumer::push::Config {
         name: Some("intent-shadow-a".into()),
         deliver_subject: "drover.rp.intent.shadow-b.00000000-0000-4000-8000-000000000001".into(),
         filter_subject: "$KV.system-upgrade-intent.shadow-a.>".into(),
         ..Default::default()
     };
+    // The server's answers to A, kept: a denied publish comes back as an
+    // asynchronous -ERR, never as the request's reply.
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let kept = errors.clone();
+    let token_a = cp.device_token("shadow-a");
+    let client = async_nats::ConnectOptions::with_user_and_password("shadow-a".into(), token_a)
+        .custom_inbox_prefix("_INBOX_shadow-a")
+        .event_callback(move |event| {
+            let kept = kept.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    kept.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(e.to_string());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .expect("A connects");
+    let js = async_nats::jetstream::new(client);
     let created = tokio::time::timeout(
         Duration::from_secs(5),
-        js.create_consumer_on_stream(config, "KV_system-upgrade-intent"),
+        js.create_consumer_on_stream(config(), "KV_system-upgrade-intent"),
     )
     .await;
     assert!(
         !matches!(created, Ok(Ok(_))),
         "A created a consumer delivering to B's intent subject"
     );
+    // Refused for the reason that matters: the JetStream API is not A's.
+    let denial = eventually(
+        Duration::from_secs(10),
+        "the server's permissions violation",
+        || async {
+            errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .find(|e| {
+                    e.to_lowercase().contains("permissions violation")
+                        && e.contains("$JS.API.CONSUMER")
+                })
+                .cloned()
+        },
+    )
+    .await;
+    assert!(
+        denial.contains("shadow") || denial.contains("Publish"),
+        "{denial}"
+    );
+    // The positive control: the same consumer is creatable by the control
+    // plane's user, so A's failure is the permission, not the request.
+    let cp_client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
+            .await
+            .expect("the control plane's user connects");
+    let cp_js = async_nats::jetstream::new(cp_client);
+    cp_js
+        .create_consumer_on_stream(config(), "KV_system-upgrade-intent")
+        .await
+        .expect("the control plane's user creates the same consumer");
 }
 
 /// Issue 8, 3a: an intent for another device delivered straight onto B's

@@ -80,6 +80,13 @@ async fn a_rollout_survives_a_killed_node_and_replica(kill_leader: bool) {
         .collect();
     let names: Vec<&str> = devices.iter().map(String::as_str).collect();
     cps[1].wait_for_agents(&names).await;
+    // Every intent put from here on, as each node's subscriber saw it: the
+    // subscribers on the two nodes that live through the test see every put,
+    // restarts included.
+    let mut puts = Vec::new();
+    for node in &cluster.nodes {
+        puts.push(drover_tests::IntentPuts::record(&node.url(), CP_BROKER_USER, PASSWORD).await);
+    }
     cps[1]
         .apply_upgrade_run("clustered", "production", 600)
         .await;
@@ -192,6 +199,17 @@ async fn a_rollout_survives_a_killed_node_and_replica(kill_leader: bool) {
         assert_eq!(target["released"], true, "{target}");
         assert_eq!(target["status"]["state"], "Succeeded", "{target}");
         assert_eq!(target["status"]["jobId"], uid, "{target}");
+    }
+    // Released once, by the broker's record of every put, kills and
+    // restarts included: each device's key got one signed intent (a put
+    // repeated after an acknowledgement lost with the node is the same
+    // release), and no other key was put.
+    for (node, recorded) in puts.iter().enumerate() {
+        if node == victim {
+            continue;
+        }
+        let counts = recorded.assert_one_release_each(&names, uid);
+        eprintln!("puts per key seen on n{node}: {counts:?}");
     }
     let released: f64 =
         metric_sum(&cps, "drover_jobs_released_total{kind=\"systemUpgradeV1\"}").await;

@@ -384,67 +384,185 @@ fn readme_heredoc(file: &str) -> String {
     format!("{}\n", &readme[from..from + len])
 }
 
-/// The README's operator walk-through, step by step as written ("Using it"):
-/// `drover init` with TLS names, `serve` with the certificate it made,
-/// register the device from the README's manifest (`apply -f -`), its token
-/// and the intent key, an agent over wss trusting `tls/ca.pem` with its
+/// The command lines of the README's code blocks marked
+/// `<!-- walk-through -->`, in order: continuation lines joined, comments
+/// and heredoc bodies dropped, the shell's `sudo` left out.
+fn readme_commands() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README");
+    let mut commands = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "<!-- walk-through -->" {
+            continue;
+        }
+        assert_eq!(
+            lines.next().map(str::trim),
+            Some("```sh"),
+            "a marked block is sh"
+        );
+        let mut pending = String::new();
+        let mut heredoc: Option<String> = None;
+        for line in lines.by_ref() {
+            if line.trim() == "```" {
+                break;
+            }
+            if let Some(end) = &heredoc {
+                if line == end {
+                    heredoc = None;
+                }
+                continue;
+            }
+            if let Some((_, word)) = line.split_once("<<'") {
+                heredoc = Some(word.trim_end_matches('\'').to_owned());
+                continue;
+            }
+            let code = match line.find(" #") {
+                Some(at) => &line[..at],
+                None if line.trim_start().starts_with('#') => "",
+                None => line,
+            };
+            pending.push_str(code.trim_end().trim_end_matches('\\'));
+            pending.push(' ');
+            if !code.trim_end().ends_with('\\') {
+                let command = pending.split_whitespace().collect::<Vec<_>>().join(" ");
+                let command = command.strip_prefix("sudo ").unwrap_or(&command).to_owned();
+                // Drover's own commands; the device's apt and systemctl
+                // lines are the package's business (tests/tests/package.rs,
+                // the VM suite).
+                if command.starts_with("drover ") || command.starts_with("drover-agent ") {
+                    commands.push(command);
+                }
+                pending.clear();
+            }
+        }
+    }
+    assert!(
+        !commands.is_empty(),
+        "no block marked <!-- walk-through --> in the README"
+    );
+    commands
+}
+
+/// The README's commands in order, taken one at a time: each must be the one
+/// the walk-through expects next, so the README cannot drift from what runs.
+struct Readme(std::vec::IntoIter<String>);
+
+impl Readme {
+    fn next(&mut self, starts: &str) -> Vec<String> {
+        let command = self
+            .0
+            .next()
+            .unwrap_or_else(|| panic!("the README has no command {starts:?} left"));
+        assert!(
+            command.starts_with(starts),
+            "the README's next command is {command:?}, the walk-through expects {starts:?}"
+        );
+        command.split(' ').map(str::to_owned).collect()
+    }
+}
+
+/// The README's operator walk-through, step by step as written ("Using it"),
+/// every `drover` and `drover-agent` command taken from the README's marked
+/// blocks and run as written (the README's data directory, names and ports
+/// mapped to this test's): `drover init` with TLS names, `serve` with the
+/// certificate it made, register the device from the README's manifest, its
+/// token and the intent key, an agent over wss trusting `tls/ca.pem` with its
 /// token in a 0600 file, `check --connect`, the README's TaskRun, `runs
-/// watch` piped, `describe`, `get -o yaml`, `get devices -o wide`; then a
-/// second run canceled while the device is away, and `delete` of the runs
-/// and of the device.
+/// watch` piped, `describe`, `get`, `get -o yaml`, `get devices -o wide`,
+/// `get -w`; then cancel (of a second run, while the device is away, so there
+/// is something to cancel) and `delete` of the runs and of the device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_walk_through_works_as_written() {
+    let mut readme = Readme(readme_commands().into_iter());
     let dir = ControlPlane::prepare();
     let data = dir.path().join("data");
-    let said = ControlPlane::drover_in(
-        dir.path(),
-        &["init", "--tls-name", "localhost", "--tls-name", "127.0.0.1"],
-    );
-    assert!(said.contains("server.pem"), "{said}");
-    let tls = data.join("tls");
-    let (cert, key, ca) = (
-        tls.join("server.pem"),
-        tls.join("server.key"),
-        tls.join("ca.pem"),
-    );
-    let cp = serve_with_tls(dir, &cert, &key);
-    let wss = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
-    let run_cli = |args: &[&str]| {
-        Command::new(bin("drover"))
-            .args(["--server", &cp.api, "--token", &cp.token])
-            .args(args)
-            .output()
-            .expect("drover")
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    // The README's names and places, as this test has them.
+    let data_text = data.display().to_string();
+    let map = |words: &[String]| -> Vec<String> {
+        words
+            .iter()
+            .map(|w| {
+                w.replace("/var/lib/drover", &data_text)
+                    .replace("drover.example.org", "localhost")
+                    .replace("10.0.0.5", "127.0.0.1")
+            })
+            .collect()
     };
-    let cli = |args: &[&str]| {
-        let out = run_cli(args);
-        assert!(out.status.success(), "drover {args:?}: {}", text(&out));
+
+    let init = map(&readme.next("drover --data /var/lib/drover init"));
+    let out = Command::new(bin("drover"))
+        .args(&init[1..])
+        .env_remove("DROVER_TOKEN")
+        .output()
+        .expect("drover init");
+    assert!(out.status.success(), "{init:?}: {}", text(&out));
+    assert!(text(&out).contains("server.pem"), "{}", text(&out));
+    let tls = data.join("tls");
+    let ca = tls.join("ca.pem");
+
+    // serve as the README has it; this test's harness picks the ports.
+    let serve = map(&readme.next("drover --data /var/lib/drover serve"));
+    let mut extra = Vec::new();
+    let mut words = serve[4..].iter();
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "--listen" | "--agent-listen" => {
+                words.next();
+            }
+            other => extra.push(other.to_owned()),
+        }
+    }
+    assert!(
+        extra.iter().any(|w| w == "--agent-tls-cert"),
+        "the README serves agents over TLS: {serve:?}"
+    );
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let cp = ControlPlane::start_in(dir, &extra);
+    let wss = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
+    // The CLI as the README runs it: server, token and data from the
+    // environment, in a working directory of its own.
+    let run = |words: &[String]| {
+        let words = map(words);
+        let (args, into) = match words.iter().position(|w| w == ">") {
+            Some(at) => (&words[1..at], Some(work.join(&words[at + 1]))),
+            None => (&words[1..], None),
+        };
+        let out = Command::new(bin(&words[0]))
+            .args(args)
+            .current_dir(&work)
+            .env("DROVER_SERVER", &cp.api)
+            .env("DROVER_TOKEN", &cp.token)
+            .env("DROVER_DATA", &data)
+            .output()
+            .expect("run the README's command");
+        if let Some(into) = into {
+            std::fs::write(into, &out.stdout).expect("redirect");
+        }
+        out
+    };
+    let cli = |words: Vec<String>| {
+        let out = run(&words);
+        assert!(out.status.success(), "{words:?}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // `apply -f -` reads the manifest from standard input.
-    let mut apply = Command::new(bin("drover"))
-        .args([
-            "--server", &cp.api, "--token", &cp.token, "apply", "-f", "-",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("drover apply");
-    std::io::Write::write_all(
-        &mut apply.stdin.take().expect("stdin"),
-        readme_heredoc("pi-kitchen.yaml").as_bytes(),
+
+    std::fs::write(
+        work.join("pi-kitchen.yaml"),
+        readme_heredoc("pi-kitchen.yaml"),
     )
     .expect("write");
-    let out = apply.wait_with_output().expect("apply");
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("device/pi-kitchen created"),
-        "{}",
-        text(&out)
-    );
-    // On the control plane's host: the device's token and the intent key.
-    let token = ControlPlane::drover_in(cp.dir.path(), &["token", "pi-kitchen"]);
-    let intent_key = ControlPlane::drover_in(cp.dir.path(), &["intent-key"]);
+    let applied = cli(readme.next("drover apply -f pi-kitchen.yaml"));
+    assert!(applied.contains("device/pi-kitchen created"), "{applied}");
+    cli(readme.next("drover token pi-kitchen > pi-kitchen.token"));
+    let token = std::fs::read_to_string(work.join("pi-kitchen.token")).expect("token file");
+    assert_eq!(token.trim(), cp.device_token("pi-kitchen"));
+    let intent_key = cli(readme.next("drover intent-key"));
     assert_eq!(intent_key.trim(), TEST_INTENT_PUBLIC_KEY);
+
     // On the device: the token in a 0600 file, the CA, the config.
     let device = cp.dir.path().join("device");
     std::fs::create_dir_all(&device).expect("device dir");
@@ -466,7 +584,11 @@ async fn the_readme_walk_through_works_as_written() {
     cp.wait_for_agents(&["pi-kitchen"]).await;
     // `check --connect` beside the running agent: its database is in use,
     // not damaged (a fresh clone's CI once found the check calling it so).
-    let checked = check_connect(&agent.config);
+    let check = readme.next("drover-agent check --connect");
+    let mut words = vec![check[0].clone(), "--config".into()];
+    words.push(agent.config.display().to_string());
+    words.extend(check[1..].iter().cloned());
+    let checked = run(&words);
     assert!(checked.status.success(), "{}", text(&checked));
     assert!(
         text(&checked).contains("the agent is running"),
@@ -475,15 +597,14 @@ async fn the_readme_walk_through_works_as_written() {
     );
 
     // The README's TaskRun, watched, described, listed.
-    let run = cp.dir.path().join("upgrade.yaml");
-    std::fs::write(&run, readme_heredoc("upgrade.yaml")).expect("write");
+    std::fs::write(work.join("upgrade.yaml"), readme_heredoc("upgrade.yaml")).expect("write");
     assert!(
-        cli(&["apply", "-f", run.to_str().expect("utf-8")]).contains("upgrade-pi-kitchen"),
+        cli(readme.next("drover apply -f upgrade.yaml")).contains("upgrade-pi-kitchen"),
         "the README names the run upgrade-pi-kitchen"
     );
-    let watched = cli(&["runs", "watch", "upgrade-pi-kitchen"]);
+    let watched = cli(readme.next("drover runs watch upgrade-pi-kitchen"));
     assert!(watched.contains("Complete"), "{watched}");
-    let described = cli(&["describe", "taskrun", "upgrade-pi-kitchen"]);
+    let described = cli(readme.next("drover describe taskrun upgrade-pi-kitchen"));
     let row = described
         .lines()
         .find(|l| l.starts_with("pi-kitchen "))
@@ -492,44 +613,99 @@ async fn the_readme_walk_through_works_as_written() {
         row.contains("yes") && row.contains("Succeeded") && row.contains("(Done)"),
         "{described}"
     );
-    let yaml = cli(&["get", "taskrun", "upgrade-pi-kitchen", "-o", "yaml"]);
+    let listed = cli(readme.next("drover get taskruns"));
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("upgrade-pi-kitchen ") && l.contains("Complete")),
+        "{listed}"
+    );
+    let yaml = cli(readme.next("drover get taskrun upgrade-pi-kitchen -o yaml"));
     assert!(
         yaml.contains("name: upgrade-pi-kitchen") && yaml.contains("phase: Complete"),
         "{yaml}"
     );
-    let devices = cli(&["get", "devices", "-o", "wide"]);
+    let devices = cli(readme.next("drover get devices -o wide"));
     assert!(
         devices.lines().any(|l| l.starts_with("pi-kitchen ")
             && l.contains("online")
             && l.contains("websocket")),
         "{devices}"
     );
+    // `-w` runs until stopped: the table comes first.
+    let watch = map(&readme.next("drover get taskruns -w"));
+    let mut watching = Command::new(bin(&watch[0]))
+        .args(&watch[1..])
+        .env("DROVER_SERVER", &cp.api)
+        .env("DROVER_TOKEN", &cp.token)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("drover get -w");
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(watching.stdout.take().expect("stdout")),
+        &mut first,
+    )
+    .expect("a line");
+    let _ = watching.kill();
+    let _ = watching.wait();
+    assert!(
+        first.starts_with("NAME"),
+        "the table's header first: {first:?}"
+    );
 
-    // A second run while the device is away, canceled: the device never
-    // runs it, and the run ends Canceled.
+    // A second run while the device is away, canceled with the README's
+    // commands: the device never runs it, and the run ends Canceled.
     agent.kill9();
-    let second = cp.dir.path().join("second.yaml");
+    let second_name = "upgrade-pi-kitchen-2";
+    let second = |words: Vec<String>| -> Vec<String> {
+        words
+            .into_iter()
+            .map(|w| {
+                if w == "upgrade-pi-kitchen" {
+                    second_name.to_owned()
+                } else {
+                    w
+                }
+            })
+            .collect()
+    };
     std::fs::write(
-        &second,
+        work.join("second.yaml"),
         readme_heredoc("upgrade.yaml").replace("upgrade-pi-kitchen ", "upgrade-pi-kitchen-2 "),
     )
     .expect("write");
-    cli(&["apply", "-f", second.to_str().expect("utf-8")]);
+    cli(vec![
+        "drover".into(),
+        "apply".into(),
+        "-f".into(),
+        "second.yaml".into(),
+    ]);
     eventually(
         Duration::from_secs(30),
         "the second run released",
         || async {
-            let targets = cp.targets("upgrade-pi-kitchen-2").await;
+            let targets = cp.targets(second_name).await;
             (targets.first()?["released"] == true).then_some(())
         },
     )
     .await;
-    assert!(cli(&["cancel", "taskrun", "upgrade-pi-kitchen-2"]).contains("cancel requested"));
+    assert!(
+        cli(second(
+            readme.next("drover cancel taskrun upgrade-pi-kitchen")
+        ))
+        .contains("cancel requested")
+    );
     agent.restart();
-    let watched = run_cli(&["runs", "watch", "upgrade-pi-kitchen-2"]);
+    let watched = run(&second(readme.next("drover runs watch upgrade-pi-kitchen")));
     assert!(!watched.status.success(), "a canceled run is not Complete");
     assert!(text(&watched).contains("Canceled"), "{}", text(&watched));
-    let described = cli(&["describe", "taskrun", "upgrade-pi-kitchen-2"]);
+    let described = cli(vec![
+        "drover".into(),
+        "describe".into(),
+        "taskrun".into(),
+        second_name.into(),
+    ]);
     assert!(
         described
             .lines()
@@ -538,14 +714,21 @@ async fn the_readme_walk_through_works_as_written() {
     );
 
     // Delete: the finished runs, then the device once its agent is gone.
-    for name in ["upgrade-pi-kitchen", "upgrade-pi-kitchen-2"] {
-        assert!(cli(&["delete", "taskrun", name]).contains("deleted"));
-    }
-    assert!(!cli(&["get", "taskruns"]).contains("upgrade-pi-kitchen"));
+    let delete_run = readme.next("drover delete taskrun upgrade-pi-kitchen");
+    assert!(cli(delete_run.clone()).contains("deleted"));
+    assert!(cli(second(delete_run)).contains("deleted"));
+    assert!(
+        !cli(vec!["drover".into(), "get".into(), "taskruns".into()]).contains("upgrade-pi-kitchen")
+    );
     agent.kill9();
-    let deleted = cli(&["delete", "device", "pi-kitchen"]);
+    let deleted = cli(readme.next("drover delete device pi-kitchen"));
     assert!(deleted.contains("device/pi-kitchen deleted"), "{deleted}");
-    assert!(!cli(&["get", "devices"]).contains("pi-kitchen"));
+    assert!(!cli(vec!["drover".into(), "get".into(), "devices".into()]).contains("pi-kitchen"));
+    let left: Vec<String> = readme.0.collect();
+    assert!(
+        left.is_empty(),
+        "README commands the walk-through does not run: {left:?}"
+    );
 }
 
 /// Under systemd the agent's lines carry their syslog priority for journald

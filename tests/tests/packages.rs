@@ -195,12 +195,39 @@ async fn a_package_deployment_installs_the_verified_deb_and_a_tampered_one_insta
         "a bad file was installed"
     );
 
-    // Links are made at delivery and never stored.
-    let store = std::fs::read(cp.dir.path().join("data/drover.redb")).expect("store");
+    // Links are made at delivery and never stored by the control plane:
+    // the signatures the agents were given (read from their own stores,
+    // which keep the intent) appear in no file of the control plane's.
+    let mut signatures = std::collections::BTreeSet::new();
+    for device in ["p1", "p2"] {
+        for file in drover_tests::files_under(&cp.dir.path().join(device)) {
+            let bytes = std::fs::read(&file).unwrap_or_default();
+            let mut rest = bytes.as_slice();
+            while let Some(at) = rest.windows(4).position(|w| w == b"sig=") {
+                let value: Vec<u8> = rest[at + 4..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_alphanumeric() || **b == b'-' || **b == b'_')
+                    .copied()
+                    .collect();
+                if value.len() >= 16 {
+                    signatures.insert(value);
+                }
+                rest = &rest[at + 4..];
+            }
+        }
+    }
     assert!(
-        !store.windows(4).any(|w| w == b"sig="),
-        "a download link was written to the control plane's store"
+        !signatures.is_empty(),
+        "the agents' stores hold the links they were given"
     );
+    for signature in &signatures {
+        let holding = drover_tests::files_holding(&cp.dir.path().join("data"), signature);
+        assert!(
+            holding.is_empty(),
+            "a download link ({}) was written to {holding:?}",
+            String::from_utf8_lossy(signature)
+        );
+    }
 }
 
 /// A download that broke off resumes where it stopped (a Range request),
@@ -470,16 +497,15 @@ async fn a_jobs_secret_reaches_the_device_sealed_and_rests_nowhere_in_clear() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
 
-    // In clear nowhere else.
-    for store in [
-        cp.dir.path().join("data/drover.redb"),
-        cp.dir.path().join("k1/state/agent.redb"),
-    ] {
-        let bytes = std::fs::read(&store).expect("store");
-        assert!(
-            !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
-            "{} holds the secret in clear",
-            store.display()
-        );
-    }
+    // In clear nowhere else: no file the control plane or the agent wrote
+    // (stores, logs, configs, anything under their directories) holds it.
+    let files = drover_tests::files_under(cp.dir.path());
+    assert!(
+        files.iter().any(|f| f.ends_with("drover.redb"))
+            && files.iter().any(|f| f.ends_with("agent.redb"))
+            && files.iter().any(|f| f.ends_with("drover.log")),
+        "the scan covers both stores and the logs: {files:?}"
+    );
+    let holding = drover_tests::files_holding(cp.dir.path(), value.as_bytes());
+    assert!(holding.is_empty(), "the secret is in clear in {holding:?}");
 }

@@ -51,7 +51,7 @@ async fn a_failing_canary_stops_the_rollout() {
         assert_eq!(agent.jobs(), json!([]), "{}", agent.log());
     }
     // A terminal run never advances, even after more passes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    cp.engine_barrier().await;
     let later = cp.get("/taskruns/canary-run").await;
     assert_eq!(later["status"], run["status"]);
 }
