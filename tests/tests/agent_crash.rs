@@ -46,13 +46,16 @@ async fn sigkill_mid_job(top: &str) {
         || async { reached.exists().then_some(()) },
     )
     .await;
-    // The control plane saw the job running before the crash.
+    // The control plane saw the job running full-upgrade before the crash
+    // (the agent reports the step's start as it reaches the hold).
     eventually(
         Duration::from_secs(10),
-        "a Running status at the control plane",
+        "full-upgrade's start at the control plane",
         || async {
             let targets = cp.targets("crash-run").await;
-            (targets.first()?["status"]["state"] == "Running").then_some(())
+            let status = &targets.first()?["status"];
+            (status["state"] == "Running" && status["steps"][2]["startedAt"].is_string())
+                .then_some(())
         },
     )
     .await;
