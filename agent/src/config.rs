@@ -168,8 +168,21 @@ impl Transport {
                 Ok(())
             }
             Transport::Nats { url, ca_file, .. } => {
-                transport_nats::parse_addresses(url)
+                let addresses = transport_nats::parse_addresses(url)
                     .map_err(|e| anyhow::anyhow!("transport.url: {e}"))?;
+                // As over WebSocket and MQTT: a token never crosses a
+                // network in clear. A ca_file makes every connection TLS.
+                if ca_file.is_none()
+                    && let Some(plain) = addresses.iter().find(|a| {
+                        !a.tls_required() && !transport_websocket::tls::is_loopback(a.host())
+                    })
+                {
+                    bail!(
+                        "transport.url {url:?}: refusing plain nats:// to {}, which is not a loopback address; \
+                         use tls:// with ca_file (or set ca_file, which makes every connection TLS)",
+                        plain.host()
+                    );
+                }
                 if let Some(ca) = ca_file {
                     std::fs::read(ca).with_context(|| {
                         format!("transport.ca_file {} is not readable", ca.display())
@@ -417,9 +430,20 @@ mode = "simulate"
                 &format!("kind = \"nats\"\nurl = \"{url}\""),
             )
         };
-        let three = Config::parse(&nats("nats://n1:4222,nats://n2:4222,tls://n3:4222"))
-            .expect("three nodes");
+        let three = Config::parse(&nats(
+            "nats://127.0.0.1:4222,nats://127.0.0.2:4222,tls://n3:4222",
+        ))
+        .expect("three nodes");
         three.transport.check().expect("three nodes check");
+        let plain = Config::parse(&nats("tls://n1:4222,nats://n2:4222"))
+            .expect("parses")
+            .transport
+            .check()
+            .expect_err("plain NATS to another host");
+        assert!(
+            format!("{plain:#}").contains("refusing plain nats:// to n2"),
+            "{plain:#}"
+        );
         let bad = Config::parse(&nats("nats://n1:4222,http://n2:80"))
             .expect("parses")
             .transport

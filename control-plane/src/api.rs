@@ -12,7 +12,7 @@ use crate::records::{
 };
 use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,6 +51,8 @@ pub struct ApiState {
     pub offline_alert: jiff::SignedDuration,
     /// The dashboard's cookie is `Secure` (the API speaks https).
     pub secure_cookies: bool,
+    /// Failed dashboard logins per client address.
+    pub logins: Arc<crate::ui::LoginLimiter>,
 }
 
 pub struct ApiError(pub StatusCode, pub String);
@@ -110,18 +112,48 @@ pub fn router(state: ApiState) -> Router {
                 state.clone(),
                 require_operator,
             ));
+    let secure = state.secure_cookies;
     Router::new()
         .route("/healthz", get(healthz))
         .nest("/api/v1", api)
         .merge(metrics)
         .merge(crate::ui::router(state.clone()))
+        .layer(axum::middleware::map_response(
+            move |response: Response| async move { security_headers(response, secure) },
+        ))
         .with_state(state)
+}
+
+/// On every response: no content-type sniffing, no referrer sent to other
+/// sites, and over TLS, HSTS (a browser that reached the API over https
+/// never falls back to http, where the cookie or token would be seen).
+fn security_headers(mut response: Response, tls: bool) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        axum::http::HeaderValue::from_static("no-referrer"),
+    );
+    if tls {
+        headers.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            axum::http::HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    response
 }
 
 /// The bearer token of a request, or "" (which no check accepts).
 pub fn bearer(request: &Request) -> &str {
-    request
-        .headers()
+    bearer_of(request.headers())
+}
+
+/// The bearer token in `headers`, or "".
+fn bearer_of(headers: &HeaderMap) -> &str {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -133,7 +165,8 @@ pub async fn require_operator(
     request: Request,
     next: Next,
 ) -> Response {
-    match authorize(&state, &request) {
+    let (headers, method) = (request.headers().clone(), request.method().clone());
+    match authorize(&state, &headers, &method).await {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
     }
@@ -143,20 +176,19 @@ pub async fn require_operator(
 /// cookie, a request that changes something must carry the session's CSRF
 /// token too (a page on another site can send the cookie, SameSite aside,
 /// but cannot read the token or set the header).
-fn authorize(state: &ApiState, request: &Request) -> Result<(), ApiError> {
-    if state.secrets.verify_operator(bearer(request)) {
+async fn authorize(
+    state: &ApiState,
+    headers: &HeaderMap,
+    method: &axum::http::Method,
+) -> Result<(), ApiError> {
+    if state.secrets.verify_operator(bearer_of(headers)) {
         return Ok(());
     }
-    let now = Timestamp::now().as_second();
-    if let Some(session) = crate::ui::session_cookie(request.headers())
-        && state.secrets.verify_ui_session(session, now)
+    if let Some(session) = crate::ui::session_cookie(headers)
+        && crate::ui::session_valid(state, session).await
     {
-        let reads = matches!(
-            *request.method(),
-            axum::http::Method::GET | axum::http::Method::HEAD
-        );
-        let csrf = request
-            .headers()
+        let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
+        let csrf = headers
             .get(crate::ui::CSRF_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");

@@ -240,28 +240,55 @@ impl Secrets {
         &self.operator_token
     }
 
-    fn session_message(&self, expires: i64) -> Vec<u8> {
+    fn session_message(&self, expires: i64, nonce: &str) -> Vec<u8> {
         // Bound to the operator token: replacing it ends every session.
         let operator = hmac::sign(&self.key, self.operator_token.as_bytes());
-        format!("drover-ui-session:v1:{expires}:{}", hex(operator.as_ref())).into_bytes()
+        format!(
+            "drover-ui-session:v2:{expires}:{nonce}:{}",
+            hex(operator.as_ref())
+        )
+        .into_bytes()
     }
 
-    /// A dashboard session until `expires` (Unix seconds): `EXPIRES.MAC`.
-    /// Nothing is stored; replicas share the key, so any one verifies it.
-    pub fn ui_session(&self, expires: i64) -> String {
-        let tag = hmac::sign(&self.key, &self.session_message(expires));
-        format!("{expires}.{}", hex(tag.as_ref()))
+    /// A dashboard session until `expires` (Unix seconds):
+    /// `EXPIRES.NONCE.MAC`. The nonce makes each login its own session, so
+    /// a logout (a record under [`Secrets::ui_session_id`]) ends that one
+    /// only. Replicas share the key, so any one verifies it.
+    pub fn ui_session(&self, expires: i64) -> Result<String> {
+        let nonce = random_hex(16)?;
+        let tag = hmac::sign(&self.key, &self.session_message(expires, &nonce));
+        Ok(format!("{expires}.{nonce}.{}", hex(tag.as_ref())))
     }
 
-    /// Whether `session` is one of ours and not expired at `now`.
+    /// Whether `session` is one of ours and not expired at `now`; its
+    /// expiry if so.
     pub fn verify_ui_session(&self, session: &str, now: i64) -> bool {
-        let Some((expires, tag)) = session.split_once('.') else {
-            return false;
+        self.ui_session_expiry(session, now).is_some()
+    }
+
+    /// The expiry of `session` when it is one of ours and not expired at
+    /// `now`.
+    pub fn ui_session_expiry(&self, session: &str, now: i64) -> Option<i64> {
+        let mut parts = session.split('.');
+        let (Some(expires), Some(nonce), Some(tag), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
         };
         let (Ok(expires), Some(tag)) = (expires.parse::<i64>(), unhex(tag)) else {
-            return false;
+            return None;
         };
-        expires > now && hmac::verify(&self.key, &self.session_message(expires), &tag).is_ok()
+        let ours = nonce.len() == 32
+            && nonce.bytes().all(|b| b.is_ascii_hexdigit())
+            && hmac::verify(&self.key, &self.session_message(expires, nonce), &tag).is_ok();
+        (ours && expires > now).then_some(expires)
+    }
+
+    /// The name a verified session's logout is stored under: its expiry
+    /// and nonce (key-safe characters only).
+    pub fn ui_session_id(session: &str) -> Option<String> {
+        let mut parts = session.split('.');
+        Some(format!("{}-{}", parts.next()?, parts.next()?))
     }
 
     fn csrf_message(session: &str) -> Vec<u8> {
@@ -291,9 +318,14 @@ mod tests {
     fn dashboard_sessions_expire_and_carry_their_own_csrf_token() {
         let dir = tempfile::tempdir().expect("tempdir");
         let secrets = Secrets::load_or_create(dir.path(), None).expect("create");
-        let session = secrets.ui_session(2_000);
+        let session = secrets.ui_session(2_000).expect("session");
         assert!(secrets.verify_ui_session(&session, 1_999));
         assert!(!secrets.verify_ui_session(&session, 2_000), "expired");
+        assert_ne!(
+            session,
+            secrets.ui_session(2_000).expect("session"),
+            "each login is its own session"
+        );
         let forged = session.replacen("2000", "9000", 1);
         assert!(
             !secrets.verify_ui_session(&forged, 1_000),
@@ -302,7 +334,7 @@ mod tests {
         assert!(!secrets.verify_ui_session("", 0));
         let csrf = secrets.ui_csrf(&session);
         assert!(secrets.verify_ui_csrf(&session, &csrf));
-        assert!(!secrets.verify_ui_csrf(&secrets.ui_session(3_000), &csrf));
+        assert!(!secrets.verify_ui_csrf(&secrets.ui_session(3_000).expect("session"), &csrf));
         // Another operator token (another data directory) ends the session.
         let other = tempfile::tempdir().expect("tempdir");
         let others = Secrets::load_or_create(other.path(), None).expect("create");

@@ -139,6 +139,11 @@ pub enum Command {
         /// Where to write drover.passwd and drover.acl (replaced whole).
         #[arg(long)]
         out: PathBuf,
+        /// The group the files are given (mode 0640), so the broker reads
+        /// them after dropping to its own user: Debian's mosquitto runs as
+        /// `mosquitto`. Empty: leave the group as it is.
+        #[arg(long, default_value = "mosquitto")]
+        group: String,
     },
     /// Create or configure resources from a YAML or JSON file.
     Apply {

@@ -1622,10 +1622,26 @@ fn check_reported(version: &str, boot_id: &str, capabilities: &[String]) -> Opti
         })
 }
 
-/// A status as the control plane keeps it: every field bounded, whatever a
-/// device sent (errors ≤ 1 KiB, at most 16 steps, bounded lists).
+/// `text` with every control character but newline and tab, and every
+/// bidirectional override, replaced by U+FFFD: what a device reports can
+/// neither drive an operator's terminal nor reorder what the dashboard
+/// shows. Cleaned where it enters, once, so every reader sees the same.
+pub fn printable(text: String) -> String {
+    let unsafe_char = |c: char| (c.is_control() && c != '\n' && c != '\t') || is_bidi_override(c);
+    if !text.chars().any(unsafe_char) {
+        return text;
+    }
+    text.chars()
+        .map(|c| if unsafe_char(c) { '\u{FFFD}' } else { c })
+        .collect()
+}
+
+/// A status as the control plane keeps it: every field bounded and
+/// [`printable`], whatever a device sent (errors ≤ 1 KiB, at most 16
+/// steps, bounded lists).
 fn bounded_status(status: &JobStatus) -> JobStatus {
-    use agent_core::{MAX_ERROR_BYTES, MAX_STEPS, bounded};
+    use agent_core::{MAX_ERROR_BYTES, MAX_STEPS};
+    let bounded = |text: String, max: usize| agent_core::bounded(printable(text), max);
     let mut status = status.clone();
     status.error = status.error.map(|e| bounded(e, MAX_ERROR_BYTES));
     status.kind = bounded(status.kind, 64);
@@ -1691,6 +1707,9 @@ fn bounded_status(status: &JobStatus) -> JobStatus {
         inventory.architecture = bounded(std::mem::take(&mut inventory.architecture), MAX_REPORTED);
         inventory.kernel = bounded(std::mem::take(&mut inventory.kernel), MAX_REPORTED);
         inventory.disks.truncate(64);
+        for disk in &mut inventory.disks {
+            disk.mount_point = bounded(std::mem::take(&mut disk.mount_point), MAX_REPORTED);
+        }
     }
     status
 }

@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod get;
 pub mod init;
+pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod packages;

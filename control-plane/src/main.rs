@@ -181,6 +181,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             control_plane_password,
             prefix,
             out,
+            group,
         } => {
             if control_plane_password.is_empty() {
                 bail!("the control plane's MQTT password is empty");
@@ -199,6 +200,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 (control_plane_user, control_plane_password),
                 &devices,
             );
+            let gid = broker_group(group)?;
             std::fs::create_dir_all(out)
                 .with_context(|| format!("cannot create {}", out.display()))?;
             for (name, text) in [("drover.passwd", &passwords), ("drover.acl", &acl)] {
@@ -214,14 +216,32 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         .open(&tmp)
                         .with_context(|| format!("cannot write {}", tmp.display()))?;
                     std::io::Write::write_all(&mut file, text.as_bytes())?;
+                    if let Some(gid) = gid {
+                        std::os::unix::fs::fchown(&file, None, Some(gid)).with_context(|| {
+                            format!(
+                                "cannot give {} to group {group} (run mqtt-config as root, \
+                                 or pass --group \"\" and make the file readable by the broker's user)",
+                                tmp.display()
+                            )
+                        })?;
+                    }
                     file.sync_all()?;
                 }
                 std::fs::rename(&tmp, &path)
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
+            match gid {
+                Some(_) => out!(
+                    "# drover.passwd and drover.acl: mode 0640, group {group} (the broker reads them as its user)"
+                ),
+                None => out!(
+                    "# drover.passwd and drover.acl: mode 0640, group unchanged; the broker's user must be able to read them"
+                ),
+            }
             out!(
                 "per_listener_settings false\nallow_anonymous false\npassword_file {}\nacl_file {}\n\
-                 # a large fleet's statuses must never be dropped from the control plane's queue\n{}",
+                 # a large fleet's statuses must never be dropped from the control plane's queue,\n\
+                 # nor wait for a delayed ACK; and no client may send more than Drover ever does\n{}",
                 out.join("drover.passwd").display(),
                 out.join("drover.acl").display(),
                 transport_mqtt::Topics::broker_settings()
@@ -574,5 +594,21 @@ fn print_described_deployment(described: &Value) {
                 w["nextAttemptAt"].as_str().unwrap_or("?")
             );
         }
+    }
+}
+
+/// The id of the group `mqtt-config` gives its files, None for `--group ""`.
+fn broker_group(group: &str) -> Result<Option<u32>> {
+    if group.is_empty() {
+        return Ok(None);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(found)) => Ok(Some(found.gid.as_raw())),
+        Ok(None) => bail!(
+            "there is no group {group:?} here: install the broker first (Debian's mosquitto \
+             package makes the group mosquitto), name its group with --group, or pass \
+             --group \"\" and make the files readable by the broker's user yourself"
+        ),
+        Err(e) => bail!("cannot look up group {group:?}: {e}"),
     }
 }

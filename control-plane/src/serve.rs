@@ -19,6 +19,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+use transport_websocket::admission::{Admission, Limits};
 use transport_websocket::links::WsLinks;
 
 /// Inbound events waiting for the delivery core; a full queue slows the
@@ -102,6 +103,7 @@ pub struct Started {
 
 pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
     check_api_listen(&options)?;
+    let capacity = Capacity::from_open_file_limit(options.max_agent_connections);
     let api_tls = match &options.api_tls {
         Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
         None => None,
@@ -252,6 +254,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         offline_alert: jiff::SignedDuration::try_from(options.offline_alert)
             .unwrap_or(jiff::SignedDuration::MAX),
         secure_cookies: options.api_tls.is_some(),
+        logins: Arc::new(crate::ui::LoginLimiter::default()),
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {
@@ -259,11 +262,12 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             secrets: secrets.clone(),
             downloads: downloads.clone(),
         });
-        tasks.push(tokio::spawn(serve_http(
-            "download",
+        tasks.push(tokio::spawn(crate::listen::serve(
+            "downloads",
             download_listener,
             tls.clone(),
             router,
+            Admission::new(capacity.downloads),
             shutdown.clone(),
         )));
     }
@@ -282,14 +286,15 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         agent_listener,
         tls,
         Arc::new(move |device, token| verify.verify_device(device, token)),
-        options.max_agent_connections,
+        Admission::new(capacity.agents),
         shutdown.clone(),
     )));
-    tasks.push(tokio::spawn(serve_http(
+    tasks.push(tokio::spawn(crate::listen::serve(
         "API",
         api_listener,
         api_tls,
         router,
+        Admission::new(capacity.api),
         shutdown.clone(),
     )));
     info!(
@@ -297,7 +302,11 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         api_tls = options.api_tls.is_some(),
         agents = %agent_addr,
         data = %options.data.display(),
-        "drover control plane serving"
+        open_files = capacity.open_files,
+        agent_connections = capacity.agents.established,
+        api_connections = capacity.api.established,
+        download_connections = capacity.downloads.established,
+        "drover control plane serving (connection caps sized from the open-file limit)"
     );
     Ok(Started {
         api_addr,
@@ -309,10 +318,72 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     })
 }
 
-/// Time a client of the API has to finish its TLS handshake.
-const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// TLS handshakes with API clients in progress at once.
-const API_MAX_HANDSHAKES: usize = 256;
+/// How many connections each listener admits, sized from the open-file
+/// limit (raised to its hard limit first): what the store, the logs, the
+/// package files and the brokers need is set aside, most of the rest goes
+/// to agents, and the API and downloads get a bounded share.
+#[derive(Debug, Clone, Copy)]
+pub struct Capacity {
+    pub open_files: u64,
+    pub agents: Limits,
+    pub api: Limits,
+    pub downloads: Limits,
+}
+
+/// Open files kept for everything but connections.
+const RESERVED_FILES: u64 = 256;
+
+impl Capacity {
+    /// Raises the soft open-file limit to the hard one and sizes the caps;
+    /// `max_agents` (--max-agent-connections) is an upper bound.
+    pub fn from_open_file_limit(max_agents: usize) -> Self {
+        let open_files = match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(limit) => limit,
+            Err(e) => {
+                warn!(error = %e, "cannot read or raise the open-file limit; assuming 1024");
+                1024
+            }
+        };
+        Self::for_open_files(open_files, max_agents)
+    }
+
+    pub fn for_open_files(open_files: u64, max_agents: usize) -> Self {
+        let budget = usize::try_from(open_files.saturating_sub(RESERVED_FILES).max(64))
+            .unwrap_or(usize::MAX);
+        let share = |percent: usize, at_most: usize| {
+            (budget.saturating_mul(percent) / 100).clamp(8, at_most)
+        };
+        // One address may hold at most a quarter of a kind of slot, so a
+        // stranger at one address always leaves three quarters to others.
+        let quarter = |slots: usize, at_most: usize| (slots / 4).clamp(1, at_most);
+        let (agents_pending, api_pending, api_established) =
+            (share(5, 1024), share(2, 128), share(4, 512));
+        let (downloads_pending, downloads_established) = (share(2, 256), share(5, 1024));
+        Self {
+            open_files,
+            agents: Limits {
+                pending: agents_pending,
+                pending_per_peer: quarter(agents_pending, 64),
+                established: share(80, max_agents.max(1)),
+                // Agents behind one site's NAT share an address; each is
+                // authenticated by its own token.
+                established_per_peer: None,
+            },
+            api: Limits {
+                pending: api_pending,
+                pending_per_peer: quarter(api_pending, 16),
+                established: api_established,
+                established_per_peer: Some(quarter(api_established, 64)),
+            },
+            downloads: Limits {
+                pending: downloads_pending,
+                pending_per_peer: quarter(downloads_pending, 64),
+                established: downloads_established,
+                established_per_peer: Some(quarter(downloads_established, 256)),
+            },
+        }
+    }
+}
 
 /// The operator token must not cross a network in clear: a plain-text API is
 /// served only on loopback, unless the operator says a TLS proxy fronts it.
@@ -329,63 +400,6 @@ fn check_api_listen(options: &ServeOptions) -> Result<()> {
         tracing::warn!(listen = %options.listen, "serving the operators' API in clear (--api-allow-plaintext)");
     }
     Ok(())
-}
-
-/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`.
-async fn serve_http(
-    what: &'static str,
-    listener: TcpListener,
-    tls: Option<transport_websocket::tls::Acceptor>,
-    router: axum::Router,
-    shutdown: CancellationToken,
-) {
-    let stopped = async move { shutdown.cancelled().await };
-    let served = match (tls, listener.local_addr()) {
-        (Some(acceptor), Ok(addr)) => {
-            let incoming = transport_websocket::tls::accept_tls(
-                listener,
-                acceptor,
-                API_HANDSHAKE_TIMEOUT,
-                API_MAX_HANDSHAKES,
-            );
-            let listener = TlsApiListener { incoming, addr };
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stopped)
-                .await
-        }
-        (Some(_), Err(e)) => Err(e),
-        (None, _) => {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stopped)
-                .await
-        }
-    };
-    if let Err(e) = served {
-        tracing::error!(error = %e, "{what} server stopped");
-    }
-}
-
-/// The API's listener when it speaks TLS: connections whose handshake is done.
-struct TlsApiListener {
-    incoming: mpsc::Receiver<(transport_websocket::tls::ServerStream, SocketAddr)>,
-    addr: SocketAddr,
-}
-
-impl axum::serve::Listener for TlsApiListener {
-    type Io = transport_websocket::tls::ServerStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.incoming.recv().await {
-            Some(connection) => connection,
-            // The acceptor stopped (it only does when this listener is gone).
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.addr)
-    }
 }
 
 /// This data directory's replica id (`replica.id`, made on first use).
@@ -408,4 +422,52 @@ fn tokio_rustls_acceptor(
     key: &std::path::Path,
 ) -> Result<transport_websocket::tls::Acceptor> {
     Ok(transport_websocket::tls::acceptor(cert, key)?)
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+
+    #[test]
+    fn caps_follow_the_open_file_limit_and_no_address_takes_more_than_a_quarter() {
+        for (open_files, agents) in [
+            (512, 25_000),
+            (1024, 25_000),
+            (20_000, 25_000),
+            (1 << 20, 25_000),
+        ] {
+            let c = Capacity::for_open_files(open_files, agents);
+            let total = c.agents.pending
+                + c.agents.established
+                + c.api.pending
+                + c.api.established
+                + c.downloads.pending
+                + c.downloads.established;
+            assert!(
+                total as u64 <= open_files.saturating_sub(RESERVED_FILES).max(64) + 48,
+                "{open_files}: {c:?}"
+            );
+            for limits in [c.agents, c.api, c.downloads] {
+                assert!(
+                    limits.pending_per_peer * 4 <= limits.pending.max(4),
+                    "{open_files}: {limits:?}"
+                );
+                if let Some(per_peer) = limits.established_per_peer {
+                    assert!(
+                        per_peer * 4 <= limits.established.max(4),
+                        "{open_files}: {limits:?}"
+                    );
+                }
+            }
+        }
+        // --max-agent-connections bounds the agents' share.
+        assert_eq!(
+            Capacity::for_open_files(1 << 20, 100).agents.established,
+            100
+        );
+        assert_eq!(
+            Capacity::for_open_files(20_000, 25_000).agents.established,
+            15_795
+        );
+    }
 }

@@ -96,16 +96,40 @@ pub fn session_cookie(headers: &HeaderMap) -> Option<&str> {
         .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
 }
 
-fn logged_in(state: &ApiState, headers: &HeaderMap) -> bool {
-    session_cookie(headers).is_some_and(|s| {
-        state
-            .secrets
-            .verify_ui_session(s, Timestamp::now().as_second())
-    })
+/// Where a session's logout is kept until the session would have expired.
+fn logout_key(session_id: &str) -> String {
+    format!("ui-logouts/{session_id}")
+}
+
+/// Whether `session` is one of ours, not expired and not logged out. A
+/// store that cannot answer is a no (fail closed).
+pub async fn session_valid(state: &ApiState, session: &str) -> bool {
+    let now = Timestamp::now().as_second();
+    if state.secrets.ui_session_expiry(session, now).is_none() {
+        return false;
+    }
+    let Some(id) = crate::auth::Secrets::ui_session_id(session) else {
+        return false;
+    };
+    match state.db.get::<u64>(&logout_key(&id)).await {
+        Ok(None) => true,
+        Ok(Some(_)) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the dashboard's logouts; the session is refused");
+            false
+        }
+    }
+}
+
+async fn logged_in(state: &ApiState, headers: &HeaderMap) -> bool {
+    match session_cookie(headers) {
+        Some(session) => session_valid(state, session).await,
+        None => false,
+    }
 }
 
 async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    if logged_in(&state, &headers) {
+    if logged_in(&state, &headers).await {
         page(INDEX)
     } else {
         Redirect::to("/ui/login").into_response()
@@ -121,22 +145,109 @@ struct Login {
     token: String,
 }
 
-/// Checks the operator token and sets the session cookie.
-async fn login(State(state): State<ApiState>, Json(body): Json<Login>) -> Response {
+/// Failed logins an address may make before it must wait.
+const LOGIN_ATTEMPTS: u32 = 5;
+/// One failed login is forgiven per this long.
+const LOGIN_REFILL: Duration = Duration::from_secs(60);
+/// Addresses remembered at most (the oldest are forgotten first).
+const LOGIN_ADDRESSES: usize = 10_000;
+
+/// Failed dashboard logins per client address: a token bucket of
+/// [`LOGIN_ATTEMPTS`], one back per [`LOGIN_REFILL`]. Guessing a 256-bit
+/// token is hopeless anyway; this keeps the log and the CPU quiet and
+/// says who tried.
+#[derive(Default)]
+pub struct LoginLimiter {
+    /// A std Mutex: held only to count, never across an await.
+    failures:
+        std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, std::time::Instant)>>,
+}
+
+impl LoginLimiter {
+    /// The wait before `peer` may try again, if it has used its attempts.
+    fn wait(&self, peer: std::net::IpAddr, now: std::time::Instant) -> Option<Duration> {
+        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, at) = *failures.get(&peer)?;
+        // Another attempt needs one whole attempt left.
+        let over = Self::refilled(used, at, now) - f64::from(LOGIN_ATTEMPTS - 1);
+        (over > 0.0).then(|| LOGIN_REFILL.mul_f64(over))
+    }
+
+    /// Counts a failed login; returns how many `peer` has used.
+    fn failed(&self, peer: std::net::IpAddr, now: std::time::Instant) -> f64 {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.len() >= LOGIN_ADDRESSES && !failures.contains_key(&peer) {
+            failures.retain(|_, (used, at)| Self::refilled(*used, *at, now) > 0.0);
+            if failures.len() >= LOGIN_ADDRESSES
+                && let Some(oldest) = failures
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(p, _)| *p)
+            {
+                failures.remove(&oldest);
+            }
+        }
+        let entry = failures.entry(peer).or_insert((0.0, now));
+        let used = Self::refilled(entry.0, entry.1, now) + 1.0;
+        *entry = (used, now);
+        used
+    }
+
+    fn succeeded(&self, peer: std::net::IpAddr) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(&peer);
+    }
+
+    fn refilled(used: f64, at: std::time::Instant, now: std::time::Instant) -> f64 {
+        let back = now.saturating_duration_since(at).as_secs_f64() / LOGIN_REFILL.as_secs_f64();
+        (used - back).max(0.0)
+    }
+}
+
+/// Checks the operator token and sets the session cookie. Failed logins
+/// are logged with the client's address and limited per address.
+async fn login(
+    State(state): State<ApiState>,
+    // The listener (`listen::serve`) puts the client's address on every request.
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    Json(body): Json<Login>,
+) -> Response {
+    let peer = peer.ip();
+    let now = std::time::Instant::now();
+    if let Some(wait) = state.logins.wait(peer, now) {
+        let seconds = wait.as_secs().max(1);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, seconds.to_string())],
+            Json(json!({"error": format!(
+                "too many failed logins from {peer}; try again in {seconds} s"
+            )})),
+        )
+            .into_response();
+    }
     if !state.secrets.verify_operator(body.token.trim()) {
+        let used = state.logins.failed(peer, now);
+        tracing::warn!(%peer, failures = used.ceil() as u64, "dashboard login with a wrong operator token");
         return ApiError(
             StatusCode::UNAUTHORIZED,
             "that is not this control plane's operator token (DATA/operator.token)".into(),
         )
         .into_response();
     }
-    let session = state
+    state.logins.succeeded(peer);
+    let session = match state
         .secrets
-        .ui_session(Timestamp::now().as_second() + SESSION);
+        .ui_session(Timestamp::now().as_second() + SESSION)
+    {
+        Ok(session) => session,
+        Err(e) => {
+            return ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response();
+        }
+    };
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookie =
         format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION}{secure}");
-    tracing::info!("dashboard login");
+    tracing::info!(%peer, "dashboard login");
     (
         [(header::SET_COOKIE, cookie)],
         Json(json!({"result": "logged in"})),
@@ -144,15 +255,66 @@ async fn login(State(state): State<ApiState>, Json(body): Json<Login>) -> Respon
         .into_response()
 }
 
-async fn logout() -> Response {
-    (
-        [(
-            header::SET_COOKIE,
-            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
-        )],
-        Json(json!({"result": "logged out"})),
-    )
-        .into_response()
+/// Ends the session server-side (a logout record every replica reads,
+/// kept until the session would have expired) and clears the cookie. With
+/// a live session, the request must carry its CSRF token: another site
+/// cannot log an operator out.
+async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let clear = [(
+        header::SET_COOKIE,
+        format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+    )];
+    let now = Timestamp::now().as_second();
+    let Some((session, expires)) =
+        session_cookie(&headers).and_then(|s| Some((s, state.secrets.ui_session_expiry(s, now)?)))
+    else {
+        return (clear, Json(json!({"result": "logged out"}))).into_response();
+    };
+    let csrf = headers
+        .get(CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !state.secrets.verify_ui_csrf(session, csrf) {
+        return ApiError(
+            StatusCode::FORBIDDEN,
+            format!("a logout needs the session's {CSRF_HEADER} header"),
+        )
+        .into_response();
+    }
+    let Some(id) = crate::auth::Secrets::ui_session_id(session) else {
+        return (clear, Json(json!({"result": "logged out"}))).into_response();
+    };
+    let expires = u64::try_from(expires).unwrap_or(0);
+    match state.db.put(&logout_key(&id), &expires, 0).await {
+        Ok(_) => {}
+        // Logged out already (another tab, another replica).
+        Err(crate::records::DbError::Kv(e)) if e.is_conflict() => {}
+        Err(e) => {
+            return ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot record the logout: {e}"),
+            )
+            .into_response();
+        }
+    }
+    forget_old_logouts(&state, now).await;
+    tracing::info!("dashboard logout");
+    (clear, Json(json!({"result": "logged out"}))).into_response()
+}
+
+/// Deletes the logouts of sessions that have expired anyway.
+async fn forget_old_logouts(state: &ApiState, now: i64) {
+    let Ok(logouts) = state.db.list::<u64>("ui-logouts/").await else {
+        return;
+    };
+    let old: Vec<String> = logouts
+        .into_iter()
+        .filter(|(_, _, expires)| i64::try_from(*expires).unwrap_or(i64::MAX) <= now)
+        .map(|(key, _, _)| key)
+        .collect();
+    if !old.is_empty() {
+        let _ = state.db.delete_all(&old).await;
+    }
 }
 
 /// The session's CSRF token, for the page's requests that change something.
@@ -215,6 +377,37 @@ async fn events(State(state): State<ApiState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_gets_five_failed_logins_then_one_a_minute() {
+        let limiter = LoginLimiter::default();
+        let (a, b) = (
+            "192.0.2.1".parse().expect("ip"),
+            "192.0.2.2".parse().expect("ip"),
+        );
+        let start = std::time::Instant::now();
+        for tried in 1..=5 {
+            assert_eq!(limiter.wait(a, start), None, "attempt {tried} is allowed");
+            limiter.failed(a, start);
+        }
+        let wait = limiter.wait(a, start).expect("the sixth waits");
+        assert_eq!(wait, LOGIN_REFILL);
+        assert_eq!(
+            limiter.wait(b, start),
+            None,
+            "another address is not limited"
+        );
+        let later = start + LOGIN_REFILL;
+        assert_eq!(
+            limiter.wait(a, later),
+            None,
+            "one attempt back after a minute"
+        );
+        limiter.failed(a, later);
+        assert!(limiter.wait(a, later).is_some());
+        limiter.succeeded(a);
+        assert_eq!(limiter.wait(a, later), None, "a success forgives");
+    }
 
     #[test]
     fn the_session_cookie_is_found_among_others() {

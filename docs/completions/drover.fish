@@ -96,6 +96,7 @@ complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-pl
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-password -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l prefix -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l out -d 'Where to write drover.passwd and drover.acl (replaced whole)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l group -d 'The group the files are given (mode 0640), so the broker reads them after dropping to its own user: Debian\'s mosquitto runs as `mosquitto`. Empty: leave the group as it is' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l token -d 'The operator token (default: DATA/operator.token)' -r

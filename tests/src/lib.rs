@@ -505,7 +505,9 @@ impl NatsCluster {
 }
 
 /// `mosquitto` as a process with its own config, password and ACL files and
-/// persistence directory, on a free loopback port.
+/// persistence directory, on a free loopback port. Started as root, it
+/// drops to Debian's `mosquitto` user as the package's service does, so it
+/// reads only what that user may read.
 pub struct Mosquitto {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
@@ -514,24 +516,38 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
-    /// Starts a broker; `auth` holds the mosquitto.conf lines `drover
-    /// mqtt-config` printed (password and ACL files).
-    pub fn start(auth: &str) -> Self {
-        Self::start_with(auth, "")
-    }
-
-    /// Like [`Mosquitto::start`], with lines for the listener (TLS files).
-    pub fn start_with(auth: &str, listener: &str) -> Self {
+    /// A directory for a broker's files (its persistence, its log, the
+    /// files `drover mqtt-config` writes), owned by the broker's user.
+    pub fn prepare() -> tempfile::TempDir {
         let dir = tempfile::Builder::new()
             .prefix("drover-mosquitto-")
             .tempdir()
             .expect("tempdir");
+        if nix::unistd::geteuid().is_root() {
+            let user = nix::unistd::User::from_name("mosquitto")
+                .expect("look up the user mosquitto")
+                .expect("the user mosquitto exists (Debian's mosquitto package makes it)");
+            std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+                .expect("chown the broker's directory");
+        }
+        dir
+    }
+
+    /// Starts a broker; `auth` holds the mosquitto.conf lines `drover
+    /// mqtt-config` printed (password and ACL files).
+    pub fn start(auth: &str) -> Self {
+        Self::start_in(Self::prepare(), auth, "")
+    }
+
+    /// Like [`Mosquitto::start`] in a directory from [`Mosquitto::prepare`],
+    /// with lines for the listener (TLS files).
+    pub fn start_in(dir: tempfile::TempDir, auth: &str, listener: &str) -> Self {
         let port = free_port();
         let config = dir.path().join("mosquitto.conf");
         let text = format!(
-            // `user root`: as root mosquitto would drop to its own user, which
-            // cannot use this test's private directory.
-            "user root\nlistener {port} 127.0.0.1\n{listener}\npersistence true\npersistence_location {}/\n\
+            // No `user` line: started as root, mosquitto drops to its
+            // default user, `mosquitto`, as Debian's service runs it.
+            "listener {port} 127.0.0.1\n{listener}\npersistence true\npersistence_location {}/\n\
              autosave_interval 3600\nlog_dest file {}\n{auth}\n",
             dir.path().display(),
             dir.path().join("mosquitto.log").display()
@@ -545,6 +561,11 @@ impl Mosquitto {
         };
         broker.restart();
         broker
+    }
+
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("mosquitto runs").id()
     }
 
     pub fn url(&self) -> String {
@@ -609,6 +630,10 @@ impl Drop for Mosquitto {
         }
     }
 }
+
+/// Marks, among `serve`'s extra arguments, the open-file limit to run it
+/// with (never passed to `drover`).
+const PRLIMIT_MARK: &str = "\u{0}prlimit-nofile=";
 
 /// `drover serve` as a process.
 pub struct ControlPlane {
@@ -679,7 +704,17 @@ impl ControlPlane {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
-        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        Self::start_limited(dir, extra, None)
+    }
+
+    /// [`ControlPlane::start_in`] with its open-file limit (soft and hard)
+    /// set to `open_files` through util-linux's prlimit, as a small
+    /// machine or a unit's LimitNOFILE would have it.
+    pub fn start_limited(dir: tempfile::TempDir, extra: &[&str], open_files: Option<u64>) -> Self {
+        let mut extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        if let Some(limit) = open_files {
+            extra.insert(0, format!("{PRLIMIT_MARK}{limit}"));
+        }
         let (child, api, agent_url) = Self::spawn(dir.path(), &extra);
         let token = std::fs::read_to_string(dir.path().join("data/operator.token"))
             .expect("operator token")
@@ -697,6 +732,8 @@ impl ControlPlane {
     }
 
     fn spawn(dir: &Path, extra: &[String]) -> (Child, String, String) {
+        let (limit, extra): (Vec<&String>, Vec<&String>) =
+            extra.iter().partition(|a| a.starts_with(PRLIMIT_MARK));
         let data = dir.join("data");
         if !data.join("intent.key").exists() {
             use std::os::unix::fs::DirBuilderExt;
@@ -713,7 +750,18 @@ impl ControlPlane {
             .append(true)
             .open(dir.join("drover.log"))
             .expect("log");
-        let child = Command::new(bin("drover"))
+        let mut command = match limit.first() {
+            Some(mark) => {
+                let mut command = Command::new("prlimit");
+                let limit = mark.trim_start_matches(PRLIMIT_MARK);
+                command
+                    .arg(format!("--nofile={limit}:{limit}"))
+                    .arg(bin("drover"));
+                command
+            }
+            None => Command::new(bin("drover")),
+        };
+        let child = command
             .arg("--data")
             .arg(dir.join("data"))
             .args([
@@ -1305,7 +1353,8 @@ pub fn mqtt_fleet_with<S: AsRef<str>>(
     extra: &[&str],
 ) -> (Mosquitto, ControlPlane) {
     let dir = ControlPlane::prepare();
-    let out = dir.path().join("mqtt").display().to_string();
+    let broker_dir = Mosquitto::prepare();
+    let out = broker_dir.path().join("auth").display().to_string();
     let mut args = vec![
         "mqtt-config",
         "--control-plane-password",
@@ -1318,7 +1367,7 @@ pub fn mqtt_fleet_with<S: AsRef<str>>(
     }
     let auth = ControlPlane::drover_in(dir.path(), &args);
     assert!(auth.contains("acl_file"), "{auth}");
-    let broker = Mosquitto::start(&auth);
+    let broker = Mosquitto::start_in(broker_dir, &auth, "");
     let url = broker.url();
     let mut args = vec!["--mqtt-url", url.as_str(), "--mqtt-password", password];
     args.extend_from_slice(extra);

@@ -188,6 +188,28 @@ async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
         "get over https: {out:?}"
     );
 
+    // Over TLS every answer tells the browser to stay on https (HSTS); the
+    // plain-http API (the dashboard's tests) sends no such header.
+    let _ = drover_tests::http_client();
+    let pinned = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem")])
+        .build()
+        .expect("client");
+    let health = pinned
+        .get(format!("{https}/healthz"))
+        .send()
+        .await
+        .expect("healthz over https");
+    assert_eq!(
+        health
+            .headers()
+            .get("strict-transport-security")
+            .map(|v| v.to_str().unwrap_or("")),
+        Some("max-age=31536000"),
+        "{:?}",
+        health.headers()
+    );
+
     // Not trusting the certificate: no answer, and the error says why.
     let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
     let other_path = dir.path().join("other.pem");

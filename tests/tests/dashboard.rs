@@ -396,19 +396,11 @@ async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
     assert_eq!(refused.status(), 403);
     let schedule = cp.get("/taskschedules/csrf-nightly").await;
     assert_eq!(schedule["spec"]["suspend"], false, "nothing changed");
-    let csrf: Value = http
-        .get(format!("{}/ui/session", cp.api))
-        .header("cookie", &session)
-        .send()
-        .await
-        .expect("session")
-        .json()
-        .await
-        .expect("json");
+    let csrf = csrf_of(&http, &cp, &session).await;
     let allowed = http
         .post(&suspend)
         .header("cookie", &session)
-        .header("x-drover-csrf", csrf["csrf"].as_str().expect("csrf"))
+        .header("x-drover-csrf", &csrf)
         .json(&json!({"suspend": true}))
         .send()
         .await
@@ -424,4 +416,137 @@ async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
         .await
         .expect("read");
     assert_eq!(forged.status(), 401);
+}
+
+/// Logging in and out as a stranger would try it. Five wrong tokens from
+/// one address are each refused and logged with the address; the sixth
+/// attempt waits (429 with Retry-After), even with the right token, while
+/// the right token logged in first (the positive control) and the bearer
+/// token keep working. Each login is its own session; a logout needs the
+/// session's CSRF token, and it ends that session at the server (its
+/// cookie, sent again, is refused) and no other. Every answer carries
+/// nosniff and no-referrer, and no HSTS over plain http.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_limited_and_logged_and_a_logout_ends_its_session_at_the_server() {
+    let cp = ControlPlane::start(&[]);
+    let http = http_client();
+    let login = |token: String| {
+        let http = http.clone();
+        let url = format!("{}/ui/login", cp.api);
+        async move {
+            http.post(url)
+                .json(&json!({ "token": token }))
+                .send()
+                .await
+                .expect("login")
+        }
+    };
+    let session_of = |response: &reqwest::Response| {
+        response.headers()["set-cookie"]
+            .to_str()
+            .expect("cookie")
+            .split(';')
+            .next()
+            .expect("pair")
+            .to_owned()
+    };
+    let first = login(cp.token.clone()).await;
+    assert_eq!(first.status(), 200);
+    for header in [
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+    ] {
+        assert_eq!(
+            first
+                .headers()
+                .get(header.0)
+                .map(|v| v.to_str().unwrap_or("")),
+            Some(header.1),
+            "{:?}",
+            first.headers()
+        );
+    }
+    assert!(first.headers().get("strict-transport-security").is_none());
+    let (one, two) = (
+        session_of(&first),
+        session_of(&login(cp.token.clone()).await),
+    );
+    assert_ne!(one, two, "each login is its own session");
+    let read = |session: String| {
+        let http = http.clone();
+        let url = format!("{}/api/v1/taskruns", cp.api);
+        async move {
+            http.get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .expect("read")
+                .status()
+        }
+    };
+    assert_eq!(read(one.clone()).await, 200);
+
+    // A logout without the CSRF token (another site's form) ends nothing.
+    let logout = format!("{}/ui/logout", cp.api);
+    let refused = http
+        .post(&logout)
+        .header("cookie", &one)
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(refused.status(), 403);
+    assert_eq!(read(one.clone()).await, 200, "still logged in");
+    let csrf = csrf_of(&http, &cp, &one).await;
+    let out = http
+        .post(&logout)
+        .header("cookie", &one)
+        .header("x-drover-csrf", &csrf)
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(out.status(), 200);
+    // The browser would forget the cookie; one kept and sent again is refused.
+    assert_eq!(
+        read(one.clone()).await,
+        401,
+        "the logged-out session is over"
+    );
+    assert_eq!(read(two.clone()).await, 200, "the other session goes on");
+
+    // Wrong tokens: five refused and logged, then the address waits.
+    for _ in 0..5 {
+        assert_eq!(login("not-the-token".into()).await.status(), 401);
+    }
+    let limited = login(cp.token.clone()).await;
+    assert_eq!(limited.status(), 429);
+    let retry: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "retry after {retry} s");
+    let log = cp.log();
+    assert_eq!(
+        log.matches("dashboard login with a wrong operator token")
+            .count(),
+        5,
+        "{log}"
+    );
+    assert!(log.contains("peer=127.0.0.1"), "{log}");
+    // The CLI's bearer token is not a login and is not limited.
+    assert_eq!(cp.get("/taskruns").await, json!([]));
+}
+
+/// The CSRF token of a dashboard session (`cookie` is `drover_session=…`).
+async fn csrf_of(http: &reqwest::Client, cp: &ControlPlane, cookie: &str) -> String {
+    let session: Value = http
+        .get(format!("{}/ui/session", cp.api))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("session")
+        .json()
+        .await
+        .expect("json");
+    session["csrf"].as_str().expect("csrf").to_owned()
 }

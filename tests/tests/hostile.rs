@@ -35,6 +35,12 @@ mode = "simulate"
 /// (what, replace this, with this, the error `check` must give).
 const CONFIG_CASES: &[(&str, &str, &str, &str)] = &[
     (
+        "plain NATS to another host",
+        "kind = \"websocket\"\nserver_url = \"ws://127.0.0.1:9\"",
+        "kind = \"nats\"\nurl = \"nats://127.0.0.1:4222,nats://10.0.0.5:4222\"",
+        "refusing plain nats:// to 10.0.0.5, which is not a loopback address",
+    ),
+    (
         "heartbeat that overflows",
         "token = \"t\"",
         "token = \"t\"\nheartbeat_seconds = 18446744073709551615",
@@ -889,7 +895,9 @@ async fn control_plane_agent_endpoint_table() {
             assert_eq!(received["type"], "received", "{what}: {received}");
         }
     }
-    // A result with a 100 KB error is stored bounded to 1 KiB.
+    // A result with a 100 KB error is stored bounded to 1 KiB, its escape
+    // sequences, carriage return and bidirectional override replaced (the
+    // newline kept).
     cp.apply_upgrade_run("ep-run", "ep", 600).await;
     let job = next_json(&mut ws, Duration::from_secs(15))
         .await
@@ -899,7 +907,11 @@ async fn control_plane_agent_endpoint_table() {
         job["intent"]["signature"].is_string(),
         "the intent is signed: {job}"
     );
-    let mut status = status_json(&job_id, "ep-1", &"e".repeat(100_000));
+    let hostile = format!(
+        "\u{1b}[2J\u{202e}gnissim\r\nfirst line{}",
+        "e".repeat(100_000)
+    );
+    let mut status = status_json(&job_id, "ep-1", &hostile);
     status["seq"] = json!(2);
     ws.send(Message::text(
         json!({"type": "result", "outboxId": 10, "status": status}).to_string(),
@@ -911,8 +923,17 @@ async fn control_plane_agent_endpoint_table() {
         .expect("received");
     assert_eq!(received["type"], "received", "{received}");
     let targets = cp.targets("ep-run").await;
-    let stored = targets[0]["status"]["error"].as_str().expect("error").len();
-    assert!(stored <= 1024, "the stored error is {stored} bytes");
+    let stored = targets[0]["status"]["error"].as_str().expect("error");
+    assert!(
+        stored.len() <= 1024,
+        "the stored error is {} bytes",
+        stored.len()
+    );
+    assert!(
+        stored.starts_with("\u{fffd}[2J\u{fffd}gnissim\u{fffd}\nfirst line"),
+        "stored as {:?}",
+        stored.chars().take(40).collect::<String>()
+    );
     // The session survived all of it.
     ws.send(Message::text(
         heartbeat_json("ep-1", "1", json!(["systemUpgradeV1"])).to_string(),
@@ -1734,7 +1755,450 @@ fn the_tables_hold_at_least_80_rows() {
 
 /// The hostile cases that are a test of their own each.
 const SINGLE_ROW_TESTS: &[&str] = &[
+    "an_oversize_mqtt_message_from_one_device_stops_nobody",
+    "the_broker_refuses_an_oversize_mqtt_message_first",
+    "a_device_cannot_roll_up_the_status_bucket",
+    "half_sent_requests_from_one_address_lock_out_no_one",
+    "idle_sockets_on_the_agents_port_keep_no_device_out",
     "a_flood_of_jobs_is_bounded_by_the_queue",
     "an_idle_connection_is_closed_after_the_handshake_timeout",
     "one session per device (control_plane_sessions_table)",
 ];
+
+// --------------------------------------------------------------- brokers ---
+
+/// A mosquitto for `devices` as `drover mqtt-config` sets it up, minus the
+/// lines `drop` names (an operator who left them out), and a control plane
+/// serving over it.
+fn mqtt_fleet_without(devices: &[&str], drop: &[&str]) -> (drover_tests::Mosquitto, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let broker_dir = drover_tests::Mosquitto::prepare();
+    let out = broker_dir.path().join("auth").display().to_string();
+    let mut args = vec![
+        "mqtt-config",
+        "--control-plane-password",
+        "cp-secret",
+        "--out",
+        &out,
+    ];
+    for device in devices {
+        args.extend(["--device", device]);
+    }
+    let auth = ControlPlane::drover_in(dir.path(), &args);
+    assert!(
+        auth.contains("max_packet_size"),
+        "mqtt-config sets the broker's limit: {auth}"
+    );
+    let auth: String = auth
+        .lines()
+        .filter(|line| !drop.iter().any(|d| line.starts_with(d)))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let broker = drover_tests::Mosquitto::start_in(broker_dir, &auth, "");
+    let url = broker.url();
+    let cp = ControlPlane::start_in(dir, &["--mqtt-url", &url, "--mqtt-password", "cp-secret"]);
+    (broker, cp)
+}
+
+/// Device A, with its own credentials, publishes a message bigger than any
+/// Drover sends on its own status topic (retained) and as its hello. The
+/// control plane's link drops them, says so, clears the retained copy, and
+/// keeps serving: B's run completes before and after (the positive control
+/// is the run before), and the link never reconnects. On a broker without
+/// the limit `mqtt-config` prints, so that the control plane sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
+    let (broker, cp) = mqtt_fleet_without(&["big-a", "big-b"], &["max_packet_size"]);
+    cp.apply_device("big-b", &["big"], json!({})).await;
+    let b = AgentProcess::start_mqtt(
+        &cp.dir.path().join("big-b"),
+        "big-b",
+        &broker.url(),
+        &cp.device_token("big-b"),
+        "",
+    );
+    cp.wait_for_agents(&["big-b"]).await;
+    // The positive control: a run completes.
+    cp.apply_upgrade_run("big-before", "big", 600).await;
+    let run = cp
+        .wait_run_finished("big-before", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+
+    let mut options = rumqttc::MqttOptions::new("big-a", "127.0.0.1", broker.port);
+    options.set_credentials("big-a", cp.device_token("big-a"));
+    options.set_max_packet_size(1 << 20, 1 << 20);
+    let (a, mut a_loop) = rumqttc::AsyncClient::new(options, 8);
+    let driver = tokio::spawn(async move { while a_loop.poll().await.is_ok() {} });
+    let big = vec![b'x'; 300 * 1024];
+    let topic = "drover/v1/devices/big-a/status/00000000-0000-4000-8000-00000000b1e5";
+    a.publish(topic, rumqttc::QoS::AtLeastOnce, true, big.clone())
+        .await
+        .expect("publish");
+    a.publish(
+        "drover/v1/devices/big-a/hello",
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        big,
+    )
+    .await
+    .expect("publish");
+    eventually(Duration::from_secs(20), "the link to drop both", || async {
+        (cp.log()
+            .matches("message over the size limit dropped")
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    driver.abort();
+    // The retained copy is cleared: the broker keeps nothing of it.
+    let port = broker.port.to_string();
+    eventually(
+        Duration::from_secs(20),
+        "the retained status cleared",
+        || {
+            let out = Command::new("mosquitto_sub")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-u",
+                    "drover-control-plane",
+                    "-P",
+                    "cp-secret",
+                ])
+                .args(["-i", "big-watch", "-t", topic, "--retained-only", "-W", "1"])
+                .output()
+                .expect("mosquitto_sub (the test command installs mosquitto-clients)");
+            let empty = out.stdout.is_empty();
+            async move { empty.then_some(()) }
+        },
+    )
+    .await;
+    // Everyone else goes on, on the same connection.
+    cp.apply_upgrade_run("big-after", "big", 600).await;
+    let run = cp
+        .wait_run_finished("big-after", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(cp.healthz().await.0, 200);
+    assert!(
+        !cp.log().contains("MQTT connection failed"),
+        "the link reconnected: {}",
+        cp.log()
+    );
+    b.assert_jobs_run_once(2);
+}
+
+/// With the broker set up as `drover mqtt-config` prints, the broker
+/// refuses the oversize message first: device A is disconnected, the
+/// control plane never sees it, and B's run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_refuses_an_oversize_mqtt_message_first() {
+    let (broker, cp) = mqtt_fleet_without(&["bigb-a", "bigb-b"], &[]);
+    cp.apply_device("bigb-b", &["bigb"], json!({})).await;
+    let b = AgentProcess::start_mqtt(
+        &cp.dir.path().join("bigb-b"),
+        "bigb-b",
+        &broker.url(),
+        &cp.device_token("bigb-b"),
+        "",
+    );
+    cp.wait_for_agents(&["bigb-b"]).await;
+    let mut options = rumqttc::MqttOptions::new("bigb-a", "127.0.0.1", broker.port);
+    options.set_credentials("bigb-a", cp.device_token("bigb-a"));
+    options.set_max_packet_size(1 << 20, 1 << 20);
+    let (a, mut a_loop) = rumqttc::AsyncClient::new(options, 8);
+    // The positive control: a message of a normal size is taken (PUBACK).
+    a.publish(
+        "drover/v1/devices/bigb-a/heartbeat",
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        "small",
+    )
+    .await
+    .expect("publish");
+    let acked = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match a_loop.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Incoming::PubAck(_))) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(acked.ok(), Some(true), "the small message was taken");
+    a.publish(
+        "drover/v1/devices/bigb-a/status/00000000-0000-4000-8000-00000000b1e5",
+        rumqttc::QoS::AtLeastOnce,
+        true,
+        vec![b'x'; 300 * 1024],
+    )
+    .await
+    .expect("publish");
+    let dropped = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if a_loop.poll().await.is_err() {
+                return true;
+            }
+        }
+    })
+    .await;
+    assert_eq!(dropped.ok(), Some(true), "the broker disconnected A");
+    cp.apply_upgrade_run("bigb-run", "bigb", 600).await;
+    let run = cp
+        .wait_run_finished("bigb-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    assert!(
+        !cp.log().contains("message over the size limit dropped"),
+        "the broker, not the control plane, refused it"
+    );
+    b.assert_one_job_run_once();
+}
+
+/// Device A, with its own credentials, puts a status on its own key with
+/// `Nats-Rollup: all`, which would purge every device's statuses, while the
+/// control plane is down and device B's Succeeded waits in the bucket
+/// (acknowledged to B by JetStream). The bucket refuses the rollup; A's
+/// plain put on its own key is taken (the positive control); B's status is
+/// read when the control plane returns and the run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_cannot_roll_up_the_status_bucket() {
+    let (nats, mut cp) = drover_tests::nats_fleet(&["roll-a", "roll-b"], "cp-secret");
+    cp.apply_device("roll-b", &["roll"], json!({})).await;
+    let dir = cp.dir.path().join("roll-b");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (hold, reached) = (dir.join("hold"), dir.join("reached"));
+    std::fs::write(&hold, "").expect("hold");
+    let b = AgentProcess::start_nats(
+        &dir,
+        "roll-b",
+        &nats.url(),
+        &cp.device_token("roll-b"),
+        None,
+        &drover_tests::hold_config(&hold, &reached),
+    );
+    cp.wait_for_agents(&["roll-b"]).await;
+    cp.apply_upgrade_run("roll-run", "roll", 600).await;
+    eventually(Duration::from_secs(30), "B mid-job", || async {
+        reached.exists().then_some(())
+    })
+    .await;
+    // The control plane goes away; B finishes, and JetStream acknowledges
+    // its statuses (its outbox empties).
+    cp.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    b.wait_idle_and_flushed(Duration::from_secs(60)).await;
+
+    let client = async_nats::ConnectOptions::with_user_and_password(
+        "roll-a".into(),
+        cp.device_token("roll-a"),
+    )
+    .custom_inbox_prefix("_INBOX_roll-a")
+    .connect(nats.url())
+    .await
+    .expect("A connects");
+    let js = async_nats::jetstream::new(client);
+    let key = "$KV.system-upgrade-status.roll-a.00000000-0000-4000-8000-0000000011aa";
+    // The positive control: A's own key takes a plain put.
+    js.publish(key, "{}".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("a plain put on A's own key is taken");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Rollup", "all");
+    let rolled = js
+        .publish_with_headers(key, headers, "{}".into())
+        .await
+        .expect("publish")
+        .await;
+    let refused = rolled.expect_err("the bucket refused the rollup");
+    assert!(
+        refused.to_string().to_lowercase().contains("rollup"),
+        "{refused}"
+    );
+    cp.restart();
+    let run = cp
+        .wait_run_finished("roll-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        run["status"]["phase"], "Complete",
+        "B's status survived: {run}"
+    );
+    assert_eq!(run["status"]["succeeded"], 1, "{run}");
+}
+
+// ---------------------------------------------------------- idle sockets ---
+
+/// Keeps `count` connections open to `to` from `from` (a loopback address
+/// of its own, so the real clients at 127.0.0.1 are another peer), each
+/// sending `send` and then nothing, opening a new one whenever the server
+/// closes one, until dropped: a stranger who keeps the pressure on.
+struct Pressure(tokio::task::JoinHandle<()>);
+
+impl Pressure {
+    fn start(
+        from: &'static str,
+        to: std::net::SocketAddr,
+        count: usize,
+        send: &'static [u8],
+    ) -> Self {
+        Self(tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut held = tokio::task::JoinSet::new();
+            loop {
+                while held.len() < count {
+                    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                    socket
+                        .bind(format!("{from}:0").parse().expect("address"))
+                        .expect("bind");
+                    let Ok(mut stream) = socket.connect(to).await else {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    if !send.is_empty() {
+                        let _ = stream.write_all(send).await;
+                    }
+                    // Held until the server closes it.
+                    held.spawn(async move {
+                        let mut buf = [0u8; 256];
+                        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    });
+                }
+                let _ = held.join_next().await;
+            }
+        }))
+    }
+}
+
+impl Drop for Pressure {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Opens `count` connections to `to` from `from`, each sending `send`.
+async fn open_sockets(
+    from: &str,
+    to: std::net::SocketAddr,
+    count: usize,
+    send: &[u8],
+) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(format!("{from}:0").parse().expect("address"))
+            .expect("bind");
+        let mut stream = socket.connect(to).await.expect("connect");
+        if !send.is_empty() {
+            let _ = stream.write_all(send).await;
+        }
+        held.push(stream);
+    }
+    held
+}
+
+/// Whether the server closed every one of `held` (end of file or reset).
+async fn all_closed(held: &mut [tokio::net::TcpStream], within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + within;
+    for stream in held.iter_mut() {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+    true
+}
+
+/// A stranger keeps 600 half-sent requests open from one address against a
+/// control plane whose open-file limit is 512 (as a small machine has it):
+/// every real client at another address still gets its answers, the API's
+/// and the agents'. Half-sent requests the server took are closed once
+/// their headers are late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_from_one_address_lock_out_no_one() {
+    const HALF: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: drover\r\n";
+    let cp = ControlPlane::start_limited(ControlPlane::prepare(), &[], Some(512));
+    cp.apply_device("half-1", &["half"], json!({})).await;
+    let api: std::net::SocketAddr = cp.api.trim_start_matches("http://").parse().expect("api");
+    let pressure = Pressure::start("127.0.0.2", api, 600, HALF);
+    // Real clients, at 127.0.0.1, while the pressure is on.
+    for _ in 0..20 {
+        assert_eq!(cp.healthz().await, (200, "ok\n".to_owned()));
+    }
+    let agent = AgentProcess::start(
+        &cp.dir.path().join("half-1"),
+        "half-1",
+        &cp.agent_url,
+        &cp.device_token("half-1"),
+        "",
+    );
+    cp.wait_for_agents(&["half-1"]).await;
+    cp.apply_upgrade_run("half-run", "half", 600).await;
+    let run = cp
+        .wait_run_finished("half-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    agent.assert_one_job_run_once();
+    drop(pressure);
+    let log = std::fs::read_to_string(cp.dir.path().join("drover.log")).expect("log");
+    assert!(
+        log.contains("open_files=512"),
+        "serve sizes its caps from its open-file limit"
+    );
+    // Half-sent requests the server took are closed once their headers are late.
+    let mut held = open_sockets("127.0.0.5", api, 4, HALF).await;
+    assert!(
+        all_closed(&mut held, Duration::from_secs(30)).await,
+        "a half-sent request was held open past the header timeout"
+    );
+}
+
+/// A stranger keeps 600 idle sockets open from one address on the agents'
+/// port (no TLS, no upgrade, nothing), against a control plane whose
+/// open-file limit is 512: a real device at another address connects and
+/// runs its job. Idle sockets are closed when their handshake time is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_on_the_agents_port_keep_no_device_out() {
+    let cp = ControlPlane::start_limited(ControlPlane::prepare(), &[], Some(512));
+    cp.apply_device("idle-1", &["idle"], json!({})).await;
+    let agents: std::net::SocketAddr = cp
+        .agent_url
+        .trim_start_matches("ws://")
+        .parse()
+        .expect("agents");
+    let pressure = Pressure::start("127.0.0.3", agents, 600, b"");
+    let agent = AgentProcess::start(
+        &cp.dir.path().join("idle-1"),
+        "idle-1",
+        &cp.agent_url,
+        &cp.device_token("idle-1"),
+        "",
+    );
+    cp.wait_for_agents(&["idle-1"]).await;
+    cp.apply_upgrade_run("idle-run", "idle", 600).await;
+    let run = cp
+        .wait_run_finished("idle-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    agent.assert_one_job_run_once();
+    assert_eq!(cp.healthz().await.0, 200);
+    drop(pressure);
+    let mut held = open_sockets("127.0.0.5", agents, 4, b"").await;
+    assert!(
+        all_closed(&mut held, Duration::from_secs(30)).await,
+        "an idle socket was held open past the handshake timeout"
+    );
+}

@@ -554,14 +554,15 @@ async fn an_intent_the_broker_lost_is_published_again() {
 /// control plane and an agent speak mqtts://, and plain text is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_and_the_control_plane_speak_tls_to_mosquitto() {
-    let certs = tempfile::tempdir().expect("tempdir");
+    // The broker's files, its key among them, where its user reads them.
+    let broker_dir = Mosquitto::prepare();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let cert_path = certs.path().join("cert.pem");
-    let key_path = certs.path().join("key.pem");
+    let cert_path = broker_dir.path().join("cert.pem");
+    let key_path = broker_dir.path().join("key.pem");
     std::fs::write(&cert_path, cert.cert.pem()).expect("cert");
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("key");
     let dir = ControlPlane::prepare();
-    let out = dir.path().join("mqtt").display().to_string();
+    let out = broker_dir.path().join("auth").display().to_string();
     let auth = ControlPlane::drover_in(
         dir.path(),
         &[
@@ -580,7 +581,7 @@ async fn agents_and_the_control_plane_speak_tls_to_mosquitto() {
         cert_path.display(),
         key_path.display()
     );
-    let broker = Mosquitto::start_with(&auth, &listener);
+    let broker = Mosquitto::start_in(broker_dir, &auth, &listener);
     let url = format!("mqtts://localhost:{}", broker.port);
     let cert_arg = cert_path.display().to_string();
     let cp = ControlPlane::start_in(
@@ -797,4 +798,68 @@ async fn client_with_id(id: &str, broker: &Mosquitto) -> rumqttc::AsyncClient {
         .expect("connected in time")
         .expect("connected");
     client
+}
+
+/// `drover mqtt-config` writes files the broker reads as Debian runs it:
+/// started as root, mosquitto drops to its own user before it opens the
+/// password and ACL files, which mqtt-config gives to the group
+/// `mosquitto` (mode 0640). The broker here runs so (its process's user
+/// is `mosquitto`), and a device logs in through those files. A group that
+/// does not exist is a clear error that writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_reads_what_mqtt_config_wrote_as_its_own_user() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        drover_tests::cannot_run_here(
+            "the_broker_reads_what_mqtt_config_wrote_as_its_own_user",
+            "mosquitto drops to its own user only when started as root",
+        );
+        return;
+    }
+    let mosquitto = nix::unistd::User::from_name("mosquitto")
+        .expect("look up mosquitto")
+        .expect("the user mosquitto exists");
+    let (broker, cp) = fleet(&["perm-1"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", broker.pid())).expect("status");
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("effective uid");
+    assert_eq!(
+        uid,
+        mosquitto.uid.as_raw().to_string(),
+        "the broker runs as mosquitto: {status}"
+    );
+    for name in ["drover.passwd", "drover.acl"] {
+        let meta = std::fs::metadata(broker.dir.path().join("auth").join(name)).expect(name);
+        assert_eq!(meta.mode() & 0o777, 0o640, "{name}");
+        assert_eq!(meta.gid(), mosquitto.gid.as_raw(), "{name}'s group");
+    }
+    cp.apply_device("perm-1", &["perm"], json!({})).await;
+    let _agent = agent(&cp, &broker, "perm-1", "");
+    cp.wait_for_agents(&["perm-1"]).await;
+
+    let out = std::process::Command::new(drover_tests::bin("drover"))
+        .arg("--data")
+        .arg(cp.dir.path().join("data"))
+        .args([
+            "mqtt-config",
+            "--control-plane-password",
+            "x",
+            "--device",
+            "perm-2",
+        ])
+        .arg("--out")
+        .arg(cp.dir.path().join("elsewhere"))
+        .args(["--group", "no-such-group-here"])
+        .output()
+        .expect("run drover");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no group \"no-such-group-here\""),
+        "{stderr}"
+    );
+    assert!(!cp.dir.path().join("elsewhere/drover.passwd").exists());
 }

@@ -445,7 +445,11 @@ async function startApp() {
   }
   csrf = (await session.json()).csrf;
   document.getElementById("logout").addEventListener("click", async () => {
-    await fetch("/ui/logout", { method: "POST", credentials: "same-origin" });
+    await fetch("/ui/logout", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: csrf ? { "x-drover-csrf": csrf } : {},
+    });
     location.href = "/ui/login";
   });
   window.addEventListener("hashchange", () => {

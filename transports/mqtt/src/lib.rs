@@ -31,6 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub const DEFAULT_PREFIX: &str = "drover/v1";
+/// The largest payload Drover sends or takes over MQTT: a status with its
+/// bounded steps and output, as over WebSocket. The topic and packet
+/// headers come on top.
+pub const MAX_MESSAGE_BYTES: usize = 192 * 1024;
+/// What the control plane's client reads before it can judge a message:
+/// MQTT's own limit, so no message a broker hands over fails the link;
+/// whatever is over [`MAX_MESSAGE_BYTES`] is then dropped (see the server).
+#[cfg(feature = "server")]
+pub const SERVER_READ_LIMIT: usize = 268_435_455;
 pub const TRANSPORT: &str = "mqtt";
 
 /// The topics of one prefix.
@@ -99,8 +108,16 @@ impl Topics {
     /// broker's pace), and no Nagle delay on the broker's sockets: with it, a
     /// small message waits for the peer's delayed ACK (40 ms on Linux), which
     /// was most of an intent's way to an agent and back (p50 48 ms).
-    pub fn broker_settings() -> &'static str {
-        "max_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true"
+    ///
+    /// And a limit on what any client may send (`max_packet_size`, a whole
+    /// packet): Drover's largest message is [`MAX_MESSAGE_BYTES`], so the
+    /// broker disconnects a device that sends more instead of keeping it.
+    pub fn broker_settings() -> String {
+        format!(
+            "max_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\n\
+             max_packet_size {}",
+            MAX_MESSAGE_BYTES + 64 * 1024
+        )
     }
 
     /// The ACL patterns of a device (mosquitto's `%u` is its user name, the

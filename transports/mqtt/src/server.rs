@@ -103,7 +103,13 @@ impl MqttLinks {
         events: mpsc::Sender<LinkEvent>,
     ) -> Result<(Arc<Self>, EventLoop), crate::MqttError> {
         let mut options = options(settings, client_id)?;
-        options.set_manual_acks(true).set_inflight(1000);
+        options
+            .set_manual_acks(true)
+            .set_inflight(1000)
+            .set_max_packet_size(
+                crate::SERVER_READ_LIMIT,
+                crate::MAX_MESSAGE_BYTES + 64 * 1024,
+            );
         let (client, event_loop) = crate::client(options, request_queue.max(1));
         Ok((
             Arc::new(Self {
@@ -270,6 +276,24 @@ impl MqttLinks {
     /// broker once answered. Returns false when the core has stopped.
     async fn on_publish(self: &Arc<Self>, publish: Publish) -> bool {
         let topic = self.topics.parse(&publish.topic);
+        // Bigger than any message Drover sends: dropped here, so that one
+        // device cannot make the link fail on it (the broker would hand it
+        // over again at every connection). A status topic's retained copy
+        // goes too, so the device keeps nothing there.
+        if publish.payload.len() > crate::MAX_MESSAGE_BYTES {
+            warn!(
+                topic = %publish.topic,
+                bytes = publish.payload.len(),
+                limit = crate::MAX_MESSAGE_BYTES,
+                "message over the size limit dropped (set mosquitto's max_packet_size, \
+                 as `drover mqtt-config` prints, so the broker refuses it first)"
+            );
+            if matches!(topic, Some(Topic::Status(..))) {
+                self.clear_soon(publish.topic.clone());
+            }
+            self.ack_soon(publish);
+            return true;
+        }
         let (inbound, answer) = match topic {
             // The control plane's own clearing of a retained status.
             Some(Topic::Status(..)) if publish.payload.is_empty() => {
@@ -293,12 +317,14 @@ impl MqttLinks {
                         )
                     }
                     Ok(_) => {
-                        warn!(topic = %publish.topic, "status names another job than its topic; ignored");
+                        warn!(topic = %publish.topic, "status names another job than its topic; dropped");
+                        self.clear_soon(publish.topic.clone());
                         self.ack_soon(publish);
                         return true;
                     }
                     Err(e) => {
-                        warn!(topic = %publish.topic, error = %e, "unreadable status ignored");
+                        warn!(topic = %publish.topic, error = %e, "unreadable status dropped");
+                        self.clear_soon(publish.topic.clone());
                         self.ack_soon(publish);
                         return true;
                     }
@@ -379,9 +405,12 @@ impl MqttLinks {
                 let links = self.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-                        Ok(Ok(Answer::Stored | Answer::Refused(_))) => {
+                        // A decided job's retained status is cleared once
+                        // stored, and a refused one at once: a device keeps
+                        // retained only the statuses of its open jobs.
+                        Ok(Ok(answer @ (Answer::Stored | Answer::Refused(_)))) => {
                             links.ack(&publish).await;
-                            if terminal {
+                            if terminal || matches!(answer, Answer::Refused(_)) {
                                 let topic = publish.topic.clone();
                                 let _ = links
                                     .client
@@ -398,6 +427,23 @@ impl MqttLinks {
             None => self.ack_soon(publish),
         }
         true
+    }
+
+    /// Clears a retained status topic from the loop, without waiting there.
+    fn clear_soon(self: &Arc<Self>, topic: String) {
+        if self
+            .client
+            .try_publish(topic.clone(), QoS::AtLeastOnce, true, Vec::new())
+            .is_err()
+        {
+            let links = self.clone();
+            tokio::spawn(async move {
+                let _ = links
+                    .client
+                    .publish(topic, QoS::AtLeastOnce, true, Vec::new())
+                    .await;
+            });
+        }
     }
 
     /// Acknowledges a message to the broker from the loop: at once when the

@@ -49,6 +49,9 @@ pub async fn connect(settings: &NatsSettings, name: &str) -> Result<async_nats::
         })
 }
 
+/// The largest value a device may put: Drover's largest status, with room.
+pub const MAX_VALUE_BYTES: i32 = 256 * 1024;
+
 /// Creates the buckets, or checks them if they exist. The streams are made
 /// directly because async-nats 0.51 cannot create a bucket on nats-server 2.9
 /// (the account info reply lacks fields it requires); the configuration is
@@ -71,19 +74,47 @@ pub async fn ensure_buckets(
             max_bytes: limits.max_bytes,
             max_age: limits.max_age,
             storage: stream::StorageType::File,
-            allow_rollup: true,
+            // No rollups: a message with `Nats-Rollup: all` on a device's
+            // own status key would purge every device's statuses. Drover
+            // never purges a key (a delete is a marker, not a rollup).
+            allow_rollup: false,
             deny_delete: true,
             allow_direct: true,
             discard: stream::DiscardPolicy::New,
             duplicate_window: limits.max_age.min(Duration::from_secs(120)),
-            max_message_size: -1,
+            // A value is at most Drover's largest message; a device cannot
+            // put more under one key.
+            max_message_size: MAX_VALUE_BYTES,
             num_replicas: limits.replicas,
             republish,
             ..Default::default()
         };
-        js.get_or_create_stream(config).await.map_err(|e| {
+        let mut existing = js.get_or_create_stream(config.clone()).await.map_err(|e| {
             NatsError::JetStream(format!("cannot create or open the {bucket} bucket: {e}"))
         })?;
+        // A bucket made by an older Drover takes today's limits.
+        let current = existing
+            .info()
+            .await
+            .map_err(|e| NatsError::JetStream(format!("cannot read the {bucket} bucket: {e}")))?
+            .config
+            .clone();
+        if current.allow_rollup != config.allow_rollup
+            || current.max_message_size != config.max_message_size
+        {
+            let updated = stream::Config {
+                allow_rollup: config.allow_rollup,
+                max_message_size: config.max_message_size,
+                ..current
+            };
+            js.update_stream(updated).await.map_err(|e| {
+                NatsError::JetStream(format!("cannot update the {bucket} bucket's limits: {e}"))
+            })?;
+            tracing::info!(
+                bucket,
+                "bucket updated: no rollups, values of at most {MAX_VALUE_BYTES} bytes"
+            );
+        }
     }
     let intents = js
         .get_key_value(INTENT_BUCKET)

@@ -5,6 +5,8 @@
 //! ([`links`]). docs/protocol.md
 //! describes the protocol for other implementations.
 
+#[cfg(feature = "server")]
+pub mod admission;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod links;

@@ -83,43 +83,27 @@ impl WsLinks {
             .len()
     }
 
-    /// Accepts agents until `shutdown`: at most `max_connections` at once
-    /// (one more is closed at once), each given [`HANDSHAKE_TIMEOUT`] for its
-    /// TLS and WebSocket handshakes.
+    /// Accepts agents until `shutdown`. A connection holds one of
+    /// `admission`'s pending slots (a few per address) through its TLS and
+    /// WebSocket handshakes, each given [`HANDSHAKE_TIMEOUT`], and one of its
+    /// established slots once its token is accepted: idle sockets from one
+    /// address keep out neither devices that finished their handshakes nor
+    /// those connecting from elsewhere. More are closed at once.
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         tls: Option<tokio_rustls::TlsAcceptor>,
         authorize: Authorize,
-        max_connections: usize,
+        admission: Arc<crate::admission::Admission>,
         shutdown: CancellationToken,
     ) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-        let mut refused = 0u64;
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = shutdown.cancelled() => return,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    warn!(error = %e, "agent accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                refused += 1;
-                if refused.is_power_of_two() {
-                    warn!(%peer, refused, max_connections, "too many agent connections; closing new ones");
-                }
-                continue;
-            };
+        while let Some((tcp, peer, pending)) =
+            admission.accept("agents", &listener, &shutdown).await
+        {
             let links = self.clone();
             let (tls, authorize, shutdown) = (tls.clone(), authorize.clone(), shutdown.clone());
+            let admission = admission.clone();
             tokio::spawn(async move {
-                let _slot = slot;
                 let _ = tcp.set_nodelay(true);
                 let handshake = async {
                     let stream: Box<dyn Io> = match &tls {
@@ -143,10 +127,22 @@ impl WsLinks {
                 };
                 match accepted {
                     Ok(mut agent) if agent.probe => {
+                        drop(pending);
                         info!(device = %agent.device_id, "connection check: the device's token is good");
                         let _ = agent.ws.close(None).await;
                     }
-                    Ok(agent) => {
+                    Ok(mut agent) => {
+                        let _slot = match pending.establish() {
+                            Ok(slot) => slot,
+                            Err(why) => {
+                                let refused = admission.refused();
+                                if refused.is_power_of_two() {
+                                    warn!(%peer, device = %agent.device_id, refused, reason = %why, "agent connection closed");
+                                }
+                                let _ = agent.ws.close(None).await;
+                                return;
+                            }
+                        };
                         let span = info_span!("agent", device = %agent.device_id);
                         links
                             .session(agent.device_id, agent.ws, shutdown)

@@ -98,58 +98,6 @@ pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<Acceptor, TlsError>
     )?))
 }
 
-/// A TLS connection accepted by [`accept_tls`].
-#[cfg(feature = "server")]
-pub type ServerStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-
-/// Accepts connections on `listener` and completes their TLS handshakes in
-/// tasks of their own, so one slow or silent client delays no other: each
-/// gets `timeout`, at most `max_handshakes` run at once (more are closed at
-/// once). Finished streams arrive on the returned channel; accepting stops
-/// when it is dropped.
-#[cfg(feature = "server")]
-pub fn accept_tls(
-    listener: tokio::net::TcpListener,
-    acceptor: Acceptor,
-    timeout: std::time::Duration,
-    max_handshakes: usize,
-) -> tokio::sync::mpsc::Receiver<(ServerStream, std::net::SocketAddr)> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_handshakes));
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = tx.closed() => return,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, max_handshakes, "too many TLS handshakes at once; closing");
-                continue;
-            };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                let _slot = slot;
-                match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send((stream, peer)).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    rx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
