@@ -43,7 +43,7 @@ export DROVER_TEST_CLUSTER_NATS_SERVER
 # cannot_run_here; under CI=true it fails instead); it is counted below.
 skipped=target/test-artefacts/skipped.txt
 rm -f "$skipped"
-cargo test --workspace --all-features
+bash scripts/run-tests.sh
 if [ -s "$skipped" ]; then
     echo "SKIPPED: $(wc -l < "$skipped") test(s) could not run on this machine:"
     sed 's/^/  /' "$skipped"

@@ -192,6 +192,9 @@ pub fn hold_config(hold: &Path, reached: &Path) -> String {
 /// kernel picks (`bind(0)`) can be given to any outgoing connection of the
 /// processes under test before the server meant for it binds (a cluster
 /// node once lost its monitoring port that way).
+/// Ports a test binary takes from its own block when several run at once.
+const PORT_BLOCK: u32 = 400;
+
 pub fn free_port() -> u16 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     const SPAN: u32 = 10_000;
@@ -206,9 +209,17 @@ pub fn free_port() -> u16 {
             .expect("free port");
     }
     let low = ephemeral_low - SPAN;
-    // Test binaries run one after another; a start that differs per
-    // process keeps one from reusing the ports of the one before.
-    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    // Test binaries run side by side (scripts/test.sh gives each its own
+    // block, DROVER_TEST_PORT_BLOCK) or one after another (a start that
+    // differs per process keeps one from reusing the ports of the one
+    // before).
+    let start = match std::env::var("DROVER_TEST_PORT_BLOCK")
+        .ok()
+        .and_then(|b| b.parse::<u32>().ok())
+    {
+        Some(block) => block.wrapping_mul(PORT_BLOCK) % SPAN,
+        None => std::process::id().wrapping_mul(7919) % SPAN,
+    };
     loop {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         assert!(n < SPAN, "no free test port left");
@@ -780,7 +791,10 @@ impl ControlPlane {
             .stderr(log)
             .spawn()
             .expect("start drover serve");
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Serve waits up to 120 s for JetStream (a cluster electing leaders
+        // after a node was killed: a watch's first request can time out
+        // and be tried again); most starts take well under a second.
+        let deadline = Instant::now() + Duration::from_secs(60);
         let addresses: Value = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 break serde_json::from_str(&text).expect("ready file");
