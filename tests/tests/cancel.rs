@@ -242,6 +242,16 @@ async fn cancel_a_run(fleet: &Fleet, prefix: &str) -> (AgentProcess, AgentProces
         .find(|j| j["jobId"] == uid.as_str())
         .unwrap_or_else(|| panic!("{jobs}"));
     assert_eq!(job["state"], "Canceled", "{job}");
+    // The device got only the order, never the intent it replaced: a device
+    // that got both could start the job before the order arrives (over MQTT
+    // a persistent session once queued the intent, and under load the job
+    // ran: "2 of 2 targets succeeded" after the cancel).
+    assert!(
+        job["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("before this device received it")),
+        "the away device saw the intent: {job}"
+    );
     assert!(
         job["steps"]
             .as_array()

@@ -1,10 +1,12 @@
-//! The agent's end over MQTT: one persistent session (clean session off,
-//! client id = device id) subscribed to its intents and control topics; a
+//! The agent's end over MQTT: one clean session (client id = device id)
+//! subscribed at every connect to its intents and control topics, whose
+//! retained messages give the latest intent or cancel order of each job; a
 //! hello after every connect; statuses published QoS 1 from the durable
 //! outbox and dropped only on the broker's PUBACK (A4); heartbeats; a last
 //! will that says it went away. Each connection starts from fresh client
 //! state: everything unconfirmed is published again (the control plane
-//! treats duplicates as no-ops), and the broker's session keeps the intents.
+//! treats duplicates as no-ops), and the broker's retained messages keep
+//! the intents.
 
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use agent_core::clock;
@@ -41,9 +43,9 @@ fn explain(e: &rumqttc::ConnectionError) -> String {
 /// Connects with this device's credentials, waits for the broker's
 /// CONNACK, and disconnects: `drover-agent check --connect`.
 pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<(), String> {
-    // Its own client id and a clean session: a probe must neither take over
-    // nor discard the running agent's persistent session (the broker's ACL
-    // goes by user name, which stays the device id).
+    // Its own client id and a clean session: a probe must not take over the
+    // running agent's connection (the broker's ACL goes by user name, which
+    // stays the device id).
     let mut options =
         options(settings, &format!("{client_id}.check")).map_err(|e| e.to_string())?;
     options.set_clean_session(true);
@@ -126,6 +128,13 @@ async fn session(
     let device = agent.device_id().clone();
     let topics = Topics::new(&settings.mqtt.prefix);
     let mut options = options(&settings.mqtt, device.as_str()).map_err(|e| e.to_string())?;
+    // A clean session: everything the control plane sends a device is
+    // retained, one message per job topic, so a subscription at connect gets
+    // the latest of each and nothing is lost. A persistent session would also
+    // replay what the broker queued while the device was away, oldest first:
+    // an intent whose topic now holds its cancel order came first, and the
+    // job could start before the order arrived.
+    options.set_clean_session(true);
     let will = serde_json::to_vec(&Offline {
         device_id: device.clone(),
         offline: true,

@@ -1,4 +1,5 @@
-//! Drover over MQTT (3.1.1, QoS 1, persistent sessions): both ends of the
+//! Drover over MQTT (3.1.1, QoS 1; the control plane's session persistent,
+//! each agent's clean, since all a device is sent is retained): both ends of the
 //! mapping in one place. Under a prefix (default `drover/v1`):
 //!
 //! - `devices/<id>/intents/<job>`: the signed intent, retained, QoS 1; an
