@@ -39,13 +39,15 @@ echo "control plane for the hosted scenarios: $DROVER_BIN"
 extra=$(mktemp -d)
 trap 'rm -rf "$extra"' EXIT
 bash vm/packages.sh "$extra/repos" "$deb"
+# The control plane's package too: the install scenario runs drover.service.
+cp "target/debs/drover_${version}_amd64.deb" "$extra/drover.deb"
 bash vm/image.sh >/dev/null
 echo "vm image ready after $(($(date +%s) - started)) s"
 passed=0
 failed=0
 for scenario in install agent-restart power-cut reboot loop; do
     t0=$(date +%s)
-    if bash vm/run.sh "$scenario" "$deb" "$extra/repos"; then
+    if bash vm/run.sh "$scenario" "$deb" "$extra/repos" "$extra/drover.deb"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))

@@ -53,6 +53,8 @@ pub struct ApiState {
     pub secure_cookies: bool,
     /// Failed dashboard logins per client address.
     pub logins: Arc<crate::ui::LoginLimiter>,
+    /// The package store's quota and the uploads' stall timeout.
+    pub uploads: crate::packages::UploadLimits,
 }
 
 pub struct ApiError(pub StatusCode, pub String);
@@ -940,7 +942,7 @@ async fn upload_package(
     request: Request,
 ) -> Result<(StatusCode, Json<PackageRecord>), ApiError> {
     let (record, created) =
-        crate::packages::upload(&state.db, &state.data, request.into_body()).await?;
+        crate::packages::upload(&state.db, &state.data, state.uploads, request.into_body()).await?;
     let code = if created {
         StatusCode::CREATED
     } else {

@@ -86,6 +86,15 @@ pub enum Command {
         /// device not heard from for this long.
         #[arg(long, default_value_t = 60)]
         offline_alert_minutes: u64,
+        /// The most the package store (the uploaded .debs in --data) may
+        /// hold, e.g. 20GiB or 500MiB; an upload that would pass it is
+        /// refused (507) and nothing of it is kept.
+        #[arg(long, default_value = "20GiB", value_parser = crate::packages::parse_size)]
+        package_quota: u64,
+        /// An upload that sends no bytes for this many seconds is cut off
+        /// (408); a slow upload that keeps moving is never cut off.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        upload_stall_seconds: u64,
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,

@@ -35,7 +35,14 @@ impl ApiClient {
                 if ca_file.is_some() {
                     bail!("--ca-file is for https://, but the control plane's address is {base}");
                 }
-                builder
+                // Plain http on this machine trusts no certificate at all, so
+                // the client needs none of the system's: without this, a host
+                // with no CA bundle (a minimal Debian) could not reach its own
+                // control plane.
+                let trusts_nothing = rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                builder.tls_backend_preconfigured(trusts_nothing)
             }
             "http" => bail!(
                 "refusing to send the operator token in clear to {host}: use https:// \

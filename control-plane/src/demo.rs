@@ -144,6 +144,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             download_listen: None,
             download_url: None,
             offline_alert: Duration::from_secs(3600),
+            uploads: crate::packages::UploadLimits::default(),
         },
         shutdown.clone(),
     )

@@ -9,6 +9,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod debcontrol;
 pub mod delivery;
 pub mod demo;
 pub mod deployment;

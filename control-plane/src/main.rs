@@ -70,6 +70,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     match &cli.command {
         Command::Serve {
             offline_alert_minutes,
+            package_quota,
+            upload_stall_seconds,
             listen,
             agent_listen,
             agent_tls_cert,
@@ -107,6 +109,10 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     download_listen: *download_listen,
                     download_url: download_url.clone(),
                     offline_alert: Duration::from_secs(offline_alert_minutes.saturating_mul(60)),
+                    uploads: drover::packages::UploadLimits {
+                        quota: *package_quota,
+                        stall: Duration::from_secs(*upload_stall_seconds),
+                    },
                 },
                 shutdown.clone(),
             )

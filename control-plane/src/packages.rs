@@ -1,10 +1,11 @@
 //! The package store and its download links (`PackageInstallV1`).
 //!
 //! `drover packages upload FILE.deb` streams a file to `POST
-//! /api/v1/packages`; the control plane reads its name, version and
-//! architecture with `dpkg-deb --field` (dpkg is on every Debian host), hashes
-//! it, keeps it as `packages/<sha256>.deb` in the data directory and records
-//! `packages/<NAME_VERSION_ARCH>` in the store.
+//! /api/v1/packages` (bounded by [`UploadLimits`]); the control plane reads
+//! its name, version and architecture from its control file
+//! ([`crate::debcontrol`], with dpkg-deb, which is on every Debian host),
+//! hashes it, keeps it as `packages/<sha256>.deb` in the data directory and
+//! records `packages/<NAME_VERSION_ARCH>` in the store.
 //!
 //! Links are never stored: at every delivery the enricher signs a fresh one
 //! for that device and package, valid one hour (HMAC with the replicas'
@@ -112,10 +113,79 @@ pub fn blob_dir(data: &Path) -> PathBuf {
 /// Largest upload accepted.
 pub const MAX_UPLOAD_BYTES: u64 = agent_core::model::MAX_PACKAGE_BYTES;
 
+/// How much of the package store uploads may fill, and how long an upload
+/// may send nothing before it is cut off (`serve --package-quota`,
+/// `--upload-stall-seconds`).
+#[derive(Debug, Clone, Copy)]
+pub struct UploadLimits {
+    pub quota: u64,
+    pub stall: std::time::Duration,
+}
+
+impl Default for UploadLimits {
+    fn default() -> Self {
+        Self {
+            quota: DEFAULT_PACKAGE_QUOTA,
+            stall: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
+/// The package store's default quota: 20 GiB.
+pub const DEFAULT_PACKAGE_QUOTA: u64 = 20 << 30;
+
+/// Parses a size as an operator writes it: `20GiB`, `500MiB`, `64KiB`,
+/// `1048576` (bytes); `K`, `M`, `G`, `T` and their `B`/`iB` spellings all
+/// mean powers of 1024.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a size (write e.g. 20GiB, 500MiB or a number of bytes)")
+    })?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?} (use KiB, MiB, GiB or TiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Bytes of the files in the package store now (finished packages and
+/// uploads under way).
+async fn store_bytes(dir: &Path) -> u64 {
+    let mut used = 0;
+    if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            if let Ok(meta) = entry.metadata().await {
+                used += meta.len();
+            }
+        }
+    }
+    used
+}
+
 /// Streams an upload into the store: the file under its checksum, then the
 /// record (create-only: the same file again is a no-op, another file under
 /// the same name, version and architecture is a conflict).
-pub async fn upload(db: &Db, data: &Path, body: Body) -> Result<(PackageRecord, bool), ApiError> {
+pub async fn upload(
+    db: &Db,
+    data: &Path,
+    limits: UploadLimits,
+    body: Body,
+) -> Result<(PackageRecord, bool), ApiError> {
     let dir = blob_dir(data);
     tokio::fs::create_dir_all(&dir).await.map_err(|e| {
         ApiError(
@@ -123,6 +193,7 @@ pub async fn upload(db: &Db, data: &Path, body: Body) -> Result<(PackageRecord, 
             format!("cannot create {}: {e}", dir.display()),
         )
     })?;
+    let used = store_bytes(&dir).await;
     let tmp = tempfile::Builder::new()
         .prefix("upload-")
         .suffix(".deb")
@@ -143,13 +214,42 @@ pub async fn upload(db: &Db, data: &Path, body: Body) -> Result<(PackageRecord, 
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     let mut size = 0u64;
     let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let chunk = match tokio::time::timeout(limits.stall, stream.next()).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    received = size,
+                    "an upload sent nothing for {:?}; cut off",
+                    limits.stall
+                );
+                return Err(ApiError(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the upload stalled: no bytes for {} s after {size} bytes; send it again",
+                        limits.stall.as_secs()
+                    ),
+                ));
+            }
+        };
         let chunk = chunk.map_err(|e| bad(format!("the upload broke off: {e}")))?;
         size += chunk.len() as u64;
         if size > MAX_UPLOAD_BYTES {
             return Err(ApiError(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("a package may be at most {MAX_UPLOAD_BYTES} bytes"),
+            ));
+        }
+        if used.saturating_add(size) > limits.quota {
+            return Err(ApiError(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!(
+                    "the package store is full: {used} bytes are stored and its quota is {} bytes \
+                     (drover serve --package-quota); raise the quota or remove packages from {}",
+                    limits.quota,
+                    dir.display()
+                ),
             ));
         }
         digest.update(&chunk);
@@ -163,7 +263,7 @@ pub async fn upload(db: &Db, data: &Path, body: Body) -> Result<(PackageRecord, 
         ));
     }
     let sha256 = hex(digest.finish().as_ref());
-    let (name, version, architecture) = fields(tmp.path()).await?;
+    let (name, version, architecture) = crate::debcontrol::fields(tmp.path()).await?;
     let record = PackageRecord {
         id: package_id(&name, &version, &architecture),
         name,
@@ -215,37 +315,6 @@ async fn upload_check(db: &Db, record: PackageRecord) -> Result<(PackageRecord, 
             ),
         )),
     }
-}
-
-/// Package, Version and Architecture of a .deb, as dpkg-deb reads them.
-async fn fields(path: &Path) -> Result<(String, String, String), ApiError> {
-    let output = tokio::process::Command::new("dpkg-deb")
-        .arg("--field")
-        .arg(path)
-        .args(["Package", "Version", "Architecture"])
-        .output()
-        .await
-        .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot run dpkg-deb (the dpkg package) to read the upload: {e}"),
-            )
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(bad(format!(
-            "the upload is not a Debian package: {}",
-            stderr.trim().chars().take(300).collect::<String>()
-        )));
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .map(|v| v.trim().to_owned())
-            .ok_or_else(|| bad(format!("the package has no {name} field")))
-    };
-    Ok((field("Package")?, field("Version")?, field("Architecture")?))
 }
 
 #[derive(Clone)]
@@ -341,4 +410,24 @@ async fn refresh(
         ));
     }
     Ok(Json(state.downloads.link(&id, &device, Timestamp::now())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_operators_write_them() {
+        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_size("500 MiB"), Ok(500 << 20));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert!(parse_size("ten").unwrap_err().contains("not a size"));
+        assert!(
+            parse_size("5 parsecs")
+                .unwrap_err()
+                .contains("unknown size unit")
+        );
+        assert!(parse_size("99999999TiB").unwrap_err().contains("too large"));
+    }
 }

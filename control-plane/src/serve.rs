@@ -59,6 +59,8 @@ pub struct ServeOptions {
     pub download_url: Option<String>,
     /// A device not heard from for this long is an alert.
     pub offline_alert: Duration,
+    /// The package store's quota and the uploads' stall timeout.
+    pub uploads: crate::packages::UploadLimits,
 }
 
 /// How long `serve` waits for JetStream to take its buckets: a cluster's
@@ -255,6 +257,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             .unwrap_or(jiff::SignedDuration::MAX),
         secure_cookies: options.api_tls.is_some(),
         logins: Arc::new(crate::ui::LoginLimiter::default()),
+        uploads: options.uploads,
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

@@ -60,6 +60,8 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l max-agent-connec
 complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen -d 'Where agents download packages (PackageInstallV1), with the same TLS as --agent-listen. Default: the agents\' address, a free port (the links carry it)' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port), when not the listen address' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l offline-alert-minutes -d 'The dashboard (and GET /api/v1/alerts) raises an alert for a device not heard from for this long' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l package-quota -d 'The most the package store (the uploaded .debs in --data) may hold, e.g. 20GiB or 500MiB; an upload that would pass it is refused (507) and nothing of it is kept' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l upload-stall-seconds -d 'An upload that sends no bytes for this many seconds is cut off (408); a slow upload that keeps moving is never cut off' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l ready-file -d 'Write the bound addresses here as JSON once listening' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-url -d 'nats://HOST:PORT (or tls://) of a nats-server with JetStream; for a cluster, several, comma-separated' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-replicas -d 'Copies JetStream keeps of each bucket Drover creates: 1 on one server, 3 on a cluster of three (set before the buckets exist)' -r

@@ -43,6 +43,28 @@ pub fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// A self-signed certificate for `localhost`, written as `cert.pem` and
+/// `key.pem` in `dir`, for TLS listeners under test.
+pub struct LocalhostCert {
+    /// The certificate, PEM (what a client pins).
+    pub pem: String,
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+}
+
+pub fn localhost_cert(dir: &Path) -> LocalhostCert {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
+    LocalhostCert {
+        pem: cert.cert.pem(),
+        cert_path,
+        key_path,
+    }
+}
+
 /// A built binary of the workspace.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");

@@ -154,11 +154,11 @@ fn drover_at(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let cert_path = dir.path().join("api.pem");
-    let key_path = dir.path().join("api.key");
-    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
+    let drover_tests::LocalhostCert {
+        pem,
+        cert_path,
+        key_path,
+    } = drover_tests::localhost_cert(dir.path());
     let cp = ControlPlane::start(&[
         "--api-tls-cert",
         cert_path.to_str().expect("utf-8"),
@@ -192,7 +192,7 @@ async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
     // plain-http API (the dashboard's tests) sends no such header.
     let _ = drover_tests::http_client();
     let pinned = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem")])
+        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
         .build()
         .expect("client");
     let health = pinned
@@ -335,4 +335,26 @@ async fn a_multi_document_apply_that_fails_partway_says_what_it_applied() {
     let runs = drover(&cp, &["get", "taskruns"]);
     let runs = String::from_utf8_lossy(&runs.stdout);
     assert!(runs.contains("fresh") && !runs.contains("never"), "{runs}");
+}
+
+/// A minimal Debian has no CA bundle (ca-certificates is not installed by
+/// debootstrap's minbase): the CLI still reaches the control plane on its
+/// own machine over plain http, where it trusts no certificate anyway. It
+/// once refused to start there ("No CA certificates were loaded").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_needs_no_ca_bundle_to_reach_the_api_on_its_own_host() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("no-ca-1", &["lab"], json!({})).await;
+    let empty = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token, "get", "devices"])
+        .env("SSL_CERT_FILE", empty.path().join("none.pem"))
+        .env("SSL_CERT_DIR", empty.path())
+        .env_remove("DROVER_CA_FILE")
+        .output()
+        .expect("run drover");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no-ca-1"),
+        "{out:?}"
+    );
 }

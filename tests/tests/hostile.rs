@@ -267,6 +267,75 @@ fn secret(name: &str, key: &str) -> Vec<u8> {
     )
 }
 
+/// One regular file in a ustar archive: header, data, padding.
+fn tar_member(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    header[100..108].copy_from_slice(b"0000644\0");
+    header[108..116].copy_from_slice(b"0000000\0");
+    header[116..124].copy_from_slice(b"0000000\0");
+    header[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+    header[136..148].copy_from_slice(b"00000000000\0");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut out = header.to_vec();
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out
+}
+
+/// A .deb made by hand (ar of debian-binary, control.tar.gz, data.tar), so
+/// that it can hold what `dpkg-deb --build` would refuse to make.
+fn handmade_deb(control_members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut control_tar = Vec::new();
+    for (name, data) in control_members {
+        control_tar.extend(tar_member(name, data));
+    }
+    control_tar.extend([0u8; 1024]);
+    let mut gzip = Command::new("gzip")
+        .args(["-n", "-c"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    let mut stdin = gzip.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        stdin.write_all(&control_tar).expect("gzip input");
+    });
+    let gz = gzip.wait_with_output().expect("gzip output").stdout;
+    writer.join().expect("gzip writer");
+    let mut deb = b"!<arch>\n".to_vec();
+    for (name, data) in [
+        ("debian-binary", b"2.0\n".to_vec()),
+        ("control.tar.gz", gz),
+        ("data.tar", vec![0u8; 1024]),
+    ] {
+        deb.extend(
+            format!(
+                "{name:<16}{:<12}{:<6}{:<6}{:<8}{:<10}`\n",
+                0,
+                0,
+                0,
+                100644,
+                data.len()
+            )
+            .as_bytes(),
+        );
+        deb.extend(&data);
+        if data.len() % 2 == 1 {
+            deb.push(b'\n');
+        }
+    }
+    deb
+}
+
+const GOOD_CONTROL: &[u8] = b"Package: handmade\nVersion: 1.0\nArchitecture: all\nMaintainer: T <t@t.invalid>\nDescription: d\n";
+
 const API_CASES: &[ApiCase] = &[
     (
         "no Authorization header",
@@ -692,6 +761,43 @@ const API_CASES: &[ApiCase] = &[
         "not a Debian package",
     ),
     (
+        "a package whose control field holds a NUL byte",
+        Auth::Good,
+        "POST",
+        "/packages",
+        || {
+            handmade_deb(&[(
+                "./control",
+                b"Package: handmade\0-evil\nVersion: 1.0\nArchitecture: all\nDescription: d\n",
+            )])
+        },
+        400,
+        "holds a NUL byte",
+    ),
+    (
+        "a package whose control archive is a compression bomb",
+        Auth::Good,
+        "POST",
+        "/packages",
+        || {
+            handmade_deb(&[
+                ("./bomb", &vec![0u8; 64 << 20]),
+                ("./control", GOOD_CONTROL),
+            ])
+        },
+        400,
+        "more than 4194304 bytes before its control file",
+    ),
+    (
+        "an upload beyond the package store's quota",
+        Auth::Good,
+        "POST",
+        "/packages",
+        || vec![0u8; 2 << 20],
+        507,
+        "the package store is full",
+    ),
+    (
         "a Secret whose key is a path",
         Auth::Good,
         "POST",
@@ -755,7 +861,8 @@ async fn api_call(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_api_table() {
-    let cp = ControlPlane::start(&[]);
+    // A small package store, so that one row can pass its quota.
+    let cp = ControlPlane::start(&["--package-quota", "1MiB"]);
     for (what, auth, method, path, body, status, fragment) in API_CASES {
         let (got, text) = api_call(&cp, *auth, method, path, body()).await;
         assert_eq!(got, *status, "{what}: {text}");
@@ -788,6 +895,18 @@ async fn operator_api_table() {
     )
     .await;
     assert_eq!(status, 409, "a changed spec is refused: {text}");
+    // The same hand-made package without the hostile part is accepted, under
+    // the quota: the rows above were refused for what they hold.
+    let (status, text) = api_call(
+        &cp,
+        Auth::Good,
+        "POST",
+        "/packages",
+        handmade_deb(&[("./control", GOOD_CONTROL)]),
+    )
+    .await;
+    assert_eq!(status, 201, "a clean package is stored: {text}");
+    assert!(text.contains("handmade_1.0_all"), "{text}");
 }
 
 // ------------------------------------------- the control plane's agent port ---
@@ -2200,5 +2319,124 @@ async fn idle_sockets_on_the_agents_port_keep_no_device_out() {
     assert!(
         all_closed(&mut held, Duration::from_secs(30)).await,
         "an idle socket was held open past the handshake timeout"
+    );
+}
+
+// --------------------------------------------------------------- uploads ---
+
+/// An upload that stops sending is cut off with a 408 after the stall
+/// timeout and leaves no temporary file; a whole upload then goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_cut_off_and_leaves_nothing_behind() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cp = ControlPlane::start(&["--upload-stall-seconds", "2"]);
+    let address = cp.api.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /api/v1/packages HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {}\r\n\
+         content-length: 100000\r\n\r\n",
+        cp.token
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    stream.write_all(&[0u8; 1000]).await.expect("some body");
+    // Then nothing: the server answers on its own, well before its 60 s
+    // idle timeout would close the socket.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if String::from_utf8_lossy(&answer).contains("send it again") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        read.is_ok(),
+        "no answer to a stalled upload within 20 s: {answer}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("the upload stalled"), "{answer}");
+    let packages = cp.dir.path().join("data").join("packages");
+    let left: Vec<_> = std::fs::read_dir(&packages)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the stalled upload left {left:?}");
+    // The positive control: the same listener takes a whole upload.
+    let (status, text) = api_call(
+        &cp,
+        Auth::Good,
+        "POST",
+        "/packages",
+        handmade_deb(&[("./control", GOOD_CONTROL)]),
+    )
+    .await;
+    assert_eq!(status, 201, "{text}");
+}
+
+/// Strangers who open TLS connections to the API and never say hello hold
+/// only the handshake slots of their own address, each for at most the
+/// handshake timeout: a real operator's client still gets through, and the
+/// silent sockets are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_tls_handshakes_lock_out_no_one_from_the_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let drover_tests::LocalhostCert {
+        pem,
+        cert_path,
+        key_path,
+    } = drover_tests::localhost_cert(dir.path());
+    // The process's own open-file limit: at 512 files an address gets one
+    // handshake slot, and a loaded machine's real client lost it now and then.
+    let cp = ControlPlane::start(&[
+        "--api-tls-cert",
+        cert_path.to_str().expect("utf-8"),
+        "--api-tls-key",
+        key_path.to_str().expect("utf-8"),
+    ]);
+    let port = cp.api.rsplit(':').next().expect("port").to_owned();
+    let api: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("api");
+    let _ = drover_tests::http_client();
+    let pinned = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let healthz = || async {
+        pinned
+            .get(format!("https://localhost:{port}/healthz"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .map_err(|e| e.to_string())
+    };
+    // The positive control: the TLS API answers.
+    assert_eq!(healthz().await, Ok(200));
+    // 600 silent sockets from one address: more than all the API's handshake
+    // slots, which without the per-address share would lock everyone out.
+    let pressure = Pressure::start("127.0.0.2", api, 600, b"");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..20 {
+        assert_eq!(
+            healthz().await,
+            Ok(200),
+            "a real client got through the pressure"
+        );
+    }
+    drop(pressure);
+    // Silent handshakes the server took are closed at the handshake timeout.
+    let mut held = open_sockets("127.0.0.5", api, 4, b"").await;
+    assert!(
+        all_closed(&mut held, Duration::from_secs(30)).await,
+        "a silent TLS handshake was held open past the handshake timeout"
     );
 }

@@ -556,11 +556,11 @@ async fn an_intent_the_broker_lost_is_published_again() {
 async fn agents_and_the_control_plane_speak_tls_to_mosquitto() {
     // The broker's files, its key among them, where its user reads them.
     let broker_dir = Mosquitto::prepare();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let cert_path = broker_dir.path().join("cert.pem");
-    let key_path = broker_dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).expect("cert");
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("key");
+    let drover_tests::LocalhostCert {
+        pem: _,
+        cert_path,
+        key_path,
+    } = drover_tests::localhost_cert(broker_dir.path());
     let dir = ControlPlane::prepare();
     let out = broker_dir.path().join("auth").display().to_string();
     let auth = ControlPlane::drover_in(

@@ -318,11 +318,11 @@ async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_and_the_control_plane_speak_tls_to_nats() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).expect("cert");
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("key");
+    let drover_tests::LocalhostCert {
+        pem: _,
+        cert_path,
+        key_path,
+    } = drover_tests::localhost_cert(dir.path());
     let (nats, cp) = fleet(&["tls-n1"], Some((&cert_path, &key_path)));
     cp.apply_device("tls-n1", &["fleet"], json!({})).await;
     let url = format!("nats://localhost:{}", nats.port);

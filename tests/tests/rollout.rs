@@ -117,11 +117,11 @@ async fn specs_are_immutable_and_bad_runs_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_connect_over_tls() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
+    let drover_tests::LocalhostCert {
+        pem: _,
+        cert_path,
+        key_path,
+    } = drover_tests::localhost_cert(dir.path());
     let cp = ControlPlane::start(&[
         "--agent-tls-cert",
         cert_path.to_str().expect("utf-8"),

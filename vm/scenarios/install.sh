@@ -40,5 +40,40 @@ check "the watchdog restarted the stopped agent" test "$restarted" = yes
 check "systemd says why" sh -c 'journalctl -u drover-agent --no-pager | grep -q "Watchdog timeout"'
 check "the restarted agent answers" drover-agent --config /etc/drover/agent.toml status
 echo "restarts: $(systemctl show -p NRestarts --value drover-agent)"
+# The units' confinement as systemd itself rates it on a running system
+# (the numbers ARCHITECTURE.md's threat model gives; lower is better).
+exposure() { systemd-analyze security "$1" 2>/dev/null | sed -n 's/.*exposure level for .*: \([0-9.]*\).*/\1/p'; }
+agent_exposure=$(exposure drover-agent.service)
+echo "drover-agent.service exposure: $agent_exposure"
+check "drover-agent.service is rated 3.0 or lower" awk -v e="$agent_exposure" 'BEGIN { exit !(e != "" && e <= 3.0) }'
+# The control plane's package under its own unit: it serves (the operator's
+# CLI reaches it with the token `init` wrote) with no capability, no other
+# socket family and a system-call filter.
+if [ -f /mnt/scenario/drover.deb ]; then
+    apt-get install -y -q /mnt/scenario/drover.deb >>/tmp/apt.log 2>&1
+    check "apt installs the control plane" test "$(dpkg-query -W -f '${db:Status-Abbrev}' drover)" = "ii "
+    drover --data /var/lib/drover init --tls-name vm-1.test >/tmp/init.log 2>&1
+    check "drover init prepares its data" test -s /var/lib/drover/operator.token
+    systemctl start drover
+    served=no
+    for _ in $(seq 1 60); do
+        if drover --data /var/lib/drover get devices >/tmp/get.log 2>&1; then
+            served=yes
+            break
+        fi
+        sleep 1
+    done
+    check "drover.service serves the CLI under its confinement" test "$served" = yes
+    [ "$served" = yes ] || { cat /tmp/get.log; journalctl -u drover --no-pager | tail -20; }
+    cp_pid=$(systemctl show -p MainPID --value drover)
+    cp_user=$(ps -o user= -p "$cp_pid" 2>/dev/null || true)
+    echo "drover.service runs as pid $cp_pid, user ${cp_user:-none}"
+    check "it runs as its own dynamic user" sh -c "[ '$cp_pid' != 0 ] && [ -n '$cp_user' ] && [ '$cp_user' != root ]"
+    cp_exposure=$(exposure drover.service)
+    echo "drover.service exposure: $cp_exposure"
+    check "drover.service is rated 2.0 or lower" awk -v e="$cp_exposure" 'BEGIN { exit !(e != "" && e <= 2.0) }'
+else
+    echo "FAIL the control plane's package is not on the scenario disk"
+fi
 echo DONE
 systemctl poweroff
