@@ -44,7 +44,9 @@ async fn session(
         prefix: transport_mqtt::DEFAULT_PREFIX.to_owned(),
         keep_alive: Duration::from_secs(60),
     };
-    let options = transport_mqtt::options(&settings, agent.device.as_str())?;
+    let mut options = transport_mqtt::options(&settings, agent.device.as_str())?;
+    // As the real agent connects: a clean session, its intents retained.
+    options.set_clean_session(true);
     let (client, mut events) = transport_mqtt::client(options, 64);
     let mut asked: VecDeque<Option<u64>> = VecDeque::new();
     let mut in_flight: HashMap<u16, u64> = HashMap::new();
