@@ -74,12 +74,20 @@ fn run_cli() -> Result<()> {
                     &config.status_socket,
                     &Request::Status,
                 ))
-                .is_ok();
-            if store.exists() && !running {
+                .ok();
+            let running = match running {
+                Some(Response::Status(info)) => Some(info),
+                Some(_) => bail!(
+                    "{} answered a status request with something else",
+                    config.status_socket.display()
+                ),
+                None => None,
+            };
+            if store.exists() && running.is_none() {
                 let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
                 RedbStore::open_checked(&store, &checker)?;
             }
-            if running {
+            if running.is_some() {
                 out!("the agent is running (its database is in use, so it is not checked now)");
             }
             let transport = match &config.transport {
@@ -94,9 +102,18 @@ fn run_cli() -> Result<()> {
                 config.updater.mode
             );
             if connect {
-                let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
-                transport_websocket::tls::install_default_provider();
-                out!("{}", runtime.block_on(probe(&config, &device_id))?);
+                match running {
+                    // The running agent holds the device's one connection: a
+                    // second under the same identity would push it off (an
+                    // MQTT broker makes a client's id its user name, the
+                    // control plane keeps one session per device), so ask it.
+                    Some(info) => out!("{}", running_link(&info.link)?),
+                    None => {
+                        let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
+                        transport_websocket::tls::install_default_provider();
+                        out!("{}", runtime.block_on(probe(&config, &device_id))?);
+                    }
+                }
             }
             Ok(())
         }
@@ -586,6 +603,29 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
             };
             Link::Mqtt(settings)
         }
+    }
+}
+
+/// `check --connect` while the agent runs: its own link, as it reports it;
+/// an error when it is not connected.
+fn running_link(link: &agent_core::executor::LinkState) -> Result<String> {
+    let contact = link
+        .last_contact
+        .map(|t| format!(", last contact {}", t.strftime("%Y-%m-%d %H:%M:%S UTC")))
+        .unwrap_or_default();
+    if link.connected {
+        Ok(format!(
+            "the running agent is connected over {}{contact}",
+            link.transport
+        ))
+    } else {
+        bail!(
+            "the running agent is not connected over {}{contact}: {}",
+            link.transport,
+            link.last_error
+                .as_deref()
+                .unwrap_or("no error reported yet")
+        )
     }
 }
 

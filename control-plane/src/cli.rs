@@ -139,8 +139,12 @@ pub enum Command {
         /// A device to authorize (repeat for each).
         #[arg(long = "device", required = true)]
         devices: Vec<String>,
-        #[arg(long, default_value = "drover-control-plane")]
-        control_plane_user: String,
+        /// The control plane's broker user; repeat it to give each replica
+        /// its own (the broker makes a client's id its user name, so two
+        /// replicas under one user would push each other off). Each
+        /// replica serves with `--mqtt-user` set to its own.
+        #[arg(long = "control-plane-user", default_value = "drover-control-plane")]
+        control_plane_users: Vec<String>,
         #[arg(long, env = "DROVER_MQTT_PASSWORD", hide_env_values = true)]
         control_plane_password: String,
         #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]

@@ -183,7 +183,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::MqttConfig {
             devices,
-            control_plane_user,
+            control_plane_users,
             control_plane_password,
             prefix,
             out,
@@ -203,7 +203,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 .collect::<Result<Vec<_>>>()?;
             let (passwords, acl) = transport_mqtt::server::mosquitto_files(
                 &transport_mqtt::Topics::new(prefix),
-                (control_plane_user, control_plane_password),
+                &control_plane_users
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+                control_plane_password,
                 &devices,
             );
             let gid = broker_group(group)?;
@@ -251,6 +255,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 out.join("drover.passwd").display(),
                 out.join("drover.acl").display(),
                 transport_mqtt::Topics::broker_settings()
+            );
+            out!(
+                "# under each listener the devices use (a listener option: it applies to the\n\
+                 # `listener` line above it): a client's id is its user name, so no device can\n\
+                 # take another's id or a control-plane replica's; one user per replica\n{}",
+                transport_mqtt::Topics::listener_settings()
             );
             Ok(0)
         }

@@ -94,7 +94,7 @@ complete -c drover -n "__fish_drover_using_subcommand nats-config" -l data -d 'T
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l cluster -d 'Also print, as comments, what each node of a three-node JetStream cluster needs and how replicas and agents name the nodes'
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l device -d 'A device to authorize (repeat for each)' -r
-complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-user -r
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-user -d 'The control plane\'s broker user; repeat it to give each replica its own (the broker makes a client\'s id its user name, so two replicas under one user would push each other off). Each replica serves with `--mqtt-user` set to its own' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-password -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l prefix -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l out -d 'Where to write drover.passwd and drover.acl (replaced whole)' -r -F

@@ -240,15 +240,17 @@ pub(crate) fn start_mosquitto(
     let port = free_port()?;
     let (passwords, acl) = transport_mqtt::server::mosquitto_files(
         &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
-        (CP_USER, CP_PASSWORD),
+        &[CP_USER],
+        CP_PASSWORD,
         tokens,
     );
     std::fs::write(dir.join("drover.passwd"), passwords)?;
     std::fs::write(dir.join("drover.acl"), acl)?;
     let config = format!(
-        "user root\nlistener {port} 127.0.0.1\nmax_connections -1\n{}\n\
+        "user root\nlistener {port} 127.0.0.1\n{}\nmax_connections -1\n{}\n\
          persistence false\nper_listener_settings false\nallow_anonymous false\n\
          password_file {}\nacl_file {}\n",
+        transport_mqtt::Topics::listener_settings(),
         transport_mqtt::Topics::broker_settings(),
         dir.join("drover.passwd").display(),
         dir.join("drover.acl").display()

@@ -605,6 +605,11 @@ impl Mosquitto {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 
+    /// The broker's whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -1346,6 +1351,12 @@ impl Drop for AgentProcess {
 /// `mqtt-config` name it so by default).
 pub const CP_BROKER_USER: &str = "drover-control-plane";
 
+/// A second control-plane user on the tests' MQTT brokers, with the same
+/// password, for the tests' own clients: the broker makes a client's id its
+/// user name, so a test client under [`CP_BROKER_USER`] would push the
+/// control plane off (as a second replica under one user would).
+pub const WATCH_BROKER_USER: &str = "drover-watch";
+
 /// A nats-server whose authorization `drover nats-config` made for
 /// `devices`, and a control plane serving over it with `password`.
 pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, ControlPlane) {
@@ -1395,6 +1406,10 @@ pub fn mqtt_fleet_with<S: AsRef<str>>(
         "mqtt-config",
         "--control-plane-password",
         password,
+        "--control-plane-user",
+        CP_BROKER_USER,
+        "--control-plane-user",
+        WATCH_BROKER_USER,
         "--out",
         &out,
     ];

@@ -105,7 +105,9 @@ impl Fleet {
 async fn retained(broker: &Mosquitto, device: &str, job: &str) -> Option<Value> {
     use rumqttc::{Event, Packet, QoS};
     let mut options = rumqttc::MqttOptions::new("cancel-test-reader", "127.0.0.1", broker.port);
-    options.set_credentials(CP_USER, CP_PASSWORD);
+    // A second control-plane user: under the control plane's own, the
+    // broker would give this reader its client id and push it off.
+    options.set_credentials(drover_tests::WATCH_BROKER_USER, CP_PASSWORD);
     let (client, mut events) = rumqttc::AsyncClient::new(options, 16);
     let topic = format!("drover/v1/devices/{device}/intents/{job}");
     let marker = format!("drover/v1/devices/{device}/test-marker");

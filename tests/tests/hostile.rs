@@ -1876,6 +1876,7 @@ fn the_tables_hold_at_least_80_rows() {
 const SINGLE_ROW_TESTS: &[&str] = &[
     "an_oversize_mqtt_message_from_one_device_stops_nobody",
     "the_broker_refuses_an_oversize_mqtt_message_first",
+    "a_device_cannot_take_another_clients_mqtt_id",
     "a_device_cannot_roll_up_the_status_bucket",
     "half_sent_requests_from_one_address_lock_out_no_one",
     "idle_sockets_on_the_agents_port_keep_no_device_out",
@@ -1893,10 +1894,16 @@ fn mqtt_fleet_without(devices: &[&str], drop: &[&str]) -> (drover_tests::Mosquit
     let dir = ControlPlane::prepare();
     let broker_dir = drover_tests::Mosquitto::prepare();
     let out = broker_dir.path().join("auth").display().to_string();
+    // A second control-plane user for the tests' own mosquitto_sub (see
+    // `WATCH_BROKER_USER`).
     let mut args = vec![
         "mqtt-config",
         "--control-plane-password",
         "cp-secret",
+        "--control-plane-user",
+        drover_tests::CP_BROKER_USER,
+        "--control-plane-user",
+        drover_tests::WATCH_BROKER_USER,
         "--out",
         &out,
     ];
@@ -1984,7 +1991,7 @@ async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
                     "-p",
                     &port,
                     "-u",
-                    "drover-control-plane",
+                    drover_tests::WATCH_BROKER_USER,
                     "-P",
                     "cp-secret",
                 ])
@@ -2075,6 +2082,133 @@ async fn the_broker_refuses_an_oversize_mqtt_message_first() {
     assert!(
         !cp.log().contains("message over the size limit dropped"),
         "the broker, not the control plane, refused it"
+    );
+    b.assert_one_job_run_once();
+}
+
+/// Device A connects, with its own credentials, under `client_id` and
+/// waits for the broker's CONNACK; false when the broker refuses it.
+async fn connect_mqtt_as(port: u16, user: &str, token: &str, client_id: &str) -> bool {
+    let mut options = rumqttc::MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_credentials(user, token);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 8);
+    let connected = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(_))) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    // Disconnect without reconnecting: the attack is the connection itself.
+    drop(client);
+    drop(events);
+    connected
+}
+
+/// Device A, with its own credentials, connects under device B's client id
+/// and under the control plane's. On a broker without the listener line
+/// `drover mqtt-config` prints (an operator who left it out), that pushes B
+/// off: the test sees what it guards against. On a broker set up as printed,
+/// the broker makes a client's id its user name, so A is only ever `kid-a`:
+/// neither B nor the control plane is pushed off, B's run completes, and
+/// neither link reconnected. And `drover-agent check --connect` beside B's
+/// running agent asks it instead of connecting as B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_cannot_take_another_clients_mqtt_id() {
+    // Without the line: B is pushed off.
+    {
+        let (broker, cp) = mqtt_fleet_without(&["kid-a", "kid-b"], &["use_username_as_clientid"]);
+        cp.apply_device("kid-b", &["kid"], json!({})).await;
+        let _b = AgentProcess::start_mqtt(
+            &cp.dir.path().join("kid-b"),
+            "kid-b",
+            &broker.url(),
+            &cp.device_token("kid-b"),
+            "",
+        );
+        cp.wait_for_agents(&["kid-b"]).await;
+        assert!(connect_mqtt_as(broker.port, "kid-a", &cp.device_token("kid-a"), "kid-b").await);
+        assert!(
+            broker
+                .log()
+                .contains("Client kid-b already connected, closing old connection"),
+            "without the line, A took B's id:\n{}",
+            broker.log()
+        );
+    }
+    // As mqtt-config prints it.
+    let (broker, cp) = mqtt_fleet_without(&["kid-a", "kid-b"], &[]);
+    cp.apply_device("kid-b", &["kid"], json!({})).await;
+    let b = AgentProcess::start_mqtt(
+        &cp.dir.path().join("kid-b"),
+        "kid-b",
+        &broker.url(),
+        &cp.device_token("kid-b"),
+        "",
+    );
+    cp.wait_for_agents(&["kid-b"]).await;
+    let replica =
+        std::fs::read_to_string(cp.dir.path().join("data/replica.id")).expect("replica id");
+    let token = cp.device_token("kid-a");
+    let cp_id = format!("drover-cp-{}", replica.trim());
+    for id in ["kid-b", cp_id.as_str(), "drover-control-plane"] {
+        assert!(
+            connect_mqtt_as(broker.port, "kid-a", &token, id).await,
+            "A is let in under its own name"
+        );
+    }
+    let log = broker.log();
+    assert!(
+        log.contains(" as kid-a "),
+        "the broker named A by its user:\n{log}"
+    );
+    for pushed in ["kid-b", "drover-cp-", "drover-control-plane"] {
+        assert!(
+            !log.contains(&format!("Client {pushed}")),
+            "{pushed} was pushed off:\n{log}"
+        );
+    }
+    // check --connect beside the running agent: asked, not connected as B.
+    let out = Command::new(bin("drover-agent"))
+        .arg("--config")
+        .arg(&b.config)
+        .args(["check", "--connect"])
+        .output()
+        .expect("drover-agent check");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("the running agent is connected over mqtt"),
+        "{said}"
+    );
+    cp.apply_upgrade_run("kid-run", "kid", 600).await;
+    let run = cp
+        .wait_run_finished("kid-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    assert!(
+        !cp.log().contains("MQTT connection failed"),
+        "the control plane's link reconnected: {}",
+        cp.log()
+    );
+    assert_eq!(
+        b.log().matches("connected to MQTT").count(),
+        1,
+        "B kept its one connection:\n{}",
+        b.log()
+    );
+    assert!(
+        !broker.log().contains("Client kid-b already connected"),
+        "{}",
+        broker.log()
     );
     b.assert_one_job_run_once();
 }

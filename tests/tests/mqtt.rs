@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const CP_PASSWORD: &str = "cp-mqtt-secret";
-const CP_USER: &str = "drover-control-plane";
+/// The tests' own clients log in as a second control-plane user: under the
+/// control plane's, the broker would give them its client id.
+const WATCH_USER: &str = drover_tests::WATCH_BROKER_USER;
 
 /// A mosquitto whose passwords and ACLs come from `drover mqtt-config`, and
 /// a control plane serving over it.
@@ -180,7 +182,7 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     cp.wait_for_agents(&["acl-b"]).await;
     // A watcher with the control plane's credentials sees every device's
     // statuses and heartbeats.
-    let (watcher, watcher_events) = client(&broker, "acl-watch", CP_USER, CP_PASSWORD).await;
+    let (watcher, watcher_events) = client(&broker, "acl-watch", WATCH_USER, CP_PASSWORD).await;
     watcher
         .subscribe("drover/v1/devices/+/status/+", rumqttc::QoS::AtLeastOnce)
         .await
@@ -373,7 +375,7 @@ async fn a_foreign_intent_on_a_devices_topic_is_dropped_and_never_shadows_its_jo
     let (hold, reached, testing) = held(&cp, "mfi-b");
     let b = agent(&cp, &broker, "mfi-b", &testing);
     cp.wait_for_agents(&["mfi-b"]).await;
-    let (publisher, events) = client(&broker, "mfi-cp", CP_USER, CP_PASSWORD).await;
+    let (publisher, events) = client(&broker, "mfi-cp", WATCH_USER, CP_PASSWORD).await;
     let mut publisher_events = Watched::new(events);
     let foreign = |job: &str| {
         drover_tests::sign_intent(json!({
@@ -444,8 +446,7 @@ async fn a_malformed_intent_is_refused_and_the_agent_keeps_working() {
     cp.apply_device("bad-1", &["fleet"], json!({})).await;
     let agent = agent(&cp, &broker, "bad-1", "");
     cp.wait_for_agents(&["bad-1"]).await;
-    let (admin, mut admin_events) =
-        client(&broker, "admin-1", "drover-control-plane", CP_PASSWORD).await;
+    let (admin, mut admin_events) = client(&broker, "admin-1", WATCH_USER, CP_PASSWORD).await;
     let junk_job = "00000000-0000-4000-8000-0000000000c1";
     for payload in [
         json!({"jobId": junk_job, "kind": 7}).to_string(),

@@ -43,11 +43,11 @@ fn explain(e: &rumqttc::ConnectionError) -> String {
 /// Connects with this device's credentials, waits for the broker's
 /// CONNACK, and disconnects: `drover-agent check --connect`.
 pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<(), String> {
-    // Its own client id and a clean session: a probe must not take over the
-    // running agent's connection (the broker's ACL goes by user name, which
-    // stays the device id).
-    let mut options =
-        options(settings, &format!("{client_id}.check")).map_err(|e| e.to_string())?;
+    // The device's own id (a broker set up as `drover mqtt-config` prints
+    // makes a client's id its user name anyway) and a clean session. It is
+    // only used while the agent is not running: `check --connect` asks a
+    // running agent over its status socket instead of pushing it off.
+    let mut options = options(settings, client_id).map_err(|e| e.to_string())?;
     options.set_clean_session(true);
     let (client, mut events) = crate::client(options, 8);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

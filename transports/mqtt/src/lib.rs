@@ -121,6 +121,15 @@ impl Topics {
         )
     }
 
+    /// The mosquitto settings of each listener the devices use (listener
+    /// options: they apply to the `listener` line above them): a client's id
+    /// is its user name, whatever id it sends, so no device can take another
+    /// device's id, or a control-plane replica's, and push it off the broker.
+    /// Each replica therefore logs in as a user of its own.
+    pub fn listener_settings() -> &'static str {
+        "use_username_as_clientid true"
+    }
+
     /// The ACL patterns of a device (mosquitto's `%u` is its user name, the
     /// device id): read its own intents and control, write its own status,
     /// hello and heartbeat.

@@ -579,17 +579,21 @@ fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
     )
 }
 
-/// The two files mosquitto needs: a password file (the control plane's
-/// user and each device, whose password is its Drover token) and an ACL
-/// file (the control plane may use every topic under the prefix; a device
-/// only its own).
+/// The two files mosquitto needs: a password file (each control-plane
+/// user, one per replica, and each device, whose password is its Drover
+/// token) and an ACL file (the control plane may use every topic under the
+/// prefix; a device only its own).
 pub fn mosquitto_files(
     topics: &Topics,
-    control_plane: (&str, &str),
+    control_plane_users: &[&str],
+    control_plane_password: &str,
     devices: &[(DeviceId, String)],
 ) -> (String, String) {
-    let mut passwords = password_line(control_plane.0, control_plane.1);
-    passwords.push('\n');
+    let mut passwords = String::new();
+    for user in control_plane_users {
+        passwords.push_str(&password_line(user, control_plane_password));
+        passwords.push('\n');
+    }
     for (device, token) in devices {
         passwords.push_str(&password_line(device.as_str(), token));
         passwords.push('\n');
@@ -603,11 +607,12 @@ pub fn mosquitto_files(
         acl.push_str(&line);
         acl.push('\n');
     }
-    acl.push_str(&format!(
-        "\nuser {user}\ntopic readwrite {prefix}/#\n",
-        prefix = topics.prefix(),
-        user = control_plane.0
-    ));
+    for user in control_plane_users {
+        acl.push_str(&format!(
+            "\nuser {user}\ntopic readwrite {prefix}/#\n",
+            prefix = topics.prefix(),
+        ));
+    }
     (passwords, acl)
 }
 
@@ -630,11 +635,14 @@ mod tests {
     fn a_device_is_confined_to_its_own_topics() {
         let topics = Topics::new("drover/v1");
         let device = DeviceId::new("dev-a").expect("id");
-        let (passwords, acl) = mosquitto_files(&topics, ("cp", "pw"), &[(device, "tok".into())]);
+        let (passwords, acl) =
+            mosquitto_files(&topics, &["cp", "cp-2"], "pw", &[(device, "tok".into())]);
         assert!(passwords.lines().any(|l| l.starts_with("dev-a:$7$")));
         assert!(acl.contains("pattern read drover/v1/devices/%u/intents/+"));
         assert!(acl.contains("pattern write drover/v1/devices/%u/status/+"));
         assert!(!acl.contains("pattern readwrite"));
-        assert!(acl.ends_with("user cp\ntopic readwrite drover/v1/#\n"));
+        assert!(acl.contains("\nuser cp\ntopic readwrite drover/v1/#\n"));
+        assert!(acl.ends_with("\nuser cp-2\ntopic readwrite drover/v1/#\n"));
+        assert!(passwords.lines().any(|l| l.starts_with("cp-2:$7$")));
     }
 }
