@@ -689,6 +689,37 @@ impl ControlPlane {
         Self::start_in(Self::prepare(), extra)
     }
 
+    /// A control plane whose operators' API speaks TLS with a certificate
+    /// for `localhost` made in `cert_dir`, and that certificate.
+    pub fn start_with_api_tls(cert_dir: &Path) -> (Self, LocalhostCert) {
+        let cert = localhost_cert(cert_dir);
+        let cp = Self::start(&[
+            "--api-tls-cert",
+            cert.cert_path.to_str().expect("utf-8"),
+            "--api-tls-key",
+            cert.key_path.to_str().expect("utf-8"),
+        ]);
+        (cp, cert)
+    }
+
+    /// The operators' API's port.
+    pub fn api_port(&self) -> &str {
+        self.api
+            .rsplit(':')
+            .next()
+            .expect("the API's address has a port")
+    }
+
+    /// An HTTP client that trusts only `cert` (pinned), with `timeout`.
+    pub fn pinned_client(cert: &LocalhostCert, timeout: Duration) -> reqwest::Client {
+        let _ = http_client();
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(cert.pem.as_bytes()).expect("pem")])
+            .timeout(timeout)
+            .build()
+            .expect("client")
+    }
+
     /// The control plane's directory, before it starts (its data is
     /// `DIR/data`), made as an operator makes it: `drover init`, with the
     /// tests' intent key (which the tests' agents pin) put there first.

@@ -154,18 +154,9 @@ fn drover_at(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let drover_tests::LocalhostCert {
-        pem,
-        cert_path,
-        key_path,
-    } = drover_tests::localhost_cert(dir.path());
-    let cp = ControlPlane::start(&[
-        "--api-tls-cert",
-        cert_path.to_str().expect("utf-8"),
-        "--api-tls-key",
-        key_path.to_str().expect("utf-8"),
-    ]);
-    let port = cp.api.rsplit(':').next().expect("port").to_owned();
+    let (cp, cert) = ControlPlane::start_with_api_tls(dir.path());
+    let cert_path = cert.cert_path.clone();
+    let port = cp.api_port().to_owned();
     let https = format!("https://localhost:{port}");
 
     std::fs::write(
@@ -190,11 +181,7 @@ async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
 
     // Over TLS every answer tells the browser to stay on https (HSTS); the
     // plain-http API (the dashboard's tests) sends no such header.
-    let _ = drover_tests::http_client();
-    let pinned = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
-        .build()
-        .expect("client");
+    let pinned = ControlPlane::pinned_client(&cert, std::time::Duration::from_secs(30));
     let health = pinned
         .get(format!("{https}/healthz"))
         .send()

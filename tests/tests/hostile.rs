@@ -2292,7 +2292,11 @@ async fn a_device_cannot_roll_up_the_status_bucket() {
 /// of its own, so the real clients at 127.0.0.1 are another peer), each
 /// sending `send` and then nothing, opening a new one whenever the server
 /// closes one, until dropped: a stranger who keeps the pressure on.
-struct Pressure(tokio::task::JoinHandle<()>);
+struct Pressure {
+    task: tokio::task::JoinHandle<()>,
+    /// Connections the server took so far (each counted once).
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
 impl Pressure {
     fn start(
@@ -2301,7 +2305,9 @@ impl Pressure {
         count: usize,
         send: &'static [u8],
     ) -> Self {
-        Self(tokio::spawn(async move {
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = opened.clone();
+        let task = tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut held = tokio::task::JoinSet::new();
             loop {
@@ -2314,6 +2320,7 @@ impl Pressure {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     };
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if !send.is_empty() {
                         let _ = stream.write_all(send).await;
                     }
@@ -2325,13 +2332,23 @@ impl Pressure {
                 }
                 let _ = held.join_next().await;
             }
-        }))
+        });
+        Self { task, opened }
+    }
+
+    /// Waits until `n` connections were opened: the pressure is on.
+    async fn opened_at_least(&self, n: usize) {
+        eventually(Duration::from_secs(30), "the pressure's sockets", || {
+            let opened = self.opened.load(std::sync::atomic::Ordering::Relaxed);
+            async move { (opened >= n).then_some(()) }
+        })
+        .await;
     }
 }
 
 impl Drop for Pressure {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -2387,6 +2404,7 @@ async fn half_sent_requests_from_one_address_lock_out_no_one() {
     cp.apply_device("half-1", &["half"], json!({})).await;
     let api: std::net::SocketAddr = cp.api.trim_start_matches("http://").parse().expect("api");
     let pressure = Pressure::start("127.0.0.2", api, 600, HALF);
+    pressure.opened_at_least(600).await;
     // Real clients, at 127.0.0.1, while the pressure is on.
     for _ in 0..20 {
         assert_eq!(cp.healthz().await, (200, "ok\n".to_owned()));
@@ -2433,6 +2451,7 @@ async fn idle_sockets_on_the_agents_port_keep_no_device_out() {
         .parse()
         .expect("agents");
     let pressure = Pressure::start("127.0.0.3", agents, 600, b"");
+    pressure.opened_at_least(600).await;
     let agent = AgentProcess::start(
         &cp.dir.path().join("idle-1"),
         "idle-1",
@@ -2524,27 +2543,12 @@ async fn a_stalled_upload_is_cut_off_and_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_tls_handshakes_lock_out_no_one_from_the_api() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let drover_tests::LocalhostCert {
-        pem,
-        cert_path,
-        key_path,
-    } = drover_tests::localhost_cert(dir.path());
     // The process's own open-file limit: at 512 files an address gets one
     // handshake slot, and a loaded machine's real client lost it now and then.
-    let cp = ControlPlane::start(&[
-        "--api-tls-cert",
-        cert_path.to_str().expect("utf-8"),
-        "--api-tls-key",
-        key_path.to_str().expect("utf-8"),
-    ]);
-    let port = cp.api.rsplit(':').next().expect("port").to_owned();
+    let (cp, cert) = ControlPlane::start_with_api_tls(dir.path());
+    let port = cp.api_port().to_owned();
     let api: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("api");
-    let _ = drover_tests::http_client();
-    let pinned = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client");
+    let pinned = ControlPlane::pinned_client(&cert, Duration::from_secs(10));
     let healthz = || async {
         pinned
             .get(format!("https://localhost:{port}/healthz"))
@@ -2558,7 +2562,7 @@ async fn silent_tls_handshakes_lock_out_no_one_from_the_api() {
     // 600 silent sockets from one address: more than all the API's handshake
     // slots, which without the per-address share would lock everyone out.
     let pressure = Pressure::start("127.0.0.2", api, 600, b"");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    pressure.opened_at_least(600).await;
     for _ in 0..20 {
         assert_eq!(
             healthz().await,
