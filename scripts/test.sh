@@ -33,8 +33,12 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # The end-to-end tests run drover and drover-agent as processes. First the
 # agent as the .deb ships it (no test hooks), which must refuse every test
 # hook in its config; then the agent the end-to-end tests drive, with hooks.
-cargo build --workspace --bins
+cargo build --workspace --bins --features drover/demo
 bash scripts/check-no-test-hooks.sh target/debug/drover-agent
+# The packaged drover (built without features) links no test roots.
+if cargo tree -p drover -e normal --prefix none | grep -q '^drover-sandbox '; then
+  echo "the drover binary links drover-sandbox without --features demo"; exit 1
+fi
 cargo build -p drover-agent --bins --features testing,sled-store
 # The cluster tests' nats-server (2.10: see the script).
 DROVER_TEST_CLUSTER_NATS_SERVER=$(bash scripts/fetch-nats-server.sh)

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod client;
 pub mod debcontrol;
 pub mod delivery;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod deployment;
 pub mod dispatch;

@@ -470,6 +470,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             out!("{}", secrets.device_token(&device));
             Ok(0)
         }
+        #[cfg(feature = "demo")]
         Command::Demo {
             agents,
             keep,
@@ -485,6 +486,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             .await?;
             Ok(if complete { 0 } else { 1 })
         }
+        #[cfg(not(feature = "demo"))]
+        Command::Demo { .. } => bail!(
+            "this drover was built without the demo (the packaged one carries no test roots); \
+             run it from a source checkout with `bash scripts/demo.sh`, which builds \
+             drover with `--features demo`"
+        ),
     }
 }
 
