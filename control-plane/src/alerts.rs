@@ -7,8 +7,9 @@
 //! delivery core when that status arrives (`alerts/<device>/<job>`, created
 //! once), since finding it later would mean reading every job.
 
+use crate::db::{Db, DbError};
 use crate::deployment::DeploymentRecord;
-use crate::records::{Db, DbError, DeviceRecord, JobDelivery, Phase, TaskRunRecord};
+use crate::records::{DeviceRecord, JobDelivery, Phase, TaskRunRecord};
 use agent_core::{DeviceId, JobId};
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};

@@ -1,14 +1,14 @@
 //! The operators' HTTP/JSON API under `/api/v1`, behind a bearer token.
 
 use crate::auth::Secrets;
+use crate::db::{Db, DbError};
 use crate::deployment::{DeploymentRecord, TargetEnd, TargetRecord};
 use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
 use crate::packages::PackageRecord;
 use crate::records::{
-    Db, DbError, DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key,
-    run_key,
+    DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key, run_key,
 };
 use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};

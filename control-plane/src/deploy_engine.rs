@@ -16,12 +16,13 @@
 //! creates the same job, once.
 
 use super::Engine;
+use crate::db::{Db, DbError};
 use crate::deployment::{
     self, DeploymentRecord, Lease, MAX_TARGETS, Observed, Selection, TargetInput, TargetRecord,
 };
 use crate::records::{
-    Db, DbError, Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, device_key, job_key,
-    target_key, targets_prefix,
+    Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, device_key, job_key, target_key,
+    targets_prefix,
 };
 use crate::store::{Change, Op};
 use agent_core::model::{Intent, JobState};

@@ -14,8 +14,9 @@
 //! stored time is older than [`PRESENCE_PERSIST`].
 
 use crate::auth::IntentSigner;
+use crate::db::{Db, DbError};
 use crate::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
-use crate::records::{Db, DbError, Delivery, DeviceRecord, JobDelivery, device_key};
+use crate::records::{Delivery, DeviceRecord, JobDelivery, device_key};
 use crate::store::{Change, Op};
 use agent_core::DeviceId;
 use agent_core::model::{Heartbeat, Intent, JobStatus};

@@ -7,11 +7,12 @@
 //! connection. Every write is a compare-and-set, so a pass that loses a race
 //! simply leaves the work to the next pass.
 
+use crate::db::{Db, DbError};
 use crate::dispatch::{Presence, Released};
 use crate::placement;
 use crate::records::{
-    Db, DbError, Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget,
-    TaskRunRecord, device_key, job_key, plan_header_key, plan_key, run_key,
+    Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget, TaskRunRecord,
+    device_key, job_key, plan_header_key, plan_key, run_key,
 };
 use crate::rollout::{self, Finish, Outcome, TargetView};
 use crate::schedule::TaskScheduleRecord;

@@ -9,6 +9,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod db;
 pub mod debcontrol;
 pub mod delivery;
 #[cfg(feature = "demo")]

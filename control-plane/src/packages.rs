@@ -16,7 +16,8 @@
 
 use crate::api::{ApiError, bearer};
 use crate::auth::Secrets;
-use crate::records::{Db, DbError, DeviceRecord, device_key};
+use crate::db::{Db, DbError};
+use crate::records::{DeviceRecord, device_key};
 use agent_core::model::{DownloadLink, PackageInstall, package_id};
 use agent_core::{DeviceId, signing::hex};
 use axum::body::Body;

@@ -1,15 +1,12 @@
 //! The control plane's records and their keys. How each is laid out on disk
 //! is [`crate::stored`]'s business; every update goes through a
-//! compare-and-set retry loop ([`Db::update`]).
+//! compare-and-set retry loop ([`crate::db::Db::update`]).
 
-use crate::store::{Change, KvError, KvStore, Op, OpResults};
-use crate::stored::Record;
 use agent_core::model::{Intent, JobStatus};
 use agent_core::{DeviceId, JobId};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 pub const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
 /// Targets per plan chunk: the plan of a 20,000-device run is 40 small values.
@@ -232,18 +229,6 @@ pub struct JobDelivery {
     pub cancel_requested_at: Option<Timestamp>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum DbError {
-    #[error(transparent)]
-    Kv(#[from] KvError),
-    #[error("corrupt record {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    #[error("cannot encode a record: {0}")]
-    Encode(#[from] postcard::Error),
-    #[error("{key} kept changing under concurrent writers; gave up after {tries} tries")]
-    Contention { key: String, tries: u32 },
-}
-
 pub fn device_key(id: &DeviceId) -> String {
     format!("devices/{id}")
 }
@@ -273,207 +258,4 @@ pub fn job_key(device: &DeviceId, job: JobId) -> String {
 }
 pub fn device_jobs_prefix(device: &DeviceId) -> String {
     format!("jobs/{device}/")
-}
-
-/// Typed access to the key-value store.
-#[derive(Clone)]
-pub struct Db {
-    kv: Arc<dyn KvStore>,
-}
-
-impl Db {
-    pub fn new(kv: Arc<dyn KvStore>) -> Self {
-        Self { kv }
-    }
-
-    pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
-        T::from_bytes(bytes).map_err(|e| DbError::Corrupt {
-            key: key.to_owned(),
-            reason: e.to_string(),
-        })
-    }
-
-    pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, DbError> {
-        Ok(value.to_bytes()?)
-    }
-
-    pub async fn get<T: Record>(&self, key: &str) -> Result<Option<(u64, T)>, DbError> {
-        match self.kv.get(key).await? {
-            Some(entry) => Ok(Some((entry.revision, Self::decode(key, &entry.value)?))),
-            None => Ok(None),
-        }
-    }
-
-    /// One write, committed on its own (it still shares an fsync with
-    /// whatever else is being committed at that moment).
-    pub async fn put<T: Record>(
-        &self,
-        key: &str,
-        value: &T,
-        expected: u64,
-    ) -> Result<u64, DbError> {
-        let op = Op::Put {
-            key: key.to_owned(),
-            value: Self::encode(value)?,
-            expected,
-        };
-        let since = std::time::Instant::now();
-        let mut results = self.kv.commit(vec![op]).await?;
-        crate::metrics::metrics()
-            .store_commit_seconds
-            .observe(crate::metrics::seconds(since));
-        Ok(results
-            .pop()
-            .unwrap_or_else(|| Err(KvError::Db("the store answered nothing".into())))?)
-    }
-
-    /// Many writes in one commit; each is checked on its own.
-    pub async fn commit(&self, ops: Vec<Op>) -> Result<OpResults, DbError> {
-        let since = std::time::Instant::now();
-        let results = self.kv.commit(ops).await?;
-        crate::metrics::metrics()
-            .store_commit_seconds
-            .observe(crate::metrics::seconds(since));
-        Ok(results)
-    }
-
-    pub async fn list<T: Record>(&self, prefix: &str) -> Result<Vec<(String, u64, T)>, DbError> {
-        self.kv
-            .list(prefix)
-            .await?
-            .into_iter()
-            .map(|(key, entry)| {
-                let value = Self::decode(&key, &entry.value)?;
-                Ok((key, entry.revision, value))
-            })
-            .collect()
-    }
-
-    /// Deletes these keys, each at the revision it has when read (a key
-    /// written meanwhile is read and deleted again); returns how many were
-    /// there. Commits in chunks, so a long list is not one huge commit.
-    pub async fn delete_all(&self, keys: &[String]) -> Result<usize, DbError> {
-        const CHUNK: usize = 500;
-        const TRIES: u32 = 10;
-        let mut deleted = 0;
-        for chunk in keys.chunks(CHUNK) {
-            let mut left: Vec<&String> = chunk.iter().collect();
-            for _ in 0..TRIES {
-                let mut ops = Vec::new();
-                for key in &left {
-                    if let Some(entry) = self.kv.get(key).await? {
-                        ops.push(Op::Delete {
-                            key: (*key).clone(),
-                            expected: entry.revision,
-                        });
-                    }
-                }
-                if ops.is_empty() {
-                    left.clear();
-                    break;
-                }
-                let tried: Vec<String> = ops.iter().map(|op| op.key().to_owned()).collect();
-                let mut again = Vec::new();
-                for (key, result) in tried.iter().zip(self.kv.commit(ops).await?) {
-                    match result {
-                        Ok(_) => deleted += 1,
-                        Err(e) if e.is_conflict() => again.push(key.clone()),
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                left = chunk.iter().filter(|k| again.contains(k)).collect();
-                if left.is_empty() {
-                    break;
-                }
-            }
-            if let Some(key) = left.first() {
-                return Err(DbError::Contention {
-                    key: (*key).clone(),
-                    tries: TRIES,
-                });
-            }
-        }
-        Ok(deleted)
-    }
-
-    /// Writes `cancelRequestedAt` on these jobs' records where the job is
-    /// undecided and not asked yet, in commits of a few hundred. Returns the
-    /// keys that are settled (asked now, asked before, decided or gone); a
-    /// key that lost a revision race is left out, for the next pass.
-    pub async fn request_cancels(
-        &self,
-        keys: &[String],
-        now: Timestamp,
-    ) -> Result<std::collections::HashSet<String>, DbError> {
-        const CHUNK: usize = 500;
-        let mut settled = std::collections::HashSet::new();
-        for chunk in keys.chunks(CHUNK) {
-            let mut ops = Vec::new();
-            for key in chunk {
-                let Some((revision, mut job)) = self.get::<JobDelivery>(key).await? else {
-                    settled.insert(key.clone());
-                    continue;
-                };
-                let decided = job.status.as_ref().is_some_and(|s| s.state.is_terminal())
-                    || matches!(job.delivery, Delivery::Expired { .. });
-                if decided || job.cancel_requested_at.is_some() {
-                    settled.insert(key.clone());
-                    continue;
-                }
-                job.cancel_requested_at = Some(now);
-                ops.push(Op::Put {
-                    key: key.clone(),
-                    value: Self::encode(&job)?,
-                    expected: revision,
-                });
-            }
-            let tried: Vec<String> = ops.iter().map(|op| op.key().to_owned()).collect();
-            if ops.is_empty() {
-                continue;
-            }
-            for (key, result) in tried.into_iter().zip(self.kv.commit(ops).await?) {
-                match result {
-                    Ok(_) => {
-                        settled.insert(key);
-                    }
-                    Err(e) if e.is_conflict() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        Ok(settled)
-    }
-
-    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
-        self.kv.changes()
-    }
-
-    /// Read-modify-write under a revision check, retried on conflict. `change`
-    /// returns None to leave the record as it is.
-    pub async fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DbError>
-    where
-        T: Record + Clone,
-        F: FnMut(Option<T>) -> Option<T>,
-    {
-        const TRIES: u32 = 50;
-        for _ in 0..TRIES {
-            let current = self.get::<T>(key).await?;
-            let (revision, value) = match current {
-                Some((revision, value)) => (revision, Some(value)),
-                None => (0, None),
-            };
-            let Some(next) = change(value.clone()) else {
-                return Ok(value);
-            };
-            match self.put(key, &next, revision).await {
-                Ok(_) => return Ok(Some(next)),
-                Err(DbError::Kv(e)) if e.is_conflict() => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(DbError::Contention {
-            key: key.to_owned(),
-            tries: TRIES,
-        })
-    }
 }

@@ -9,8 +9,8 @@
 //! link. Neither is ever written to the store.
 
 use crate::auth::{Secrets, random_hex, read_or_create};
+use crate::db::{Db, DbError};
 use crate::packages::Downloads;
-use crate::records::{Db, DbError};
 use agent_core::Intent;
 use agent_core::model::JobKind;
 use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal, seal_with};

@@ -4,9 +4,9 @@
 
 use crate::api::{self, ApiState};
 use crate::auth::Secrets;
+use crate::db::Db;
 use crate::dispatch::{DispatchSettings, Dispatcher, Presence, cursor_key};
 use crate::engine::Engine;
-use crate::records::Db;
 use crate::store::RedbKv;
 use anyhow::{Context, Result};
 use drover_contract::link::AgentLinks;
