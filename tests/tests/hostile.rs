@@ -1926,6 +1926,27 @@ fn mqtt_fleet_without(devices: &[&str], drop: &[&str]) -> (drover_tests::Mosquit
     (broker, cp)
 }
 
+/// [`mqtt_fleet_without`] for devices `<name>-a` (the attacker, registered
+/// on the broker only) and `<name>-b` (in group `<name>`, its agent running
+/// and connected).
+async fn mqtt_pair_without(
+    name: &str,
+    drop: &[&str],
+) -> (drover_tests::Mosquitto, ControlPlane, AgentProcess) {
+    let (a, b) = (format!("{name}-a"), format!("{name}-b"));
+    let (broker, cp) = mqtt_fleet_without(&[&a, &b], drop);
+    cp.apply_device(&b, &[name], json!({})).await;
+    let agent = AgentProcess::start_mqtt(
+        &cp.dir.path().join(&b),
+        &b,
+        &broker.url(),
+        &cp.device_token(&b),
+        "",
+    );
+    cp.wait_for_agents(&[&b]).await;
+    (broker, cp, agent)
+}
+
 /// Device A, with its own credentials, publishes a message bigger than any
 /// Drover sends on its own status topic (retained) and as its hello. The
 /// control plane's link drops them, says so, clears the retained copy, and
@@ -1934,16 +1955,7 @@ fn mqtt_fleet_without(devices: &[&str], drop: &[&str]) -> (drover_tests::Mosquit
 /// the limit `mqtt-config` prints, so that the control plane sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
-    let (broker, cp) = mqtt_fleet_without(&["big-a", "big-b"], &["max_packet_size"]);
-    cp.apply_device("big-b", &["big"], json!({})).await;
-    let b = AgentProcess::start_mqtt(
-        &cp.dir.path().join("big-b"),
-        "big-b",
-        &broker.url(),
-        &cp.device_token("big-b"),
-        "",
-    );
-    cp.wait_for_agents(&["big-b"]).await;
+    let (broker, cp, b) = mqtt_pair_without("big", &["max_packet_size"]).await;
     // The positive control: a run completes.
     cp.apply_upgrade_run("big-before", "big", 600).await;
     let run = cp
@@ -2023,16 +2035,7 @@ async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
 /// control plane never sees it, and B's run completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_refuses_an_oversize_mqtt_message_first() {
-    let (broker, cp) = mqtt_fleet_without(&["bigb-a", "bigb-b"], &[]);
-    cp.apply_device("bigb-b", &["bigb"], json!({})).await;
-    let b = AgentProcess::start_mqtt(
-        &cp.dir.path().join("bigb-b"),
-        "bigb-b",
-        &broker.url(),
-        &cp.device_token("bigb-b"),
-        "",
-    );
-    cp.wait_for_agents(&["bigb-b"]).await;
+    let (broker, cp, b) = mqtt_pair_without("bigb", &[]).await;
     let mut options = rumqttc::MqttOptions::new("bigb-a", "127.0.0.1", broker.port);
     options.set_credentials("bigb-a", cp.device_token("bigb-a"));
     options.set_max_packet_size(1 << 20, 1 << 20);
@@ -2121,16 +2124,7 @@ async fn connect_mqtt_as(port: u16, user: &str, token: &str, client_id: &str) ->
 async fn a_device_cannot_take_another_clients_mqtt_id() {
     // Without the line: B is pushed off.
     {
-        let (broker, cp) = mqtt_fleet_without(&["kid-a", "kid-b"], &["use_username_as_clientid"]);
-        cp.apply_device("kid-b", &["kid"], json!({})).await;
-        let _b = AgentProcess::start_mqtt(
-            &cp.dir.path().join("kid-b"),
-            "kid-b",
-            &broker.url(),
-            &cp.device_token("kid-b"),
-            "",
-        );
-        cp.wait_for_agents(&["kid-b"]).await;
+        let (broker, cp, _b) = mqtt_pair_without("kid", &["use_username_as_clientid"]).await;
         assert!(connect_mqtt_as(broker.port, "kid-a", &cp.device_token("kid-a"), "kid-b").await);
         assert!(
             broker
@@ -2141,16 +2135,7 @@ async fn a_device_cannot_take_another_clients_mqtt_id() {
         );
     }
     // As mqtt-config prints it.
-    let (broker, cp) = mqtt_fleet_without(&["kid-a", "kid-b"], &[]);
-    cp.apply_device("kid-b", &["kid"], json!({})).await;
-    let b = AgentProcess::start_mqtt(
-        &cp.dir.path().join("kid-b"),
-        "kid-b",
-        &broker.url(),
-        &cp.device_token("kid-b"),
-        "",
-    );
-    cp.wait_for_agents(&["kid-b"]).await;
+    let (broker, cp, b) = mqtt_pair_without("kid", &[]).await;
     let replica =
         std::fs::read_to_string(cp.dir.path().join("data/replica.id")).expect("replica id");
     let token = cp.device_token("kid-a");
