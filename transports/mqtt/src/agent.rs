@@ -9,6 +9,7 @@
 //! the intents.
 
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
+use agent_core::backoff::Backoff;
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::intent_json;
@@ -67,24 +68,20 @@ pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<()
 /// Runs the agent's MQTT link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = TRANSPORT.into());
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
     loop {
-        match session(&settings, &agent, &shutdown).await {
+        let started = tokio::time::Instant::now();
+        let delay = match session(&settings, &agent, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
-                failures += 1;
                 warn!(error = %e, "MQTT link failed");
                 agent.update_link(|l| {
                     l.connected = false;
                     l.last_error = Some(e);
                 });
+                backoff.failed(started.elapsed())
             }
-        }
-        let ceiling = Duration::from_millis(500)
-            .saturating_mul(2u32.saturating_pow(failures.min(16)))
-            .min(settings.backoff_max);
-        let delay = ceiling / 2
-            + Duration::from_millis(fastrand::u64(0..=(ceiling / 2).as_millis() as u64));
+        };
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return,

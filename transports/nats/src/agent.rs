@@ -9,6 +9,7 @@ use crate::{
     STATUS_BUCKET, connect_options, heartbeat_subject, hello_subject, inbox_prefix, key,
     key_subject,
 };
+use agent_core::backoff::Backoff;
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::intent_json;
@@ -65,24 +66,20 @@ pub async fn probe(settings: &NatsSettings) -> Result<(), NatsError> {
 /// Runs the agent's NATS link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = "nats".into());
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
     loop {
-        match serve(&settings, &agent, &shutdown).await {
+        let started = tokio::time::Instant::now();
+        let delay = match serve(&settings, &agent, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
-                failures += 1;
                 warn!(error = %e, "NATS link failed");
                 agent.update_link(|l| {
                     l.connected = false;
                     l.last_error = Some(e.to_string());
                 });
+                backoff.failed(started.elapsed())
             }
-        }
-        let ceiling = Duration::from_millis(500)
-            .saturating_mul(2u32.saturating_pow(failures.min(16)))
-            .min(settings.backoff_max);
-        let delay = ceiling / 2
-            + Duration::from_millis(fastrand::u64(0..=(ceiling / 2).as_millis() as u64));
+        };
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return,

@@ -5,6 +5,7 @@
 use crate::protocol::{AgentMessage, ServerMessage};
 use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
+use agent_core::backoff::Backoff;
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
@@ -105,18 +106,9 @@ pub fn tls_hint(e: &dyn std::fmt::Display) -> &'static str {
     }
 }
 
-/// The delay before reconnect attempt `failures` (1-based): exponential, capped,
-/// with full jitter in its upper half so a fleet does not reconnect in step.
-pub fn backoff(failures: u32, initial: Duration, max: Duration) -> Duration {
-    let exp = initial.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)));
-    let ceiling = exp.min(max);
-    let half = ceiling / 2;
-    half + Duration::from_millis(fastrand::u64(0..=half.as_millis() as u64))
-}
-
 /// Runs the agent's connection until `shutdown`.
 pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
     agent.update_link(|l| l.transport = "websocket".into());
     loop {
         let started = Instant::now();
@@ -125,27 +117,21 @@ pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: Cancella
         if shutdown.is_cancelled() {
             return;
         }
-        match result {
-            Ok(()) => failures = 0,
+        let delay = match result {
+            Ok(()) => {
+                backoff.reset();
+                backoff.first()
+            }
             Err(e) => {
-                // A connection that worked for a while resets the backoff.
-                if started.elapsed() > settings.backoff_max {
-                    failures = 0;
-                }
-                failures += 1;
                 if e.is_config() {
                     tracing::error!(error = %e, "cannot connect to the control plane");
                 } else {
                     warn!(error = %e, "connection to the control plane lost");
                 }
                 agent.update_link(|l| l.last_error = Some(e.to_string()));
+                backoff.failed(started.elapsed())
             }
-        }
-        let delay = backoff(
-            failures.max(1),
-            settings.backoff_initial,
-            settings.backoff_max,
-        );
+        };
         debug!(?delay, "reconnecting after a delay");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -402,24 +388,5 @@ fn acknowledged(result: Result<AdmitReply, AdmitError>, what: &str) -> AgentMess
 fn error_reply(message: String) -> AgentMessage {
     AgentMessage::Error {
         message: agent_core::bounded(message, agent_core::MAX_ERROR_BYTES),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_to_its_cap_with_jitter() {
-        let initial = Duration::from_secs(1);
-        let max = Duration::from_secs(60);
-        for failures in 1..40 {
-            let d = backoff(failures, initial, max);
-            let ceiling = initial
-                .saturating_mul(2u32.saturating_pow((failures - 1).min(20)))
-                .min(max);
-            assert!(d >= ceiling / 2 && d <= ceiling, "{failures}: {d:?}");
-        }
-        assert!(backoff(30, initial, max) <= max);
     }
 }
