@@ -1,0 +1,144 @@
+//! What a device reports is checked and bounded where it enters, once:
+//! lengths, control and bidi characters.
+
+use agent_core::model::JobStatus;
+
+/// Upper bound of a field a device reports about itself (version, boot id,
+/// one capability, OS name, architecture).
+pub(super) const MAX_REPORTED: usize = 256;
+/// Upper bound of the capabilities a device may report.
+const MAX_CAPABILITIES: usize = 32;
+
+/// Why a text a device sent cannot be kept: too long, or holding control
+/// characters (escape sequences would reach an operator's terminal).
+pub(super) fn check_text(what: &str, text: &str, max: usize) -> Option<String> {
+    if text.len() > max {
+        return Some(format!(
+            "{what} is {} bytes, over the limit of {max}",
+            text.len()
+        ));
+    }
+    if text.chars().any(|c| c.is_control() || is_bidi_override(c)) {
+        return Some(format!(
+            "{what} holds control or bidirectional-override characters"
+        ));
+    }
+    None
+}
+
+/// Unicode's bidirectional embedding, override and isolate characters.
+pub fn is_bidi_override(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+pub(super) fn check_reported(
+    version: &str,
+    boot_id: &str,
+    capabilities: &[String],
+) -> Option<String> {
+    if capabilities.len() > MAX_CAPABILITIES {
+        return Some(format!(
+            "{} capabilities reported, over the limit of {MAX_CAPABILITIES}",
+            capabilities.len()
+        ));
+    }
+    check_text("the agent version", version, MAX_REPORTED)
+        .or_else(|| check_text("the boot id", boot_id, MAX_REPORTED))
+        .or_else(|| {
+            capabilities
+                .iter()
+                .find_map(|c| check_text("a capability", c, MAX_REPORTED))
+        })
+}
+
+/// `text` with every control character but newline and tab, and every
+/// bidirectional override, replaced by U+FFFD: what a device reports can
+/// neither drive an operator's terminal nor reorder what the dashboard
+/// shows. Cleaned where it enters, once, so every reader sees the same.
+pub fn printable(text: String) -> String {
+    let unsafe_char = |c: char| (c.is_control() && c != '\n' && c != '\t') || is_bidi_override(c);
+    if !text.chars().any(unsafe_char) {
+        return text;
+    }
+    text.chars()
+        .map(|c| if unsafe_char(c) { '\u{FFFD}' } else { c })
+        .collect()
+}
+
+/// A status as the control plane keeps it: every field bounded and
+/// [`printable`], whatever a device sent (errors ≤ 1 KiB, at most 16
+/// steps, bounded lists).
+pub(super) fn bounded_status(status: &JobStatus) -> JobStatus {
+    use agent_core::{MAX_ERROR_BYTES, MAX_STEPS};
+    let bounded = |text: String, max: usize| agent_core::bounded(printable(text), max);
+    let mut status = status.clone();
+    status.error = status.error.map(|e| bounded(e, MAX_ERROR_BYTES));
+    status.kind = bounded(status.kind, 64);
+    status.boot_id = bounded(status.boot_id, MAX_REPORTED);
+    status.steps.truncate(MAX_STEPS);
+    for step in &mut status.steps {
+        step.name = bounded(std::mem::take(&mut step.name), 64);
+        step.error = step.error.take().map(|e| bounded(e, MAX_ERROR_BYTES));
+    }
+    if let Some(agent_core::JobOutput::Upgrade(report)) = &mut status.output {
+        let max = agent_core::model::MAX_LISTED_PACKAGES;
+        let before = report.upgraded.len()
+            + report.installed.len()
+            + report.removed.len()
+            + report.kept_back.len();
+        report.upgraded.truncate(max);
+        report.installed.truncate(max);
+        report.removed.truncate(max);
+        report.kept_back.truncate(max);
+        for change in report
+            .upgraded
+            .iter_mut()
+            .chain(report.installed.iter_mut())
+        {
+            change.name = bounded(std::mem::take(&mut change.name), 256);
+            change.to = bounded(std::mem::take(&mut change.to), 256);
+            change.from = change.from.take().map(|f| bounded(f, 256));
+        }
+        for name in report.removed.iter_mut().chain(report.kept_back.iter_mut()) {
+            *name = bounded(std::mem::take(name), 256);
+        }
+        let after = report.upgraded.len()
+            + report.installed.len()
+            + report.removed.len()
+            + report.kept_back.len();
+        report.omitted = report.omitted.saturating_add((before - after) as u32);
+    }
+    if let Some(agent_core::JobOutput::Software(software)) = &mut status.output {
+        let before = software.packages.len();
+        software
+            .packages
+            .truncate(agent_core::model::MAX_INVENTORY_PACKAGES);
+        software.packages.retain(|p| {
+            (1..=128).contains(&p.name.len())
+                && (1..=128).contains(&p.version.len())
+                && !p
+                    .name
+                    .chars()
+                    .chain(p.version.chars())
+                    .any(char::is_control)
+        });
+        software.omitted = software
+            .omitted
+            .saturating_add((before - software.packages.len()) as u32);
+    }
+    if let Some(agent_core::JobOutput::Inventory(inventory))
+    | Some(agent_core::JobOutput::Software(agent_core::model::SoftwareInventory {
+        inventory,
+        ..
+    })) = &mut status.output
+    {
+        inventory.os_release = bounded(std::mem::take(&mut inventory.os_release), MAX_REPORTED);
+        inventory.architecture = bounded(std::mem::take(&mut inventory.architecture), MAX_REPORTED);
+        inventory.kernel = bounded(std::mem::take(&mut inventory.kernel), MAX_REPORTED);
+        inventory.disks.truncate(64);
+        for disk in &mut inventory.disks {
+            disk.mount_point = bounded(std::mem::take(&mut disk.mount_point), MAX_REPORTED);
+        }
+    }
+    status
+}

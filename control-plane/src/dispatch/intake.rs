@@ -1,0 +1,637 @@
+//! The delivery core's way in: inbound events applied to the store in
+//! batches that share one commit, statuses, hellos, heartbeats and
+//! presence.
+
+use super::*;
+
+impl Dispatcher {
+    /// Applies a batch of inbound events in as few commits as it takes.
+    pub(super) async fn handle(&mut self, batch: Vec<Event>) {
+        let mut pending = batch;
+        let started = std::time::Instant::now();
+        let mut round = 0;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let mut work = Work::default();
+            for event in pending {
+                self.apply(event, &mut work).await;
+            }
+            round += 1;
+            pending = self.commit(work, round >= ROUNDS).await;
+            if pending.is_empty() {
+                break;
+            }
+            if round < ROUNDS {
+                debug!(
+                    events = pending.len(),
+                    "events lost a revision race; applying them again"
+                );
+                continue;
+            }
+            // Past the quick rounds only events nobody waits on are left
+            // (an agent with a reply resends its own): the store is failing
+            // (a cluster electing a leader, say). Keep them, and try again.
+            if started.elapsed() >= STORE_RETRY {
+                error!(
+                    events = pending.len(),
+                    "the store failed for {STORE_RETRY:?}; these statuses wait for the next restart, which reads them again"
+                );
+                break;
+            }
+            warn!(
+                events = pending.len(),
+                "cannot commit what the broker handed over; trying again in {pause:?}"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+        self.start_queued();
+    }
+
+    /// Commits a batch's writes, then answers its events and runs their
+    /// effects. Returns the events to apply again (their keys lost a race).
+    pub(super) async fn commit(&mut self, work: Work, last_round: bool) -> Vec<Event> {
+        let mut ops = Vec::new();
+        let mut written: Vec<Written> = Vec::new();
+        for (key, (expected, job)) in &work.jobs {
+            match Db::encode(job) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), Some(job.clone()), None));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode a job record"),
+            }
+        }
+        for (key, (expected, device)) in &work.devices {
+            match Db::encode(device) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), None, Some((device.id.clone(), device.clone()))));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode a device record"),
+            }
+        }
+        for (key, (expected, inventory)) in &work.inventories {
+            match Db::encode(inventory) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), None, None));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode an inventory"),
+            }
+        }
+        // After every op whose result is read below: an alert that exists
+        // already (create-only) is no lost write.
+        for (key, alert) in &work.alerts {
+            if let Ok(value) = Db::encode(alert) {
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value,
+                    expected: 0,
+                });
+            }
+        }
+        let results = if ops.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.db.commit(ops).await
+        };
+        let results = match results {
+            Ok(results) => results,
+            Err(e) => {
+                warn!(error = %e, "cannot commit what agents reported; agents send it again, what a broker handed over is tried again");
+                let mut again = Vec::new();
+                for outcome in work.outcomes {
+                    let awaited = outcome.reply.as_ref().is_some_and(Reply::is_awaited);
+                    match (outcome.reply, outcome.retry) {
+                        (Some(reply), _) if awaited => reply.send(Answer::Failed(e.to_string())),
+                        (reply, Some(mut event)) => {
+                            put_reply(&mut event, reply);
+                            again.push(event);
+                        }
+                        (_, None) => {}
+                    }
+                }
+                return again;
+            }
+        };
+        let mut lost: HashSet<String> = HashSet::new();
+        for ((key, job, device), result) in written.into_iter().zip(&results) {
+            match result {
+                Ok(revision) => {
+                    if let Some(job) = job {
+                        let was_open = self.open.get(&key).map(|o| o.delivery.clone());
+                        if let Some(open) = self.open.get_mut(&key) {
+                            observe_commit(open, &job);
+                        }
+                        if self.track(&key, *revision, &job)
+                            && let (Some(open), Some(delivery)) =
+                                (self.open.get_mut(&key), was_open)
+                            && matches!(job.delivery, Delivery::Created)
+                        {
+                            // The in-memory state (sent, acked) is ahead of the stored one.
+                            open.delivery = delivery;
+                        }
+                    }
+                    if let Some((id, record)) = device {
+                        self.devices.insert(id, (*revision, record));
+                    }
+                }
+                Err(e) if e.is_conflict() => {
+                    if let Some((id, _)) = device {
+                        self.devices.remove(&id);
+                    }
+                    lost.insert(key);
+                }
+                Err(e) => {
+                    warn!(key, error = %e, "a write was not applied");
+                    lost.insert(key);
+                }
+            }
+        }
+        // A broker's cursor moves only past a batch committed whole: on a
+        // store that commits op by op (NATS), a status whose write failed
+        // must not be skipped by the next start.
+        if lost.is_empty() {
+            self.commit_cursors(&work.cursors).await;
+        }
+        for transport in work.caught_up {
+            if self.behind.remove(transport) && self.behind.is_empty() {
+                info!("every broker's backlog of statuses is committed");
+                self.caught_up.send_replace(true);
+            }
+        }
+        let mut again = Vec::new();
+        for outcome in work.outcomes {
+            let raced = outcome.keys.iter().any(|k| lost.contains(k));
+            // An event nobody waits on is never dropped for a lost race or a
+            // failed write: it is applied again (see `handle`).
+            let awaited = outcome.reply.as_ref().is_some_and(Reply::is_awaited);
+            if raced
+                && (!last_round || !awaited)
+                && let Some(mut event) = outcome.retry
+            {
+                put_reply(&mut event, outcome.reply);
+                again.push(event);
+                continue;
+            }
+            if let Some(reply) = outcome.reply {
+                if raced {
+                    reply.send(Answer::Failed("the record kept changing; try again".into()));
+                } else {
+                    reply.send(outcome.answer);
+                }
+            }
+            if !raced {
+                for (key, effect) in outcome.effects {
+                    self.effect(key, effect);
+                }
+            }
+        }
+        again
+    }
+
+    pub(super) async fn apply(&mut self, mut event: Event, work: &mut Work) {
+        let transport = event.transport;
+        let reply = take_reply(&mut event);
+        let outcome = match &event.inbound {
+            Inbound::Status {
+                device,
+                status,
+                received_at,
+                position,
+                ..
+            } => {
+                if let Some(position) = position {
+                    let cursor = work.cursors.entry(transport).or_insert(0);
+                    *cursor = (*cursor).max(*position);
+                }
+                self.status(device, status, *received_at, work).await
+            }
+            Inbound::Ack { device, job_id } => {
+                let key = job_key(device, *job_id);
+                if let Some(job) = self.open.get_mut(&key) {
+                    let (delivery, _) = delivery::step(
+                        &job.facts(),
+                        &DeliveryEvent::Ack {
+                            at: Timestamp::now(),
+                        },
+                    );
+                    job.delivery = delivery;
+                }
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::Hello { device, hello, .. } => {
+                self.hello(transport, device, hello, work).await
+            }
+            Inbound::Heartbeat {
+                device, heartbeat, ..
+            } => self.heartbeat(transport, device, heartbeat, work).await,
+            Inbound::Gone { device } => {
+                self.presence.update(device, |live| {
+                    let live = live?;
+                    (live.transport == transport).then(|| Live {
+                        connected: false,
+                        ..live.clone()
+                    })
+                });
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::CaughtUp => {
+                work.caught_up.push(transport);
+                Ok((Answer::Stored, Vec::new(), Vec::new()))
+            }
+            Inbound::Resend => {
+                let effects = self.resend(transport).await;
+                Ok((Answer::Stored, Vec::new(), effects))
+            }
+        };
+        let (answer, keys, effects) = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => (Answer::Failed(e.to_string()), Vec::new(), Vec::new()),
+        };
+        let retry = (!keys.is_empty()).then_some(event);
+        work.outcomes.push(EventOutcome {
+            reply,
+            answer,
+            keys,
+            effects,
+            retry,
+        });
+    }
+
+    /// The current record of a job: this batch's pending write, else the store.
+    pub(super) async fn job_record(
+        &self,
+        key: &str,
+        work: &Work,
+    ) -> Result<Option<(u64, JobDelivery)>, DbError> {
+        if let Some((expected, job)) = work.jobs.get(key) {
+            return Ok(Some((*expected, job.clone())));
+        }
+        self.db.get::<JobDelivery>(key).await
+    }
+
+    /// A status, whatever the transport: stored unless stale, a duplicate,
+    /// for another device or another attempt; a finished job's status never
+    /// changes again.
+    pub(super) async fn status(
+        &mut self,
+        device: &DeviceId,
+        status: &JobStatus,
+        received_at: Timestamp,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if &status.device_id != device {
+            return Ok((
+                Answer::Refused(format!(
+                    "status for device {} refused on the connection of {device}",
+                    status.device_id
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        if status.state == agent_core::JobState::Rejected
+            && status.kind == agent_core::executor::UNVERIFIED_KIND
+        {
+            // The device refused an intent whose signature did not hold: not
+            // the control plane's intent, so it decides nothing; a device
+            // that refuses the genuine ones has the wrong key pinned.
+            warn!(
+                device = %device,
+                job_id = %status.job_id,
+                error = status.error.as_deref().unwrap_or(""),
+                "the device refused an intent whose signature did not hold"
+            );
+            return Ok((Answer::Stored, Vec::new(), Vec::new()));
+        }
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        let status = &bounded_status(status);
+        let key = job_key(device, status.job_id);
+        let Some((expected, mut job)) = self.job_record(&key, work).await? else {
+            return Ok((
+                Answer::Refused(format!("unknown job {}", status.job_id)),
+                Vec::new(),
+                Vec::new(),
+            ));
+        };
+        if job.intent.attempt != status.attempt {
+            return Ok((
+                Answer::Refused(format!(
+                    "status for attempt {} of job {} refused: the current attempt is {}",
+                    status.attempt, status.job_id, job.intent.attempt
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        let finished = job.status.as_ref().is_some_and(|s| s.state.is_terminal());
+        if let Some(old) = &job.status
+            && (finished || old.seq >= status.seq)
+        {
+            debug!(job_id = %status.job_id, seq = status.seq, "duplicate or stale status ignored");
+            let effects = if finished {
+                vec![(key.clone(), Effect::Withdraw)]
+            } else {
+                Vec::new()
+            };
+            return Ok((Answer::Stored, Vec::new(), effects));
+        }
+        let now = Timestamp::now();
+        let terminal = status.state.is_terminal();
+        let facts = JobFacts {
+            delivery: self
+                .open
+                .get(&key)
+                .map_or_else(|| job.delivery.clone(), |o| o.delivery.clone()),
+            has_status: job.status.is_some(),
+            finished,
+            expires_at: job.intent.expires_at,
+            cancel: self.open.get(&key).map_or(
+                if job.cancel_requested_at.is_some() {
+                    Cancel::Requested
+                } else {
+                    Cancel::NotRequested
+                },
+                |o| o.cancel,
+            ),
+        };
+        let (delivery, effects) =
+            delivery::step(&facts, &DeliveryEvent::Status { terminal, at: now });
+        // `Sent` is never stored.
+        job.delivery = match delivery {
+            Delivery::Sent { .. } => Delivery::Created,
+            other => other,
+        };
+        let mut status = status.clone();
+        let mut keys = vec![key.clone()];
+        // The package list goes to the device's inventory record, written in
+        // the same commit; the job keeps the rest of the output.
+        if let Some(agent_core::JobOutput::Software(software)) = &mut status.output
+            && status.state == agent_core::JobState::Succeeded
+        {
+            let inventory_key = crate::deployment::inventory_key(device);
+            let expected = match work.inventories.get(&inventory_key) {
+                Some((expected, _)) => *expected,
+                None => self
+                    .db
+                    .get::<crate::deployment::DeviceInventory>(&inventory_key)
+                    .await?
+                    .map_or(0, |(revision, _)| revision),
+            };
+            let packages = std::mem::take(&mut software.packages);
+            let inventory = crate::deployment::DeviceInventory {
+                device: device.clone(),
+                collected_at: received_at.min(now),
+                packages: packages.into_iter().map(|p| (p.name, p.version)).collect(),
+                truncated: software.omitted > 0,
+            };
+            work.inventories
+                .insert(inventory_key.clone(), (expected, inventory));
+            keys.push(inventory_key);
+        }
+        if status.state == agent_core::JobState::Failed
+            && let Some(error) = status
+                .error
+                .as_deref()
+                .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
+        {
+            work.alerts.push(crate::alerts::resume_loop(
+                device,
+                &job,
+                error,
+                received_at.min(now),
+            ));
+        }
+        debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
+        job.status = Some(status);
+        if terminal {
+            job.terminal_received_at = Some(received_at.min(now));
+        }
+        work.jobs.insert(key.clone(), (expected, job));
+        let effects = effects.into_iter().map(|e| (key.clone(), e)).collect();
+        Ok((Answer::Stored, keys, effects))
+    }
+
+    /// A decommissioned device's credentials open nothing any more.
+    pub(super) async fn revoked(
+        &mut self,
+        device: &DeviceId,
+        work: &Work,
+    ) -> Result<Option<Answer>, DbError> {
+        let (_, record) = self.device_record(device, work).await?;
+        Ok(record.decommissioned.then(|| {
+            Answer::Refused(format!(
+                "device {device} is decommissioned; its credentials are no longer accepted"
+            ))
+        }))
+    }
+
+    /// The stored device record (cached), or a new one.
+    pub(super) async fn device_record(
+        &mut self,
+        device: &DeviceId,
+        work: &Work,
+    ) -> Result<(u64, DeviceRecord), DbError> {
+        let key = device_key(device);
+        if let Some(pending) = work.devices.get(&key) {
+            return Ok(pending.clone());
+        }
+        if let Some(cached) = self.devices.get(device) {
+            return Ok(cached.clone());
+        }
+        let found = self
+            .db
+            .get::<DeviceRecord>(&key)
+            .await?
+            .unwrap_or_else(|| (0, DeviceRecord::new(device.clone())));
+        self.devices.insert(device.clone(), found.clone());
+        Ok(found)
+    }
+
+    /// Writes the device record if `change` altered anything an operator or
+    /// the planner reads, or its last-seen time is stale in the store.
+    pub(super) async fn touch_device(
+        &mut self,
+        device: &DeviceId,
+        work: &mut Work,
+        change: impl FnOnce(&mut DeviceRecord),
+    ) -> Result<Vec<String>, DbError> {
+        let (expected, stored) = self.device_record(device, work).await?;
+        let mut record = stored.clone();
+        change(&mut record);
+        let now = Timestamp::now();
+        let stale = record
+            .last_seen
+            .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST);
+        if record == stored && !stale && expected != 0 {
+            return Ok(Vec::new());
+        }
+        record.last_seen = Some(now);
+        let key = device_key(device);
+        work.devices.insert(key.clone(), (expected, record));
+        Ok(vec![key])
+    }
+
+    pub(super) async fn hello(
+        &mut self,
+        transport: &'static str,
+        device: &DeviceId,
+        hello: &AgentHello,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        if let Some(problem) =
+            check_reported(&hello.agent_version, &hello.boot_id, &hello.capabilities)
+        {
+            return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
+        }
+        let now = Timestamp::now();
+        self.presence.update(device, |live| {
+            Some(Live {
+                transport,
+                connected: true,
+                last_seen: now,
+                last_heartbeat: live.and_then(|l| l.last_heartbeat),
+            })
+        });
+        let keys = self
+            .touch_device(device, work, |record| {
+                record.agent_present = true;
+                record.agent_version = Some(hello.agent_version.clone());
+                record.boot_id = Some(hello.boot_id.clone());
+                record.capabilities = hello.capabilities.clone();
+                record.transport = Some(transport.to_owned());
+            })
+            .await?;
+        // Resync: jobs it holds are acknowledged; jobs sent but not held
+        // were lost on the way and go out again.
+        let held: HashSet<_> = hello.held.iter().map(|h| h.job_id).collect();
+        let mut effects = Vec::new();
+        let open: Vec<String> = self
+            .by_device
+            .get(device)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default();
+        for key in open {
+            let Some(job) = self.open.get_mut(&key) else {
+                continue;
+            };
+            let holds = held.contains(&job.intent.job_id);
+            let (delivery, these) =
+                delivery::step(&job.facts(), &DeliveryEvent::Hello { holds, at: now });
+            job.delivery = delivery;
+            effects.extend(these.into_iter().map(|e| (key.clone(), e)));
+        }
+        self.presence.arrive(device);
+        info!(device = %device, transport, held = hello.held.len(), "agent connected");
+        Ok((Answer::Stored, keys, effects))
+    }
+
+    pub(super) async fn heartbeat(
+        &mut self,
+        transport: &'static str,
+        device: &DeviceId,
+        heartbeat: &Heartbeat,
+        work: &mut Work,
+    ) -> Result<(Answer, Vec<String>, Vec<(String, Effect)>), DbError> {
+        if &heartbeat.device_id != device {
+            return Ok((
+                Answer::Refused(format!(
+                    "heartbeat for device {} refused on the connection of {device}",
+                    heartbeat.device_id
+                )),
+                Vec::new(),
+                Vec::new(),
+            ));
+        }
+        if let Some(refusal) = self.revoked(device, work).await? {
+            return Ok((refusal, Vec::new(), Vec::new()));
+        }
+        let reported = [&heartbeat.os_release, &heartbeat.architecture];
+        if let Some(problem) = check_reported(
+            &heartbeat.agent_version,
+            &heartbeat.boot_id,
+            &heartbeat.capabilities,
+        )
+        .or_else(|| {
+            reported
+                .iter()
+                .find_map(|text| check_text("a reported field", text, MAX_REPORTED))
+        }) {
+            return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
+        }
+        let now = Timestamp::now();
+        self.presence.update(device, |_| {
+            Some(Live {
+                transport,
+                connected: true,
+                last_seen: now,
+                last_heartbeat: Some(now),
+            })
+        });
+        let keys = self
+            .touch_device(device, work, |record| {
+                record.agent_present = true;
+                record.boot_id = Some(heartbeat.boot_id.clone());
+                record.capabilities = heartbeat.capabilities.clone();
+                record.agent_version = Some(heartbeat.agent_version.clone());
+                record.os_release = Some(heartbeat.os_release.clone());
+                record.architecture = Some(heartbeat.architecture.clone());
+                record.transport = Some(transport.to_owned());
+                if record
+                    .last_heartbeat
+                    .is_none_or(|at| now.duration_since(at) >= PRESENCE_PERSIST)
+                {
+                    record.last_heartbeat = Some(now);
+                }
+            })
+            .await?;
+        Ok((Answer::Stored, keys, Vec::new()))
+    }
+
+    /// Writes last-seen times that went stale in the store, in one commit.
+    pub(super) async fn flush_presence(&mut self) {
+        let now = Timestamp::now();
+        let stale: Vec<DeviceId> = self
+            .devices
+            .iter()
+            .filter(|(id, (_, record))| {
+                self.presence.get(id).is_some_and(|live| {
+                    live.connected
+                        && record
+                            .last_seen
+                            .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST)
+                })
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let mut work = Work::default();
+        for device in &stale {
+            if let Err(e) = self.touch_device(device, &mut work, |_| {}).await {
+                warn!(device = %device, error = %e, "cannot refresh a last-seen time");
+            }
+        }
+        let _ = self.commit(work, true).await;
+    }
+}
