@@ -1,0 +1,386 @@
+//! `apply`: manifests (one, or a List) validated whole, then created or
+//! updated; package references resolved.
+
+use super::*;
+
+/// Applies one manifest, a JSON array of them, or a `kind: List` with
+/// `items` (what `drover apply -f` sends for a file of several documents):
+/// many devices register in one request.
+pub(super) async fn apply(
+    State(state): State<ApiState>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = crate::strict_json::parse(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not acceptable JSON: {e}"),
+        )
+    })?;
+    let items = match body {
+        Value::Array(items) => items,
+        Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+            match map.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                _ => {
+                    return Err(ApiError(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "a List needs an array `items`".into(),
+                    ));
+                }
+            }
+        }
+        single => return apply_one(&state, single).await,
+    };
+    if items.len() > MAX_LIST_ITEMS {
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("at most {MAX_LIST_ITEMS} manifests per request"),
+        ));
+    }
+    // Every manifest is checked before any is applied.
+    let mut manifests = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        manifests.push(manifest::parse(item.clone()).map_err(|e| {
+            ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("item {index}: {e}"),
+            )
+        })?);
+    }
+    // Devices go in together: one commit for the lot.
+    let devices: Vec<&Manifest> = manifests
+        .iter()
+        .filter(|m| matches!(m, Manifest::Device { .. }))
+        .collect();
+    let mut device_results = apply_devices(&state, &devices).await?.into_iter();
+    let mut results = Vec::with_capacity(items.len());
+    for (index, (item, manifest)) in items.into_iter().zip(&manifests).enumerate() {
+        if matches!(manifest, Manifest::Device { .. }) {
+            results.push(device_results.next().unwrap_or(Value::Null));
+            continue;
+        }
+        let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+        let kind = item["kind"].as_str().unwrap_or("?").to_owned();
+        match apply_one(&state, item).await {
+            Ok((_, Json(result))) => results.push(result),
+            // Stop at the first failure and say what is applied: the items
+            // before it, and every device (they went in first, together).
+            Err(ApiError(code, error)) => {
+                results.extend(device_results);
+                let applied: Vec<String> = results
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{}/{} {}",
+                            r["kind"].as_str().unwrap_or("?"),
+                            r["name"].as_str().unwrap_or("?"),
+                            r["result"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect();
+                let applied = if applied.is_empty() {
+                    "nothing was applied".to_owned()
+                } else {
+                    format!("applied: {}", applied.join(", "))
+                };
+                return Err(ApiError(
+                    code,
+                    format!(
+                        "item {index} ({kind}/{name}): {error}; it and the items after it were not applied; {applied}"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((
+        StatusCode::OK,
+        Json(json!({"kind": "List", "items": results})),
+    ))
+}
+
+/// Creates or configures many devices in one commit (retried for those whose
+/// record changed meanwhile, as an agent's hello may do).
+pub(super) async fn apply_devices(
+    state: &ApiState,
+    manifests: &[&Manifest],
+) -> Result<Vec<Value>, ApiError> {
+    let mut results: Vec<Value> = vec![Value::Null; manifests.len()];
+    let mut todo: Vec<usize> = (0..manifests.len()).collect();
+    for _ in 0..10 {
+        if todo.is_empty() {
+            break;
+        }
+        let mut ops = Vec::with_capacity(todo.len());
+        let mut created = Vec::with_capacity(todo.len());
+        for &index in &todo {
+            let Manifest::Device { id, labels, spec } = manifests[index] else {
+                continue;
+            };
+            let current = state.db.get::<DeviceRecord>(&device_key(id)).await?;
+            let (expected, mut device) =
+                current.unwrap_or_else(|| (0, DeviceRecord::new(id.clone())));
+            created.push(expected == 0);
+            device.groups = spec.groups.iter().cloned().collect();
+            device.labels = labels.clone();
+            device.time_zone = spec.time_zone.clone();
+            device.decommissioned = spec.decommissioned;
+            ops.push(crate::store::Op::Put {
+                key: device_key(id),
+                value: Db::encode(&device)?,
+                expected,
+            });
+        }
+        let outcomes = state.db.commit(ops).await?;
+        let mut again = Vec::new();
+        for ((index, created), outcome) in todo.iter().zip(created).zip(outcomes) {
+            let Manifest::Device { id, .. } = manifests[*index] else {
+                continue;
+            };
+            match outcome {
+                Ok(_) => {
+                    let result = if created { "created" } else { "configured" };
+                    results[*index] =
+                        json!({"kind": "Device", "name": id.to_string(), "result": result});
+                }
+                Err(e) if e.is_conflict() => again.push(*index),
+                Err(e) => return Err(DbError::from(e).into()),
+            }
+        }
+        todo = again;
+    }
+    if !todo.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            "some devices kept changing; apply again".into(),
+        ));
+    }
+    state.engine_wake.notify_one();
+    Ok(results)
+}
+
+pub(super) async fn apply_one(
+    state: &ApiState,
+    body: Value,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let manifest =
+        manifest::parse(body).map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    match manifest {
+        Manifest::TaskRun { name, spec } => {
+            let run = TaskRunRecord {
+                name: name.clone(),
+                uid: JobId::random(),
+                created_at: Timestamp::now(),
+                spec,
+                status: RunStatus::planning(),
+            };
+            let created =
+                create_immutable(state, "TaskRun", &run_key(&name), run, |r| (r.uid, &r.spec))
+                    .await?;
+            state.engine_wake.notify_one();
+            Ok(created)
+        }
+        Manifest::TaskSchedule { name, spec } => {
+            let key = crate::records::schedule_key(&name);
+            let mut result = "configured";
+            state
+                .db
+                .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+                    Some(match current {
+                        // The schedule may change (suspend, cadence, template);
+                        // the runs it made never do.
+                        Some(mut existing) => {
+                            if existing.spec == spec {
+                                result = "unchanged";
+                                return None;
+                            }
+                            existing.spec = spec.clone();
+                            existing
+                        }
+                        None => {
+                            result = "created";
+                            crate::schedule::TaskScheduleRecord {
+                                name: name.clone(),
+                                created_at: Timestamp::now(),
+                                spec: spec.clone(),
+                                status: Default::default(),
+                            }
+                        }
+                    })
+                })
+                .await?;
+            state.engine_wake.notify_one();
+            let code = if result == "created" {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok((
+                code,
+                Json(json!({"kind": "TaskSchedule", "name": name, "result": result})),
+            ))
+        }
+        Manifest::Deployment { name, mut spec } => {
+            if let crate::deployment::DeploymentJob::PackageInstallV1(wanted) = &mut spec.job {
+                **wanted = resolve_package(state, wanted).await?;
+            }
+            let deployment = DeploymentRecord {
+                name: name.clone(),
+                uid: JobId::random(),
+                created_at: Timestamp::now(),
+                spec,
+                add_requests: 0,
+                status: crate::deployment::DeploymentStatus::planning(),
+            };
+            // The store's change feed brings it to the engine.
+            let key = crate::records::deployment_key(&name);
+            create_immutable(state, "Deployment", &key, deployment, |d| (d.uid, &d.spec)).await
+        }
+        Manifest::Secret { name, data } => {
+            let record = state
+                .vault
+                .seal(&name, &data)
+                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+            let key = crate::secrets::secret_key(&name);
+            let mut created = false;
+            state
+                .db
+                .update::<crate::secrets::SecretRecord, _>(&key, |current| {
+                    created = current.is_none();
+                    Some(record.clone())
+                })
+                .await?;
+            let result = if created { "created" } else { "configured" };
+            Ok((
+                StatusCode::OK,
+                Json(
+                    json!({"kind": "Secret", "name": name, "result": result, "keys": record.keys}),
+                ),
+            ))
+        }
+        Manifest::Device { id, labels, spec } => {
+            let mut created = false;
+            state
+                .db
+                .update::<DeviceRecord, _>(&device_key(&id), |current| {
+                    created = current.is_none();
+                    let mut device = current.unwrap_or_else(|| DeviceRecord::new(id.clone()));
+                    device.groups = spec.groups.iter().cloned().collect();
+                    device.labels = labels.clone();
+                    device.time_zone = spec.time_zone.clone();
+                    device.decommissioned = spec.decommissioned;
+                    Some(device)
+                })
+                .await?;
+            // Group changes matter to runs waiting to release (revocation).
+            state.engine_wake.notify_one();
+            let result = if created { "created" } else { "configured" };
+            Ok((
+                StatusCode::OK,
+                Json(json!({"kind": "Device", "name": id.to_string(), "result": result})),
+            ))
+        }
+    }
+}
+
+/// A package deployment's job from the store: the manifest names the
+/// package (and may pin its version and checksum).
+pub(super) async fn resolve_package(
+    state: &ApiState,
+    wanted: &agent_core::model::PackageInstall,
+) -> Result<agent_core::model::PackageInstall, ApiError> {
+    if !state.downloads {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "packageInstallV1: this control plane serves no package downloads; start `drover serve` with --download-listen".into(),
+        ));
+    }
+    let key = crate::packages::package_key(&wanted.package);
+    let Some((_, stored)) = state.db.get::<PackageRecord>(&key).await? else {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "package {} is not in the package store; upload it with `drover packages upload FILE.deb`",
+                wanted.package
+            ),
+        ));
+    };
+    for (field, pinned, held) in [
+        ("version", &wanted.version, &stored.version),
+        ("sha256", &wanted.sha256, &stored.sha256),
+    ] {
+        if !pinned.is_empty() && pinned != held {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "packageInstallV1.{field} is {pinned}, but the store holds {} with {held}",
+                    stored.id
+                ),
+            ));
+        }
+    }
+    for name in &wanted.secrets {
+        if state
+            .db
+            .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(name))
+            .await?
+            .is_none()
+        {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("packageInstallV1.secrets: there is no Secret {name}; apply it first"),
+            ));
+        }
+    }
+    Ok(agent_core::model::PackageInstall {
+        secrets: wanted.secrets.clone(),
+        ..stored.job()
+    })
+}
+
+/// Creates a resource whose spec never changes (a TaskRun, a Deployment):
+/// the same spec again is `unchanged`, another spec under the name is a 409.
+/// `identity` gives a record's uid and spec.
+pub(super) async fn create_immutable<T, S>(
+    state: &ApiState,
+    kind: &str,
+    key: &str,
+    new: T,
+    identity: impl Fn(&T) -> (JobId, &S),
+) -> Result<(StatusCode, Json<Value>), ApiError>
+where
+    T: crate::stored::Record,
+    S: PartialEq,
+{
+    let name = key.split_once('/').map_or(key, |(_, n)| n);
+    if let Some((_, existing)) = state.db.get::<T>(key).await? {
+        let (uid, spec) = identity(&existing);
+        if spec == identity(&new).1 {
+            return Ok((
+                StatusCode::OK,
+                Json(
+                    json!({"kind": kind, "name": name, "result": "unchanged", "uid": uid.to_string()}),
+                ),
+            ));
+        }
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("the spec of {kind} {name} is immutable; apply one with a new name instead"),
+        ));
+    }
+    match state.db.put(key, &new, 0).await {
+        Ok(_) => {}
+        Err(DbError::Kv(e)) if e.is_conflict() => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("{kind} {name} was created concurrently"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({"kind": kind, "name": name, "result": "created", "uid": identity(&new).0.to_string()}),
+        ),
+    ))
+}

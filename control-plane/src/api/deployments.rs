@@ -1,0 +1,242 @@
+//! Deployments: listing, one deployment, its targets page and description,
+//! canceling, adding newly matching devices.
+
+use super::*;
+
+pub(super) async fn deployment(state: &ApiState, name: &str) -> Result<DeploymentRecord, ApiError> {
+    match state
+        .db
+        .get::<DeploymentRecord>(&crate::records::deployment_key(name))
+        .await?
+    {
+        Some((_, deployment)) => Ok(deployment),
+        None => Err(not_found(format!("Deployment {name}"))),
+    }
+}
+
+pub(super) async fn list_deployments(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let deployments = state.db.list::<DeploymentRecord>("deployments/").await?;
+    Ok(Json(
+        deployments
+            .iter()
+            .map(|(_, _, d)| manifest::render_deployment(d))
+            .collect(),
+    ))
+}
+
+pub(super) async fn get_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(manifest::render_deployment(
+        &deployment(&state, &name).await?,
+    )))
+}
+
+/// A target's state as an operator reads it.
+pub(super) fn target_state(
+    target: &TargetRecord,
+    job: Option<&JobDelivery>,
+    now: Timestamp,
+) -> &'static str {
+    match (target.end, target.job) {
+        (Some(TargetEnd::Succeeded { .. }), _) => "succeeded",
+        (Some(TargetEnd::Failed { .. }), _) => "failed",
+        (Some(TargetEnd::Expired { .. }), _) => "expired",
+        (Some(TargetEnd::Canceled { .. }), _) => "canceled",
+        (None, None) if target.next_attempt_at.is_some_and(|at| at > now) => "waitingRetry",
+        (None, None) => "pending",
+        (None, Some(_)) => match job.map(|j| crate::engine::observe(j, now)) {
+            Some(crate::deployment::Observed::Running) => "running",
+            _ => "queued",
+        },
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct TargetPage {
+    #[serde(default)]
+    offset: usize,
+    limit: Option<usize>,
+    /// Only targets in this state (pending, waitingRetry, queued, running,
+    /// succeeded, failed, expired).
+    state: Option<String>,
+}
+
+/// One page of a deployment's targets with each one's attempt and state.
+pub(super) async fn deployment_targets(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Query(page): Query<TargetPage>,
+) -> Result<Json<Value>, ApiError> {
+    let deployment = deployment(&state, &name).await?;
+    let targets = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?;
+    let now = Timestamp::now();
+    let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
+    let mut items = Vec::new();
+    let mut total = 0usize;
+    for (_, _, target) in &targets {
+        let job = match target.job {
+            Some(id) => state
+                .db
+                .get::<JobDelivery>(&job_key(&target.device, id))
+                .await?
+                .map(|(_, j)| j),
+            None => None,
+        };
+        let target_state = target_state(target, job.as_ref(), now);
+        if page.state.as_deref().is_some_and(|s| s != target_state) {
+            continue;
+        }
+        total += 1;
+        if total <= page.offset || items.len() >= limit {
+            continue;
+        }
+        items.push(json!({
+            "device": target.device,
+            "state": target_state,
+            "attempt": target.attempt,
+            "job": target.job.map(|j| j.to_string()),
+            "timeZone": target.time_zone,
+            "releasedAt": target.released_at.map(|t| t.to_string()),
+            "nextAttemptAt": target.next_attempt_at.map(|t| t.to_string()),
+            "lastError": target.last_error,
+            "delivery": job.as_ref().map(|j| &j.delivery),
+            "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
+            "status": job.as_ref().and_then(|j| j.status.as_ref()),
+        }));
+    }
+    Ok(Json(
+        json!({"total": total, "offset": page.offset, "items": items}),
+    ))
+}
+
+/// What an operator needs to judge a deployment: its counts, whether each
+/// site's window is open now, the latest errors, and the retries waiting.
+pub(super) async fn describe_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let deployment = deployment(&state, &name).await?;
+    let targets = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?;
+    let now = Timestamp::now();
+    let mut zones: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut errors = Vec::new();
+    let mut waiting = Vec::new();
+    for (_, _, target) in &targets {
+        if target.end.is_none()
+            && let Some(window) = &deployment.spec.maintenance_window
+        {
+            let zone = target
+                .time_zone
+                .clone()
+                .unwrap_or_else(|| window.time_zone.clone());
+            *zones.entry(zone).or_default() += 1;
+        }
+        if let Some(error) = &target.last_error {
+            errors
+                .push(json!({"device": target.device, "attempt": target.attempt, "error": error}));
+        }
+        if target.end.is_none()
+            && target.job.is_none()
+            && let Some(at) = target.next_attempt_at
+            && at > now
+        {
+            waiting.push((at, target));
+        }
+    }
+    waiting.sort_by_key(|(at, _)| *at);
+    let windows: Vec<Value> = match &deployment.spec.maintenance_window {
+        None => Vec::new(),
+        Some(window) => zones
+            .iter()
+            .take(100)
+            .map(|(zone, count)| {
+                let tz = crate::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
+                json!({
+                    "timeZone": zone,
+                    "targets": count,
+                    "localTime": tz.to_datetime(now).strftime("%Y-%m-%d %H:%M").to_string(),
+                    "open": window.contains(&tz, now),
+                })
+            })
+            .collect(),
+    };
+    Ok(Json(json!({
+        "deployment": manifest::render_deployment(&deployment),
+        "windows": windows,
+        "latestErrors": errors.into_iter().take(10).collect::<Vec<_>>(),
+        "waitingRetry": waiting.iter().take(20).map(|(at, t)| json!({
+            "device": t.device,
+            "attempt": t.attempt,
+            "nextAttemptAt": at.to_string(),
+            "lastError": t.last_error,
+        })).collect::<Vec<_>>(),
+        "waitingRetryTotal": waiting.len(),
+    })))
+}
+
+pub(super) async fn cancel_deployment(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let key = crate::records::deployment_key(&name);
+    let (answer, deployment) =
+        cancel::<DeploymentRecord>(&state, "Deployment", &key, &name, |d| &mut d.status.phase)
+            .await?;
+    let keys: Vec<String> = state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .await?
+        .into_iter()
+        .filter_map(|(_, _, target)| target.job.map(|job| job_key(&target.device, job)))
+        .collect();
+    state.db.request_cancels(&keys, Timestamp::now()).await?;
+    Ok(answer)
+}
+
+/// "Add new devices": the engine runs the deployment's targeting again and
+/// adds the devices that match now and are not targets yet.
+pub(super) async fn add_new_devices(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let key = crate::records::deployment_key(&name);
+    let mut refused = None;
+    let updated = state
+        .db
+        .update::<DeploymentRecord, _>(&key, |current| {
+            let mut deployment = current?;
+            if deployment.status.phase.is_terminal() {
+                refused = Some(format!(
+                    "Deployment {name} has finished ({:?}); new devices cannot join it",
+                    deployment.status.phase
+                ));
+                return None;
+            }
+            deployment.add_requests += 1;
+            Some(deployment)
+        })
+        .await?;
+    if let Some(refused) = refused {
+        return Err(ApiError(StatusCode::CONFLICT, refused));
+    }
+    let Some(deployment) = updated else {
+        return Err(not_found(format!("Deployment {name}")));
+    };
+    // The store's change feed brings the request to the engine.
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            json!({"kind": "Deployment", "name": name, "result": "add-new-devices requested", "request": deployment.add_requests}),
+        ),
+    ))
+}

@@ -1,0 +1,201 @@
+//! The devices: listing (whole and paged), one device, its inventory, and
+//! deleting one.
+
+use super::*;
+
+#[derive(Deserialize)]
+pub(super) struct DevicePage {
+    #[serde(default)]
+    offset: usize,
+    limit: Option<usize>,
+    /// Matches the id, a group, a label (`key=value`), the OS or the
+    /// agent's version, ignoring case.
+    #[serde(default)]
+    q: String,
+    /// online, offline, never_connected, decommissioned.
+    state: Option<String>,
+}
+
+/// One page of the fleet for the dashboard, filtered on the server: the
+/// fleet may be 20,000 devices. Each device comes with its state and its
+/// current (undecided) job, if any.
+pub(super) async fn device_page(
+    State(state): State<ApiState>,
+    Query(page): Query<DevicePage>,
+) -> Result<Json<Value>, ApiError> {
+    let now = Timestamp::now();
+    let q = page.q.trim().to_lowercase();
+    let wanted = page.state.as_deref().map(|s| s.replace('_', " "));
+    let mut matching = Vec::new();
+    for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
+        let online = state.presence.online(&stored.id, stored.last_seen, now);
+        let device = with_presence(&state, stored);
+        let device_state = device.state(online);
+        if wanted.as_deref().is_some_and(|w| w != device_state) {
+            continue;
+        }
+        if !q.is_empty() && !device_matches(&device, &q) {
+            continue;
+        }
+        matching.push((device, device_state));
+    }
+    let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
+    let mut items = Vec::new();
+    for (device, device_state) in matching.iter().skip(page.offset).take(limit) {
+        let jobs = state
+            .db
+            .list::<JobDelivery>(&crate::records::device_jobs_prefix(&device.id))
+            .await?;
+        let current = jobs.iter().find_map(|(_, _, job)| {
+            let decided = job.status.as_ref().is_some_and(|s| s.state.is_terminal())
+                || matches!(job.delivery, crate::records::Delivery::Expired { .. });
+            (!decided).then(|| {
+                let step = job.status.as_ref().and_then(|s| {
+                    s.steps
+                        .iter()
+                        .rfind(|step| step.state != agent_core::StepState::Pending)
+                        .map(|step| step.name.clone())
+                });
+                json!({
+                    "run": job.run,
+                    "kind": job.intent.kind.name(),
+                    "state": job.status.as_ref().map_or("Queued".to_owned(), |s| format!("{:?}", s.state)),
+                    "step": step,
+                })
+            })
+        });
+        let mut item = serde_json::to_value(device)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        item["state"] = json!(device_state);
+        item["currentJob"] = current.unwrap_or(Value::Null);
+        items.push(item);
+    }
+    Ok(Json(json!({
+        "total": matching.len(),
+        "offset": page.offset,
+        "items": items,
+    })))
+}
+
+pub(super) fn device_matches(device: &DeviceRecord, q: &str) -> bool {
+    let has = |text: &str| text.to_lowercase().contains(q);
+    has(device.id.as_str())
+        || device.groups.iter().any(|g| has(g))
+        || device.labels.iter().any(|(k, v)| has(&format!("{k}={v}")))
+        || device.os_release.as_deref().is_some_and(has)
+        || device.agent_version.as_deref().is_some_and(has)
+}
+
+/// A device as stored, with the fresher times this replica has seen.
+pub(super) fn with_presence(state: &ApiState, mut device: DeviceRecord) -> DeviceRecord {
+    if let Some(live) = state.presence.get(&device.id) {
+        device.last_seen = device.last_seen.max(Some(live.last_seen));
+        device.last_heartbeat = device.last_heartbeat.max(live.last_heartbeat);
+    }
+    device
+}
+
+/// Every device as stored, with the fresher times this replica has seen
+/// and `online`: its agent is connected here and heard from lately, or
+/// (held by another replica) was seen lately.
+pub(super) async fn list_devices(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let devices = state.db.list::<DeviceRecord>("devices/").await?;
+    let now = Timestamp::now();
+    let mut listed = Vec::with_capacity(devices.len());
+    for (_, _, stored) in devices {
+        let online = state.presence.online(&stored.id, stored.last_seen, now);
+        let mut device = serde_json::to_value(with_presence(&state, stored))
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        device["online"] = Value::Bool(online);
+        listed.push(device);
+    }
+    Ok(Json(listed))
+}
+
+pub(super) async fn get_device(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<DeviceRecord>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    match state.db.get::<DeviceRecord>(&device_key(&id)).await? {
+        Some((_, device)) => Ok(Json(with_presence(&state, device))),
+        None => Err(not_found(format!("device {id}"))),
+    }
+}
+
+/// Removes a device from the registry with its inventory and its finished
+/// jobs. Refused while one of its jobs is undecided (cancel its run or
+/// deployment, or wait). Its token is derived, not stored: an agent that
+/// still runs with it registers the device again when it connects, as a
+/// kubelet does; decommission the device to refuse it instead.
+pub(super) async fn delete_device(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let Some((_, device)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
+        return Err(not_found(format!("device {id}")));
+    };
+    let jobs = state
+        .db
+        .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
+        .await?;
+    let undecided: Vec<String> = jobs
+        .iter()
+        .filter(|(_, _, job)| {
+            !job.status.as_ref().is_some_and(|s| s.state.is_terminal())
+                && !matches!(job.delivery, crate::records::Delivery::Expired { .. })
+        })
+        .map(|(_, _, job)| {
+            job.run
+                .clone()
+                .unwrap_or_else(|| job.intent.job_id.to_string())
+        })
+        .collect();
+    if !undecided.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "device {id} has {} undecided job(s) ({}); cancel the run or deployment, or wait for it, then delete the device",
+                undecided.len(),
+                undecided.join(", ")
+            ),
+        ));
+    }
+    let online = state
+        .presence
+        .online(&id, device.last_seen, Timestamp::now());
+    let mut keys: Vec<String> = jobs.into_iter().map(|(key, _, _)| key).collect();
+    let job_count = keys.len();
+    keys.push(crate::deployment::inventory_key(&id));
+    keys.push(device_key(&id));
+    state.db.delete_all(&keys).await?;
+    tracing::info!(device = %id, jobs = job_count, "device deleted");
+    Ok(Json(json!({
+        "kind": "Device",
+        "name": id,
+        "result": "deleted",
+        "jobs": job_count,
+        "online": online,
+    })))
+}
+
+/// The packages a device's latest inventory refresh reported.
+pub(super) async fn get_inventory(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<crate::deployment::DeviceInventory>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    match state
+        .db
+        .get::<crate::deployment::DeviceInventory>(&crate::deployment::inventory_key(&id))
+        .await?
+    {
+        Some((_, inventory)) => Ok(Json(inventory)),
+        None => Err(not_found(format!(
+            "an inventory of device {id} (run an inventoryRefreshV1 job on it)"
+        ))),
+    }
+}

@@ -1,0 +1,422 @@
+//! The operators' HTTP/JSON API under `/api/v1`, behind a bearer token.
+
+use crate::auth::Secrets;
+use crate::db::{Db, DbError};
+use crate::deployment::{DeploymentRecord, TargetEnd, TargetRecord};
+use crate::dispatch::Presence;
+use crate::engine::Engine;
+use crate::manifest::{self, Manifest};
+use crate::packages::PackageRecord;
+use crate::records::{
+    DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key, run_key,
+};
+use agent_core::{DeviceId, JobId};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use drover_contract::link::LinkState;
+use jiff::Timestamp;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+mod apply;
+mod deployments;
+mod devices;
+mod runs;
+mod schedules;
+
+use apply::*;
+use deployments::*;
+use devices::*;
+use runs::*;
+use schedules::*;
+
+/// Upper bound of targets one page lists.
+pub const MAX_PAGE: usize = 500;
+/// Upper bound of a request body: a List of 20,000 devices fits.
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Upper bound of manifests in one List.
+const MAX_LIST_ITEMS: usize = 20_000;
+
+#[derive(Clone)]
+pub struct ApiState {
+    /// The agent links, for `/healthz` and the metrics.
+    pub links: Vec<Arc<dyn drover_contract::link::AgentLinks>>,
+    pub db: Db,
+    pub secrets: Arc<Secrets>,
+    pub engine: Arc<Engine>,
+    pub engine_wake: Arc<Notify>,
+    /// Live presence on this replica: fresher than the stored times.
+    pub presence: Arc<Presence>,
+    /// The data directory (package files live there).
+    pub data: std::path::PathBuf,
+    /// Whether this control plane serves package downloads.
+    pub downloads: bool,
+    /// Seals Secrets at rest.
+    pub vault: Arc<crate::secrets::Vault>,
+    /// A device not heard from for this long is an alert.
+    pub offline_alert: jiff::SignedDuration,
+    /// The dashboard's cookie is `Secure` (the API speaks https).
+    pub secure_cookies: bool,
+    /// Failed dashboard logins per client address.
+    pub logins: Arc<crate::ui::LoginLimiter>,
+    /// The package store's quota and the uploads' stall timeout.
+    pub uploads: crate::packages::UploadLimits,
+}
+
+pub struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    }
+}
+
+fn not_found(what: String) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("{what} not found"))
+}
+
+pub fn router(state: ApiState) -> Router {
+    let api = Router::new()
+        .route("/summary", get(summary))
+        .route("/devices", get(list_devices))
+        .route("/devices/page", get(device_page))
+        .route("/alerts", get(list_alerts))
+        .route("/devices/{id}", get(get_device).delete(delete_device))
+        .route("/devices/{id}/inventory", get(get_inventory))
+        .route("/apply", post(apply))
+        .route("/taskschedules", get(list_schedules))
+        .route("/taskschedules/{name}", get(get_schedule))
+        .route("/taskschedules/{name}/suspend", post(suspend_schedule))
+        .route("/taskruns", get(list_runs))
+        .route("/taskruns/{name}", get(get_run).delete(delete_run))
+        .route("/taskruns/{name}/targets", get(run_targets))
+        .route("/taskruns/{name}/cancel", post(cancel_run))
+        .route("/deployments", get(list_deployments))
+        .route("/deployments/{name}", get(get_deployment))
+        .route("/deployments/{name}/targets", get(deployment_targets))
+        .route("/deployments/{name}/describe", get(describe_deployment))
+        .route("/deployments/{name}/add-new-devices", post(add_new_devices))
+        .route("/deployments/{name}/cancel", post(cancel_deployment))
+        // The body is streamed to disk and bounded there, not by the limit below.
+        .route("/packages", get(list_packages).post(upload_package))
+        .route("/secrets", get(list_secrets))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_operator,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
+    // Prometheus scrapes with the operator token too
+    // (`authorization: {credentials_file: …}` in its scrape config).
+    let metrics =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                require_operator,
+            ));
+    let secure = state.secure_cookies;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .nest("/api/v1", api)
+        .merge(metrics)
+        .merge(crate::ui::router(state.clone()))
+        .layer(axum::middleware::map_response(
+            move |response: Response| async move { security_headers(response, secure) },
+        ))
+        .with_state(state)
+}
+
+/// On every response: no content-type sniffing, no referrer sent to other
+/// sites, and over TLS, HSTS (a browser that reached the API over https
+/// never falls back to http, where the cookie or token would be seen).
+fn security_headers(mut response: Response, tls: bool) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        axum::http::HeaderValue::from_static("no-referrer"),
+    );
+    if tls {
+        headers.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            axum::http::HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    response
+}
+
+/// The bearer token of a request, or "" (which no check accepts).
+pub fn bearer(request: &Request) -> &str {
+    bearer_of(request.headers())
+}
+
+/// The bearer token in `headers`, or "".
+fn bearer_of(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+}
+
+pub async fn require_operator(
+    State(state): State<ApiState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (headers, method) = (request.headers().clone(), request.method().clone());
+    match authorize(&state, &headers, &method).await {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The operator's bearer token, or the dashboard's session cookie; with the
+/// cookie, a request that changes something must carry the session's CSRF
+/// token too (a page on another site can send the cookie, SameSite aside,
+/// but cannot read the token or set the header).
+async fn authorize(
+    state: &ApiState,
+    headers: &HeaderMap,
+    method: &axum::http::Method,
+) -> Result<(), ApiError> {
+    if state.secrets.verify_operator(bearer_of(headers)) {
+        return Ok(());
+    }
+    if let Some(session) = crate::ui::session_cookie(headers)
+        && crate::ui::session_valid(state, session).await
+    {
+        let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
+        let csrf = headers
+            .get(crate::ui::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if reads || state.secrets.verify_ui_csrf(session, csrf) {
+            return Ok(());
+        }
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "a dashboard request that changes something needs the session's {} header",
+                crate::ui::CSRF_HEADER
+            ),
+        ));
+    }
+    Err(ApiError(
+        StatusCode::UNAUTHORIZED,
+        "missing or bad operator token (Authorization: Bearer <token>)".into(),
+    ))
+}
+
+/// Fleet counts, cheap enough to poll.
+async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let devices = state.db.list::<DeviceRecord>("devices/").await?;
+    let present = devices.iter().filter(|(_, _, d)| d.agent_present).count();
+    Ok(Json(json!({
+        "devices": devices.len(),
+        "agentsPresent": present,
+        "connectedHere": state.presence.connected(),
+        "engine": state.engine.stats.json(),
+    })))
+}
+
+/// The process's metrics, with the gauges a scrape computes: devices by
+/// state (as `get devices` shows them) and agents connected here.
+/// `ok` while every agent link is up; else 503 and a line per link that is
+/// not, with why (a broker down, a stalled link reconnecting).
+async fn healthz(State(state): State<ApiState>) -> Response {
+    let trouble: Vec<String> = state
+        .links
+        .iter()
+        .filter_map(|link| {
+            let health = link.health();
+            (health.state != LinkState::Up).then(|| {
+                format!(
+                    "{}: {}{}",
+                    link.transport(),
+                    health.state.name(),
+                    health.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                )
+            })
+        })
+        .collect();
+    if trouble.is_empty() {
+        "ok\n".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", trouble.join("\n")),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let metrics = crate::metrics::metrics();
+    for link in &state.links {
+        let health = link.health();
+        let labels = vec![("transport", link.transport().to_owned())];
+        metrics
+            .link_up
+            .get_or_create(&labels)
+            .set(i64::from(health.state == LinkState::Up));
+        metrics
+            .link_stalls
+            .get_or_create(&labels)
+            .set(i64::try_from(health.stalls).unwrap_or(i64::MAX));
+        if let Some(at) = health.last_progress {
+            metrics
+                .link_last_progress
+                .get_or_create(&labels)
+                .set(at.as_second());
+        }
+    }
+    let now = Timestamp::now();
+    let mut states: std::collections::BTreeMap<&'static str, i64> = [
+        ("online", 0),
+        ("offline", 0),
+        ("never connected", 0),
+        ("decommissioned", 0),
+    ]
+    .into_iter()
+    .collect();
+    for (_, _, device) in state.db.list::<DeviceRecord>("devices/").await? {
+        let online = state.presence.online(&device.id, device.last_seen, now);
+        *states.entry(device.state(online)).or_default() += 1;
+    }
+    for (name, count) in states {
+        metrics
+            .devices
+            .get_or_create(&vec![("state", name.replace(' ', "_"))])
+            .set(count);
+    }
+    metrics.agents.clear();
+    for (transport, count) in state.presence.connected() {
+        metrics
+            .agents
+            .get_or_create(&vec![("transport", transport.into())])
+            .set(count as i64);
+    }
+    Ok((
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        metrics.encode(),
+    )
+        .into_response())
+}
+
+/// What needs an operator's eye now (see `alerts.rs`).
+async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let now = Timestamp::now();
+    let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
+    let (alerts, offline) =
+        crate::alerts::list(&state.db, now, state.offline_alert, &online).await?;
+    Ok(Json(json!({
+        "items": alerts,
+        "offlineDevices": offline,
+        "offlineAfterMinutes": state.offline_alert.as_secs() / 60,
+    })))
+}
+
+/// Secrets by name and keys; values never leave the control plane here.
+async fn list_secrets(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let secrets = state
+        .db
+        .list::<crate::secrets::SecretRecord>("secrets/")
+        .await?;
+    Ok(Json(Value::Array(
+        secrets
+            .into_iter()
+            .map(|(_, _, s)| json!({"name": s.name, "keys": s.keys, "updatedAt": s.updated_at}))
+            .collect(),
+    )))
+}
+
+/// Stores an uploaded .deb (the request body).
+async fn upload_package(
+    State(state): State<ApiState>,
+    request: Request,
+) -> Result<(StatusCode, Json<PackageRecord>), ApiError> {
+    let (record, created) =
+        crate::packages::upload(&state.db, &state.data, state.uploads, request.into_body()).await?;
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, Json(record)))
+}
+
+async fn list_packages(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<PackageRecord>>, ApiError> {
+    let packages = state.db.list::<PackageRecord>("packages/").await?;
+    Ok(Json(packages.into_iter().map(|(_, _, p)| p).collect()))
+}
+
+/// Cancels a run or deployment: it enters `Canceling` and the engine does
+/// the rest (releases nothing more, asks every job that is out to cancel,
+/// ends it Failed with reason `Canceled` once they are decided). Asking
+/// again is harmless; a finished one is refused.
+async fn cancel<T: crate::stored::Record + Clone + Send + Sync + 'static>(
+    state: &ApiState,
+    kind: &str,
+    key: &str,
+    name: &str,
+    phase: fn(&mut T) -> &mut Phase,
+) -> Result<((StatusCode, Json<Value>), T), ApiError> {
+    let mut refused = None;
+    let mut already = false;
+    let updated = state
+        .db
+        .update::<T, _>(key, |current| {
+            let mut record = current?;
+            let now = *phase(&mut record);
+            if now.is_terminal() {
+                refused = Some(format!(
+                    "{kind} {name} has finished ({now:?}); there is nothing to cancel"
+                ));
+                return None;
+            }
+            already = now == Phase::Canceling;
+            if already {
+                return None;
+            }
+            *phase(&mut record) = Phase::Canceling;
+            Some(record)
+        })
+        .await?;
+    if let Some(refused) = refused {
+        return Err(ApiError(StatusCode::CONFLICT, refused));
+    }
+    let Some(record) = updated else {
+        return Err(not_found(format!("{kind} {name}")));
+    };
+    let result = if already {
+        "already canceling"
+    } else {
+        "cancel requested"
+    };
+    tracing::info!(kind, name, result, "cancel");
+    Ok((
+        (
+            StatusCode::ACCEPTED,
+            Json(json!({"kind": kind, "name": name, "result": result, "phase": "Canceling"})),
+        ),
+        record,
+    ))
+}

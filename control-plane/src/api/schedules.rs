@@ -1,0 +1,63 @@
+//! TaskSchedules: listing, one schedule, suspending and resuming.
+
+use super::*;
+
+#[derive(Deserialize)]
+pub(super) struct Suspension {
+    suspend: bool,
+}
+
+/// Suspends a schedule (no new runs; ticks meanwhile are not owed) or
+/// resumes it. Its runs are left as they are.
+pub(super) async fn suspend_schedule(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Json(body): Json<Suspension>,
+) -> Result<Json<Value>, ApiError> {
+    let key = crate::records::schedule_key(&name);
+    let updated = state
+        .db
+        .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+            let mut schedule = current?;
+            if schedule.spec.suspend == body.suspend {
+                return None;
+            }
+            schedule.spec.suspend = body.suspend;
+            Some(schedule)
+        })
+        .await?;
+    let Some(schedule) = updated else {
+        return Err(not_found(format!("TaskSchedule {name}")));
+    };
+    Ok(Json(manifest::render_schedule(&schedule, Timestamp::now())))
+}
+
+pub(super) async fn list_schedules(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let now = Timestamp::now();
+    let schedules = state
+        .db
+        .list::<crate::schedule::TaskScheduleRecord>("schedules/")
+        .await?;
+    Ok(Json(
+        schedules
+            .iter()
+            .map(|(_, _, s)| manifest::render_schedule(s, now))
+            .collect(),
+    ))
+}
+
+pub(super) async fn get_schedule(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match state
+        .db
+        .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
+        .await?
+    {
+        Some((_, schedule)) => Ok(Json(manifest::render_schedule(&schedule, Timestamp::now()))),
+        None => Err(not_found(format!("TaskSchedule {name}"))),
+    }
+}
