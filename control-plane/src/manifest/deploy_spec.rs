@@ -1,0 +1,432 @@
+//! A Deployment's spec as operators write it: targets (all, devices, a
+//! filter of labels and software), the job, concurrency, the maintenance
+//! window, retries; parsed strictly and rendered back.
+
+use super::*;
+
+/// `packageInstallV1: {package: ID}`; `version` and `sha256`, when given,
+/// pin what the store must hold under that id.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WirePackage {
+    package: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    sha256: Option<String>,
+    /// Secrets whose files the device gets before the install.
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireDeploymentSpec {
+    targets: WireTargets,
+    system_upgrade_v1: Option<Empty>,
+    inventory_refresh_v1: Option<Empty>,
+    package_install_v1: Option<WirePackage>,
+    max_concurrency: u32,
+    #[serde(default)]
+    maintenance_window: Option<WireWindow>,
+    #[serde(default)]
+    retries: u32,
+    #[serde(default = "default_backoff")]
+    retry_backoff_seconds: u64,
+    deadline_seconds: u64,
+}
+
+pub(super) fn default_backoff() -> u64 {
+    300
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireTargets {
+    #[serde(default)]
+    all: bool,
+    devices: Option<Vec<String>>,
+    filter: Option<WireFilter>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireFilter {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    software_present: Vec<WireSoftware>,
+    #[serde(default)]
+    software_absent: Vec<WireSoftware>,
+}
+
+/// `{name: openssl, versionCmp: {op: "<<", version: "3.0.11-1~deb12u2"}}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireSoftware {
+    name: String,
+    #[serde(default)]
+    version_cmp: Option<WireVersionCmp>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireVersionCmp {
+    op: String,
+    version: String,
+}
+
+pub(super) fn render_software(
+    conditions: &[crate::deployment::SoftwareCondition],
+) -> serde_json::Value {
+    conditions
+        .iter()
+        .map(|c| match &c.version_cmp {
+            Some(cmp) => serde_json::json!({
+                "name": c.name, "versionCmp": {"op": cmp.op.as_str(), "version": cmp.version}
+            }),
+            None => serde_json::json!({"name": c.name}),
+        })
+        .collect()
+}
+
+/// At most this many software conditions in one filter.
+pub(super) const MAX_SOFTWARE_CONDITIONS: usize = 32;
+
+pub(super) fn software_conditions(
+    field: &str,
+    wire: Vec<WireSoftware>,
+    problems: &mut Vec<String>,
+) -> Vec<crate::deployment::SoftwareCondition> {
+    use crate::deployment::{SoftwareCondition, VersionCmp, VersionOp};
+    if wire.len() > MAX_SOFTWARE_CONDITIONS {
+        problems.push(format!(
+            "{field}: at most {MAX_SOFTWARE_CONDITIONS} conditions"
+        ));
+    }
+    let mut conditions = Vec::new();
+    for condition in wire.into_iter().take(MAX_SOFTWARE_CONDITIONS) {
+        if !agent_core::model::is_package_name(&condition.name) {
+            problems.push(format!(
+                "{field}: {:?} is not a Debian package name",
+                condition.name
+            ));
+        }
+        let version_cmp = match condition.version_cmp {
+            None => None,
+            Some(cmp) => {
+                let op = VersionOp::parse(&cmp.op);
+                if op.is_none() {
+                    problems.push(format!(
+                        "{field}: versionCmp.op {:?} is not one of <<, <=, =, >=, >> (or <, >)",
+                        cmp.op
+                    ));
+                }
+                if !agent_core::model::is_version(&cmp.version) {
+                    problems.push(format!(
+                        "{field}: versionCmp.version {:?} is not a Debian version",
+                        cmp.version
+                    ));
+                }
+                op.map(|op| VersionCmp {
+                    op,
+                    version: cmp.version,
+                })
+            }
+        };
+        conditions.push(SoftwareCondition {
+            name: condition.name,
+            version_cmp,
+        });
+    }
+    conditions
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireWindow {
+    start: String,
+    end: String,
+    #[serde(default)]
+    time_zone: Option<String>,
+}
+
+/// Longest backoff an operator may give a first retry: one day.
+pub const MAX_RETRY_BACKOFF_SECONDS: u64 = 24 * 3600;
+
+pub(super) fn parse_deployment_spec(
+    value: serde_json::Value,
+) -> Result<crate::deployment::DeploymentSpec, String> {
+    use crate::deployment::{
+        DeploymentJob, DeploymentSpec, DeviceFilter, MAX_RETRIES, MAX_TARGETS, Targeting, Window,
+    };
+    let wire: WireDeploymentSpec =
+        serde_json::from_value(value).map_err(|e| format!("invalid Deployment spec: {e}"))?;
+    let mut problems = Vec::new();
+    let chosen = [
+        wire.targets.all,
+        wire.targets.devices.is_some(),
+        wire.targets.filter.is_some(),
+    ]
+    .iter()
+    .filter(|c| **c)
+    .count();
+    let targets = if chosen != 1 {
+        problems.push(
+            "spec.targets needs exactly one of `all: true`, `devices: [...]` or `filter: {...}`"
+                .into(),
+        );
+        Targeting::All
+    } else if let Some(devices) = wire.targets.devices {
+        if devices.is_empty() || devices.len() > MAX_TARGETS {
+            problems.push(format!(
+                "spec.targets.devices lists 1 to {MAX_TARGETS} devices"
+            ));
+        }
+        let mut ids = Vec::with_capacity(devices.len());
+        let mut seen = std::collections::HashSet::new();
+        for device in devices {
+            match DeviceId::new(device.clone()) {
+                Ok(id) if seen.insert(id.clone()) => ids.push(id),
+                Ok(_) => problems.push(format!(
+                    "spec.targets.devices lists {} twice",
+                    shorten(&device)
+                )),
+                Err(e) => problems.push(format!("spec.targets.devices: {e}")),
+            }
+            if problems.len() > 10 {
+                break;
+            }
+        }
+        Targeting::Devices(ids)
+    } else if let Some(filter) = wire.targets.filter {
+        check_labels(
+            "spec.targets.filter.matchLabels",
+            &filter.match_labels,
+            &mut problems,
+        );
+        check_groups("spec.targets.filter.groups", &filter.groups, &mut problems);
+        if filter.match_labels.is_empty()
+            && filter.groups.is_empty()
+            && filter.software_present.is_empty()
+            && filter.software_absent.is_empty()
+        {
+            problems.push(
+                "spec.targets.filter is empty; give matchLabels, groups or software conditions, or say `all: true`"
+                    .into(),
+            );
+        }
+        let software_present = software_conditions(
+            "spec.targets.filter.softwarePresent",
+            filter.software_present,
+            &mut problems,
+        );
+        let software_absent = software_conditions(
+            "spec.targets.filter.softwareAbsent",
+            filter.software_absent,
+            &mut problems,
+        );
+        Targeting::Filter(DeviceFilter {
+            match_labels: filter.match_labels,
+            groups: filter.groups,
+            software_present,
+            software_absent,
+        })
+    } else {
+        Targeting::All
+    };
+    let job = match (
+        wire.system_upgrade_v1,
+        wire.inventory_refresh_v1,
+        wire.package_install_v1,
+    ) {
+        (Some(_), None, None) => DeploymentJob::SystemUpgradeV1,
+        (None, Some(_), None) => DeploymentJob::InventoryRefreshV1,
+        (None, None, Some(package)) => {
+            if package.package.is_empty() || package.package.len() > 300 {
+                problems.push(
+                    "spec.packageInstallV1.package must name a package in the store (NAME_VERSION_ARCH, as `drover get packages` shows)"
+                        .into(),
+                );
+            }
+            if package.secrets.len() > agent_core::model::MAX_JOB_SECRETS
+                || !package
+                    .secrets
+                    .iter()
+                    .all(|s| agent_core::sealed::is_secret_name(s))
+            {
+                problems.push(format!(
+                    "spec.packageInstallV1.secrets: at most {} Secret names",
+                    agent_core::model::MAX_JOB_SECRETS
+                ));
+            }
+            // Filled in from the package store by apply.
+            DeploymentJob::PackageInstallV1(Box::new(agent_core::model::PackageInstall {
+                secrets: package.secrets,
+                sealed: None,
+                package: package.package,
+                name: String::new(),
+                version: package.version.unwrap_or_default(),
+                architecture: String::new(),
+                sha256: package.sha256.unwrap_or_default(),
+                size: 0,
+                download: None,
+            }))
+        }
+        _ => {
+            problems.push(
+                "spec needs exactly one job: systemUpgradeV1: {}, inventoryRefreshV1: {} or packageInstallV1: {package: ID}".into(),
+            );
+            DeploymentJob::SystemUpgradeV1
+        }
+    };
+    if wire.max_concurrency == 0 || wire.max_concurrency as usize > MAX_TARGETS {
+        problems.push(format!(
+            "spec.maxConcurrency must be between 1 and {MAX_TARGETS}"
+        ));
+    }
+    if wire.retries > MAX_RETRIES {
+        problems.push(format!("spec.retries must be at most {MAX_RETRIES}"));
+    }
+    if wire.retry_backoff_seconds == 0 || wire.retry_backoff_seconds > MAX_RETRY_BACKOFF_SECONDS {
+        problems.push(format!(
+            "spec.retryBackoffSeconds must be between 1 and {MAX_RETRY_BACKOFF_SECONDS}"
+        ));
+    }
+    if wire.deadline_seconds == 0 || wire.deadline_seconds > MAX_DEADLINE_SECONDS {
+        problems.push(format!(
+            "spec.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
+        ));
+    }
+    let maintenance_window = match wire.maintenance_window {
+        None => None,
+        Some(window) => {
+            let start = crate::deployment::parse_minute(&window.start);
+            let end = crate::deployment::parse_minute(&window.end);
+            let zone = window.time_zone.unwrap_or_else(|| "UTC".into());
+            if start.is_none() || end.is_none() {
+                problems.push(format!(
+                    "spec.maintenanceWindow start and end are HH:MM (24-hour), got {:?} and {:?}",
+                    shorten(&window.start),
+                    shorten(&window.end)
+                ));
+            } else if start == end {
+                problems.push(
+                    "spec.maintenanceWindow is empty (start equals end); leave it out to allow any time"
+                        .into(),
+                );
+            }
+            if crate::deployment::time_zone(&zone).is_none() {
+                problems.push(format!(
+                    "spec.maintenanceWindow.timeZone {:?} is not in this machine's time zone database",
+                    shorten(&zone)
+                ));
+            }
+            Some(Window {
+                start_minute: start.unwrap_or(0),
+                end_minute: end.unwrap_or(0),
+                time_zone: zone,
+            })
+        }
+    };
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(DeploymentSpec {
+        targets,
+        job,
+        max_concurrency: wire.max_concurrency,
+        maintenance_window,
+        retries: wire.retries,
+        retry_backoff_seconds: wire.retry_backoff_seconds,
+        deadline_seconds: wire.deadline_seconds,
+    })
+}
+
+/// A deployment's spec as an operator wrote it.
+pub(super) fn render_deployment_spec(
+    spec: &crate::deployment::DeploymentSpec,
+) -> serde_json::Value {
+    use crate::deployment::{DeploymentJob, Targeting};
+    let targets = match &spec.targets {
+        Targeting::All => serde_json::json!({"all": true}),
+        Targeting::Devices(devices) => serde_json::json!({ "devices": devices }),
+        Targeting::Filter(filter) => {
+            let mut rendered = serde_json::json!({
+                "matchLabels": filter.match_labels,
+                "groups": filter.groups,
+            });
+            if !filter.software_present.is_empty() {
+                rendered["softwarePresent"] = render_software(&filter.software_present);
+            }
+            if !filter.software_absent.is_empty() {
+                rendered["softwareAbsent"] = render_software(&filter.software_absent);
+            }
+            serde_json::json!({ "filter": rendered })
+        }
+    };
+    let mut rendered = serde_json::json!({
+        "targets": targets,
+        "maxConcurrency": spec.max_concurrency,
+        "retries": spec.retries,
+        "retryBackoffSeconds": spec.retry_backoff_seconds,
+        "deadlineSeconds": spec.deadline_seconds,
+    });
+    rendered[spec.job.name()] = match &spec.job {
+        DeploymentJob::PackageInstallV1(package) => {
+            let mut rendered = serde_json::json!({
+                "package": package.package, "version": package.version, "sha256": package.sha256
+            });
+            if !package.secrets.is_empty() {
+                rendered["secrets"] = serde_json::json!(package.secrets);
+            }
+            rendered
+        }
+        _ => serde_json::json!({}),
+    };
+    if let Some(window) = &spec.maintenance_window {
+        rendered["maintenanceWindow"] = serde_json::json!({
+            "start": crate::deployment::format_minute(window.start_minute),
+            "end": crate::deployment::format_minute(window.end_minute),
+            "timeZone": window.time_zone,
+        });
+    }
+    rendered
+}
+
+/// A deployment as the API shows it: the manifest with its status.
+pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> serde_json::Value {
+    let status = &deployment.status;
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment.name,
+            "uid": deployment.uid.to_string(),
+            "creationTimestamp": deployment.created_at.to_string(),
+        },
+        "spec": render_deployment_spec(&deployment.spec),
+        "status": {
+            "phase": status.phase,
+            "reason": status.reason,
+            "targets": status.targets,
+            "excludedCount": status.excluded,
+            "pending": status.counts.pending,
+            "waitingRetry": status.counts.waiting_retry,
+            "queued": status.counts.queued,
+            "running": status.counts.running,
+            "succeeded": status.counts.succeeded,
+            "failed": status.counts.failed,
+            "expired": status.counts.expired,
+            "canceled": status.counts.canceled,
+            "startTime": status.start_time.map(|t| t.to_string()),
+            "completionTime": status.completion_time.map(|t| t.to_string()),
+            "nextRetryAt": status.next_retry_at.map(|t| t.to_string()),
+            "latestError": status.latest_error,
+            "addNewDevicesRequests": deployment.add_requests,
+            "addNewDevicesHandled": status.add_requests_handled,
+        },
+    })
+}
