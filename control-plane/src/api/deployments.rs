@@ -14,6 +14,17 @@ pub(super) async fn deployment(state: &ApiState, name: &str) -> Result<Deploymen
     }
 }
 
+/// Every target of the deployment `uid` (key, revision, record).
+async fn targets(
+    state: &ApiState,
+    uid: JobId,
+) -> Result<Vec<(String, u64, TargetRecord)>, ApiError> {
+    Ok(state
+        .db
+        .list::<TargetRecord>(&crate::records::targets_prefix(uid))
+        .await?)
+}
+
 pub(super) async fn list_deployments(
     State(state): State<ApiState>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
@@ -72,10 +83,7 @@ pub(super) async fn deployment_targets(
     Query(page): Query<TargetPage>,
 ) -> Result<Json<Value>, ApiError> {
     let deployment = deployment(&state, &name).await?;
-    let targets = state
-        .db
-        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
-        .await?;
+    let targets = targets(&state, deployment.uid).await?;
     let now = Timestamp::now();
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
     let mut items = Vec::new();
@@ -123,10 +131,7 @@ pub(super) async fn describe_deployment(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let deployment = deployment(&state, &name).await?;
-    let targets = state
-        .db
-        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
-        .await?;
+    let targets = targets(&state, deployment.uid).await?;
     let now = Timestamp::now();
     let mut zones: std::collections::BTreeMap<String, usize> = Default::default();
     let mut errors = Vec::new();
@@ -192,9 +197,7 @@ pub(super) async fn cancel_deployment(
     let (answer, deployment) =
         cancel::<DeploymentRecord>(&state, "Deployment", &key, &name, |d| &mut d.status.phase)
             .await?;
-    let keys: Vec<String> = state
-        .db
-        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+    let keys: Vec<String> = targets(&state, deployment.uid)
         .await?
         .into_iter()
         .filter_map(|(_, _, target)| target.job.map(|job| job_key(&target.device, job)))
