@@ -1,7 +1,7 @@
 //! Where a job is on its way to its device, as one pure function: the jobs
 //! seed's delivery states (created, sent, acked) plus expired, and what to do
 //! next (send the intent, withdraw it from a broker). Every transport and
-//! every kind of work goes through this one function; `dispatch.rs` runs
+//! every kind of work goes through this one function; `dispatch/` runs
 //! the effects.
 //!
 //! `Sent` lives in memory only: after a restart a job that was sent but not
