@@ -108,8 +108,9 @@ pub enum Command {
         store: StoreKind,
     },
     /// Print a nats-server authorization block: the control plane may do
-    /// anything; each device may read only its own intents and write only its
-    /// own statuses and heartbeat (its password is its device token).
+    /// anything; each device may read only its own intents and send only its
+    /// own statuses, hello and heartbeat to the control plane, and may write
+    /// no bucket (its password is its device token).
     NatsConfig {
         /// A device to authorize (repeat for each).
         #[arg(long = "device", required = true)]
@@ -129,6 +130,12 @@ pub enum Command {
         /// cluster needs and how replicas and agents name the nodes.
         #[arg(long)]
         cluster: bool,
+        /// Also let each device put its statuses into the status bucket
+        /// itself, as agents did before statuses became requests to the
+        /// control plane. Only while such agents remain: a device that may
+        /// put there can fill the bucket for every device.
+        #[arg(long)]
+        allow_direct_status_puts: bool,
     },
     /// Write mosquitto's password and ACL files for the control plane and
     /// these devices (a device may read only its own intents and write only

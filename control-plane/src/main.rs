@@ -433,6 +433,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             control_plane_password,
             out,
             cluster,
+            allow_direct_status_puts,
         } => {
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let devices = devices
@@ -443,9 +444,16 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     Ok((id, token))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            use transport_nats::server::DirectStatusPuts;
+            let direct = if *allow_direct_status_puts {
+                DirectStatusPuts::Allowed
+            } else {
+                DirectStatusPuts::Denied
+            };
             let config = transport_nats::server::authorization_config(
                 (control_plane_user, control_plane_password),
                 &devices,
+                direct,
             );
             match out {
                 // Mode 0600: the block holds every device's password.

@@ -156,7 +156,11 @@ const CP_PASSWORD: &str = "bench-secret";
 /// Starts nats-server with JetStream and one user per device.
 pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
     let port = free_port()?;
-    let auth = transport_nats::server::authorization_config((CP_USER, CP_PASSWORD), tokens);
+    let auth = transport_nats::server::authorization_config(
+        (CP_USER, CP_PASSWORD),
+        tokens,
+        transport_nats::server::DirectStatusPuts::Denied,
+    );
     let config = format!(
         "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
          jetstream {{ store_dir: {:?} }}\n{auth}",
@@ -203,7 +207,11 @@ pub(crate) fn start_nats_cluster(
     dir: &Path,
     tokens: &[(DeviceId, String)],
 ) -> Result<(Vec<Process>, Vec<String>)> {
-    let auth = transport_nats::server::authorization_config((CP_USER, CP_PASSWORD), tokens);
+    let auth = transport_nats::server::authorization_config(
+        (CP_USER, CP_PASSWORD),
+        tokens,
+        transport_nats::server::DirectStatusPuts::Denied,
+    );
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let mut nodes = Vec::new();

@@ -1,8 +1,7 @@
 //! Simulated agents over NATS JetStream: one client per device, logged in
 //! with its device id and token, on the subjects `drover nats-config`
 //! permits: the republished intent subject, a hello after every connect,
-//! status puts into the status bucket (the JetStream ack confirms them) and
-//! heartbeats.
+//! status requests (a control plane's answer confirms each) and heartbeats.
 
 use crate::SimAgent;
 use agent_core::wire::parse_intent_bytes;
@@ -10,9 +9,9 @@ use futures_util::StreamExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use transport_nats::agent::{Sent, send_status};
 use transport_nats::{
-    Hello, HelloReply, INTENT_REPUBLISH_PREFIX, STATUS_BUCKET, heartbeat_subject, hello_subject,
-    inbox_prefix, key, key_subject,
+    Hello, HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
 
 /// Plays one agent until `shutdown`; async-nats reconnects by itself.
@@ -59,7 +58,7 @@ async fn session(
         );
         let mut retry = tokio::time::interval(Duration::from_secs(5));
         loop {
-            flush(&js, agent).await;
+            flush(&client, &js, agent).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = retry.tick() => {
@@ -81,7 +80,7 @@ async fn session(
                     if let Ok(intent) = parse_intent_bytes(&message.payload)
                         && agent.take(&intent).is_some()
                     {
-                        flush(&js, agent).await;
+                        flush(&client, &js, agent).await;
                         publish_heartbeat(&client, agent).await;
                     }
                 }
@@ -112,24 +111,17 @@ async fn hello(client: &async_nats::Client, agent: &SimAgent) -> bool {
     }
 }
 
-/// Puts every unconfirmed status; a JetStream ack confirms it.
-async fn flush(js: &async_nats::jetstream::Context, agent: &mut SimAgent) {
-    let pending: Vec<(u64, Vec<u8>, String)> = agent
-        .pending()
-        .iter()
-        .filter_map(|(id, status)| {
-            let subject = key_subject(STATUS_BUCKET, &key(&status.device_id, status.job_id));
-            Some((*id, serde_json::to_vec(status).ok()?, subject))
-        })
-        .collect();
-    for (id, payload, subject) in pending {
-        let acked = match js.publish(subject, payload.into()).await {
-            Ok(ack) => tokio::time::timeout(Duration::from_secs(10), ack).await,
-            Err(_) => return,
-        };
-        match acked {
-            Ok(Ok(_)) => agent.confirm(id),
-            _ => return,
+/// Sends every unconfirmed status, as the agent does.
+async fn flush(
+    client: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
+    agent: &mut SimAgent,
+) {
+    let pending: Vec<_> = agent.pending().to_vec();
+    for (id, status) in pending {
+        match send_status(client, js, &status).await {
+            Sent::Stored | Sent::Refused(_) => agent.confirm(id),
+            Sent::Later(_) => return,
         }
     }
 }

@@ -1877,7 +1877,7 @@ const SINGLE_ROW_TESTS: &[&str] = &[
     "an_oversize_mqtt_message_from_one_device_stops_nobody",
     "the_broker_refuses_an_oversize_mqtt_message_first",
     "a_device_cannot_take_another_clients_mqtt_id",
-    "a_device_cannot_roll_up_the_status_bucket",
+    "a_device_can_neither_fill_nor_roll_up_the_status_bucket",
     "half_sent_requests_from_one_address_lock_out_no_one",
     "idle_sockets_on_the_agents_port_keep_no_device_out",
     "a_flood_of_jobs_is_bounded_by_the_queue",
@@ -2198,77 +2198,130 @@ async fn a_device_cannot_take_another_clients_mqtt_id() {
     b.assert_one_job_run_once();
 }
 
-/// Device A, with its own credentials, puts a status on its own key with
-/// `Nats-Rollup: all`, which would purge every device's statuses, while the
-/// control plane is down and device B's Succeeded waits in the bucket
-/// (acknowledged to B by JetStream). The bucket refuses the rollup; A's
-/// plain put on its own key is taken (the positive control); B's status is
-/// read when the control plane returns and the run completes.
+/// Device A, with its own credentials and a connection of its own beside
+/// its agent, tries to fill the status bucket and to empty it: puts on its
+/// own status key (plainly, and with `Nats-Rollup: all`, which would purge
+/// every device's statuses), and status requests for jobs it was never given
+/// or larger than any status. Nothing of it is stored: only the control
+/// plane writes the bucket, and it takes a device's status only for a job
+/// that device was given. The positive control: the run that A's and B's
+/// agents take completes, their statuses stored through the same requests,
+/// and B's Succeeded, acknowledged before the control plane is killed, is
+/// read after it returns (issue 28, items 2 and 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_device_cannot_roll_up_the_status_bucket() {
-    let (nats, mut cp) = drover_tests::nats_fleet(&["roll-a", "roll-b"], "cp-secret");
-    cp.apply_device("roll-b", &["roll"], json!({})).await;
-    let dir = cp.dir.path().join("roll-b");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (hold, reached) = (dir.join("hold"), dir.join("reached"));
-    std::fs::write(&hold, "").expect("hold");
-    let b = AgentProcess::start_nats(
-        &dir,
-        "roll-b",
-        &nats.url(),
-        &cp.device_token("roll-b"),
-        None,
-        &drover_tests::hold_config(&hold, &reached),
-    );
-    cp.wait_for_agents(&["roll-b"]).await;
-    cp.apply_upgrade_run("roll-run", "roll", 600).await;
-    eventually(Duration::from_secs(30), "B mid-job", || async {
-        reached.exists().then_some(())
-    })
-    .await;
-    // The control plane goes away; B finishes, and JetStream acknowledges
-    // its statuses (its outbox empties).
-    cp.kill9();
-    std::fs::remove_file(&hold).expect("release");
-    b.wait_idle_and_flushed(Duration::from_secs(60)).await;
+async fn a_device_can_neither_fill_nor_roll_up_the_status_bucket() {
+    let devices = ["fill-a", "fill-b"];
+    let (nats, mut cp) = drover_tests::nats_fleet(&devices, "cp-secret");
+    let mut agents = Vec::new();
+    let mut holds = Vec::new();
+    for device in devices {
+        cp.apply_device(device, &["fill"], json!({})).await;
+        let dir = cp.dir.path().join(device);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (hold, reached) = (dir.join("hold"), dir.join("reached"));
+        std::fs::write(&hold, "").expect("hold");
+        agents.push(AgentProcess::start_nats(
+            &dir,
+            device,
+            &nats.url(),
+            &cp.device_token(device),
+            None,
+            &drover_tests::hold_config(&hold, &reached),
+        ));
+        holds.push((hold, reached));
+    }
+    cp.wait_for_agents(&devices).await;
+    cp.apply_upgrade_run("fill-run", "fill", 600).await;
+    for (_, reached) in &holds {
+        eventually(Duration::from_secs(30), "both mid-job", || async {
+            reached.exists().then_some(())
+        })
+        .await;
+    }
 
-    let client = async_nats::ConnectOptions::with_user_and_password(
-        "roll-a".into(),
-        cp.device_token("roll-a"),
+    let attacker = async_nats::ConnectOptions::with_user_and_password(
+        "fill-a".into(),
+        cp.device_token("fill-a"),
     )
-    .custom_inbox_prefix("_INBOX_roll-a")
+    .custom_inbox_prefix("_INBOX_fill-a")
     .connect(nats.url())
     .await
     .expect("A connects");
-    let js = async_nats::jetstream::new(client);
-    let key = "$KV.system-upgrade-status.roll-a.00000000-0000-4000-8000-0000000011aa";
-    // The positive control: A's own key takes a plain put.
-    js.publish(key, "{}".into())
-        .await
-        .expect("publish")
-        .await
-        .expect("a plain put on A's own key is taken");
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Rollup", "all");
-    let rolled = js
-        .publish_with_headers(key, headers, "{}".into())
-        .await
-        .expect("publish")
+    let js = async_nats::jetstream::new(attacker.clone());
+    let unknown_job = |n: u32| format!("00000000-0000-4000-8000-{n:012x}");
+    // Direct puts, plain and rolling up, are not the device's to make.
+    let key = format!("$KV.system-upgrade-status.fill-a.{}", unknown_job(1));
+    let mut rollup = async_nats::HeaderMap::new();
+    rollup.insert("Nats-Rollup", "all");
+    for headers in [async_nats::HeaderMap::new(), rollup] {
+        let put = js
+            .publish_with_headers(key.clone(), headers, "{}".into())
+            .await;
+        let acked = match put {
+            Ok(ack) => tokio::time::timeout(Duration::from_secs(3), ack)
+                .await
+                .is_ok_and(|a| a.is_ok()),
+            Err(_) => false,
+        };
+        assert!(!acked, "a device put into the status bucket itself");
+    }
+    // Requests for jobs A was never given, each near the largest value, and
+    // one larger than any status: all refused.
+    let filler = "x".repeat(200 * 1024);
+    let mut requests: Vec<(Value, &str)> = (2..42)
+        .map(|n| {
+            (
+                status_json(&unknown_job(n), "fill-a", &filler),
+                "was never given",
+            )
+        })
+        .collect();
+    let mut larger = status_json(&unknown_job(50), "fill-a", "");
+    larger["padding"] = json!("y".repeat(300 * 1024));
+    requests.push((larger, "larger than the 262144 bytes allowed"));
+    for (status, why) in requests {
+        let reply = attacker
+            .request("drover.status.fill-a", status.to_string().into())
+            .await
+            .unwrap_or_else(|e| panic!("{why}: no answer: {e}"));
+        let reply: Value = serde_json::from_slice(&reply.payload).expect("json answer");
+        let reason = reply["refused"].as_str().unwrap_or_default();
+        assert!(reason.contains(why), "{why}: {reply}");
+    }
+
+    // B finishes while A's agent still holds; the control plane stores B's
+    // statuses and answers (B's outbox empties), then dies and returns.
+    std::fs::remove_file(&holds[1].0).expect("release B");
+    agents[1]
+        .wait_idle_and_flushed(Duration::from_secs(60))
         .await;
-    let refused = rolled.expect_err("the bucket refused the rollup");
-    assert!(
-        refused.to_string().to_lowercase().contains("rollup"),
-        "{refused}"
-    );
+    cp.kill9();
     cp.restart();
+    std::fs::remove_file(&holds[0].0).expect("release A");
     let run = cp
-        .wait_run_finished("roll-run", Duration::from_secs(60))
+        .wait_run_finished("fill-run", Duration::from_secs(60))
         .await;
-    assert_eq!(
-        run["status"]["phase"], "Complete",
-        "B's status survived: {run}"
-    );
-    assert_eq!(run["status"]["succeeded"], 1, "{run}");
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    assert_eq!(run["status"]["succeeded"], 2, "{run}");
+
+    // The bucket holds the two jobs' statuses, and nothing of A's attempts.
+    let admin = async_nats::ConnectOptions::with_user_and_password(
+        drover_tests::CP_BROKER_USER.into(),
+        "cp-secret".into(),
+    )
+    .connect(nats.url())
+    .await
+    .expect("connect");
+    let mut stream = async_nats::jetstream::new(admin)
+        .get_stream("KV_system-upgrade-status")
+        .await
+        .expect("stream");
+    let state = stream.info().await.expect("info").state.clone();
+    assert!(state.bytes < 64 * 1024, "{state:?}");
+    assert_eq!(state.subjects_count, 2, "{state:?}");
+    for agent in &agents {
+        agent.assert_one_job_run_once();
+    }
 }
 
 // ---------------------------------------------------------- idle sockets ---

@@ -1,17 +1,19 @@
 //! The agent's end over NATS: subscribe to its republished intent subject,
 //! say hello (with the jobs it holds) after every (re)connect until a control
-//! plane answers, put its statuses into the status bucket (a JetStream ack
-//! confirms them, A4), and publish heartbeats. Reconnects are async-nats's
+//! plane answers, send its statuses as requests that a control plane answers
+//! once each is in the status bucket (the answer confirms it, A4), and
+//! publish heartbeats. Reconnects are async-nats's
 //! own; the first connection is retried with capped, jittered backoff.
 
 use crate::{
-    HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
-    STATUS_BUCKET, connect_options, heartbeat_subject, hello_subject, inbox_prefix, key,
-    key_subject,
+    HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
+    NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, hello_subject,
+    inbox_prefix, key, key_subject, status_subject,
 };
 use agent_core::backoff::Backoff;
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
+use agent_core::model::JobStatus;
 use agent_core::wire::intent_json;
 use async_nats::jetstream;
 use futures_util::StreamExt;
@@ -120,7 +122,7 @@ async fn serve(
     mark_connected(agent);
     let mut greeted = hello(&client, agent).await;
     send_heartbeat(&client, agent).await;
-    flush_outbox(&js, agent).await;
+    flush_outbox(&client, &js, agent).await;
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
     let mut outbox_retry = tokio::time::interval(Duration::from_secs(5));
     let mut hello_retry = tokio::time::interval(HELLO_RETRY);
@@ -135,7 +137,7 @@ async fn serve(
                     info!("reconnected to NATS; saying hello again");
                     mark_connected(agent);
                     greeted = hello(&client, agent).await;
-                    flush_outbox(&js, agent).await;
+                    flush_outbox(&client, &js, agent).await;
                 }
                 Some(async_nats::Event::Disconnected) => agent.update_link(|l| l.connected = false),
                 Some(other) => debug!(event = %other, "NATS event"),
@@ -153,17 +155,17 @@ async fn serve(
                     .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
                 if !deleted {
                     admit(agent, &message.payload);
-                    flush_outbox(&js, agent).await;
+                    flush_outbox(&client, &js, agent).await;
                 }
             }
             _ = heartbeat.tick() => send_heartbeat(&client, agent).await,
             _ = hello_retry.tick(), if !greeted => greeted = hello(&client, agent).await,
             _ = agent.heartbeat_wanted().notified() => {
-                flush_outbox(&js, agent).await;
+                flush_outbox(&client, &js, agent).await;
                 send_heartbeat(&client, agent).await;
             }
-            _ = agent.outbox_changed().notified() => flush_outbox(&js, agent).await,
-            _ = outbox_retry.tick() => flush_outbox(&js, agent).await,
+            _ = agent.outbox_changed().notified() => flush_outbox(&client, &js, agent).await,
+            _ = outbox_retry.tick() => flush_outbox(&client, &js, agent).await,
         }
     }
 }
@@ -247,9 +249,80 @@ async fn hello(client: &async_nats::Client, agent: &Agent) -> bool {
     }
 }
 
-/// Puts every unconfirmed status into the status bucket; a JetStream ack is
-/// the confirmation that drops it from the outbox.
-async fn flush_outbox(js: &jetstream::Context, agent: &Agent) {
+/// How long a status waits for its answer, or for JetStream's ack when it
+/// is put directly.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What became of one status sent to the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// Stored: drop it from the outbox.
+    Stored,
+    /// Never to be stored: drop it, and say why.
+    Refused(String),
+    /// Not stored now: send it again later.
+    Later(String),
+}
+
+/// Sends one status as a request on the device's status subject, which a
+/// control plane answers once the status is in the status bucket. When no
+/// control plane takes the request (none runs, one older than status
+/// requests runs, or nats-server's authorization predates them), the status
+/// is put into the bucket directly, as agents did before; nats-server
+/// refuses that unless its authorization still allows it (`drover
+/// nats-config --allow-direct-status-puts`), and the status waits in the
+/// outbox for the next try.
+pub async fn send_status(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    status: &JobStatus,
+) -> Sent {
+    let payload = match serde_json::to_vec(status) {
+        Ok(payload) => payload,
+        Err(e) => return Sent::Refused(format!("cannot encode the status: {e}")),
+    };
+    if payload.len() > MAX_VALUE_BYTES as usize {
+        return Sent::Refused(format!(
+            "a status of {} bytes is larger than the {MAX_VALUE_BYTES} bytes allowed",
+            payload.len()
+        ));
+    }
+    let request = client.request(status_subject(&status.device_id), payload.clone().into());
+    let unanswered = match tokio::time::timeout(STATUS_TIMEOUT, request).await {
+        Ok(Ok(reply)) => {
+            return match serde_json::from_slice::<StatusReply>(&reply.payload) {
+                Ok(StatusReply::Stored) => Sent::Stored,
+                Ok(StatusReply::Refused(reason)) => Sent::Refused(reason),
+                Ok(StatusReply::Failed(reason)) => Sent::Later(reason),
+                Err(e) => Sent::Later(format!("unreadable answer to a status: {e}")),
+            };
+        }
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                async_nats::RequestErrorKind::TimedOut | async_nats::RequestErrorKind::NoResponders
+            ) =>
+        {
+            e.to_string()
+        }
+        Ok(Err(e)) => return Sent::Later(format!("status not sent: {e}")),
+        Err(_) => "no answer".to_owned(),
+    };
+    let subject = key_subject(STATUS_BUCKET, &key(&status.device_id, status.job_id));
+    let acked = match js.publish(subject, payload.into()).await {
+        Ok(ack) => tokio::time::timeout(STATUS_TIMEOUT, ack).await,
+        Err(e) => return Sent::Later(format!("{unanswered}; a direct put failed: {e}")),
+    };
+    match acked {
+        Ok(Ok(_)) => Sent::Stored,
+        Ok(Err(e)) => Sent::Later(format!("{unanswered}; a direct put failed: {e}")),
+        Err(_) => Sent::Later(format!("{unanswered}; a direct put was not acknowledged")),
+    }
+}
+
+/// Sends every unconfirmed status; a control plane's answer (or JetStream's
+/// ack of a direct put) is the confirmation that drops it from the outbox.
+async fn flush_outbox(client: &async_nats::Client, js: &jetstream::Context, agent: &Agent) {
     let entries = match agent.outbox(64) {
         Ok(entries) => entries,
         Err(e) => {
@@ -258,38 +331,20 @@ async fn flush_outbox(js: &jetstream::Context, agent: &Agent) {
         }
     };
     for entry in entries {
-        let subject = key_subject(
-            STATUS_BUCKET,
-            &key(&entry.status.device_id, entry.status.job_id),
-        );
-        let payload = match serde_json::to_vec(&entry.status) {
-            Ok(payload) => payload,
-            Err(e) => {
-                warn!(error = %e, "cannot encode a status");
-                continue;
-            }
-        };
-        let acked = match js.publish(subject, payload.into()).await {
-            Ok(ack) => tokio::time::timeout(Duration::from_secs(10), ack).await,
-            Err(e) => {
-                debug!(error = %e, "status not sent; retrying later");
+        match send_status(client, js, &entry.status).await {
+            Sent::Stored => {}
+            Sent::Refused(reason) => warn!(
+                job_id = %entry.status.job_id,
+                %reason,
+                "the control plane refused a status; dropped"
+            ),
+            Sent::Later(reason) => {
+                debug!(job_id = %entry.status.job_id, %reason, "status not stored; retrying later");
                 return;
             }
-        };
-        match acked {
-            Ok(Ok(_)) => {
-                if let Err(e) = agent.outbox_ack(entry.id) {
-                    warn!(error = %e, "cannot drop a confirmed status");
-                }
-            }
-            Ok(Err(e)) => {
-                debug!(error = %e, "status not stored; retrying later");
-                return;
-            }
-            Err(_) => {
-                debug!("no ack for a status; retrying later");
-                return;
-            }
+        }
+        if let Err(e) = agent.outbox_ack(entry.id) {
+            warn!(error = %e, "cannot drop a sent status");
         }
     }
 }

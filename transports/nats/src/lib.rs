@@ -1,6 +1,11 @@
 //! Drover over NATS JetStream (the fleet-tasks seed): both ends of the mapping
 //! in one place. Buckets `system-upgrade-intent` and `system-upgrade-status`
-//! hold one value per key `<device-id>.<run-uid>`. The intent bucket
+//! hold one value per key `<device-id>.<run-uid>`, and only the control
+//! plane writes them: an agent sends each status as a request on its own
+//! status subject, and the control plane that answers checks it (its size,
+//! its device, a job the device was given) and puts it under the job's key
+//! before it answers, so one device can fill no bucket but its own keys'
+//! slots. The intent bucket
 //! republishes every change to a plain per-device subject, which each agent
 //! subscribes to: one KV watch (a JetStream consumer) per device does not
 //! scale on nats-server 2.9 (../shared/research/nats-mqtt.md). After every
@@ -32,8 +37,33 @@ pub const INTENT_REPUBLISH_PREFIX: &str = "drover.rp.intent";
 pub const HEARTBEAT_PREFIX: &str = "drover.heartbeat";
 /// Hello requests: `<prefix>.<device>`, answered by one control-plane replica.
 pub const HELLO_PREFIX: &str = "drover.hello";
-/// The queue group control-plane replicas answer hellos in.
+/// The queue group control-plane replicas answer hellos and statuses in.
 pub const HELLO_QUEUE: &str = "drover-control-plane";
+/// Status requests: `<prefix>.<device>`, answered by one control-plane
+/// replica once the status is in the status bucket.
+pub const STATUS_PREFIX: &str = "drover.status";
+
+/// The largest status a device may send, and the largest value either
+/// bucket takes: Drover's largest status, with room.
+pub const MAX_VALUE_BYTES: i32 = 256 * 1024;
+
+/// The control plane's answer to a status request.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StatusReply {
+    /// In the status bucket: the agent drops it from its outbox (A4).
+    Stored,
+    /// Never to be stored (unreadable, too large, another device's, or a job
+    /// this device was never given): the agent logs it and drops it, since
+    /// sending it again cannot help.
+    Refused(String),
+    /// Not stored now (the bucket could not be reached): sent again later.
+    Failed(String),
+}
+
+pub fn status_subject(device: &DeviceId) -> String {
+    format!("{STATUS_PREFIX}.{device}")
+}
 
 /// An agent's hello over NATS: who it is and which jobs it holds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -1,14 +1,18 @@
 //! The control plane's side of the NATS mapping as an agent link. Intents
 //! are put into the intent bucket (republished to each device's subject) and
-//! deleted once decided; statuses come from one watch over the status bucket
-//! that resumes after the last position the control plane committed, so a
-//! status put while no control plane ran is still handed over; hellos
-//! (answered through a queue group, only into the device's own inbox) and
+//! deleted once decided. A status arrives as a request on its device's
+//! status subject; the replica that takes it (a queue group) checks it and
+//! puts it into the status bucket under its job's key, then answers. The
+//! delivery core reads statuses from one watch over that bucket, resumed
+//! after the last position the control plane committed, so a status stored
+//! by a replica that then died is still handed over. Hellos (answered
+//! through the same queue group, only into the device's own inbox) and
 //! heartbeats come from plain subjects.
 
 use crate::server::Buckets;
 use crate::{
-    HEARTBEAT_PREFIX, HELLO_PREFIX, HELLO_QUEUE, Hello, HelloReply, inbox_prefix, key, parse_key,
+    HEARTBEAT_PREFIX, HELLO_PREFIX, HELLO_QUEUE, Hello, HelloReply, MAX_VALUE_BYTES, STATUS_PREFIX,
+    StatusReply, inbox_prefix, key, parse_key,
 };
 use agent_core::model::{Heartbeat, Intent, JobStatus};
 use agent_core::{DeviceId, JobId};
@@ -28,6 +32,9 @@ use tracing::{debug, info, warn};
 pub const TRANSPORT: &str = "nats";
 /// How long a hello waits for the delivery core.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Status requests checked and stored at once; more wait in the
+/// subscription (and past its limit, the agents send them again).
+const STATUSES_IN_FLIGHT: usize = 256;
 
 pub struct NatsLinks {
     buckets: Buckets,
@@ -59,10 +66,12 @@ impl NatsLinks {
         let statuses = tokio::spawn(self.clone().watch_statuses(resume_after, shutdown.clone()));
         let heartbeats = tokio::spawn(self.clone().heartbeats(shutdown.clone()));
         let hellos = tokio::spawn(self.clone().hellos(shutdown.clone()));
+        let requests = tokio::spawn(self.clone().status_requests(shutdown.clone()));
         shutdown.cancelled().await;
         statuses.abort();
         heartbeats.abort();
         hellos.abort();
+        requests.abort();
     }
 
     async fn send(&self, inbound: Inbound) -> bool {
@@ -168,17 +177,7 @@ impl NatsLinks {
             return;
         };
         while let Some((device, message)) = messages.next().await {
-            // Answer only into the device's own inbox: a reply subject is the
-            // sender's to choose, and must not aim answers at another
-            // device's subjects (A11).
-            let own_inbox = format!("{}.", inbox_prefix(&device));
-            let Some(reply_to) = message
-                .reply
-                .as_ref()
-                .filter(|r| r.as_str().starts_with(&own_inbox))
-                .cloned()
-            else {
-                warn!(device = %device, reply = ?message.reply, "hello without the device's own inbox ignored");
+            let Some(reply_to) = own_inbox(&device, &message, "hello") else {
                 continue;
             };
             let answer = match serde_json::from_slice::<Hello>(&message.payload) {
@@ -220,6 +219,92 @@ impl NatsLinks {
                 warn!(device = %device, %error, "hello refused");
                 reply_hello(&client, reply_to, Some(error)).await;
             }
+        }
+    }
+
+    /// Takes agents' statuses (one replica each, through a queue group):
+    /// each is checked, put into the status bucket under its job's key and
+    /// then answered, only into the device's own inbox.
+    async fn status_requests(self: Arc<Self>, shutdown: CancellationToken) {
+        let client = self.buckets.client.clone();
+        let subscription = client
+            .queue_subscribe(format!("{STATUS_PREFIX}.*"), HELLO_QUEUE.to_owned())
+            .await;
+        let Some(mut messages) = Messages::new(subscription, "statuses", &shutdown) else {
+            return;
+        };
+        let slots = Arc::new(tokio::sync::Semaphore::new(STATUSES_IN_FLIGHT));
+        while let Some((device, message)) = messages.next().await {
+            let Some(reply_to) = own_inbox(&device, &message, "status") else {
+                continue;
+            };
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let links = self.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let answer = links.store_status(&device, &message.payload).await;
+                match &answer {
+                    StatusReply::Stored => {}
+                    StatusReply::Refused(reason) => {
+                        warn!(device = %device, %reason, "status refused")
+                    }
+                    StatusReply::Failed(reason) => {
+                        warn!(device = %device, %reason, "status not stored")
+                    }
+                }
+                if let Ok(payload) = serde_json::to_vec(&answer)
+                    && let Err(e) = client.publish(reply_to, payload.into()).await
+                {
+                    debug!(error = %e, "cannot answer a status");
+                }
+                drop(slot);
+            });
+        }
+    }
+
+    /// Checks one status a device sent and puts it into the status bucket
+    /// under its job's key. A device may write only the keys of jobs it was
+    /// given (an entry in the intent bucket, a deleted one included, proves
+    /// that), each at most [`MAX_VALUE_BYTES`] and one value deep, so it
+    /// can fill nothing but those keys.
+    async fn store_status(&self, device: &DeviceId, payload: &[u8]) -> StatusReply {
+        if payload.len() > MAX_VALUE_BYTES as usize {
+            return StatusReply::Refused(format!(
+                "a status of {} bytes is larger than the {MAX_VALUE_BYTES} bytes allowed",
+                payload.len()
+            ));
+        }
+        let status: JobStatus = match serde_json::from_slice(payload) {
+            Ok(status) => status,
+            Err(e) => return StatusReply::Refused(format!("unreadable status: {e}")),
+        };
+        if &status.device_id != device {
+            return StatusReply::Refused(format!(
+                "the status names device {}, but came from {device}",
+                status.device_id
+            ));
+        }
+        let key = key(device, status.job_id);
+        match self.buckets.intents.entry(key.clone()).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return StatusReply::Refused(format!(
+                    "job {} was never given to {device}",
+                    status.job_id
+                ));
+            }
+            Err(e) => return StatusReply::Failed(format!("cannot read the intent bucket: {e}")),
+        }
+        match self
+            .buckets
+            .statuses
+            .put(key, payload.to_vec().into())
+            .await
+        {
+            Ok(_) => StatusReply::Stored,
+            Err(e) => StatusReply::Failed(format!("cannot store the status: {e}")),
         }
     }
 
@@ -296,6 +381,26 @@ impl<'a> Messages<'a> {
             }
         }
     }
+}
+
+/// Where to answer a device's request: only into the device's own inbox,
+/// since a reply subject is the sender's to choose and must not aim answers
+/// at another device's subjects (A11). None (logged) for any other.
+fn own_inbox(
+    device: &DeviceId,
+    message: &async_nats::Message,
+    what: &str,
+) -> Option<async_nats::Subject> {
+    let prefix = format!("{}.", inbox_prefix(device));
+    let reply = message
+        .reply
+        .as_ref()
+        .filter(|r| r.as_str().starts_with(&prefix))
+        .cloned();
+    if reply.is_none() {
+        warn!(device = %device, reply = ?message.reply, "{what} without the device's own inbox ignored");
+    }
+    reply
 }
 
 /// The device a plain subject ends in (`drover.hello.<device>`).

@@ -2,9 +2,11 @@
 //! and the nats-server authorization that lets each device read only its own
 //! intents and write only its own statuses and heartbeat.
 
+pub use crate::MAX_VALUE_BYTES;
 use crate::{
     HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
-    STATUS_BUCKET, connect_options, hello_subject, inbox_prefix, key_subject, stream_name,
+    STATUS_BUCKET, connect_options, hello_subject, inbox_prefix, key_subject, status_subject,
+    stream_name,
 };
 use agent_core::DeviceId;
 use async_nats::jetstream::{self, kv, stream};
@@ -48,9 +50,6 @@ pub async fn connect(settings: &NatsSettings, name: &str) -> Result<async_nats::
             reason: e.to_string(),
         })
 }
-
-/// The largest value a device may put: Drover's largest status, with room.
-pub const MAX_VALUE_BYTES: i32 = 256 * 1024;
 
 /// Creates the buckets, or checks them if they exist. The streams are made
 /// directly because async-nats 0.51 cannot create a bucket on nats-server 2.9
@@ -132,27 +131,55 @@ pub async fn ensure_buckets(
     })
 }
 
+/// Whether devices may still put into the status bucket themselves, as
+/// agents did before statuses became requests: only while such agents remain (`drover
+/// nats-config --allow-direct-status-puts`), since a device that may put
+/// there can fill the bucket for everyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectStatusPuts {
+    #[default]
+    Denied,
+    Allowed,
+}
+
 /// A nats-server `authorization` block: the control plane may do anything;
 /// each device may read only its own intents (its republished subject) and
-/// write only its own status keys, heartbeat and hello. A device may create
-/// no JetStream consumer: nats-server checks a consumer's filter subject but
-/// not its deliver subject, so that right would let a device push messages
-/// onto another device's intent subject (A11). Device passwords are their
-/// Drover tokens.
-pub fn authorization_config(control_plane: (&str, &str), devices: &[(DeviceId, String)]) -> String {
+/// send only its own statuses, heartbeat and hello, all to the control
+/// plane. A device may write no bucket and create no JetStream consumer:
+/// nats-server checks a consumer's filter subject but not its deliver
+/// subject, so that right would let a device push messages onto another
+/// device's intent subject (A11), and a device that may put into the status
+/// bucket can fill it for every device. Device passwords are their Drover
+/// tokens.
+pub fn authorization_config(
+    control_plane: (&str, &str),
+    devices: &[(DeviceId, String)],
+    direct: DirectStatusPuts,
+) -> String {
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
-    let mut out = String::from("authorization {\n  users = [\n");
+    let mut out = String::new();
+    if direct == DirectStatusPuts::Allowed {
+        out.push_str(
+            "# Devices may still put statuses into the status bucket themselves, so one\n\
+             # device can fill it for all: print this again without\n\
+             # --allow-direct-status-puts once every agent sends statuses as requests.\n",
+        );
+    }
+    out.push_str("authorization {\n  users = [\n");
     out.push_str(&format!(
         "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
         quote(control_plane.0),
         quote(control_plane.1)
     ));
     for (device, token) in devices {
-        let publish = [
-            key_subject(STATUS_BUCKET, &format!("{device}.*")),
+        let mut publish = vec![
+            status_subject(device),
             format!("{HEARTBEAT_PREFIX}.{device}"),
             hello_subject(device),
         ];
+        if direct == DirectStatusPuts::Allowed {
+            publish.push(key_subject(STATUS_BUCKET, &format!("{device}.*")));
+        }
         let subscribe = [
             format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"),
             format!("{}.>", inbox_prefix(device)),
@@ -202,15 +229,29 @@ mod tests {
     #[test]
     fn a_device_is_scoped_to_its_own_subjects() {
         let a = DeviceId::new("dev-a").expect("valid");
-        let config = authorization_config(("cp", "secret"), &[(a, "tok".into())]);
+        let config = authorization_config(
+            ("cp", "secret"),
+            &[(a.clone(), "tok".into())],
+            DirectStatusPuts::Denied,
+        );
+        assert!(config.contains("\"drover.status.dev-a\""), "{config}");
         assert!(
-            config.contains("\"$KV.system-upgrade-status.dev-a.*\""),
-            "{config}"
+            !config.contains("$KV.system-upgrade-status"),
+            "no bucket is a device's to write: {config}"
         );
         assert!(config.contains("\"drover.rp.intent.dev-a.>\""), "{config}");
         assert!(config.contains("\"drover.hello.dev-a\""), "{config}");
         assert!(!config.contains("$JS.API"), "no consumer rights: {config}");
         assert!(config.contains("\"_INBOX_dev-a.>\""));
         assert!(!config.contains("dev-b"));
+        let transition = authorization_config(
+            ("cp", "secret"),
+            &[(a, "tok".into())],
+            DirectStatusPuts::Allowed,
+        );
+        assert!(
+            transition.contains("\"$KV.system-upgrade-status.dev-a.*\""),
+            "{transition}"
+        );
     }
 }
