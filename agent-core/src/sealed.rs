@@ -9,7 +9,6 @@
 use crate::ids::{DeviceId, JobId};
 use crate::signing::{hex, unhex};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
-use ring::hkdf::{HKDF_SHA256, Salt};
 use serde::{Deserialize, Serialize};
 
 /// AES-256-GCM ciphertext (with its tag) and nonce, in hex.
@@ -32,23 +31,8 @@ pub struct SecretFile {
 /// Upper bound of a sealed box's ciphertext, in bytes.
 pub const MAX_SEALED_BYTES: usize = 6 * 1024;
 
-struct KeyLen;
-
-impl ring::hkdf::KeyType for KeyLen {
-    fn len(&self) -> usize {
-        32
-    }
-}
-
 fn key(token: &str, device: &DeviceId) -> Result<LessSafeKey, String> {
-    let prk = Salt::new(HKDF_SHA256, b"drover-sealed-to-device:v1").extract(token.as_bytes());
-    let info = [device.as_str().as_bytes()];
-    let okm = prk
-        .expand(&info, KeyLen)
-        .map_err(|_| "cannot derive the device's sealing key".to_owned())?;
-    let mut bytes = [0u8; 32];
-    okm.fill(&mut bytes)
-        .map_err(|_| "cannot derive the device's sealing key".to_owned())?;
+    let bytes = crate::credentials::derive32(b"drover-sealed-to-device:v1", token, device);
     let unbound = UnboundKey::new(&AES_256_GCM, &bytes)
         .map_err(|_| "cannot make the device's sealing key".to_owned())?;
     Ok(LessSafeKey::new(unbound))

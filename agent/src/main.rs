@@ -571,11 +571,12 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                 nats: transport_nats::NatsSettings {
                     url: url.clone(),
                     user: Some(device_id.to_string()),
-                    password: Some(token),
+                    password: None,
                     ca_file: ca_file.clone(),
                     connect_timeout: Duration::from_secs(10),
                     replicas: 1,
                 },
+                passwords: agent_core::credentials::BrokerPasswords::new(&token, device_id),
                 heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
             };
@@ -593,11 +594,12 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                 mqtt: transport_mqtt::MqttSettings {
                     url: url.clone(),
                     user: device_id.to_string(),
-                    password: token,
+                    password: String::new(),
                     ca_file: ca_file.clone(),
                     prefix: prefix.clone(),
                     keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
                 },
+                passwords: agent_core::credentials::BrokerPasswords::new(&token, device_id),
                 heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
             };
@@ -629,6 +631,15 @@ fn running_link(link: &agent_core::executor::LinkState) -> Result<String> {
     }
 }
 
+/// What `check --connect` prints when let in; `warning` when the broker
+/// took the token rather than the derived password.
+fn let_in(url: &str, warning: Option<&str>) -> String {
+    match warning {
+        None => format!("connected to {url} and let in"),
+        Some(warning) => format!("connected to {url} and let in, but {warning}"),
+    }
+}
+
 /// `check --connect`: reaches the control plane (or broker) and is let in
 /// with this device's token, or says why not.
 async fn probe(config: &Config, device_id: &agent_core::DeviceId) -> Result<String> {
@@ -636,17 +647,23 @@ async fn probe(config: &Config, device_id: &agent_core::DeviceId) -> Result<Stri
     match link_settings(config, device_id, token) {
         Link::Websocket(settings) => {
             transport_websocket::client::probe(&settings, device_id.as_str()).await?;
-            Ok(format!("connected to {} and let in", settings.server_url))
+            Ok(let_in(&settings.server_url, None))
         }
         Link::Nats(settings) => {
-            transport_nats::agent::probe(&settings.nats).await?;
-            Ok(format!("connected to {} and let in", settings.nats.url))
+            let using_token = transport_nats::agent::probe(&settings).await?;
+            Ok(let_in(
+                &settings.nats.url,
+                using_token.then_some(transport_nats::agent::USING_TOKEN),
+            ))
         }
         Link::Mqtt(settings) => {
-            transport_mqtt::agent::probe(&settings.mqtt, device_id.as_str())
+            let using_token = transport_mqtt::agent::probe(&settings, device_id.as_str())
                 .await
                 .map_err(|e| anyhow::anyhow!(e))?;
-            Ok(format!("connected to {} and let in", settings.mqtt.url))
+            Ok(let_in(
+                &settings.mqtt.url,
+                using_token.then_some(transport_mqtt::agent::USING_TOKEN),
+            ))
         }
     }
 }

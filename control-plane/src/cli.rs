@@ -110,7 +110,8 @@ pub enum Command {
     /// Print a nats-server authorization block: the control plane may do
     /// anything; each device may read only its own intents and send only its
     /// own statuses, hello and heartbeat to the control plane, and may write
-    /// no bucket (its password is its device token).
+    /// no bucket (its password is derived from its device token and written
+    /// as a bcrypt hash).
     NatsConfig {
         /// A device to authorize (repeat for each).
         #[arg(long = "device", required = true)]
@@ -139,7 +140,8 @@ pub enum Command {
     },
     /// Write mosquitto's password and ACL files for the control plane and
     /// these devices (a device may read only its own intents and write only
-    /// its own status, hello and heartbeat; its password is its token), and
+    /// its own status, hello and heartbeat; its password is derived from its
+    /// token), and
     /// print the mosquitto.conf lines that use them. Run it on the control
     /// plane's host with its --data.
     MqttConfig {

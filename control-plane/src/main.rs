@@ -193,14 +193,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 bail!("the control plane's MQTT password is empty");
             }
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-            let devices = devices
-                .iter()
-                .map(|d| {
-                    let id = agent_core::DeviceId::new(d.clone())?;
-                    let token = secrets.device_token(&id);
-                    Ok((id, token))
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let devices = broker_passwords(&secrets, devices)?;
             let (passwords, acl) = transport_mqtt::server::mosquitto_files(
                 &transport_mqtt::Topics::new(prefix),
                 &control_plane_users
@@ -436,14 +429,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             allow_direct_status_puts,
         } => {
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-            let devices = devices
-                .iter()
-                .map(|d| {
-                    let id = agent_core::DeviceId::new(d.clone())?;
-                    let token = secrets.device_token(&id);
-                    Ok((id, token))
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let devices = broker_passwords(&secrets, devices)?;
             use transport_nats::server::DirectStatusPuts;
             let direct = if *allow_direct_status_puts {
                 DirectStatusPuts::Allowed
@@ -454,7 +440,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 (control_plane_user, control_plane_password),
                 &devices,
                 direct,
-            );
+            )
+            .map_err(anyhow::Error::msg)?;
             match out {
                 // Mode 0600: the block holds every device's password.
                 Some(path) => {
@@ -629,6 +616,24 @@ fn print_described_deployment(described: &Value) {
 }
 
 /// The id of the group `mqtt-config` gives its files, None for `--group ""`.
+/// Each device with the password it gives a broker: derived from its
+/// token for that purpose alone, so a broker's files hold no token (which
+/// would log in over WebSocket and open the device's sealed secrets).
+fn broker_passwords(
+    secrets: &drover::auth::Secrets,
+    devices: &[String],
+) -> Result<Vec<(agent_core::DeviceId, String)>> {
+    devices
+        .iter()
+        .map(|d| {
+            let id = agent_core::DeviceId::new(d.clone())?;
+            let password =
+                agent_core::credentials::broker_password(&secrets.device_token(&id), &id);
+            Ok((id, password))
+        })
+        .collect()
+}
+
 fn broker_group(group: &str) -> Result<Option<u32>> {
     if group.is_empty() {
         return Ok(None);

@@ -158,9 +158,10 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
     let port = free_port()?;
     let auth = transport_nats::server::authorization_config(
         (CP_USER, CP_PASSWORD),
-        tokens,
+        &broker_passwords(tokens),
         transport_nats::server::DirectStatusPuts::Denied,
-    );
+    )
+    .map_err(anyhow::Error::msg)?;
     let config = format!(
         "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
          jetstream {{ store_dir: {:?} }}\n{auth}",
@@ -209,9 +210,10 @@ pub(crate) fn start_nats_cluster(
 ) -> Result<(Vec<Process>, Vec<String>)> {
     let auth = transport_nats::server::authorization_config(
         (CP_USER, CP_PASSWORD),
-        tokens,
+        &broker_passwords(tokens),
         transport_nats::server::DirectStatusPuts::Denied,
-    );
+    )
+    .map_err(anyhow::Error::msg)?;
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let mut nodes = Vec::new();
@@ -240,6 +242,18 @@ pub(crate) fn start_nats_cluster(
     Ok((nodes, urls))
 }
 
+/// Each device with the broker password its agent derives from its token,
+/// as `drover nats-config` and `drover mqtt-config` write them.
+fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
+    tokens
+        .iter()
+        .map(|(device, token)| {
+            let password = agent_core::credentials::broker_password(token, device);
+            (device.clone(), password)
+        })
+        .collect()
+}
+
 /// Starts mosquitto with one password and ACL entry per device.
 pub(crate) fn start_mosquitto(
     dir: &Path,
@@ -250,7 +264,7 @@ pub(crate) fn start_mosquitto(
         &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
         &[CP_USER],
         CP_PASSWORD,
-        tokens,
+        &broker_passwords(tokens),
     );
     std::fs::write(dir.join("drover.passwd"), passwords)?;
     std::fs::write(dir.join("drover.acl"), acl)?;

@@ -1,5 +1,5 @@
 //! Simulated agents over MQTT: one persistent session per device, logged in
-//! with its device id and token, on the topics `drover mqtt-config` permits:
+//! with its device id and broker password, on the topics `drover mqtt-config` permits:
 //! its intents (retained), a hello after every connect, statuses QoS 1
 //! (the broker's PUBACK confirms them) and heartbeats.
 
@@ -39,7 +39,7 @@ async fn session(
     let settings = MqttSettings {
         url: url.to_owned(),
         user: agent.device.to_string(),
-        password: token.to_owned(),
+        password: agent_core::credentials::broker_password(token, &agent.device),
         ca_file: None,
         prefix: transport_mqtt::DEFAULT_PREFIX.to_owned(),
         keep_alive: Duration::from_secs(60),

@@ -1,5 +1,5 @@
 //! Simulated agents over NATS JetStream: one client per device, logged in
-//! with its device id and token, on the subjects `drover nats-config`
+//! with its device id and broker password, on the subjects `drover nats-config`
 //! permits: the republished intent subject, a hello after every connect,
 //! status requests (a control plane's answer confirms each) and heartbeats.
 
@@ -40,7 +40,7 @@ async fn session(
 ) -> anyhow::Result<()> {
     let client = async_nats::ConnectOptions::with_user_and_password(
         agent.device.to_string(),
-        token.to_owned(),
+        agent_core::credentials::broker_password(token, &agent.device),
     )
     .custom_inbox_prefix(inbox_prefix(&agent.device))
     .connect(url)

@@ -287,11 +287,6 @@ impl NatsServer {
             .expect("tempdir");
         let port = free_port();
         let config = dir.path().join("nats.conf");
-        let text = format!(
-            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {} }}\n{extra}\n",
-            toml_string(&dir.path().join("js").display().to_string())
-        );
-        std::fs::write(&config, text).expect("config");
         let mut server = Self {
             child: None,
             dir,
@@ -299,8 +294,25 @@ impl NatsServer {
             config,
             binary: binary.to_owned(),
         };
+        server.write_config(extra);
         server.restart();
         server
+    }
+
+    fn write_config(&self, extra: &str) {
+        let text = format!(
+            "listen: \"127.0.0.1:{}\"\njetstream {{ store_dir: {} }}\n{extra}\n",
+            self.port,
+            toml_string(&self.dir.path().join("js").display().to_string())
+        );
+        std::fs::write(&self.config, text).expect("config");
+    }
+
+    /// Restarts with `extra` in place of the config's first one (the same
+    /// port and store), as an operator who rewrote its authorization.
+    pub fn reconfigure(&mut self, extra: &str) {
+        self.write_config(extra);
+        self.restart();
     }
 
     pub fn url(&self) -> String {
@@ -905,6 +917,14 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// The password `device` gives an MQTT or NATS broker, derived from its
+    /// token as its agent derives it: what a raw broker client of the
+    /// tests logs in with.
+    pub fn broker_password(&self, device: &str) -> String {
+        let id = agent_core::DeviceId::new(device).expect("device id");
+        agent_core::credentials::broker_password(&self.device_token(device), &id)
+    }
+
     pub async fn apply(&self, manifest: Value) -> Value {
         self.try_apply(manifest)
             .await
@@ -1280,6 +1300,13 @@ impl AgentProcess {
 
     pub fn log(&self) -> String {
         log_tail(&self.dir.join("agent.log"))
+    }
+
+    /// Whether any line of the agent's whole log contains `text`.
+    pub fn logged(&self, text: &str) -> bool {
+        std::fs::read_to_string(self.dir.join("agent.log"))
+            .unwrap_or_default()
+            .contains(text)
     }
 
     /// The agent's process id, while it runs.

@@ -1878,6 +1878,7 @@ const SINGLE_ROW_TESTS: &[&str] = &[
     "the_broker_refuses_an_oversize_mqtt_message_first",
     "a_device_cannot_take_another_clients_mqtt_id",
     "a_device_can_neither_fill_nor_roll_up_the_status_bucket",
+    "a_broker_password_opens_only_the_broker",
     "half_sent_requests_from_one_address_lock_out_no_one",
     "idle_sockets_on_the_agents_port_keep_no_device_out",
     "a_flood_of_jobs_is_bounded_by_the_queue",
@@ -1964,7 +1965,7 @@ async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
     assert_eq!(run["status"]["phase"], "Complete", "{run}");
 
     let mut options = rumqttc::MqttOptions::new("big-a", "127.0.0.1", broker.port);
-    options.set_credentials("big-a", cp.device_token("big-a"));
+    options.set_credentials("big-a", cp.broker_password("big-a"));
     options.set_max_packet_size(1 << 20, 1 << 20);
     let (a, mut a_loop) = rumqttc::AsyncClient::new(options, 8);
     let driver = tokio::spawn(async move { while a_loop.poll().await.is_ok() {} });
@@ -2037,7 +2038,7 @@ async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
 async fn the_broker_refuses_an_oversize_mqtt_message_first() {
     let (broker, cp, b) = mqtt_pair_without("bigb", &[]).await;
     let mut options = rumqttc::MqttOptions::new("bigb-a", "127.0.0.1", broker.port);
-    options.set_credentials("bigb-a", cp.device_token("bigb-a"));
+    options.set_credentials("bigb-a", cp.broker_password("bigb-a"));
     options.set_max_packet_size(1 << 20, 1 << 20);
     let (a, mut a_loop) = rumqttc::AsyncClient::new(options, 8);
     // The positive control: a message of a normal size is taken (PUBACK).
@@ -2091,9 +2092,9 @@ async fn the_broker_refuses_an_oversize_mqtt_message_first() {
 
 /// Device A connects, with its own credentials, under `client_id` and
 /// waits for the broker's CONNACK; false when the broker refuses it.
-async fn connect_mqtt_as(port: u16, user: &str, token: &str, client_id: &str) -> bool {
+async fn connect_mqtt_as(port: u16, user: &str, password: &str, client_id: &str) -> bool {
     let mut options = rumqttc::MqttOptions::new(client_id, "127.0.0.1", port);
-    options.set_credentials(user, token);
+    options.set_credentials(user, password);
     let (client, mut events) = rumqttc::AsyncClient::new(options, 8);
     let connected = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -2125,7 +2126,7 @@ async fn a_device_cannot_take_another_clients_mqtt_id() {
     // Without the line: B is pushed off.
     {
         let (broker, cp, _b) = mqtt_pair_without("kid", &["use_username_as_clientid"]).await;
-        assert!(connect_mqtt_as(broker.port, "kid-a", &cp.device_token("kid-a"), "kid-b").await);
+        assert!(connect_mqtt_as(broker.port, "kid-a", &cp.broker_password("kid-a"), "kid-b").await);
         assert!(
             broker
                 .log()
@@ -2138,7 +2139,7 @@ async fn a_device_cannot_take_another_clients_mqtt_id() {
     let (broker, cp, b) = mqtt_pair_without("kid", &[]).await;
     let replica =
         std::fs::read_to_string(cp.dir.path().join("data/replica.id")).expect("replica id");
-    let token = cp.device_token("kid-a");
+    let token = cp.broker_password("kid-a");
     let cp_id = format!("drover-cp-{}", replica.trim());
     for id in ["kid-b", cp_id.as_str(), "drover-control-plane"] {
         assert!(
@@ -2241,7 +2242,7 @@ async fn a_device_can_neither_fill_nor_roll_up_the_status_bucket() {
 
     let attacker = async_nats::ConnectOptions::with_user_and_password(
         "fill-a".into(),
-        cp.device_token("fill-a"),
+        cp.broker_password("fill-a"),
     )
     .custom_inbox_prefix("_INBOX_fill-a")
     .connect(nats.url())
@@ -2322,6 +2323,72 @@ async fn a_device_can_neither_fill_nor_roll_up_the_status_bucket() {
     for agent in &agents {
         agent.assert_one_job_run_once();
     }
+}
+
+/// One secret, one job (issue 28, item 6): the broker password a device's
+/// agent derives from its token logs in to NATS and MQTT and to nothing
+/// else, and the token itself no longer logs in to a broker set up by this
+/// version, whose files hold neither. The positive controls: the derived
+/// password is let in by both brokers, the token over WebSocket, and the
+/// token opens the device's sealed secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_password_opens_only_the_broker() {
+    let (nats, cp) = drover_tests::nats_fleet(&["pw-a"], "cp-secret");
+    cp.apply_device("pw-a", &["pw"], json!({})).await;
+    let token = cp.device_token("pw-a");
+    let password = cp.broker_password("pw-a");
+    assert_ne!(password, token);
+    let nats_login = |secret: String| {
+        async_nats::ConnectOptions::with_user_and_password("pw-a".into(), secret)
+            .custom_inbox_prefix("_INBOX_pw-a")
+            .connect(nats.url())
+    };
+    assert!(
+        nats_login(password.clone()).await.is_ok(),
+        "the password is let in"
+    );
+    let refused = nats_login(token.clone()).await;
+    assert!(refused.is_err(), "the token logged in to NATS");
+
+    // What nats-config writes holds neither, only hashes.
+    let auth = drover_tests::nats_auth(cp.dir.path(), &["pw-a"], "cp-secret");
+    assert!(
+        !auth.contains(&token) && !auth.contains(&password) && !auth.contains("cp-secret"),
+        "{auth}"
+    );
+    assert!(auth.contains("$2a$04$"), "{auth}");
+
+    // The same over MQTT, whose password file is hashed anyway.
+    let (broker, mqtt_cp) = drover_tests::mqtt_fleet(&["pw-m"], "cp-secret");
+    let (m_token, m_password) = (
+        mqtt_cp.device_token("pw-m"),
+        mqtt_cp.broker_password("pw-m"),
+    );
+    assert!(connect_mqtt_as(broker.port, "pw-m", &m_password, "pw-m").await);
+    assert!(!connect_mqtt_as(broker.port, "pw-m", &m_token, "pw-m").await);
+    let passwd = std::fs::read_to_string(broker.dir.path().join("auth/drover.passwd"))
+        .expect("password file");
+    assert!(
+        !passwd.contains(&m_token) && !passwd.contains(&m_password),
+        "{passwd}"
+    );
+
+    // Over WebSocket the token is let in and the password is not.
+    assert!(connect_as(&cp, "pw-a", &token).await.is_ok());
+    assert!(connect_as(&cp, "pw-a", &password).await.is_err());
+
+    // A box sealed to the device opens with its token and not with the
+    // password.
+    let device = agent_core::DeviceId::new("pw-a").expect("id");
+    let job = agent_core::JobId::random();
+    let files = [agent_core::sealed::SecretFile {
+        secret: "wifi".into(),
+        key: "psk".into(),
+        value: "hunter2".into(),
+    }];
+    let sealed = agent_core::sealed::seal(&token, &device, job, &files).expect("seal");
+    assert!(agent_core::sealed::open(&token, &device, job, &sealed).is_ok());
+    assert!(agent_core::sealed::open(&password, &device, job, &sealed).is_err());
 }
 
 // ---------------------------------------------------------- idle sockets ---

@@ -197,7 +197,7 @@ async fn a_device_can_neither_read_anothers_intent_nor_publish_anothers_status()
     let mut watched = Watched::new(watcher_events);
     watched.until_subscribed(2).await;
     // Device A logs in with its own credentials and tries B's topics.
-    let (a, a_events) = client(&broker, "acl-a", "acl-a", &cp.device_token("acl-a")).await;
+    let (a, a_events) = client(&broker, "acl-a", "acl-a", &cp.broker_password("acl-a")).await;
     let mut a_seen = Watched::new(a_events);
     a.subscribe(
         "drover/v1/devices/acl-b/intents/+",
@@ -863,4 +863,57 @@ async fn the_broker_reads_what_mqtt_config_wrote_as_its_own_user() {
         "{stderr}"
     );
     assert!(!cp.dir.path().join("elsewhere/drover.passwd").exists());
+}
+
+/// Issue 28, 6, over MQTT: a mosquitto whose password file predates derived
+/// broker passwords holds the device's token. The agent, refused with its
+/// derived password, is let in with its token, says so in its log, and runs
+/// its job; once the file is written again as this version writes it and
+/// mosquitto restarts, the agent is refused with the token, moves to its
+/// derived password by itself, and runs the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_moves_from_its_token_to_its_broker_password_when_the_broker_does() {
+    let (mut broker, cp) = fleet(&["mig-m"]);
+    let passwd = broker.dir.path().join("auth/drover.passwd");
+    let current = std::fs::read_to_string(&passwd).expect("password file");
+    let old: String = current
+        .lines()
+        .map(|line| {
+            if line.starts_with("mig-m:") {
+                transport_mqtt::server::password_line("mig-m", &cp.device_token("mig-m"))
+            } else {
+                line.to_owned()
+            }
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&passwd, old).expect("write the old file");
+    broker.restart();
+    cp.apply_device("mig-m", &["fleet"], json!({})).await;
+    let agent = agent(&cp, &broker, "mig-m", "");
+    cp.wait_for_agents(&["mig-m"]).await;
+    cp.apply_upgrade_run("mig-m-1", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("mig-m-1", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert!(
+        agent.logged("the MQTT broker knows this device by its token"),
+        "{}",
+        agent.log()
+    );
+
+    std::fs::write(&passwd, current).expect("write the file again");
+    broker.restart();
+    cp.apply_upgrade_run("mig-m-2", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("mig-m-2", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert_eq!(
+        agent.status()["link"]["connected"],
+        true,
+        "{}",
+        agent.status()
+    );
 }

@@ -162,7 +162,7 @@ async fn a_device_cannot_read_anothers_intent_or_write_anothers_status() {
     cp.wait_for_agents(&["dev-b"]).await;
 
     // Device A logs in with its own credentials and tries B's subjects.
-    let token_a = cp.device_token("dev-a");
+    let token_a = cp.broker_password("dev-a");
     let client = async_nats::ConnectOptions::with_user_and_password("dev-a".into(), token_a)
         .custom_inbox_prefix("_INBOX_dev-a")
         .connect(nats.url())
@@ -607,7 +607,7 @@ async fn a_device_cannot_create_a_consumer_that_delivers_to_another_device() {
     // asynchronous -ERR, never as the request's reply.
     let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let kept = errors.clone();
-    let token_a = cp.device_token("shadow-a");
+    let token_a = cp.broker_password("shadow-a");
     let client = async_nats::ConnectOptions::with_user_and_password("shadow-a".into(), token_a)
         .custom_inbox_prefix("_INBOX_shadow-a")
         .event_callback(move |event| {
@@ -882,7 +882,7 @@ async fn a_broker_cannot_start_a_job_and_hellos_are_answered_only_in_the_devices
         .subscribe("drover.rp.intent.br-2.>")
         .await
         .expect("subscribe");
-    let token = cp.device_token("br-1");
+    let token = cp.broker_password("br-1");
     let device = async_nats::ConnectOptions::with_user_and_password("br-1".into(), token)
         .custom_inbox_prefix("_INBOX_br-1")
         .connect(nats.url())
@@ -915,5 +915,51 @@ async fn a_broker_cannot_start_a_job_and_hellos_are_answered_only_in_the_devices
     assert!(
         reply["serverTime"].is_string() && reply.get("error").is_none(),
         "{reply}"
+    );
+}
+
+/// Issue 28, 6: a nats-server set up before broker passwords were derived
+/// holds each device's token. The agent, refused with its derived password,
+/// is let in with its token, says in its log that the server's
+/// authorization should be printed again, and runs its job. Once the
+/// operator prints it again and the server reloads it, the agent is refused
+/// with the token on its reconnect, moves to its derived password by
+/// itself, and runs the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_moves_from_its_token_to_its_broker_password_when_the_server_does() {
+    let (mut nats, cp) = fleet(&["mig-1"], None);
+    let device = agent_core::DeviceId::new("mig-1").expect("id");
+    let old = transport_nats::server::authorization_config(
+        (CP_USER, CP_PASSWORD),
+        &[(device, cp.device_token("mig-1"))],
+        transport_nats::server::DirectStatusPuts::Denied,
+    )
+    .expect("config");
+    nats.reconfigure(&old);
+    cp.apply_device("mig-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &nats.url(), "mig-1", None, "");
+    cp.wait_for_agents(&["mig-1"]).await;
+    cp.apply_upgrade_run("mig-run-1", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("mig-run-1", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert!(
+        agent.logged("the NATS server knows this device by its token"),
+        "{}",
+        agent.log()
+    );
+
+    nats.reconfigure(&nats_config(cp.dir.path(), &["mig-1"]));
+    cp.apply_upgrade_run("mig-run-2", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("mig-run-2", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert_eq!(
+        agent.status()["link"]["connected"],
+        true,
+        "{}",
+        agent.status()
     );
 }

@@ -11,6 +11,7 @@
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use agent_core::backoff::Backoff;
 use agent_core::clock;
+use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::wire::intent_json;
 use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS, SubscribeFilter};
@@ -22,28 +23,80 @@ use tracing::{debug, info, warn};
 
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
+    /// The user is the device id; the password comes from `passwords`.
     pub mqtt: MqttSettings,
+    pub passwords: BrokerPasswords,
     pub heartbeat_interval: Duration,
     pub backoff_max: Duration,
 }
 
+/// What the agent logs, and `check --connect` prints, when a broker took
+/// the token instead of the derived password.
+pub const USING_TOKEN: &str = "the MQTT broker knows this device by its token, not by the \
+    password derived from it: write its files again with this version's `drover mqtt-config`, \
+    so that they hold no token";
+
+/// Why a session ended.
+#[derive(Debug)]
+enum Failure {
+    /// The broker refused the credentials.
+    Refused(String),
+    Other(String),
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Self::Other(reason)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(reason) | Self::Other(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// Why the link failed, in the operator's terms.
-fn explain(e: &rumqttc::ConnectionError) -> String {
+fn explain(e: &rumqttc::ConnectionError) -> Failure {
     use rumqttc::{ConnectReturnCode, ConnectionError};
     match e {
         ConnectionError::ConnectionRefused(
             ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized,
-        ) => "the MQTT broker refused this device's token: put what `drover token DEVICE` \
-              prints on the control plane's host in the agent's token_file, and authorize the \
-              device in mosquitto (`drover mqtt-config`)"
-            .to_owned(),
-        other => other.to_string(),
+        ) => Failure::Refused(
+            "the MQTT broker refused this device's password and its token: put what \
+             `drover token DEVICE` prints on the control plane's host in the agent's \
+             token_file, and authorize the device in mosquitto (`drover mqtt-config`)"
+                .to_owned(),
+        ),
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+/// `settings.mqtt` with the password to try now.
+fn with_password(settings: &AgentSettings, passwords: &BrokerPasswords) -> MqttSettings {
+    MqttSettings {
+        password: passwords.current().to_owned(),
+        ..settings.mqtt.clone()
     }
 }
 
 /// Connects with this device's credentials, waits for the broker's
-/// CONNACK, and disconnects: `drover-agent check --connect`.
-pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<(), String> {
+/// CONNACK, and disconnects: `drover-agent check --connect`. Returns
+/// whether the broker took the token rather than the derived password.
+pub async fn probe(settings: &AgentSettings, client_id: &str) -> Result<bool, String> {
+    let mut passwords = settings.passwords.clone();
+    loop {
+        match probe_with(&with_password(settings, &passwords), client_id).await {
+            Ok(()) => return Ok(passwords.using_token()),
+            Err(Failure::Refused(_)) if !passwords.using_token() => passwords.refused(),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+async fn probe_with(settings: &MqttSettings, client_id: &str) -> Result<(), Failure> {
     // The device's own id (a broker set up as `drover mqtt-config` prints
     // makes a client's id its user name anyway) and a clean session. It is
     // only used while the agent is not running: `check --connect` asks a
@@ -60,7 +113,12 @@ pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<()
             }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(explain(&e)),
-            Err(_) => return Err(format!("no answer from {} within 10 s", settings.url)),
+            Err(_) => {
+                return Err(Failure::Other(format!(
+                    "no answer from {} within 10 s",
+                    settings.url
+                )));
+            }
         }
     }
 }
@@ -69,19 +127,33 @@ pub async fn probe(settings: &crate::MqttSettings, client_id: &str) -> Result<()
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = TRANSPORT.into());
     let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
+    let mut passwords = settings.passwords.clone();
     loop {
         let started = tokio::time::Instant::now();
-        let delay = match session(&settings, &agent, &shutdown).await {
-            Ok(()) => return,
-            Err(e) => {
-                warn!(error = %e, "MQTT link failed");
-                agent.update_link(|l| {
-                    l.connected = false;
-                    l.last_error = Some(e);
-                });
-                backoff.failed(started.elapsed())
-            }
-        };
+        let mqtt = with_password(&settings, &passwords);
+        let delay =
+            match session(&settings, &mqtt, passwords.using_token(), &agent, &shutdown).await {
+                Ok(()) => return,
+                Err(Failure::Refused(_)) if !passwords.using_token() => {
+                    // A broker set up before derived passwords knows the token.
+                    passwords.refused();
+                    debug!("the MQTT broker refused the derived password; trying the token");
+                    continue;
+                }
+                Err(e) => {
+                    if matches!(e, Failure::Refused(_)) {
+                        // Neither: the derived one again next, in case the
+                        // broker's files were written anew meanwhile.
+                        passwords.refused();
+                    }
+                    warn!(error = %e, "MQTT link failed");
+                    agent.update_link(|l| {
+                        l.connected = false;
+                        l.last_error = Some(e.to_string());
+                    });
+                    backoff.failed(started.elapsed())
+                }
+            };
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return,
@@ -119,12 +191,14 @@ const REQUEST_QUEUE: usize = 64 + 8;
 
 async fn session(
     settings: &AgentSettings,
+    mqtt: &MqttSettings,
+    using_token: bool,
     agent: &Arc<Agent>,
     shutdown: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let device = agent.device_id().clone();
-    let topics = Topics::new(&settings.mqtt.prefix);
-    let mut options = options(&settings.mqtt, device.as_str()).map_err(|e| e.to_string())?;
+    let topics = Topics::new(&mqtt.prefix);
+    let mut options = options(mqtt, device.as_str()).map_err(|e| e.to_string())?;
     // A clean session: everything the control plane sends a device is
     // retained, one message per job topic, so a subscription at connect gets
     // the latest of each and nothing is lost. A persistent session would also
@@ -165,6 +239,9 @@ async fn session(
                 match event {
                     Event::Incoming(Incoming::ConnAck(ack)) => {
                         info!(session_present = ack.session_present, "connected to MQTT");
+                        if using_token {
+                            warn!("{USING_TOKEN}");
+                        }
                         connected = true;
                         agent.update_link(|l| {
                             l.connected = true;

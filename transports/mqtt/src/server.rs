@@ -580,8 +580,8 @@ fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
 }
 
 /// The two files mosquitto needs: a password file (each control-plane
-/// user, one per replica, and each device, whose password is its Drover
-/// token) and an ACL file (the control plane may use every topic under the
+/// user, one per replica, and each device, whose password is the one its
+/// agent derives from its Drover token) and an ACL file (the control plane may use every topic under the
 /// prefix; a device only its own).
 pub fn mosquitto_files(
     topics: &Topics,

@@ -12,6 +12,7 @@ use crate::{
 };
 use agent_core::backoff::Backoff;
 use agent_core::clock;
+use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
 use agent_core::model::JobStatus;
 use agent_core::wire::intent_json;
@@ -30,50 +31,94 @@ const HELLO_RETRY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
+    /// The user is the device id; the password comes from `passwords`.
     pub nats: NatsSettings,
+    pub passwords: BrokerPasswords,
     pub heartbeat_interval: Duration,
     pub backoff_max: Duration,
 }
 
-/// Why a connection failed, in the operator's terms.
-pub(crate) fn explain(e: &async_nats::ConnectError) -> String {
+/// What the agent logs, and `check --connect` prints, when a broker took
+/// the token instead of the derived password.
+pub const USING_TOKEN: &str = "the NATS server knows this device by its token, not by the \
+    password derived from it: print its authorization again with this version's `drover \
+    nats-config`, so that the server's files hold no token";
+
+/// A failed connection, in the operator's terms.
+fn connect_error(url: &str, e: &async_nats::ConnectError) -> NatsError {
     use async_nats::ConnectErrorKind;
     match e.kind() {
-        ConnectErrorKind::AuthorizationViolation => "the NATS server refused this device's \
-            token (authorization violation): put what `drover token DEVICE` prints on the \
-            control plane's host in the agent's token_file, and authorize the device in \
-            nats-server (`drover nats-config`)"
-            .to_owned(),
-        _ => e.to_string(),
+        ConnectErrorKind::AuthorizationViolation => NatsError::Refused {
+            url: url.to_owned(),
+            reason: "the NATS server refused this device's password and its token \
+                (authorization violation): put what `drover token DEVICE` prints on the \
+                control plane's host in the agent's token_file, and authorize the device in \
+                nats-server (`drover nats-config`)"
+                .to_owned(),
+        },
+        _ => NatsError::Connect {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// `settings.nats` with the password to try now.
+fn with_password(settings: &AgentSettings, passwords: &BrokerPasswords) -> NatsSettings {
+    NatsSettings {
+        password: Some(passwords.current().to_owned()),
+        ..settings.nats.clone()
     }
 }
 
 /// Connects with this device's credentials and closes: `drover-agent check
-/// --connect`.
-pub async fn probe(settings: &NatsSettings) -> Result<(), NatsError> {
-    let client = connect_options(settings)
-        .connect(settings.addresses()?)
-        .await
-        .map_err(|e| NatsError::Connect {
-            url: settings.url.clone(),
-            reason: explain(&e),
+/// --connect`. Returns whether the server took the token rather than the
+/// derived password.
+pub async fn probe(settings: &AgentSettings) -> Result<bool, NatsError> {
+    let mut passwords = settings.passwords.clone();
+    loop {
+        let nats = with_password(settings, &passwords);
+        let client = match connect_options(&nats).connect(nats.addresses()?).await {
+            Ok(client) => client,
+            Err(e) => match connect_error(&nats.url, &e) {
+                NatsError::Refused { .. } if !passwords.using_token() => {
+                    passwords.refused();
+                    continue;
+                }
+                other => return Err(other),
+            },
+        };
+        client.flush().await.map_err(|e| NatsError::Connect {
+            url: nats.url.clone(),
+            reason: e.to_string(),
         })?;
-    client.flush().await.map_err(|e| NatsError::Connect {
-        url: settings.url.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok(())
+        return Ok(passwords.using_token());
+    }
 }
 
 /// Runs the agent's NATS link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     agent.update_link(|l| l.transport = "nats".into());
     let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
+    let mut passwords = settings.passwords.clone();
     loop {
         let started = tokio::time::Instant::now();
-        let delay = match serve(&settings, &agent, &shutdown).await {
+        let nats = with_password(&settings, &passwords);
+        let delay = match serve(&settings, &nats, passwords.using_token(), &agent, &shutdown).await
+        {
             Ok(()) => return,
+            Err(NatsError::Refused { .. }) if !passwords.using_token() => {
+                // A server set up before derived passwords knows the token.
+                passwords.refused();
+                debug!("the NATS server refused the derived password; trying the token");
+                continue;
+            }
             Err(e) => {
+                if matches!(e, NatsError::Refused { .. }) {
+                    // Neither: the derived one again next, in case the
+                    // server's authorization was written anew meanwhile.
+                    passwords.refused();
+                }
                 warn!(error = %e, "NATS link failed");
                 agent.update_link(|l| {
                     l.connected = false;
@@ -91,12 +136,14 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
 
 async fn serve(
     settings: &AgentSettings,
+    nats: &NatsSettings,
+    using_token: bool,
     agent: &Arc<Agent>,
     shutdown: &CancellationToken,
 ) -> Result<(), NatsError> {
     let device = agent.device_id().clone();
     let (events_tx, mut events) = mpsc::channel::<async_nats::Event>(16);
-    let options = connect_options(&settings.nats)
+    let options = connect_options(nats)
         .custom_inbox_prefix(inbox_prefix(&device))
         .name(format!("drover-agent {device}"))
         .event_callback(move |event| {
@@ -106,10 +153,7 @@ async fn serve(
             }
         });
     let client = tokio::select! {
-        client = options.connect(settings.nats.addresses()?) => client.map_err(|e| NatsError::Connect {
-            url: settings.nats.url.clone(),
-            reason: explain(&e),
-        })?,
+        client = options.connect(nats.addresses()?) => client.map_err(|e| connect_error(&nats.url, &e))?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     let js = jetstream::new(client.clone());
@@ -118,7 +162,10 @@ async fn serve(
         .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"))
         .await
         .map_err(|e| NatsError::JetStream(e.to_string()))?;
-    info!(url = %settings.nats.url, "connected to NATS");
+    info!(url = %nats.url, "connected to NATS");
+    if using_token {
+        warn!("{USING_TOKEN}");
+    }
     mark_connected(agent);
     let mut greeted = hello(&client, agent).await;
     send_heartbeat(&client, agent).await;
@@ -140,6 +187,15 @@ async fn serve(
                     flush_outbox(&client, &js, agent).await;
                 }
                 Some(async_nats::Event::Disconnected) => agent.update_link(|l| l.connected = false),
+                // The server's authorization changed under a reconnecting
+                // client, which would try the same password for ever: start
+                // again, with the other one.
+                Some(event) if refused_on_reconnect(&event) => {
+                    return Err(NatsError::Refused {
+                        url: nats.url.clone(),
+                        reason: "the NATS server refused this device's password on reconnect".into(),
+                    });
+                }
                 Some(other) => debug!(event = %other, "NATS event"),
                 None => {}
             },
@@ -167,6 +223,18 @@ async fn serve(
             _ = agent.outbox_changed().notified() => flush_outbox(&client, &js, agent).await,
             _ = outbox_retry.tick() => flush_outbox(&client, &js, agent).await,
         }
+    }
+}
+
+/// Whether the server refused the client's credentials: as a server error,
+/// or as the client error async-nats reports a refused reconnect with.
+fn refused_on_reconnect(event: &async_nats::Event) -> bool {
+    match event {
+        async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => true,
+        async_nats::Event::ClientError(async_nats::ClientError::Other(error)) => {
+            error.contains("authorization violation")
+        }
+        _ => false,
     }
 }
 

@@ -139,6 +139,9 @@ pub struct NatsSettings {
 pub enum NatsError {
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect { url: String, reason: String },
+    /// The server refused the credentials (authorization violation).
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Refused { url: String, reason: String },
     #[error("JetStream: {0}")]
     JetStream(String),
 }

@@ -142,6 +142,30 @@ pub enum DirectStatusPuts {
     Allowed,
 }
 
+/// bcrypt's cost for a device's password: the lowest, about a millisecond
+/// of the server's CPU per connect. The password is 256 random bits
+/// derived from the device's token, so no cost would slow a guess; the hash
+/// only keeps the server's file from holding a usable credential.
+const DEVICE_BCRYPT_COST: u32 = 4;
+/// bcrypt's cost for the control plane's own password, which an operator
+/// chose and which may be guessable: nats-server's own default.
+const CONTROL_PLANE_BCRYPT_COST: u32 = 11;
+
+/// `password` in the bcrypt form nats-server checks (`$2a$…`).
+fn bcrypt_of(password: &str, cost: u32) -> Result<String, String> {
+    // bcrypt reads at most 72 bytes; a longer password would be cut short
+    // here and perhaps not by the server.
+    if password.len() > 72 {
+        return Err(format!(
+            "a NATS password of {} bytes is longer than the 72 bytes bcrypt reads",
+            password.len()
+        ));
+    }
+    bcrypt::hash_with_result(password, cost)
+        .map(|hash| hash.format_for_version(bcrypt::Version::TwoA))
+        .map_err(|e| format!("cannot hash a NATS password: {e}"))
+}
+
 /// A nats-server `authorization` block: the control plane may do anything;
 /// each device may read only its own intents (its republished subject) and
 /// send only its own statuses, heartbeat and hello, all to the control
@@ -149,13 +173,14 @@ pub enum DirectStatusPuts {
 /// nats-server checks a consumer's filter subject but not its deliver
 /// subject, so that right would let a device push messages onto another
 /// device's intent subject (A11), and a device that may put into the status
-/// bucket can fill it for every device. Device passwords are their Drover
-/// tokens.
+/// bucket can fill it for every device. `devices` pairs each device with
+/// its broker password (derived from its token); every password is written
+/// as its bcrypt hash.
 pub fn authorization_config(
     control_plane: (&str, &str),
     devices: &[(DeviceId, String)],
     direct: DirectStatusPuts,
-) -> String {
+) -> Result<String, String> {
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     let mut out = String::new();
     if direct == DirectStatusPuts::Allowed {
@@ -169,9 +194,9 @@ pub fn authorization_config(
     out.push_str(&format!(
         "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
         quote(control_plane.0),
-        quote(control_plane.1)
+        quote(&bcrypt_of(control_plane.1, CONTROL_PLANE_BCRYPT_COST)?)
     ));
-    for (device, token) in devices {
+    for (device, password) in devices {
         let mut publish = vec![
             status_subject(device),
             format!("{HEARTBEAT_PREFIX}.{device}"),
@@ -194,13 +219,13 @@ pub fn authorization_config(
         out.push_str(&format!(
             "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }} }} }}\n",
             quote(device.as_str()),
-            quote(token),
+            quote(&bcrypt_of(password, DEVICE_BCRYPT_COST)?),
             list(&publish),
             list(&subscribe)
         ));
     }
     out.push_str("  ]\n}\n");
-    out
+    Ok(out)
 }
 
 /// What a node of a cluster needs besides the authorization block (the
@@ -233,7 +258,13 @@ mod tests {
             ("cp", "secret"),
             &[(a.clone(), "tok".into())],
             DirectStatusPuts::Denied,
+        )
+        .expect("config");
+        assert!(
+            !config.contains("\"tok\"") && !config.contains("secret"),
+            "{config}"
         );
+        assert!(config.contains("password: \"$2a$04$"), "{config}");
         assert!(config.contains("\"drover.status.dev-a\""), "{config}");
         assert!(
             !config.contains("$KV.system-upgrade-status"),
@@ -244,11 +275,15 @@ mod tests {
         assert!(!config.contains("$JS.API"), "no consumer rights: {config}");
         assert!(config.contains("\"_INBOX_dev-a.>\""));
         assert!(!config.contains("dev-b"));
+        let long = "x".repeat(73);
+        let refused = authorization_config(("cp", &long), &[], DirectStatusPuts::Denied);
+        assert!(refused.is_err_and(|e| e.contains("72 bytes")));
         let transition = authorization_config(
             ("cp", "secret"),
             &[(a, "tok".into())],
             DirectStatusPuts::Allowed,
-        );
+        )
+        .expect("config");
         assert!(
             transition.contains("\"$KV.system-upgrade-status.dev-a.*\""),
             "{transition}"
