@@ -5,7 +5,7 @@
 //!
 //! This module is the pure part: the spec, the stored target, the window,
 //! and [`decide`], one pass over (targets, now) with the clock injected. The
-//! engine (`deploy_engine.rs`) reads and writes; the delivery core carries
+//! engine (`engine/deployments/`) reads and writes; the delivery core carries
 //! the jobs it creates, as it does a task run's.
 
 use agent_core::model::JobKind;

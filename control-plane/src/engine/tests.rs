@@ -3,10 +3,14 @@
 //! and release each device once.
 
 use super::*;
-use crate::records::{RunStatus, TargetSelector, TaskRunSpec};
+use crate::records::{
+    Delivery, DeviceRecord, PLAN_CHUNK, PlanHeader, RunStatus, TargetSelector, TaskRunSpec,
+    device_key, plan_header_key, plan_key,
+};
+use crate::rollout::Outcome;
 use crate::store::mem::MemKv;
 use agent_core::model::Empty;
-use agent_core::{DeviceId, JobId};
+use agent_core::model::{Intent, JobKind, JobState};
 
 async fn db_with_devices(count: usize, canaries: usize) -> Db {
     let db = Db::new(Arc::new(MemKv::default()));

@@ -20,8 +20,10 @@ use crate::deployment::{
     Window, attempt_job_id, time_zone,
 };
 use crate::dispatch::Presence;
+use crate::records::{device_key, targets_prefix};
 use crate::store::RedbKv;
-use agent_core::model::{JobStatus, StepRecord};
+use agent_core::JobId;
+use agent_core::model::{JobState, JobStatus, StepRecord};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};

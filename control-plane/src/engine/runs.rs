@@ -1,0 +1,448 @@
+//! The engine's run side: freezes a TaskRun's target plan, releases its
+//! intents as the pure [`rollout::decide`] says, judges each target by the
+//! deadline on the control plane's clock, and keeps the run's status.
+
+use super::{Engine, JOB_TIMEOUT_SECONDS, PLAN_CLAIM_TTL, RunView};
+use crate::db::{Db, DbError};
+use crate::placement;
+use crate::records::{
+    Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget, TaskRunRecord,
+    device_key, job_key, plan_header_key, plan_key, run_key,
+};
+use crate::rollout::{self, Finish, Outcome, TargetView};
+use crate::store::Op;
+use agent_core::model::{Intent, JobKind, JobState};
+use agent_core::{MAX_ERROR_BYTES, bounded};
+use jiff::Timestamp;
+use std::collections::{HashMap, HashSet};
+use tracing::info;
+
+impl Engine {
+    /// Freezes the target plan in bounded chunks outside the run, then moves
+    /// the run to Running. A store error leaves it in Planning for the next
+    /// pass instead of becoming NoTargets. See [`PlanHeader`] for how
+    /// concurrent planners agree on one plan.
+    pub(super) async fn plan(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let header_key = plan_header_key(run.uid);
+        let existing = self.db.get::<PlanHeader>(&header_key).await?;
+        let (header_revision, header) = match existing {
+            Some((_, header)) if header.complete => {
+                return self.start_running(revision, run, &header, now).await;
+            }
+            Some((_, header))
+                if header.planner != self.id
+                    && now.duration_since(header.claimed_at) < PLAN_CLAIM_TTL =>
+            {
+                // Another replica is writing this plan; its result is used on a later pass.
+                return Ok(());
+            }
+            Some((header_revision, header)) => (header_revision, Some(header)),
+            None => (0, None),
+        };
+        let devices: Vec<DeviceRecord> = self
+            .db
+            .list::<DeviceRecord>("devices/")
+            .await?
+            .into_iter()
+            .map(|(_, _, d)| d)
+            .collect();
+        let targets = placement::plan(&run.spec, &devices);
+        if targets.is_empty() && header.is_none() {
+            run.status.start_time = Some(now);
+            run.status.phase = Phase::Failed;
+            run.status.reason = Some("NoTargets".into());
+            run.status.completion_time = Some(now);
+            run.status.latest_error =
+                Some("no authorized device with an agent matches the selector".into());
+            return self.put_run(revision, &run).await;
+        }
+        let chunks: Vec<&[PlanTarget]> = targets.chunks(PLAN_CHUNK).collect();
+        let mut claim = PlanHeader {
+            planner: self.id.clone(),
+            claimed_at: now,
+            targets: targets.len() as u32,
+            canaries: targets.iter().filter(|t| t.canary).count() as u32,
+            chunks: chunks.len() as u32,
+            complete: false,
+        };
+        let claim_revision = match self.db.put(&header_key, &claim, header_revision).await {
+            Ok(revision) => revision,
+            Err(DbError::Kv(e)) if e.is_conflict() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut ops = Vec::with_capacity(chunks.len());
+        for (index, chunk) in chunks.iter().enumerate() {
+            let key = plan_key(run.uid, index as u32);
+            let existing = self
+                .db
+                .get::<Vec<PlanTarget>>(&key)
+                .await?
+                .map(|(r, _)| r)
+                .unwrap_or(0);
+            ops.push(Op::Put {
+                key,
+                value: Db::encode(&chunk.to_vec())?,
+                expected: existing,
+            });
+        }
+        for result in self.db.commit(ops).await? {
+            result?;
+        }
+        claim.complete = true;
+        match self.db.put(&header_key, &claim, claim_revision).await {
+            Ok(_) => self.start_running(revision, run, &claim, now).await,
+            // Our claim was taken over while we wrote; the new claimant's plan wins.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn start_running(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        plan: &PlanHeader,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        run.status.start_time = Some(now);
+        run.status.phase = Phase::Running;
+        run.status.targets = plan.targets;
+        run.status.canaries = plan.canaries;
+        run.status.plan_chunks = plan.chunks;
+        self.put_run(revision, &run).await
+    }
+
+    pub(super) async fn put_run(&self, revision: u64, run: &TaskRunRecord) -> Result<(), DbError> {
+        match self.db.put(&run_key(&run.name), run, revision).await {
+            Ok(_) => {
+                info!(run = %run.name, phase = ?run.status.phase, targets = run.status.targets, "run planned");
+                Ok(())
+            }
+            // Another pass or replica moved the run first.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn load_plan(&self, run: &TaskRunRecord) -> Result<Vec<PlanTarget>, DbError> {
+        let mut plan = Vec::with_capacity(run.status.targets as usize);
+        for index in 0..run.status.plan_chunks {
+            if let Some((_, chunk)) = self
+                .db
+                .get::<Vec<PlanTarget>>(&plan_key(run.uid, index))
+                .await?
+            {
+                plan.extend(chunk);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Builds the view of a running run: its plan and every target's job.
+    pub(super) async fn load_view(&self, run: &TaskRunRecord) -> Result<RunView, DbError> {
+        let plan = self.load_plan(run).await?;
+        let mut outcomes = Vec::with_capacity(plan.len());
+        let mut index = HashMap::with_capacity(plan.len());
+        for (position, target) in plan.iter().enumerate() {
+            let job = self
+                .db
+                .get::<JobDelivery>(&job_key(&target.device, run.uid))
+                .await?;
+            outcomes.push(seen_of(job.map(|(_, j)| j)));
+            index.insert(target.device.clone(), position);
+        }
+        Ok(RunView {
+            uid: run.uid,
+            plan,
+            index,
+            outcomes,
+        })
+    }
+
+    pub(super) async fn advance(
+        &self,
+        revision: u64,
+        run: TaskRunRecord,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let mut views = self.views.lock().await;
+        if !views.runs.contains_key(&run.name) {
+            let view = self.load_view(&run).await?;
+            views.by_uid.insert(run.uid, run.name.clone());
+            views.runs.insert(run.name.clone(), view);
+        }
+        let deadline = run.deadline();
+        // The views hold outcomes without the deadline; judge it now.
+        let (targets, latest_error) = {
+            let Some(view) = views.runs.get(&run.name) else {
+                return Ok(());
+            };
+            judge(view, deadline)
+        };
+        if run.status.phase == Phase::Canceling {
+            let Some(view) = views.runs.get_mut(&run.name) else {
+                return Ok(());
+            };
+            self.request_cancels(view, now).await?;
+            drop(views);
+            let decision = rollout::decide_canceling(&targets, now, deadline);
+            return self
+                .finish_pass(revision, run, decision, latest_error, now)
+                .await;
+        }
+        let candidates = rollout::decide(&targets, now, deadline, &|_| false).release;
+        // Group authorization is read now, just before release.
+        let mut revoked_devices = HashSet::new();
+        for device in &candidates {
+            match self.db.get::<DeviceRecord>(&device_key(device)).await {
+                Ok(Some((_, record))) if placement::authorized(&run.spec, &record) => {}
+                Ok(_) => {
+                    revoked_devices.insert(device.clone());
+                }
+                // An unreadable registry is not a revocation; the next pass retries.
+                Err(e) => return Err(e),
+            }
+        }
+        let decision = rollout::decide(&targets, now, deadline, &|d| revoked_devices.contains(d));
+        let mut released_keys = Vec::new();
+        if !decision.release.is_empty() {
+            let mut ops = Vec::with_capacity(decision.release.len());
+            let mut keys = Vec::with_capacity(decision.release.len());
+            for device in &decision.release {
+                let job = JobDelivery {
+                    intent: Intent {
+                        job_id: run.uid,
+                        device_id: device.clone(),
+                        kind: JobKind::system_upgrade(),
+                        attempt: 1,
+                        created_at: now,
+                        expires_at: deadline,
+                        timeout_seconds: JOB_TIMEOUT_SECONDS,
+                    },
+                    run: Some(run.name.clone()),
+                    delivery: Delivery::Created,
+                    status: None,
+                    created_at: now,
+                    terminal_received_at: None,
+                    cancel_requested_at: None,
+                };
+                let key = job_key(device, run.uid);
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value: Db::encode(&job)?,
+                    // Create-only: a repeated pass never releases twice.
+                    expected: 0,
+                });
+                keys.push(key);
+            }
+            let results = self.db.commit(ops).await?;
+            for (key, result) in keys.into_iter().zip(results) {
+                match result {
+                    Ok(_) => released_keys.push(key),
+                    // Already released by an earlier pass or another replica.
+                    Err(e) if e.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if let Some(view) = views.runs.get_mut(&run.name) {
+                for device in &decision.release {
+                    if let Some(&i) = view.index.get(device)
+                        && view.outcomes[i] == Seen::Unreleased
+                    {
+                        view.outcomes[i] = Seen::Pending { cancel: false };
+                    }
+                }
+            }
+            info!(run = %run.name, released = released_keys.len(), "intents released");
+            crate::metrics::metrics()
+                .jobs_released
+                .get_or_create(&vec![("kind", JobKind::system_upgrade().name().into())])
+                .inc_by(released_keys.len() as u64);
+        }
+        drop(views);
+        if !released_keys.is_empty()
+            && let Some(released) = &self.released
+        {
+            let _ = released.send(released_keys);
+        }
+        self.finish_pass(revision, run, decision, latest_error, now)
+            .await
+    }
+
+    /// Asks every released, undecided job of a canceled run to cancel (the
+    /// delivery core sends the order when it sees the request). A pass that
+    /// released a job after the cancel was stored sees it here on the next
+    /// pass, so none is missed.
+    pub(super) async fn request_cancels(
+        &self,
+        view: &mut RunView,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let asking: Vec<usize> = (0..view.plan.len())
+            .filter(|&i| view.outcomes[i] == (Seen::Pending { cancel: false }))
+            .collect();
+        if asking.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = asking
+            .iter()
+            .map(|&i| job_key(&view.plan[i].device, view.uid))
+            .collect();
+        let settled = self.db.request_cancels(&keys, now).await?;
+        for (&position, key) in asking.iter().zip(&keys) {
+            if settled.contains(key) {
+                view.outcomes[position] = Seen::Pending { cancel: true };
+            }
+        }
+        info!(
+            asked = settled.len(),
+            "cancel requested for the run's undecided jobs"
+        );
+        Ok(())
+    }
+
+    /// Stores what a pass decided: the counts, and the end if it came.
+    pub(super) async fn finish_pass(
+        &self,
+        revision: u64,
+        mut run: TaskRunRecord,
+        decision: rollout::Decision,
+        latest_error: Option<String>,
+        now: Timestamp,
+    ) -> Result<(), DbError> {
+        let mut status = run.status.clone();
+        status.released = decision.counts.released + decision.release.len() as u32;
+        status.succeeded = decision.counts.succeeded;
+        status.failed = decision.counts.failed;
+        status.latest_error = latest_error.or(status.latest_error);
+        match decision.finish {
+            None => {}
+            Some(Finish::Complete) => {
+                status.phase = Phase::Complete;
+                status.reason = Some("AllTargetsSucceeded".into());
+                status.completion_time = Some(now);
+            }
+            Some(Finish::Failed { reason, message }) => {
+                status.phase = Phase::Failed;
+                status.reason = Some(reason.into());
+                status.completion_time = Some(now);
+                status.latest_error = Some(bounded(message, MAX_ERROR_BYTES));
+            }
+        }
+        if status == run.status {
+            return Ok(());
+        }
+        let finished = status.phase.is_terminal();
+        run.status = status;
+        match self.db.put(&run_key(&run.name), &run, revision).await {
+            Ok(_) => {
+                if finished {
+                    info!(run = %run.name, phase = ?run.status.phase, reason = ?run.status.reason, "run finished");
+                    self.forget(&run.name).await;
+                }
+                Ok(())
+            }
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A target's job as the view keeps it, before the deadline is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Seen {
+    Unreleased,
+    /// Released, undecided; `cancel` once its cancel was requested.
+    Pending {
+        cancel: bool,
+    },
+    /// Succeeded; when the control plane received it (or, for a record from
+    /// before that was kept, the device's completion time).
+    Succeeded {
+        at: Timestamp,
+    },
+    Failed(String),
+}
+
+pub(super) fn seen_of(job: Option<JobDelivery>) -> Seen {
+    let Some(job) = job else {
+        return Seen::Unreleased;
+    };
+    if matches!(job.delivery, Delivery::Expired { .. }) && job.status.is_none() {
+        return Seen::Failed("the intent expired before the device took it".into());
+    }
+    let pending = Seen::Pending {
+        cancel: job.cancel_requested_at.is_some(),
+    };
+    let Some(status) = job.status else {
+        return pending;
+    };
+    match status.state {
+        JobState::Succeeded => match status.completion_heartbeat_at {
+            None => pending,
+            // Records stored before the control plane kept its receive time
+            // (layout V1) are judged by the device's completion time, as then.
+            Some(device_time) => Seen::Succeeded {
+                at: job.terminal_received_at.unwrap_or(device_time),
+            },
+        },
+        JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {
+            Seen::Failed(
+                status
+                    .error
+                    .unwrap_or_else(|| format!("{:?}", status.state)),
+            )
+        }
+        JobState::Accepted | JobState::Waiting | JobState::Running | JobState::AwaitingReboot => {
+            pending
+        }
+    }
+}
+
+pub(super) fn judged(seen: &Seen, deadline: Timestamp) -> Outcome {
+    match seen {
+        Seen::Unreleased => Outcome::Unreleased,
+        Seen::Pending { .. } => Outcome::Pending,
+        Seen::Succeeded { at } if *at <= deadline => Outcome::Succeeded,
+        Seen::Succeeded { at } => Outcome::Failed(format!(
+            "the result reached the control plane at {at}, after the deadline {deadline}"
+        )),
+        Seen::Failed(error) => Outcome::Failed(error.clone()),
+    }
+}
+
+/// The targets as the rollout rules see them, with the deadline applied to
+/// successes (one the control plane received late is a failure), and the
+/// latest error.
+pub(super) fn judge(view: &RunView, deadline: Timestamp) -> (Vec<TargetView>, Option<String>) {
+    let mut targets = Vec::with_capacity(view.plan.len());
+    let mut latest_error = None;
+    for (target, seen) in view.plan.iter().zip(&view.outcomes) {
+        let outcome = judged(seen, deadline);
+        if let Outcome::Failed(error) = &outcome {
+            latest_error = Some(bounded(
+                format!("{}: {error}", target.device),
+                MAX_ERROR_BYTES,
+            ));
+        }
+        targets.push(TargetView {
+            device: target.device.clone(),
+            canary: target.canary,
+            outcome,
+        });
+    }
+    (targets, latest_error)
+}
+
+/// What a target's job means for the run. Success counts only when the
+/// control plane received it (the result with its completion heartbeat, A6)
+/// by the deadline, on the control plane's own clock (A12); the device's
+/// clock never decides. A late success is a failure.
+pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
+    judged(&seen_of(job), deadline)
+}
