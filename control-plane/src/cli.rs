@@ -137,6 +137,11 @@ pub enum Command {
         /// put there can fill the bucket for every device.
         #[arg(long)]
         allow_direct_status_puts: bool,
+        /// The group the --out file is given (mode 0640), so nats-server
+        /// reads it as its own user: Debian's runs as `nats`. Empty: leave
+        /// the group as it is.
+        #[arg(long, default_value = "nats")]
+        group: String,
     },
     /// Write mosquitto's password and ACL files for the control plane and
     /// these devices (a device may read only its own intents and write only

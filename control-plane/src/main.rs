@@ -207,31 +207,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             std::fs::create_dir_all(out)
                 .with_context(|| format!("cannot create {}", out.display()))?;
             for (name, text) in [("drover.passwd", &passwords), ("drover.acl", &acl)] {
-                let path = out.join(name);
-                let tmp = path.with_extension("tmp");
-                {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    let mut file = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .mode(0o640)
-                        .open(&tmp)
-                        .with_context(|| format!("cannot write {}", tmp.display()))?;
-                    std::io::Write::write_all(&mut file, text.as_bytes())?;
-                    if let Some(gid) = gid {
-                        std::os::unix::fs::fchown(&file, None, Some(gid)).with_context(|| {
-                            format!(
-                                "cannot give {} to group {group} (run mqtt-config as root, \
-                                 or pass --group \"\" and make the file readable by the broker's user)",
-                                tmp.display()
-                            )
-                        })?;
-                    }
-                    file.sync_all()?;
-                }
-                std::fs::rename(&tmp, &path)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
+                write_for_broker(&out.join(name), text, gid, group, "mqtt-config")?;
             }
             match gid {
                 Some(_) => out!(
@@ -427,6 +403,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             out,
             cluster,
             allow_direct_status_puts,
+            group,
         } => {
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let devices = broker_passwords(&secrets, devices)?;
@@ -443,13 +420,29 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             )
             .map_err(anyhow::Error::msg)?;
             match out {
-                // Mode 0600: the block holds every device's password.
                 Some(path) => {
-                    drover::auth::write_private(path, &format!("{}\n", config.trim_end()))?;
+                    let gid = broker_group(group)?;
+                    write_for_broker(
+                        path,
+                        &format!("{}\n", config.trim_end()),
+                        gid,
+                        group,
+                        "nats-config",
+                    )?;
                     out!(
-                        "wrote {}; include it from nats-server.conf (`include {}`) and reload nats-server",
+                        "wrote {} (mode 0640, {}); {}",
                         path.display(),
-                        path.display()
+                        match gid {
+                            Some(_) => format!("group {group}: nats-server reads it as its user"),
+                            None =>
+                                "group unchanged: nats-server's user must be able to read it".into(),
+                        },
+                        include_hint(path)
+                    );
+                    out!(
+                        "# nats-server.conf also needs JetStream in a directory its user may write:\n\
+                         #   jetstream {{ store_dir: /var/lib/nats/jetstream }}\n\
+                         # (install -d -o nats -g nats /var/lib/nats, for Debian's nats-server)"
                     );
                 }
                 None => out!("{}", config.trim_end()),
@@ -615,7 +608,64 @@ fn print_described_deployment(described: &Value) {
     }
 }
 
-/// The id of the group `mqtt-config` gives its files, None for `--group ""`.
+/// Writes a file a broker reads (replaced whole, through a temporary file):
+/// mode 0640, given to the broker's group so a broker that dropped to its
+/// own user reads it; `command` names what wrote it in errors.
+fn write_for_broker(
+    path: &std::path::Path,
+    text: &str,
+    gid: Option<u32>,
+    group: &str,
+    command: &str,
+) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        if let Some(gid) = gid {
+            std::os::unix::fs::fchown(&file, None, Some(gid)).with_context(|| {
+                format!(
+                    "cannot give {} to group {group} (run {command} as root, \
+                     or pass --group \"\" and make the file readable by the broker's user)",
+                    tmp.display()
+                )
+            })?;
+        }
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// How nats-server's main config includes `path`: nats-server joins an
+/// include path to the including file's directory, an absolute one too (2.9
+/// reads `include /etc/x.conf` from /etc as /etc/etc/x.conf).
+fn include_hint(path: &std::path::Path) -> String {
+    let from_etc = match path.strip_prefix("/etc") {
+        Ok(relative) => Some(relative.display().to_string()),
+        Err(_) if path.is_absolute() => Some(format!("..{}", path.display())),
+        Err(_) => None,
+    };
+    match from_etc {
+        Some(include) => format!(
+            "put `include {include}` in /etc/nats-server.conf (Debian's main config; \
+             nats-server reads an include path relative to the including file's directory, \
+             an absolute one too) and reload nats-server"
+        ),
+        None => "include it from nats-server's main config by its path relative to that \
+                 file's directory, and reload nats-server"
+            .to_owned(),
+    }
+}
+
+/// The id of the group `mqtt-config` and `nats-config` give their files,
+/// None for `--group ""`.
 /// Each device with the password it gives a broker: derived from its
 /// token for that purpose alone, so a broker's files hold no token (which
 /// would log in over WebSocket and open the device's sealed secrets).

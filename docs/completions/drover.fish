@@ -87,6 +87,7 @@ complete -c drover -n "__fish_drover_using_subcommand nats-config" -l device -d 
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-user -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-password -d 'The control plane\'s own NATS password (better given in DROVER_NATS_PASSWORD than on the command line)' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l out -d 'Write the block to this file (replaced whole) for nats-server\'s `include`, instead of printing it: running it again never duplicates the block' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l group -d 'The group the --out file is given (mode 0640), so nats-server reads it as its own user: Debian\'s runs as `nats`. Empty: leave the group as it is' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l server -d 'The control plane\'s API' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l token -d 'The operator token (default: DATA/operator.token)' -r

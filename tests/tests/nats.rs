@@ -963,3 +963,142 @@ async fn an_agent_moves_from_its_token_to_its_broker_password_when_the_server_do
         agent.status()
     );
 }
+
+/// A nats-server started as Debian's unit starts it, ended on drop.
+struct DebianNats(std::process::Child);
+
+impl Drop for DebianNats {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 28: the README's NATS set-up works with Debian's nats-server as
+/// its unit runs it: as the user `nats`, from a main config that enables
+/// JetStream in a directory of nats's own and includes, by a path relative
+/// to itself, the file `drover nats-config --out` wrote (mode 0640, group
+/// nats). The server reads it as its own user, the control plane and an
+/// agent log in through it, and a run completes. What nats-config prints
+/// names the include by a relative path (nats-server 2.9 reads even an
+/// absolute include path relative to the including file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debians_nats_server_reads_what_nats_config_wrote_as_its_own_user() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        drover_tests::cannot_run_here(
+            "debians_nats_server_reads_what_nats_config_wrote_as_its_own_user",
+            "starting nats-server as the user nats needs root",
+        );
+        return;
+    }
+    let nats_user = nix::unistd::User::from_name("nats")
+        .expect("look up nats")
+        .expect("the user nats exists (Debian's nats-server package makes it)");
+    let dir = ControlPlane::prepare();
+    // /etc's shape: a root-owned directory holding the main config and
+    // nats-server.d/; JetStream in a directory owned by nats.
+    let etc = tempfile::Builder::new()
+        .prefix("drover-etc-")
+        .tempdir()
+        .expect("tempdir");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(etc.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let js = etc.path().join("var-lib-nats");
+    std::fs::create_dir_all(etc.path().join("nats-server.d")).expect("dir");
+    std::fs::create_dir_all(&js).expect("dir");
+    std::os::unix::fs::chown(
+        &js,
+        Some(nats_user.uid.as_raw()),
+        Some(nats_user.gid.as_raw()),
+    )
+    .expect("chown");
+    let include = etc.path().join("nats-server.d/drover.conf");
+    let printed = ControlPlane::drover_in(
+        dir.path(),
+        &[
+            "nats-config",
+            "--control-plane-user",
+            CP_USER,
+            "--control-plane-password",
+            CP_PASSWORD,
+            "--device",
+            "deb-1",
+            "--out",
+            include.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(printed.contains("include ../"), "{printed}");
+    let meta = std::fs::metadata(&include).expect("include file");
+    assert_eq!(meta.mode() & 0o777, 0o640);
+    assert_eq!(meta.gid(), nats_user.gid.as_raw(), "its group");
+    assert_eq!(meta.uid(), 0, "owned by root");
+
+    let port = drover_tests::free_port();
+    let config = etc.path().join("nats-server.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "host: 127.0.0.1\nport: {port}\njetstream {{ store_dir: {:?} }}\ninclude nats-server.d/drover.conf\n",
+            js.join("jetstream").display().to_string()
+        ),
+    )
+    .expect("config");
+    let log = std::fs::File::create(etc.path().join("nats.log")).expect("log");
+    let server = DebianNats(
+        std::process::Command::new("setpriv")
+            .args([
+                "--reuid=nats",
+                "--regid=nats",
+                "--init-groups",
+                "nats-server",
+                "-c",
+            ])
+            .arg(&config)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server as nats"),
+    );
+    eventually(Duration::from_secs(15), "nats-server to listen", || async {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", server.0.id())).expect("status");
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("effective uid");
+    assert_eq!(uid, nats_user.uid.as_raw().to_string(), "{status}");
+
+    let url = format!("nats://127.0.0.1:{port}");
+    let cp = ControlPlane::start_in(
+        dir,
+        &[
+            "--nats-url",
+            &url,
+            "--nats-user",
+            CP_USER,
+            "--nats-password",
+            CP_PASSWORD,
+        ],
+    );
+    cp.apply_device("deb-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &url, "deb-1", None, "");
+    cp.wait_for_agents(&["deb-1"]).await;
+    cp.apply_upgrade_run("deb-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("deb-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        run["status"]["phase"],
+        "Complete",
+        "{run}\n{}\n{}",
+        agent.log(),
+        std::fs::read_to_string(etc.path().join("nats.log")).unwrap_or_default()
+    );
+}

@@ -135,7 +135,7 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         tls.join("ca.pem"),
     );
     // nats-config --out replaces its file whole: a second run does not
-    // duplicate the block, and the file (every device's password) is 0600.
+    // duplicate the block, and the file is 0640, for nats-server's group.
     let include = data.join("nats-drover.conf");
     let args = [
         "nats-config",
@@ -159,7 +159,7 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
             .permissions()
             .mode()
             & 0o777,
-        0o600
+        0o640
     );
     // The token printed now is the one the server will accept.
     let out = drover(&data, &["token", "tls-1"]);

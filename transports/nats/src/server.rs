@@ -151,6 +151,9 @@ const DEVICE_BCRYPT_COST: u32 = 4;
 /// chose and which may be guessable: nats-server's own default.
 const CONTROL_PLANE_BCRYPT_COST: u32 = 11;
 
+/// How long nats-server gives a client to authenticate.
+const AUTH_TIMEOUT_SECONDS: u32 = 10;
+
 /// `password` in the bcrypt form nats-server checks (`$2a$…`).
 fn bcrypt_of(password: &str, cost: u32) -> Result<String, String> {
     // bcrypt reads at most 72 bytes; a longer password would be cut short
@@ -190,7 +193,13 @@ pub fn authorization_config(
              # --allow-direct-status-puts once every agent sends statuses as requests.\n",
         );
     }
-    out.push_str("authorization {\n  users = [\n");
+    // Checking a bcrypt password costs the server CPU, and after a broker
+    // restart the whole fleet connects at once: nats-server's default of
+    // 2 s for a client to authenticate then cut off hundreds of 10,000
+    // devices here (they came back, but later).
+    out.push_str(&format!(
+        "authorization {{\n  timeout: {AUTH_TIMEOUT_SECONDS}\n  users = [\n"
+    ));
     out.push_str(&format!(
         "    {{ user: {}, password: {}, permissions: {{ publish: {{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
         quote(control_plane.0),
