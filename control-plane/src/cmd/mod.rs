@@ -1,0 +1,3 @@
+//! The `drover` binary's commands that are more than a call of the library.
+
+pub mod brokers;
