@@ -8,9 +8,8 @@ use drover::cli::{
     RunsCommand, StoreKind,
 };
 use drover::client::ApiClient;
-use drover::get::{age, print_deployments, print_runs, print_table, shown, structured, table};
+use drover::get::{shown, structured};
 use drover::serve::{self, ServeOptions};
-use drover::watch::printable;
 use serde_json::Value;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -256,7 +255,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 *output,
                 &serde_json::json!({"taskRun": run, "targets": targets}),
             )? {
-                print_described_run(&run, &targets);
+                cmd::describe::run(&run, &targets);
             }
             Ok(0)
         }
@@ -269,7 +268,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 .get(&format!("/deployments/{name}/describe"))
                 .await?;
             if !structured(*output, &described)? {
-                print_described_deployment(&described);
+                cmd::describe::deployment(&described);
             }
             Ok(0)
         }
@@ -376,130 +375,5 @@ async fn dispatch(cli: Cli) -> Result<i32> {
              run it from a source checkout with `bash scripts/demo.sh`, which builds \
              drover with `--features demo`"
         ),
-    }
-}
-
-/// A task run's counts, then one row per target: whether it is the canary,
-/// its job's state, the step it is at (or ended in) and the error.
-fn print_described_run(run: &Value, targets: &[Value]) {
-    print_runs(std::slice::from_ref(run));
-    let status = &run["status"];
-    if let Some(reason) = status["reason"].as_str() {
-        out!("reason: {reason}");
-    }
-    out!("");
-    let mut rows = table(&["DEVICE", "CANARY", "STATE", "STEP", "UPDATED", "ERROR"]);
-    let now = jiff::Timestamp::now();
-    for target in targets {
-        let job = &target["status"];
-        let state = match (target["released"].as_bool(), job["state"].as_str()) {
-            (_, Some(state)) => state.to_owned(),
-            (Some(true), None) => "sent".to_owned(),
-            _ => "not released".to_owned(),
-        };
-        let steps = job["steps"].as_array().cloned().unwrap_or_default();
-        let step = steps
-            .iter()
-            .rev()
-            .find(|s| s["startedAt"].is_string())
-            .map(|s| {
-                format!(
-                    "{} ({})",
-                    s["name"].as_str().unwrap_or("?"),
-                    s["state"].as_str().unwrap_or("?")
-                )
-            })
-            .unwrap_or_else(|| "-".into());
-        let updated = ["finishedAt", "startedAt", "acceptedAt"]
-            .iter()
-            .find_map(|k| job[*k].as_str())
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
-        rows.add_row(vec![
-            printable(target["device"].as_str().unwrap_or("?")),
-            if target["canary"] == true { "yes" } else { "" }.to_owned(),
-            printable(&state),
-            printable(&step),
-            match updated {
-                Some(_) => format!("{} ago", age(updated, now)),
-                None => "-".into(),
-            },
-            printable(job["error"].as_str().unwrap_or("")),
-        ]);
-    }
-    print_table(&rows);
-}
-
-fn print_described_deployment(described: &Value) {
-    let deployment = &described["deployment"];
-    print_deployments(std::slice::from_ref(deployment));
-    let spec = &deployment["spec"];
-    let status = &deployment["status"];
-    out!("");
-    out!(
-        "max concurrency {}, retries {} (backoff {}s, doubling), deadline {}s",
-        spec["maxConcurrency"],
-        spec["retries"],
-        spec["retryBackoffSeconds"],
-        spec["deadlineSeconds"]
-    );
-    match spec["maintenanceWindow"].as_object() {
-        Some(window) => {
-            out!(
-                "maintenance window {}-{} in each site's time zone (default {})",
-                window["start"].as_str().unwrap_or("?"),
-                window["end"].as_str().unwrap_or("?"),
-                window["timeZone"].as_str().unwrap_or("?")
-            );
-            for zone in described["windows"].as_array().into_iter().flatten() {
-                out!(
-                    "  {:<32} {:>6} targets  local {}  {}",
-                    zone["timeZone"].as_str().unwrap_or("?"),
-                    zone["targets"],
-                    zone["localTime"].as_str().unwrap_or("?"),
-                    if zone["open"] == true {
-                        "open"
-                    } else {
-                        "closed"
-                    }
-                );
-            }
-        }
-        None => out!("no maintenance window: targets are released at any time"),
-    }
-    if let Some(error) = status["latestError"].as_str() {
-        out!("latest error: {}", printable(error));
-    }
-    let errors = described["latestErrors"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if !errors.is_empty() {
-        out!("errors:");
-        for e in errors {
-            out!(
-                "  {:<24} attempt {:<3} {}",
-                e["device"].as_str().unwrap_or("?"),
-                e["attempt"],
-                printable(e["error"].as_str().unwrap_or(""))
-            );
-        }
-    }
-    let waiting = described["waitingRetry"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if !waiting.is_empty() {
-        out!(
-            "waiting for a retry ({} in all):",
-            described["waitingRetryTotal"]
-        );
-        for w in waiting {
-            out!(
-                "  {:<24} attempt {:<3} at {}",
-                w["device"].as_str().unwrap_or("?"),
-                w["attempt"].as_u64().unwrap_or(0) + 1,
-                w["nextAttemptAt"].as_str().unwrap_or("?")
-            );
-        }
     }
 }

@@ -1,3 +1,4 @@
 //! The `drover` binary's commands that are more than a call of the library.
 
 pub mod brokers;
+pub mod describe;
