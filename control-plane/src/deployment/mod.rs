@@ -14,7 +14,15 @@ use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+
+mod targeting;
+mod window;
+
+pub use targeting::{
+    DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
+    inventory_key, select,
+};
+pub use window::{Window, format_minute, parse_minute, time_zone};
 
 /// Upper bound of one deployment's targets (`too_many_targets` beyond).
 pub const MAX_TARGETS: usize = 20_000;
@@ -54,140 +62,6 @@ pub enum Targeting {
     Filter(DeviceFilter),
 }
 
-/// Devices carrying every one of `match_labels`, when `groups` is not
-/// empty in at least one of `groups`, with every `software_present`
-/// condition holding and no `software_absent` one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceFilter {
-    pub match_labels: BTreeMap<String, String>,
-    pub groups: Vec<String>,
-    pub software_present: Vec<SoftwareCondition>,
-    pub software_absent: Vec<SoftwareCondition>,
-}
-
-impl DeviceFilter {
-    pub fn needs_inventory(&self) -> bool {
-        !self.software_present.is_empty() || !self.software_absent.is_empty()
-    }
-
-    /// Whether the software conditions hold on a device with `inventory`;
-    /// None when that cannot be known (no inventory, or a truncated one
-    /// that cannot prove a package absent).
-    pub fn software_matches(&self, inventory: Option<&DeviceInventory>) -> Option<bool> {
-        if !self.needs_inventory() {
-            return Some(true);
-        }
-        let inventory = inventory?;
-        for condition in &self.software_present {
-            if !condition.holds(inventory) {
-                // A truncated list may hold it among the packages left out.
-                return (!inventory.truncated).then_some(false);
-            }
-        }
-        for condition in &self.software_absent {
-            if condition.holds(inventory) {
-                return Some(false);
-            }
-        }
-        (!inventory.truncated || self.software_absent.is_empty()).then_some(true)
-    }
-}
-
-/// A package installed (`ii`), optionally at a version that compares with
-/// `version_cmp` in Debian's ordering (epochs, `~`, revisions).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SoftwareCondition {
-    pub name: String,
-    pub version_cmp: Option<VersionCmp>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VersionCmp {
-    pub op: VersionOp,
-    pub version: String,
-}
-
-/// dpkg's relations: `<<`, `<=`, `=`, `>=`, `>>` (also written `<` and `>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum VersionOp {
-    #[serde(rename = "<<")]
-    Lt,
-    #[serde(rename = "<=")]
-    Le,
-    #[serde(rename = "=")]
-    Eq,
-    #[serde(rename = ">=")]
-    Ge,
-    #[serde(rename = ">>")]
-    Gt,
-}
-
-impl VersionOp {
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "<<" | "<" => VersionOp::Lt,
-            "<=" => VersionOp::Le,
-            "=" | "==" => VersionOp::Eq,
-            ">=" => VersionOp::Ge,
-            ">>" | ">" => VersionOp::Gt,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VersionOp::Lt => "<<",
-            VersionOp::Le => "<=",
-            VersionOp::Eq => "=",
-            VersionOp::Ge => ">=",
-            VersionOp::Gt => ">>",
-        }
-    }
-
-    /// Whether `installed OP wanted` holds in Debian's version ordering.
-    pub fn holds(self, installed: &str, wanted: &str) -> bool {
-        use std::cmp::Ordering::*;
-        let order = deb_version::compare_versions(installed, wanted);
-        match self {
-            VersionOp::Lt => order == Less,
-            VersionOp::Le => order != Greater,
-            VersionOp::Eq => order == Equal,
-            VersionOp::Ge => order != Less,
-            VersionOp::Gt => order == Greater,
-        }
-    }
-}
-
-impl SoftwareCondition {
-    pub fn holds(&self, inventory: &DeviceInventory) -> bool {
-        match (inventory.packages.get(&self.name), &self.version_cmp) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(installed), Some(cmp)) => cmp.op.holds(installed, &cmp.version),
-        }
-    }
-}
-
-/// A device's installed packages as its latest inventory refresh reported
-/// them (`inventory/<device>`, written with that job's result).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceInventory {
-    pub device: DeviceId,
-    pub collected_at: Timestamp,
-    /// Name to version.
-    pub packages: BTreeMap<String, String>,
-    /// The device left packages out (its list hit the bounds).
-    pub truncated: bool,
-}
-
-pub fn inventory_key(device: &DeviceId) -> String {
-    format!("inventory/{device}")
-}
-
 /// The job every target runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeploymentJob {
@@ -216,54 +90,6 @@ impl DeploymentJob {
             DeploymentJob::PackageInstallV1(_) => "packageInstallV1",
         }
     }
-}
-
-/// A daily maintenance window in local time, `[start, end)` in minutes after
-/// midnight; `start > end` crosses midnight. `time_zone` is used for devices
-/// whose site has none.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Window {
-    pub start_minute: u16,
-    pub end_minute: u16,
-    pub time_zone: String,
-}
-
-impl Window {
-    /// Whether `now` falls in the window on the wall clock of `zone`. Local
-    /// times a DST change skips are never in it; local times it repeats are
-    /// in it both times.
-    pub fn contains(&self, zone: &TimeZone, now: Timestamp) -> bool {
-        let time = zone.to_datetime(now).time();
-        let minute = time.hour() as u16 * 60 + time.minute() as u16;
-        if self.start_minute < self.end_minute {
-            self.start_minute <= minute && minute < self.end_minute
-        } else {
-            minute >= self.start_minute || minute < self.end_minute
-        }
-    }
-}
-
-/// "HH:MM" to minutes after midnight.
-pub fn parse_minute(text: &str) -> Option<u16> {
-    let (h, m) = text.split_once(':')?;
-    if h.len() != 2 || m.len() != 2 {
-        return None;
-    }
-    let (h, m): (u16, u16) = (h.parse().ok()?, m.parse().ok()?);
-    (h < 24 && m < 60).then_some(h * 60 + m)
-}
-
-pub fn format_minute(minute: u16) -> String {
-    format!("{:02}:{:02}", minute / 60, minute % 60)
-}
-
-/// Looks a zone up in the system's tz database (tzdata).
-pub fn time_zone(name: &str) -> Option<TimeZone> {
-    if name == "UTC" {
-        return Some(TimeZone::UTC);
-    }
-    TimeZone::get(name).ok()
 }
 
 /// A deployment as stored (`deployments/<name>`): the immutable spec, the
@@ -337,49 +163,6 @@ impl DeploymentStatus {
 pub struct Lease {
     pub holder: String,
     pub until: Timestamp,
-}
-
-/// Why a device is or is not one of a deployment's targets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Selection {
-    Target,
-    /// It matches, but has no agent yet or is decommissioned, or whether
-    /// its software matches cannot be known (no inventory yet).
-    Excluded,
-    NotSelected,
-}
-
-/// Whether `device` is a target of `targeting`.
-pub fn select(
-    targeting: &Targeting,
-    device: &crate::records::DeviceRecord,
-    inventory: Option<&DeviceInventory>,
-) -> Selection {
-    let matches = match targeting {
-        Targeting::All => Some(true),
-        Targeting::Devices(list) => Some(list.contains(&device.id)),
-        Targeting::Filter(filter) => {
-            let labels = device.effective_labels();
-            let placed = filter
-                .match_labels
-                .iter()
-                .all(|(k, v)| labels.get(k) == Some(v))
-                && (filter.groups.is_empty()
-                    || filter.groups.iter().any(|g| device.groups.contains(g)));
-            if placed {
-                filter.software_matches(inventory)
-            } else {
-                Some(false)
-            }
-        }
-    };
-    if matches == Some(false) {
-        Selection::NotSelected
-    } else if matches.is_none() || device.decommissioned || !device.agent_present {
-        Selection::Excluded
-    } else {
-        Selection::Target
-    }
 }
 
 /// One target as stored (`targets/<deployment uid>/<device>`). Written when
@@ -781,5 +564,4 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
 }
 
 #[cfg(test)]
-#[path = "deployment_tests.rs"]
 mod tests;
