@@ -15,9 +15,11 @@ use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
+mod status;
 mod targeting;
 mod window;
 
+pub use status::{Adds, next_status};
 pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
     inventory_key, select,

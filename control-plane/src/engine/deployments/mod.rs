@@ -18,14 +18,15 @@
 use super::Engine;
 use crate::db::{Db, DbError};
 use crate::deployment::{
-    self, DeploymentRecord, Lease, MAX_TARGETS, Selection, TargetInput, TargetRecord,
+    self, Adds, Decision, DeploymentRecord, DeploymentStatus, Lease, MAX_TARGETS, Selection,
+    TargetInput, TargetRecord, next_status,
 };
 use crate::records::{
     Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, job_key, target_key,
 };
 use crate::store::Op;
 use agent_core::model::Intent;
-use agent_core::{DeviceId, MAX_ERROR_BYTES, bounded};
+use agent_core::DeviceId;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::{info, warn};
@@ -41,6 +42,7 @@ const LEASE_RENEW_BEFORE: SignedDuration = SignedDuration::from_secs(10);
 /// Target records written per commit when a deployment starts.
 const TARGET_CHUNK: usize = 1000;
 
+use views::DeploymentView;
 pub(super) use views::DeploymentViews;
 pub use views::observe;
 
@@ -259,20 +261,7 @@ impl Engine {
         let mut views = self.deployments.lock().await;
         if !views.by_name.contains_key(&name) {
             let view = self.load_deployment_view(revision, &record).await?;
-            views.by_uid.insert(view.uid, name.clone());
-            for (index, target) in view.targets.iter().enumerate() {
-                if let Some(job) = target.job {
-                    views.by_job.insert(job, (name.clone(), index));
-                }
-                if target.end.is_none() {
-                    views
-                        .by_device
-                        .entry(target.device.clone())
-                        .or_default()
-                        .push(name.clone());
-                }
-            }
-            views.by_name.insert(name.clone(), view);
+            views.insert(&name, view);
         }
 
         if views
@@ -287,26 +276,15 @@ impl Engine {
         }
 
         // "Add new devices": the filter again, for devices not yet targets.
-        let mut adds: Vec<(TargetRecord, Option<Timestamp>)> = Vec::new();
-        let mut add_error = None;
         let handling_adds = record.add_requests > record.status.add_requests_handled;
-        // A canceled deployment takes no new devices; the request is handled.
-        if handling_adds && record.status.phase != Phase::Canceling {
-            let (selected, _) = self.select_targets(&record).await?;
-            let view = views.by_name.get(&name).expect("loaded above");
-            adds = selected
-                .into_iter()
-                .filter(|(t, _)| !view.index.contains_key(&t.device))
-                .collect();
-            if view.targets.len() + adds.len() > MAX_TARGETS {
-                add_error = Some(format!(
-                    "too_many_targets: adding {} new devices would make {} targets; at most {MAX_TARGETS}",
-                    adds.len(),
-                    view.targets.len() + adds.len()
-                ));
-                adds.clear();
-            }
-        }
+        let (adds, add_error) =
+            // A canceled deployment takes no new devices; the request is handled.
+            if handling_adds && record.status.phase != Phase::Canceling {
+                let view = views.by_name.get(&name).expect("loaded above");
+                self.new_targets(&record, view).await?
+            } else {
+                (Vec::new(), None)
+            };
 
         let view = views.by_name.get(&name).expect("loaded above");
         let inputs: Vec<TargetInput> = view
@@ -335,62 +313,17 @@ impl Engine {
                 .await?;
         }
         let view = views.by_name.get(&name).expect("loaded above");
-        let deadline = record.facts().deadline();
-        let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
-            + deployment::RUNNING_GRACE;
-        let next_due = view
-            .targets
-            .iter()
-            .filter(|t| t.end.is_none())
-            .filter_map(|t| t.running_since.map(|since| since + timeout))
-            .chain(decision.next_retry_at)
-            .chain((deadline > now).then_some(deadline))
-            .min();
-
-        let mut status = record.status.clone();
-        status.lease = None;
-        status.counts = decision.counts;
-        status.counts.pending += adds.len() as u32;
-        status.targets = status.counts.total();
-        status.next_retry_at = decision.next_retry_at;
-        if let Some(error) = decision.latest_error.clone().or(add_error) {
-            status.latest_error = Some(bounded(error, MAX_ERROR_BYTES));
-        }
-        if handling_adds {
-            status.add_requests_handled = record.add_requests;
-        }
-        if decision.finished && record.status.phase == Phase::Canceling {
-            let c = &status.counts;
-            status.phase = Phase::Failed;
-            status.reason = Some("Canceled".into());
-            status.completion_time = Some(now);
-            status.latest_error = Some(format!(
-                "canceled by an operator: {} of {} targets succeeded, {} failed, {} expired, {} canceled",
-                c.succeeded,
-                c.total(),
-                c.failed,
-                c.expired,
-                c.canceled
-            ));
-        } else if decision.finished && adds.is_empty() {
-            let c = &status.counts;
-            status.phase = if c.failed == 0 && c.expired == 0 {
-                Phase::Complete
-            } else {
-                Phase::Failed
-            };
-            status.reason = Some(
-                if c.failed == 0 && c.expired == 0 {
-                    "AllTargetsSucceeded"
-                } else if c.failed == 0 {
-                    "Expired"
-                } else {
-                    "TargetsFailed"
-                }
-                .into(),
-            );
-            status.completion_time = Some(now);
-        }
+        let next_due = next_due(&record, view, &decision, now);
+        let mut status = next_status(
+            &record,
+            &decision,
+            Adds {
+                count: adds.len(),
+                error: add_error,
+                handled: handling_adds,
+            },
+            now,
+        );
         let mut unleased = record.status.clone();
         unleased.lease = None;
         if decision.changes.is_empty() && adds.is_empty() && status == unleased {
@@ -428,68 +361,9 @@ impl Engine {
         // A finished deployment lets its lease go.
         status.lease = (!finished).then_some(lease);
 
-        // Jobs first, then the targets that name them: a crash in between
-        // leaves a job the next pass releases again under the same id.
-        let mut ops = Vec::new();
-        let mut job_keys = Vec::new();
-        for &index in &decision.released {
-            let target = decision
-                .changes
-                .iter()
-                .find(|(i, _)| *i == index)
-                .map(|(_, t)| t)
-                .expect("a released target changed");
-            let job_id = target.job.expect("a released target has a job");
-            let job = JobDelivery {
-                intent: Intent {
-                    job_id,
-                    device_id: target.device.clone(),
-                    kind: record.spec.job.kind(),
-                    attempt: target.attempt,
-                    created_at: now,
-                    expires_at: record.facts().deadline(),
-                    timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
-                },
-                run: Some(format!("deployment/{name}")),
-                delivery: Delivery::Created,
-                status: None,
-                created_at: now,
-                terminal_received_at: None,
-                cancel_requested_at: None,
-            };
-            let key = job_key(&target.device, job_id);
-            ops.push(Op::Put {
-                key: key.clone(),
-                value: Db::encode(&job)?,
-                expected: 0,
-            });
-            job_keys.push(key);
-        }
-        for (index, target) in &decision.changes {
-            ops.push(Op::Put {
-                key: target_key(record.uid, &target.device),
-                value: Db::encode(target)?,
-                expected: view.revisions[*index],
-            });
-        }
-        for (target, _) in &adds {
-            ops.push(Op::Put {
-                key: target_key(record.uid, &target.device),
-                value: Db::encode(target)?,
-                expected: 0,
-            });
-        }
-        // Last, the counts, under the lease: it fails only if the lease was
-        // lost, and then the next pass starts from the store again.
         let kind = record.spec.job.kind().name().to_owned();
-        let mut done = record;
-        done.status = status;
-        ops.push(Op::Put {
-            key: deployment_key(&name),
-            value: Db::encode(&done)?,
-            expected: leased,
-        });
-        let status = done.status;
+        let ended = (status.phase, status.reason.clone());
+        let (ops, job_keys) = pass_ops(record, status, leased, &decision, &adds, view, now)?;
         let results = self.store_wait(self.db.commit(ops)).await?;
         let mut results = results.into_iter();
         let mut released_keys = Vec::new();
@@ -557,10 +431,129 @@ impl Engine {
             }
         }
         if finished {
-            info!(deployment = %name, phase = ?status.phase, reason = ?status.reason, "deployment finished");
+            let (phase, reason) = ended;
+            info!(deployment = %name, phase = ?phase, reason = ?reason, "deployment finished");
         }
         Ok(())
     }
+
+    /// "Add new devices": the devices the filter selects now that are not
+    /// targets yet, or none and why when they would be too many.
+    async fn new_targets(
+        &self,
+        record: &DeploymentRecord,
+        view: &DeploymentView,
+    ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, Option<String>), DbError> {
+        let (selected, _) = self.select_targets(record).await?;
+        let adds: Vec<_> = selected
+            .into_iter()
+            .filter(|(t, _)| !view.index.contains_key(&t.device))
+            .collect();
+        if view.targets.len() + adds.len() > MAX_TARGETS {
+            let error = format!(
+                "too_many_targets: adding {} new devices would make {} targets; at most {MAX_TARGETS}",
+                adds.len(),
+                view.targets.len() + adds.len()
+            );
+            return Ok((Vec::new(), Some(error)));
+        }
+        Ok((adds, None))
+    }
+}
+
+/// When the deployment's next pass is due without any change: a running
+/// attempt times out, a waiting retry becomes due, or the deadline passes.
+fn next_due(
+    record: &DeploymentRecord,
+    view: &DeploymentView,
+    decision: &Decision,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let deadline = record.facts().deadline();
+    let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
+        + deployment::RUNNING_GRACE;
+    view.targets
+        .iter()
+        .filter(|t| t.end.is_none())
+        .filter_map(|t| t.running_since.map(|since| since + timeout))
+        .chain(decision.next_retry_at)
+        .chain((deadline > now).then_some(deadline))
+        .min()
+}
+
+/// One pass's writes, in one commit: the jobs released first, then the
+/// targets that name them (a crash in between leaves a job the next pass
+/// releases again under the same id), the new targets, and last the
+/// deployment's record with `status`, under the lease (`leased`): it fails
+/// only if the lease was lost, and then the next pass starts from the
+/// store again. Also the released jobs' keys, in the order of their writes.
+fn pass_ops(
+    record: DeploymentRecord,
+    status: DeploymentStatus,
+    leased: u64,
+    decision: &Decision,
+    adds: &[(TargetRecord, Option<Timestamp>)],
+    view: &DeploymentView,
+    now: Timestamp,
+) -> Result<(Vec<Op>, Vec<String>), DbError> {
+    let name = record.name.clone();
+    let mut ops = Vec::new();
+    let mut job_keys = Vec::new();
+    for &index in &decision.released {
+        let target = decision
+            .changes
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, t)| t)
+            .expect("a released target changed");
+        let job_id = target.job.expect("a released target has a job");
+        let job = JobDelivery {
+            intent: Intent {
+                job_id,
+                device_id: target.device.clone(),
+                kind: record.spec.job.kind(),
+                attempt: target.attempt,
+                created_at: now,
+                expires_at: record.facts().deadline(),
+                timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
+            },
+            run: Some(format!("deployment/{name}")),
+            delivery: Delivery::Created,
+            status: None,
+            created_at: now,
+            terminal_received_at: None,
+            cancel_requested_at: None,
+        };
+        let key = job_key(&target.device, job_id);
+        ops.push(Op::Put {
+            key: key.clone(),
+            value: Db::encode(&job)?,
+            expected: 0,
+        });
+        job_keys.push(key);
+    }
+    for (index, target) in &decision.changes {
+        ops.push(Op::Put {
+            key: target_key(record.uid, &target.device),
+            value: Db::encode(target)?,
+            expected: view.revisions[*index],
+        });
+    }
+    for (target, _) in adds {
+        ops.push(Op::Put {
+            key: target_key(record.uid, &target.device),
+            value: Db::encode(target)?,
+            expected: 0,
+        });
+    }
+    let mut done = record;
+    done.status = status;
+    ops.push(Op::Put {
+        key: deployment_key(&name),
+        value: Db::encode(&done)?,
+        expected: leased,
+    });
+    Ok((ops, job_keys))
 }
 
 #[cfg(test)]

@@ -49,6 +49,24 @@ pub(in crate::engine) struct DeploymentViews {
 }
 
 impl DeploymentViews {
+    /// Keeps a freshly loaded view of deployment `name`, indexed by its uid,
+    /// its targets' current jobs and the devices of its unfinished targets.
+    pub(super) fn insert(&mut self, name: &str, view: DeploymentView) {
+        self.by_uid.insert(view.uid, name.to_owned());
+        for (index, target) in view.targets.iter().enumerate() {
+            if let Some(job) = target.job {
+                self.by_job.insert(job, (name.to_owned(), index));
+            }
+            if target.end.is_none() {
+                self.by_device
+                    .entry(target.device.clone())
+                    .or_default()
+                    .push(name.to_owned());
+            }
+        }
+        self.by_name.insert(name.to_owned(), view);
+    }
+
     pub(super) fn forget(&mut self, name: &str) {
         let Some(view) = self.by_name.remove(name) else {
             return;

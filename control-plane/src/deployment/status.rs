@@ -1,0 +1,73 @@
+//! The status a deployment's pass writes: the decision's counts and the
+//! new targets, the latest error, and the phase it ends in.
+
+use super::{Decision, DeploymentRecord, DeploymentStatus};
+use crate::records::Phase;
+use agent_core::{MAX_ERROR_BYTES, bounded};
+use jiff::Timestamp;
+
+/// What this pass does with an "add new devices" request.
+pub struct Adds {
+    /// New targets it adds.
+    pub count: usize,
+    /// Why it adds none although some match.
+    pub error: Option<String>,
+    /// A request was pending, and is handled now.
+    pub handled: bool,
+}
+
+/// The deployment's status after this pass (without its lease): the counts
+/// of the decision and the new targets, the latest error, and the phase it
+/// ends in once every target has ended.
+pub fn next_status(
+    record: &DeploymentRecord,
+    decision: &Decision,
+    adds: Adds,
+    now: Timestamp,
+) -> DeploymentStatus {
+    let mut status = record.status.clone();
+    status.lease = None;
+    status.counts = decision.counts;
+    status.counts.pending += adds.count as u32;
+    status.targets = status.counts.total();
+    status.next_retry_at = decision.next_retry_at;
+    if let Some(error) = decision.latest_error.clone().or(adds.error) {
+        status.latest_error = Some(bounded(error, MAX_ERROR_BYTES));
+    }
+    if adds.handled {
+        status.add_requests_handled = record.add_requests;
+    }
+    if decision.finished && record.status.phase == Phase::Canceling {
+        let c = &status.counts;
+        status.phase = Phase::Failed;
+        status.reason = Some("Canceled".into());
+        status.completion_time = Some(now);
+        status.latest_error = Some(format!(
+            "canceled by an operator: {} of {} targets succeeded, {} failed, {} expired, {} canceled",
+            c.succeeded,
+            c.total(),
+            c.failed,
+            c.expired,
+            c.canceled
+        ));
+    } else if decision.finished && adds.count == 0 {
+        let c = &status.counts;
+        status.phase = if c.failed == 0 && c.expired == 0 {
+            Phase::Complete
+        } else {
+            Phase::Failed
+        };
+        status.reason = Some(
+            if c.failed == 0 && c.expired == 0 {
+                "AllTargetsSucceeded"
+            } else if c.failed == 0 {
+                "Expired"
+            } else {
+                "TargetsFailed"
+            }
+            .into(),
+        );
+        status.completion_time = Some(now);
+    }
+    status
+}
