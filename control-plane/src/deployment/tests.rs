@@ -778,3 +778,67 @@ fn a_canceled_deployment_releases_nothing_and_asks_its_jobs_out_to_cancel() {
         "the device's own Canceled status"
     );
 }
+
+/// The status a pass writes, apart from the store: a deployment whose
+/// targets all ended is Complete or Failed with its reason, unless an "add
+/// new devices" request brought new targets in this pass; a canceled one
+/// ends Canceled with its counts in a sentence; a request is marked handled.
+#[test]
+fn the_status_a_pass_writes_follows_the_decision_and_the_add_request() {
+    let spec = spec(10, None, 0);
+    let at = t("2026-03-01T10:20:00Z");
+    let records = [released("a", 1, "2026-03-01T10:00:00Z")];
+    let succeeded = [input(&records[0], Some(Observed::Succeeded { at }))];
+    let decision = decide(&facts(&spec), &succeeded, at);
+    let mut record = DeploymentRecord {
+        name: "d".into(),
+        uid: JobId::random(),
+        created_at: t("2026-03-01T09:00:00Z"),
+        spec: spec.clone(),
+        add_requests: 1,
+        status: DeploymentStatus::planning(),
+    };
+    record.status.phase = crate::records::Phase::Running;
+    let none = || Adds {
+        count: 0,
+        error: None,
+        handled: false,
+    };
+
+    let done = next_status(&record, &decision, none(), at);
+    assert_eq!(done.phase, crate::records::Phase::Complete);
+    assert_eq!(done.reason.as_deref(), Some("AllTargetsSucceeded"));
+    assert_eq!(done.completion_time, Some(at));
+    assert_eq!((done.targets, done.counts.succeeded), (1, 1));
+    assert_eq!(done.add_requests_handled, 0);
+
+    // New targets in the same pass: not finished, counted as pending.
+    let adds = Adds {
+        count: 2,
+        error: None,
+        handled: true,
+    };
+    let more = next_status(&record, &decision, adds, at);
+    assert_eq!(more.phase, crate::records::Phase::Running);
+    assert_eq!((more.targets, more.counts.pending), (3, 2));
+    assert_eq!(more.add_requests_handled, 1);
+
+    // Too many to add: the error is the latest, nothing pending.
+    let refused = Adds {
+        count: 0,
+        error: Some("too_many_targets: …".into()),
+        handled: true,
+    };
+    let refused = next_status(&record, &decision, refused, at);
+    assert_eq!(refused.latest_error.as_deref(), Some("too_many_targets: …"));
+    assert_eq!(refused.phase, crate::records::Phase::Complete);
+
+    record.status.phase = crate::records::Phase::Canceling;
+    let canceled = next_status(&record, &decision, none(), at);
+    assert_eq!(canceled.phase, crate::records::Phase::Failed);
+    assert_eq!(canceled.reason.as_deref(), Some("Canceled"));
+    assert_eq!(
+        canceled.latest_error.as_deref(),
+        Some("canceled by an operator: 1 of 1 targets succeeded, 0 failed, 0 expired, 0 canceled")
+    );
+}

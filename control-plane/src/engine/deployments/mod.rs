@@ -25,8 +25,8 @@ use crate::records::{
     Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, job_key, target_key,
 };
 use crate::store::Op;
-use agent_core::model::Intent;
 use agent_core::DeviceId;
+use agent_core::model::Intent;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::{info, warn};
