@@ -1432,6 +1432,17 @@ pub const CP_BROKER_USER: &str = "drover-control-plane";
 /// control plane off (as a second replica under one user would).
 pub const WATCH_BROKER_USER: &str = "drover-watch";
 
+/// The effective user id a process runs as (from /proc/PID/status).
+pub fn effective_uid(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no effective uid in {status}"))
+        .to_owned()
+}
+
 /// A nats-server whose authorization `drover nats-config` made for
 /// `devices`, and a control plane serving over it with `password`.
 pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, ControlPlane) {

@@ -821,16 +821,10 @@ async fn the_broker_reads_what_mqtt_config_wrote_as_its_own_user() {
         .expect("look up mosquitto")
         .expect("the user mosquitto exists");
     let (broker, cp) = fleet(&["perm-1"]);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", broker.pid())).expect("status");
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("effective uid");
     assert_eq!(
-        uid,
+        drover_tests::effective_uid(broker.pid()),
         mosquitto.uid.as_raw().to_string(),
-        "the broker runs as mosquitto: {status}"
+        "the broker runs as mosquitto"
     );
     for name in ["drover.passwd", "drover.acl"] {
         let meta = std::fs::metadata(broker.dir.path().join("auth").join(name)).expect(name);

@@ -1066,14 +1066,11 @@ async fn debians_nats_server_reads_what_nats_config_wrote_as_its_own_user() {
             .map(|_| ())
     })
     .await;
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", server.0.id())).expect("status");
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("effective uid");
-    assert_eq!(uid, nats_user.uid.as_raw().to_string(), "{status}");
+    assert_eq!(
+        drover_tests::effective_uid(server.0.id()),
+        nats_user.uid.as_raw().to_string(),
+        "nats-server runs as nats"
+    );
 
     let url = format!("nats://127.0.0.1:{port}");
     let cp = ControlPlane::start_in(
