@@ -779,36 +779,37 @@ async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
         .wait_idle_with_unsent_statuses(Duration::from_secs(60))
         .await;
     cp.restart();
-    // The agent's statuses reach the control plane now, after the deadline.
+    // The agent's statuses reach the control plane now, after the deadline:
+    // before the engine's first pass judged it, or after.
     agent.wait_idle_and_flushed(Duration::from_secs(60)).await;
     let run = cp
         .wait_run_finished("slow-run", Duration::from_secs(60))
         .await;
     assert_eq!(run["status"]["phase"], "Failed", "{run}\n{}", cp.log());
     assert_eq!(run["status"]["succeeded"], 0, "{run}");
-    let targets = cp.targets("slow-run").await;
-    let status = &targets[0]["status"];
-    assert_eq!(
-        status["state"], "Succeeded",
-        "the device did finish: {targets:?}"
-    );
-    let claimed: jiff::Timestamp = status["completionHeartbeatAt"]
-        .as_str()
-        .expect("completion")
-        .parse()
-        .expect("time");
-    assert!(
-        claimed < deadline,
-        "the device's clock claims it was in time"
-    );
-    // Judged before or after the late result arrived, by the control
-    // plane's clock either way.
+    // Judged by the control plane's clock either way: the result read
+    // before the first pass judged the deadline, or the deadline judged
+    // first (the late result then reopens nothing).
     let error = run["status"]["latestError"].as_str().unwrap_or("");
     assert!(
         (error.contains("reached the control plane at") && error.contains("after the deadline"))
             || error.contains("had not finished by the deadline"),
         "{run}"
     );
+    let targets = cp.targets("slow-run").await;
+    let status = &targets[0]["status"];
+    if status["state"] == "Succeeded" {
+        // The device's clock claims it was in time.
+        let claimed: jiff::Timestamp = status["completionHeartbeatAt"]
+            .as_str()
+            .expect("completion")
+            .parse()
+            .expect("time");
+        assert!(
+            claimed < deadline,
+            "the device's clock claims it was in time"
+        );
+    }
 }
 
 /// A11 over NATS: whoever controls the broker (here, its admin user) cannot
