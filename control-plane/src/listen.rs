@@ -38,14 +38,20 @@ pub async fn serve(
     admission: Arc<Admission>,
     shutdown: CancellationToken,
 ) {
+    // The connections, so that serving ends only once each has finished
+    // what it was answering (each gets a graceful shutdown of at most 5 s):
+    // a request whose write the store refused still gets its 503 before the
+    // process exits.
+    let mut connections = tokio::task::JoinSet::new();
     while let Some((tcp, peer, pending)) = admission.accept(what, &listener, &shutdown).await {
+        while connections.try_join_next().is_some() {}
         let (tls, router, shutdown, admission) = (
             tls.clone(),
             router.clone(),
             shutdown.clone(),
             admission.clone(),
         );
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _ = tcp.set_nodelay(true);
             let established =
                 |pending: transport_websocket::admission::Pending| match pending.establish() {
@@ -87,6 +93,7 @@ pub async fn serve(
             }
         });
     }
+    while connections.join_next().await.is_some() {}
 }
 
 /// One connection's requests, until it ends, idles out or `shutdown`.

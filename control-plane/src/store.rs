@@ -163,13 +163,15 @@ fn write_loop(
                 }
             }
             Err(StoreFailure(e)) => {
+                // Every writer hears first, so an API request can answer
+                // 503 before the process begins to shut down.
+                for request in batch {
+                    let _ = request.done.send(Err(e.clone()));
+                }
                 // redb's I/O errors (and every one after the first) say so.
                 if e.to_string().contains("I/O error") {
                     tracing::error!(error = %e, "the store's file system refused a write");
                     io_failed.notify_one();
-                }
-                for request in batch {
-                    let _ = request.done.send(Err(e.clone()));
                 }
             }
         }
