@@ -75,8 +75,13 @@ impl BrokerPasswords {
     }
 
     /// The broker refused the current password: the other is next.
-    pub fn refused(&mut self) {
+    /// Returns whether to try it at once: the token right after the
+    /// derived password was refused (a broker set up before derived
+    /// passwords); the derived one again only after the usual wait, in
+    /// case the broker's files were written anew meanwhile.
+    pub fn refused(&mut self) -> bool {
         self.using_token = !self.using_token;
+        self.using_token
     }
 }
 
@@ -101,10 +106,10 @@ mod tests {
         let a = DeviceId::new("pi-a").expect("id");
         let mut passwords = BrokerPasswords::new("tok", &a);
         assert_eq!(passwords.current(), broker_password("tok", &a));
-        passwords.refused();
+        assert!(passwords.refused(), "the token is tried at once");
         assert!(passwords.using_token());
         assert_eq!(passwords.current(), "tok");
-        passwords.refused();
+        assert!(!passwords.refused(), "the derived one after the usual wait");
         assert!(!passwords.using_token());
     }
 }

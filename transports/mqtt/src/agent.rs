@@ -90,7 +90,9 @@ pub async fn probe(settings: &AgentSettings, client_id: &str) -> Result<bool, St
     loop {
         match probe_with(&with_password(settings, &passwords), client_id).await {
             Ok(()) => return Ok(passwords.using_token()),
-            Err(Failure::Refused(_)) if !passwords.using_token() => passwords.refused(),
+            Err(Failure::Refused(_)) if !passwords.using_token() => {
+                passwords.refused();
+            }
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -134,17 +136,10 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
         let delay =
             match session(&settings, &mqtt, passwords.using_token(), &agent, &shutdown).await {
                 Ok(()) => return,
-                Err(Failure::Refused(_)) if !passwords.using_token() => {
-                    // A broker set up before derived passwords knows the token.
-                    passwords.refused();
-                    debug!("the MQTT broker refused the derived password; trying the token");
-                    continue;
-                }
                 Err(e) => {
-                    if matches!(e, Failure::Refused(_)) {
-                        // Neither: the derived one again next, in case the
-                        // broker's files were written anew meanwhile.
-                        passwords.refused();
+                    if matches!(e, Failure::Refused(_)) && passwords.refused() {
+                        debug!("the MQTT broker refused the derived password; trying the token");
+                        continue;
                     }
                     warn!(error = %e, "MQTT link failed");
                     agent.update_link(|l| {

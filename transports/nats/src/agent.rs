@@ -107,17 +107,10 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
         let delay = match serve(&settings, &nats, passwords.using_token(), &agent, &shutdown).await
         {
             Ok(()) => return,
-            Err(NatsError::Refused { .. }) if !passwords.using_token() => {
-                // A server set up before derived passwords knows the token.
-                passwords.refused();
-                debug!("the NATS server refused the derived password; trying the token");
-                continue;
-            }
             Err(e) => {
-                if matches!(e, NatsError::Refused { .. }) {
-                    // Neither: the derived one again next, in case the
-                    // server's authorization was written anew meanwhile.
-                    passwords.refused();
+                if matches!(e, NatsError::Refused { .. }) && passwords.refused() {
+                    debug!("the NATS server refused the derived password; trying the token");
+                    continue;
                 }
                 warn!(error = %e, "NATS link failed");
                 agent.update_link(|l| {
