@@ -11,10 +11,8 @@ pub mod cli;
 pub mod client;
 pub mod db;
 pub mod debcontrol;
-pub mod delivery;
 #[cfg(feature = "demo")]
 pub mod demo;
-pub mod deployment;
 pub mod dispatch;
 pub mod engine;
 pub mod get;
@@ -23,14 +21,13 @@ pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod packages;
-pub mod placement;
-pub mod records;
-pub mod rollout;
-pub mod schedule;
 pub mod secrets;
 pub mod serve;
 pub mod store;
 pub mod stored;
-pub mod strict_json;
 pub mod ui;
 pub mod watch;
+
+// The rules live in their own crate (control-plane/rules); their modules
+// keep their paths here.
+pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};

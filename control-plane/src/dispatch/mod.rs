@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 mod agents;
-mod clean;
+use drover_rules::clean;
 mod feed;
 mod intake;
 mod outbound;

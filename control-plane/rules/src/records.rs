@@ -1,6 +1,6 @@
 //! The control plane's records and their keys. How each is laid out on disk
-//! is [`crate::stored`]'s business; every update goes through a
-//! compare-and-set retry loop ([`crate::db::Db::update`]).
+//! is the store's business (`drover::stored`); every update goes through a
+//! compare-and-set retry loop (`drover::db::Db::update`).
 
 use agent_core::model::{Intent, JobStatus};
 use agent_core::{DeviceId, JobId};

@@ -5,13 +5,13 @@ use agent_core::model::JobStatus;
 
 /// Upper bound of a field a device reports about itself (version, boot id,
 /// one capability, OS name, architecture).
-pub(super) const MAX_REPORTED: usize = 256;
+pub const MAX_REPORTED: usize = 256;
 /// Upper bound of the capabilities a device may report.
 const MAX_CAPABILITIES: usize = 32;
 
 /// Why a text a device sent cannot be kept: too long, or holding control
 /// characters (escape sequences would reach an operator's terminal).
-pub(super) fn check_text(what: &str, text: &str, max: usize) -> Option<String> {
+pub fn check_text(what: &str, text: &str, max: usize) -> Option<String> {
     if text.len() > max {
         return Some(format!(
             "{what} is {} bytes, over the limit of {max}",
@@ -31,11 +31,7 @@ pub fn is_bidi_override(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
-pub(super) fn check_reported(
-    version: &str,
-    boot_id: &str,
-    capabilities: &[String],
-) -> Option<String> {
+pub fn check_reported(version: &str, boot_id: &str, capabilities: &[String]) -> Option<String> {
     if capabilities.len() > MAX_CAPABILITIES {
         return Some(format!(
             "{} capabilities reported, over the limit of {MAX_CAPABILITIES}",
@@ -68,7 +64,7 @@ pub fn printable(text: String) -> String {
 /// A status as the control plane keeps it: every field bounded and
 /// [`printable`], whatever a device sent (errors ≤ 1 KiB, at most 16
 /// steps, bounded lists).
-pub(super) fn bounded_status(status: &JobStatus) -> JobStatus {
+pub fn bounded_status(status: &JobStatus) -> JobStatus {
     use agent_core::{MAX_ERROR_BYTES, MAX_STEPS};
     let bounded = |text: String, max: usize| agent_core::bounded(printable(text), max);
     let mut status = status.clone();

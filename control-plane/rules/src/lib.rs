@@ -1,0 +1,16 @@
+//! The control plane's rules: its records and every decision made on them
+//! that needs no I/O. Placement, rollout, deployments (targeting, windows,
+//! the decide step), schedules, the delivery step and the cleaning of what
+//! devices report are pure functions of their inputs and of the time they
+//! are given; the caller reads the clock, the store and the network.
+//! This crate's Cargo.toml has no tokio, store or HTTP dependency, and
+//! clippy's `disallowed-methods` (its clippy.toml) keeps the wall clock out.
+
+pub mod clean;
+pub mod delivery;
+pub mod deployment;
+pub mod placement;
+pub mod records;
+pub mod rollout;
+pub mod schedule;
+pub mod strict_json;
