@@ -387,22 +387,21 @@ async fn follow(client: &ApiClient, name: &str) -> Result<bool> {
             } else {
                 ""
             };
-            let state = match (&item["status"], item["released"].as_bool()) {
-                (Value::Null, Some(true)) => "released".to_owned(),
-                (Value::Null, _) => continue,
-                (status, _) => {
-                    let state = status["state"].as_str().unwrap_or("?");
-                    let step = status["steps"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|s| s["state"] == "Running")
-                        .and_then(|s| s["name"].as_str());
-                    match step {
-                        Some(step) if state == "Running" => format!("Running step {step}"),
-                        _ => state.to_owned(),
-                    }
-                }
+            // The state the API names (as `describe` and the dashboard do),
+            // with the step a running job is at.
+            let state = item["state"].as_str().unwrap_or("?");
+            if state == "notReleased" {
+                continue;
+            }
+            let step = item["status"]["steps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["state"] == "Running")
+                .and_then(|s| s["name"].as_str());
+            let state = match step {
+                Some(step) if state == "running" => format!("running step {step}"),
+                _ => state.to_owned(),
             };
             if seen.get(&device) != Some(&state) {
                 out!("{} {device}{canary}: {state}", stamp());

@@ -69,7 +69,7 @@ impl Metrics {
         );
         registry.register(
             "jobs_undecided",
-            "Jobs not decided yet, by delivery state (created, sent, acked, canceling) and kind",
+            "Jobs not decided yet, by state (undelivered, accepted, waiting, running, awaitingReboot, canceling: the names the API, CLI and dashboard show) and kind",
             metrics.jobs_undecided.clone(),
         );
         registry.register(
@@ -79,7 +79,7 @@ impl Metrics {
         );
         registry.register(
             "jobs_finished",
-            "Jobs decided by a terminal status, by state and kind",
+            "Jobs decided (by a terminal status, or expired before delivery), by state and kind",
             metrics.jobs_finished.clone(),
         );
         registry.register(
@@ -158,7 +158,7 @@ mod tests {
             .set(3);
         m.jobs_finished
             .get_or_create(&vec![
-                ("state", "Succeeded".into()),
+                ("state", "succeeded".into()),
                 ("kind", "systemUpgradeV1".into()),
             ])
             .inc();
@@ -172,7 +172,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "drover_jobs_finished_total{state=\"Succeeded\",kind=\"systemUpgradeV1\"} 1"
+                "drover_jobs_finished_total{state=\"succeeded\",kind=\"systemUpgradeV1\"} 1"
             ),
             "{text}"
         );

@@ -6,7 +6,7 @@
 //! written to `target/test-artefacts/dashboard/` (with `DROVER_BLESS=1`,
 //! the run page's also to `docs/dashboard.png`, which the README shows).
 
-use drover_tests::{AgentProcess, ControlPlane, free_port, hold_config, http_client};
+use drover_tests::{AgentProcess, ControlPlane, eventually, free_port, hold_config, http_client};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -142,15 +142,7 @@ async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_al
     let reached = dir.join("web-1/reached");
     std::fs::create_dir_all(dir.join("web-1")).expect("dir");
     std::fs::write(&hold, "").expect("hold");
-    let start = |device: &str, extra: &str| {
-        AgentProcess::start(
-            &dir.join(device),
-            device,
-            &cp.agent_url,
-            &cp.device_token(device),
-            extra,
-        )
-    };
+    let start = |device: &str, extra: &str| agent(&cp, device, extra);
     let _web1 = start("web-1", &hold_config(&hold, &reached));
     let _web2 = start("web-2", "");
     let mut away = start("web-away", "");
@@ -549,4 +541,228 @@ async fn csrf_of(http: &reqwest::Client, cp: &ControlPlane, cookie: &str) -> Str
         .await
         .expect("json");
     session["csrf"].as_str().expect("csrf").to_owned()
+}
+
+/// An agent for `device` in its directory under the control plane's.
+fn agent(cp: &ControlPlane, device: &str, extra: &str) -> AgentProcess {
+    AgentProcess::start(
+        &cp.dir.path().join(device),
+        device,
+        &cp.agent_url,
+        &cp.device_token(device),
+        extra,
+    )
+}
+
+/// Logs `browser` in with the operator token and waits for the fleet page.
+async fn log_in(browser: &Client, cp: &ControlPlane) {
+    go(browser, cp, "").await;
+    let token = browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("login page");
+    token.send_keys(&cp.token).await.expect("type");
+    click(browser, "#login").await;
+    wait_text(browser, "#fleet-count", "the fleet", |t| {
+        t.contains("devices")
+    })
+    .await;
+}
+
+/// The STATE cell of `device`'s row in `drover describe taskrun RUN`.
+fn cli_state(cp: &ControlPlane, run: &str, device: &str) -> String {
+    let out = cp.cli(&["describe", "taskrun", run]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    // DEVICE, CANARY (empty: no canaries here), STATE, …
+    let row = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(device))
+        .unwrap_or_else(|| panic!("no row for {device}: {text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    match cells.get(2..6) {
+        Some(["(after", "the", "run", "ended)"]) => format!("{} (after the run ended)", cells[1]),
+        _ => cells[1].to_owned(),
+    }
+}
+
+/// The value of the metric line that starts with `series`, 0 when absent.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Issue 29: one job shows one state name everywhere. One run with an
+/// undelivered job (its device is away), a running one (held at its first
+/// step) and a finished one: the API's target page, `drover describe`, the
+/// dashboard's run and fleet pages and `/metrics` all name each the same.
+/// Then the run's deadline passes: the away job expires, and the held one,
+/// let go, succeeds after the run ended, which every place says as such
+/// while the run's header keeps the counts it ended with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
+    let cp = ControlPlane::start(&[]);
+    let dir = cp.dir.path();
+    for device in ["st-away", "st-held", "st-done"] {
+        cp.apply_device(device, &["states"], json!({})).await;
+    }
+    let hold = dir.join("st-held/hold");
+    let reached = dir.join("st-held/reached");
+    std::fs::create_dir_all(dir.join("st-held")).expect("dir");
+    std::fs::write(&hold, "").expect("hold");
+    let start = |device: &str, extra: &str| agent(&cp, device, extra);
+    let mut away = start("st-away", "");
+    let _held = start("st-held", &hold_config(&hold, &reached));
+    let _done = start("st-done", "");
+    cp.wait_for_agents(&["st-away", "st-held", "st-done"]).await;
+    away.kill9();
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+
+    // A deadline long enough to read every place, short enough to end
+    // while st-held is still held.
+    cp.apply_upgrade_run("states", "states", 45).await;
+    wait_for(&reached, "st-held's job to start").await;
+    let expected = [
+        ("st-away", "undelivered"),
+        ("st-held", "running"),
+        ("st-done", "succeeded"),
+    ];
+    let api_states = || async {
+        let targets = cp.targets("states").await;
+        let state = |device: &str| {
+            targets
+                .iter()
+                .find(|t| t["device"] == device)
+                .and_then(|t| t["state"].as_str())
+                .map(str::to_owned)
+        };
+        expected
+            .iter()
+            .all(|(device, want)| state(device).as_deref() == Some(*want))
+            .then_some(targets)
+    };
+    let targets = eventually(Duration::from_secs(30), "the API's states", api_states).await;
+    let done = targets
+        .iter()
+        .find(|t| t["device"] == "st-done")
+        .expect("st-done");
+    assert_eq!(done["stateLabel"], "Succeeded", "{done}");
+    assert_eq!(done["afterRunEnded"], false, "{done}");
+
+    for (device, want) in expected {
+        assert_eq!(
+            cli_state(&cp, "states", device),
+            want,
+            "the CLI's state of {device}"
+        );
+    }
+
+    go(&browser, &cp, "#/runs/states").await;
+    for (device, want) in expected {
+        let css = format!("tr[data-device='{device}'] td.state");
+        wait_text(&browser, &css, "the run page's state", |t| t == want).await;
+    }
+    go(&browser, &cp, "").await;
+    for (device, want) in [("st-away", "undelivered"), ("st-held", "running")] {
+        let css = format!("tr[data-device='{device}']");
+        let row = wait_text(&browser, &css, "the fleet's current job", |t| {
+            t.contains(want)
+        })
+        .await;
+        assert!(row.contains("states"), "{row}");
+    }
+
+    // The gauge is refreshed by the delivery core's sweep: waited for.
+    let kind = "kind=\"systemUpgradeV1\"}";
+    eventually(Duration::from_secs(30), "the metrics' states", || async {
+        let text = cp.metrics().await;
+        let counts = [
+            metric(
+                &text,
+                &format!("drover_jobs_undecided{{state=\"undelivered\",{kind}"),
+            ),
+            metric(
+                &text,
+                &format!("drover_jobs_undecided{{state=\"running\",{kind}"),
+            ),
+            metric(
+                &text,
+                &format!("drover_jobs_finished_total{{state=\"succeeded\",{kind}"),
+            ),
+        ];
+        (counts == [1, 1, 1]).then_some(())
+    })
+    .await;
+
+    // The deadline passes: the run ends with the counts it had.
+    let ended = cp
+        .wait_run_finished("states", Duration::from_secs(90))
+        .await;
+    assert_eq!(ended["status"]["reason"], "DeadlineExceeded", "{ended}");
+    assert_eq!(ended["status"]["succeeded"], 1, "{ended}");
+    std::fs::remove_file(&hold).expect("let st-held go");
+    let late = [
+        ("st-away", "expired", false),
+        ("st-held", "succeeded", true),
+        ("st-done", "succeeded", false),
+    ];
+    eventually(Duration::from_secs(60), "the late outcomes", || async {
+        let targets = cp.targets("states").await;
+        late.iter()
+            .all(|(device, state, after)| {
+                targets.iter().any(|t| {
+                    t["device"] == *device && t["state"] == *state && t["afterRunEnded"] == *after
+                })
+            })
+            .then_some(())
+    })
+    .await;
+    let run = cp.get("/taskruns/states").await;
+    assert_eq!(
+        run["status"]["succeeded"], 1,
+        "the header keeps its counts: {run}"
+    );
+    assert_eq!(cli_state(&cp, "states", "st-away"), "expired");
+    assert_eq!(
+        cli_state(&cp, "states", "st-held"),
+        "succeeded (after the run ended)"
+    );
+    assert_eq!(cli_state(&cp, "states", "st-done"), "succeeded");
+    go(&browser, &cp, "#/runs/states").await;
+    for (device, want) in [
+        ("st-away", "expired"),
+        ("st-held", "succeeded after the run ended"),
+        ("st-done", "succeeded"),
+    ] {
+        let css = format!("tr[data-device='{device}'] td.state");
+        wait_text(&browser, &css, "the run page's late state", |t| t == want).await;
+    }
+    wait_text(&browser, "#run-progress", "the header's counts", |t| {
+        t.contains("1 of 3 succeeded")
+    })
+    .await;
+    screenshot(&browser, "states").await;
+    let text = cp.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            &format!("drover_jobs_finished_total{{state=\"succeeded\",{kind}")
+        ),
+        2,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("drover_jobs_finished_total{{state=\"expired\",{kind}")
+        ),
+        1,
+        "{text}"
+    );
+    browser.close().await.expect("close");
 }

@@ -20,7 +20,7 @@ fn the_demo_completes_with_the_canary_first() {
     assert!(stdout.contains("run demo-upgrade is Complete"), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
     let position = |needle: &str| lines.iter().position(|l| l.contains(needle));
-    let canary_done = position("device-1 (canary): Succeeded").expect("canary succeeded line");
+    let canary_done = position("device-1 (canary): succeeded").expect("canary succeeded line");
     for other in ["device-2:", "device-3:"] {
         let first = position(other).unwrap_or_else(|| panic!("no event for {other}\n{stdout}"));
         assert!(

@@ -76,7 +76,7 @@ async fn metrics_agree_with_the_api_after_a_run() {
         run["status"]["released"].as_f64().expect("released")
     );
     assert_eq!(
-        value("drover_jobs_finished_total{state=\"Succeeded\",kind=\"systemUpgradeV1\"}"),
+        value("drover_jobs_finished_total{state=\"succeeded\",kind=\"systemUpgradeV1\"}"),
         succeeded
     );
     assert_eq!(value("drover_delivery_seconds_count"), 3.0, "one per job");

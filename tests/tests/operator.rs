@@ -610,7 +610,7 @@ async fn the_readme_walk_through_works_as_written() {
         .find(|l| l.starts_with("pi-kitchen "))
         .unwrap_or_else(|| panic!("{described}"));
     assert!(
-        row.contains("yes") && row.contains("Succeeded") && row.contains("(Done)"),
+        row.contains("yes") && row.contains(" succeeded ") && row.contains("(Done)"),
         "{described}"
     );
     let listed = cli(readme.next("drover get taskruns"));
@@ -709,7 +709,7 @@ async fn the_readme_walk_through_works_as_written() {
     assert!(
         described
             .lines()
-            .any(|l| l.starts_with("pi-kitchen ") && l.contains("Canceled")),
+            .any(|l| l.starts_with("pi-kitchen ") && l.contains(" canceled ")),
         "{described}"
     );
 

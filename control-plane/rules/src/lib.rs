@@ -13,4 +13,5 @@ pub mod placement;
 pub mod records;
 pub mod rollout;
 pub mod schedule;
+pub mod state;
 pub mod strict_json;

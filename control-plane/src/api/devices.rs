@@ -56,10 +56,12 @@ pub(super) async fn device_page(
                         .rfind(|step| step.state != agent_core::StepState::Pending)
                         .map(|step| step.name.clone())
                 });
+                let phase = drover_rules::state::JobPhase::of_job(job);
                 json!({
                     "run": job.run,
                     "kind": job.intent.kind.name(),
-                    "state": job.status.as_ref().map_or("Queued".to_owned(), |s| format!("{:?}", s.state)),
+                    "state": phase.name(),
+                    "stateLabel": phase.label(),
                     "step": step,
                 })
             })

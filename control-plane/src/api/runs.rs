@@ -1,6 +1,7 @@
 //! TaskRuns: listing, one run, its targets page, canceling and deleting.
 
 use super::*;
+use drover_rules::state::JobView;
 
 /// Deletes a finished task run: its record, its frozen plan and its jobs'
 /// records. A run still going is refused: cancel it first.
@@ -95,7 +96,8 @@ pub(super) async fn run_targets(
             .get::<JobDelivery>(&job_key(&target.device, run.uid))
             .await?
             .map(|(_, j)| j);
-        items.push(json!({
+        let view = JobView::of_target(job.as_ref(), run.status.completion_time);
+        let mut item = json!({
             "device": target.device,
             "canary": target.canary,
             "released": job.is_some(),
@@ -103,7 +105,11 @@ pub(super) async fn run_targets(
             "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
             "cancelRequestedAt": job.as_ref().and_then(|j| j.cancel_requested_at.map(|t| t.to_string())),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
-        }));
+        });
+        if let (Some(item), Value::Object(fields)) = (item.as_object_mut(), view.fields()) {
+            item.extend(fields);
+        }
+        items.push(item);
     }
     Ok(Json(
         json!({"total": plan.len(), "offset": page.offset, "items": items}),

@@ -6,7 +6,7 @@ use drover::watch::printable;
 use serde_json::Value;
 
 /// A task run's counts, then one row per target: whether it is the canary,
-/// its job's state, the step it is at (or ended in) and the error.
+/// its job's state (as the API names it), the step it is at (or ended in) and the error.
 pub fn run(run: &Value, targets: &[Value]) {
     print_runs(std::slice::from_ref(run));
     let status = &run["status"];
@@ -18,11 +18,12 @@ pub fn run(run: &Value, targets: &[Value]) {
     let now = jiff::Timestamp::now();
     for target in targets {
         let job = &target["status"];
-        let state = match (target["released"].as_bool(), job["state"].as_str()) {
-            (_, Some(state)) => state.to_owned(),
-            (Some(true), None) => "sent".to_owned(),
-            _ => "not released".to_owned(),
-        };
+        // The state the API computed (the dashboard and the metrics show
+        // the same name).
+        let mut state = target["state"].as_str().unwrap_or("?").to_owned();
+        if target["afterRunEnded"] == true {
+            state.push_str(" (after the run ended)");
+        }
         let steps = job["steps"].as_array().cloned().unwrap_or_default();
         let step = steps
             .iter()

@@ -19,10 +19,11 @@ use crate::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
 use crate::records::{Delivery, DeviceRecord, JobDelivery, device_key};
 use crate::store::{Change, Op};
 use agent_core::DeviceId;
-use agent_core::model::{Heartbeat, Intent, JobStatus};
+use agent_core::model::{Heartbeat, Intent, JobState, JobStatus};
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
+use drover_rules::state::JobPhase;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -70,7 +71,8 @@ pub struct DispatchSettings {
 struct OpenJob {
     intent: Intent,
     delivery: Delivery,
-    has_status: bool,
+    /// The state of its latest stored status, if any.
+    reported: Option<JobState>,
     /// The stored revision this state reflects.
     revision: u64,
     /// When a delivery was last tried; None: never.
@@ -85,7 +87,7 @@ impl OpenJob {
     fn facts(&self) -> JobFacts {
         JobFacts {
             delivery: self.delivery.clone(),
-            has_status: self.has_status,
+            has_status: self.reported.is_some(),
             finished: false,
             expires_at: self.intent.expires_at,
             cancel: self.cancel,
@@ -332,7 +334,7 @@ impl Dispatcher {
         let entry = self.open.entry(key.to_owned()).or_insert_with(|| OpenJob {
             intent: job.intent.clone(),
             delivery: job.delivery.clone(),
-            has_status: job.status.is_some(),
+            reported: job.status.as_ref().map(|s| s.state),
             revision,
             last_attempt: None,
             cancel: Cancel::NotRequested,
@@ -342,7 +344,9 @@ impl Dispatcher {
         if job.cancel_requested_at.is_some() && entry.cancel == Cancel::NotRequested {
             entry.cancel = Cancel::Requested;
         }
-        entry.has_status |= job.status.is_some();
+        if let Some(status) = &job.status {
+            entry.reported = Some(status.state);
+        }
         // A stored Acked wins over an in-memory Created or Sent.
         if matches!(job.delivery, Delivery::Acked { .. }) {
             entry.delivery = job.delivery.clone();
@@ -406,7 +410,7 @@ impl Dispatcher {
                     effects.push((key, Effect::SendCancel));
                     continue;
                 }
-                if !matches!(job.delivery, Delivery::Acked { .. }) || !job.has_status {
+                if !matches!(job.delivery, Delivery::Acked { .. }) || job.reported.is_none() {
                     job.delivery = Delivery::Created;
                 }
                 effects.push((key, Effect::Send));
@@ -463,30 +467,26 @@ fn observe_commit(open: &mut OpenJob, job: &JobDelivery) {
         let took = at.duration_since(job.created_at).as_secs_f64().max(0.0);
         metrics.delivery_seconds.observe(took);
     }
-    if let Some(status) = job.status.as_ref().filter(|s| s.state.is_terminal()) {
+    if job.status.as_ref().is_some_and(|s| s.state.is_terminal()) {
         metrics
             .jobs_finished
             .get_or_create(&vec![
-                ("state", format!("{:?}", status.state)),
+                ("state", JobPhase::of_job(job).name().into()),
                 ("kind", job.intent.kind.name().into()),
             ])
             .inc();
     }
 }
 
-/// The undecided jobs by delivery state and kind, for the gauge.
+/// The undecided jobs by state (the same names the API, the CLI and the
+/// dashboard show) and kind, for the gauge.
 fn undecided_counts<'a>(
     open: impl Iterator<Item = &'a OpenJob>,
 ) -> HashMap<(&'static str, &'static str), i64> {
     let mut counts = HashMap::new();
     for job in open {
-        let state = match (&job.delivery, job.cancel) {
-            (_, Cancel::Requested | Cancel::OrderOut) => "canceling",
-            (Delivery::Created, _) => "created",
-            (Delivery::Sent { .. }, _) => "sent",
-            (Delivery::Acked { .. }, _) => "acked",
-            (Delivery::Expired { .. }, _) => "expired",
-        };
+        let cancel = job.cancel != Cancel::NotRequested;
+        let state = JobPhase::of(&job.delivery, job.reported, cancel).name();
         *counts.entry((state, job.intent.kind.name())).or_insert(0) += 1;
     }
     counts

@@ -234,7 +234,7 @@ impl Dispatcher {
         gauge.clear();
         for ((state, kind), count) in undecided_counts(self.open.values()) {
             gauge
-                .get_or_create(&vec![("delivery", state.into()), ("kind", kind.into())])
+                .get_or_create(&vec![("state", state.into()), ("kind", kind.into())])
                 .set(count);
         }
     }
@@ -282,6 +282,15 @@ impl Dispatcher {
         match result {
             Ok(Some(job)) if matches!(job.delivery, Delivery::Expired { .. }) => {
                 info!(job_id = %job.intent.job_id, device = %job.intent.device_id, "intent expired before the device took it");
+                // Decided here, not by a status: counted under the state
+                // the API shows for it.
+                crate::metrics::metrics()
+                    .jobs_finished
+                    .get_or_create(&vec![
+                        ("state", JobPhase::of_job(&job).name().into()),
+                        ("kind", job.intent.kind.name().into()),
+                    ])
+                    .inc();
                 self.forget(key);
                 self.effect(key.to_owned(), Effect::Withdraw);
             }

@@ -43,9 +43,17 @@ function ago(iso) {
   return `${Math.round(seconds / 86400)} d ago`;
 }
 
-function badge(state) {
+function badge(state, label) {
   const text = state || "–";
-  return h("span", { class: `badge state-${String(text).replace(/\s+/g, "_")}` }, text);
+  const attrs = { class: `badge state-${String(text).replace(/\s+/g, "_")}` };
+  if (label) attrs.title = label;
+  return h("span", attrs, text);
+}
+
+// A job's state as the API names it (the CLI and the metrics show the same
+// name), its words as the tooltip.
+function jobState(j) {
+  return h("span", {}, badge(j.state, j.stateLabel), j.afterRunEnded ? " after the run ended" : "");
 }
 
 function progress(done, failed, total) {
@@ -170,7 +178,7 @@ async function fleetPage(main) {
       h("td", {}, d.osRelease || "–"),
       h("td", {}, (d.groups || []).join(", ")),
       h("td", {}, Object.entries(d.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")),
-      h("td", {}, job ? [jobLink(job.run), " ", badge(job.state), job.step ? ` ${job.step}` : ""] : "–"),
+      h("td", {}, job ? [jobLink(job.run), " ", jobState(job), job.step ? ` ${job.step}` : ""] : "–"),
     );
   });
   main.replaceChildren(
@@ -239,7 +247,7 @@ async function runPage(main, name) {
       { "data-device": t.device },
       h("td", {}, t.device),
       h("td", {}, t.canary ? "canary" : ""),
-      h("td", {}, badge(status.state || (t.released ? "Queued" : "Not released"))),
+      h("td", { class: "state" }, jobState(t)),
       h("td", {}, stepList(status)),
       h("td", { class: "error" }, status.error || ""),
       h("td", {}, when(status.finishedAt || status.startedAt || status.acceptedAt)),
