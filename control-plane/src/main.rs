@@ -331,6 +331,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         "device/{name} deleted with {} job record(s)",
                         answer["jobs"]
                     );
+                    if answer["keptForRuns"].as_u64().is_some_and(|n| n > 0) {
+                        out!(
+                            "{} job record(s) stay with their runs' history until those runs are deleted",
+                            answer["keptForRuns"]
+                        );
+                    }
                     if answer["online"] == Value::Bool(true) {
                         out!(
                             "its agent is connected and will register it again; to keep it out, set `decommissioned: true` in its Device manifest instead"

@@ -277,7 +277,33 @@ async fn a_run_canceled_over_websocket_lets_a_started_job_end_and_a_returning_de
     let (mut busy, _away) = cancel_a_run(&fleet, "ws").await;
     let cp = &fleet.cp;
 
-    // The finished run is deleted with its plan and jobs.
+    // A device whose agent is stopped is deleted for good; the ended run
+    // keeps its history: the device's row reads as the run ended.
+    busy.kill9();
+    let out = cp.cli(&["delete", "device", "ws-busy"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains("register it again"), "{said}");
+    assert!(
+        said.contains("1 job record(s) stay with their runs' history"),
+        "{said}"
+    );
+    let listed = cp.get("/devices").await;
+    assert!(
+        !listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| d["id"] == "ws-busy"),
+        "{listed}"
+    );
+    let targets = cp.targets("ws-run").await;
+    let kept = target(&targets, "ws-busy");
+    assert_eq!(kept["state"], "succeeded", "{kept}");
+    assert_eq!(kept["status"]["state"], "Succeeded", "{kept}");
+
+    // The finished run is deleted with its plan and jobs, the deleted
+    // device's included.
     let out = cp.cli(&["delete", "taskrun", "ws-run"]);
     assert!(
         out.status.success(),
@@ -291,21 +317,6 @@ async fn a_run_canceled_over_websocket_lets_a_started_job_end_and_a_returning_de
     );
     let gone = cp.cli(&["get", "taskrun", "ws-run"]);
     assert!(!gone.status.success(), "the run is gone");
-    // A device whose agent is stopped is deleted for good.
-    busy.kill9();
-    let out = cp.cli(&["delete", "device", "ws-busy"]);
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{said}");
-    assert!(!said.contains("register it again"), "{said}");
-    let listed = cp.get("/devices").await;
-    assert!(
-        !listed
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|d| d["id"] == "ws-busy"),
-        "{listed}"
-    );
     // One whose agent still runs is deleted, with a warning that it comes back.
     let out = cp.cli(&["delete", "device", "ws-away"]);
     let said = String::from_utf8_lossy(&out.stdout).into_owned();

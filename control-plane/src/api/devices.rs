@@ -169,17 +169,24 @@ pub(super) async fn delete_device(
     let online = state
         .presence
         .online(&id, device.last_seen, Timestamp::now());
-    let mut keys: Vec<String> = jobs.into_iter().map(|(key, _, _)| key).collect();
+    // History is immutable: a job that belongs to a run stays as the run
+    // ended (its targets page keeps showing it), and goes with the run
+    // when the run is deleted. The rest (deployments' jobs, whose targets
+    // keep their own ends) go with the device.
+    let (kept, deleted): (Vec<_>, Vec<_>) =
+        jobs.into_iter().partition(|(_, _, job)| job.run.is_some());
+    let mut keys: Vec<String> = deleted.into_iter().map(|(key, _, _)| key).collect();
     let job_count = keys.len();
     keys.push(crate::deployment::inventory_key(&id));
     keys.push(device_key(&id));
     state.db.delete_all(&keys).await?;
-    tracing::info!(device = %id, jobs = job_count, "device deleted");
+    tracing::info!(device = %id, jobs = job_count, kept = kept.len(), "device deleted");
     Ok(Json(json!({
         "kind": "Device",
         "name": id,
         "result": "deleted",
         "jobs": job_count,
+        "keptForRuns": kept.len(),
         "online": online,
     })))
 }
