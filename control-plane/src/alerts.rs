@@ -9,41 +9,10 @@
 
 use crate::db::{Db, DbError};
 use crate::deployment::DeploymentRecord;
-use crate::records::{DeviceRecord, JobDelivery, Phase, TaskRunRecord};
-use agent_core::{DeviceId, JobId};
+pub use crate::records::{AlertRecord, resume_loop};
+use crate::records::{DeviceRecord, Phase, TaskRunRecord};
 use jiff::{SignedDuration, Timestamp};
-use serde::{Deserialize, Serialize};
-
-/// A device's resume loop as the delivery core recorded it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AlertRecord {
-    pub device: DeviceId,
-    pub job_id: JobId,
-    /// The run or deployment the job belonged to.
-    pub run: Option<String>,
-    pub at: Timestamp,
-    pub message: String,
-}
-
-/// The key and record of a resume-loop alert for `job` on `device`.
-pub fn resume_loop(
-    device: &DeviceId,
-    job: &JobDelivery,
-    error: &str,
-    at: Timestamp,
-) -> (String, AlertRecord) {
-    (
-        format!("alerts/{device}/{}", job.intent.job_id),
-        AlertRecord {
-            device: device.clone(),
-            job_id: job.intent.job_id,
-            run: job.run.clone(),
-            at,
-            message: agent_core::bounded(error, agent_core::MAX_ERROR_BYTES),
-        },
-    )
-}
+use serde::Serialize;
 
 /// One alert as the API lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

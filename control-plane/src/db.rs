@@ -6,6 +6,7 @@ use crate::store::{Change, KvError, KvStore, Op, OpResults};
 use crate::stored::Record;
 use jiff::Timestamp;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -23,11 +24,28 @@ pub enum DbError {
 #[derive(Clone)]
 pub struct Db {
     kv: Arc<dyn KvStore>,
+    /// Told how long each commit took (the server's metrics).
+    on_commit: Option<fn(Duration)>,
 }
 
 impl Db {
     pub fn new(kv: Arc<dyn KvStore>) -> Self {
-        Self { kv }
+        Self {
+            kv,
+            on_commit: None,
+        }
+    }
+
+    /// Tells `observe` how long each commit took.
+    pub fn observe_commits(mut self, observe: fn(Duration)) -> Self {
+        self.on_commit = Some(observe);
+        self
+    }
+
+    fn committed(&self, since: Instant) {
+        if let Some(observe) = self.on_commit {
+            observe(since.elapsed());
+        }
     }
 
     pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T, DbError> {
@@ -61,11 +79,9 @@ impl Db {
             value: Self::encode(value)?,
             expected,
         };
-        let since = std::time::Instant::now();
+        let since = Instant::now();
         let mut results = self.kv.commit(vec![op]).await?;
-        crate::metrics::metrics()
-            .store_commit_seconds
-            .observe(crate::metrics::seconds(since));
+        self.committed(since);
         Ok(results
             .pop()
             .unwrap_or_else(|| Err(KvError::Db("the store answered nothing".into())))?)
@@ -73,11 +89,9 @@ impl Db {
 
     /// Many writes in one commit; each is checked on its own.
     pub async fn commit(&self, ops: Vec<Op>) -> Result<OpResults, DbError> {
-        let since = std::time::Instant::now();
+        let since = Instant::now();
         let results = self.kv.commit(ops).await?;
-        crate::metrics::metrics()
-            .store_commit_seconds
-            .observe(crate::metrics::seconds(since));
+        self.committed(since);
         Ok(results)
     }
 

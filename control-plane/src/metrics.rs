@@ -141,6 +141,11 @@ pub fn metrics() -> &'static Metrics {
     &METRICS
 }
 
+/// Records one store commit's duration (`Db::observe_commits`).
+pub fn store_commit(took: std::time::Duration) {
+    metrics().store_commit_seconds.observe(took.as_secs_f64());
+}
+
 /// Seconds between two instants, for a histogram.
 pub fn seconds(since: std::time::Instant) -> f64 {
     since.elapsed().as_secs_f64()

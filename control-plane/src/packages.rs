@@ -18,7 +18,8 @@ use crate::api::{ApiError, bearer};
 use crate::auth::Secrets;
 use crate::db::{Db, DbError};
 use crate::records::{DeviceRecord, device_key};
-use agent_core::model::{DownloadLink, PackageInstall, package_id};
+pub use crate::records::{PackageRecord, package_key};
+use agent_core::model::{DownloadLink, package_id};
 use agent_core::{DeviceId, signing::hex};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, Request, State};
@@ -28,47 +29,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use jiff::{SignedDuration, Timestamp};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// How long a download link is good for.
 pub const LINK_LIFETIME: SignedDuration = SignedDuration::from_hours(1);
-
-/// A package in the store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PackageRecord {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-    pub architecture: String,
-    pub sha256: String,
-    pub size: u64,
-    pub uploaded_at: Timestamp,
-}
-
-impl PackageRecord {
-    /// The job's parameters, without a link (the enricher adds one).
-    pub fn job(&self) -> PackageInstall {
-        PackageInstall {
-            package: self.id.clone(),
-            name: self.name.clone(),
-            version: self.version.clone(),
-            architecture: self.architecture.clone(),
-            sha256: self.sha256.clone(),
-            size: self.size,
-            download: None,
-            secrets: Vec::new(),
-            sealed: None,
-        }
-    }
-}
-
-pub fn package_key(id: &str) -> String {
-    format!("packages/{id}")
-}
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())

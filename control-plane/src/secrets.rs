@@ -11,6 +11,7 @@
 use crate::auth::{Secrets, random_hex, read_or_create};
 use crate::db::{Db, DbError};
 use crate::packages::Downloads;
+pub use crate::records::{SecretRecord, secret_key};
 use agent_core::Intent;
 use agent_core::model::JobKind;
 use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal, seal_with};
@@ -18,25 +19,9 @@ use agent_core::signing::{hex, unhex};
 use anyhow::Context;
 use jiff::Timestamp;
 use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-
-/// A secret as stored: its keys in clear (to list them), the values sealed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretRecord {
-    pub name: String,
-    pub keys: Vec<String>,
-    pub nonce: String,
-    pub ciphertext: String,
-    pub updated_at: Timestamp,
-}
-
-pub fn secret_key(name: &str) -> String {
-    format!("secrets/{name}")
-}
 
 /// The key secrets are sealed with at rest.
 pub struct Vault {

@@ -123,7 +123,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
                 transport_nats::kv::NatsKv::open(client.clone(), replicas)
             })
             .await?;
-            Db::new(Arc::new(kv))
+            Db::new(Arc::new(kv)).observe_commits(crate::metrics::store_commit)
         }
         (None, true) => anyhow::bail!("--store nats needs --nats-url"),
         (_, false) => {
@@ -131,7 +131,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             let checker = agent_core::dbfile::Checker::this_binary("drover reset-store");
             let kv = RedbKv::open_checked(&path, &checker)?;
             store_failed = kv.io_failed();
-            Db::new(Arc::new(kv))
+            Db::new(Arc::new(kv)).observe_commits(crate::metrics::store_commit)
         }
     };
     let secrets = Arc::new(Secrets::load_or_create(

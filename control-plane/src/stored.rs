@@ -44,9 +44,9 @@ one_layout!(
     crate::schedule::TaskScheduleRecord,
     crate::deployment::TargetRecord,
     crate::deployment::DeviceInventory,
-    crate::packages::PackageRecord,
-    crate::secrets::SecretRecord,
-    crate::alerts::AlertRecord
+    crate::records::PackageRecord,
+    crate::records::SecretRecord,
+    crate::records::AlertRecord
 );
 
 /// A deployment as stored: V1 until device filters took software
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(chunk[0].device.as_str(), "pi-kitchen");
         assert!(chunk[0].canary);
         let alert =
-            crate::alerts::AlertRecord::from_bytes(&hex(include_str!("fixtures/alert_v1.hex")))
+            crate::records::AlertRecord::from_bytes(&hex(include_str!("fixtures/alert_v1.hex")))
                 .expect("alert V1");
         assert_eq!(alert.device.as_str(), "pi-kitchen");
         assert_eq!(alert.run.as_deref(), Some("upgrade-kitchen"));

@@ -2,7 +2,7 @@
 //! is the store's business (`drover::stored`); every update goes through a
 //! compare-and-set retry loop (`drover::db::Db::update`).
 
-use agent_core::model::{Intent, JobStatus};
+use agent_core::model::{Intent, JobStatus, PackageInstall};
 use agent_core::{DeviceId, JobId};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -258,4 +258,87 @@ pub fn job_key(device: &DeviceId, job: JobId) -> String {
 }
 pub fn device_jobs_prefix(device: &DeviceId) -> String {
     format!("jobs/{device}/")
+}
+
+// The records of packages, secrets and alerts: their logic stays with
+// the server (packages.rs, secrets.rs, alerts.rs), which re-exports them.
+
+/// A package in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageRecord {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub architecture: String,
+    pub sha256: String,
+    pub size: u64,
+    pub uploaded_at: Timestamp,
+}
+
+impl PackageRecord {
+    /// The job's parameters, without a link (the enricher adds one).
+    pub fn job(&self) -> PackageInstall {
+        PackageInstall {
+            package: self.id.clone(),
+            name: self.name.clone(),
+            version: self.version.clone(),
+            architecture: self.architecture.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+            download: None,
+            secrets: Vec::new(),
+            sealed: None,
+        }
+    }
+}
+
+pub fn package_key(id: &str) -> String {
+    format!("packages/{id}")
+}
+
+/// A secret as stored: its keys in clear (to list them), the values sealed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRecord {
+    pub name: String,
+    pub keys: Vec<String>,
+    pub nonce: String,
+    pub ciphertext: String,
+    pub updated_at: Timestamp,
+}
+
+pub fn secret_key(name: &str) -> String {
+    format!("secrets/{name}")
+}
+
+/// A device's resume loop as the delivery core recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertRecord {
+    pub device: DeviceId,
+    pub job_id: JobId,
+    /// The run or deployment the job belonged to.
+    pub run: Option<String>,
+    pub at: Timestamp,
+    pub message: String,
+}
+
+/// The key and record of a resume-loop alert for `job` on `device`.
+pub fn resume_loop(
+    device: &DeviceId,
+    job: &JobDelivery,
+    error: &str,
+    at: Timestamp,
+) -> (String, AlertRecord) {
+    (
+        format!("alerts/{device}/{}", job.intent.job_id),
+        AlertRecord {
+            device: device.clone(),
+            job_id: job.intent.job_id,
+            run: job.run.clone(),
+            at,
+            message: agent_core::bounded(error, agent_core::MAX_ERROR_BYTES),
+        },
+    )
 }
