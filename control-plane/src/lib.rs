@@ -9,7 +9,6 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
-pub mod db;
 pub mod debcontrol;
 #[cfg(feature = "demo")]
 pub mod demo;
@@ -23,11 +22,11 @@ pub mod metrics;
 pub mod packages;
 pub mod secrets;
 pub mod serve;
-pub mod store;
-pub mod stored;
 pub mod ui;
 pub mod watch;
 
 // The rules live in their own crate (control-plane/rules); their modules
 // keep their paths here.
 pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};
+// So does the store (control-plane/store).
+pub use drover_store::{db, store, stored};
