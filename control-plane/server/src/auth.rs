@@ -57,7 +57,7 @@ pub fn require_state(data_dir: &Path) -> Result<()> {
 /// Writes a secret file atomically: a temporary name (mode 0600), fsync,
 /// rename, fsync of the directory. A crash leaves the old file or the new
 /// one, never an empty one.
-pub(crate) fn write_secret(path: &Path, value: &str) -> Result<()> {
+pub fn write_secret(path: &Path, value: &str) -> Result<()> {
     write_file(path, value, 0o600)
 }
 
@@ -68,7 +68,7 @@ pub fn write_private(path: &Path, value: &str) -> Result<()> {
 
 /// Like [`write_secret`], with the file's mode given (0644 for a public
 /// certificate).
-pub(crate) fn write_file(path: &Path, value: &str, mode: u32) -> Result<()> {
+pub fn write_file(path: &Path, value: &str, mode: u32) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()

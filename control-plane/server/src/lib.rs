@@ -1,0 +1,26 @@
+//! Drover's control-plane server: the engine that plans runs and passes
+//! deployments and schedules (`engine`), the delivery core under every
+//! transport's agent link (`dispatch`), the operators' API (`api`), the
+//! dashboard (`ui`), metrics, credentials and keys (`auth`), packages and
+//! secrets, the HTTP listeners and `serve`, which wires them together. No
+//! wire library is used here: the transports' server sides plug in
+//! through `drover-contract`. It may not know the CLI.
+
+pub mod alerts;
+pub mod api;
+pub mod auth;
+pub mod debcontrol;
+pub mod dispatch;
+pub mod engine;
+pub mod listen;
+pub mod manifest;
+pub mod metrics;
+pub mod packages;
+pub mod secrets;
+pub mod serve;
+pub mod ui;
+
+// The rules (control-plane/rules) and the store (control-plane/store),
+// under the paths the server's modules use.
+pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};
+pub use drover_store::{db, store, stored};
