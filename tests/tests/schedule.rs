@@ -3,7 +3,7 @@
 //! runs on a real agent; `drover get taskschedules` shows the last and next
 //! tick and the active run; a time-zone field is refused; suspension stops
 //! new runs. The tick rules themselves are table-tested with an injected
-//! clock (control-plane/rules/src/schedule.rs, control-plane/src/engine/tests.rs).
+//! clock (control-plane/rules/src/schedule.rs, control-plane/server/src/engine/tests.rs).
 
 use drover_tests::{AgentProcess, ControlPlane, eventually};
 use serde_json::json;
