@@ -13,8 +13,9 @@ pub mod init;
 pub mod watch;
 
 pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};
+pub use drover_server::api::ui;
 pub use drover_server::{
-    alerts, api, auth, debcontrol, dispatch, engine, listen, manifest, metrics, packages, secrets,
-    serve, ui,
+    alerts, api, auth, debcontrol, dispatch, engine, http, listen, manifest, metrics, packages,
+    secrets, serve,
 };
 pub use drover_store::{db, store, stored};

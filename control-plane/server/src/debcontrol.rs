@@ -6,7 +6,7 @@
 //! pipe; nothing is unpacked to disk (a compression bomb costs no temporary
 //! space) and at most [`CONTROL_ARCHIVE_LIMIT`] bytes of it are read.
 
-use crate::api::ApiError;
+use crate::http::ApiError;
 use axum::http::StatusCode;
 use std::path::Path;
 

@@ -12,13 +12,13 @@ pub mod auth;
 pub mod debcontrol;
 pub mod dispatch;
 pub mod engine;
+pub mod http;
 pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod packages;
 pub mod secrets;
 pub mod serve;
-pub mod ui;
 
 // The rules (control-plane/rules) and the store (control-plane/store),
 // under the paths the server's modules use.

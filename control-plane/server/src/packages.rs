@@ -14,9 +14,9 @@
 //! expired asks `GET /api/agent/v1/packages/{id}/download-url?device=ID`
 //! with its device token for a fresh one.
 
-use crate::api::{ApiError, bearer};
 use crate::auth::Secrets;
 use crate::db::{Db, DbError};
+use crate::http::{ApiError, bearer};
 use crate::records::{DeviceRecord, device_key};
 pub use crate::records::{PackageRecord, package_key};
 use agent_core::model::{DownloadLink, package_id};

@@ -256,7 +256,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         offline_alert: jiff::SignedDuration::try_from(options.offline_alert)
             .unwrap_or(jiff::SignedDuration::MAX),
         secure_cookies: options.api_tls.is_some(),
-        logins: Arc::new(crate::ui::LoginLimiter::default()),
+        logins: Arc::new(crate::api::ui::LoginLimiter::default()),
         uploads: options.uploads,
     });
     if let Some(downloads) = &downloads {

@@ -29,6 +29,9 @@ mod deployments;
 mod devices;
 mod runs;
 mod schedules;
+pub mod ui;
+
+pub use crate::http::{ApiError, bearer, bearer_of};
 
 use apply::*;
 use deployments::*;
@@ -64,23 +67,9 @@ pub struct ApiState {
     /// The dashboard's cookie is `Secure` (the API speaks https).
     pub secure_cookies: bool,
     /// Failed dashboard logins per client address.
-    pub logins: Arc<crate::ui::LoginLimiter>,
+    pub logins: Arc<ui::LoginLimiter>,
     /// The package store's quota and the uploads' stall timeout.
     pub uploads: crate::packages::UploadLimits,
-}
-
-pub struct ApiError(pub StatusCode, pub String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
-    }
-}
-
-impl From<DbError> for ApiError {
-    fn from(e: DbError) -> Self {
-        ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-    }
 }
 
 fn not_found(what: String) -> ApiError {
@@ -131,7 +120,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(healthz))
         .nest("/api/v1", api)
         .merge(metrics)
-        .merge(crate::ui::router(state.clone()))
+        .merge(ui::router(state.clone()))
         .layer(axum::middleware::map_response(
             move |response: Response| async move { security_headers(response, secure) },
         ))
@@ -160,20 +149,6 @@ fn security_headers(mut response: Response, tls: bool) -> Response {
     response
 }
 
-/// The bearer token of a request, or "" (which no check accepts).
-pub fn bearer(request: &Request) -> &str {
-    bearer_of(request.headers())
-}
-
-/// The bearer token in `headers`, or "".
-fn bearer_of(headers: &HeaderMap) -> &str {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-}
-
 pub async fn require_operator(
     State(state): State<ApiState>,
     request: Request,
@@ -198,12 +173,12 @@ async fn authorize(
     if state.secrets.verify_operator(bearer_of(headers)) {
         return Ok(());
     }
-    if let Some(session) = crate::ui::session_cookie(headers)
-        && crate::ui::session_valid(state, session).await
+    if let Some(session) = ui::session_cookie(headers)
+        && ui::session_valid(state, session).await
     {
         let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
         let csrf = headers
-            .get(crate::ui::CSRF_HEADER)
+            .get(ui::CSRF_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if reads || state.secrets.verify_ui_csrf(session, csrf) {
@@ -213,7 +188,7 @@ async fn authorize(
             StatusCode::FORBIDDEN,
             format!(
                 "a dashboard request that changes something needs the session's {} header",
-                crate::ui::CSRF_HEADER
+                ui::CSRF_HEADER
             ),
         ));
     }

@@ -7,7 +7,8 @@
 //! request that changes something must carry the session's CSRF token
 //! (`api::authorize`).
 
-use crate::api::{ApiError, ApiState, require_operator};
+use super::{ApiState, require_operator};
+use crate::http::ApiError;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};

@@ -1,0 +1,195 @@
+//! The control plane's layers hold (issue 29): four crates, each knowing
+//! only those below it (Cargo itself refuses a circle between crates);
+//! inside each crate the top-level modules form no circle; no production
+//! file is over 600 lines; and the rules' Cargo.toml names no runtime,
+//! store or HTTP library. Read from the sources, so a change that breaks
+//! a rule fails here with the files that break it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const LAYERS: [(&str, &str); 4] = [
+    ("rules", "drover-rules"),
+    ("store", "drover-store"),
+    ("server", "drover-server"),
+    ("cli", "drover"),
+];
+
+fn control_plane() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane")
+}
+
+fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+fn is_test_file(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name == "tests.rs" || name.ends_with("_tests.rs")
+}
+
+/// A file's production part: everything before its first `#[cfg(test)]`.
+fn production(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("read source");
+    match text.find("#[cfg(test)]") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
+/// The top-level module a file of `src` belongs to (None for lib.rs/main.rs).
+fn top_module(src: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.trim_end_matches(".rs");
+    (name != "lib" && name != "main").then(|| name.to_owned())
+}
+
+/// `crate::NAME` references in `text`.
+fn crate_refs(text: &str) -> BTreeSet<String> {
+    let mut refs = BTreeSet::new();
+    for (at, _) in text.match_indices("crate::") {
+        let name: String = text[at + "crate::".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            refs.insert(name);
+        }
+    }
+    refs
+}
+
+/// The circles (strongly connected parts of more than one module).
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    let reach = |from: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_owned()];
+        while let Some(next) = todo.pop() {
+            for dep in graph.get(&next).into_iter().flatten() {
+                if seen.insert(dep.clone()) {
+                    todo.push(dep.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut found: Vec<BTreeSet<String>> = Vec::new();
+    for (module, from_it) in &reached {
+        let circle: BTreeSet<String> = from_it
+            .iter()
+            .filter(|other| reached[*other].contains(*module))
+            .cloned()
+            .collect();
+        if circle.len() > 1 && !found.contains(&circle) {
+            found.push(circle);
+        }
+    }
+    found
+}
+
+#[test]
+fn the_control_planes_layers_have_no_circles_and_no_long_files() {
+    let mut long = Vec::new();
+    let mut circled = Vec::new();
+    for (dir, crate_name) in LAYERS {
+        let src = control_plane().join(dir).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        assert!(!files.is_empty(), "no sources under {}", src.display());
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for file in files.iter().filter(|f| !is_test_file(f)) {
+            let text = production(file);
+            let lines = text.lines().count();
+            if lines > 600 {
+                long.push(format!("{} ({lines} lines)", file.display()));
+            }
+            if let Some(module) = top_module(&src, file) {
+                graph.entry(module).or_default().extend(crate_refs(&text));
+            }
+        }
+        let modules: BTreeSet<String> = graph.keys().cloned().collect();
+        for (module, deps) in graph.iter_mut() {
+            deps.retain(|d| modules.contains(d) && d != module);
+        }
+        for circle in circles(&graph) {
+            circled.push(format!("{crate_name}: {circle:?}"));
+        }
+    }
+    assert!(long.is_empty(), "production files over 600 lines: {long:?}");
+    assert!(circled.is_empty(), "module circles: {circled:?}");
+}
+
+#[test]
+fn the_rules_name_no_runtime_store_or_http_library() {
+    let manifest = std::fs::read_to_string(control_plane().join("rules/Cargo.toml"))
+        .expect("rules' Cargo.toml");
+    let deps = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .expect("a [dependencies] table")
+        .split("\n[")
+        .next()
+        .unwrap_or("");
+    for banned in [
+        "tokio",
+        "redb",
+        "axum",
+        "hyper",
+        "reqwest",
+        "drover-store",
+        "drover-server",
+        "async-nats",
+        "rumqttc",
+        "tokio-tungstenite",
+        "sled",
+    ] {
+        assert!(
+            !deps
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{banned} "))
+                    || l.trim_start().starts_with(&format!("{banned}."))),
+            "the rules depend on {banned}:\n{deps}"
+        );
+    }
+    let clippy = std::fs::read_to_string(control_plane().join("rules/clippy.toml"))
+        .expect("rules' clippy.toml");
+    for clock in [
+        "jiff::Timestamp::now",
+        "std::time::SystemTime::now",
+        "std::time::Instant::now",
+    ] {
+        assert!(
+            clippy.contains(clock),
+            "the rules' clippy.toml allows {clock}"
+        );
+    }
+}
+
+#[test]
+fn a_circle_is_found_when_there_is_one() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec!["a"]),
+    ]
+    .into_iter()
+    .map(|(m, deps)| (m.to_owned(), deps.into_iter().map(str::to_owned).collect()))
+    .collect();
+    let found = circles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0],
+        ["a", "b", "c"].into_iter().map(str::to_owned).collect()
+    );
+}
