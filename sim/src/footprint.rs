@@ -108,9 +108,8 @@ async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f64, f64, usi
                              "maxConcurrency": 1, "deadlineSeconds": 600}}),
         )
         .await?;
-        let mut stamps = None;
         let started = Instant::now();
-        while stamps.is_none() {
+        let (created, acked) = loop {
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("{name}: the agent did not accept its job within 60 s");
             }
@@ -120,15 +119,13 @@ async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f64, f64, usi
                 item["createdAt"].as_str(),
                 item["delivery"]["acked"]["at"].as_str(),
             ) {
-                stamps = Some((
+                break (
                     created.parse::<jiff::Timestamp>()?,
                     acked.parse::<jiff::Timestamp>()?,
-                ));
-            } else {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                );
             }
-        }
-        let (created, acked) = stamps.expect("set above");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
         samples.push(acked.duration_since(created).as_secs_f64() * 1000.0);
     }
     samples.sort_by(f64::total_cmp);

@@ -561,6 +561,8 @@ pub fn password_line(user: &str, password: &str) -> String {
 }
 
 const PBKDF2_ITERATIONS: u32 = 101;
+const PBKDF2_ROUNDS: std::num::NonZeroU32 =
+    std::num::NonZeroU32::MIN.saturating_add(PBKDF2_ITERATIONS - 1);
 
 fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -568,7 +570,7 @@ fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
     let mut hash = [0u8; 64];
     ring::pbkdf2::derive(
         ring::pbkdf2::PBKDF2_HMAC_SHA512,
-        std::num::NonZeroU32::new(PBKDF2_ITERATIONS).expect("invariant: nonzero"),
+        PBKDF2_ROUNDS,
         salt,
         password.as_bytes(),
         &mut hash,

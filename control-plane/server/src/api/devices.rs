@@ -169,12 +169,15 @@ pub(super) async fn delete_device(
     let online = state
         .presence
         .online(&id, device.last_seen, Timestamp::now());
-    // History is immutable: a job that belongs to a run stays as the run
-    // ended (its targets page keeps showing it), and goes with the run
-    // when the run is deleted. The rest (deployments' jobs, whose targets
-    // keep their own ends) go with the device.
-    let (kept, deleted): (Vec<_>, Vec<_>) =
-        jobs.into_iter().partition(|(_, _, job)| job.run.is_some());
+    // History is immutable: a job that belongs to a task run stays as the
+    // run ended (its targets page keeps showing it), and goes with the run
+    // when the run is deleted. The rest go with the device: a deployment's
+    // job (`deployment/NAME`) too, as its target keeps its own end.
+    let (kept, deleted): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(_, _, job)| {
+        job.run
+            .as_deref()
+            .is_some_and(|run| !run.starts_with("deployment/"))
+    });
     let mut keys: Vec<String> = deleted.into_iter().map(|(key, _, _)| key).collect();
     let job_count = keys.len();
     keys.push(crate::deployment::inventory_key(&id));

@@ -280,13 +280,18 @@ impl Engine {
         let (adds, add_error) =
             // A canceled deployment takes no new devices; the request is handled.
             if handling_adds && record.status.phase != Phase::Canceling {
-                let view = views.by_name.get(&name).expect("loaded above");
+                let Some(view) = views.by_name.get(&name) else {
+                    return Ok(());
+                };
                 self.new_targets(&record, view).await?
             } else {
                 (Vec::new(), None)
             };
 
-        let view = views.by_name.get(&name).expect("loaded above");
+        let Some(view) = views.by_name.get(&name) else {
+            // Loaded above, under the same lock.
+            return Ok(());
+        };
         let inputs: Vec<TargetInput> = view
             .targets
             .iter()
@@ -312,7 +317,10 @@ impl Engine {
             self.request_deployment_cancels(view, &decision.cancel, now)
                 .await?;
         }
-        let view = views.by_name.get(&name).expect("loaded above");
+        let Some(view) = views.by_name.get(&name) else {
+            // Loaded above, under the same lock.
+            return Ok(());
+        };
         let next_due = next_due(&record, view, &decision, now);
         let mut status = next_status(
             &record,
@@ -356,7 +364,10 @@ impl Engine {
         if let Some(view) = views.by_name.get_mut(&name) {
             view.routed = view.routed.max(leased);
         }
-        let view = views.by_name.get(&name).expect("loaded above");
+        let Some(view) = views.by_name.get(&name) else {
+            // Loaded above, under the same lock.
+            return Ok(());
+        };
         let finished = status.phase.is_terminal();
         // A finished deployment lets its lease go.
         status.lease = (!finished).then_some(lease);
@@ -500,13 +511,16 @@ fn pass_ops(
     let mut ops = Vec::new();
     let mut job_keys = Vec::new();
     for &index in &decision.released {
-        let target = decision
+        // `decide` lists every released target among the changes, with
+        // its job: one that is not is skipped, never released half-made.
+        let Some((target, job_id)) = decision
             .changes
             .iter()
             .find(|(i, _)| *i == index)
-            .map(|(_, t)| t)
-            .expect("a released target changed");
-        let job_id = target.job.expect("a released target has a job");
+            .and_then(|(_, t)| Some((t, t.job?)))
+        else {
+            continue;
+        };
         let job = JobDelivery {
             intent: Intent {
                 job_id,
