@@ -21,6 +21,8 @@ pub mod shutdown;
 pub mod signing;
 pub mod status_socket;
 pub mod store;
+#[cfg(test)]
+mod store_fixtures;
 #[cfg(feature = "sled-store")]
 pub mod store_sled;
 pub mod wire;
