@@ -271,7 +271,10 @@ async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_al
         t == "Failed"
     })
     .await;
-    wait_text(&browser, "#run-reason", "the reason", |t| t == "Canceled").await;
+    wait_text(&browser, "#run-reason", "the reason", |t| {
+        t == "An operator canceled it. (Canceled)"
+    })
+    .await;
 
     // A failed canary raises an alert, counted in the header.
     cp.apply_upgrade_run("canary-run", "canary", 600).await;
@@ -279,6 +282,35 @@ async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_al
         .wait_run_finished("canary-run", Duration::from_secs(60))
         .await;
     assert_eq!(ended["status"]["reason"], "CanaryFailed", "{ended}");
+    // The run page says why in words with the code beside, and the failed
+    // step's error, which is also the job's, once.
+    go(&browser, &cp, "#/runs/canary-run").await;
+    wait_text(&browser, "#run-reason", "the canary's reason", |t| {
+        t == "A canary failed, so nothing more was released. (CanaryFailed)"
+    })
+    .await;
+    let row = wait_text(
+        &browser,
+        "tr[data-device='web-canary']",
+        "the canary's row",
+        |t| t.contains("preflight"),
+    )
+    .await;
+    let targets = cp.targets("canary-run").await;
+    let status = &targets
+        .iter()
+        .find(|t| t["device"] == "web-canary")
+        .expect("the canary's target")["status"];
+    let step_error = status["steps"][0]["error"]
+        .as_str()
+        .expect("the failed step's error");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(step_error)),
+        "{status}"
+    );
+    assert_eq!(row.matches(step_error).count(), 1, "{row}");
     go(&browser, &cp, "#/alerts").await;
     let alert = wait_text(
         &browser,
@@ -746,6 +778,18 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
         t.contains("1 of 3 succeeded")
     })
     .await;
+    wait_text(&browser, "#run-reason", "the deadline's reason", |t| {
+        t == "The deadline passed before every target finished. (DeadlineExceeded)"
+    })
+    .await;
+    let described = cp.cli(&["describe", "taskrun", "states"]);
+    let described = String::from_utf8_lossy(&described.stdout).into_owned();
+    assert!(
+        described.contains(
+            "reason: The deadline passed before every target finished. (DeadlineExceeded)"
+        ),
+        "{described}"
+    );
     screenshot(&browser, "states").await;
     let text = cp.metrics().await;
     assert_eq!(

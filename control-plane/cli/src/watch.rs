@@ -106,7 +106,7 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
         }
         if phase == "Complete" || phase == "Failed" {
             bar.finish();
-            if let Some(reason) = status["reason"].as_str() {
+            if let Some(reason) = reason(status) {
                 out!("reason: {reason}");
             }
             if let Some(error) = status["latestError"].as_str() {
@@ -131,4 +131,15 @@ pub fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// A run's or deployment's reason as the API gives it: the sentence with
+/// the code beside it, or the code alone when this control plane has no
+/// sentence for it.
+pub fn reason(status: &Value) -> Option<String> {
+    let code = status["reason"].as_str()?;
+    Some(match status["reasonText"].as_str() {
+        Some(text) => format!("{} ({})", printable(text), printable(code)),
+        None => printable(code),
+    })
 }

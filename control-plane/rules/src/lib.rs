@@ -10,6 +10,7 @@ pub mod clean;
 pub mod delivery;
 pub mod deployment;
 pub mod placement;
+pub mod reasons;
 pub mod records;
 pub mod rollout;
 pub mod schedule;

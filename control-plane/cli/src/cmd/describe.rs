@@ -10,7 +10,7 @@ use serde_json::Value;
 pub fn run(run: &Value, targets: &[Value]) {
     print_runs(std::slice::from_ref(run));
     let status = &run["status"];
-    if let Some(reason) = status["reason"].as_str() {
+    if let Some(reason) = drover::watch::reason(status) {
         out!("reason: {reason}");
     }
     out!("");
@@ -92,6 +92,9 @@ pub fn deployment(described: &Value) {
             }
         }
         None => out!("no maintenance window: targets are released at any time"),
+    }
+    if let Some(reason) = drover::watch::reason(status) {
+        out!("reason: {reason}");
     }
     if let Some(error) = status["latestError"].as_str() {
         out!("latest error: {}", printable(error));

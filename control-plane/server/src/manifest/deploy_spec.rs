@@ -411,6 +411,7 @@ pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> se
         "status": {
             "phase": status.phase,
             "reason": status.reason,
+            "reasonText": status.reason.as_deref().and_then(drover_rules::reasons::sentence),
             "targets": status.targets,
             "excludedCount": status.excluded,
             "pending": status.counts.pending,

@@ -407,7 +407,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
 
 /// A run as the API shows it: the manifest with its status.
 pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
-    serde_json::json!({
+    let mut rendered = serde_json::json!({
         "apiVersion": API_VERSION,
         "kind": "TaskRun",
         "metadata": {
@@ -417,7 +417,15 @@ pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
         },
         "spec": run.spec,
         "status": run.status,
-    })
+    });
+    // The reason in words beside its code (`drover_rules::reasons`).
+    rendered["status"]["reasonText"] = serde_json::json!(
+        run.status
+            .reason
+            .as_deref()
+            .and_then(drover_rules::reasons::sentence)
+    );
+    rendered
 }
 
 /// A schedule as the API shows it, with its next tick.

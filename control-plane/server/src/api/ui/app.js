@@ -50,6 +50,12 @@ function badge(state, label) {
   return h("span", attrs, text);
 }
 
+// Why a run or deployment ended: the API's sentence, the code beside it.
+function reason(s) {
+  if (!s.reason) return "–";
+  return s.reasonText ? `${s.reasonText} (${s.reason})` : s.reason;
+}
+
 // A job's state as the API names it (the CLI and the metrics show the same
 // name), its words as the tooltip.
 function jobState(j) {
@@ -207,7 +213,7 @@ async function runsPage(main) {
       h("td", {}, progress(s.succeeded || 0, s.failed || 0, s.targets || 0), ` ${s.succeeded || 0}/${s.targets || 0}`),
       h("td", { class: "num" }, s.released ?? "–"),
       h("td", { class: "num" }, s.failed ?? "–"),
-      h("td", {}, s.reason || ""),
+      h("td", { title: s.reasonText || "" }, s.reason || ""),
       h("td", {}, when(s.startTime)),
       h("td", {}, when(s.completionTime)),
     );
@@ -226,7 +232,9 @@ function stepList(status) {
     { class: "steps" },
     steps
       .filter((step) => step.state !== "Pending")
-      .map((step) => h("li", {}, `${step.name}: `, badge(step.state), step.error ? h("span", { class: "error" }, ` ${step.error}`) : "")),
+      // A step's error that the job's error already says ("step preflight
+      // failed: …") is shown once, in the row's error column.
+      .map((step) => h("li", {}, `${step.name}: `, badge(step.state), step.error && !(status.error || "").includes(step.error) ? h("span", { class: "error" }, ` ${step.error}`) : "")),
   );
 }
 
@@ -259,7 +267,7 @@ async function runPage(main, name) {
       "dl",
       { class: "facts" },
       h("dt", {}, "Progress"), h("dd", { id: "run-progress" }, progress(s.succeeded || 0, s.failed || 0, s.targets || 0), ` ${s.succeeded || 0} of ${s.targets || 0} succeeded, ${s.failed || 0} failed, ${s.released || 0} released`),
-      h("dt", {}, "Reason"), h("dd", { id: "run-reason" }, s.reason || "–"),
+      h("dt", {}, "Reason"), h("dd", { id: "run-reason" }, reason(s)),
       h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
       h("dt", {}, "Deadline"), h("dd", {}, `${run.spec.deadlineSeconds} s after the start`),
       h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
@@ -282,7 +290,7 @@ async function deploymentsPage(main) {
       h("td", {}, badge(s.phase)),
       h("td", {}, progress(s.succeeded || 0, (s.failed || 0) + (s.expired || 0), s.targets || 0)),
       ["pending", "queued", "running", "succeeded", "failed", "expired", "canceled"].map((k) => h("td", { class: "num" }, s[k] ?? 0)),
-      h("td", {}, s.reason || ""),
+      h("td", { title: s.reasonText || "" }, s.reason || ""),
     );
   });
   main.replaceChildren(
@@ -317,7 +325,7 @@ async function deploymentPage(main, name) {
       { class: "facts" },
       h("dt", {}, "Progress"), h("dd", {}, progress(s.succeeded || 0, (s.failed || 0) + (s.expired || 0), s.targets || 0), ` ${s.succeeded || 0} of ${s.targets || 0} succeeded`),
       h("dt", {}, "Counts"), h("dd", {}, ["pending", "queued", "running", "failed", "expired", "canceled"].map((k) => `${k} ${s[k] ?? 0}`).join(", ")),
-      h("dt", {}, "Reason"), h("dd", {}, s.reason || "–"),
+      h("dt", {}, "Reason"), h("dd", {}, reason(s)),
       h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
       h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
