@@ -52,7 +52,7 @@ impl Dispatcher {
         let (expected, stored) = self.device_record(device, work).await?;
         let mut record = stored.clone();
         change(&mut record);
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let stale = record
             .last_seen
             .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST);
@@ -80,7 +80,7 @@ impl Dispatcher {
         {
             return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
         }
-        let now = Timestamp::now();
+        let now = self.clock.now();
         self.presence.update(device, |live| {
             Some(Live {
                 transport,
@@ -155,7 +155,7 @@ impl Dispatcher {
         }) {
             return Ok((Answer::Refused(problem), Vec::new(), Vec::new()));
         }
-        let now = Timestamp::now();
+        let now = self.clock.now();
         self.presence.update(device, |_| {
             Some(Live {
                 transport,
@@ -186,7 +186,7 @@ impl Dispatcher {
 
     /// Writes last-seen times that went stale in the store, in one commit.
     pub(super) async fn flush_presence(&mut self) {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let stale: Vec<DeviceId> = self
             .devices
             .iter()

@@ -8,7 +8,7 @@ impl Dispatcher {
     /// Other writers changed these keys (another replica, the API, or this
     /// process: those are skipped by revision).
     pub(super) async fn changed(&mut self, changes: Vec<Change>) {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let mut consider = Vec::new();
         let mut cancels = Vec::new();
         for change in changes {

@@ -225,7 +225,7 @@ impl Dispatcher {
                     let (delivery, _) = delivery::step(
                         &job.facts(),
                         &DeliveryEvent::Ack {
-                            at: Timestamp::now(),
+                            at: self.clock.now(),
                         },
                     );
                     job.delivery = delivery;
@@ -351,7 +351,7 @@ impl Dispatcher {
             };
             return Ok((Answer::Stored, Vec::new(), effects));
         }
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let terminal = status.state.is_terminal();
         let facts = JobFacts {
             delivery: self

@@ -150,6 +150,23 @@ pub struct Dispatcher {
     signer: Arc<IntentSigner>,
     /// Attaches what a job needs as it goes out (links, sealed secrets).
     enricher: Option<Arc<crate::secrets::Enricher>>,
+    /// Where every decision reads the time.
+    clock: Arc<dyn Clock>,
+}
+
+/// Where the delivery core reads the time: the wall clock when it serves,
+/// a clock the test moves in its unit tests.
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> Timestamp;
+}
+
+/// The wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
 }
 
 /// What went out over a link, to handle its result.
@@ -196,7 +213,14 @@ impl Dispatcher {
             queued_keys: HashSet::new(),
             signer,
             enricher: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Decisions read the time from `clock` (tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Jobs get what they need attached by `enricher` as they go out.
@@ -291,7 +315,7 @@ impl Dispatcher {
     /// Reads every undecided job from the store (at start, or after the
     /// change feed ran ahead).
     async fn load(&mut self) -> Result<(), DbError> {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let jobs = self.db.list::<JobDelivery>("jobs/").await?;
         let mut count = 0usize;
         for (key, revision, job) in jobs {
@@ -371,7 +395,7 @@ impl Dispatcher {
 
     /// The engine released these jobs: deliver them now.
     async fn released(&mut self, keys: Vec<String>) {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         for key in keys {
             if !self.open.contains_key(&key) {
                 match self.db.get::<JobDelivery>(&key).await {
@@ -531,3 +555,5 @@ fn parse_job_key(key: &str) -> Option<(DeviceId, agent_core::JobId)> {
     let job = parts.next()?.parse().ok()?;
     Some((device, job))
 }
+#[cfg(test)]
+mod tests;

@@ -46,7 +46,7 @@ impl Dispatcher {
                 let Some(job) = self.open.get_mut(&key) else {
                     return;
                 };
-                job.last_attempt = Some(Timestamp::now());
+                job.last_attempt = Some(self.clock.now());
                 let device = job.intent.device_id.clone();
                 let order = serde_json::json!({
                     agent_core::wire::CANCEL_FIELD: job.intent.job_id,
@@ -72,7 +72,7 @@ impl Dispatcher {
 
     /// Starts queued deliveries while fewer than [`MAX_IN_FLIGHT`] run.
     pub(super) fn start_queued(&mut self) {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         while self.in_flight.len() < MAX_IN_FLIGHT {
             let Some(key) = self.queued.pop_front() else {
                 return;
@@ -99,6 +99,7 @@ impl Dispatcher {
                 job.delivery = delivery;
             }
             let (signer, enricher) = (self.signer.clone(), self.enricher.clone());
+            let clock = self.clock.clone();
             self.in_flight.spawn(async move {
                 // Enrichers: what a job needs is attached here, as it goes
                 // out, and never stored; then the whole intent is signed.
@@ -108,7 +109,7 @@ impl Dispatcher {
                     warn!(key, error = %e, "cannot attach what the job needs; the device will fail it");
                 }
                 let signed = signer.sign(&intent);
-                let result = link.deliver(&intent, &signed, Timestamp::now()).await;
+                let result = link.deliver(&intent, &signed, clock.now()).await;
                 (Flight::Intent(key), link.transport(), result)
             });
         }
@@ -181,7 +182,7 @@ impl Dispatcher {
     /// The sweeper: sends again what was not acknowledged in time, tries
     /// again what never got out, and expires what was never taken.
     pub(super) async fn sweep(&mut self) {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let timeout = self.ack_timeout();
         let mut expired = Vec::new();
         let keys: Vec<String> = self.open.keys().cloned().collect();
