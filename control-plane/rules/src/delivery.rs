@@ -54,6 +54,10 @@ pub enum DeliveryEvent {
         now: Timestamp,
         ack_timeout: SignedDuration,
     },
+    /// The broker that kept the device's intents lost them (its state was
+    /// wiped): every undecided job's intent, or its cancel order, is put
+    /// back.
+    BrokerLost,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +88,8 @@ pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) 
             | E::Status { .. }
             | E::Hello { .. }
             | E::Cancel
-            | E::Tick { .. } => unchanged,
+            | E::Tick { .. }
+            | E::BrokerLost => unchanged,
         };
     }
     if let Some(settled) = expired_or_status(facts, event) {
@@ -124,6 +129,13 @@ pub fn step(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>) 
         (Created | Sent { .. } | Acked { .. }, E::Tick { .. }) => unchanged,
         // Only a job whose cancel is requested gets this event; see `canceling`.
         (Created | Sent { .. } | Acked { .. }, E::Cancel) => unchanged,
+        // The intent goes back to the broker. A job the agent has reported
+        // on stays acknowledged; one only acked by the transport counts as
+        // not delivered, as the broker that took it lost it.
+        (Acked { at }, E::BrokerLost) if facts.has_status => {
+            (Acked { at: *at }, vec![Effect::Send])
+        }
+        (Created | Sent { .. } | Acked { .. }, E::BrokerLost) => (Created, vec![Effect::Send]),
     }
 }
 
@@ -179,7 +191,7 @@ fn canceling(facts: &JobFacts, event: &DeliveryEvent) -> (Delivery, Vec<Effect>)
         (_, E::Consider { now }) | (_, E::Tick { now, .. }) if expired(now) => {
             (Expired { at: *now }, vec![Effect::Withdraw])
         }
-        (_, E::Cancel | E::Consider { .. }) => (facts.delivery.clone(), order),
+        (_, E::Cancel | E::Consider { .. } | E::BrokerLost) => (facts.delivery.clone(), order),
         (_, E::Hello { holds: true, at }) => (acked(*at), order),
         (_, E::Hello { holds: false, .. }) => (facts.delivery.clone(), order),
         (_, E::Tick { .. }) if facts.cancel == Cancel::Requested => (facts.delivery.clone(), order),
@@ -257,6 +269,13 @@ mod tests {
             ("canceling, considered after a restart: the order, never the intent", canceled(Created, false, Cancel::Requested), E::Consider { now: t(3) }, Created, order.clone()),
             ("canceling, a hello without the job: the order, never the intent", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), E::Hello { holds: false, at: t(4) }, Sent { at: t(1) }, order.clone()),
             ("canceling, a hello holding the job: acked, and the order", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), E::Hello { holds: true, at: t(4) }, Acked { at: t(4) }, order.clone()),
+            ("broker lost: a sent intent goes back", facts(Sent { at: t(1) }, false, false), E::BrokerLost, Created, send.clone()),
+            ("broker lost: a created one goes out", facts(Created, false, false), E::BrokerLost, Created, send.clone()),
+            ("broker lost: acked by the transport only, delivered again", facts(Acked { at: t(2) }, false, false), E::BrokerLost, Created, send.clone()),
+            ("broker lost: reported on, stays acked and goes back", facts(Acked { at: t(2) }, true, false), E::BrokerLost, Acked { at: t(2) }, send.clone()),
+            ("broker lost: a decided job stays out", facts(Acked { at: t(2) }, true, true), E::BrokerLost, Acked { at: t(2) }, none.clone()),
+            ("broker lost: an expired job stays out", facts(Expired { at: t(5) }, false, false), E::BrokerLost, Expired { at: t(5) }, none.clone()),
+            ("broker lost while canceling: the order, never the intent", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), E::BrokerLost, Sent { at: t(1) }, order.clone()),
             ("canceling, no ack in time: the intent is not sent again", canceled(Sent { at: t(1) }, false, Cancel::OrderOut), tick(61), Sent { at: t(1) }, none.clone()),
             ("canceling, the order did not get out: a tick tries again", canceled(Created, false, Cancel::Requested), tick(10), Created, order.clone()),
             ("canceling, the agent's Canceled status: withdrawn", canceled(Sent { at: t(1) }, true, Cancel::OrderOut), E::Status { terminal: true, at: t(5) }, Acked { at: t(5) }, withdraw.clone()),

@@ -429,15 +429,13 @@ impl Dispatcher {
                 && over
                 && !matches!(job.delivery, Delivery::Expired { .. })
             {
-                if job.cancel != Cancel::NotRequested {
+                // An order that got out to the lost broker is out no more.
+                if job.cancel == Cancel::OrderOut {
                     job.cancel = Cancel::Requested;
-                    effects.push((key, Effect::SendCancel));
-                    continue;
                 }
-                if !matches!(job.delivery, Delivery::Acked { .. }) || job.reported.is_none() {
-                    job.delivery = Delivery::Created;
-                }
-                effects.push((key, Effect::Send));
+                let (delivery, effect) = delivery::step(&job.facts(), &DeliveryEvent::BrokerLost);
+                job.delivery = delivery;
+                effects.extend(effect.into_iter().map(|e| (key.clone(), e)));
             }
         }
         info!(
