@@ -32,7 +32,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
 ' > "$logs/binaries.txt"
-longest_first="nats schedule apt_upgrade package mqtt hostile demo packages"
+longest_first="nats schedule apt_upgrade package mqtt hostile scenarios demo packages"
 alone="deployment nats_cluster"
 {
   for name in $longest_first; do grep "^$name " "$logs/binaries.txt" || true; done

@@ -6,6 +6,7 @@
 use serde_json::{Value, json};
 
 pub use drover_sandbox as debroot;
+pub mod fleet;
 pub mod script;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,8 +1,7 @@
-//! Fleet tasks over MQTT against a real mosquitto with per-device passwords
-//! and ACLs from `drover mqtt-config`: the seed's TaskRun completes on five
-//! agents with a canary; an agent offline at release picks its intent up
-//! when it returns; mosquitto SIGKILLed mid-run (losing everything since
-//! its last save) loses no status; a device can neither read another's
+//! What only MQTT has, against a real mosquitto with per-device passwords
+//! and ACLs from `drover mqtt-config` (the scenarios every transport shares
+//! are in scenarios.rs): mosquitto SIGKILLed mid-run (losing everything
+//! since its last save) loses no status; a device can neither read another's
 //! intent nor publish another's status; a malformed intent is refused and
 //! the agent keeps working; an agent SIGKILLed mid-job runs the job once.
 
@@ -61,74 +60,6 @@ async fn client(
     let mut options = rumqttc::MqttOptions::new(id, "127.0.0.1", broker.port);
     options.set_credentials(user, password);
     rumqttc::AsyncClient::new(options, 64)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_taskrun_completes_on_five_agents_over_mqtt() {
-    let devices = ["mq-1", "mq-2", "mq-3", "mq-4", "mq-5"];
-    let (broker, cp) = fleet(&devices);
-    for device in devices {
-        let labels = if device == "mq-1" {
-            json!({"canary": "true"})
-        } else {
-            json!({})
-        };
-        cp.apply_device(device, &["production"], labels).await;
-    }
-    let agents: Vec<AgentProcess> = devices.iter().map(|d| agent(&cp, &broker, d, "")).collect();
-    cp.wait_for_agents(&devices).await;
-    cp.apply_upgrade_run("mqtt-run", "production", 600).await;
-    let run = cp
-        .wait_run_finished("mqtt-run", Duration::from_secs(90))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
-    assert_eq!(run["status"]["succeeded"], 5);
-    let targets = cp.targets("mqtt-run").await;
-    let canary_done = targets
-        .iter()
-        .find(|t| t["canary"] == true)
-        .and_then(|t| t["status"]["finishedAt"].as_str())
-        .expect("canary finished")
-        .to_owned();
-    for target in targets.iter().filter(|t| t["canary"] != true) {
-        let accepted = target["status"]["acceptedAt"].as_str().expect("accepted");
-        assert!(
-            accepted > canary_done.as_str(),
-            "{} before the canary",
-            target["device"]
-        );
-    }
-    for agent in &agents {
-        let jobs = agent.jobs();
-        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
-        assert_eq!(jobs[0]["state"], "Succeeded");
-        assert_eq!(agent.status()["link"]["transport"], "mqtt");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_offline_at_release_picks_its_intent_up_when_it_returns() {
-    let (broker, cp) = fleet(&["away-1"]);
-    cp.apply_device("away-1", &["fleet"], json!({})).await;
-    let mut agent = agent(&cp, &broker, "away-1", "");
-    cp.wait_for_agents(&["away-1"]).await;
-    agent.kill9();
-    cp.apply_upgrade_run("away-run", "fleet", 600).await;
-    eventually(
-        Duration::from_secs(20),
-        "the intent to be released",
-        || async {
-            let targets = cp.targets("away-run").await;
-            (targets.first()?["released"] == true).then_some(())
-        },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    agent.restart();
-    let run = cp
-        .wait_run_finished("away-run", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
-//! Fleet tasks over NATS JetStream against a real `nats-server -js` with
-//! per-device credentials from `drover nats-config`: the seed's TaskRun
-//! completes on five agents, a device cannot read another's intent or write
-//! another's status, a server restart mid-run loses no status, a duplicate
-//! intent put by hand does not run twice, and TLS works.
+//! What only NATS JetStream has, against a real `nats-server -js` with
+//! per-device credentials from `drover nats-config`: a device cannot read
+//! another's intent or write another's status, a server restart mid-run
+//! loses no status, a duplicate intent put by hand does not run twice, and
+//! TLS works. The scenarios every transport shares (the seed's TaskRun, an
+//! agent away at release, a failing canary) are in scenarios.rs.
 
 use drover_tests::{AgentProcess, ControlPlane, NatsServer, eventually};
 use futures_util::StreamExt;
@@ -81,77 +82,6 @@ fn nats_agent(
         ca,
         extra,
     )
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_taskrun_completes_on_five_agents_over_nats() {
-    let devices = ["nats-1", "nats-2", "nats-3", "nats-4", "nats-5"];
-    let (nats, cp) = fleet(&devices, None);
-    for device in devices {
-        let labels = if device == "nats-1" {
-            json!({"canary": "true"})
-        } else {
-            json!({})
-        };
-        cp.apply_device(device, &["production"], labels).await;
-    }
-    let _agents: Vec<AgentProcess> = devices
-        .iter()
-        .map(|d| nats_agent(&cp, &nats.url(), d, None, ""))
-        .collect();
-    cp.wait_for_agents(&devices).await;
-    cp.apply_upgrade_run("nats-run", "production", 600).await;
-    let run = cp
-        .wait_run_finished("nats-run", Duration::from_secs(120))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
-    assert_eq!(run["status"]["succeeded"], 5);
-    // The canary finished before any other device accepted its intent.
-    let targets = cp.targets("nats-run").await;
-    let canary = targets
-        .iter()
-        .find(|t| t["canary"] == true)
-        .expect("canary");
-    let canary_done = canary["status"]["finishedAt"]
-        .as_str()
-        .expect("finished")
-        .to_owned();
-    for target in targets.iter().filter(|t| t["canary"] != true) {
-        let accepted = target["status"]["acceptedAt"].as_str().expect("accepted");
-        assert!(
-            accepted > canary_done.as_str(),
-            "{} accepted before the canary finished",
-            target["device"]
-        );
-    }
-    // Terminal intents are removed from the bucket; statuses stay.
-    let client =
-        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
-            .connect(nats.url())
-            .await
-            .expect("connect");
-    let js = async_nats::jetstream::new(client);
-    let intents = js
-        .get_key_value("system-upgrade-intent")
-        .await
-        .expect("bucket");
-    let statuses = js
-        .get_key_value("system-upgrade-status")
-        .await
-        .expect("bucket");
-    let uid = run["metadata"]["uid"].as_str().expect("uid");
-    for device in devices {
-        let key = format!("{device}.{uid}");
-        assert_eq!(
-            intents.get(&key).await.expect("get"),
-            None,
-            "intent {key} removed"
-        );
-        let status: Value =
-            serde_json::from_slice(&statuses.get(&key).await.expect("get").expect("status kept"))
-                .expect("json");
-        assert_eq!(status["state"], "Succeeded");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,37 +274,6 @@ async fn agents_and_the_control_plane_speak_tls_to_nats() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_offline_at_release_reads_its_intent_when_it_returns() {
-    let (nats, cp) = fleet(&["away-1"], None);
-    cp.apply_device("away-1", &["fleet"], json!({})).await;
-    let mut agent = nats_agent(&cp, &nats.url(), "away-1", None, "");
-    cp.wait_for_agents(&["away-1"]).await;
-    agent.kill9();
-    cp.apply_upgrade_run("away-run", "fleet", 600).await;
-    // The intent is in the bucket while the device is away.
-    eventually(
-        Duration::from_secs(20),
-        "the intent to be released",
-        || async {
-            let targets = cp.targets("away-run").await;
-            (targets.first()?["released"] == true).then_some(())
-        },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    agent.restart();
-    let run = cp
-        .wait_run_finished("away-run", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
-    assert!(
-        !agent.log().contains("cannot read current intents"),
-        "{}",
-        agent.log()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing_twice() {
     let devices = ["rep-1", "rep-2", "rep-3", "rep-4", "rep-5"];
     let dir = ControlPlane::prepare();
@@ -502,40 +401,6 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
     }
     for agent in &agents {
         agent.assert_jobs_run_once(2);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_canary_over_nats_stops_the_rollout() {
-    let devices = ["fc-canary", "fc-1", "fc-2"];
-    let (nats, cp) = fleet(&devices, None);
-    for device in devices {
-        let labels = if device == "fc-canary" {
-            json!({"canary": "true"})
-        } else {
-            json!({})
-        };
-        cp.apply_device(device, &["fleet"], labels).await;
-    }
-    let agents: Vec<AgentProcess> = devices
-        .iter()
-        .map(|d| {
-            let mut agent = nats_agent(&cp, &nats.url(), d, None, "");
-            if *d == "fc-canary" {
-                agent.fail_preflight();
-            }
-            agent
-        })
-        .collect();
-    cp.wait_for_agents(&devices).await;
-    cp.apply_upgrade_run("fc-run", "fleet", 600).await;
-    let run = cp
-        .wait_run_finished("fc-run", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["reason"], "CanaryFailed", "{run}");
-    assert_eq!(run["status"]["released"], 1);
-    for agent in &agents[1..] {
-        assert_eq!(agent.jobs(), json!([]), "a worker received an intent");
     }
 }
 

@@ -1,60 +1,11 @@
-//! TaskRun rules through the real API and real agents: a failing canary stops
-//! the rollout before the others receive anything, a spec is immutable, a
+//! TaskRun rules through the real API and real agents (a failing canary is
+//! in scenarios.rs, over every transport): a spec is immutable, a
 //! selector with no match fails with NoTargets, matchExpressions fail closed,
 //! and the agents' link works over TLS.
 
 use drover_tests::{API_VERSION, AgentProcess, ControlPlane};
 use serde_json::json;
 use std::time::Duration;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_canary_stops_the_rollout() {
-    let cp = ControlPlane::start(&[]);
-    cp.apply_device("canary-1", &["fleet"], json!({"canary": "true"}))
-        .await;
-    cp.apply_device("worker-1", &["fleet"], json!({})).await;
-    cp.apply_device("worker-2", &["fleet"], json!({})).await;
-    let mut agents = Vec::new();
-    for device in ["canary-1", "worker-1", "worker-2"] {
-        let dir = cp.dir.path().join(device);
-        let token = cp.device_token(device);
-        let mut agent = AgentProcess::start(&dir, device, &cp.agent_url, &token, "");
-        if device == "canary-1" {
-            agent.fail_preflight();
-        }
-        agents.push(agent);
-    }
-    cp.wait_for_agents(&["canary-1", "worker-1", "worker-2"])
-        .await;
-    cp.apply_upgrade_run("canary-run", "fleet", 600).await;
-    let run = cp
-        .wait_run_finished("canary-run", Duration::from_secs(60))
-        .await;
-    let status = &run["status"];
-    assert_eq!(status["phase"], "Failed", "{run}");
-    assert_eq!(status["reason"], "CanaryFailed", "{run}");
-    assert!(
-        status["latestError"]
-            .as_str()
-            .unwrap_or("")
-            .contains("not enough free space"),
-        "{run}"
-    );
-    assert_eq!(status["released"], 1, "only the canary was released: {run}");
-    let targets = cp.targets("canary-run").await;
-    for target in targets {
-        let released = target["released"].as_bool().unwrap_or(true);
-        assert_eq!(released, target["canary"] == true, "{target}");
-    }
-    // The workers never received an intent.
-    for agent in &agents[1..] {
-        assert_eq!(agent.jobs(), json!([]), "{}", agent.log());
-    }
-    // A terminal run never advances, even after more passes.
-    cp.engine_barrier().await;
-    let later = cp.get("/taskruns/canary-run").await;
-    assert_eq!(later["status"], run["status"]);
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn specs_are_immutable_and_bad_runs_are_refused() {

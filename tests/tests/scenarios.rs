@@ -1,0 +1,220 @@
+//! The end-to-end scenarios every transport must pass, written once and run
+//! over WebSocket, NATS JetStream and MQTT (issue 29): a fourth transport
+//! adds a `Fleet` constructor and inherits them. Each is a real control
+//! plane, the transport's real broker and real agents.
+//!
+//! - the seed's TaskRun on five agents: canary first, every job once;
+//! - an agent away when its job is released finds it when it returns;
+//! - a failing canary stops the rollout before anyone else gets anything.
+//!
+//! What only one transport has (broker ACLs, retained topics, KV buckets,
+//! TLS to each broker, broker restarts) stays in nats.rs, mqtt.rs and the
+//! WebSocket files.
+
+use drover_tests::fleet::Fleet;
+use drover_tests::{AgentProcess, eventually};
+use serde_json::json;
+use std::time::Duration;
+
+/// Three tests of `scenario`, one per transport, each on its own fleet
+/// whose devices are `devices` prefixed with the transport's name.
+macro_rules! on_every_transport {
+    ($scenario:ident, $devices:expr) => {
+        mod $scenario {
+            fn named(prefix: &str) -> Vec<String> {
+                $devices.iter().map(|d| format!("{prefix}-{d}")).collect()
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_websocket() {
+                super::$scenario(drover_tests::fleet::Fleet::websocket(), named("ws")).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_nats() {
+                let devices = named("nats");
+                super::$scenario(drover_tests::fleet::Fleet::nats(&refs(&devices)), devices).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_mqtt() {
+                let devices = named("mqtt");
+                super::$scenario(drover_tests::fleet::Fleet::mqtt(&refs(&devices)), devices).await
+            }
+
+            fn refs(devices: &[String]) -> Vec<&str> {
+                devices.iter().map(String::as_str).collect()
+            }
+        }
+    };
+}
+
+on_every_transport!(
+    the_seed_taskrun_completes_on_five_agents_canary_first,
+    ["canary", "w1", "w2", "w3", "w4"]
+);
+on_every_transport!(
+    an_agent_away_at_release_finds_its_job_when_it_returns,
+    ["away"]
+);
+on_every_transport!(
+    a_failing_canary_stops_the_rollout_before_anyone_else_gets_anything,
+    ["canary", "w1", "w2"]
+);
+
+/// Registers `devices` in group `fleet`, the first labelled canary.
+async fn register(fleet: &Fleet, devices: &[String]) {
+    for (i, device) in devices.iter().enumerate() {
+        let labels = if i == 0 {
+            json!({"canary": "true"})
+        } else {
+            json!({})
+        };
+        fleet.cp.apply_device(device, &["fleet"], labels).await;
+    }
+}
+
+fn names(devices: &[String]) -> Vec<&str> {
+    devices.iter().map(String::as_str).collect()
+}
+
+async fn the_seed_taskrun_completes_on_five_agents_canary_first(
+    fleet: Fleet,
+    devices: Vec<String>,
+) {
+    let cp = &fleet.cp;
+    register(&fleet, &devices).await;
+    let agents: Vec<AgentProcess> = devices.iter().map(|d| fleet.agent(d, "")).collect();
+    cp.wait_for_agents(&names(&devices)).await;
+    cp.apply_upgrade_run("seed-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("seed-run", Duration::from_secs(120))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 5, "{run}");
+
+    // The canary finished before any other device accepted its job.
+    let targets = cp.targets("seed-run").await;
+    let canary_done = targets
+        .iter()
+        .find(|t| t["canary"] == true)
+        .and_then(|t| t["status"]["finishedAt"].as_str())
+        .expect("the canary finished")
+        .to_owned();
+    for target in targets.iter().filter(|t| t["canary"] != true) {
+        let accepted = target["status"]["acceptedAt"].as_str().expect("accepted");
+        assert!(
+            accepted > canary_done.as_str(),
+            "{} accepted before the canary finished",
+            target["device"]
+        );
+        assert_eq!(target["state"], "succeeded", "{target}");
+    }
+
+    // Every agent ran its one job once, over this transport.
+    for agent in &agents {
+        let jobs = agent.jobs();
+        assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+        assert_eq!(jobs[0]["state"], "Succeeded", "{jobs}");
+        assert_eq!(agent.status()["link"]["transport"], fleet.transport());
+    }
+
+    // A decided job's intent leaves its broker; over NATS its status stays
+    // in the status bucket under the seed's key.
+    let uid = run["metadata"]["uid"].as_str().expect("uid").to_owned();
+    for device in &devices {
+        eventually(Duration::from_secs(20), "the intent withdrawn", || async {
+            fleet.kept(device, &uid).await.is_none().then_some(())
+        })
+        .await;
+        if fleet.transport() == "nats" {
+            let status = fleet.kept_status(device, &uid).await;
+            assert_eq!(
+                status.as_ref().map(|s| &s["state"]),
+                Some(&json!("Succeeded")),
+                "{status:?}"
+            );
+        }
+    }
+}
+
+async fn an_agent_away_at_release_finds_its_job_when_it_returns(
+    fleet: Fleet,
+    devices: Vec<String>,
+) {
+    let cp = &fleet.cp;
+    let device = &devices[0];
+    cp.apply_device(device, &["fleet"], json!({})).await;
+    let mut agent = fleet.agent(device, "");
+    cp.wait_for_agents(&[device]).await;
+    agent.kill9();
+    cp.apply_upgrade_run("away-run", "fleet", 600).await;
+    eventually(Duration::from_secs(20), "the job released", || async {
+        let targets = cp.targets("away-run").await;
+        (targets.first()?["state"] == "undelivered").then_some(())
+    })
+    .await;
+    agent.restart();
+    let run = cp
+        .wait_run_finished("away-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let jobs = agent.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert!(
+        !agent.log().contains("cannot read current intents"),
+        "{}",
+        agent.log()
+    );
+}
+
+async fn a_failing_canary_stops_the_rollout_before_anyone_else_gets_anything(
+    fleet: Fleet,
+    devices: Vec<String>,
+) {
+    let cp = &fleet.cp;
+    register(&fleet, &devices).await;
+    let agents: Vec<AgentProcess> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let mut agent = fleet.agent(device, "");
+            if i == 0 {
+                agent.fail_preflight();
+            }
+            agent
+        })
+        .collect();
+    cp.wait_for_agents(&names(&devices)).await;
+    cp.apply_upgrade_run("canary-run", "fleet", 600).await;
+    let run = cp
+        .wait_run_finished("canary-run", Duration::from_secs(60))
+        .await;
+    let status = &run["status"];
+    assert_eq!(status["phase"], "Failed", "{run}");
+    assert_eq!(status["reason"], "CanaryFailed", "{run}");
+    assert!(
+        status["latestError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not enough free space"),
+        "{run}"
+    );
+    assert_eq!(status["released"], 1, "only the canary was released: {run}");
+    for target in cp.targets("canary-run").await {
+        let want = if target["canary"] == true {
+            "failed"
+        } else {
+            "notReleased"
+        };
+        assert_eq!(target["state"], want, "{target}");
+    }
+    // The workers never received an intent.
+    for agent in &agents[1..] {
+        assert_eq!(agent.jobs(), json!([]), "{}", agent.log());
+    }
+    // A terminal run never advances, even after more passes.
+    cp.engine_barrier().await;
+    let later = cp.get("/taskruns/canary-run").await;
+    assert_eq!(later["status"], run["status"]);
+}
