@@ -5,7 +5,94 @@
 //! control plane restarted after a day of service is retried within
 //! `initial`, not after `max`.
 
+use crate::executor::Agent;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How one session of a link (a connection and everything done on it)
+/// ended, which decides when the next one starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The agent is stopping: no next session.
+    Shutdown,
+    /// The peer ended it cleanly (a control plane restarting): the next
+    /// one starts soon, counting from the start.
+    Closed,
+    /// Refused with one credential and another is left to try: at once.
+    RetryNow,
+    /// It failed (already logged by the link, with its reason): the next
+    /// one waits its backoff; the reason becomes the link's last error.
+    Failed(String),
+}
+
+/// The one reconnect rule of every transport's agent link. A link's loop
+/// is `loop { supervisor.start(); let end = session().await; if
+/// !supervisor.ended(&agent, end, &shutdown).await { return } }`: when the
+/// next session starts, the backoff's reset, and the link state the status
+/// socket shows (`connected`, `last_error`) are decided here, once.
+pub struct Supervisor {
+    backoff: Backoff,
+    started: tokio::time::Instant,
+    transport: &'static str,
+}
+
+impl Supervisor {
+    pub fn new(agent: &Agent, transport: &'static str, backoff: Backoff) -> Self {
+        agent.update_link(|l| l.transport = transport.into());
+        Self {
+            backoff,
+            started: tokio::time::Instant::now(),
+            transport,
+        }
+    }
+
+    /// Failed sessions in a row so far.
+    pub fn failures(&self) -> u32 {
+        self.backoff.failures()
+    }
+
+    /// A session starts now.
+    pub fn start(&mut self) {
+        self.started = tokio::time::Instant::now();
+    }
+
+    /// The session ended with `end`: waits as long as the rule says and
+    /// returns true for another session, false when the link should stop.
+    pub async fn ended(
+        &mut self,
+        agent: &Agent,
+        end: SessionEnd,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        if end != SessionEnd::RetryNow {
+            agent.update_link(|l| l.connected = false);
+        }
+        if shutdown.is_cancelled() {
+            return false;
+        }
+        let delay = match end {
+            SessionEnd::Shutdown => return false,
+            SessionEnd::RetryNow => return true,
+            SessionEnd::Closed => {
+                self.backoff.reset();
+                self.backoff.first()
+            }
+            SessionEnd::Failed(reason) => {
+                agent.update_link(|l| l.last_error = Some(reason));
+                self.backoff.failed(self.started.elapsed())
+            }
+        };
+        tracing::debug!(
+            ?delay,
+            transport = self.transport,
+            "reconnecting after a delay"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = shutdown.cancelled() => false,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Backoff {

@@ -311,3 +311,52 @@ async fn a_signed_cancel_order_cancels_queued_and_unreceived_jobs_and_nothing_el
     shutdown.cancel();
     worker.await.expect("worker");
 }
+
+#[tokio::test]
+async fn the_supervisor_keeps_the_link_state_and_one_reset_rule_for_every_transport() {
+    use crate::backoff::{Backoff, SessionEnd, Supervisor};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(RedbStore::open(&dir.path().join("a.redb")).expect("open"));
+    let agent = Agent::new(settings(dir.path(), None), store, Vec::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let ms = Duration::from_millis;
+    let mut supervisor = Supervisor::new(&agent, "test", Backoff::new(ms(1), ms(4)));
+    let link = || agent.info().expect("info").link;
+    assert_eq!(link().transport, "test");
+    agent.update_link(|l| l.connected = true);
+
+    // Another credential to try: at once, the link untouched.
+    supervisor.start();
+    assert!(
+        supervisor
+            .ended(&agent, SessionEnd::RetryNow, &shutdown)
+            .await
+    );
+    assert!(link().connected);
+    // A failure: not connected, its reason kept, counted.
+    for n in 1..=3 {
+        supervisor.start();
+        let end = SessionEnd::Failed(format!("refused {n}"));
+        assert!(supervisor.ended(&agent, end, &shutdown).await);
+        assert_eq!(supervisor.failures(), n);
+    }
+    assert!(!link().connected);
+    assert_eq!(link().last_error.as_deref(), Some("refused 3"));
+    // Closed by the peer: the count starts again.
+    supervisor.start();
+    assert!(
+        supervisor
+            .ended(&agent, SessionEnd::Closed, &shutdown)
+            .await
+    );
+    assert_eq!(supervisor.failures(), 0);
+    // The link asked to stop, or the agent is stopping: no next session.
+    assert!(
+        !supervisor
+            .ended(&agent, SessionEnd::Shutdown, &shutdown)
+            .await
+    );
+    shutdown.cancel();
+    let end = SessionEnd::Failed("late".into());
+    assert!(!supervisor.ended(&agent, end, &shutdown).await);
+}

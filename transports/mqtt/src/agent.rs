@@ -9,7 +9,7 @@
 //! the intents.
 
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
-use agent_core::backoff::Backoff;
+use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
 use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
@@ -127,31 +127,27 @@ async fn probe_with(settings: &MqttSettings, client_id: &str) -> Result<(), Fail
 
 /// Runs the agent's MQTT link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
-    agent.update_link(|l| l.transport = TRANSPORT.into());
-    let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
+    let backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
     let mut passwords = settings.passwords.clone();
+    let mut supervisor = Supervisor::new(&agent, TRANSPORT, backoff);
     loop {
-        let started = tokio::time::Instant::now();
-        let mqtt = with_password(&settings, &passwords);
-        let delay =
+        supervisor.start();
+        let end = {
+            let mqtt = with_password(&settings, &passwords);
             match session(&settings, &mqtt, passwords.using_token(), &agent, &shutdown).await {
-                Ok(()) => return,
-                Err(e) => {
-                    if matches!(e, Failure::Refused(_)) && passwords.refused() {
-                        debug!("the MQTT broker refused the derived password; trying the token");
-                        continue;
-                    }
-                    warn!(error = %e, "MQTT link failed");
-                    agent.update_link(|l| {
-                        l.connected = false;
-                        l.last_error = Some(e.to_string());
-                    });
-                    backoff.failed(started.elapsed())
+                Ok(()) => SessionEnd::Shutdown,
+                Err(e @ Failure::Refused(_)) if passwords.refused() => {
+                    debug!(error = %e, "the MQTT broker refused the derived password; trying the token");
+                    SessionEnd::RetryNow
                 }
-            };
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => return,
+                Err(e) => {
+                    warn!(error = %e, "MQTT link failed");
+                    SessionEnd::Failed(e.to_string())
+                }
+            }
+        };
+        if !supervisor.ended(&agent, end, &shutdown).await {
+            return;
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::{
     NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, hello_subject,
     inbox_prefix, key, key_subject, status_subject,
 };
-use agent_core::backoff::Backoff;
+use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
 use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
@@ -98,31 +98,27 @@ pub async fn probe(settings: &AgentSettings) -> Result<bool, NatsError> {
 
 /// Runs the agent's NATS link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
-    agent.update_link(|l| l.transport = "nats".into());
-    let mut backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
+    let backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
     let mut passwords = settings.passwords.clone();
+    let mut supervisor = Supervisor::new(&agent, "nats", backoff);
     loop {
-        let started = tokio::time::Instant::now();
-        let nats = with_password(&settings, &passwords);
-        let delay = match serve(&settings, &nats, passwords.using_token(), &agent, &shutdown).await
-        {
-            Ok(()) => return,
-            Err(e) => {
-                if matches!(e, NatsError::Refused { .. }) && passwords.refused() {
-                    debug!("the NATS server refused the derived password; trying the token");
-                    continue;
+        supervisor.start();
+        let end = {
+            let nats = with_password(&settings, &passwords);
+            match serve(&settings, &nats, passwords.using_token(), &agent, &shutdown).await {
+                Ok(()) => SessionEnd::Shutdown,
+                Err(e @ NatsError::Refused { .. }) if passwords.refused() => {
+                    debug!(error = %e, "the NATS server refused the derived password; trying the token");
+                    SessionEnd::RetryNow
                 }
-                warn!(error = %e, "NATS link failed");
-                agent.update_link(|l| {
-                    l.connected = false;
-                    l.last_error = Some(e.to_string());
-                });
-                backoff.failed(started.elapsed())
+                Err(e) => {
+                    warn!(error = %e, "NATS link failed");
+                    SessionEnd::Failed(e.to_string())
+                }
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => return,
+        if !supervisor.ended(&agent, end, &shutdown).await {
+            return;
         }
     }
 }

@@ -5,7 +5,7 @@
 use crate::protocol::{AgentMessage, ServerMessage};
 use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
-use agent_core::backoff::Backoff;
+use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
@@ -19,7 +19,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, Uri, header};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// Any byte stream a WebSocket can run over (plain TCP or TLS).
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -108,34 +108,24 @@ pub fn tls_hint(e: &dyn std::fmt::Display) -> &'static str {
 
 /// Runs the agent's connection until `shutdown`.
 pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
-    let mut backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
-    agent.update_link(|l| l.transport = "websocket".into());
+    let backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
+    let mut supervisor = Supervisor::new(&agent, "websocket", backoff);
     loop {
-        let started = Instant::now();
-        let result = connect_and_serve(&settings, &agent, &shutdown).await;
-        agent.update_link(|l| l.connected = false);
-        if shutdown.is_cancelled() {
-            return;
-        }
-        let delay = match result {
-            Ok(()) => {
-                backoff.reset();
-                backoff.first()
-            }
+        supervisor.start();
+        let end = match connect_and_serve(&settings, &agent, &shutdown).await {
+            // The control plane closed it (a restart): soon again.
+            Ok(()) => SessionEnd::Closed,
             Err(e) => {
                 if e.is_config() {
                     tracing::error!(error = %e, "cannot connect to the control plane");
                 } else {
                     warn!(error = %e, "connection to the control plane lost");
                 }
-                agent.update_link(|l| l.last_error = Some(e.to_string()));
-                backoff.failed(started.elapsed())
+                SessionEnd::Failed(e.to_string())
             }
         };
-        debug!(?delay, "reconnecting after a delay");
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => return,
+        if !supervisor.ended(&agent, end, &shutdown).await {
+            return;
         }
     }
 }
