@@ -158,6 +158,13 @@ pub fn package_id(name: &str, version: &str, architecture: &str) -> String {
 pub struct Empty {}
 
 impl JobKind {
+    /// Every kind's wire name, in the model's order: a new kind adds its
+    /// variant, its name here and in [`JobKind::name`] (a test checks
+    /// they agree), its chain on the agent and its handler in the control
+    /// plane's `kinds`.
+    pub const NAMES: [&'static str; 3] =
+        ["systemUpgradeV1", "inventoryRefreshV1", "packageInstallV1"];
+
     /// The kind's wire name, which is also the capability an agent advertises.
     pub fn name(&self) -> &'static str {
         match self {
@@ -394,6 +401,31 @@ pub struct HeldJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_named_once_in_names_and_reads_back_by_it() {
+        let kinds = [
+            JobKind::system_upgrade(),
+            JobKind::inventory_refresh(),
+            JobKind::PackageInstallV1(Box::new(PackageInstall {
+                package: "p_1_all".into(),
+                name: "p".into(),
+                version: "1".into(),
+                architecture: "all".into(),
+                sha256: "00".repeat(32),
+                size: 1,
+                download: None,
+                secrets: Vec::new(),
+                sealed: None,
+            })),
+        ];
+        let names: Vec<&str> = kinds.iter().map(JobKind::name).collect();
+        assert_eq!(names, JobKind::NAMES);
+        for kind in &kinds {
+            let wire = serde_json::to_value(kind).expect("json");
+            assert!(wire.get(kind.name()).is_some(), "{wire}");
+        }
+    }
 
     fn good() -> PackageInstall {
         PackageInstall {

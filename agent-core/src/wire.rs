@@ -99,7 +99,7 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
     let kind: JobKind = match serde_json::from_value(wire.kind.clone()) {
         Ok(kind) => kind,
         Err(e) => {
-            let known = ["systemUpgradeV1", "inventoryRefreshV1", "packageInstallV1"];
+            let known = JobKind::NAMES;
             let reason = if known.contains(&kind_name.as_str()) {
                 format!("invalid parameters for job kind {kind_name}: {e}")
             } else {

@@ -13,6 +13,7 @@ pub mod debcontrol;
 pub mod dispatch;
 pub mod engine;
 pub mod http;
+pub mod kinds;
 pub mod listen;
 pub mod manifest;
 pub mod metrics;

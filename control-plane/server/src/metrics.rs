@@ -161,10 +161,12 @@ mod tests {
         m.devices
             .get_or_create(&vec![("state", "online".into())])
             .set(3);
+        // A kind no other test uses: the registry is one per process, and
+        // the delivery core's unit tests count their jobs in it too.
         m.jobs_finished
             .get_or_create(&vec![
                 ("state", "succeeded".into()),
-                ("kind", "systemUpgradeV1".into()),
+                ("kind", "metricsTestV1".into()),
             ])
             .inc();
         m.engine_pass_seconds
@@ -177,7 +179,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "drover_jobs_finished_total{state=\"succeeded\",kind=\"systemUpgradeV1\"} 1"
+                "drover_jobs_finished_total{state=\"succeeded\",kind=\"metricsTestV1\"} 1"
             ),
             "{text}"
         );

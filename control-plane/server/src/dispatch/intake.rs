@@ -379,43 +379,32 @@ impl Dispatcher {
         };
         let mut status = status.clone();
         let mut keys = vec![key.clone()];
-        // The package list goes to the device's inventory record, written in
-        // the same commit; the job keeps the rest of the output.
-        if let Some(agent_core::JobOutput::Software(software)) = &mut status.output
-            && status.state == agent_core::JobState::Succeeded
-        {
-            let inventory_key = crate::deployment::inventory_key(device);
-            let expected = match work.inventories.get(&inventory_key) {
-                Some((expected, _)) => *expected,
-                None => self
-                    .db
-                    .get::<crate::deployment::DeviceInventory>(&inventory_key)
-                    .await?
-                    .map_or(0, |(revision, _)| revision),
-            };
-            let packages = std::mem::take(&mut software.packages);
-            let inventory = crate::deployment::DeviceInventory {
-                device: device.clone(),
-                collected_at: received_at.min(now),
-                packages: packages.into_iter().map(|p| (p.name, p.version)).collect(),
-                truncated: software.omitted > 0,
-            };
-            work.inventories
-                .insert(inventory_key.clone(), (expected, inventory));
-            keys.push(inventory_key);
-        }
-        if status.state == agent_core::JobState::Failed
-            && let Some(error) = status
-                .error
-                .as_deref()
-                .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
-        {
-            work.alerts.push(crate::alerts::resume_loop(
-                device,
-                &job,
-                error,
-                received_at.min(now),
-            ));
+        // What the report writes beside the job, in the same commit, is its
+        // kind's business (`crate::kinds`).
+        let writes = crate::kinds::on_report(&mut crate::kinds::Report {
+            device,
+            job: &job,
+            status: &mut status,
+            at: received_at.min(now),
+        });
+        for write in writes {
+            match write {
+                crate::kinds::ReportWrite::Inventory(inventory) => {
+                    let inventory_key = crate::deployment::inventory_key(device);
+                    let expected = match work.inventories.get(&inventory_key) {
+                        Some((expected, _)) => *expected,
+                        None => self
+                            .db
+                            .get::<crate::deployment::DeviceInventory>(&inventory_key)
+                            .await?
+                            .map_or(0, |(revision, _)| revision),
+                    };
+                    work.inventories
+                        .insert(inventory_key.clone(), (expected, inventory));
+                    keys.push(inventory_key);
+                }
+                crate::kinds::ReportWrite::Alert(key, alert) => work.alerts.push((key, alert)),
+            }
         }
         debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");
         job.status = Some(status);

@@ -1,0 +1,211 @@
+//! Job kinds on the control plane's side, in one place (issue 29): each
+//! kind is a module here and one line in [`KINDS`]. A kind says what its
+//! stored reports write beside the job (an inventory's package list goes
+//! to the device's inventory record); what every kind's report does (the
+//! resume-loop alert, A10) is here too. The delivery core asks
+//! [`on_report`] and writes what it returns in the status's own commit; it
+//! knows no kind by name.
+//!
+//! The agent's side has its own registry: the chains `drover-agent` is
+//! built with (agent/src/main.rs), each advertising its kind as its
+//! capability.
+
+mod inventory;
+mod package;
+mod upgrade;
+
+use crate::records::{AlertRecord, JobDelivery};
+use agent_core::{DeviceId, JobStatus};
+use drover_rules::deployment::DeviceInventory;
+use jiff::Timestamp;
+
+/// A stored report of a job, as its kind's handler sees it.
+pub struct Report<'a> {
+    pub device: &'a DeviceId,
+    pub job: &'a JobDelivery,
+    /// The status about to be stored: a handler may take parts of its
+    /// output to keep elsewhere.
+    pub status: &'a mut JobStatus,
+    /// The control plane's time the report counts from.
+    pub at: Timestamp,
+}
+
+/// A record a report writes beside the job, in the same commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportWrite {
+    /// The device's installed packages (`inventory/<device>`).
+    Inventory(DeviceInventory),
+    /// An alert, created once (`alerts/<device>/<job>`).
+    Alert(String, AlertRecord),
+}
+
+/// One job kind's handling on the control plane.
+pub trait Kind: Sync {
+    /// The wire name, which is also the capability agents advertise.
+    fn name(&self) -> &'static str;
+
+    /// What a stored report of this kind writes beside the job.
+    fn on_report(&self, _report: &mut Report<'_>) -> Vec<ReportWrite> {
+        Vec::new()
+    }
+}
+
+/// Every kind this control plane knows. A new kind: its module, and a
+/// line here.
+pub static KINDS: &[&dyn Kind] = &[
+    &upgrade::SystemUpgrade,
+    &inventory::InventoryRefresh,
+    &package::PackageInstall,
+];
+
+/// The kind called `name`, if this control plane knows it.
+pub fn kind(name: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|k| k.name() == name)
+}
+
+/// What a stored report writes beside its job: its kind's writes, then
+/// what every kind's report does.
+pub fn on_report(report: &mut Report<'_>) -> Vec<ReportWrite> {
+    let mut writes = match kind(report.job.intent.kind.name()) {
+        Some(kind) => kind.on_report(report),
+        None => Vec::new(),
+    };
+    // A job failed because the agent kept stopping while it ran (A10).
+    if report.status.state == agent_core::JobState::Failed
+        && let Some(error) = report
+            .status
+            .error
+            .as_deref()
+            .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
+    {
+        let (key, alert) = crate::records::resume_loop(report.device, report.job, error, report.at);
+        writes.push(ReportWrite::Alert(key, alert));
+    }
+    writes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_core::model::JobKind;
+
+    #[test]
+    fn every_kind_of_the_job_model_is_registered_once_under_its_wire_name() {
+        for name in JobKind::NAMES {
+            let registered = KINDS.iter().filter(|k| k.name() == name).count();
+            assert_eq!(registered, 1, "{name}");
+        }
+        assert_eq!(
+            KINDS.len(),
+            JobKind::NAMES.len(),
+            "a registered kind the model lacks"
+        );
+        assert!(kind("unknownV1").is_none());
+    }
+
+    fn job(kind: JobKind) -> JobDelivery {
+        let at: Timestamp = "2027-01-04T10:00:00Z".parse().expect("time");
+        JobDelivery {
+            intent: agent_core::Intent {
+                job_id: agent_core::JobId::random(),
+                device_id: DeviceId::new("k-1").expect("id"),
+                kind,
+                attempt: 1,
+                created_at: at,
+                expires_at: at,
+                timeout_seconds: 60,
+            },
+            run: Some("r".into()),
+            delivery: crate::records::Delivery::Created,
+            status: None,
+            created_at: at,
+            terminal_received_at: None,
+            cancel_requested_at: None,
+        }
+    }
+
+    fn status(job: &JobDelivery, state: agent_core::JobState) -> JobStatus {
+        JobStatus {
+            job_id: job.intent.job_id,
+            device_id: job.intent.device_id.clone(),
+            attempt: 1,
+            kind: job.intent.kind.name().into(),
+            state,
+            steps: Vec::new(),
+            error: None,
+            output: None,
+            accepted_at: job.created_at,
+            started_at: None,
+            finished_at: None,
+            boot_id: "b".into(),
+            completion_heartbeat_at: None,
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn an_inventorys_packages_go_to_the_device_record_and_a_resume_loop_raises_an_alert() {
+        use agent_core::JobState;
+        use agent_core::model::{InstalledPackage, JobOutput, SoftwareInventory};
+        let device = DeviceId::new("k-1").expect("id");
+        let at: Timestamp = "2027-01-04T10:05:00Z".parse().expect("time");
+
+        let refresh = job(JobKind::inventory_refresh());
+        let mut done = status(&refresh, JobState::Succeeded);
+        done.output = Some(JobOutput::Software(SoftwareInventory {
+            inventory: Default::default(),
+            packages: vec![InstalledPackage {
+                name: "openssl".into(),
+                version: "3.0.17".into(),
+            }],
+            omitted: 0,
+        }));
+        let writes = on_report(&mut Report {
+            device: &device,
+            job: &refresh,
+            status: &mut done,
+            at,
+        });
+        let [ReportWrite::Inventory(inventory)] = writes.as_slice() else {
+            panic!("{writes:?}");
+        };
+        assert_eq!(
+            inventory.packages.get("openssl").map(String::as_str),
+            Some("3.0.17")
+        );
+        assert_eq!(inventory.collected_at, at);
+        let Some(JobOutput::Software(kept)) = &done.output else {
+            panic!("the output stays");
+        };
+        assert!(
+            kept.packages.is_empty(),
+            "the list moved to the inventory record"
+        );
+
+        let upgrade = job(JobKind::system_upgrade());
+        let mut failed = status(&upgrade, JobState::Failed);
+        assert!(
+            on_report(&mut Report {
+                device: &device,
+                job: &upgrade,
+                status: &mut failed,
+                at
+            })
+            .is_empty()
+        );
+        failed.error = Some(format!(
+            "the agent stopped: {}",
+            agent_core::lifecycle::RESUME_LOOP
+        ));
+        let writes = on_report(&mut Report {
+            device: &device,
+            job: &upgrade,
+            status: &mut failed,
+            at,
+        });
+        assert!(
+            matches!(writes.as_slice(), [ReportWrite::Alert(key, _)] if key.starts_with("alerts/k-1/")),
+            "{writes:?}"
+        );
+    }
+}
