@@ -261,6 +261,7 @@ impl Watcher {
 }
 
 fn package_rows(packages: &[Value]) -> Listing {
+    let now = jiff::Timestamp::now();
     let rows = packages
         .iter()
         .map(|p| {
@@ -271,7 +272,7 @@ fn package_rows(packages: &[Value]) -> Listing {
                     id,
                     number(&p["size"]),
                     shown(&p["sha256"]),
-                    shown(&p["uploadedAt"]),
+                    moment(&p["uploadedAt"], now),
                 ],
             }
         })
@@ -285,6 +286,26 @@ fn package_rows(packages: &[Value]) -> Listing {
 }
 
 /// A string field for a table, escaped; "" when absent.
+/// A time the API served (RFC 3339, to the nanosecond) as an operator
+/// reads it: to the second, with how long ago or ahead it is.
+pub fn moment(value: &Value, now: jiff::Timestamp) -> String {
+    let Some(at) = value
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+    else {
+        return match value.as_str() {
+            Some(text) => printable(text),
+            None => "-".into(),
+        };
+    };
+    let whole = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
+    if whole > now {
+        format!("{whole} (in {})", age(Some(now), whole))
+    } else {
+        format!("{whole} ({} ago)", age(Some(whole), now))
+    }
+}
+
 pub fn shown(value: &Value) -> String {
     printable(value.as_str().unwrap_or(""))
 }
@@ -547,4 +568,20 @@ pub fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool>
         Output::Table | Output::Wide => return Ok(false),
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_time_reads_to_the_second_with_how_far_it_is() {
+        let now: jiff::Timestamp = "2026-12-02T21:20:00Z".parse().expect("time");
+        let past = serde_json::json!("2026-12-02T21:15:00.123456789Z");
+        assert_eq!(moment(&past, now), "2026-12-02T21:15:00Z (5m ago)");
+        let ahead = serde_json::json!("2026-12-02T23:20:00.5Z");
+        assert_eq!(moment(&ahead, now), "2026-12-02T23:20:00Z (in 2h)");
+        assert_eq!(moment(&Value::Null, now), "-");
+        assert_eq!(moment(&serde_json::json!("soon"), now), "soon");
+    }
 }

@@ -1,7 +1,7 @@
 //! `drover describe`'s text for a run and a deployment.
 
 use agent_core::out;
-use drover::get::{age, print_deployments, print_runs, print_table, table};
+use drover::get::{age, moment, print_deployments, print_runs, print_table, table};
 use drover::watch::printable;
 use serde_json::Value;
 
@@ -57,6 +57,7 @@ pub fn run(run: &Value, targets: &[Value]) {
 }
 
 pub fn deployment(described: &Value) {
+    let now = jiff::Timestamp::now();
     let deployment = &described["deployment"];
     print_deployments(std::slice::from_ref(deployment));
     let spec = &deployment["spec"];
@@ -128,7 +129,7 @@ pub fn deployment(described: &Value) {
                 "  {:<24} attempt {:<3} at {}",
                 w["device"].as_str().unwrap_or("?"),
                 w["attempt"].as_u64().unwrap_or(0) + 1,
-                w["nextAttemptAt"].as_str().unwrap_or("?")
+                moment(&w["nextAttemptAt"], now)
             );
         }
     }
