@@ -229,6 +229,16 @@ pub struct JobDelivery {
     pub cancel_requested_at: Option<Timestamp>,
 }
 
+/// The `run` a deployment's jobs carry: `deployment/NAME`.
+pub fn deployment_run(name: &str) -> String {
+    format!("deployment/{name}")
+}
+
+/// Whether a job's `run` names a deployment rather than a task run.
+pub fn is_deployment_run(run: &str) -> bool {
+    run.starts_with("deployment/")
+}
+
 pub fn device_key(id: &DeviceId) -> String {
     format!("devices/{id}")
 }

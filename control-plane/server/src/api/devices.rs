@@ -176,7 +176,7 @@ pub(super) async fn delete_device(
     let (kept, deleted): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(_, _, job)| {
         job.run
             .as_deref()
-            .is_some_and(|run| !run.starts_with("deployment/"))
+            .is_some_and(|run| !crate::records::is_deployment_run(run))
     });
     let mut keys: Vec<String> = deleted.into_iter().map(|(key, _, _)| key).collect();
     let job_count = keys.len();

@@ -490,14 +490,19 @@ fn observe_commit(open: &mut OpenJob, job: &JobDelivery) {
         metrics.delivery_seconds.observe(took);
     }
     if job.status.as_ref().is_some_and(|s| s.state.is_terminal()) {
-        metrics
-            .jobs_finished
-            .get_or_create(&vec![
-                ("state", JobPhase::of_job(job).name().into()),
-                ("kind", job.intent.kind.name().into()),
-            ])
-            .inc();
+        count_decided(job);
     }
+}
+
+/// Counts a decided job under the state the API shows for it.
+fn count_decided(job: &JobDelivery) {
+    crate::metrics::metrics()
+        .jobs_finished
+        .get_or_create(&vec![
+            ("state", JobPhase::of_job(job).name().into()),
+            ("kind", job.intent.kind.name().into()),
+        ])
+        .inc();
 }
 
 /// The undecided jobs by state (the same names the API, the CLI and the

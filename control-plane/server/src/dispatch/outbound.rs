@@ -283,15 +283,8 @@ impl Dispatcher {
         match result {
             Ok(Some(job)) if matches!(job.delivery, Delivery::Expired { .. }) => {
                 info!(job_id = %job.intent.job_id, device = %job.intent.device_id, "intent expired before the device took it");
-                // Decided here, not by a status: counted under the state
-                // the API shows for it.
-                crate::metrics::metrics()
-                    .jobs_finished
-                    .get_or_create(&vec![
-                        ("state", JobPhase::of_job(&job).name().into()),
-                        ("kind", job.intent.kind.name().into()),
-                    ])
-                    .inc();
+                // Decided here, not by a status.
+                count_decided(&job);
                 self.forget(key);
                 self.effect(key.to_owned(), Effect::Withdraw);
             }

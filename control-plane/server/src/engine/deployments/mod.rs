@@ -531,7 +531,7 @@ fn pass_ops(
                 expires_at: record.facts().deadline(),
                 timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
             },
-            run: Some(format!("deployment/{name}")),
+            run: Some(crate::records::deployment_run(&name)),
             delivery: Delivery::Created,
             status: None,
             created_at: now,
