@@ -1,7 +1,7 @@
 //! What a device reports is checked and bounded where it enters, once:
 //! lengths, control and bidi characters.
 
-use agent_core::model::JobStatus;
+use drover_model::model::JobStatus;
 
 /// Upper bound of a field a device reports about itself (version, boot id,
 /// one capability, OS name, architecture).
@@ -65,8 +65,8 @@ pub fn printable(text: String) -> String {
 /// [`printable`], whatever a device sent (errors ≤ 1 KiB, at most 16
 /// steps, bounded lists).
 pub fn bounded_status(status: &JobStatus) -> JobStatus {
-    use agent_core::{MAX_ERROR_BYTES, MAX_STEPS};
-    let bounded = |text: String, max: usize| agent_core::bounded(printable(text), max);
+    use drover_model::{MAX_ERROR_BYTES, MAX_STEPS};
+    let bounded = |text: String, max: usize| drover_model::bounded(printable(text), max);
     let mut status = status.clone();
     status.error = status.error.map(|e| bounded(e, MAX_ERROR_BYTES));
     status.kind = bounded(status.kind, 64);
@@ -76,8 +76,8 @@ pub fn bounded_status(status: &JobStatus) -> JobStatus {
         step.name = bounded(std::mem::take(&mut step.name), 64);
         step.error = step.error.take().map(|e| bounded(e, MAX_ERROR_BYTES));
     }
-    if let Some(agent_core::JobOutput::Upgrade(report)) = &mut status.output {
-        let max = agent_core::model::MAX_LISTED_PACKAGES;
+    if let Some(drover_model::JobOutput::Upgrade(report)) = &mut status.output {
+        let max = drover_model::model::MAX_LISTED_PACKAGES;
         let before = report.upgraded.len()
             + report.installed.len()
             + report.removed.len()
@@ -104,11 +104,11 @@ pub fn bounded_status(status: &JobStatus) -> JobStatus {
             + report.kept_back.len();
         report.omitted = report.omitted.saturating_add((before - after) as u32);
     }
-    if let Some(agent_core::JobOutput::Software(software)) = &mut status.output {
+    if let Some(drover_model::JobOutput::Software(software)) = &mut status.output {
         let before = software.packages.len();
         software
             .packages
-            .truncate(agent_core::model::MAX_INVENTORY_PACKAGES);
+            .truncate(drover_model::model::MAX_INVENTORY_PACKAGES);
         software.packages.retain(|p| {
             (1..=128).contains(&p.name.len())
                 && (1..=128).contains(&p.version.len())
@@ -122,8 +122,8 @@ pub fn bounded_status(status: &JobStatus) -> JobStatus {
             .omitted
             .saturating_add((before - software.packages.len()) as u32);
     }
-    if let Some(agent_core::JobOutput::Inventory(inventory))
-    | Some(agent_core::JobOutput::Software(agent_core::model::SoftwareInventory {
+    if let Some(drover_model::JobOutput::Inventory(inventory))
+    | Some(drover_model::JobOutput::Software(drover_model::model::SoftwareInventory {
         inventory,
         ..
     })) = &mut status.output

@@ -49,8 +49,8 @@ pub fn plan(spec: &TaskRunSpec, devices: &[DeviceRecord]) -> Vec<PlanTarget> {
 mod tests {
     use super::*;
     use crate::records::TargetSelector;
-    use agent_core::DeviceId;
-    use agent_core::model::Empty;
+    use drover_model::DeviceId;
+    use drover_model::model::Empty;
 
     fn device(id: &str, groups: &[&str], labels: &[(&str, &str)]) -> DeviceRecord {
         let mut d = DeviceRecord::new(DeviceId::new(id).expect("valid"));

@@ -2,8 +2,8 @@
 //! is the store's business (`drover::stored`); every update goes through a
 //! compare-and-set retry loop (`drover::db::Db::update`).
 
-use agent_core::model::{Intent, JobStatus, PackageInstall};
-use agent_core::{DeviceId, JobId};
+use drover_model::model::{Intent, JobStatus, PackageInstall};
+use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,7 +81,7 @@ pub struct TaskRunSpec {
     pub target_selector: TargetSelector,
     pub deadline_seconds: u64,
     /// The only workload so far; always present in a valid spec.
-    pub system_upgrade_v1: agent_core::model::Empty,
+    pub system_upgrade_v1: drover_model::model::Empty,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,7 +348,7 @@ pub fn resume_loop(
             job_id: job.intent.job_id,
             run: job.run.clone(),
             at,
-            message: agent_core::bounded(error, agent_core::MAX_ERROR_BYTES),
+            message: drover_model::bounded(error, drover_model::MAX_ERROR_BYTES),
         },
     )
 }

@@ -3,7 +3,7 @@
 //! succeed before the rest are released, a revoked target fails the run and
 //! is never replaced, the deadline bounds everything, a terminal run stays so.
 
-use agent_core::DeviceId;
+use drover_model::DeviceId;
 use jiff::Timestamp;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

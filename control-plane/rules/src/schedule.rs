@@ -383,7 +383,7 @@ mod tests {
                     allowed_groups: vec!["g".into()],
                     target_selector: TargetSelector::default(),
                     deadline_seconds: 3600,
-                    system_upgrade_v1: agent_core::model::Empty {},
+                    system_upgrade_v1: drover_model::model::Empty {},
                 },
             },
             status: ScheduleStatus::default(),

@@ -8,7 +8,7 @@
 //! released and when the run ended.
 
 use crate::records::{Delivery, JobDelivery};
-use agent_core::JobState;
+use drover_model::JobState;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -200,7 +200,7 @@ impl JobView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_core::model::{Intent, JobStatus};
+    use drover_model::model::{Intent, JobStatus};
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
@@ -264,12 +264,12 @@ mod tests {
     }
 
     fn job(state: Option<JobState>, decided_at: Option<Timestamp>) -> JobDelivery {
-        let device = agent_core::DeviceId::new("d1").unwrap();
-        let job_id = agent_core::JobId::random();
+        let device = drover_model::DeviceId::new("d1").unwrap();
+        let job_id = drover_model::JobId::random();
         let intent = Intent {
             job_id,
             device_id: device.clone(),
-            kind: agent_core::JobKind::SystemUpgradeV1(Default::default()),
+            kind: drover_model::JobKind::SystemUpgradeV1(Default::default()),
             attempt: 1,
             created_at: t(0),
             expires_at: t(3600),

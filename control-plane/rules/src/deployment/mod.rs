@@ -8,9 +8,9 @@
 //! engine (`engine/deployments/`) reads and writes; the delivery core carries
 //! the jobs it creates, as it does a task run's.
 
-use agent_core::model::JobKind;
-use agent_core::model::PackageInstall;
-use agent_core::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
+use drover_model::model::JobKind;
+use drover_model::model::PackageInstall;
+use drover_model::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 
 use super::{Decision, DeploymentRecord, DeploymentStatus};
 use crate::records::Phase;
-use agent_core::{MAX_ERROR_BYTES, bounded};
+use drover_model::{MAX_ERROR_BYTES, bounded};
 use jiff::Timestamp;
 
 /// What this pass does with an "add new devices" request.

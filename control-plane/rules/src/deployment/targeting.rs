@@ -2,7 +2,7 @@
 //! present or absent at a version, read from each device's inventory.
 
 use super::Targeting;
-use agent_core::DeviceId;
+use drover_model::DeviceId;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
