@@ -12,9 +12,7 @@ use crate::auth::{Secrets, random_hex, read_or_create};
 use crate::db::{Db, DbError};
 use crate::packages::Downloads;
 pub use crate::records::{SecretRecord, secret_key};
-use agent_core::Intent;
-use agent_core::model::JobKind;
-use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal, seal_with};
+use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal_with};
 use agent_core::signing::{hex, unhex};
 use anyhow::Context;
 use jiff::Timestamp;
@@ -88,29 +86,9 @@ pub struct Enricher {
 }
 
 impl Enricher {
-    /// Adds a package job's download link and sealed secrets. An error says
-    /// what could not be attached; the job goes out without it, and the
-    /// device fails it saying so.
-    pub async fn enrich(&self, intent: &mut Intent, now: Timestamp) -> Result<(), String> {
-        let JobKind::PackageInstallV1(package) = &mut intent.kind else {
-            return Ok(());
-        };
-        if let Some(downloads) = &self.downloads {
-            package.download = Some(downloads.link(&package.package, &intent.device_id, now));
-        }
-        if package.secrets.is_empty() {
-            return Ok(());
-        }
-        let files = self
-            .files(&package.secrets)
-            .await
-            .map_err(|e| e.to_string())?;
-        let token = self.secrets.device_token(&intent.device_id);
-        package.sealed = Some(seal(&token, &intent.device_id, intent.job_id, &files)?);
-        Ok(())
-    }
-
-    async fn files(&self, names: &[String]) -> Result<Vec<SecretFile>, String> {
+    /// The files of the named Secrets, opened (a job's kind seals them to
+    /// the device and job: the kinds module).
+    pub(crate) async fn files(&self, names: &[String]) -> Result<Vec<SecretFile>, String> {
         let mut files = Vec::new();
         for name in names {
             let record = self

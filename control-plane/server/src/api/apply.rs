@@ -220,8 +220,12 @@ pub(super) async fn apply_one(
             ))
         }
         Manifest::Deployment { name, mut spec } => {
-            if let crate::deployment::DeploymentJob::PackageInstallV1(wanted) = &mut spec.job {
-                **wanted = resolve_package(state, wanted).await?;
+            if let Some(kind) = crate::kinds::kind(spec.job.name()) {
+                let apply = crate::kinds::Apply {
+                    db: &state.db,
+                    downloads: state.downloads,
+                };
+                kind.resolve(apply, &mut spec.job).await?;
             }
             let deployment = DeploymentRecord {
                 name: name.clone(),
@@ -280,61 +284,6 @@ pub(super) async fn apply_one(
             ))
         }
     }
-}
-
-/// A package deployment's job from the store: the manifest names the
-/// package (and may pin its version and checksum).
-pub(super) async fn resolve_package(
-    state: &ApiState,
-    wanted: &agent_core::model::PackageInstall,
-) -> Result<agent_core::model::PackageInstall, ApiError> {
-    if !state.downloads {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "packageInstallV1: this control plane serves no package downloads; start `drover serve` with --download-listen".into(),
-        ));
-    }
-    let key = crate::packages::package_key(&wanted.package);
-    let Some((_, stored)) = state.db.get::<PackageRecord>(&key).await? else {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "package {} is not in the package store; upload it with `drover packages upload FILE.deb`",
-                wanted.package
-            ),
-        ));
-    };
-    for (field, pinned, held) in [
-        ("version", &wanted.version, &stored.version),
-        ("sha256", &wanted.sha256, &stored.sha256),
-    ] {
-        if !pinned.is_empty() && pinned != held {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "packageInstallV1.{field} is {pinned}, but the store holds {} with {held}",
-                    stored.id
-                ),
-            ));
-        }
-    }
-    for name in &wanted.secrets {
-        if state
-            .db
-            .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(name))
-            .await?
-            .is_none()
-        {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("packageInstallV1.secrets: there is no Secret {name}; apply it first"),
-            ));
-        }
-    }
-    Ok(agent_core::model::PackageInstall {
-        secrets: wanted.secrets.clone(),
-        ..stored.job()
-    })
 }
 
 /// Creates a resource whose spec never changes (a TaskRun, a Deployment):

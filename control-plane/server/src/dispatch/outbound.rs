@@ -104,7 +104,7 @@ impl Dispatcher {
                 // Enrichers: what a job needs is attached here, as it goes
                 // out, and never stored; then the whole intent is signed.
                 if let Some(enricher) = enricher
-                    && let Err(e) = enricher.enrich(&mut intent, now).await
+                    && let Err(e) = crate::kinds::enrich(&enricher, &mut intent, now).await
                 {
                     warn!(key, error = %e, "cannot attach what the job needs; the device will fail it");
                 }

@@ -4,13 +4,22 @@
 //! commit; the job keeps the rest of the output.
 
 use super::{Kind, Report, ReportWrite};
-use drover_rules::deployment::DeviceInventory;
+use drover_rules::deployment::{DeploymentJob, DeviceInventory};
 
 pub struct InventoryRefresh;
 
 impl Kind for InventoryRefresh {
     fn name(&self) -> &'static str {
         "inventoryRefreshV1"
+    }
+
+    fn deployment_job(
+        &self,
+        section: serde_json::Value,
+        problems: &mut Vec<String>,
+    ) -> DeploymentJob {
+        super::empty_section(self.name(), section, problems);
+        DeploymentJob::InventoryRefreshV1
     }
 
     fn on_report(&self, report: &mut Report<'_>) -> Vec<ReportWrite> {

@@ -1,10 +1,14 @@
 //! Job kinds on the control plane's side, in one place (issue 29): each
-//! kind is a module here and one line in [`KINDS`]. A kind says what its
-//! stored reports write beside the job (an inventory's package list goes
-//! to the device's inventory record); what every kind's report does (the
-//! resume-loop alert, A10) is here too. The delivery core asks
-//! [`on_report`] and writes what it returns in the status's own commit; it
-//! knows no kind by name.
+//! kind is a module here and one line in [`KINDS`]. A kind says how a
+//! Deployment's manifest writes it (its `spec.<name>` section, parsed
+//! strictly and rendered back), what `apply` checks and fills in before
+//! the deployment is stored (a package's checksum from the store), what
+//! the delivery core attaches as a job goes out (a fresh download link,
+//! sealed secrets), and what its stored reports write beside the job (an
+//! inventory's package list goes to the device's inventory record). What
+//! every kind's report does (the resume-loop alert, A10) is here too. The
+//! manifest parser, `apply` and the delivery core ask this module; none
+//! of them knows a kind by name.
 //!
 //! The agent's side has its own registry: the chains `drover-agent` is
 //! built with (agent/src/main.rs), each advertising its kind as its
@@ -14,10 +18,25 @@ mod inventory;
 mod package;
 mod upgrade;
 
+use crate::db::Db;
+use crate::http::ApiError;
 use crate::records::{AlertRecord, JobDelivery};
-use agent_core::{DeviceId, JobStatus};
-use drover_rules::deployment::DeviceInventory;
+use crate::secrets::Enricher;
+use agent_core::{DeviceId, Intent, JobStatus};
+use drover_rules::deployment::{DeploymentJob, DeviceInventory};
 use jiff::Timestamp;
+use std::future::Future;
+use std::pin::Pin;
+
+/// A kind's asynchronous step (apply's checks, the enricher).
+pub type Step<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What `apply` gives a kind to check a deployment's job against.
+pub struct Apply<'a> {
+    pub db: &'a Db,
+    /// Whether this control plane serves package downloads.
+    pub downloads: bool,
+}
 
 /// A stored report of a job, as its kind's handler sees it.
 pub struct Report<'a> {
@@ -44,6 +63,46 @@ pub trait Kind: Sync {
     /// The wire name, which is also the capability agents advertise.
     fn name(&self) -> &'static str;
 
+    /// How a manifest writes this kind's section, for error messages.
+    fn example(&self) -> &'static str {
+        "{}"
+    }
+
+    /// A Deployment's `spec.<name>` section, parsed strictly; what is
+    /// wrong goes to `problems` (each naming its field).
+    fn deployment_job(
+        &self,
+        section: serde_json::Value,
+        problems: &mut Vec<String>,
+    ) -> DeploymentJob;
+
+    /// The section as `drover get deployment -o yaml` shows it.
+    fn render_deployment_job(&self, _job: &DeploymentJob) -> serde_json::Value {
+        serde_json::json!({})
+    }
+
+    /// Checks a deployment's job at `apply` and fills in what the
+    /// manifest leaves to the store, before the deployment is stored.
+    fn resolve<'a>(
+        &'a self,
+        _apply: Apply<'a>,
+        _job: &'a mut DeploymentJob,
+    ) -> Step<'a, Result<(), ApiError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Attaches what the job needs as it goes out (never stored). An error
+    /// says what could not be attached; the job goes out without it, and
+    /// the device fails it saying so.
+    fn enrich<'a>(
+        &'a self,
+        _enricher: &'a Enricher,
+        _intent: &'a mut Intent,
+        _now: Timestamp,
+    ) -> Step<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// What a stored report of this kind writes beside the job.
     fn on_report(&self, _report: &mut Report<'_>) -> Vec<ReportWrite> {
         Vec::new()
@@ -61,6 +120,39 @@ pub static KINDS: &[&dyn Kind] = &[
 /// The kind called `name`, if this control plane knows it.
 pub fn kind(name: &str) -> Option<&'static dyn Kind> {
     KINDS.iter().copied().find(|k| k.name() == name)
+}
+
+/// A kind whose section is `{}`: parsed as [`agent_core::model::Empty`], so
+/// a peer cannot smuggle options into it.
+pub(crate) fn empty_section(name: &str, section: serde_json::Value, problems: &mut Vec<String>) {
+    if let Err(e) = serde_json::from_value::<agent_core::model::Empty>(section) {
+        problems.push(format!("spec.{name}: {e}"));
+    }
+}
+
+/// The job sections a manifest may name, for "exactly one job" errors.
+pub fn examples() -> String {
+    let named: Vec<String> = KINDS
+        .iter()
+        .map(|k| format!("{}: {}", k.name(), k.example()))
+        .collect();
+    match named.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// The job's kind's attachments as it goes out.
+pub async fn enrich(
+    enricher: &Enricher,
+    intent: &mut Intent,
+    now: Timestamp,
+) -> Result<(), String> {
+    match kind(intent.kind.name()) {
+        Some(kind) => kind.enrich(enricher, intent, now).await,
+        None => Ok(()),
+    }
 }
 
 /// What a stored report writes beside its job: its kind's writes, then
@@ -101,6 +193,38 @@ mod tests {
             "a registered kind the model lacks"
         );
         assert!(kind("unknownV1").is_none());
+    }
+
+    #[test]
+    fn each_kinds_deployment_section_parses_to_its_own_job_and_renders_back() {
+        for kind in KINDS {
+            let section = match kind.name() {
+                "packageInstallV1" => serde_json::json!({"package": "hello_1.0_all"}),
+                _ => serde_json::json!({}),
+            };
+            let mut problems = Vec::new();
+            let job = kind.deployment_job(section.clone(), &mut problems);
+            assert!(problems.is_empty(), "{}: {problems:?}", kind.name());
+            assert_eq!(job.name(), kind.name());
+            assert_eq!(job.kind().name(), kind.name());
+            let rendered = kind.render_deployment_job(&job);
+            if kind.name() == "packageInstallV1" {
+                assert_eq!(rendered["package"], "hello_1.0_all");
+            } else {
+                assert_eq!(rendered, section);
+            }
+            let mut problems = Vec::new();
+            kind.deployment_job(serde_json::json!({"smuggled": true}), &mut problems);
+            assert!(
+                problems.iter().any(|p| p.contains("unknown field")),
+                "{}: {problems:?}",
+                kind.name()
+            );
+        }
+        assert_eq!(
+            examples(),
+            "systemUpgradeV1: {}, inventoryRefreshV1: {} or packageInstallV1: {package: ID}"
+        );
     }
 
     fn job(kind: JobKind) -> JobDelivery {

@@ -4,28 +4,12 @@
 
 use super::*;
 
-/// `packageInstallV1: {package: ID}`; `version` and `sha256`, when given,
-/// pin what the store must hold under that id.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct WirePackage {
-    package: String,
-    #[serde(default)]
-    version: Option<String>,
-    #[serde(default)]
-    sha256: Option<String>,
-    /// Secrets whose files the device gets before the install.
-    #[serde(default)]
-    secrets: Vec<String>,
-}
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct WireDeploymentSpec {
     targets: WireTargets,
-    system_upgrade_v1: Option<Empty>,
-    inventory_refresh_v1: Option<Empty>,
-    package_install_v1: Option<WirePackage>,
+    // The job's section (`systemUpgradeV1: {}` …) is taken out first and
+    // parsed by its kind (crate::kinds).
     max_concurrency: u32,
     #[serde(default)]
     maintenance_window: Option<WireWindow>,
@@ -157,11 +141,22 @@ pub(super) struct WireWindow {
 pub const MAX_RETRY_BACKOFF_SECONDS: u64 = 24 * 3600;
 
 pub(super) fn parse_deployment_spec(
-    value: serde_json::Value,
+    mut value: serde_json::Value,
 ) -> Result<crate::deployment::DeploymentSpec, String> {
     use crate::deployment::{
         DeploymentJob, DeploymentSpec, DeviceFilter, MAX_RETRIES, MAX_TARGETS, Targeting, Window,
     };
+    // Every registered kind's section (a `null` one is absent).
+    let mut jobs = Vec::new();
+    if let Some(spec) = value.as_object_mut() {
+        for kind in crate::kinds::KINDS {
+            if let Some(section) = spec.remove(kind.name())
+                && !section.is_null()
+            {
+                jobs.push((*kind, section));
+            }
+        }
+    }
     let wire: WireDeploymentSpec =
         serde_json::from_value(value).map_err(|e| format!("invalid Deployment spec: {e}"))?;
     let mut problems = Vec::new();
@@ -237,48 +232,13 @@ pub(super) fn parse_deployment_spec(
     } else {
         Targeting::All
     };
-    let job = match (
-        wire.system_upgrade_v1,
-        wire.inventory_refresh_v1,
-        wire.package_install_v1,
-    ) {
-        (Some(_), None, None) => DeploymentJob::SystemUpgradeV1,
-        (None, Some(_), None) => DeploymentJob::InventoryRefreshV1,
-        (None, None, Some(package)) => {
-            if package.package.is_empty() || package.package.len() > 300 {
-                problems.push(
-                    "spec.packageInstallV1.package must name a package in the store (NAME_VERSION_ARCH, as `drover get packages` shows)"
-                        .into(),
-                );
-            }
-            if package.secrets.len() > agent_core::model::MAX_JOB_SECRETS
-                || !package
-                    .secrets
-                    .iter()
-                    .all(|s| agent_core::sealed::is_secret_name(s))
-            {
-                problems.push(format!(
-                    "spec.packageInstallV1.secrets: at most {} Secret names",
-                    agent_core::model::MAX_JOB_SECRETS
-                ));
-            }
-            // Filled in from the package store by apply.
-            DeploymentJob::PackageInstallV1(Box::new(agent_core::model::PackageInstall {
-                secrets: package.secrets,
-                sealed: None,
-                package: package.package,
-                name: String::new(),
-                version: package.version.unwrap_or_default(),
-                architecture: String::new(),
-                sha256: package.sha256.unwrap_or_default(),
-                size: 0,
-                download: None,
-            }))
-        }
-        _ => {
-            problems.push(
-                "spec needs exactly one job: systemUpgradeV1: {}, inventoryRefreshV1: {} or packageInstallV1: {package: ID}".into(),
-            );
+    let job = match <[_; 1]>::try_from(jobs) {
+        Ok([(kind, section)]) => kind.deployment_job(section, &mut problems),
+        Err(_) => {
+            problems.push(format!(
+                "spec needs exactly one job: {}",
+                crate::kinds::examples()
+            ));
             DeploymentJob::SystemUpgradeV1
         }
     };
@@ -349,7 +309,7 @@ pub(super) fn parse_deployment_spec(
 pub(super) fn render_deployment_spec(
     spec: &crate::deployment::DeploymentSpec,
 ) -> serde_json::Value {
-    use crate::deployment::{DeploymentJob, Targeting};
+    use crate::deployment::Targeting;
     let targets = match &spec.targets {
         Targeting::All => serde_json::json!({"all": true}),
         Targeting::Devices(devices) => serde_json::json!({ "devices": devices }),
@@ -374,17 +334,9 @@ pub(super) fn render_deployment_spec(
         "retryBackoffSeconds": spec.retry_backoff_seconds,
         "deadlineSeconds": spec.deadline_seconds,
     });
-    rendered[spec.job.name()] = match &spec.job {
-        DeploymentJob::PackageInstallV1(package) => {
-            let mut rendered = serde_json::json!({
-                "package": package.package, "version": package.version, "sha256": package.sha256
-            });
-            if !package.secrets.is_empty() {
-                rendered["secrets"] = serde_json::json!(package.secrets);
-            }
-            rendered
-        }
-        _ => serde_json::json!({}),
+    rendered[spec.job.name()] = match crate::kinds::kind(spec.job.name()) {
+        Some(kind) => kind.render_deployment_job(&spec.job),
+        None => serde_json::json!({}),
     };
     if let Some(window) = &spec.maintenance_window {
         rendered["maintenanceWindow"] = serde_json::json!({
