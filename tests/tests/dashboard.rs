@@ -778,6 +778,10 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
         t.contains("1 of 3 succeeded")
     })
     .await;
+    wait_text(&browser, "#run-deadline", "the deadline in words", |t| {
+        t == "45 seconds after the start"
+    })
+    .await;
     wait_text(&browser, "#run-reason", "the deadline's reason", |t| {
         t == "The deadline passed before every target finished. (DeadlineExceeded)"
     })

@@ -172,6 +172,17 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
     };
     assert_eq!(open("UTC"), Some(json!(true)), "{described}");
     assert_eq!(open("Pacific/Honolulu"), Some(json!(false)), "{described}");
+    // Its durations in words, not counts of seconds.
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["describe", "deployment", "night-upgrade"])
+        .output()
+        .expect("drover describe");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(backoff 5 minutes, doubling), deadline 40 seconds"),
+        "{text}"
+    );
 
     for h in &held {
         let _ = std::fs::remove_file(&h.hold);

@@ -56,6 +56,14 @@ pub fn run(run: &Value, targets: &[Value]) {
     print_table(&rows);
 }
 
+/// A served count of seconds in words ("1 hour 30 minutes").
+fn words(seconds: &Value) -> String {
+    match seconds.as_u64() {
+        Some(seconds) => drover_rules::reasons::duration(seconds),
+        None => "-".into(),
+    }
+}
+
 pub fn deployment(described: &Value) {
     let now = jiff::Timestamp::now();
     let deployment = &described["deployment"];
@@ -64,11 +72,11 @@ pub fn deployment(described: &Value) {
     let status = &deployment["status"];
     out!("");
     out!(
-        "max concurrency {}, retries {} (backoff {}s, doubling), deadline {}s",
+        "max concurrency {}, retries {} (backoff {}, doubling), deadline {}",
         spec["maxConcurrency"],
         spec["retries"],
-        spec["retryBackoffSeconds"],
-        spec["deadlineSeconds"]
+        words(&spec["retryBackoffSeconds"]),
+        words(&spec["deadlineSeconds"])
     );
     match spec["maintenanceWindow"].as_object() {
         Some(window) => {

@@ -34,6 +34,21 @@ function when(iso) {
   return date.toLocaleString();
 }
 
+// A length of time in words, its two largest adjacent units: the same
+// rule as drover_rules::reasons::duration.
+function duration(seconds) {
+  const units = [[86400, "day"], [3600, "hour"], [60, "minute"], [1, "second"]];
+  let left = Math.max(0, Math.floor(seconds));
+  const parts = [];
+  for (const [size, name] of units) {
+    const count = Math.floor(left / size);
+    left %= size;
+    if (count > 0 && parts.length < 2) parts.push(`${count} ${name}${count === 1 ? "" : "s"}`);
+    else if (parts.length > 0) break;
+  }
+  return parts.length ? parts.join(" ") : "0 seconds";
+}
+
 function ago(iso) {
   if (!iso) return "never";
   const seconds = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
@@ -269,7 +284,7 @@ async function runPage(main, name) {
       h("dt", {}, "Progress"), h("dd", { id: "run-progress" }, progress(s.succeeded || 0, s.failed || 0, s.targets || 0), ` ${s.succeeded || 0} of ${s.targets || 0} succeeded, ${s.failed || 0} failed, ${s.released || 0} released`),
       h("dt", {}, "Reason"), h("dd", { id: "run-reason" }, reason(s)),
       h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
-      h("dt", {}, "Deadline"), h("dd", {}, `${run.spec.deadlineSeconds} s after the start`),
+      h("dt", {}, "Deadline"), h("dd", { id: "run-deadline" }, `${duration(run.spec.deadlineSeconds)} after the start`),
       h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
     ),
