@@ -151,6 +151,25 @@ impl Fleet {
         bucket_value(nats, "system-upgrade-status", device, job).await
     }
 
+    /// Kills the broker without letting it save anything (none for
+    /// WebSocket: the caller's scenario is for brokers).
+    pub fn kill_broker(&mut self) {
+        match &mut self.broker {
+            Broker::None => panic!("a WebSocket fleet has no broker"),
+            Broker::Nats(nats) => nats.kill9(),
+            Broker::Mqtt(broker) => broker.kill9(),
+        }
+    }
+
+    /// Starts the killed broker again on its port and data.
+    pub fn restart_broker(&mut self) {
+        match &mut self.broker {
+            Broker::None => panic!("a WebSocket fleet has no broker"),
+            Broker::Nats(nats) => nats.restart(),
+            Broker::Mqtt(broker) => broker.restart(),
+        }
+    }
+
     /// The transport's name, as an agent's status reports its link.
     pub fn transport(&self) -> &'static str {
         match self.broker {

@@ -1,9 +1,10 @@
 //! What only NATS JetStream has, against a real `nats-server -js` with
 //! per-device credentials from `drover nats-config`: a device cannot read
-//! another's intent or write another's status, a server restart mid-run
-//! loses no status, a duplicate intent put by hand does not run twice, and
-//! TLS works. The scenarios every transport shares (the seed's TaskRun, an
-//! agent away at release, a failing canary) are in scenarios.rs.
+//! another's intent or write another's status, a duplicate intent put by
+//! hand does not run twice, and TLS works. The scenarios every transport
+//! shares (the seed's TaskRun, an agent away at release, a failing canary,
+//! an agent killed mid-job) and every broker shares (a broker killed
+//! mid-run) are in scenarios.rs.
 
 use drover_tests::{AgentProcess, ControlPlane, NatsServer, eventually};
 use futures_util::StreamExt;
@@ -150,48 +151,6 @@ async fn a_device_cannot_read_anothers_intent_or_write_anothers_status() {
         .expect("bucket");
     let forged_key = "dev-b.00000000-0000-4000-8000-000000000001";
     assert_eq!(statuses.get(forged_key).await.expect("get"), None);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nats_server_restart_mid_run_loses_no_status() {
-    let (mut nats, cp) = fleet(&["restart-1"], None);
-    cp.apply_device("restart-1", &["fleet"], json!({})).await;
-    let dir = cp.dir.path().join("restart-1");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let hold = dir.join("hold");
-    let reached = dir.join("reached");
-    std::fs::write(&hold, "").expect("hold");
-    let testing = drover_tests::hold_config(&hold, &reached);
-    let agent = nats_agent(&cp, &nats.url(), "restart-1", None, &testing);
-    cp.wait_for_agents(&["restart-1"]).await;
-    cp.apply_upgrade_run("restart-run", "fleet", 600).await;
-    eventually(
-        Duration::from_secs(30),
-        "the job to reach full-upgrade",
-        || async { reached.exists().then_some(()) },
-    )
-    .await;
-    nats.kill9();
-    // The job finishes while the server is down: its statuses wait in the
-    // outbox (the scenario happens only if that is seen before the restart).
-    std::fs::remove_file(&hold).expect("release");
-    eventually(
-        Duration::from_secs(60),
-        "the job to finish with its result unsent",
-        || async {
-            let status = agent.status();
-            (status["currentJob"].is_null() && status["outboxPending"].as_u64() > Some(0))
-                .then_some(())
-        },
-    )
-    .await;
-    nats.restart();
-    let run = cp
-        .wait_run_finished("restart-run", Duration::from_secs(90))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
-    let targets = cp.targets("restart-run").await;
-    assert_eq!(targets[0]["status"]["state"], "Succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

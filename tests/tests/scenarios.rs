@@ -5,11 +5,15 @@
 //!
 //! - the seed's TaskRun on five agents: canary first, every job once;
 //! - an agent away when its job is released finds it when it returns;
-//! - a failing canary stops the rollout before anyone else gets anything.
+//! - a failing canary stops the rollout before anyone else gets anything;
+//! - an agent killed mid-job runs it once and reports it;
+//!
+//! and, over the two brokers (NATS JetStream, MQTT):
+//!
+//! - a broker killed mid-run, while a job ends, loses no status.
 //!
 //! What only one transport has (broker ACLs, retained topics, KV buckets,
-//! TLS to each broker, broker restarts) stays in nats.rs, mqtt.rs and the
-//! WebSocket files.
+//! TLS to each broker) stays in nats.rs, mqtt.rs and the WebSocket files.
 
 use drover_tests::fleet::Fleet;
 use drover_tests::{AgentProcess, eventually};
@@ -49,6 +53,33 @@ macro_rules! on_every_transport {
     };
 }
 
+/// Two tests of `scenario`, over NATS and MQTT: what needs a broker.
+macro_rules! on_every_broker {
+    ($scenario:ident, $devices:expr) => {
+        mod $scenario {
+            fn named(prefix: &str) -> Vec<String> {
+                $devices.iter().map(|d| format!("{prefix}-{d}")).collect()
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_nats() {
+                let devices = named("nats");
+                super::$scenario(drover_tests::fleet::Fleet::nats(&refs(&devices)), devices).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_mqtt() {
+                let devices = named("mqtt");
+                super::$scenario(drover_tests::fleet::Fleet::mqtt(&refs(&devices)), devices).await
+            }
+
+            fn refs(devices: &[String]) -> Vec<&str> {
+                devices.iter().map(String::as_str).collect()
+            }
+        }
+    };
+}
+
 on_every_transport!(
     the_seed_taskrun_completes_on_five_agents_canary_first,
     ["canary", "w1", "w2", "w3", "w4"]
@@ -61,6 +92,8 @@ on_every_transport!(
     a_failing_canary_stops_the_rollout_before_anyone_else_gets_anything,
     ["canary", "w1", "w2"]
 );
+on_every_transport!(an_agent_killed_mid_job_runs_the_job_once, ["kill"]);
+on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
 
 /// Registers `devices` in group `fleet`, the first labelled canary.
 async fn register(fleet: &Fleet, devices: &[String]) {
@@ -217,4 +250,65 @@ async fn a_failing_canary_stops_the_rollout_before_anyone_else_gets_anything(
     cp.engine_barrier().await;
     let later = cp.get("/taskruns/canary-run").await;
     assert_eq!(later["status"], run["status"]);
+}
+
+async fn an_agent_killed_mid_job_runs_the_job_once(fleet: Fleet, devices: Vec<String>) {
+    let cp = &fleet.cp;
+    let device = &devices[0];
+    cp.apply_device(device, &["fleet"], json!({})).await;
+    let (mut agent, hold, reached) = fleet.held_agent(device);
+    cp.wait_for_agents(&[device]).await;
+    cp.apply_upgrade_run("kill-run", "fleet", 600).await;
+    eventually(Duration::from_secs(30), "the job to be mid-way", || async {
+        reached.exists().then_some(())
+    })
+    .await;
+    agent.kill9();
+    std::fs::remove_file(&hold).expect("release");
+    agent.restart();
+    let run = cp
+        .wait_run_finished("kill-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    agent.assert_one_job_run_once();
+}
+
+/// The broker dies without saving (its sessions, retained messages or
+/// unsynced stream data gone) while the canary is mid-job; the job ends
+/// while no broker runs, so its result waits in the agent's outbox. When
+/// the broker returns, nothing is lost: the run completes, every job once.
+async fn a_broker_killed_mid_run_loses_no_status(mut fleet: Fleet, devices: Vec<String>) {
+    let (canary, worker) = (&devices[0], &devices[1]);
+    register(&fleet, &devices).await;
+    let (held, hold, reached) = fleet.held_agent(canary);
+    let other = fleet.agent(worker, "");
+    fleet.cp.wait_for_agents(&[canary, worker]).await;
+    fleet.cp.apply_upgrade_run("crash-run", "fleet", 600).await;
+    eventually(
+        Duration::from_secs(30),
+        "the canary to be mid-job",
+        || async { reached.exists().then_some(()) },
+    )
+    .await;
+    fleet.kill_broker();
+    std::fs::remove_file(&hold).expect("release");
+    eventually(
+        Duration::from_secs(60),
+        "the canary to finish with its result unsent",
+        || async {
+            let status = held.status();
+            (status["currentJob"].is_null() && status["outboxPending"].as_u64() > Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+    fleet.restart_broker();
+    let cp = &fleet.cp;
+    let run = cp
+        .wait_run_finished("crash-run", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
+    assert_eq!(run["status"]["succeeded"], 2, "{run}");
+    held.assert_one_job_run_once();
+    assert_eq!(other.jobs().as_array().map(Vec::len), Some(1));
 }
