@@ -151,6 +151,49 @@ impl Fleet {
         bucket_value(nats, "system-upgrade-status", device, job).await
     }
 
+    /// Publishes `payload` where `device`'s intent for `job` arrives, as a
+    /// control-plane user of the broker would (a peer the agent must not
+    /// trust blindly); returns once the broker has it.
+    pub async fn publish_intent(&self, device: &str, job: &str, payload: String) {
+        match &self.broker {
+            Broker::None => panic!("over WebSocket only the control plane sends intents"),
+            Broker::Nats(nats) => {
+                let client = async_nats::ConnectOptions::with_user_and_password(
+                    CP_BROKER_USER.into(),
+                    FLEET_PASSWORD.into(),
+                )
+                .connect(nats.url())
+                .await
+                .expect("connect");
+                client
+                    .publish(format!("drover.rp.intent.{device}.{job}"), payload.into())
+                    .await
+                    .expect("publish");
+                client.flush().await.expect("flush");
+            }
+            Broker::Mqtt(broker) => {
+                use rumqttc::{Event, Incoming, QoS};
+                let mut options =
+                    rumqttc::MqttOptions::new(format!("publisher-{job}"), "127.0.0.1", broker.port);
+                options.set_credentials(crate::WATCH_BROKER_USER, FLEET_PASSWORD);
+                let (client, mut events) = rumqttc::AsyncClient::new(options, 16);
+                client
+                    .publish(
+                        format!("drover/v1/devices/{device}/intents/{job}"),
+                        QoS::AtLeastOnce,
+                        false,
+                        payload,
+                    )
+                    .await
+                    .expect("publish");
+                while !matches!(
+                    events.poll().await.expect("mqtt"),
+                    Event::Incoming(Incoming::PubAck(_))
+                ) {}
+            }
+        }
+    }
+
     /// Kills the broker without letting it save anything (none for
     /// WebSocket: the caller's scenario is for brokers).
     pub fn kill_broker(&mut self) {

@@ -10,7 +10,9 @@
 //!
 //! and, over the two brokers (NATS JetStream, MQTT):
 //!
-//! - a broker killed mid-run, while a job ends, loses no status.
+//! - a broker killed mid-run, while a job ends, loses no status;
+//! - an intent for another device, published on a device's own topic or
+//!   subject, is dropped and never shadows the device's own job.
 //!
 //! What only one transport has (broker ACLs, retained topics, KV buckets,
 //! TLS to each broker) stays in nats.rs, mqtt.rs and the WebSocket files.
@@ -94,6 +96,10 @@ on_every_transport!(
 );
 on_every_transport!(an_agent_killed_mid_job_runs_the_job_once, ["kill"]);
 on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
+on_every_broker!(
+    a_foreign_intent_is_dropped_and_never_shadows_the_devices_job,
+    ["canary", "b"]
+);
 
 /// Registers `devices` in group `fleet`, the first labelled canary.
 async fn register(fleet: &Fleet, devices: &[String]) {
@@ -311,4 +317,76 @@ async fn a_broker_killed_mid_run_loses_no_status(mut fleet: Fleet, devices: Vec<
     assert_eq!(run["status"]["succeeded"], 2, "{run}");
     held.assert_one_job_run_once();
     assert_eq!(other.jobs().as_array().map(Vec::len), Some(1));
+}
+
+/// Intents signed with the control plane's own key but for another device,
+/// published where device B reads its intents: a good signature does not
+/// make another device's intent B's. The first arrives under the job id B's
+/// own intent will have, before it exists; the second while B's job runs.
+async fn a_foreign_intent_is_dropped_and_never_shadows_the_devices_job(
+    fleet: Fleet,
+    devices: Vec<String>,
+) {
+    let cp = &fleet.cp;
+    let (canary, b) = (&devices[0], &devices[1]);
+    register(&fleet, &devices).await;
+    let (_canary, canary_hold, canary_reached) = fleet.held_agent(canary);
+    let (agent, b_hold, b_reached) = fleet.held_agent(b);
+    cp.wait_for_agents(&[canary, b]).await;
+    cp.apply_upgrade_run("fi-run", "fleet", 600).await;
+    let reached = |path: std::path::PathBuf, what: &'static str| async move {
+        eventually(Duration::from_secs(30), what, || async {
+            path.exists().then_some(())
+        })
+        .await
+    };
+    reached(canary_reached, "the canary to be mid-job").await;
+    let uid = cp.get("/taskruns/fi-run").await["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_owned();
+    let foreign = |job: &str| {
+        drover_tests::sign_intent(json!({
+            "jobId": job, "deviceId": "fi-other", "kind": {"systemUpgradeV1": {}}, "attempt": 1,
+            "createdAt": jiff::Timestamp::now().to_string(),
+            "expiresAt": (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string(),
+            "timeoutSeconds": 1500
+        }))
+        .to_string()
+    };
+    fleet.publish_intent(b, &uid, foreign(&uid)).await;
+    eventually(
+        Duration::from_secs(20),
+        "B to handle the foreign intent",
+        || async {
+            (agent.log().contains("is for device fi-other") || agent.jobs() != json!([]))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        agent.jobs(),
+        json!([]),
+        "nothing recorded for a foreign intent"
+    );
+    // The canary finishes; B receives its own intent and runs it.
+    std::fs::remove_file(&canary_hold).expect("release");
+    reached(b_reached, "B's own job to run").await;
+    let other = "00000000-0000-4000-8000-0000000000aa";
+    fleet.publish_intent(b, other, foreign(other)).await;
+    eventually(
+        Duration::from_secs(20),
+        "B to drop the second foreign intent",
+        || async { (agent.log().matches("is for device fi-other").count() >= 2).then_some(()) },
+    )
+    .await;
+    std::fs::remove_file(&b_hold).expect("release");
+    let run = cp
+        .wait_run_finished("fi-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let jobs = agent.jobs();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert_eq!(jobs[0]["jobId"], uid.as_str());
+    assert_eq!(jobs[0]["state"], "Succeeded");
 }
