@@ -194,6 +194,72 @@ impl Fleet {
         }
     }
 
+    /// Makes the broker know `device` by its device token, as brokers set
+    /// up before per-device broker passwords did, and restarts it.
+    pub fn know_by_token(&mut self, device: &str) {
+        let token = self.cp.device_token(device);
+        match &mut self.broker {
+            Broker::None => panic!("a WebSocket fleet has no broker"),
+            Broker::Nats(nats) => {
+                let id = agent_core::DeviceId::new(device).expect("id");
+                let old = transport_nats::server::authorization_config(
+                    (CP_BROKER_USER, FLEET_PASSWORD),
+                    &[(id, token)],
+                    transport_nats::server::DirectStatusPuts::Denied,
+                )
+                .expect("config");
+                nats.reconfigure(&old);
+            }
+            Broker::Mqtt(broker) => {
+                let passwd = broker.dir.path().join("auth/drover.passwd");
+                let current = std::fs::read_to_string(&passwd).expect("password file");
+                let prefix = format!("{device}:");
+                let old: String = current
+                    .lines()
+                    .map(|line| match line.starts_with(&prefix) {
+                        true => transport_mqtt::server::password_line(device, &token),
+                        false => line.to_owned(),
+                    })
+                    .map(|line| format!("{line}\n"))
+                    .collect();
+                std::fs::write(&passwd, old).expect("write the old file");
+                broker.restart();
+            }
+        }
+    }
+
+    /// Makes the broker know `devices` by their broker passwords again, as
+    /// `drover nats-config` / `mqtt-config` write them, and restarts it.
+    pub fn know_by_password(&mut self, devices: &[&str]) {
+        match &mut self.broker {
+            Broker::None => panic!("a WebSocket fleet has no broker"),
+            Broker::Nats(nats) => nats.reconfigure(&crate::nats_auth(
+                self.cp.dir.path(),
+                devices,
+                FLEET_PASSWORD,
+            )),
+            Broker::Mqtt(broker) => {
+                let out = broker.dir.path().join("auth").display().to_string();
+                let mut args = vec![
+                    "mqtt-config",
+                    "--control-plane-password",
+                    FLEET_PASSWORD,
+                    "--control-plane-user",
+                    CP_BROKER_USER,
+                    "--control-plane-user",
+                    crate::WATCH_BROKER_USER,
+                    "--out",
+                    &out,
+                ];
+                for device in devices {
+                    args.extend(["--device", device]);
+                }
+                ControlPlane::drover_in(self.cp.dir.path(), &args);
+                broker.restart();
+            }
+        }
+    }
+
     /// Kills the broker without letting it save anything (none for
     /// WebSocket: the caller's scenario is for brokers).
     pub fn kill_broker(&mut self) {

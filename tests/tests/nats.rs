@@ -661,52 +661,6 @@ async fn a_broker_cannot_start_a_job_and_hellos_are_answered_only_in_the_devices
     );
 }
 
-/// Issue 28, 6: a nats-server set up before broker passwords were derived
-/// holds each device's token. The agent, refused with its derived password,
-/// is let in with its token, says in its log that the server's
-/// authorization should be printed again, and runs its job. Once the
-/// operator prints it again and the server reloads it, the agent is refused
-/// with the token on its reconnect, moves to its derived password by
-/// itself, and runs the next job.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_moves_from_its_token_to_its_broker_password_when_the_server_does() {
-    let (mut nats, cp) = fleet(&["mig-1"], None);
-    let device = agent_core::DeviceId::new("mig-1").expect("id");
-    let old = transport_nats::server::authorization_config(
-        (CP_USER, CP_PASSWORD),
-        &[(device, cp.device_token("mig-1"))],
-        transport_nats::server::DirectStatusPuts::Denied,
-    )
-    .expect("config");
-    nats.reconfigure(&old);
-    cp.apply_device("mig-1", &["fleet"], json!({})).await;
-    let agent = nats_agent(&cp, &nats.url(), "mig-1", None, "");
-    cp.wait_for_agents(&["mig-1"]).await;
-    cp.apply_upgrade_run("mig-run-1", "fleet", 600).await;
-    let run = cp
-        .wait_run_finished("mig-run-1", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
-    assert!(
-        agent.logged("the NATS server knows this device by its token"),
-        "{}",
-        agent.log()
-    );
-
-    nats.reconfigure(&nats_config(cp.dir.path(), &["mig-1"]));
-    cp.apply_upgrade_run("mig-run-2", "fleet", 600).await;
-    let run = cp
-        .wait_run_finished("mig-run-2", Duration::from_secs(90))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
-    assert_eq!(
-        agent.status()["link"]["connected"],
-        true,
-        "{}",
-        agent.status()
-    );
-}
-
 /// A nats-server started as Debian's unit starts it, ended on drop.
 struct DebianNats(std::process::Child);
 

@@ -12,7 +12,9 @@
 //!
 //! - a broker killed mid-run, while a job ends, loses no status;
 //! - an intent for another device, published on a device's own topic or
-//!   subject, is dropped and never shadows the device's own job.
+//!   subject, is dropped and never shadows the device's own job;
+//! - an agent the broker knows by its token moves to its broker password
+//!   when the broker does.
 //!
 //! What only one transport has (broker ACLs, retained topics, KV buckets,
 //! TLS to each broker) stays in nats.rs, mqtt.rs and the WebSocket files.
@@ -99,6 +101,10 @@ on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
 on_every_broker!(
     a_foreign_intent_is_dropped_and_never_shadows_the_devices_job,
     ["canary", "b"]
+);
+on_every_broker!(
+    an_agent_moves_from_its_token_to_its_broker_password_when_the_broker_does,
+    ["mig"]
 );
 
 /// Registers `devices` in group `fleet`, the first labelled canary.
@@ -389,4 +395,48 @@ async fn a_foreign_intent_is_dropped_and_never_shadows_the_devices_job(
     assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
     assert_eq!(jobs[0]["jobId"], uid.as_str());
     assert_eq!(jobs[0]["state"], "Succeeded");
+}
+
+/// A broker set up before per-device broker passwords knows a device by
+/// its token; the agent logs in with it (saying so). When the broker moves
+/// to the password `drover nats-config` / `mqtt-config` write, the same
+/// agent follows without a restart and runs the next job.
+async fn an_agent_moves_from_its_token_to_its_broker_password_when_the_broker_does(
+    mut fleet: Fleet,
+    devices: Vec<String>,
+) {
+    let device = devices[0].as_str();
+    fleet.know_by_token(device);
+    fleet.cp.apply_device(device, &["fleet"], json!({})).await;
+    let agent = fleet.agent(device, "");
+    fleet.cp.wait_for_agents(&[device]).await;
+    fleet.cp.apply_upgrade_run("mig-1", "fleet", 600).await;
+    let run = fleet
+        .cp
+        .wait_run_finished("mig-1", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let broker = match fleet.transport() {
+        "nats" => "NATS server",
+        _ => "MQTT broker",
+    };
+    assert!(
+        agent.logged(&format!("the {broker} knows this device by its token")),
+        "{}",
+        agent.log()
+    );
+
+    fleet.know_by_password(&[device]);
+    fleet.cp.apply_upgrade_run("mig-2", "fleet", 600).await;
+    let run = fleet
+        .cp
+        .wait_run_finished("mig-2", Duration::from_secs(90))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    assert_eq!(
+        agent.status()["link"]["connected"],
+        true,
+        "{}",
+        agent.status()
+    );
 }
