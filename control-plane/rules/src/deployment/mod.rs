@@ -16,10 +16,12 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 mod status;
+mod target;
 mod targeting;
 mod window;
 
 pub use status::{Adds, next_status};
+pub use target::observe;
 pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
     inventory_key, select,

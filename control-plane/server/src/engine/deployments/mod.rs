@@ -42,9 +42,9 @@ const LEASE_RENEW_BEFORE: SignedDuration = SignedDuration::from_secs(10);
 /// Target records written per commit when a deployment starts.
 const TARGET_CHUNK: usize = 1000;
 
+pub use crate::deployment::observe;
 use views::DeploymentView;
 pub(super) use views::DeploymentViews;
-pub use views::observe;
 
 impl Engine {
     fn online(&self, device: &DeviceId, stored: Option<Timestamp>, now: Timestamp) -> bool {

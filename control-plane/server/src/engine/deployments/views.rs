@@ -4,13 +4,10 @@
 
 use super::DIRTY;
 use crate::db::DbError;
-use crate::deployment::{DeploymentRecord, Observed, TargetRecord};
+use crate::deployment::{DeploymentRecord, Observed, TargetRecord, observe};
 use crate::engine::Engine;
-use crate::records::{
-    Delivery, DeviceRecord, JobDelivery, Phase, device_key, job_key, targets_prefix,
-};
+use crate::records::{DeviceRecord, JobDelivery, Phase, device_key, job_key, targets_prefix};
 use crate::store::Change;
-use agent_core::model::JobState;
 use agent_core::{DeviceId, JobId};
 use jiff::Timestamp;
 use std::collections::{HashMap, HashSet};
@@ -136,37 +133,6 @@ impl DeploymentViews {
         view.revisions.push(revision);
         view.jobs.push(None);
         view.last_seen.push(last_seen);
-    }
-}
-
-/// What a job's record says its attempt is doing.
-pub fn observe(job: &JobDelivery, now: Timestamp) -> Observed {
-    // The control plane's receive time decides (A12); `now` stands in for a
-    // record from before it was kept.
-    let received = job.terminal_received_at.unwrap_or(now);
-    let Some(status) = &job.status else {
-        return match job.delivery {
-            Delivery::Expired { at } => Observed::Failed {
-                at,
-                error: "the intent expired before the device took it".into(),
-            },
-            _ => Observed::Queued,
-        };
-    };
-    match status.state {
-        JobState::Succeeded if status.completion_heartbeat_at.is_some() => {
-            Observed::Succeeded { at: received }
-        }
-        JobState::Succeeded | JobState::Running | JobState::AwaitingReboot => Observed::Running,
-        JobState::Accepted | JobState::Waiting => Observed::Queued,
-        JobState::Canceled => Observed::Canceled { at: received },
-        JobState::Failed | JobState::Expired | JobState::Rejected => Observed::Failed {
-            at: received,
-            error: status
-                .error
-                .clone()
-                .unwrap_or_else(|| format!("{:?}", status.state)),
-        },
     }
 }
 
