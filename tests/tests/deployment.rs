@@ -252,6 +252,31 @@ async fn a_failed_attempt_is_retried_after_its_backoff_as_a_new_job() {
     })
     .await;
     assert_eq!(waiting["attempt"], 1);
+    // One state per target: the filter finds it under the row's name, and
+    // an unknown name is refused rather than matching nothing.
+    let page = cp
+        .get("/deployments/retrying/targets?state=waitingRetry")
+        .await;
+    assert_eq!(page["total"], 1, "{page}");
+    assert_eq!(
+        page["items"][0]["stateLabel"], "Waiting to retry after a failed attempt",
+        "{page}"
+    );
+    let refused = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/deployments/retrying/targets?state=Waiting",
+            cp.api
+        ))
+        .bearer_auth(&cp.token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(refused.status(), 400);
+    let message = refused.text().await.expect("body");
+    assert!(
+        message.contains("one of pending, waitingRetry"),
+        "{message}"
+    );
     assert!(
         waiting["lastError"]
             .as_str()

@@ -21,7 +21,7 @@ mod targeting;
 mod window;
 
 pub use status::{Adds, next_status};
-pub use target::observe;
+pub use target::{TargetState, observe};
 pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
     inventory_key, select,
@@ -534,17 +534,21 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
     for (index, target) in targets.iter().enumerate() {
         let record = records.get(&index).unwrap_or(target.record);
         let counts = &mut decision.counts;
-        match (&record.end, &record.job) {
-            (Some(TargetEnd::Succeeded { .. }), _) => counts.succeeded += 1,
-            (Some(TargetEnd::Failed { .. }), _) => counts.failed += 1,
-            (Some(TargetEnd::Expired { .. }), _) => counts.expired += 1,
-            (Some(TargetEnd::Canceled { .. }), _) => counts.canceled += 1,
-            (None, None) => {
+        // A target released in this pass has no job to observe yet.
+        let job = match released_now.contains(&index) {
+            true => None,
+            false => target.job.as_ref(),
+        };
+        match TargetState::of(record, job, now) {
+            TargetState::Succeeded => counts.succeeded += 1,
+            TargetState::Failed => counts.failed += 1,
+            TargetState::Expired => counts.expired += 1,
+            TargetState::Canceled => counts.canceled += 1,
+            TargetState::Pending => counts.pending += 1,
+            TargetState::WaitingRetry => {
                 counts.pending += 1;
-                if let Some(at) = record.next_attempt_at
-                    && at > now
-                {
-                    counts.waiting_retry += 1;
+                counts.waiting_retry += 1;
+                if let Some(at) = record.next_attempt_at {
                     decision.next_retry_at = Some(
                         decision
                             .next_retry_at
@@ -552,13 +556,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                     );
                 }
             }
-            (None, Some(_)) => {
-                if !released_now.contains(&index) && matches!(target.job, Some(Observed::Running)) {
-                    counts.running += 1;
-                } else {
-                    counts.queued += 1;
-                }
-            }
+            TargetState::Running => counts.running += 1,
+            TargetState::Queued => counts.queued += 1,
         }
     }
     let c = &decision.counts;

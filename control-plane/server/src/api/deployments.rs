@@ -2,6 +2,7 @@
 //! canceling, adding newly matching devices.
 
 use super::*;
+use crate::deployment::TargetState;
 
 pub(super) async fn deployment(state: &ApiState, name: &str) -> Result<DeploymentRecord, ApiError> {
     match state
@@ -46,24 +47,14 @@ pub(super) async fn get_deployment(
     )))
 }
 
-/// A target's state as an operator reads it.
+/// A target's state as an operator reads it (the rules' [`TargetState`]).
 pub(super) fn target_state(
     target: &TargetRecord,
     job: Option<&JobDelivery>,
     now: Timestamp,
-) -> &'static str {
-    match (target.end, target.job) {
-        (Some(TargetEnd::Succeeded { .. }), _) => "succeeded",
-        (Some(TargetEnd::Failed { .. }), _) => "failed",
-        (Some(TargetEnd::Expired { .. }), _) => "expired",
-        (Some(TargetEnd::Canceled { .. }), _) => "canceled",
-        (None, None) if target.next_attempt_at.is_some_and(|at| at > now) => "waitingRetry",
-        (None, None) => "pending",
-        (None, Some(_)) => match job.map(|j| crate::engine::observe(j, now)) {
-            Some(crate::deployment::Observed::Running) => "running",
-            _ => "queued",
-        },
-    }
+) -> TargetState {
+    let observed = job.map(|j| crate::deployment::observe(j, now));
+    TargetState::of(target, observed.as_ref(), now)
 }
 
 #[derive(Deserialize)]
@@ -71,8 +62,8 @@ pub(super) struct TargetPage {
     #[serde(default)]
     offset: usize,
     limit: Option<usize>,
-    /// Only targets in this state (pending, waitingRetry, queued, running,
-    /// succeeded, failed, expired).
+    /// Only targets in this state (a [`TargetState`] name: pending,
+    /// waitingRetry, queued, running, succeeded, failed, expired, canceled).
     state: Option<String>,
 }
 
@@ -82,6 +73,16 @@ pub(super) async fn deployment_targets(
     Path(name): Path<String>,
     Query(page): Query<TargetPage>,
 ) -> Result<Json<Value>, ApiError> {
+    let wanted = match page.state.as_deref() {
+        None => None,
+        Some(name) => Some(TargetState::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = TargetState::ALL.iter().map(|s| s.name()).collect();
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("unknown target state {name:?}; one of {}", names.join(", ")),
+            )
+        })?),
+    };
     let deployment = deployment(&state, &name).await?;
     let targets = targets(&state, deployment.uid).await?;
     let now = Timestamp::now();
@@ -98,7 +99,7 @@ pub(super) async fn deployment_targets(
             None => None,
         };
         let target_state = target_state(target, job.as_ref(), now);
-        if page.state.as_deref().is_some_and(|s| s != target_state) {
+        if wanted.is_some_and(|s| s != target_state) {
             continue;
         }
         total += 1;
@@ -107,7 +108,8 @@ pub(super) async fn deployment_targets(
         }
         items.push(json!({
             "device": target.device,
-            "state": target_state,
+            "state": target_state.name(),
+            "stateLabel": target_state.label(),
             "attempt": target.attempt,
             "job": target.job.map(|j| j.to_string()),
             "timeZone": target.time_zone,

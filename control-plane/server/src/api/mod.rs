@@ -2,7 +2,7 @@
 
 use crate::auth::Secrets;
 use crate::db::{Db, DbError};
-use crate::deployment::{DeploymentRecord, TargetEnd, TargetRecord};
+use crate::deployment::{DeploymentRecord, TargetRecord};
 use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
