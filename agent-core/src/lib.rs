@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod boot;
 pub mod chain;
 pub mod clock;
+pub mod confirm;
 pub mod dbfile;
 pub mod executor;
 pub mod facts;

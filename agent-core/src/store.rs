@@ -157,6 +157,8 @@ const SUMMARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("summaries
 
 pub struct RedbStore {
     db: Database,
+    /// The database's lock, held while the store is open.
+    _hold: dbfile::Hold,
 }
 
 impl RedbStore {
@@ -168,7 +170,7 @@ impl RedbStore {
     /// Opens the agent's database, or creates it; refuses an empty or
     /// damaged file by name (see [`crate::dbfile`]).
     pub fn open_checked(path: &Path, checker: &Checker) -> Result<Self, StoreError> {
-        let db = dbfile::open_or_create(path, checker, |db| {
+        let (db, hold) = dbfile::open_or_create(path, checker, |db| {
             // Create the tables once so readers never meet a missing table.
             let init = || -> Result<(), StoreError> {
                 let tx = db.begin_write()?;
@@ -181,7 +183,7 @@ impl RedbStore {
             };
             init().map_err(|e| e.to_string())
         })?;
-        let store = Self { db };
+        let store = Self { db, _hold: hold };
         store.rebuild_summaries()?;
         Ok(store)
     }

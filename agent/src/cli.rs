@@ -49,7 +49,12 @@ pub enum Command {
     },
     /// Move a damaged or empty agent database aside; the agent then starts
     /// with a new, empty one (its jobs and unsent statuses are gone).
-    ResetStore,
+    /// Refused while an agent holds the database; asks first unless --yes.
+    ResetStore {
+        /// Do not ask: the database is moved aside (for scripts).
+        #[arg(long)]
+        yes: bool,
+    },
     /// Check one agent database file (the agent runs this before opening it).
     #[command(hide = true)]
     VerifyStore { path: PathBuf },

@@ -54,11 +54,22 @@ fn run_cli() -> Result<()> {
             agent_core::dbfile::verify(&path).map_err(|e| anyhow::anyhow!(e))?;
             Ok(())
         }
-        Command::ResetStore => {
+        Command::ResetStore { yes } => {
             let config = Config::load(&cli.config)?;
             let path = config.state_dir.join("agent.redb");
-            let aside = agent_core::dbfile::move_aside(&path)
-                .with_context(|| format!("cannot move {} aside", path.display()))?;
+            // Refused at once while an agent holds it, before asking.
+            drop(agent_core::dbfile::hold(&path)?);
+            agent_core::confirm::confirm(
+                &format!(
+                    "Move {} aside? The agent then starts with an empty database: it forgets \
+                     every job it ran and every status not yet sent, with the records that \
+                     stop a job from running twice.",
+                    path.display()
+                ),
+                yes,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+            let aside = agent_core::dbfile::move_aside(&path)?;
             out!("moved {} to {}", path.display(), aside.display());
             Ok(())
         }

@@ -1636,6 +1636,118 @@ fn control_plane_damages() -> Vec<(&'static str, Damage, Vec<&'static str>, &'st
     ]
 }
 
+/// A database another process holds is named as held, by whom, not as
+/// damaged; reset-store refuses it while it is held, and otherwise asks
+/// (refusing without a terminal unless --yes). On both sides: a second
+/// `serve` on a live data directory, and `drover-agent reset-store` under a
+/// running agent (whose database holds the records that stop a job from
+/// running twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_database_is_named_as_held_and_reset_store_leaves_it_alone() {
+    // The control plane.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let ready = dir.path().join("ready.json");
+    let mut serve = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("drover serve");
+    eventually(Duration::from_secs(30), "serve to be ready", || async {
+        ready.exists().then_some(())
+    })
+    .await;
+    let holder = format!("in use by another drover (pid {})", serve.id());
+    let (ok, output) = serve_once(&data, &[]);
+    assert!(!ok, "a second serve started on live data");
+    assert!(output.contains(&holder), "{output}");
+    assert!(!output.contains("is damaged"), "{output}");
+    let (ok, output) = run_drover(&data, &["reset-store", "--yes"]);
+    assert!(!ok && output.contains(&holder), "{output}");
+    assert!(
+        data.join("drover.redb").exists(),
+        "the live database stayed"
+    );
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let (ok, output) = run_drover(&data, &["reset-store"]);
+    assert!(!ok && output.contains("--yes"), "{output}");
+    assert!(data.join("drover.redb").exists(), "nothing moved unasked");
+    let (ok, output) = run_drover(&data, &["reset-store", "--yes"]);
+    assert!(ok && output.contains("moved"), "{output}");
+    assert!(!data.join("drover.redb").exists());
+
+    // The agent.
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("held-1", &[], json!({})).await;
+    let agent = AgentProcess::start(
+        &cp.dir.path().join("held-1"),
+        "held-1",
+        &cp.agent_url,
+        &cp.device_token("held-1"),
+        "",
+    );
+    cp.wait_for_agents(&["held-1"]).await;
+    let out = Command::new(bin("drover-agent"))
+        .arg("--config")
+        .arg(&agent.config)
+        .args(["reset-store", "--yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("reset-store");
+    let (ok, stderr) = (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(!ok, "reset-store moved a running agent's database");
+    assert!(
+        stderr.contains(&format!(
+            "in use by another drover-agent (pid {})",
+            agent.pid().expect("running")
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        agent.status()["deviceId"],
+        "held-1",
+        "the agent is untouched"
+    );
+}
+
+/// Replacing a CA cannot be undone (every agent and operator must be
+/// given the new one): without a terminal `init --renew-tls` refuses
+/// unless --yes, and leaves the old CA in place.
+#[test]
+fn init_renew_tls_refuses_without_a_terminal_unless_yes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (ok, output) = run_drover(&data, &["init", "--tls-name", "localhost"]);
+    assert!(ok, "{output}");
+    let ca = || std::fs::read(data.join("tls/ca.pem")).expect("ca");
+    let first = ca();
+    let (ok, output) = run_drover(&data, &["init", "--tls-name", "localhost", "--renew-tls"]);
+    assert!(!ok && output.contains("--yes"), "{output}");
+    assert_eq!(ca(), first, "the CA stayed");
+    let (ok, output) = run_drover(
+        &data,
+        &["init", "--tls-name", "localhost", "--renew-tls", "--yes"],
+    );
+    assert!(ok, "{output}");
+    assert_ne!(ca(), first, "a new CA");
+}
+
 /// The control plane's files table's rows written as code.
 const CONTROL_PLANE_FILE_ROWS: &[&str] = &[
     "reset-store moves a damaged database aside",
@@ -1707,7 +1819,7 @@ fn control_plane_files_table() {
     let data = dir.path().join("data");
     assert!(serve_once(&data, &[]).0);
     garbage(&data.join("drover.redb"));
-    let (ok, output) = run_drover(&data, &["reset-store"]);
+    let (ok, output) = run_drover(&data, &["reset-store", "--yes"]);
     assert!(ok && output.contains("moved"), "{output}");
     assert!(serve_once(&data, &[]).0, "serves again with a new store");
     rows.ran("reset-store moves a damaged database aside");
@@ -1827,7 +1939,7 @@ fn agent_files_table() {
         let out = Command::new(bin("drover-agent"))
             .arg("--config")
             .arg(&config)
-            .arg("reset-store")
+            .args(["reset-store", "--yes"])
             .output()
             .expect("reset");
         assert!(out.status.success(), "{what}: reset-store");

@@ -185,8 +185,13 @@ pub enum Command {
     /// Print the bearer token a device's agent uses.
     Token { device: String },
     /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
-    /// the next `serve` starts with a new, empty one.
-    ResetStore,
+    /// the next `serve` starts with a new, empty one. Refused while a
+    /// `serve` holds the database; asks first unless --yes.
+    ResetStore {
+        /// Do not ask: the database is moved aside (for scripts).
+        #[arg(long)]
+        yes: bool,
+    },
     /// Check one database file (serve runs this before opening it).
     #[command(hide = true)]
     VerifyStore { path: PathBuf },
@@ -204,9 +209,13 @@ pub enum Command {
         /// control plane (repeat for each).
         #[arg(long = "tls-name", value_name = "NAME")]
         tls_names: Vec<String>,
-        /// Replace an existing CA and server certificate.
+        /// Replace an existing CA and server certificate (asks first
+        /// unless --yes).
         #[arg(long)]
         renew_tls: bool,
+        /// Do not ask before --renew-tls replaces the CA (for scripts).
+        #[arg(long)]
+        yes: bool,
     },
     /// Run the end-to-end demo: control plane, agents and a task run.
     Demo {

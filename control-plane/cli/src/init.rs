@@ -55,6 +55,11 @@ pub struct Initialised {
     pub tls: Option<(TlsFiles, bool)>,
 }
 
+/// Whether `data_dir` holds a server certificate already.
+pub fn has_tls(data_dir: &Path) -> bool {
+    TlsFiles::under(data_dir).server_cert.exists()
+}
+
 /// Makes what is missing in `data_dir`; with `tls_names`, the CA and server
 /// certificate too (refused if they exist, unless `renew_tls`).
 pub fn init(data_dir: &Path, tls_names: &[String], renew_tls: bool) -> Result<Initialised> {

@@ -175,10 +175,20 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             agent_core::dbfile::verify(path).map_err(|e| anyhow::anyhow!(e))?;
             Ok(0)
         }
-        Command::ResetStore => {
+        Command::ResetStore { yes } => {
             let path = cli.data.join("drover.redb");
-            let aside = agent_core::dbfile::move_aside(&path)
-                .with_context(|| format!("cannot move {} aside", path.display()))?;
+            // Refused at once while a serve holds it, before asking.
+            drop(agent_core::dbfile::hold(&path)?);
+            agent_core::confirm::confirm(
+                &format!(
+                    "Move {} aside? The next `drover serve` starts with an empty store: every \
+                     device, run, deployment, schedule and job record in it is gone.",
+                    path.display()
+                ),
+                *yes,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+            let aside = agent_core::dbfile::move_aside(&path)?;
             out!("moved {} to {}", path.display(), aside.display());
             Ok(0)
         }
@@ -192,7 +202,20 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Init {
             tls_names,
             renew_tls,
+            yes,
         } => {
+            if *renew_tls && drover::init::has_tls(&cli.data) {
+                agent_core::confirm::confirm(
+                    &format!(
+                        "Replace the CA and server certificate in {}? Every agent and \
+                         operator that trusts the old CA refuses the new certificate until \
+                         it is given the new tls/ca.pem.",
+                        cli.data.display()
+                    ),
+                    *yes,
+                )
+                .map_err(|e| anyhow::anyhow!(e))?;
+            }
             let done = drover::init::init(&cli.data, tls_names, *renew_tls)?;
             let data = cli.data.display();
             out!(

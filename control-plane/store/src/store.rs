@@ -49,6 +49,8 @@ pub struct RedbKv {
     writer: mpsc::Sender<CommitRequest>,
     changes: broadcast::Sender<Change>,
     io_failed: Arc<Notify>,
+    /// The database's lock, held while the store is open.
+    _hold: agent_core::dbfile::Hold,
 }
 
 fn split(stored: &[u8]) -> Entry {
@@ -70,7 +72,7 @@ impl RedbKv {
     /// Opens the database or creates it; refuses an empty or damaged file by
     /// name (see `agent_core::dbfile`).
     pub fn open_checked(path: &Path, checker: &Checker) -> Result<Self, KvError> {
-        let db = agent_core::dbfile::open_or_create(path, checker, |db| {
+        let (db, hold) = agent_core::dbfile::open_or_create(path, checker, |db| {
             let init = || -> Result<(), StoreFailure> {
                 let tx = db.begin_write()?;
                 tx.open_table(KV)?;
@@ -100,6 +102,7 @@ impl RedbKv {
             writer,
             changes,
             io_failed,
+            _hold: hold,
         })
     }
 
