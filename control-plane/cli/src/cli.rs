@@ -373,7 +373,16 @@ pub enum PackagesCommand {
     /// Store a .deb: its name, version and architecture are read from it,
     /// its size and SHA-256 recorded. The same file again changes nothing;
     /// another file under the same name, version and architecture is refused.
-    Upload { file: PathBuf },
+    /// The file is streamed with a progress bar at a terminal; an upload
+    /// that keeps moving is never cut off, one that stops is sent again
+    /// (3 attempts in all).
+    Upload {
+        file: PathBuf,
+        /// Give up on an attempt when the control plane takes no bytes for
+        /// this many seconds.
+        #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+        stall_seconds: u64,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

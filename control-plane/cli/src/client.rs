@@ -4,6 +4,7 @@ use anyhow::{Context, Result, bail};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::Path;
+use std::time::Duration;
 use transport_websocket::tls::{SYSTEM_CA_BUNDLE, is_loopback};
 
 pub struct ApiClient {
@@ -60,7 +61,7 @@ impl ApiClient {
         })
     }
 
-    async fn check(response: reqwest::Response) -> Result<Value> {
+    pub(crate) async fn check(response: reqwest::Response) -> Result<Value> {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
@@ -123,22 +124,29 @@ impl ApiClient {
         Self::check(response).await
     }
 
-    /// Sends a file as the body of a POST (a package upload).
-    pub async fn post_file(&self, path: &str, file: &Path) -> Result<Value> {
-        let bytes = tokio::fs::read(file)
-            .await
-            .with_context(|| format!("cannot read {}", file.display()))?;
+    /// POSTs a streamed body of `size` bytes (a package upload), with no
+    /// limit on the whole request: the caller cuts off a stalled one.
+    pub async fn post_stream(
+        &self,
+        path: &str,
+        size: u64,
+        body: reqwest::Body,
+    ) -> reqwest::Result<reqwest::Response> {
         let url = format!("{}/api/v1{path}", self.base);
-        let response = self
-            .http
+        self.http
             .post(&url)
             .bearer_auth(&self.token)
             .header("content-type", "application/vnd.debian.binary-package")
-            .body(bytes)
+            .header("content-length", size)
+            .timeout(Duration::from_secs(7 * 24 * 3600))
+            .body(body)
             .send()
             .await
-            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
-        Self::check(response).await
+    }
+
+    /// The control plane's address.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// Applies every document of a YAML or JSON text in one request (a

@@ -10,6 +10,7 @@ pub mod client;
 pub mod demo;
 pub mod get;
 pub mod init;
+pub mod upload;
 pub mod watch;
 
 pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};

@@ -296,9 +296,14 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Packages {
-            command: PackagesCommand::Upload { file },
+            command:
+                PackagesCommand::Upload {
+                    file,
+                    stall_seconds,
+                },
         } => {
-            let answer = client(&cli)?.post_file("/packages", file).await?;
+            let stall = drover::upload::stall(*stall_seconds)?;
+            let answer = drover::upload::upload(&client(&cli)?, file, stall).await?;
             out!(
                 "package {} ({} bytes, sha256 {}) is in the store",
                 shown(&answer["id"]),

@@ -1,0 +1,168 @@
+//! `drover packages upload` as an operator on a slow or broken link meets
+//! it (issue 30): a 200 MB package streams from disk with the CLI's memory
+//! flat; an attempt the control plane stops taking bytes from is cut off
+//! after --stall-seconds and sent again; an upload that keeps breaking
+//! gives up with the reason after 3 attempts.
+
+use drover_tests::{ControlPlane, bin};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// A .deb of about `mib` MiB of incompressible bytes, stored uncompressed.
+fn big_deb(dir: &Path, name: &str, mib: usize) -> PathBuf {
+    let tree = dir.join(name);
+    std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
+    std::fs::create_dir_all(tree.join("usr/share/big")).expect("tree");
+    std::fs::write(
+        tree.join("DEBIAN/control"),
+        format!(
+            "Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: Drover tests \
+             <tests@drover.invalid>\nDescription: a big package\n"
+        ),
+    )
+    .expect("control");
+    let mut urandom = std::fs::File::open("/dev/urandom").expect("urandom");
+    let mut data = std::fs::File::create(tree.join("usr/share/big/data")).expect("data");
+    std::io::copy(
+        &mut std::io::Read::take(&mut urandom, (mib as u64) << 20),
+        &mut data,
+    )
+    .expect("random bytes");
+    let deb = dir.join(format!("{name}_1.0_all.deb"));
+    let out = Command::new("dpkg-deb")
+        .args(["-Znone", "--root-owner-group", "--build"])
+        .arg(&tree)
+        .arg(&deb)
+        .output()
+        .expect("dpkg-deb");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_dir_all(&tree).expect("clean");
+    deb
+}
+
+/// The peak resident memory (VmHWM, KiB) of a running process, if it still runs.
+fn peak_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_mb_package_uploads_streamed_with_the_clis_memory_flat() {
+    let cp = ControlPlane::start(&[]);
+    let deb = big_deb(cp.dir.path(), "big-upload", 200);
+    let size = std::fs::metadata(&deb).expect("deb").len();
+    let mut child = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["packages", "upload"])
+        .arg(&deb)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("drover packages upload");
+    let pid = child.id();
+    let mut peak = 0;
+    while child.try_wait().expect("wait").is_none() {
+        peak = peak.max(peak_kib(pid).unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().expect("output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("({size} bytes,")),
+        "the whole file: {text}"
+    );
+    println!("uploaded {size} bytes; the CLI's peak RSS {} KiB", peak);
+    assert!(peak > 0, "the CLI's memory was read");
+    assert!(
+        peak < 64 * 1024,
+        "the CLI's peak RSS was {peak} KiB for a {size}-byte upload"
+    );
+    let packages: Vec<Value> = serde_json::from_value(cp.get("/packages").await).expect("list");
+    assert!(
+        packages
+            .iter()
+            .any(|p| p["id"] == "big-upload_1.0_all" && p["size"] == size),
+        "{packages:?}"
+    );
+}
+
+/// A TCP front for the control plane's API whose first connection is
+/// accepted and never read (a stalled link); later ones pass through.
+async fn stalling_front(api: &str, stalled: usize) -> String {
+    let target = api.trim_start_matches("http://").to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut accepted = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            accepted += 1;
+            if accepted <= stalled {
+                held.push(client);
+                continue;
+            }
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+fn upload_through(front: &str, token: &str, deb: &Path) -> (bool, String, String) {
+    let out = Command::new(bin("drover"))
+        .args(["--server", front, "--token", token])
+        .args(["packages", "upload", "--stall-seconds", "2"])
+        .arg(deb)
+        .stdin(Stdio::null())
+        .output()
+        .expect("drover packages upload");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_cut_off_and_sent_again() {
+    let cp = ControlPlane::start(&[]);
+    // Larger than what the loopback's socket buffers take unread.
+    let deb = big_deb(cp.dir.path(), "stalled-upload", 48);
+
+    // The first attempt stalls; the second gets through.
+    let front = stalling_front(&cp.api, 1).await;
+    let (ok, stdout, stderr) = upload_through(&front, &cp.token, &deb);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("the upload stalled: the control plane took no bytes for 2 s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(attempt 2 of 3)"), "{stderr}");
+    assert!(stdout.contains("stalled-upload_1.0_all"), "{stdout}");
+
+    // Every attempt stalls: it gives up, saying why.
+    let front = stalling_front(&cp.api, usize::MAX).await;
+    let (ok, stdout, stderr) = upload_through(&front, &cp.token, &deb);
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(stderr.contains("the upload failed 3 times"), "{stderr}");
+    assert!(stderr.contains("the upload stalled"), "{stderr}");
+}
