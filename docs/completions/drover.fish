@@ -57,8 +57,8 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l api-tls-key -r -
 complete -c drover -n "__fish_drover_using_subcommand serve" -l ack-timeout-seconds -d 'A job sent but not acked within this returns to `created`' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l pass-interval-ms -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l max-agent-connections -d 'Agent connections held at once (keep it below the open-file limit, LimitNOFILE in drover.service); more are closed at once' -r
-complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen -d 'Where agents download packages (PackageInstallV1), with the same TLS as --agent-listen. Default: the agents\' address, a free port (the links carry it)' -r
-complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port), when not the listen address' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l download-listen -d 'Where agents download packages (PackageInstallV1), with the same TLS as --agent-listen. Default: the agents\' address on port 7182 (an ephemeral port when --agent-listen\'s is 0)' -r
+complete -c drover -n "__fish_drover_using_subcommand serve" -l download-url -d 'The base of download links as agents reach it (https://host:port). Default: the listen address; for a wildcard one (0.0.0.0), the first DNS name of --agent-tls-cert' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l offline-alert-minutes -d 'The dashboard (and GET /api/v1/alerts) raises an alert for a device not heard from for this long' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l package-quota -d 'The most the package store (the uploaded .debs in --data) may hold, e.g. 20GiB or 500MiB; an upload that would pass it is refused (507) and nothing of it is kept' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l upload-stall-seconds -d 'An upload that sends no bytes for this many seconds is cut off (408); a slow upload that keeps moving is never cut off' -r

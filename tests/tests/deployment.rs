@@ -262,7 +262,7 @@ async fn a_failed_attempt_is_retried_after_its_backoff_as_a_new_job() {
         page["items"][0]["stateLabel"], "Waiting to retry after a failed attempt",
         "{page}"
     );
-    let refused = reqwest::Client::new()
+    let refused = drover_tests::http_client()
         .get(format!(
             "{}/api/v1/deployments/retrying/targets?state=Waiting",
             cp.api

@@ -1,8 +1,11 @@
-//! `drover packages upload` as an operator on a slow or broken link meets
-//! it (issue 30): a 200 MB package streams from disk with the CLI's memory
-//! flat; an attempt the control plane stops taking bytes from is cut off
-//! after --stall-seconds and sent again; an upload that keeps breaking
-//! gives up with the reason after 3 attempts.
+//! The package store as an operator meets it (issue 30). `drover packages
+//! upload` on a slow or broken link: a 200 MB package streams from disk with
+//! the CLI's memory flat; an attempt the control plane stops taking bytes
+//! from is cut off after --stall-seconds and sent again; an upload that
+//! keeps breaking gives up with the reason after 3 attempts. And downloads
+//! are on with the README's `serve` (agents on a wildcard address): links
+//! name the host of the agents' certificate; with no name to give, apply
+//! says which flag gives it.
 
 use drover_tests::{ControlPlane, bin};
 use serde_json::Value;
@@ -165,4 +168,97 @@ async fn a_stalled_upload_is_cut_off_and_sent_again() {
     assert!(!ok, "{stdout}{stderr}");
     assert!(stderr.contains("the upload failed 3 times"), "{stderr}");
     assert!(stderr.contains("the upload stalled"), "{stderr}");
+}
+
+/// `drover serve` with `extra`, until its ready file appears; its JSON.
+fn serve(data: &Path, extra: &[&str]) -> (std::process::Child, Value) {
+    let ready = data.with_extension("ready.json");
+    let _ = std::fs::remove_file(&ready);
+    let mut child = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(data)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("drover serve");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(child.try_wait().expect("wait").is_none(), "serve exited");
+        assert!(std::time::Instant::now() < deadline, "serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&ready).expect("ready");
+    (child, serde_json::from_str(&text).expect("json"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_are_on_with_agents_on_a_wildcard_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let init = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(&data)
+        .args(["init", "--tls-name", "localhost", "--tls-name", "127.0.0.1"])
+        .output()
+        .expect("init");
+    assert!(init.status.success(), "{init:?}");
+    let tls = data.join("tls");
+    let (cert, key) = (tls.join("server.pem"), tls.join("server.key"));
+    let (mut child, ready) = serve(
+        &data,
+        &[
+            "--agent-listen",
+            "0.0.0.0:0",
+            "--agent-tls-cert",
+            &cert.display().to_string(),
+            "--agent-tls-key",
+            &key.display().to_string(),
+        ],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let port = ready["downloads"]
+        .as_str()
+        .and_then(|a| a.rsplit(':').next())
+        .expect("downloads address")
+        .to_owned();
+    assert_eq!(
+        ready["downloadUrl"],
+        format!("https://localhost:{port}"),
+        "{ready}"
+    );
+
+    // No certificate to take a name from: downloads are off, and apply says
+    // how to turn them on.
+    let (mut child, ready) = serve(&data, &["--agent-listen", "0.0.0.0:0"]);
+    assert!(ready["downloadUrl"].is_null(), "{ready}");
+    let token = std::fs::read_to_string(data.join("operator.token")).expect("token");
+    let answer = drover_tests::http_client()
+        .post(format!(
+            "http://{}/api/v1/apply",
+            ready["api"].as_str().expect("api")
+        ))
+        .bearer_auth(token.trim())
+        .json(&serde_json::json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Deployment",
+            "metadata": {"name": "no-downloads"},
+            "spec": {"targets": {"all": true}, "maxConcurrency": 1, "deadlineSeconds": 600,
+                     "packageInstallV1": {"package": "hello_1.0_all"}}
+        }))
+        .send()
+        .await
+        .expect("apply");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(answer.status(), 400);
+    let message = answer.text().await.expect("body");
+    assert!(
+        message.contains("--download-url https://HOST:PORT"),
+        "{message}"
+    );
 }

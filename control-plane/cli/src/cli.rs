@@ -74,12 +74,13 @@ pub enum Command {
         #[arg(long, default_value_t = 25_000)]
         max_agent_connections: usize,
         /// Where agents download packages (PackageInstallV1), with the same
-        /// TLS as --agent-listen. Default: the agents' address, a free port
-        /// (the links carry it).
+        /// TLS as --agent-listen. Default: the agents' address on port 7182
+        /// (an ephemeral port when --agent-listen's is 0).
         #[arg(long)]
         download_listen: Option<SocketAddr>,
         /// The base of download links as agents reach it
-        /// (https://host:port), when not the listen address.
+        /// (https://host:port). Default: the listen address; for a wildcard
+        /// one (0.0.0.0), the first DNS name of --agent-tls-cert.
         #[arg(long)]
         download_url: Option<String>,
         /// The dashboard (and GET /api/v1/alerts) raises an alert for a

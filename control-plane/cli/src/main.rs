@@ -119,7 +119,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             )
             .await?;
             if let Some(path) = ready_file {
-                let ready = serde_json::json!({"api": started.api_addr, "agents": started.agent_addr, "downloads": started.download_addr});
+                let ready = serde_json::json!({"api": started.api_addr, "agents": started.agent_addr, "downloads": started.download_addr, "downloadUrl": started.download_url});
                 let tmp = path.with_extension("tmp");
                 std::fs::write(&tmp, ready.to_string())?;
                 std::fs::rename(&tmp, path)?;

@@ -206,3 +206,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Activity<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+/// The DNS names in the subject alternative names of the first certificate
+/// in a PEM file (a server's own certificate comes first): the names
+/// clients reach this server by and verify it under.
+pub fn certificate_dns_names(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    use anyhow::Context as _;
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let cert = CertificateDer::pem_file_iter(path)
+        .and_then(|mut certs| certs.next().transpose())
+        .with_context(|| format!("cannot read a certificate from {}", path.display()))?
+        .with_context(|| format!("no PEM certificate in {}", path.display()))?;
+    let parsed = webpki::EndEntityCert::try_from(&cert)
+        .map_err(|e| anyhow::anyhow!("cannot parse the certificate in {}: {e}", path.display()))?;
+    Ok(parsed.valid_dns_names().map(str::to_owned).collect())
+}

@@ -50,8 +50,8 @@ pub struct ServeOptions {
     pub mqtt: Option<transport_mqtt::MqttSettings>,
     /// The MQTT link's request queue ([`transport_mqtt::server::REQUEST_QUEUE`]).
     pub mqtt_request_queue: usize,
-    /// Where package downloads are served; None: the agents' address on an
-    /// ephemeral port (links carry the port).
+    /// Where package downloads are served; None: the agents' address on
+    /// [`DOWNLOAD_PORT`] (on an ephemeral port when the agents' is one).
     pub download_listen: Option<SocketAddr>,
     /// The public base of download links (`https://host:port`), when agents
     /// reach the download listener under another name (a proxy, a wildcard
@@ -61,6 +61,36 @@ pub struct ServeOptions {
     pub offline_alert: Duration,
     /// The package store's quota and the uploads' stall timeout.
     pub uploads: crate::packages::UploadLimits,
+}
+
+/// The package downloads' port when `--download-listen` is not given: one
+/// fixed port beside the API's 7180 and the agents' 7181, so links and
+/// firewall rules stay the same across restarts.
+pub const DOWNLOAD_PORT: u16 = 7182;
+
+/// The base of download links when none is given: the listen address when
+/// agents can reach it as it is; for a wildcard address, the first DNS name
+/// of the agents' TLS certificate (the name agents already trust and
+/// reach the control plane by). None when neither says where agents reach.
+fn download_base(
+    listen: SocketAddr,
+    agent_cert: Option<&std::path::Path>,
+) -> Result<Option<String>> {
+    if !listen.ip().is_unspecified() {
+        let scheme = if agent_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        return Ok(Some(format!("{scheme}://{listen}")));
+    }
+    let Some(cert) = agent_cert else {
+        return Ok(None);
+    };
+    let name = crate::listen::certificate_dns_names(cert)?
+        .into_iter()
+        .find(|name| !name.starts_with('*'));
+    Ok(name.map(|name| format!("https://{name}:{}", listen.port())))
 }
 
 /// How long `serve` waits for JetStream to take its buckets: a cluster's
@@ -96,6 +126,8 @@ pub struct Started {
     pub api_addr: SocketAddr,
     pub agent_addr: SocketAddr,
     pub download_addr: SocketAddr,
+    /// The base of download links; None: downloads are off.
+    pub download_url: Option<String>,
     pub secrets: Arc<Secrets>,
     pub tasks: Vec<JoinHandle<()>>,
     /// Notified when the embedded store's file system refused a write
@@ -191,26 +223,33 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let signer = Arc::new(crate::auth::IntentSigner::load_or_create(&options.data)?);
     info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
-    let download_listener = TcpListener::bind(
-        options
-            .download_listen
-            .unwrap_or_else(|| SocketAddr::new(options.agent_listen.ip(), 0)),
-    )
-    .await
-    .context("cannot listen for package downloads")?;
+    let download_listen = options.download_listen.unwrap_or_else(|| {
+        let port = match options.agent_listen.port() {
+            0 => 0,
+            _ => DOWNLOAD_PORT,
+        };
+        SocketAddr::new(options.agent_listen.ip(), port)
+    });
+    let download_listener = TcpListener::bind(download_listen).await.with_context(|| {
+        format!("cannot listen for package downloads on {download_listen} (--download-listen)")
+    })?;
     let download_addr = download_listener.local_addr()?;
     let download_base = match &options.download_url {
         Some(url) => Some(url.clone()),
-        None if download_addr.ip().is_unspecified() => {
-            warn!(listen = %download_addr, "package downloads are off: pass --download-url with the address agents reach");
-            None
-        }
-        None => Some(format!(
-            "{}://{download_addr}",
-            if tls.is_some() { "https" } else { "http" }
-        )),
+        None => download_base(
+            download_addr,
+            options.agent_tls.as_ref().map(|(cert, _)| cert.as_path()),
+        )?,
     };
-    let downloads = download_base.map(|base| {
+    match &download_base {
+        Some(base) => info!(listen = %download_addr, links = %base, "package downloads served"),
+        None => warn!(
+            listen = %download_addr,
+            "package downloads are off: agents reach this wildcard address by a name this control plane does not know; pass --download-url https://HOST:{}",
+            download_addr.port()
+        ),
+    }
+    let downloads = download_base.clone().map(|base| {
         Arc::new(crate::packages::Downloads::new(
             secrets.clone(),
             base,
@@ -315,6 +354,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         api_addr,
         agent_addr,
         download_addr,
+        download_url: download_base,
         secrets,
         tasks,
         store_failed,

@@ -146,7 +146,11 @@ impl Kind for PackageInstall {
 async fn resolve(apply: Apply<'_>, wanted: &Install) -> Result<Install, ApiError> {
     if !apply.downloads {
         return Err(bad(
-            "packageInstallV1: this control plane serves no package downloads; start `drover serve` with --download-listen".into(),
+            "packageInstallV1: this control plane serves no package downloads: it listens for \
+             them on a wildcard address and knows no name agents reach it by; start `drover \
+             serve` with --download-url https://HOST:PORT (the download listener's port, 7182 \
+             by default), or with an --agent-tls-cert that names the host"
+                .into(),
         ));
     }
     let key = crate::packages::package_key(&wanted.package);
