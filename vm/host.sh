@@ -59,7 +59,7 @@ start)
     agent=$(free_port)
     printf 'export DROVER_SERVER=http://127.0.0.1:%s DROVER_DATA=%s\n' "$api" "$work/cp" >"$work/cp.env"
     . "$work/cp.env"
-    "$drover_bin" serve --listen "127.0.0.1:$api" --agent-listen "127.0.0.1:$agent" \
+    "$drover_bin" serve --listen "127.0.0.1:$api" --agent-listen "127.0.0.1:$agent" --download-listen 127.0.0.1:0 \
         --agent-tls-cert "$tls/cert.pem" --agent-tls-key "$tls/key.pem" >"$work/cp.log" 2>&1 &
     echo $! >"$work/cp.pid"
     up() { drover get devices >/dev/null 2>&1; }
