@@ -147,6 +147,45 @@ fn drover_at(
         .expect("run drover")
 }
 
+/// `init`'s certificate names the host itself whatever names it is given,
+/// so with TLS on the API the CLI on the control plane's own host reaches
+/// it at https://localhost and https://127.0.0.1; init again with the same
+/// names changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inits_certificate_serves_the_cli_on_its_own_host() {
+    let dir = ControlPlane::prepare();
+    let init = ControlPlane::drover_in(dir.path(), &["init", "--tls-name", "drover.example.org"]);
+    assert!(init.contains("server.pem"), "{init}");
+    let tls = dir.path().join("data/tls");
+    let ca = std::fs::read(tls.join("ca.pem")).expect("ca");
+    let again = ControlPlane::drover_in(dir.path(), &["init", "--tls-name", "drover.example.org"]);
+    assert_eq!(
+        std::fs::read(tls.join("ca.pem")).expect("ca"),
+        ca,
+        "{again}"
+    );
+    let (cert, key) = (tls.join("server.pem"), tls.join("server.key"));
+    let cp = ControlPlane::start_in(
+        dir,
+        &[
+            "--api-tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--api-tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+    );
+    let port = cp.api_port().to_owned();
+    for host in ["localhost", "127.0.0.1"] {
+        let out = drover_at(
+            &format!("https://{host}:{port}"),
+            &cp.token,
+            Some(&tls.join("ca.pem")),
+            &["get", "devices"],
+        );
+        assert!(out.status.success(), "{host}: {out:?}");
+    }
+}
+
 /// The operators' API over TLS: the CLI speaks https and pins the server's
 /// self-signed certificate with --ca-file; without it, or in clear, it gets
 /// nothing. Plain http is refused towards any other machine before a byte

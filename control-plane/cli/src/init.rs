@@ -70,22 +70,46 @@ pub fn init(data_dir: &Path, tls_names: &[String], renew_tls: bool) -> Result<In
     let tls = if tls_names.is_empty() {
         files.server_cert.exists().then_some((files, false))
     } else {
+        let names = with_this_host(tls_names);
         if files.server_cert.exists() && !renew_tls {
-            bail!(
-                "{} exists already; to make a new CA and server certificate (every agent then \
-                 needs the new {}), pass --renew-tls",
-                files.server_cert.display(),
-                files.ca_cert.display()
-            );
+            // The same names again: nothing to do.
+            let lacking = drover_server::listen::certificate_lacks(&files.server_cert, &names)?;
+            if !lacking.is_empty() {
+                bail!(
+                    "{} exists already and does not name {}; to make a new CA and server \
+                     certificate (every agent then needs the new {}), pass --renew-tls",
+                    files.server_cert.display(),
+                    lacking.join(", "),
+                    files.ca_cert.display()
+                );
+            }
+            Some((files, false))
+        } else {
+            make_tls(&files, &names, jiff::Timestamp::now())?;
+            Some((files, true))
         }
-        make_tls(&files, tls_names, jiff::Timestamp::now())?;
-        Some((files, true))
     };
     Ok(Initialised {
         made_secrets,
         intent_public_key,
         tls,
     })
+}
+
+/// The names given, then localhost and 127.0.0.1 (once each): the CLI on
+/// the control plane's own host reaches the API by those.
+pub fn with_this_host(names: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for name in names
+        .iter()
+        .map(String::as_str)
+        .chain(["localhost", "127.0.0.1"])
+    {
+        if !all.iter().any(|n| n == name) {
+            all.push(name.to_owned());
+        }
+    }
+    all
 }
 
 /// (year, month, day) in UTC, as rcgen takes a date.
@@ -170,7 +194,7 @@ mod tests {
     fn a_second_init_keeps_every_key_and_refuses_to_replace_the_certificates() {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
-        let first = init(&data, &["localhost".into(), "127.0.0.1".into()], false).expect("init");
+        let first = init(&data, &["drover.example.org".into()], false).expect("init");
         assert!(first.made_secrets);
         let secret = std::fs::read(data.join("secret.key")).expect("secret");
         let (files, made) = first.tls.expect("tls");
@@ -186,10 +210,29 @@ mod tests {
             secret
         );
 
-        let err = init(&data, &["localhost".into()], false).expect_err("refused");
-        assert!(err.to_string().contains("--renew-tls"), "{err}");
+        // The same names again (and the host's own, always there): a no-op.
+        let same = init(
+            &data,
+            &["drover.example.org".into(), "127.0.0.1".into()],
+            false,
+        )
+        .expect("the same names again");
+        assert!(matches!(same.tls, Some((_, false))));
         assert_eq!(std::fs::read(&files.ca_cert).expect("ca"), ca);
-        init(&data, &["localhost".into()], true).expect("renewed");
+        let lacking =
+            drover_server::listen::certificate_lacks(&files.server_cert, &with_this_host(&[]))
+                .expect("names");
+        assert!(lacking.is_empty(), "localhost and 127.0.0.1: {lacking:?}");
+
+        // Another name: refused, naming it, unless renewing.
+        let err = init(&data, &["fleet.example.org".into()], false).expect_err("refused");
+        assert!(err.to_string().contains("--renew-tls"), "{err}");
+        assert!(
+            err.to_string().contains("does not name fleet.example.org"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&files.ca_cert).expect("ca"), ca);
+        init(&data, &["fleet.example.org".into()], true).expect("renewed");
         assert_ne!(std::fs::read(&files.ca_cert).expect("ca"), ca);
         use std::os::unix::fs::PermissionsExt;
         let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;

@@ -207,18 +207,42 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Activity<S> {
     }
 }
 
-/// The DNS names in the subject alternative names of the first certificate
-/// in a PEM file (a server's own certificate comes first): the names
-/// clients reach this server by and verify it under.
-pub fn certificate_dns_names(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+/// The first certificate in a PEM file (a server's own comes first).
+fn first_certificate(
+    path: &std::path::Path,
+) -> anyhow::Result<rustls::pki_types::CertificateDer<'static>> {
     use anyhow::Context as _;
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    let cert = CertificateDer::pem_file_iter(path)
+    CertificateDer::pem_file_iter(path)
         .and_then(|mut certs| certs.next().transpose())
         .with_context(|| format!("cannot read a certificate from {}", path.display()))?
-        .with_context(|| format!("no PEM certificate in {}", path.display()))?;
+        .with_context(|| format!("no PEM certificate in {}", path.display()))
+}
+
+/// The DNS names in the subject alternative names of a server's
+/// certificate: the names clients reach this server by and verify it under.
+pub fn certificate_dns_names(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let cert = first_certificate(path)?;
     let parsed = webpki::EndEntityCert::try_from(&cert)
         .map_err(|e| anyhow::anyhow!("cannot parse the certificate in {}: {e}", path.display()))?;
     Ok(parsed.valid_dns_names().map(str::to_owned).collect())
+}
+
+/// Of `names` (DNS names or IP addresses), those a server's certificate is
+/// not valid for, as a client would judge it.
+pub fn certificate_lacks(path: &std::path::Path, names: &[String]) -> anyhow::Result<Vec<String>> {
+    use rustls::pki_types::ServerName;
+    let cert = first_certificate(path)?;
+    let parsed = webpki::EndEntityCert::try_from(&cert)
+        .map_err(|e| anyhow::anyhow!("cannot parse the certificate in {}: {e}", path.display()))?;
+    Ok(names
+        .iter()
+        .filter(|name| {
+            ServerName::try_from(name.as_str())
+                .map(|server| parsed.verify_is_valid_for_subject_name(&server).is_err())
+                .unwrap_or(true)
+        })
+        .cloned()
+        .collect())
 }
