@@ -186,6 +186,88 @@ async fn inits_certificate_serves_the_cli_on_its_own_host() {
     }
 }
 
+/// A remote operator names a control plane once (`drover config
+/// set-context`: server, CA, token file) and then runs plain `drover get`,
+/// with no variable exported; `--context` picks another, an unknown one is
+/// refused by name, and a token file others can read is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_remembers_the_server_its_ca_and_the_token_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cp, cert) = ControlPlane::start_with_api_tls(dir.path());
+    let https = format!("https://localhost:{}", cp.api_port());
+    let config = dir.path().join("home/drover/config.toml");
+    let token = dir.path().join("lab.token");
+    std::fs::write(&token, format!("{}\n", cp.token)).expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let empty = dir.path().join("no-data");
+    let drover = |args: &[&str]| {
+        let out = Command::new(bin("drover"))
+            .args(args)
+            .env("DROVER_CONFIG", &config)
+            .env("DROVER_DATA", &empty)
+            .env_remove("DROVER_SERVER")
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_CA_FILE")
+            .env_remove("DROVER_CONTEXT")
+            .output()
+            .expect("drover");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let set = [
+        "config",
+        "set-context",
+        "lab",
+        "--server",
+        &https,
+        "--ca-file",
+        cert.cert_path.to_str().expect("utf-8"),
+        "--token-file",
+        token.to_str().expect("utf-8"),
+    ];
+    let (ok, out) = drover(&set);
+    assert!(!ok && out.contains("chmod 600"), "{out}");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (ok, out) = drover(&set);
+    assert!(ok && out.contains("context lab made"), "{out}");
+    let saved = std::fs::read_to_string(&config).expect("config");
+    assert!(
+        !saved.contains(&cp.token),
+        "the config keeps the token's file, not the token"
+    );
+
+    let (ok, out) = drover(&["get", "devices"]);
+    assert!(ok, "through the current context: {out}");
+    let (ok, out) = drover(&["config", "get-contexts"]);
+    assert!(
+        ok && out.lines().any(|l| l.starts_with('*') && l.contains("lab")),
+        "{out}"
+    );
+    let (ok, out) = drover(&["--context", "prod", "get", "devices"]);
+    assert!(!ok && out.contains("no context \"prod\""), "{out}");
+    let (ok, _) = drover(&[
+        "config",
+        "set-context",
+        "other",
+        "--server",
+        "https://localhost:1",
+    ]);
+    assert!(ok);
+    let (ok, out) = drover(&["config", "use-context", "other"]);
+    assert!(ok, "{out}");
+    let (ok, out) = drover(&["--context", "lab", "get", "devices"]);
+    assert!(ok, "--context picks lab over the current one: {out}");
+    let (ok, out) = drover(&["config", "current-context"]);
+    assert!(ok && out.trim() == "other", "{out}");
+}
+
 /// The operators' API over TLS: the CLI speaks https and pins the server's
 /// self-signed certificate with --ca-file; without it, or in clear, it gets
 /// nothing. Plain http is refused towards any other machine before a byte

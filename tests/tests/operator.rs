@@ -537,6 +537,8 @@ async fn the_readme_walk_through_works_as_written() {
             .env("DROVER_SERVER", &cp.api)
             .env("DROVER_TOKEN", &cp.token)
             .env("DROVER_DATA", &data)
+            // Never the real home's contexts.
+            .env("DROVER_CONFIG", work.join("drover-config.toml"))
             .output()
             .expect("run the README's command");
         if let Some(into) = into {

@@ -10,21 +10,24 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(name = "drover", version, about = "Drover's control plane and CLI")]
 pub struct Cli {
-    /// The control plane's API.
-    #[arg(
-        long,
-        global = true,
-        env = "DROVER_SERVER",
-        default_value = "http://127.0.0.1:7180"
-    )]
-    pub server: String,
+    /// The control plane's API (default: the context's, else
+    /// http://127.0.0.1:7180).
+    #[arg(long, global = true, env = "DROVER_SERVER")]
+    pub server: Option<String>,
     /// For an https:// server: the CA bundle to trust, or the server's own
-    /// self-signed certificate (default: the system's CAs).
+    /// self-signed certificate (default: the context's, else the system's
+    /// CAs).
     #[arg(long, global = true, env = "DROVER_CA_FILE")]
     pub ca_file: Option<PathBuf>,
-    /// The operator token (default: DATA/operator.token).
+    /// The operator token (default: the context's token file, else
+    /// DATA/operator.token).
     #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The context to use from the CLI's config (~/.config/drover/config.toml,
+    /// or DROVER_CONFIG); default: the current one (`drover config
+    /// use-context`).
+    #[arg(long, global = true, env = "DROVER_CONTEXT")]
+    pub context: Option<String>,
     /// The control plane's data directory.
     #[arg(
         long,
@@ -182,6 +185,13 @@ pub enum Command {
     Packages {
         #[command(subcommand)]
         command: PackagesCommand,
+    },
+    /// The CLI's contexts: control planes by name, each with its server,
+    /// CA and token file (kept in ~/.config/drover/config.toml, or
+    /// DROVER_CONFIG; the token stays in its file).
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Print the bearer token a device's agent uses.
     Token { device: String },
@@ -367,6 +377,30 @@ pub enum DeploymentsCommand {
     /// Run a deployment's targeting again and add the devices that match
     /// now and are not targets yet (within its 20,000 targets).
     AddNewDevices { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Make or change a context: the API's address from --server, the CA
+    /// to trust from --ca-file (init's tls/ca.pem), and the token file.
+    SetContext {
+        name: String,
+        /// The file holding the operator token (mode 0600; the config
+        /// keeps its path, not the token).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Make it the current context too.
+        #[arg(long = "use")]
+        use_it: bool,
+    },
+    /// Make a context the current one.
+    UseContext { name: String },
+    /// List the contexts, the current one marked with *.
+    GetContexts,
+    /// Print the current context's name.
+    CurrentContext,
+    /// Remove a context.
+    DeleteContext { name: String },
 }
 
 #[derive(Subcommand)]

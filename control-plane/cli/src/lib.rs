@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod context;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod get;

@@ -49,22 +49,34 @@ fn run() -> Result<i32> {
 }
 
 fn client(cli: &Cli) -> Result<ApiClient> {
-    let token = match &cli.token {
-        Some(token) if token.trim().is_empty() => {
+    let path = drover::context::config_path();
+    let config = drover::context::CliConfig::load(&path)?;
+    let target = drover::context::resolve(
+        &config,
+        &path,
+        cli.server.as_deref(),
+        cli.ca_file.as_deref(),
+        cli.token.as_deref(),
+        cli.context.as_deref(),
+    )?;
+    let token = match (&target.token, &target.token_file) {
+        (Some(token), _) if token.trim().is_empty() => {
             bail!("the operator token given (--token or DROVER_TOKEN) is empty")
         }
-        Some(token) => token.clone(),
-        None => std::fs::read_to_string(cli.data.join("operator.token"))
+        (Some(token), _) => token.clone(),
+        (None, Some(file)) => drover::context::read_token_file(file)?,
+        (None, None) => std::fs::read_to_string(cli.data.join("operator.token"))
             .map(|t| t.trim().to_owned())
             .with_context(|| {
                 format!(
-                    "no operator token: pass --token, set DROVER_TOKEN, or point --data at the control plane's \
-                     directory ({} was not readable)",
+                    "no operator token: pass --token, set DROVER_TOKEN, use a context with a \
+                     token file (`drover config set-context`), or point --data at the control \
+                     plane's directory ({} was not readable)",
                     cli.data.join("operator.token").display()
                 )
             })?,
     };
-    ApiClient::new(&cli.server, &token, cli.ca_file.as_deref())
+    ApiClient::new(&target.server, &token, target.ca_file.as_deref())
 }
 
 async fn dispatch(cli: Cli) -> Result<i32> {
@@ -381,6 +393,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(if complete { 0 } else { 1 })
         }
         Command::NatsConfig(args) => cmd::brokers::nats_config(&cli, args),
+        Command::Config { command } => cmd::config::config(&cli, command),
         Command::Token { device } => {
             let device = agent_core::DeviceId::new(device.clone())?;
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
