@@ -186,6 +186,63 @@ async fn inits_certificate_serves_the_cli_on_its_own_host() {
     }
 }
 
+/// `drover get` follows one rule for every kind, as kubectl does: plural,
+/// singular and short names alike; without NAME all of a kind, with NAME
+/// that one object (or exit 1); `-o name` prints `kind/name`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_follows_one_rule_for_every_kind() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("get-1", &["lab"], json!({})).await;
+    cp.apply_device("get-2", &["lab"], json!({})).await;
+    let run = |args: &[&str]| {
+        let out = drover(&cp, args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for kind in ["devices", "device", "dev"] {
+        let (code, stdout, _) = run(&["get", kind]);
+        assert_eq!(code, Some(0), "{kind}");
+        assert!(
+            stdout.contains("get-1") && stdout.contains("get-2"),
+            "{kind}: {stdout}"
+        );
+    }
+    // NAME gives that one object, in a table or as one JSON object.
+    let (code, stdout, _) = run(&["get", "devices", "get-1"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("get-1") && !stdout.contains("get-2"),
+        "{stdout}"
+    );
+    let (_, stdout, _) = run(&["get", "dev", "get-2", "-o", "json"]);
+    let one: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(one["id"], "get-2", "{one}");
+    assert!(one["online"].is_boolean(), "the list's view: {one}");
+    // A name that is not there: exit 1, saying so.
+    for (kind, singular) in [
+        ("devices", "device"),
+        ("tr", "taskrun"),
+        ("taskschedules", "taskschedule"),
+        ("deploy", "deployment"),
+        ("pkg", "package"),
+    ] {
+        let (code, _, stderr) = run(&["get", kind, "ghost"]);
+        assert_eq!(code, Some(1), "{kind}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{singular} ghost not found")),
+            "{kind}: {stderr}"
+        );
+    }
+    let (code, stdout, _) = run(&["get", "devices", "-o", "name"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, "device/get-1\ndevice/get-2\n");
+    let (code, stdout, _) = run(&["get", "taskruns", "-o", "name"]);
+    assert_eq!((code, stdout.as_str()), (Some(0), ""));
+}
+
 /// A remote operator names a control plane once (`drover config
 /// set-context`: server, CA, token file) and then runs plain `drover get`,
 /// with no variable exported; `--context` picks another, an unknown one is

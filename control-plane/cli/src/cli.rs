@@ -131,8 +131,10 @@ pub enum Command {
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
     },
-    /// Show devices, taskruns, one taskrun, taskschedules, one taskschedule,
-    /// deployments or one deployment.
+    /// Show devices, taskruns, taskschedules, deployments or packages: all
+    /// of a kind, or with NAME that one (exit 1 when there is none). Each
+    /// kind goes by its plural, its singular or a short name (dev, tr, ts,
+    /// deploy, pkg).
     Get {
         #[arg(value_enum)]
         resource: Resource,
@@ -343,14 +345,29 @@ pub enum StoreKind {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Resource {
+    #[value(aliases = ["device", "dev"])]
     Devices,
+    #[value(aliases = ["taskrun", "tr"])]
     Taskruns,
-    Taskrun,
+    #[value(aliases = ["taskschedule", "ts"])]
     Taskschedules,
-    Taskschedule,
+    #[value(aliases = ["deployment", "deploy"])]
     Deployments,
-    Deployment,
+    #[value(aliases = ["package", "pkg"])]
     Packages,
+}
+
+impl Resource {
+    /// The kind's singular name, as `-o name` prints it (`device/pi-1`).
+    pub fn singular(self) -> &'static str {
+        match self {
+            Resource::Devices => "device",
+            Resource::Taskruns => "taskrun",
+            Resource::Taskschedules => "taskschedule",
+            Resource::Deployments => "deployment",
+            Resource::Packages => "package",
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -428,6 +445,8 @@ pub enum Output {
     Wide,
     Json,
     Yaml,
+    /// `kind/name` per object, one per line (for scripts).
+    Name,
 }
 
 /// `drover nats-config`'s arguments.

@@ -48,97 +48,73 @@ async fn fetch(
     name: Option<&str>,
     wide: bool,
 ) -> Result<Fetched> {
-    let named = |kind: &str| match name {
-        Some(name) => Ok(name.to_owned()),
-        None => bail!("drover get {kind} NAME"),
+    let key_of = |object: &Value| -> String {
+        object["metadata"]["name"]
+            .as_str()
+            .or_else(|| object["id"].as_str())
+            .unwrap_or("?")
+            .to_owned()
     };
-    let keyed = |objects: &[Value]| -> Vec<(String, Value)> {
-        objects
-            .iter()
-            .map(|o| {
-                let key = o["metadata"]["name"]
-                    .as_str()
-                    .or_else(|| o["id"].as_str())
-                    .unwrap_or("?")
-                    .to_owned();
-                (key, o.clone())
-            })
-            .collect()
+    let path = match resource {
+        Resource::Devices => "/devices",
+        Resource::Taskruns => "/taskruns",
+        Resource::Taskschedules => "/taskschedules",
+        Resource::Deployments => "/deployments",
+        Resource::Packages => "/packages",
     };
-    Ok(match resource {
+    // One rule for every kind: without NAME all of them (a list), with NAME
+    // that one object, or an error (exit 1) when there is none.
+    let objects: Vec<Value> = match name {
+        None => api.get(path).await?,
+        Some(name) => {
+            let one = match resource {
+                // The package store has no single-object route: its list.
+                Resource::Packages => api
+                    .get::<Vec<Value>>(path)
+                    .await?
+                    .into_iter()
+                    .find(|p| p["id"] == name),
+                _ => {
+                    let escaped = name.replace('/', "%2F");
+                    api.get_optional::<Value>(&format!("{path}/{escaped}"))
+                        .await?
+                }
+            };
+            match one {
+                Some(object) => vec![object],
+                None => bail!("{} {} not found", resource.singular(), printable(name)),
+            }
+        }
+    };
+    let mut listing = match resource {
         Resource::Devices => {
-            let devices: Vec<ListedDevice> = api.get("/devices").await?;
-            let structured = serde_json::to_value(&devices)?;
-            let objects = devices
+            let devices = objects
                 .iter()
-                .map(|d| Ok((d.record.id.to_string(), serde_json::to_value(d)?)))
+                .map(|d| Ok(serde_json::from_value::<ListedDevice>(d.clone())?))
                 .collect::<Result<Vec<_>>>()?;
-            Fetched {
-                structured,
-                objects,
-                listing: device_rows(&devices, wide),
-            }
+            device_rows(&devices, wide)
         }
-        Resource::Taskruns => {
-            let runs: Vec<Value> = api.get("/taskruns").await?;
-            Fetched {
-                objects: keyed(&runs),
-                listing: run_rows(&runs),
-                structured: Value::Array(runs),
-            }
-        }
-        Resource::Taskrun => {
-            let run: Value = api.get(&format!("/taskruns/{}", named("taskrun")?)).await?;
-            let mut listing = run_rows(std::slice::from_ref(&run));
-            listing.note = run["status"]["latestError"]
-                .as_str()
-                .map(|error| format!("latest error: {}", printable(error)));
-            Fetched {
-                objects: keyed(std::slice::from_ref(&run)),
-                listing,
-                structured: run,
-            }
-        }
-        Resource::Taskschedules | Resource::Taskschedule => {
-            let schedules: Vec<Value> = match resource {
-                Resource::Taskschedule => {
-                    vec![
-                        api.get(&format!("/taskschedules/{}", named("taskschedule")?))
-                            .await?,
-                    ]
-                }
-                _ => api.get("/taskschedules").await?,
-            };
-            Fetched {
-                objects: keyed(&schedules),
-                listing: schedule_rows(&schedules),
-                structured: Value::Array(schedules),
-            }
-        }
-        Resource::Deployments | Resource::Deployment => {
-            let deployments: Vec<Value> = match resource {
-                Resource::Deployment => {
-                    vec![
-                        api.get(&format!("/deployments/{}", named("deployment")?))
-                            .await?,
-                    ]
-                }
-                _ => api.get("/deployments").await?,
-            };
-            Fetched {
-                objects: keyed(&deployments),
-                listing: deployment_rows(&deployments),
-                structured: Value::Array(deployments),
-            }
-        }
-        Resource::Packages => {
-            let packages: Vec<Value> = api.get("/packages").await?;
-            Fetched {
-                objects: keyed(&packages),
-                listing: package_rows(&packages),
-                structured: Value::Array(packages),
-            }
-        }
+        Resource::Taskruns => run_rows(&objects),
+        Resource::Taskschedules => schedule_rows(&objects),
+        Resource::Deployments => deployment_rows(&objects),
+        Resource::Packages => package_rows(&objects),
+    };
+    if let (Resource::Taskruns, [run]) = (resource, objects.as_slice())
+        && name.is_some()
+    {
+        listing.note = run["status"]["latestError"]
+            .as_str()
+            .map(|error| format!("latest error: {}", printable(error)));
+    }
+    let keyed = objects.iter().map(|o| (key_of(o), o.clone())).collect();
+    let structured = match (name, objects.as_slice()) {
+        (Some(_), [one]) => one.clone(),
+        _ => Value::Array(objects),
+    };
+    Ok(Fetched {
+        structured,
+        objects: keyed,
+        listing,
     })
 }
 
@@ -153,7 +129,11 @@ pub async fn get(
     let wide = output == Output::Wide;
     let fetched = fetch(api, resource, name, wide).await?;
     if !watch {
-        if !structured(output, &fetched.structured)? {
+        if output == Output::Name {
+            for (key, _) in &fetched.objects {
+                out!("{}/{}", resource.singular(), printable(key));
+            }
+        } else if !structured(output, &fetched.structured)? {
             print_listing(&fetched.listing);
         }
         return Ok(());
@@ -162,7 +142,7 @@ pub async fn get(
     let mut fetched = fetched;
     loop {
         match output {
-            Output::Table | Output::Wide => watcher.rows(&fetched.listing),
+            Output::Table | Output::Wide | Output::Name => watcher.rows(&fetched.listing),
             Output::Json | Output::Yaml => watcher.objects(output, &fetched.objects)?,
         }
         tokio::time::sleep(WATCH_EVERY).await;
@@ -566,6 +546,7 @@ pub fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool>
         Output::Json => out!("{}", serde_json::to_string_pretty(value)?),
         Output::Yaml => out!("{}", serde_yaml_ng::to_string(value)?.trim_end()),
         Output::Table | Output::Wide => return Ok(false),
+        Output::Name => bail!("-o name is for `drover get`; use -o json or yaml here"),
     }
     Ok(true)
 }

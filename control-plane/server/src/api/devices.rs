@@ -116,15 +116,22 @@ pub(super) async fn list_devices(
     Ok(Json(listed))
 }
 
+/// One device as the list shows it (with `online`).
 pub(super) async fn get_device(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<DeviceRecord>, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    match state.db.get::<DeviceRecord>(&device_key(&id)).await? {
-        Some((_, device)) => Ok(Json(with_presence(&state, device))),
-        None => Err(not_found(format!("device {id}"))),
-    }
+    let Some((_, stored)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
+        return Err(not_found(format!("device {id}")));
+    };
+    let online = state
+        .presence
+        .online(&stored.id, stored.last_seen, Timestamp::now());
+    let mut device = serde_json::to_value(with_presence(&state, stored))
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    device["online"] = Value::Bool(online);
+    Ok(Json(device))
 }
 
 /// Removes a device from the registry with its inventory and its finished
