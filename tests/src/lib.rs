@@ -907,7 +907,7 @@ impl ControlPlane {
         let out = Command::new(bin("drover"))
             .arg("--data")
             .arg(self.dir.path().join("data"))
-            .args(["token", device])
+            .args(["token", "--unregistered", device])
             .output()
             .expect("drover token");
         assert!(

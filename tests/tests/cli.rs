@@ -243,6 +243,41 @@ async fn get_follows_one_rule_for_every_kind() {
     assert_eq!((code, stdout.as_str()), (Some(0), ""));
 }
 
+/// `drover token` prints a token only for a device the control plane knows
+/// (a typo would otherwise make a token for a device nobody registered);
+/// --unregistered prints it anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_is_refused_for_a_device_that_is_not_registered() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("known-1", &["lab"], json!({})).await;
+    let data = cp.dir.path().join("data");
+    let token = |args: &[&str]| {
+        Command::new(bin("drover"))
+            .args(["--server", &cp.api, "--token", &cp.token, "--data"])
+            .arg(&data)
+            .arg("token")
+            .args(args)
+            .output()
+            .expect("drover token")
+    };
+    let out = token(&["known-1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        cp.device_token("known-1")
+    );
+    let out = token(&["knwon-1"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("device knwon-1 is not registered"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no token printed");
+    let out = token(&["--unregistered", "knwon-1"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
 /// A remote operator names a control plane once (`drover config
 /// set-context`: server, CA, token file) and then runs plain `drover get`,
 /// with no variable exported; `--context` picks another, an unknown one is

@@ -31,9 +31,18 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
             PathBuf::from(format!("man/{name}.{section}")),
             man(command.clone()),
         ));
-        for subcommand in command.get_subcommands().filter(|c| !c.is_hide_set()) {
-            let full = format!("{name}-{}", subcommand.get_name());
-            let page = man(subcommand.clone().name(full.clone()));
+        // A page for every subcommand, at every depth (drover-packages-upload):
+        // a parent's page names its subcommands' pages.
+        let mut todo: Vec<(String, clap::Command)> = command
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| (format!("{name}-{}", c.get_name()), c.clone()))
+            .collect();
+        while let Some((full, subcommand)) = todo.pop() {
+            for child in subcommand.get_subcommands().filter(|c| !c.is_hide_set()) {
+                todo.push((format!("{full}-{}", child.get_name()), child.clone()));
+            }
+            let page = man(subcommand.name(full.clone()));
             files.push((PathBuf::from(format!("man/{full}.{section}")), page));
         }
         for (shell, file) in [
@@ -67,6 +76,37 @@ fn man_pages_and_completions_match_the_cli() {
         stale.is_empty(),
         "stale or missing (regenerate with DROVER_BLESS=1 cargo test -p drover-tests --test docs): {stale:?}"
     );
+    // Every page a page names (drover-runs-watch(1)) is one that ships.
+    let files = generated();
+    let shipped: Vec<String> = files
+        .iter()
+        .filter_map(|(path, _)| path.strip_prefix("man").ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    for (path, content) in &files {
+        let text = String::from_utf8_lossy(content);
+        for (at, _) in text.match_indices("drover") {
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '\\'))
+                .unwrap_or(rest.len());
+            let name = rest[..end].replace("\\-", "-");
+            if let Some(section) = rest[end..].strip_prefix('(').and_then(|r| r.get(..1))
+                && rest[end..].get(2..3) == Some(")")
+            {
+                // clap's own `help` subcommand is listed, not paged.
+                if name.ends_with("-help") {
+                    continue;
+                }
+                let page = format!("{name}.{section}");
+                assert!(
+                    shipped.contains(&page),
+                    "{} names {page}, which is not generated",
+                    path.display()
+                );
+            }
+        }
+    }
     // The agent's unit names its man page; the page exists.
     let unit = std::fs::read_to_string(docs.join("../systemd/drover-agent.service")).expect("unit");
     assert!(unit.contains("man:drover-agent(8)"));

@@ -162,7 +162,7 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         0o640
     );
     // The token printed now is the one the server will accept.
-    let out = drover(&data, &["token", "tls-1"]);
+    let out = drover(&data, &["token", "--unregistered", "tls-1"]);
     assert!(out.status.success(), "{}", text(&out));
     let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
 

@@ -195,8 +195,16 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Print the bearer token a device's agent uses.
-    Token { device: String },
+    /// Print the bearer token a device's agent uses. Refused for a device
+    /// the control plane does not know (it asks the API), unless
+    /// --unregistered.
+    Token {
+        device: String,
+        /// Print it for a device that is not registered (yet), without
+        /// asking the API.
+        #[arg(long)]
+        unregistered: bool,
+    },
     /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
     /// the next `serve` starts with a new, empty one. Refused while a
     /// `serve` holds the database; asks first unless --yes.

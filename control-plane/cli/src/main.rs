@@ -394,9 +394,29 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::NatsConfig(args) => cmd::brokers::nats_config(&cli, args),
         Command::Config { command } => cmd::config::config(&cli, command),
-        Command::Token { device } => {
+        Command::Token {
+            device,
+            unregistered,
+        } => {
             let device = agent_core::DeviceId::new(device.clone())?;
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
+            if !unregistered {
+                let api = client(&cli)?;
+                match api
+                    .get_optional::<Value>(&format!("/devices/{device}"))
+                    .await
+                {
+                    Ok(Some(_)) => {}
+                    Ok(None) => bail!(
+                        "device {device} is not registered: apply its Device manifest first \
+                         (`drover apply -f`), or pass --unregistered"
+                    ),
+                    Err(e) => bail!(
+                        "cannot check that device {device} is registered: {e:#}; pass \
+                         --unregistered to print its token anyway"
+                    ),
+                }
+            }
             out!("{}", secrets.device_token(&device));
             Ok(0)
         }
