@@ -232,6 +232,16 @@ pub enum UpdaterMode {
     Upgrade,
 }
 
+impl UpdaterMode {
+    /// The name the config writes (`mode = "simulate"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            UpdaterMode::Simulate => "simulate",
+            UpdaterMode::Upgrade => "upgrade",
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Updater {
@@ -334,7 +344,7 @@ impl Config {
 
     pub fn parse(text: &str) -> Result<Self> {
         if !cfg!(feature = "testing") {
-            let table: toml::Table = toml::from_str(text)?;
+            let table: toml::Table = toml::from_str(text).map_err(|e| one_line(text, &e))?;
             if let Some(key) = TEST_HOOK_KEYS.iter().find(|k| table.contains_key(**k)) {
                 bail!(
                     "`{key}` is a test hook, and this drover-agent was built without test hooks \
@@ -342,7 +352,7 @@ impl Config {
                 );
             }
         }
-        let config: Config = toml::from_str(text)?;
+        let config: Config = toml::from_str(text).map_err(|e| one_line(text, &e))?;
         agent_core::DeviceId::new(config.device_id.clone())?;
         bounded(
             "transport.heartbeat_seconds",
@@ -398,6 +408,22 @@ fn bounded(key: &str, value: u64, min: u64, max: u64) -> Result<()> {
         bail!("{key} is {value}; it must be between {min} and {max}");
     }
     Ok(())
+}
+
+/// A TOML error as one line, the way a log or `check` shows it: where
+/// (line and column) and what, without the multi-line excerpt the toml
+/// crate draws under its message.
+fn one_line(text: &str, error: &toml::de::Error) -> anyhow::Error {
+    let message = error.message().trim().replace('\n', " ");
+    match error.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+            anyhow::anyhow!("line {line}, column {column}: {message}")
+        }
+        None => anyhow::anyhow!("{message}"),
+    }
 }
 
 #[cfg(test)]
@@ -480,11 +506,14 @@ mode = "simulate"
                 "`boot_id_path` is a test hook",
             ),
             (format!("{GOOD}\ncommand = \"rm -rf /\"\n"), "unknown field"),
-            ("device_id = ".to_owned(), "TOML parse error"),
+            ("device_id = ".to_owned(), "line 1, column 13: "),
+            (format!("{GOOD}\nstore = 5\n"), "line "),
         ];
         for (text, expected) in cases {
             let err = format!("{:#}", Config::parse(&text).unwrap_err());
             assert!(err.contains(expected), "{expected}: {err}");
+            // One line, as the docs promise: no excerpt drawn under it.
+            assert_eq!(err.lines().count(), 1, "{err}");
         }
     }
 }

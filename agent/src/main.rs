@@ -107,10 +107,10 @@ fn run_cli() -> Result<()> {
                 Transport::Mqtt { url, .. } => format!("mqtt at {url}"),
             };
             out!(
-                "{}: device {}, {transport}, updater mode {:?}",
+                "{}: device {}, {transport}, updater mode {}",
                 cli.config.display(),
                 config.device_id,
-                config.updater.mode
+                config.updater.mode.name()
             );
             if connect {
                 match running {

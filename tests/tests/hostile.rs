@@ -178,7 +178,7 @@ const CONFIG_CASES: &[(&str, &str, &str, &str)] = &[
         "not TOML",
         "device_id = \"cfg-1\"",
         "device_id = ",
-        "TOML parse error",
+        "column 13: string values must be quoted",
     ),
 ];
 
@@ -1953,6 +1953,12 @@ fn agent_files_table() {
             out.status.success(),
             "{what}: check after reset: {}",
             String::from_utf8_lossy(&out.stderr)
+        );
+        // The mode as the config writes it, not a Rust name.
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("updater mode simulate") || said.contains("updater mode upgrade"),
+            "{said}"
         );
     }
     assert_eq!(ran, declared, "every damage was tried");
