@@ -278,6 +278,34 @@ async fn token_is_refused_for_a_device_that_is_not_registered() {
     assert!(out.status.success(), "{out:?}");
 }
 
+/// An agent pointed at the operators' API port is told it has the wrong
+/// port, not that its token was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_pointed_at_the_api_port_is_told_the_port_is_wrong() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("port-1", &["lab"], json!({})).await;
+    let wrong = cp.api.replace("http://", "ws://");
+    assert_ne!(wrong, cp.agent_url);
+    let agent = AgentProcess::start(
+        &cp.dir.path().join("port-1"),
+        "port-1",
+        &wrong,
+        &cp.device_token("port-1"),
+        "",
+    );
+    drover_tests::eventually(
+        std::time::Duration::from_secs(20),
+        "the agent to say why it cannot connect",
+        || async { agent.logged("not its agents' port").then_some(()) },
+    )
+    .await;
+    assert!(
+        !agent.logged("refused this device's token"),
+        "{}",
+        agent.log()
+    );
+}
+
 /// A remote operator names a control plane once (`drover config
 /// set-context`: server, CA, token file) and then runs plain `drover get`,
 /// with no variable exported; `--context` picks another, an unknown one is
@@ -423,6 +451,11 @@ async fn the_api_speaks_tls_and_the_token_never_crosses_a_network_in_clear() {
         );
         assert!(
             stderr.contains("cannot reach the control plane") && stderr.contains("certificate"),
+            "{stderr}"
+        );
+        // The agent's advice, worded for the CLI.
+        assert!(
+            stderr.contains("--ca-file (or the context's ca-file) does not hold the CA"),
             "{stderr}"
         );
     }

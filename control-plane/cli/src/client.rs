@@ -82,7 +82,7 @@ impl ApiClient {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the control plane at {}", self.base))
+            .map_err(|e| self.unreachable(e))
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -108,7 +108,7 @@ impl ApiClient {
             .json(body)
             .send()
             .await
-            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+            .map_err(|e| self.unreachable(e))?;
         Self::check(response).await
     }
 
@@ -120,7 +120,7 @@ impl ApiClient {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the control plane at {}", self.base))?;
+            .map_err(|e| self.unreachable(e))?;
         Self::check(response).await
     }
 
@@ -142,6 +142,27 @@ impl ApiClient {
             .body(body)
             .send()
             .await
+    }
+
+    /// A request that got no answer, with what to do when it was TLS (the
+    /// agent's advice, worded for the CLI's --ca-file).
+    pub fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            chain.push_str(": ");
+            chain.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        let advice = transport_websocket::client::tls_advice(
+            &chain,
+            "--ca-file (or the context's ca-file)",
+            "--server",
+        );
+        anyhow::anyhow!(
+            "cannot reach the control plane at {}: {chain}{advice}",
+            self.base
+        )
     }
 
     /// The control plane's address.

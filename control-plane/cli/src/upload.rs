@@ -129,9 +129,7 @@ async fn once(
             }
         }
     };
-    let response = response
-        .with_context(|| format!("the upload to {} broke off", client.base()))
-        .map_err(Failed::Broke)?;
+    let response = response.map_err(|e| Failed::Broke(client.unreachable(e)))?;
     let status = response.status();
     match ApiClient::check(response).await {
         Ok(answer) => Ok(answer),

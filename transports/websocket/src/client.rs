@@ -62,6 +62,11 @@ pub enum ClientError {
          DEVICE` prints on the control plane's host in the agent's token_file"
     )]
     Refused(u16),
+    #[error(
+        "{0} is the control plane's operators' API, not its agents' port: point server_url at \
+         the address of `drover serve --agent-listen` (port 7181 by default)"
+    )]
+    WrongPort(String),
     #[error("WebSocket error: {0}")]
     Ws(#[from] tungstenite::Error),
     #[error("the server said nothing for {0:?}; reconnecting")]
@@ -83,26 +88,36 @@ impl ClientError {
                 | ClientError::Tls(_)
                 | ClientError::TlsHandshake(_)
                 | ClientError::Refused(_)
+                | ClientError::WrongPort(_)
         )
     }
 }
 
-/// What to do about the TLS errors an operator meets first.
-pub fn tls_hint(e: &dyn std::fmt::Display) -> &'static str {
-    let text = e.to_string();
+/// What to do about the TLS errors an agent meets first.
+pub fn tls_hint(e: &dyn std::fmt::Display) -> String {
+    tls_advice(&e.to_string(), "the agent's ca_file", "the agent's URL")
+}
+
+/// What to do about a TLS error, whoever met it: the agent (its ca_file)
+/// or the CLI (--ca-file). `ca` names the setting that holds the CA, `url`
+/// where the host name came from. Empty when there is nothing to add.
+pub fn tls_advice(text: &str, ca: &str, url: &str) -> String {
     if text.contains("CaUsedAsEndEntity") {
         "; the server presents a CA certificate as its own: make a CA and a server certificate \
-         signed by it with `drover init --tls-name HOST`, serve that, and give each agent the CA \
-         (ca_file)"
-    } else if text.contains("UnknownIssuer") {
-        "; the agent's ca_file does not hold the CA that signed the server's certificate"
+         signed by it with `drover init --tls-name HOST`, serve that, and trust the CA \
+         (tls/ca.pem)"
+            .into()
+    } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+        format!("; {ca} does not hold the CA that signed the server's certificate (tls/ca.pem)")
     } else if text.contains("NotValidForName") {
-        "; the server's certificate does not name the host in the agent's URL (see --tls-name \
-         of `drover init`)"
+        format!(
+            "; the server's certificate does not name the host in {url} (see --tls-name of \
+             `drover init`)"
+        )
     } else if text.contains("Expired") {
-        "; the server's certificate has expired, or this device's clock is wrong"
+        "; the server's certificate has expired, or this machine's clock is wrong".into()
     } else {
-        ""
+        String::new()
     }
 }
 
@@ -213,8 +228,13 @@ async fn connect(
         tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
     )
     .await
-    .map_err(|_| ClientError::ConnectTimeout(addr))?
+    .map_err(|_| ClientError::ConnectTimeout(addr.clone()))?
     .map_err(|e| match e {
+        // The operators' API answers an agent's path so (421 Misdirected
+        // Request): a wrong port, not a wrong token.
+        tungstenite::Error::Http(response) if response.status().as_u16() == 421 => {
+            ClientError::WrongPort(addr.clone())
+        }
         tungstenite::Error::Http(response) if matches!(response.status().as_u16(), 401 | 403) => {
             ClientError::Refused(response.status().as_u16())
         }

@@ -72,6 +72,18 @@ pub struct ApiState {
     pub uploads: crate::packages::UploadLimits,
 }
 
+/// An agent pointed at the operators' API instead of the agents' port: a
+/// wrong port, told apart from a wrong token (421 Misdirected Request,
+/// which the agent turns into that sentence).
+async fn agents_port_elsewhere() -> ApiError {
+    ApiError(
+        StatusCode::MISDIRECTED_REQUEST,
+        "this is the control plane's operators' API, not its agents' port: agents connect to \
+         the address of `drover serve --agent-listen` (port 7181 by default)"
+            .into(),
+    )
+}
+
 fn not_found(what: String) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("{what} not found"))
 }
@@ -118,6 +130,7 @@ pub fn router(state: ApiState) -> Router {
     let secure = state.secure_cookies;
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/agent/v1/ws/{device}", get(agents_port_elsewhere))
         .nest("/api/v1", api)
         .merge(metrics)
         .merge(ui::router(state.clone()))
