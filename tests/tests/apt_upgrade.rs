@@ -830,3 +830,53 @@ async fn the_jobs_budget_holds_across_calls_and_restarts() {
         "the call was stopped, not released"
     );
 }
+
+/// What an upgrade did is the job's result everywhere it is shown (issue
+/// 30): one line worded by the rules, the same in the API's run targets,
+/// `describe taskrun` and `describe device`, which also lists the packages
+/// from → to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_upgrade_did_reads_alike_in_describe_taskrun_and_describe_device() {
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[base("1.0")]);
+    sandbox.install(&["drover-fake-base"]);
+    sandbox.publish(&[base("2.0")]);
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device(DEVICE, &["fleet"], json!({})).await;
+    let agent = AgentProcess::start_with(
+        &sandbox.dir.path().join("agent"),
+        DEVICE,
+        &cp.agent_url,
+        &cp.device_token(DEVICE),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&[DEVICE]).await;
+    cp.apply_upgrade_run("result-run", "fleet", 3600).await;
+    let run = cp
+        .wait_run_finished("result-run", Duration::from_secs(240))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    let targets = cp.targets("result-run").await;
+    let result = targets[0]["resultText"]
+        .as_str()
+        .expect("a result line")
+        .to_owned();
+    assert_eq!(result, "upgraded 1 (drover-fake-base 1.0 → 2.0)");
+    let text = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    let run_text = text(cp.cli(&["describe", "taskrun", "result-run"]));
+    assert!(
+        run_text.contains("RESULT") && run_text.contains(&result),
+        "{run_text}"
+    );
+    let device_text = text(cp.cli(&["describe", "device", DEVICE]));
+    assert!(device_text.contains(&result), "{device_text}");
+    assert!(
+        device_text.contains("upgraded  drover-fake-base 1.0 → 2.0"),
+        "{device_text}"
+    );
+}

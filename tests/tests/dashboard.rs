@@ -778,6 +778,21 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
         t.contains("1 of 3 succeeded")
     })
     .await;
+    // What the finished job did: the API's one line, on the run page too.
+    let done_result = cp
+        .targets("states")
+        .await
+        .iter()
+        .find(|t| t["device"] == "st-done")
+        .and_then(|t| t["resultText"].as_str().map(str::to_owned))
+        .expect("st-done's result line");
+    wait_text(
+        &browser,
+        "tr[data-device='st-done'] td.result",
+        "the run page's result",
+        |t| t == done_result,
+    )
+    .await;
     wait_text(&browser, "#run-deadline", "the deadline in words", |t| {
         t == "45 seconds after the start"
     })

@@ -381,8 +381,12 @@ impl Resource {
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Described {
     Deployment,
-    /// A task run with a table of its targets: state, current step, error.
+    /// A task run with a table of its targets: state, current step, what
+    /// each job did, error.
     Taskrun,
+    /// A device: its record, its latest jobs and what each did, and the
+    /// packages its latest upgrade changed (from → to).
+    Device,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

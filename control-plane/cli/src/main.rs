@@ -295,6 +295,22 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Describe {
+            resource: Described::Device,
+            name,
+            output,
+        } => {
+            let api = client(&cli)?;
+            let device: Value = api.get(&format!("/devices/{name}")).await?;
+            let jobs: Value = api.get(&format!("/devices/{name}/jobs")).await?;
+            if !structured(
+                *output,
+                &serde_json::json!({"device": device, "jobs": jobs}),
+            )? {
+                cmd::describe::device(&device, &jobs);
+            }
+            Ok(0)
+        }
+        Command::Describe {
             resource: Described::Deployment,
             name,
             output,

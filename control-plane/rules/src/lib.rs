@@ -9,6 +9,7 @@
 pub mod clean;
 pub mod delivery;
 pub mod deployment;
+pub mod outcome;
 pub mod placement;
 pub mod reasons;
 pub mod records;

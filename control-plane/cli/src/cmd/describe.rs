@@ -14,7 +14,9 @@ pub fn run(run: &Value, targets: &[Value]) {
         out!("reason: {reason}");
     }
     out!("");
-    let mut rows = table(&["DEVICE", "CANARY", "STATE", "STEP", "UPDATED", "ERROR"]);
+    let mut rows = table(&[
+        "DEVICE", "CANARY", "STATE", "STEP", "UPDATED", "RESULT", "ERROR",
+    ]);
     let now = jiff::Timestamp::now();
     for target in targets {
         let job = &target["status"];
@@ -50,10 +52,106 @@ pub fn run(run: &Value, targets: &[Value]) {
                 Some(_) => format!("{} ago", age(updated, now)),
                 None => "-".into(),
             },
+            printable(target["resultText"].as_str().unwrap_or("-")),
             printable(job["error"].as_str().unwrap_or("")),
         ]);
     }
     print_table(&rows);
+}
+
+/// A device: what it is, its latest jobs with what each did, and the
+/// packages its latest upgrade changed.
+pub fn device(device: &Value, jobs: &Value) {
+    let now = jiff::Timestamp::now();
+    let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
+    out!("device:      {}", text(&device["id"]));
+    out!(
+        "online:      {}",
+        if device["online"] == true {
+            "yes"
+        } else {
+            "no"
+        }
+    );
+    out!("last seen:   {}", moment(&device["lastSeen"], now));
+    let groups: Vec<String> = device["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    out!(
+        "groups:      {}",
+        if groups.is_empty() {
+            "-".into()
+        } else {
+            groups.join(", ")
+        }
+    );
+    let labels: Vec<String> = device["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{}={}", printable(k), text(v)))
+        .collect();
+    out!(
+        "labels:      {}",
+        if labels.is_empty() {
+            "-".into()
+        } else {
+            labels.join(", ")
+        }
+    );
+    out!("time zone:   {}", text(&device["timeZone"]));
+    out!("");
+    let items = jobs["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        out!("no jobs");
+        return;
+    }
+    let mut rows = table(&["JOB", "KIND", "RUN", "STATE", "FINISHED", "RESULT"]);
+    for job in &items {
+        let id = job["job"].as_str().unwrap_or("?");
+        rows.add_row(vec![
+            printable(id.get(..8).unwrap_or(id)),
+            text(&job["kind"]),
+            text(&job["run"]),
+            text(&job["state"]),
+            match job["finishedAt"].as_str() {
+                Some(_) => moment(&job["finishedAt"], now),
+                None => "-".into(),
+            },
+            text(&job["resultText"]),
+        ]);
+    }
+    print_table(&rows);
+    // The latest upgrade that changed something: its packages, one a line.
+    let latest = items.iter().find(|j| j["output"]["upgrade"].is_object());
+    if let Some(job) = latest {
+        let upgrade = &job["output"]["upgrade"];
+        let id = job["job"].as_str().unwrap_or("?");
+        out!("");
+        out!("latest upgrade ({}):", printable(id.get(..8).unwrap_or(id)));
+        for (key, label) in [("upgraded", "upgraded"), ("installed", "new")] {
+            for change in upgrade[key].as_array().into_iter().flatten() {
+                out!(
+                    "  {label:<9} {} {} → {}",
+                    text(&change["name"]),
+                    text(&change["from"]),
+                    text(&change["to"])
+                );
+            }
+        }
+        for name in upgrade["removed"].as_array().into_iter().flatten() {
+            out!("  removed   {}", text(name));
+        }
+        for name in upgrade["keptBack"].as_array().into_iter().flatten() {
+            out!("  kept back {}", text(name));
+        }
+        if upgrade["rebootRequired"] == true {
+            out!("  the device rebooted for it");
+        }
+    }
 }
 
 /// A served count of seconds in words ("1 hour 30 minutes").

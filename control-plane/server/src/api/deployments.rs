@@ -119,6 +119,7 @@ pub(super) async fn deployment_targets(
             "delivery": job.as_ref().map(|j| &j.delivery),
             "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
+            "resultText": result_text(job.as_ref()),
         }));
     }
     Ok(Json(

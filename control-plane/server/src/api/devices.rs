@@ -116,6 +116,52 @@ pub(super) async fn list_devices(
     Ok(Json(listed))
 }
 
+/// A device's latest jobs (newest first, at most 50): each one's state,
+/// what it did in one line, and its whole output (an upgrade's packages
+/// from → to, whether it rebooted).
+pub(super) async fn device_jobs(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if state
+        .db
+        .get::<DeviceRecord>(&device_key(&id))
+        .await?
+        .is_none()
+    {
+        return Err(not_found(format!("device {id}")));
+    }
+    let mut jobs = state
+        .db
+        .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
+        .await?;
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.2.created_at));
+    let items: Vec<Value> = jobs
+        .iter()
+        .take(50)
+        .map(|(_, _, job)| {
+            let phase = drover_rules::state::JobPhase::of_job(job);
+            let status = job.status.as_ref();
+            json!({
+                "job": job.intent.job_id.to_string(),
+                "kind": job.intent.kind.name(),
+                "run": job.run,
+                "state": phase.name(),
+                "stateLabel": phase.label(),
+                "createdAt": job.created_at.to_string(),
+                "finishedAt": status.and_then(|s| s.finished_at.map(|t| t.to_string())),
+                "error": status.and_then(|s| s.error.clone()),
+                "resultText": super::result_text(Some(job)),
+                "output": status.and_then(|s| s.output.as_ref()),
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({"device": id, "total": jobs.len(), "items": items}),
+    ))
+}
+
 /// One device as the list shows it (with `online`).
 pub(super) async fn get_device(
     State(state): State<ApiState>,

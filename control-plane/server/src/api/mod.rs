@@ -84,6 +84,11 @@ async fn agents_port_elsewhere() -> ApiError {
     )
 }
 
+/// What a job did, in the one line every view shows (the rules' words).
+fn result_text(job: Option<&JobDelivery>) -> Option<String> {
+    drover_rules::outcome::result_line(job?.status.as_ref()?.output.as_ref())
+}
+
 fn not_found(what: String) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("{what} not found"))
 }
@@ -96,6 +101,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/alerts", get(list_alerts))
         .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
+        .route("/devices/{id}/jobs", get(device_jobs))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route("/taskschedules/{name}", get(get_schedule))

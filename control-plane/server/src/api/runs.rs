@@ -105,6 +105,7 @@ pub(super) async fn run_targets(
             "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
             "cancelRequestedAt": job.as_ref().and_then(|j| j.cancel_requested_at.map(|t| t.to_string())),
             "status": job.as_ref().and_then(|j| j.status.as_ref()),
+            "resultText": result_text(job.as_ref()),
         });
         if let (Some(item), Value::Object(fields)) = (item.as_object_mut(), view.fields()) {
             item.extend(fields);

@@ -272,6 +272,7 @@ async function runPage(main, name) {
       h("td", {}, t.canary ? "canary" : ""),
       h("td", { class: "state" }, jobState(t)),
       h("td", {}, stepList(status)),
+      h("td", { class: "result" }, t.resultText || ""),
       h("td", { class: "error" }, status.error || ""),
       h("td", {}, when(status.finishedAt || status.startedAt || status.acceptedAt)),
     );
@@ -289,7 +290,7 @@ async function runPage(main, name) {
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
     ),
     h("div", { class: "toolbar" }, actions),
-    table(["Device", "", "State", "Steps", "Error", "Updated"], rows, "No target yet (planning)."),
+    table(["Device", "", "State", "Steps", "Result", "Error", "Updated"], rows, "No target yet (planning)."),
     targets.total > targets.items.length ? h("p", { class: "muted" }, `The first ${targets.items.length} of ${targets.total} targets.`) : "",
   );
 }
