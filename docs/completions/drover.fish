@@ -112,6 +112,7 @@ complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l context -d
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand apply" -s f -l filename -d 'A YAML or JSON file of one or more documents (all validated before any is applied); `-` reads standard input' -r -F
+complete -c drover -n "__fish_drover_using_subcommand apply" -l dry-run -d 'Check and preview only (`--dry-run` or `--dry-run=server`): what would be created, configured or refused, and for a TaskRun or a Deployment the targets it would get now and who is left out and why. Nothing is stored' -r -f -a "server\t''"
 complete -c drover -n "__fish_drover_using_subcommand apply" -l server -d 'The control plane\'s API (default: the context\'s, else http://127.0.0.1:7180)' -r
 complete -c drover -n "__fish_drover_using_subcommand apply" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the context\'s, else the system\'s CAs)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -l token -d 'The operator token (default: the context\'s token file, else DATA/operator.token)' -r

@@ -306,6 +306,67 @@ async fn an_agent_pointed_at_the_api_port_is_told_the_port_is_wrong() {
     );
 }
 
+/// `apply --dry-run` checks and previews without storing anything: the
+/// targets a TaskRun would get now and who is left out and why; a
+/// Deployment naming a device that is not registered is refused, in the
+/// preview and in the real apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_previews_targets_and_stores_nothing() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("dry-1", &["lab"], json!({"canary": "true"}))
+        .await;
+    cp.apply_device("dry-2", &["lab"], json!({})).await;
+    let _agent = AgentProcess::start(
+        &cp.dir.path().join("dry-1"),
+        "dry-1",
+        &cp.agent_url,
+        &cp.device_token("dry-1"),
+        "",
+    );
+    cp.wait_for_agents(&["dry-1"]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run.yaml");
+    std::fs::write(
+        &run,
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: TaskRun\nmetadata:\n  name: dry-run\n\
+         spec:\n  allowedGroups: [lab]\n  deadlineSeconds: 600\n  systemUpgradeV1: {}\n",
+    )
+    .expect("run");
+    let file = run.to_str().expect("utf-8");
+    let out = drover(&cp, &["apply", "-f", file, "--dry-run"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("taskrun/dry-run would be created (dry run)"),
+        "{text}"
+    );
+    assert!(text.contains("targets: 1 (1 canary): dry-1"), "{text}");
+    assert!(text.contains("left out: 1 without an agent yet"), "{text}");
+    let runs: Vec<Value> = serde_json::from_value(cp.get("/taskruns").await).expect("runs");
+    assert!(runs.is_empty(), "a dry run stores nothing: {runs:?}");
+
+    let deployment = dir.path().join("deployment.yaml");
+    std::fs::write(
+        &deployment,
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: Deployment\nmetadata:\n  name: typo\n\
+         spec:\n  targets: {devices: [dry-1, pi-kichen]}\n  maxConcurrency: 1\n  \
+         deadlineSeconds: 600\n  systemUpgradeV1: {}\n",
+    )
+    .expect("deployment");
+    let file = deployment.to_str().expect("utf-8");
+    let out = drover(&cp, &["apply", "-f", file, "--dry-run=server"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(text.contains("would be refused: spec.targets.devices names 1 device that is not registered: pi-kichen"), "{text}");
+    let out = drover(&cp, &["apply", "-f", file]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not registered: pi-kichen"), "{stderr}");
+    let deployments: Vec<Value> =
+        serde_json::from_value(cp.get("/deployments").await).expect("deployments");
+    assert!(deployments.is_empty(), "{deployments:?}");
+}
+
 /// A remote operator names a control plane once (`drover config
 /// set-context`: server, CA, token file) and then runs plain `drover get`,
 /// with no variable exported; `--context` picks another, an unknown one is

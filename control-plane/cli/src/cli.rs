@@ -130,6 +130,19 @@ pub enum Command {
         /// before any is applied); `-` reads standard input.
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
+        /// Check and preview only (`--dry-run` or `--dry-run=server`):
+        /// what would be created, configured or refused, and for a TaskRun
+        /// or a Deployment the targets it would get now and who is left out
+        /// and why. Nothing is stored.
+        #[arg(
+            long,
+            value_name = "server",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "server",
+            value_parser = ["server"]
+        )]
+        dry_run: Option<String>,
     },
     /// Show devices, taskruns, taskschedules, deployments or packages: all
     /// of a kind, or with NAME that one (exit 1 when there is none). Each

@@ -173,6 +173,16 @@ impl ApiClient {
     /// Applies every document of a YAML or JSON text in one request (a
     /// List when there are several); returns the results.
     pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
+        self.apply_documents(text, "/apply").await
+    }
+
+    /// Checks the documents and previews what applying them would do
+    /// (`POST /apply?dryRun=server`); nothing is stored.
+    pub async fn preview_text(&self, text: &str) -> Result<Vec<Value>> {
+        self.apply_documents(text, "/apply?dryRun=server").await
+    }
+
+    async fn apply_documents(&self, text: &str, path: &str) -> Result<Vec<Value>> {
         const MAX_TEXT: usize = 16 * 1024 * 1024;
         const MAX_DEPTH: usize = 64;
         if text.len() > MAX_TEXT {
@@ -195,11 +205,11 @@ impl ApiClient {
         }
         match documents.len() {
             0 => bail!("no manifest found"),
-            1 => Ok(vec![self.post("/apply", &documents[0]).await?]),
+            1 if !path.contains("dryRun") => Ok(vec![self.post(path, &documents[0]).await?]),
             _ => {
                 let list =
                     serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
-                let answer = self.post("/apply", &list).await?;
+                let answer = self.post(path, &list).await?;
                 Ok(answer
                     .get("items")
                     .and_then(Value::as_array)

@@ -154,7 +154,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(code)
         }
-        Command::Apply { file } => {
+        Command::Apply { file, dry_run } => {
             let text = if file.as_os_str() == "-" {
                 let mut text = String::new();
                 std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
@@ -164,6 +164,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 std::fs::read_to_string(file)
                     .with_context(|| format!("cannot read {}", file.display()))?
             };
+            if dry_run.is_some() {
+                let previews = client(&cli)?.preview_text(&text).await?;
+                let refused = cmd::preview::print(&previews);
+                return Ok(if refused { 1 } else { 0 });
+            }
             for result in client(&cli)?.apply_text(&text).await? {
                 out!(
                     "{}/{} {}",

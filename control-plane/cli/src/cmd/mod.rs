@@ -3,3 +3,4 @@
 pub mod brokers;
 pub mod config;
 pub mod describe;
+pub mod preview;

@@ -3,11 +3,19 @@
 
 use super::*;
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ApplyQuery {
+    /// `server`: check and preview only; nothing is stored.
+    dry_run: Option<String>,
+}
+
 /// Applies one manifest, a JSON array of them, or a `kind: List` with
 /// `items` (what `drover apply -f` sends for a file of several documents):
 /// many devices register in one request.
 pub(super) async fn apply(
     State(state): State<ApiState>,
+    Query(query): Query<ApplyQuery>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let body = crate::strict_json::parse(&body).map_err(|e| {
@@ -16,6 +24,37 @@ pub(super) async fn apply(
             format!("the request body is not acceptable JSON: {e}"),
         )
     })?;
+    match query.dry_run.as_deref() {
+        None => {}
+        Some("server") => {
+            let items = match body {
+                Value::Array(items) => items,
+                Value::Object(ref map)
+                    if map.get("kind").and_then(Value::as_str) == Some("List") =>
+                {
+                    map.get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default()
+                }
+                single => vec![single],
+            };
+            if items.len() > MAX_LIST_ITEMS {
+                return Err(ApiError(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("at most {MAX_LIST_ITEMS} manifests per request"),
+                ));
+            }
+            let preview = super::preview::preview(&state, items).await?;
+            return Ok((StatusCode::OK, Json(preview)));
+        }
+        Some(other) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("dryRun={other}: the only dry run is dryRun=server"),
+            ));
+        }
+    }
     let items = match body {
         Value::Array(items) => items,
         Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
@@ -226,6 +265,11 @@ pub(super) async fn apply_one(
                     downloads: state.downloads,
                 };
                 kind.resolve(apply, &mut spec.job).await?;
+            }
+            // A typo in a device list is refused, not left out unseen.
+            if let Some(unknown) = super::preview::unknown_devices(&state.db, &spec.targets).await?
+            {
+                return Err(ApiError(StatusCode::BAD_REQUEST, unknown));
             }
             let deployment = DeploymentRecord {
                 name: name.clone(),

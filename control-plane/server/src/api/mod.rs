@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 mod apply;
 mod deployments;
 mod devices;
+mod preview;
 mod runs;
 mod schedules;
 pub mod ui;

@@ -1,0 +1,224 @@
+//! `apply --dry-run=server`: every manifest checked as apply checks it,
+//! nothing stored, and for each what would happen: created, configured,
+//! unchanged or refused; for a TaskRun and a Deployment the frozen target
+//! list it would get now (how many, canaries, the first names) and the
+//! devices left out with why, so a selector typo is seen before an
+//! immutable run fails at once with NoTargets.
+
+use super::*;
+use crate::deployment::{Selection, Targeting};
+use drover_rules::placement;
+use std::collections::{BTreeMap, HashMap};
+
+/// Names listed in a preview before "and N more".
+const FIRST: usize = 10;
+
+/// The targets a preview shows: how many, the first names, and who is left
+/// out and why.
+fn targets_value(targets: &[(DeviceId, bool)], excluded: BTreeMap<&'static str, u32>) -> Value {
+    json!({
+        "targets": targets.len(),
+        "canaries": targets.iter().filter(|(_, canary)| *canary).count(),
+        "first": targets.iter().take(FIRST).map(|(d, _)| d.to_string()).collect::<Vec<_>>(),
+        "excluded": excluded,
+    })
+}
+
+/// The devices a Deployment names that are not registered (a typo such as
+/// `devices: [pi-kichen]`), at most ten of them, or None.
+pub(super) async fn unknown_devices(
+    db: &crate::db::Db,
+    targets: &Targeting,
+) -> Result<Option<String>, ApiError> {
+    let Targeting::Devices(named) = targets else {
+        return Ok(None);
+    };
+    let registered: std::collections::HashSet<DeviceId> = db
+        .list::<DeviceRecord>("devices/")
+        .await?
+        .into_iter()
+        .map(|(_, _, d)| d.id)
+        .collect();
+    let unknown: Vec<String> = named
+        .iter()
+        .filter(|d| !registered.contains(*d))
+        .map(|d| d.to_string())
+        .collect();
+    Ok((!unknown.is_empty()).then(|| {
+        let shown: Vec<&str> = unknown.iter().take(10).map(String::as_str).collect();
+        let more = unknown.len().saturating_sub(10);
+        format!(
+            "spec.targets.devices names {} device{} that {} not registered: {}{}",
+            unknown.len(),
+            if unknown.len() == 1 { "" } else { "s" },
+            if unknown.len() == 1 { "is" } else { "are" },
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    }))
+}
+
+/// Why a device in a run's allowed groups whose labels match is left out.
+fn run_exclusion(device: &DeviceRecord) -> Option<&'static str> {
+    if device.decommissioned {
+        Some("decommissioned")
+    } else if !device.agent_present {
+        Some("noAgentYet")
+    } else if !device
+        .capabilities
+        .iter()
+        .any(|c| c == placement::SYSTEM_UPGRADE_CAPABILITY)
+    {
+        Some("agentLacksTheKind")
+    } else {
+        None
+    }
+}
+
+pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value, ApiError> {
+    let mut manifests = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        manifests.push(manifest::parse(item.clone()).map_err(|e| {
+            ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("item {index}: {e}"),
+            )
+        })?);
+    }
+    let devices: Vec<DeviceRecord> = state
+        .db
+        .list::<DeviceRecord>("devices/")
+        .await?
+        .into_iter()
+        .map(|(_, _, d)| d)
+        .collect();
+    let mut results = Vec::with_capacity(manifests.len());
+    for manifest in manifests {
+        results.push(match manifest {
+            Manifest::TaskRun { name, spec } => {
+                let result = match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
+                    Some((_, run)) if run.spec == spec => "unchanged",
+                    Some(_) => "refused: a TaskRun's spec never changes (delete it first)",
+                    None => "created",
+                };
+                let plan: Vec<(DeviceId, bool)> = placement::plan(&spec, &devices)
+                    .into_iter()
+                    .map(|t| (t.device, t.canary))
+                    .collect();
+                let mut excluded = BTreeMap::new();
+                for device in &devices {
+                    let in_groups = spec.allowed_groups.iter().any(|g| device.groups.contains(g));
+                    let labels = device.effective_labels();
+                    let selected = spec
+                        .target_selector
+                        .match_labels
+                        .iter()
+                        .all(|(k, v)| labels.get(k) == Some(v));
+                    if in_groups
+                        && selected
+                        && let Some(why) = run_exclusion(device)
+                    {
+                        *excluded.entry(why).or_insert(0) += 1;
+                    }
+                }
+                let mut value = json!({"kind": "TaskRun", "name": name, "result": result});
+                extend(&mut value, targets_value(&plan, excluded));
+                if plan.is_empty() {
+                    value["warning"] = json!(
+                        "no authorized device with an agent matches: the run would fail at once (NoTargets)"
+                    );
+                }
+                value
+            }
+            Manifest::Deployment { name, mut spec } => {
+                if let Some(kind) = crate::kinds::kind(spec.job.name()) {
+                    let apply = crate::kinds::Apply {
+                        db: &state.db,
+                        downloads: state.downloads,
+                    };
+                    kind.resolve(apply, &mut spec.job).await?;
+                }
+                let unknown = unknown_devices(&state.db, &spec.targets).await?;
+                let result = match state
+                    .db
+                    .get::<DeploymentRecord>(&crate::records::deployment_key(&name))
+                    .await?
+                {
+                    _ if unknown.is_some() => format!("refused: {}", unknown.unwrap_or_default()),
+                    Some((_, existing)) if existing.spec == spec => "unchanged".into(),
+                    Some(_) => {
+                        "refused: a Deployment's spec never changes (delete it first)".into()
+                    }
+                    None => "created".into(),
+                };
+                let inventories: HashMap<DeviceId, crate::deployment::DeviceInventory> =
+                    match &spec.targets {
+                        Targeting::Filter(filter) if filter.needs_inventory() => state
+                            .db
+                            .list::<crate::deployment::DeviceInventory>("inventory/")
+                            .await?
+                            .into_iter()
+                            .map(|(_, _, i)| (i.device.clone(), i))
+                            .collect(),
+                        _ => HashMap::new(),
+                    };
+                let mut chosen = Vec::new();
+                let mut excluded = BTreeMap::new();
+                for device in &devices {
+                    let inventory = inventories.get(&device.id);
+                    match crate::deployment::select(&spec.targets, device, inventory) {
+                        Selection::Target => chosen.push((device.id.clone(), false)),
+                        Selection::Excluded => {
+                            let why = if device.decommissioned {
+                                "decommissioned"
+                            } else if !device.agent_present {
+                                "noAgentYet"
+                            } else {
+                                "noInventoryYet"
+                            };
+                            *excluded.entry(why).or_insert(0) += 1;
+                        }
+                        Selection::NotSelected => {}
+                    }
+                }
+                let mut value = json!({"kind": "Deployment", "name": name, "result": result});
+                extend(&mut value, targets_value(&chosen, excluded));
+                value
+            }
+            Manifest::Device { id, .. } => {
+                let exists = devices.iter().any(|d| d.id == id);
+                json!({"kind": "Device", "name": id,
+                       "result": if exists { "configured" } else { "created" }})
+            }
+            Manifest::TaskSchedule { name, .. } => {
+                let exists = state
+                    .db
+                    .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
+                    .await?
+                    .is_some();
+                json!({"kind": "TaskSchedule", "name": name,
+                       "result": if exists { "configured" } else { "created" }})
+            }
+            Manifest::Secret { name, .. } => {
+                let exists = state
+                    .db
+                    .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(&name))
+                    .await?
+                    .is_some();
+                json!({"kind": "Secret", "name": name,
+                       "result": if exists { "configured" } else { "created" }})
+            }
+        });
+    }
+    Ok(json!({"dryRun": "server", "items": results}))
+}
+
+fn extend(value: &mut Value, more: Value) {
+    if let (Some(value), Value::Object(more)) = (value.as_object_mut(), more) {
+        value.extend(more);
+    }
+}
