@@ -5,7 +5,8 @@
 //! keeps breaking gives up with the reason after 3 attempts. And downloads
 //! are on with the README's `serve` (agents on a wildcard address): links
 //! name the host of the agents' certificate; with no name to give, apply
-//! says which flag gives it.
+//! says which flag gives it. And every kind can be deleted, with what is
+//! still in use refused and the command to run first named.
 
 use drover_tests::{ControlPlane, bin};
 use serde_json::Value;
@@ -261,4 +262,110 @@ async fn downloads_are_on_with_agents_on_a_wildcard_address() {
         message.contains("--download-url https://HOST:PORT"),
         "{message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_is_deleted_once_nothing_unfinished_needs_it() {
+    let cp = ControlPlane::start(&[]);
+    let deb = big_deb(cp.dir.path(), "kiosk-app", 1);
+    let cli = |args: &[&str]| {
+        let out = cp.cli(args);
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, out) = cli(&["packages", "upload", deb.to_str().expect("utf-8")]);
+    assert!(ok, "{out}");
+    let package = "kiosk-app_1.0_all";
+    let sha = cp.get("/packages").await[0]["sha256"]
+        .as_str()
+        .expect("sha")
+        .to_owned();
+    let blob = cp.dir.path().join(format!("data/packages/{sha}.deb"));
+    assert!(blob.exists());
+    cp.apply(serde_json::json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
+        "metadata": {"name": "kiosk"}, "spec": {"data": {"token": "t"}}
+    }))
+    .await;
+    cp.apply_device("del-1", &["lab"], serde_json::json!({}))
+        .await;
+    let _agent = drover_tests::AgentProcess::start(
+        &cp.dir.path().join("del-1"),
+        "del-1",
+        &cp.agent_url,
+        &cp.device_token("del-1"),
+        "",
+    );
+    cp.wait_for_agents(&["del-1"]).await;
+    // Its window opens in two hours: the deployment stays unfinished, its
+    // target pending.
+    let hour = (jiff::Timestamp::now().as_second().rem_euclid(86_400) / 3600) as i8;
+    let at = |h: i8| format!("{:02}:00", (h + 24) % 24);
+    cp.apply(serde_json::json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Deployment",
+        "metadata": {"name": "kiosk"},
+        "spec": {"targets": {"devices": ["del-1"]}, "maxConcurrency": 1, "deadlineSeconds": 600,
+                 "maintenanceWindow": {"start": at(hour + 2), "end": at(hour + 3), "timeZone": "UTC"},
+                 "packageInstallV1": {"package": package, "secrets": ["kiosk"]}}
+    }))
+    .await;
+    drover_tests::eventually(
+        Duration::from_secs(30),
+        "the deployment to start",
+        || async {
+            let d = cp.get("/deployments/kiosk").await;
+            (d["status"]["phase"] == "Running" && d["status"]["pending"] == 1).then_some(())
+        },
+    )
+    .await;
+    cp.apply(serde_json::json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskSchedule",
+        "metadata": {"name": "nightly"},
+        "spec": {"schedule": {"cron": "0 3 * * *"},
+                 "template": {"spec": {"allowedGroups": ["lab"], "deadlineSeconds": 600,
+                                       "systemUpgradeV1": {}}}}
+    }))
+    .await;
+
+    for (kind, name, refusal) in [
+        (
+            "deployment",
+            "kiosk",
+            "cancel it first (drover cancel deployment kiosk)",
+        ),
+        ("secret", "kiosk", "needed by Deployment kiosk"),
+        ("package", package, "installed by Deployment kiosk"),
+    ] {
+        let (ok, out) = cli(&["delete", kind, name]);
+        assert!(!ok && out.contains(refusal), "{kind}: {out}");
+    }
+    assert!(blob.exists(), "a refused delete keeps the file");
+    let (ok, out) = cli(&["cancel", "deployment", "kiosk"]);
+    assert!(ok, "{out}");
+    drover_tests::eventually(Duration::from_secs(30), "the deployment to end", || async {
+        let phase = cp.get("/deployments/kiosk").await["status"]["phase"].clone();
+        (phase == "Failed" || phase == "Complete").then_some(())
+    })
+    .await;
+    for (kind, name, said) in [
+        ("deployment", "kiosk", "deployment/kiosk deleted"),
+        ("secret", "kiosk", "secret/kiosk deleted"),
+        ("package", package, "bytes freed"),
+        ("taskschedule", "nightly", "the runs it made stay"),
+    ] {
+        let (ok, out) = cli(&["delete", kind, name]);
+        assert!(ok && out.contains(said), "{kind}: {out}");
+        let (ok, out) = cli(&["delete", kind, name]);
+        assert!(!ok && out.contains("not found"), "{kind} again: {out}");
+    }
+    assert!(!blob.exists(), "the package's file is gone");
+    for path in ["/deployments", "/secrets", "/packages", "/taskschedules"] {
+        assert_eq!(cp.get(path).await, serde_json::json!([]), "{path}");
+    }
 }

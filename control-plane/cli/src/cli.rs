@@ -183,9 +183,11 @@ pub enum Command {
         resource: Cancelable,
         name: String,
     },
-    /// Delete a finished task run (its record, plan and jobs), or a device
-    /// (its registry record, inventory and finished jobs). A run still going
-    /// or a device with an undecided job is refused: cancel first.
+    /// Delete a finished task run or deployment (its record, targets and
+    /// jobs), a device (its registry record, inventory and finished jobs),
+    /// a task schedule, a Secret or a package. What is still going is
+    /// refused with the command to run first: cancel a run or a deployment;
+    /// a Secret or a package an unfinished deployment needs stays.
     Delete {
         #[arg(value_enum)]
         resource: Deletable,
@@ -412,6 +414,11 @@ pub enum Cancelable {
 pub enum Deletable {
     Taskrun,
     Device,
+    Deployment,
+    /// The schedule only: the runs it made stay until deleted.
+    Taskschedule,
+    Secret,
+    Package,
 }
 
 #[derive(Subcommand)]

@@ -386,6 +386,28 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         answer["jobs"]
                     );
                 }
+                Deletable::Deployment => {
+                    let answer = api.delete(&format!("/deployments/{name}")).await?;
+                    out!(
+                        "deployment/{name} deleted with {} job record(s)",
+                        answer["jobs"]
+                    );
+                }
+                Deletable::Taskschedule => {
+                    api.delete(&format!("/taskschedules/{name}")).await?;
+                    out!("taskschedule/{name} deleted (the runs it made stay)");
+                }
+                Deletable::Secret => {
+                    api.delete(&format!("/secrets/{name}")).await?;
+                    out!("secret/{name} deleted");
+                }
+                Deletable::Package => {
+                    let answer = api.delete(&format!("/packages/{name}")).await?;
+                    out!(
+                        "package/{name} deleted ({} bytes freed)",
+                        answer["freedBytes"]
+                    );
+                }
                 Deletable::Device => {
                     let answer = api.delete(&format!("/devices/{name}")).await?;
                     out!(

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 mod apply;
+mod deletes;
 mod deployments;
 mod devices;
 mod preview;
@@ -35,6 +36,7 @@ pub mod ui;
 pub use crate::http::{ApiError, bearer, bearer_of};
 
 use apply::*;
+use deletes::*;
 use deployments::*;
 use devices::*;
 use runs::*;
@@ -105,14 +107,20 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}/jobs", get(device_jobs))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
-        .route("/taskschedules/{name}", get(get_schedule))
+        .route(
+            "/taskschedules/{name}",
+            get(get_schedule).delete(delete_schedule),
+        )
         .route("/taskschedules/{name}/suspend", post(suspend_schedule))
         .route("/taskruns", get(list_runs))
         .route("/taskruns/{name}", get(get_run).delete(delete_run))
         .route("/taskruns/{name}/targets", get(run_targets))
         .route("/taskruns/{name}/cancel", post(cancel_run))
         .route("/deployments", get(list_deployments))
-        .route("/deployments/{name}", get(get_deployment))
+        .route(
+            "/deployments/{name}",
+            get(get_deployment).delete(delete_deployment),
+        )
         .route("/deployments/{name}/targets", get(deployment_targets))
         .route("/deployments/{name}/describe", get(describe_deployment))
         .route("/deployments/{name}/add-new-devices", post(add_new_devices))
@@ -120,6 +128,8 @@ pub fn router(state: ApiState) -> Router {
         // The body is streamed to disk and bounded there, not by the limit below.
         .route("/packages", get(list_packages).post(upload_package))
         .route("/secrets", get(list_secrets))
+        .route("/secrets/{name}", axum::routing::delete(delete_secret))
+        .route("/packages/{id}", axum::routing::delete(delete_package))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
