@@ -24,64 +24,48 @@ use drover_tests::{AgentProcess, eventually};
 use serde_json::json;
 use std::time::Duration;
 
-/// Three tests of `scenario`, one per transport, each on its own fleet
-/// whose devices are `devices` prefixed with the transport's name.
-macro_rules! on_every_transport {
-    ($scenario:ident, $devices:expr) => {
+/// A test of `scenario` per named transport (`over_websocket`, `over_nats`,
+/// `over_mqtt`), each on its own fleet whose devices are `devices`
+/// prefixed with the transport's name.
+macro_rules! run_over {
+    ($scenario:ident, $devices:expr, $($transport:ident),+) => {
         mod $scenario {
-            fn named(prefix: &str) -> Vec<String> {
-                $devices.iter().map(|d| format!("{prefix}-{d}")).collect()
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_websocket() {
-                super::$scenario(drover_tests::fleet::Fleet::websocket(), named("ws")).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_nats() {
-                let devices = named("nats");
-                super::$scenario(drover_tests::fleet::Fleet::nats(&refs(&devices)), devices).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_mqtt() {
-                let devices = named("mqtt");
-                super::$scenario(drover_tests::fleet::Fleet::mqtt(&refs(&devices)), devices).await
-            }
-
-            fn refs(devices: &[String]) -> Vec<&str> {
-                devices.iter().map(String::as_str).collect()
-            }
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $transport() {
+                    let over = stringify!($transport).trim_start_matches("over_");
+                    let devices: Vec<String> =
+                        $devices.iter().map(|d| format!("{over}-{d}")).collect();
+                    super::$scenario(super::fleet_over(over, &devices), devices).await
+                }
+            )+
         }
     };
 }
 
-/// Two tests of `scenario`, over NATS and MQTT: what needs a broker.
+/// Every transport: WebSocket, NATS JetStream, MQTT.
+macro_rules! on_every_transport {
+    ($scenario:ident, $devices:expr) => {
+        run_over!($scenario, $devices, over_websocket, over_nats, over_mqtt);
+    };
+}
+
+/// What needs a broker: NATS JetStream and MQTT.
 macro_rules! on_every_broker {
     ($scenario:ident, $devices:expr) => {
-        mod $scenario {
-            fn named(prefix: &str) -> Vec<String> {
-                $devices.iter().map(|d| format!("{prefix}-{d}")).collect()
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_nats() {
-                let devices = named("nats");
-                super::$scenario(drover_tests::fleet::Fleet::nats(&refs(&devices)), devices).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_mqtt() {
-                let devices = named("mqtt");
-                super::$scenario(drover_tests::fleet::Fleet::mqtt(&refs(&devices)), devices).await
-            }
-
-            fn refs(devices: &[String]) -> Vec<&str> {
-                devices.iter().map(String::as_str).collect()
-            }
-        }
+        run_over!($scenario, $devices, over_nats, over_mqtt);
     };
+}
+
+/// The fleet of one transport, by its name in the tests' names.
+fn fleet_over(transport: &str, devices: &[String]) -> Fleet {
+    let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
+    match transport {
+        "websocket" => Fleet::websocket(),
+        "nats" => Fleet::nats(&devices),
+        "mqtt" => Fleet::mqtt(&devices),
+        other => panic!("no fleet over {other}"),
+    }
 }
 
 on_every_transport!(

@@ -77,15 +77,7 @@ pub(super) async fn apply(
         ));
     }
     // Every manifest is checked before any is applied.
-    let mut manifests = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        manifests.push(manifest::parse(item.clone()).map_err(|e| {
-            ApiError(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("item {index}: {e}"),
-            )
-        })?);
-    }
+    let manifests = super::preview::parse_all(&items)?;
     // Devices go in together: one commit for the lot.
     let devices: Vec<&Manifest> = manifests
         .iter()

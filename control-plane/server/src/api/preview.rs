@@ -24,6 +24,22 @@ fn targets_value(targets: &[(DeviceId, bool)], excluded: BTreeMap<&'static str, 
     })
 }
 
+/// Every manifest of a List parsed, or the first one's problem by its index.
+pub(super) fn parse_all(items: &[Value]) -> Result<Vec<Manifest>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            manifest::parse(item.clone()).map_err(|e| {
+                ApiError(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("item {index}: {e}"),
+                )
+            })
+        })
+        .collect()
+}
+
 /// The devices a Deployment names that are not registered (a typo such as
 /// `devices: [pi-kichen]`), at most ten of them, or None.
 pub(super) async fn unknown_devices(
@@ -80,15 +96,7 @@ fn run_exclusion(device: &DeviceRecord) -> Option<&'static str> {
 }
 
 pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value, ApiError> {
-    let mut manifests = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        manifests.push(manifest::parse(item.clone()).map_err(|e| {
-            ApiError(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("item {index}: {e}"),
-            )
-        })?);
-    }
+    let manifests = parse_all(&items)?;
     let devices: Vec<DeviceRecord> = state
         .db
         .list::<DeviceRecord>("devices/")
