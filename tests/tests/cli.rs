@@ -88,6 +88,28 @@ async fn the_seed_taskrun_applies_from_yaml_and_runs_watch_follows_it() {
     let out = drover(&cp, &["get", "taskrun", "upgrade-device-1", "-o", "json"]);
     let run: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(run["status"]["phase"], "Complete");
+    // What get prints, apply takes back: one object, and a whole list.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (args, file) in [
+        (
+            &["get", "taskrun", "upgrade-device-1", "-o", "yaml"][..],
+            "one.yaml",
+        ),
+        (&["get", "taskruns", "-o", "yaml"][..], "all.yaml"),
+        (&["get", "taskruns", "-o", "json"][..], "all.json"),
+    ] {
+        let printed = drover(&cp, args);
+        assert!(printed.status.success(), "{printed:?}");
+        let path = dir.path().join(file);
+        std::fs::write(&path, &printed.stdout).expect("write");
+        let applied = drover(&cp, &["apply", "-f", path.to_str().expect("utf-8")]);
+        let said = String::from_utf8_lossy(&applied.stdout);
+        assert!(
+            applied.status.success() && said.contains("taskrun/upgrade-device-1 unchanged"),
+            "{file}: {said}{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+    }
     // Only device-1 matched the selector; device-2 was never a target.
     assert_eq!(run["status"]["targets"], 1, "{run}");
     assert!(

@@ -333,6 +333,19 @@ async fn every_kind_is_deleted_once_nothing_unfinished_needs_it() {
     }))
     .await;
 
+    // What get prints, apply takes back unchanged.
+    for (kind, name) in [("deployment", "kiosk"), ("taskschedule", "nightly")] {
+        let (ok, yaml) = cli(&["get", kind, name, "-o", "yaml"]);
+        assert!(ok, "{yaml}");
+        let file = cp.dir.path().join(format!("{kind}.yaml"));
+        std::fs::write(&file, yaml).expect("write");
+        let (ok, out) = cli(&["apply", "-f", file.to_str().expect("utf-8")]);
+        assert!(
+            ok && out.contains(&format!("{kind}/{name} unchanged")),
+            "{kind}: {out}"
+        );
+    }
+
     for (kind, name, refusal) in [
         (
             "deployment",

@@ -199,8 +199,11 @@ impl ApiClient {
         for document in serde_yaml_ng::Deserializer::from_str(text) {
             let value = <Value as serde::Deserialize>::deserialize(document)
                 .context("not valid YAML or JSON")?;
-            if !value.is_null() {
-                documents.push(value);
+            match value {
+                Value::Null => {}
+                // What `get KIND -o yaml|json` prints for several: a list.
+                Value::Array(items) => documents.extend(items.into_iter().map(as_manifest)),
+                value => documents.push(as_manifest(value)),
             }
         }
         match documents.len() {
@@ -218,4 +221,19 @@ impl ApiClient {
             }
         }
     }
+}
+
+/// A manifest as apply takes it from what `get -o yaml|json` printed: the
+/// status and the metadata the control plane sets (uid, creation time)
+/// are its own, not the operator's, and are left out as kubectl does.
+fn as_manifest(mut document: Value) -> Value {
+    if let Some(object) = document.as_object_mut() {
+        object.remove("status");
+        if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
+            for key in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
+                metadata.remove(key);
+            }
+        }
+    }
+    document
 }
