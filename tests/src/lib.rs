@@ -1673,3 +1673,31 @@ impl Drop for IntentPuts {
         self.task.abort();
     }
 }
+
+/// `drover --data DATA serve --listen 127.0.0.1:0 EXTRA` started on its
+/// own (no harness around it), returned once its ready file appears, with
+/// that file's JSON (the bound addresses, the download links' base).
+pub fn serve_until_ready(data: &Path, extra: &[&str]) -> (Child, Value) {
+    let ready = data.with_extension("ready.json");
+    let _ = std::fs::remove_file(&ready);
+    let mut child = Command::new(bin("drover"))
+        .arg("--data")
+        .arg(data)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("drover serve");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(child.try_wait().expect("wait").is_none(), "serve exited");
+        assert!(Instant::now() < deadline, "serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&ready).expect("ready");
+    (child, serde_json::from_str(&text).expect("json"))
+}

@@ -1647,28 +1647,7 @@ async fn a_held_database_is_named_as_held_and_reset_store_leaves_it_alone() {
     // The control plane.
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let ready = dir.path().join("ready.json");
-    let mut serve = Command::new(bin("drover"))
-        .arg("--data")
-        .arg(&data)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--agent-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--ready-file")
-        .arg(&ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("drover serve");
-    eventually(Duration::from_secs(30), "serve to be ready", || async {
-        ready.exists().then_some(())
-    })
-    .await;
+    let (mut serve, _) = drover_tests::serve_until_ready(&data, &["--agent-listen", "127.0.0.1:0"]);
     let holder = format!("in use by another drover (pid {})", serve.id());
     let (ok, output) = serve_once(&data, &[]);
     assert!(!ok, "a second serve started on live data");

@@ -171,32 +171,6 @@ async fn a_stalled_upload_is_cut_off_and_sent_again() {
     assert!(stderr.contains("the upload stalled"), "{stderr}");
 }
 
-/// `drover serve` with `extra`, until its ready file appears; its JSON.
-fn serve(data: &Path, extra: &[&str]) -> (std::process::Child, Value) {
-    let ready = data.with_extension("ready.json");
-    let _ = std::fs::remove_file(&ready);
-    let mut child = Command::new(bin("drover"))
-        .arg("--data")
-        .arg(data)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .arg("--ready-file")
-        .arg(&ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("drover serve");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !ready.exists() {
-        assert!(child.try_wait().expect("wait").is_none(), "serve exited");
-        assert!(std::time::Instant::now() < deadline, "serve did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let text = std::fs::read_to_string(&ready).expect("ready");
-    (child, serde_json::from_str(&text).expect("json"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downloads_are_on_with_agents_on_a_wildcard_address() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -210,7 +184,7 @@ async fn downloads_are_on_with_agents_on_a_wildcard_address() {
     assert!(init.status.success(), "{init:?}");
     let tls = data.join("tls");
     let (cert, key) = (tls.join("server.pem"), tls.join("server.key"));
-    let (mut child, ready) = serve(
+    let (mut child, ready) = drover_tests::serve_until_ready(
         &data,
         &[
             "--agent-listen",
@@ -236,7 +210,8 @@ async fn downloads_are_on_with_agents_on_a_wildcard_address() {
 
     // No certificate to take a name from: downloads are off, and apply says
     // how to turn them on.
-    let (mut child, ready) = serve(&data, &["--agent-listen", "0.0.0.0:0"]);
+    let (mut child, ready) =
+        drover_tests::serve_until_ready(&data, &["--agent-listen", "0.0.0.0:0"]);
     assert!(ready["downloadUrl"].is_null(), "{ready}");
     let token = std::fs::read_to_string(data.join("operator.token")).expect("token");
     let answer = drover_tests::http_client()

@@ -16,19 +16,63 @@ pub fn authorized(spec: &TaskRunSpec, device: &DeviceRecord) -> bool {
             .any(|g| device.groups.contains(g))
 }
 
-pub fn matches(spec: &TaskRunSpec, device: &DeviceRecord) -> bool {
+/// Why a device is not one of a run's targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// Outside the allowed groups, or its labels do not match: not a
+    /// candidate at all.
+    NotSelected,
+    /// Selected, but decommissioned.
+    Decommissioned,
+    /// Selected, but no agent has connected yet.
+    NoAgentYet,
+    /// Selected, but its agent does not advertise the kind.
+    AgentLacksTheKind,
+}
+
+impl Left {
+    /// The machine name a dry run reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Left::NotSelected => "notSelected",
+            Left::Decommissioned => "decommissioned",
+            Left::NoAgentYet => "noAgentYet",
+            Left::AgentLacksTheKind => "agentLacksTheKind",
+        }
+    }
+}
+
+/// Whether `device` is a target of a run of `spec`, and if not, why.
+pub fn placed(spec: &TaskRunSpec, device: &DeviceRecord) -> Result<(), Left> {
     let labels = device.effective_labels();
-    authorized(spec, device)
-        && device.agent_present
-        && device
-            .capabilities
-            .iter()
-            .any(|c| c == SYSTEM_UPGRADE_CAPABILITY)
-        && spec
-            .target_selector
-            .match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+    let in_groups = spec
+        .allowed_groups
+        .iter()
+        .any(|g| device.groups.contains(g));
+    let selected = spec
+        .target_selector
+        .match_labels
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    if !in_groups || !selected {
+        Err(Left::NotSelected)
+    } else if device.decommissioned {
+        Err(Left::Decommissioned)
+    } else if !device.agent_present {
+        Err(Left::NoAgentYet)
+    } else if !device
+        .capabilities
+        .iter()
+        .any(|c| c == SYSTEM_UPGRADE_CAPABILITY)
+    {
+        Err(Left::AgentLacksTheKind)
+    } else {
+        Ok(())
+    }
+}
+
+pub fn matches(spec: &TaskRunSpec, device: &DeviceRecord) -> bool {
+    placed(spec, device).is_ok()
 }
 
 /// The frozen target plan: matching devices in id order, canaries marked.

@@ -78,23 +78,6 @@ pub(super) async fn unknown_devices(
     }))
 }
 
-/// Why a device in a run's allowed groups whose labels match is left out.
-fn run_exclusion(device: &DeviceRecord) -> Option<&'static str> {
-    if device.decommissioned {
-        Some("decommissioned")
-    } else if !device.agent_present {
-        Some("noAgentYet")
-    } else if !device
-        .capabilities
-        .iter()
-        .any(|c| c == placement::SYSTEM_UPGRADE_CAPABILITY)
-    {
-        Some("agentLacksTheKind")
-    } else {
-        None
-    }
-}
-
 pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value, ApiError> {
     let manifests = parse_all(&items)?;
     let devices: Vec<DeviceRecord> = state
@@ -119,18 +102,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                     .collect();
                 let mut excluded = BTreeMap::new();
                 for device in &devices {
-                    let in_groups = spec.allowed_groups.iter().any(|g| device.groups.contains(g));
-                    let labels = device.effective_labels();
-                    let selected = spec
-                        .target_selector
-                        .match_labels
-                        .iter()
-                        .all(|(k, v)| labels.get(k) == Some(v));
-                    if in_groups
-                        && selected
-                        && let Some(why) = run_exclusion(device)
-                    {
-                        *excluded.entry(why).or_insert(0) += 1;
+                    match placement::placed(&spec, device) {
+                        Ok(()) | Err(placement::Left::NotSelected) => {}
+                        Err(left) => *excluded.entry(left.name()).or_insert(0) += 1,
                     }
                 }
                 let mut value = json!({"kind": "TaskRun", "name": name, "result": result});
