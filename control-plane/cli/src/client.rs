@@ -165,11 +165,6 @@ impl ApiClient {
         )
     }
 
-    /// The control plane's address.
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
     /// Applies every document of a YAML or JSON text in one request (a
     /// List when there are several); returns the results.
     pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
