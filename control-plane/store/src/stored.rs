@@ -386,6 +386,21 @@ mod tests {
         assert_eq!(alert.device.as_str(), "pi-kitchen");
         assert_eq!(alert.run.as_deref(), Some("upgrade-kitchen"));
         assert!(alert.message.contains(agent_core::lifecycle::RESUME_LOOP));
+        let schedule = crate::schedule::TaskScheduleRecord::from_bytes(&hex(include_str!(
+            "fixtures/schedule_v1.hex"
+        )))
+        .expect("schedule V1");
+        assert_eq!(schedule.name, "nightly");
+        assert_eq!(
+            schedule.spec.schedule,
+            crate::schedule::Cadence::Daily("03:00".into())
+        );
+        assert_eq!(schedule.spec.template.allowed_groups, ["production"]);
+        assert_eq!(
+            schedule.status.last_run.as_deref(),
+            Some("nightly-202612020300")
+        );
+        assert_eq!(schedule.status.skipped, 2);
     }
 
     /// A deployment and one of its targets as first stored.
