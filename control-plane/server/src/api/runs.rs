@@ -29,20 +29,7 @@ pub(super) async fn delete_run(
             ),
         ));
     }
-    let plan = state.engine.load_plan(&run).await?;
-    let job_keys: Vec<String> = plan
-        .iter()
-        .map(|target| job_key(&target.device, run.uid))
-        .collect();
-    // Jobs first, the run last: a delete cut short is finished by running
-    // it again.
-    let jobs = state.db.delete_all(&job_keys).await?;
-    let mut plan_keys: Vec<String> = (0..run.status.plan_chunks)
-        .map(|index| crate::records::plan_key(run.uid, index))
-        .collect();
-    plan_keys.push(crate::records::plan_header_key(run.uid));
-    state.db.delete_all(&plan_keys).await?;
-    state.db.delete_all(&[run_key(&name)]).await?;
+    let jobs = state.engine.delete_finished_run(&run).await?;
     tracing::info!(run = %name, jobs, "run deleted");
     Ok(Json(json!({
         "kind": "TaskRun",

@@ -143,6 +143,26 @@ impl Engine {
         Ok(plan)
     }
 
+    /// Deletes a finished run's records: its jobs first, then its frozen
+    /// plan, the run last, so a delete cut short is finished by running it
+    /// again. The caller has checked the run is terminal. Returns how many
+    /// job records went.
+    pub async fn delete_finished_run(&self, run: &TaskRunRecord) -> Result<usize, DbError> {
+        let plan = self.load_plan(run).await?;
+        let job_keys: Vec<String> = plan
+            .iter()
+            .map(|target| job_key(&target.device, run.uid))
+            .collect();
+        let jobs = self.db.delete_all(&job_keys).await?;
+        let mut plan_keys: Vec<String> = (0..run.status.plan_chunks)
+            .map(|index| plan_key(run.uid, index))
+            .collect();
+        plan_keys.push(crate::records::plan_header_key(run.uid));
+        self.db.delete_all(&plan_keys).await?;
+        self.db.delete_all(&[run_key(&run.name)]).await?;
+        Ok(jobs)
+    }
+
     /// Builds the view of a running run: its plan and every target's job.
     pub(super) async fn load_view(&self, run: &TaskRunRecord) -> Result<RunView, DbError> {
         let plan = self.load_plan(run).await?;
