@@ -978,6 +978,19 @@ impl ControlPlane {
             .expect("json")
     }
 
+    /// The status code of an operator's GET, for checks that something is
+    /// (or is no longer) there.
+    pub async fn get_status(&self, path: &str) -> u16 {
+        self.http
+            .get(format!("{}/api/v1{path}", self.api))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("get")
+            .status()
+            .as_u16()
+    }
+
     /// Returns once the engine has finished every pass that began before
     /// this call, so that a check of "nothing changed" follows the passes
     /// that would have changed it: two runs with no targets, applied one

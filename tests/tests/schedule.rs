@@ -109,10 +109,22 @@ async fn a_schedule_ticks_into_immutable_runs_and_can_be_suspended() {
         "{table}"
     );
 
-    // Suspended: no new run, however many ticks pass.
+    // The run names its schedule.
+    let out = drover(&cp, &["describe", "taskrun", &run_name]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("made by: TaskSchedule every-minute"),
+        "{text}"
+    );
+
+    // Suspended, and keeping no completed run: the finished run is deleted
+    // by the history limit, and no new run comes, however many ticks pass.
     std::fs::write(
         &file,
-        SCHEDULE.replace("spec:\n  schedule:", "spec:\n  suspend: true\n  schedule:"),
+        SCHEDULE.replace(
+            "spec:\n  schedule:",
+            "spec:\n  suspend: true\n  successfulRunsHistoryLimit: 0\n  schedule:",
+        ),
     )
     .expect("write");
     let out = drover(&cp, &["apply", "-f", file.to_str().expect("utf-8")]);
@@ -120,7 +132,17 @@ async fn a_schedule_ticks_into_immutable_runs_and_can_be_suspended() {
         String::from_utf8_lossy(&out.stdout),
         "taskschedule/every-minute configured\n"
     );
+    eventually(
+        Duration::from_secs(30),
+        "the completed run deleted by the history limit",
+        || async {
+            let gone = cp.get_status(&format!("/taskruns/{run_name}")).await == 404;
+            gone.then_some(())
+        },
+    )
+    .await;
     let runs_before = cp.get("/taskruns").await.as_array().map(Vec::len);
+    assert_eq!(runs_before, Some(0), "its jobs' run is gone too");
     let schedule = cp.get("/taskschedules/every-minute").await;
     assert!(
         schedule["status"]["nextTick"].is_null(),

@@ -225,7 +225,13 @@ fn as_manifest(mut document: Value) -> Value {
     if let Some(object) = document.as_object_mut() {
         object.remove("status");
         if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
-            for key in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
+            for key in [
+                "uid",
+                "creationTimestamp",
+                "resourceVersion",
+                "generation",
+                "ownerReferences",
+            ] {
                 metadata.remove(key);
             }
         }

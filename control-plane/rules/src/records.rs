@@ -155,6 +155,10 @@ pub struct TaskRunRecord {
     pub created_at: Timestamp,
     pub spec: TaskRunSpec,
     pub status: RunStatus,
+    /// The TaskSchedule that created the run, whose history limits delete
+    /// it once newer runs have finished; `None` for a run applied by hand
+    /// (and for every run stored before owners were kept).
+    pub owner: Option<String>,
 }
 
 impl TaskRunRecord {

@@ -145,6 +145,67 @@ pub struct ScheduleSpec {
     #[serde(default)]
     pub suspend: bool,
     pub template: TaskRunSpec,
+    /// How many finished runs that completed are kept (newest first); older
+    /// ones are deleted with their jobs' records, as `drover delete
+    /// taskrun` does. Kubernetes CronJobs' name and default.
+    #[serde(default = "default_successful_history")]
+    pub successful_runs_history_limit: u32,
+    /// How many finished runs that failed (or were canceled) are kept.
+    #[serde(default = "default_failed_history")]
+    pub failed_runs_history_limit: u32,
+}
+
+/// Kubernetes CronJobs keep 3 successful and 1 failed job; so do schedules.
+pub const DEFAULT_SUCCESSFUL_HISTORY: u32 = 3;
+pub const DEFAULT_FAILED_HISTORY: u32 = 1;
+/// The largest history limit a manifest may ask for: each pass of the
+/// engine looks at every run, so the history stays bounded.
+pub const MAX_HISTORY: u32 = 1000;
+
+fn default_successful_history() -> u32 {
+    DEFAULT_SUCCESSFUL_HISTORY
+}
+
+fn default_failed_history() -> u32 {
+    DEFAULT_FAILED_HISTORY
+}
+
+/// A finished run of a schedule, as the history limit sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub name: String,
+    pub created_at: Timestamp,
+    pub succeeded: bool,
+}
+
+/// The pure history rule: of a schedule's finished runs, the ones past its
+/// limits, oldest first. The newest `successful_runs_history_limit` that
+/// completed and the newest `failed_runs_history_limit` that failed stay;
+/// a run still going is never passed in and never deleted.
+pub fn past_history(spec: &ScheduleSpec, mut finished: Vec<Finished>) -> Vec<String> {
+    // Newest first; runs of one schedule are named after their tick, so the
+    // name breaks a tie of creation times the same way on every replica.
+    finished.sort_by(|a, b| {
+        b.created_at
+            .cmp(&a.created_at)
+            .then_with(|| b.name.cmp(&a.name))
+    });
+    let (mut kept_ok, mut kept_failed) = (0u32, 0u32);
+    let mut past = Vec::new();
+    for run in finished {
+        let (kept, limit) = if run.succeeded {
+            (&mut kept_ok, spec.successful_runs_history_limit)
+        } else {
+            (&mut kept_failed, spec.failed_runs_history_limit)
+        };
+        if *kept < limit {
+            *kept += 1;
+        } else {
+            past.push(run.name);
+        }
+    }
+    past.reverse();
+    past
 }
 
 /// What the schedule has done, kept with it.
@@ -385,6 +446,8 @@ mod tests {
                     deadline_seconds: 3600,
                     system_upgrade_v1: drover_model::model::Empty {},
                 },
+                successful_runs_history_limit: DEFAULT_SUCCESSFUL_HISTORY,
+                failed_runs_history_limit: DEFAULT_FAILED_HISTORY,
             },
             status: ScheduleStatus::default(),
         }
@@ -448,5 +511,55 @@ mod tests {
             None,
             "no catch-up for ticks while suspended"
         );
+    }
+
+    #[test]
+    fn history_keeps_the_newest_of_each_outcome_and_deletes_the_rest() {
+        let spec = |ok, failed| ScheduleSpec {
+            successful_runs_history_limit: ok,
+            failed_runs_history_limit: failed,
+            ..record(
+                Cadence::Daily("03:00".into()),
+                "2026-12-01T00:00:00Z",
+                false,
+            )
+            .spec
+        };
+        let run = |day: u32, succeeded| Finished {
+            name: format!("nightly-202612{day:02}0300"),
+            created_at: t(&format!("2026-12-{day:02}T03:00:00Z")),
+            succeeded,
+        };
+        let history = || {
+            vec![
+                run(5, true),
+                run(1, true),
+                run(2, false),
+                run(4, false),
+                run(3, true),
+                run(6, true),
+            ]
+        };
+        // 3 and 1: days 3, 5, 6 succeeded and day 4 failed stay.
+        assert_eq!(
+            past_history(&spec(3, 1), history()),
+            ["nightly-202612010300", "nightly-202612020300"]
+        );
+        // Nothing past a limit: nothing deleted.
+        assert!(past_history(&spec(10, 10), history()).is_empty());
+        // 0 keeps none of that outcome.
+        assert_eq!(
+            past_history(&spec(0, 5), history()),
+            [
+                "nightly-202612010300",
+                "nightly-202612030300",
+                "nightly-202612050300",
+                "nightly-202612060300"
+            ]
+        );
+        // Equal creation times: the name decides, the same on every replica.
+        let mut twins = vec![run(1, true), run(1, true)];
+        twins[1].name = "nightly-b".into();
+        assert_eq!(past_history(&spec(1, 1), twins), ["nightly-202612010300"]);
     }
 }

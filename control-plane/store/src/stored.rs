@@ -37,17 +37,106 @@ macro_rules! one_layout {
 }
 one_layout!(
     DeviceRecord,
-    TaskRunRecord,
     PlanHeader,
     Vec<PlanTarget>,
     u64,
-    crate::schedule::TaskScheduleRecord,
     crate::deployment::TargetRecord,
     crate::deployment::DeviceInventory,
     crate::records::PackageRecord,
     crate::records::SecretRecord,
     crate::records::AlertRecord
 );
+
+/// A run as stored: V1 until runs kept the schedule that made them, V2
+/// since.
+#[derive(Serialize, Deserialize)]
+enum StoredRun {
+    V1(RunV1),
+    V2(TaskRunRecord),
+}
+
+/// Frozen: the layout written before V2. Never change it.
+#[derive(Serialize, Deserialize)]
+struct RunV1 {
+    name: String,
+    uid: agent_core::JobId,
+    created_at: Timestamp,
+    spec: crate::records::TaskRunSpec,
+    status: crate::records::RunStatus,
+}
+
+impl Record for TaskRunRecord {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredRun::V2(self.clone()))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 kept no owner: such a run is kept until deleted by hand,
+            // whoever made it.
+            StoredRun::V1(v1) => TaskRunRecord {
+                name: v1.name,
+                uid: v1.uid,
+                created_at: v1.created_at,
+                spec: v1.spec,
+                status: v1.status,
+                owner: None,
+            },
+            StoredRun::V2(v2) => v2,
+        })
+    }
+}
+
+/// A schedule as stored: V1 until schedules had history limits, V2 since.
+#[derive(Serialize, Deserialize)]
+enum StoredSchedule {
+    V1(ScheduleV1),
+    V2(crate::schedule::TaskScheduleRecord),
+}
+
+/// Frozen: the layout written before V2. Never change these two.
+#[derive(Serialize, Deserialize)]
+struct ScheduleV1 {
+    name: String,
+    created_at: Timestamp,
+    spec: ScheduleSpecV1,
+    status: crate::schedule::ScheduleStatus,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ScheduleSpecV1 {
+    schedule: crate::schedule::Cadence,
+    suspend: bool,
+    template: crate::records::TaskRunSpec,
+}
+
+impl Record for crate::schedule::TaskScheduleRecord {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredSchedule::V2(self.clone()))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        use crate::schedule::{
+            DEFAULT_FAILED_HISTORY, DEFAULT_SUCCESSFUL_HISTORY, ScheduleSpec, TaskScheduleRecord,
+        };
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 had no limits: it gets the defaults a new manifest gets.
+            StoredSchedule::V1(v1) => TaskScheduleRecord {
+                name: v1.name,
+                created_at: v1.created_at,
+                spec: ScheduleSpec {
+                    schedule: v1.spec.schedule,
+                    suspend: v1.spec.suspend,
+                    template: v1.spec.template,
+                    successful_runs_history_limit: DEFAULT_SUCCESSFUL_HISTORY,
+                    failed_runs_history_limit: DEFAULT_FAILED_HISTORY,
+                },
+                status: v1.status,
+            },
+            StoredSchedule::V2(v2) => v2,
+        })
+    }
+}
 
 /// A deployment as stored: V1 until device filters took software
 /// conditions, V2 until its counts had canceled targets, V3 since.
@@ -401,6 +490,40 @@ mod tests {
             Some("nightly-202612020300")
         );
         assert_eq!(schedule.status.skipped, 2);
+    }
+
+    /// Since runs keep their schedule and schedules their history limits
+    /// (layouts V2): V1 bytes migrate to no owner and the default limits,
+    /// and what this build writes reads back the same.
+    #[test]
+    fn runs_and_schedules_migrate_to_owners_and_history_limits() {
+        let run =
+            TaskRunRecord::from_bytes(&hex(include_str!("fixtures/run_v1.hex"))).expect("run V1");
+        assert_eq!(run.owner, None, "V1 kept no owner");
+        let mut owned = run.clone();
+        owned.owner = Some("nightly".into());
+        let bytes = owned.to_bytes().expect("encode");
+        assert_eq!(bytes[0], 1, "the version byte of V2");
+        assert_eq!(
+            TaskRunRecord::from_bytes(&bytes).expect("V2 decodes"),
+            owned
+        );
+
+        let schedule = crate::schedule::TaskScheduleRecord::from_bytes(&hex(include_str!(
+            "fixtures/schedule_v1.hex"
+        )))
+        .expect("schedule V1");
+        assert_eq!(schedule.spec.successful_runs_history_limit, 3);
+        assert_eq!(schedule.spec.failed_runs_history_limit, 1);
+        let mut limited = schedule.clone();
+        limited.spec.successful_runs_history_limit = 7;
+        limited.spec.failed_runs_history_limit = 0;
+        let bytes = limited.to_bytes().expect("encode");
+        assert_eq!(bytes[0], 1, "the version byte of V2");
+        assert_eq!(
+            crate::schedule::TaskScheduleRecord::from_bytes(&bytes).expect("V2 decodes"),
+            limited
+        );
     }
 
     /// A deployment and one of its targets as first stored.

@@ -13,6 +13,12 @@ pub fn run(run: &Value, targets: &[Value]) {
     if let Some(reason) = drover::watch::reason(status) {
         out!("reason: {reason}");
     }
+    if let Some(owner) = run["metadata"]["ownerReferences"][0]["name"].as_str() {
+        out!(
+            "made by: TaskSchedule {} (deleted by its history limits once newer runs finish)",
+            printable(owner)
+        );
+    }
     out!("");
     let mut rows = table(&[
         "DEVICE", "CANARY", "STATE", "STEP", "UPDATED", "RESULT", "ERROR",

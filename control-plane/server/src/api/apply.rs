@@ -203,6 +203,7 @@ pub(super) async fn apply_one(
                 created_at: Timestamp::now(),
                 spec,
                 status: RunStatus::planning(),
+                owner: None,
             };
             let created =
                 create_immutable(state, "TaskRun", &run_key(&name), run, |r| (r.uid, &r.spec))

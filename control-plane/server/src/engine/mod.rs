@@ -348,7 +348,25 @@ impl Engine {
     /// what was decided under the schedule's revision.
     pub async fn schedules(&self, now: Timestamp) -> Result<Vec<String>, DbError> {
         let mut created = Vec::new();
-        for (key, revision, schedule) in self.db.list::<TaskScheduleRecord>("schedules/").await? {
+        let schedules = self.db.list::<TaskScheduleRecord>("schedules/").await?;
+        if schedules.is_empty() {
+            return Ok(created);
+        }
+        // Each schedule's finished runs, for its history limits.
+        let mut finished: HashMap<String, Vec<TaskRunRecord>> = HashMap::new();
+        for (_, _, run) in self.db.list::<TaskRunRecord>("runs/").await? {
+            if let Some(owner) = &run.owner
+                && run.status.phase.is_terminal()
+            {
+                finished.entry(owner.clone()).or_default().push(run);
+            }
+        }
+        for (key, revision, schedule) in schedules {
+            self.keep_history(
+                &schedule,
+                finished.remove(&schedule.name).unwrap_or_default(),
+            )
+            .await?;
             let ticks = match schedule.spec.schedule.compile() {
                 Ok(ticks) => ticks,
                 Err(e) => {
@@ -372,6 +390,7 @@ impl Engine {
                     created_at: now,
                     spec: schedule.spec.template.clone(),
                     status: crate::records::RunStatus::planning(),
+                    owner: Some(schedule.name.clone()),
                 };
                 match self.db.put(&run_key(name), &run, 0).await {
                     Ok(_) => {
@@ -395,6 +414,30 @@ impl Engine {
             }
         }
         Ok(created)
+    }
+
+    /// Deletes a schedule's finished runs past its history limits, as
+    /// `drover delete taskrun` would (every replica may do it; a delete is
+    /// idempotent).
+    async fn keep_history(
+        &self,
+        schedule: &TaskScheduleRecord,
+        finished: Vec<TaskRunRecord>,
+    ) -> Result<(), DbError> {
+        let seen = finished
+            .iter()
+            .map(|run| crate::schedule::Finished {
+                name: run.name.clone(),
+                created_at: run.created_at,
+                succeeded: run.status.phase == Phase::Complete,
+            })
+            .collect();
+        let past = crate::schedule::past_history(&schedule.spec, seen);
+        for run in finished.iter().filter(|run| past.contains(&run.name)) {
+            let jobs = self.delete_finished_run(run).await?;
+            info!(schedule = %schedule.name, run = %run.name, jobs, "run past the schedule's history limit deleted");
+        }
+        Ok(())
     }
 
     pub async fn reconcile(&self, name: &str, now: Timestamp) -> Result<(), DbError> {

@@ -41,6 +41,7 @@ async fn new_run(db: &Db, name: &str) -> TaskRunRecord {
             system_upgrade_v1: Empty {},
         },
         status: RunStatus::planning(),
+        owner: None,
     };
     db.put(&run_key(name), &run, 0).await.expect("put run");
     run
@@ -297,6 +298,8 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
                 deadline_seconds: 3600,
                 system_upgrade_v1: Empty {},
             },
+            successful_runs_history_limit: 3,
+            failed_runs_history_limit: 1,
         },
         status: Default::default(),
     };
@@ -356,4 +359,113 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
         2 + 31,
         "32 ticks missed, the latest caught up"
     );
+}
+
+/// A schedule's history limits, on two replicas: the newest runs of each
+/// outcome stay, older ones go with their plans, the run still going and a
+/// run applied by hand are never touched.
+#[tokio::test]
+async fn schedules_delete_finished_runs_past_their_history_limits() {
+    use crate::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
+    let t = |text: &str| text.parse::<Timestamp>().expect("time");
+    let db = Db::new(Arc::new(MemKv::default()));
+    let schedule = TaskScheduleRecord {
+        name: "nightly".into(),
+        created_at: t("2026-12-01T00:00:00Z"),
+        spec: ScheduleSpec {
+            schedule: Cadence::Daily("03:00".into()),
+            suspend: false,
+            template: TaskRunSpec {
+                allowed_groups: vec!["fleet".into()],
+                target_selector: TargetSelector::default(),
+                deadline_seconds: 3600,
+                system_upgrade_v1: Empty {},
+            },
+            successful_runs_history_limit: 2,
+            failed_runs_history_limit: 1,
+        },
+        status: Default::default(),
+    };
+    db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
+        .await
+        .expect("schedule");
+    // A finished run applied by hand: not the schedule's to delete.
+    let mut by_hand = new_run(&db, "nightly-by-hand").await;
+    let revision = db
+        .get::<TaskRunRecord>(&run_key(&by_hand.name))
+        .await
+        .expect("get")
+        .expect("run")
+        .0;
+    by_hand.status.phase = Phase::Complete;
+    db.put(&run_key(&by_hand.name), &by_hand, revision)
+        .await
+        .expect("finish");
+    let (a, b) = (engine(&db), engine(&db));
+    let runs = || async {
+        db.list::<TaskRunRecord>("runs/")
+            .await
+            .expect("runs")
+            .into_iter()
+            .map(|(_, _, r)| r.name)
+            .collect::<Vec<_>>()
+    };
+    // Days 1-6 each make a run; days 2, 4 and 6 fail, the others complete. Each
+    // run gets a one-chunk plan, to see it deleted with the run.
+    for day in 1..=6u32 {
+        let now = t(&format!("2026-12-{day:02}T03:00:30Z"));
+        let replica = if day % 2 == 0 { &a } else { &b };
+        let created = replica.schedules(now).await.expect("pass");
+        let name = format!("nightly-202612{day:02}0300");
+        assert_eq!(created, std::slice::from_ref(&name));
+        let (revision, mut run) = db
+            .get::<TaskRunRecord>(&run_key(&name))
+            .await
+            .expect("get")
+            .expect("run");
+        assert_eq!(
+            run.owner.as_deref(),
+            Some("nightly"),
+            "owned by its schedule"
+        );
+        run.status.phase = if day % 2 == 0 {
+            Phase::Failed
+        } else {
+            Phase::Complete
+        };
+        run.status.plan_chunks = 1;
+        run.created_at = now;
+        db.put(&run_key(&name), &run, revision)
+            .await
+            .expect("finish");
+        db.put(
+            &plan_key(run.uid, 0),
+            &vec![crate::records::PlanTarget {
+                device: DeviceId::new("dev-00000").expect("id"),
+                canary: false,
+            }],
+            0,
+        )
+        .await
+        .expect("plan");
+    }
+    // Day 7's run is still going when both replicas look.
+    a.schedules(t("2026-12-07T03:00:30Z")).await.expect("a");
+    b.schedules(t("2026-12-07T03:00:40Z")).await.expect("b");
+    let mut left = runs().await;
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "nightly-202612030300", // the two newest complete
+            "nightly-202612050300",
+            "nightly-202612060300", // the newest failed
+            "nightly-202612070300", // still going
+            "nightly-by-hand",
+        ]
+    );
+    // The deleted runs' plans went with them.
+    let plans = db.list::<Vec<crate::records::PlanTarget>>("plans/").await;
+    let chunks = plans.map(|p| p.len()).unwrap_or(0);
+    assert_eq!(chunks, 3, "the plans of the three finished runs kept");
 }

@@ -198,6 +198,8 @@ struct WireSchedule {
     #[serde(default)]
     suspend: bool,
     template: WireTemplate,
+    successful_runs_history_limit: Option<u32>,
+    failed_runs_history_limit: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -305,12 +307,33 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 .compile()
                 .map_err(|e| format!("spec.schedule: {e}"))?;
             let template = parse_run_spec(wire.template.spec, "spec.template.spec")?;
+            let limit = |field: &str, value: Option<u32>, default: u32| {
+                let value = value.unwrap_or(default);
+                if value > crate::schedule::MAX_HISTORY {
+                    return Err(format!(
+                        "spec.{field} {value} is more than {} (older runs are deleted as newer ones finish; \
+                         keep their results elsewhere if you need more)",
+                        crate::schedule::MAX_HISTORY
+                    ));
+                }
+                Ok(value)
+            };
             Ok(Manifest::TaskSchedule {
                 name: raw.metadata.name,
                 spec: crate::schedule::ScheduleSpec {
                     schedule: wire.schedule,
                     suspend: wire.suspend,
                     template,
+                    successful_runs_history_limit: limit(
+                        "successfulRunsHistoryLimit",
+                        wire.successful_runs_history_limit,
+                        crate::schedule::DEFAULT_SUCCESSFUL_HISTORY,
+                    )?,
+                    failed_runs_history_limit: limit(
+                        "failedRunsHistoryLimit",
+                        wire.failed_runs_history_limit,
+                        crate::schedule::DEFAULT_FAILED_HISTORY,
+                    )?,
                 },
             })
         }
@@ -418,6 +441,12 @@ pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
         "spec": run.spec,
         "status": run.status,
     });
+    // Kubernetes' word for who made an object: here, the schedule whose
+    // history limits will delete the run.
+    if let Some(owner) = &run.owner {
+        rendered["metadata"]["ownerReferences"] =
+            serde_json::json!([{"kind": "TaskSchedule", "name": owner}]);
+    }
     // The reason in words beside its code (`drover_rules::reasons`).
     rendered["status"]["reasonText"] = serde_json::json!(
         run.status
@@ -451,6 +480,8 @@ pub fn render_schedule(
             "schedule": schedule.spec.schedule,
             "suspend": schedule.spec.suspend,
             "template": {"spec": schedule.spec.template},
+            "successfulRunsHistoryLimit": schedule.spec.successful_runs_history_limit,
+            "failedRunsHistoryLimit": schedule.spec.failed_runs_history_limit,
         },
         "status": {
             "lastTick": schedule.status.last_tick.map(|t| t.to_string()),

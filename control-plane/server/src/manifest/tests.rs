@@ -355,3 +355,97 @@ fn devices_carry_groups_and_labels() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn schedules_take_history_limits_and_render_them_back() {
+    let schedule = |limits: serde_json::Value| {
+        let mut spec = serde_json::json!({
+            "schedule": {"daily": "03:00"},
+            "template": {"spec": {"allowedGroups": ["production"], "deadlineSeconds": 600, "systemUpgradeV1": {}}},
+        });
+        if let (Some(spec), serde_json::Value::Object(limits)) = (spec.as_object_mut(), limits) {
+            spec.extend(limits);
+        }
+        parse(serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": "TaskSchedule",
+            "metadata": {"name": "nightly"},
+            "spec": spec,
+        }))
+    };
+    let spec_of = |parsed: Result<Manifest, String>| match parsed {
+        Ok(Manifest::TaskSchedule { spec, .. }) => spec,
+        other => panic!("a schedule: {other:?}"),
+    };
+    // Kubernetes CronJobs' defaults.
+    let defaults = spec_of(schedule(serde_json::json!({})));
+    assert_eq!(
+        (
+            defaults.successful_runs_history_limit,
+            defaults.failed_runs_history_limit
+        ),
+        (3, 1)
+    );
+    let set = spec_of(schedule(serde_json::json!({
+        "successfulRunsHistoryLimit": 10,
+        "failedRunsHistoryLimit": 0,
+    })));
+    assert_eq!(
+        (
+            set.successful_runs_history_limit,
+            set.failed_runs_history_limit
+        ),
+        (10, 0)
+    );
+    let record = crate::schedule::TaskScheduleRecord {
+        name: "nightly".into(),
+        created_at: "2026-12-01T00:00:00Z".parse().expect("time"),
+        spec: set,
+        status: Default::default(),
+    };
+    let rendered = render_schedule(&record, record.created_at);
+    assert_eq!(rendered["spec"]["successfulRunsHistoryLimit"], 10);
+    assert_eq!(rendered["spec"]["failedRunsHistoryLimit"], 0);
+    let err = schedule(serde_json::json!({"failedRunsHistoryLimit": 5000})).expect_err("refused");
+    assert!(
+        err.contains("spec.failedRunsHistoryLimit 5000 is more than 1000"),
+        "{err}"
+    );
+    let err = schedule(serde_json::json!({"successfulRunsHistoryLimit": -1})).expect_err("refused");
+    assert!(err.contains("invalid TaskSchedule spec"), "{err}");
+}
+
+#[test]
+fn a_scheduled_run_names_its_schedule_and_a_hand_made_one_does_not() {
+    let Manifest::TaskRun { name, spec } =
+        parse(serde_json::from_str(SEED_EXAMPLE).expect("json")).expect("parses")
+    else {
+        panic!("a run")
+    };
+    let mut run = crate::records::TaskRunRecord {
+        name,
+        uid: agent_core::JobId::random(),
+        created_at: "2026-12-01T00:00:00Z".parse().expect("time"),
+        spec,
+        status: crate::records::RunStatus::planning(),
+        owner: None,
+    };
+    assert!(
+        render_run(&run)["metadata"]
+            .get("ownerReferences")
+            .is_none()
+    );
+    run.owner = Some("nightly".into());
+    assert_eq!(
+        render_run(&run)["metadata"]["ownerReferences"],
+        serde_json::json!([{"kind": "TaskSchedule", "name": "nightly"}])
+    );
+    // An operator cannot claim a schedule's run as one.
+    check(
+        &|v| {
+            v["metadata"]["ownerReferences"] =
+                serde_json::json!([{"kind": "TaskSchedule", "name": "x"}])
+        },
+        Err("unknown field `ownerReferences`"),
+    );
+}
