@@ -2,7 +2,7 @@
 //! TaskRun applies unchanged from YAML, `get` shows it, and `runs watch`
 //! follows a run to its end with an exit code that says how it ended.
 
-use drover_tests::{AgentProcess, ControlPlane, bin};
+use drover_tests::{API_VERSION, AgentProcess, ControlPlane, bin};
 use serde_json::{Value, json};
 use std::process::{Command, Output};
 
@@ -263,6 +263,88 @@ async fn get_follows_one_rule_for_every_kind() {
     assert_eq!(stdout, "device/get-1\ndevice/get-2\n");
     let (code, stdout, _) = run(&["get", "taskruns", "-o", "name"]);
     assert_eq!((code, stdout.as_str()), (Some(0), ""));
+}
+
+/// Listings come in pages when asked (`?limit=&continue=`, the next page
+/// in a Link header) and `drover get` reads every page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_come_in_pages_and_get_reads_them_all() {
+    const COUNT: usize = 1201;
+    let cp = ControlPlane::start(&[]);
+    let items: Vec<Value> = (0..COUNT)
+        .map(|i| {
+            json!({"apiVersion": API_VERSION, "kind": "Device",
+                   "metadata": {"name": format!("paged-{i:05}")}, "spec": {"groups": ["lab"]}})
+        })
+        .collect();
+    let answer = cp
+        .apply(json!({"apiVersion": "v1", "kind": "List", "items": items}))
+        .await;
+    assert_eq!(answer["items"].as_array().map(Vec::len), Some(COUNT));
+    let http = reqwest::Client::new();
+    let mut next = Some("/api/v1/devices?limit=500".to_owned());
+    let mut pages = Vec::new();
+    let mut seen = Vec::new();
+    while let Some(path) = next.take() {
+        let response = http
+            .get(format!("{}{path}", cp.api))
+            .bearer_auth(&cp.token)
+            .send()
+            .await
+            .expect("page");
+        assert_eq!(response.status(), 200, "{path}");
+        next = response
+            .headers()
+            .get("link")
+            .and_then(|l| l.to_str().ok())
+            .and_then(|l| l.strip_prefix('<'))
+            .and_then(|l| l.split_once(">; rel=\"next\""))
+            .map(|(target, _)| target.to_owned());
+        let page: Vec<Value> = response.json().await.expect("json");
+        pages.push(page.len());
+        seen.extend(
+            page.iter()
+                .map(|d| d["id"].as_str().expect("id").to_owned()),
+        );
+    }
+    assert_eq!(
+        pages,
+        [500, 500, 201],
+        "three pages, the last without a Link"
+    );
+    let expected: Vec<String> = (0..COUNT).map(|i| format!("paged-{i:05}")).collect();
+    assert_eq!(seen, expected, "every device once, in name order");
+    // Without a limit, every object in one answer, as before.
+    let all = cp.get("/devices").await;
+    assert_eq!(all.as_array().map(Vec::len), Some(COUNT));
+    // limit=0 is a clear error.
+    let response = http
+        .get(format!("{}/api/v1/taskruns?limit=0", cp.api))
+        .bearer_auth(&cp.token)
+        .send()
+        .await
+        .expect("limit 0");
+    assert_eq!(response.status(), 400);
+    assert!(
+        response
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("limit must be 1 to 500"),
+        "a clear error"
+    );
+    // The CLI asks a page at a time and prints them all.
+    let out = drover(&cp, &["get", "devices", "-o", "name"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_start_matches("device/").to_owned())
+        .collect();
+    assert_eq!(names, expected);
 }
 
 /// `drover token` prints a token only for a device the control plane knows

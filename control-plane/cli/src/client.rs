@@ -90,6 +90,23 @@ impl ApiClient {
         Ok(serde_json::from_value(Self::check(response).await?)?)
     }
 
+    /// Every object of a listing, asked for a page at a time (`?limit=`)
+    /// and following each answer's `Link: <…>; rel="next"` until there is
+    /// none, so no single answer is the whole fleet.
+    pub async fn list(&self, path: &str) -> Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut next = Some(format!("{path}?limit={LIST_PAGE}"));
+        while let Some(page) = next.take() {
+            let response = self.send_get(&page).await?;
+            next = next_page(response.headers());
+            match Self::check(response).await? {
+                Value::Array(objects) => items.extend(objects),
+                other => bail!("the control plane answered {path} with {other}, not a list"),
+            }
+        }
+        Ok(items)
+    }
+
     /// Like [`ApiClient::get`], with None when the resource does not exist.
     pub async fn get_optional<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>> {
         let response = self.send_get(path).await?;
@@ -216,6 +233,24 @@ impl ApiClient {
             }
         }
     }
+}
+
+/// How many objects `list` asks for at a time.
+const LIST_PAGE: usize = 500;
+
+/// The path under `/api/v1` of the page a `Link` header names as next.
+fn next_page(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    let link = headers.get(reqwest::header::LINK)?.to_str().ok()?;
+    link.split(',').find_map(|part| {
+        let (target, params) = part.trim().split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim() == "rel=\"next\"")
+            .then(|| target.trim().strip_prefix('<')?.strip_suffix('>'))
+            .flatten()
+            .and_then(|url| url.strip_prefix("/api/v1"))
+            .map(str::to_owned)
+    })
 }
 
 /// A manifest as apply takes it from what `get -o yaml|json` printed: the

@@ -345,7 +345,12 @@ fn check_sandbox_tools() -> Result<()> {
 async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let listed: Vec<crate::records::DeviceRecord> = client.get("/devices").await?;
+        let listed: Vec<crate::records::DeviceRecord> = client
+            .list("/devices")
+            .await?
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
         let ready = devices.iter().all(|d| {
             listed
                 .iter()

@@ -65,15 +65,11 @@ async fn fetch(
     // One rule for every kind: without NAME all of them (a list), with NAME
     // that one object, or an error (exit 1) when there is none.
     let objects: Vec<Value> = match name {
-        None => api.get(path).await?,
+        None => api.list(path).await?,
         Some(name) => {
             let one = match resource {
                 // The package store has no single-object route: its list.
-                Resource::Packages => api
-                    .get::<Vec<Value>>(path)
-                    .await?
-                    .into_iter()
-                    .find(|p| p["id"] == name),
+                Resource::Packages => api.list(path).await?.into_iter().find(|p| p["id"] == name),
                 _ => {
                     let escaped = name.replace('/', "%2F");
                     api.get_optional::<Value>(&format!("{path}/{escaped}"))

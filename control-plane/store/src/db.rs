@@ -107,6 +107,37 @@ impl Db {
             .collect()
     }
 
+    /// One page of a listing in key order: the records whose key comes
+    /// after `prefix` + `after`, at most `limit` of them (only those are
+    /// decoded), and whether more follow.
+    pub async fn page<T: Record>(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<(String, u64, T)>, bool), DbError> {
+        let mut entries = self.kv.list(prefix).await?;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let start = match after {
+            Some(after) => {
+                let from = format!("{prefix}{after}");
+                entries.partition_point(|(key, _)| *key <= from)
+            }
+            None => 0,
+        };
+        let more = entries.len() > start.saturating_add(limit);
+        let page = entries
+            .into_iter()
+            .skip(start)
+            .take(limit)
+            .map(|(key, entry)| {
+                let value = Self::decode(&key, &entry.value)?;
+                Ok((key, entry.revision, value))
+            })
+            .collect::<Result<Vec<_>, DbError>>()?;
+        Ok((page, more))
+    }
+
     /// Deletes these keys, each at the revision it has when read (a key
     /// written meanwhile is read and deleted again); returns how many were
     /// there. Commits in chunks, so a long list is not one huge commit.
@@ -233,5 +264,34 @@ impl Db {
             key: key.to_owned(),
             tries: TRIES,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pages_follow_key_order_and_say_when_more_follow() {
+        let db = Db::new(Arc::new(crate::store::mem::MemKv::default()));
+        for n in [3u64, 1, 5, 2, 4] {
+            db.put(&format!("runs/r{n}"), &n, 0).await.expect("put");
+        }
+        // Another prefix is never part of the page.
+        db.put("runsx/r0", &0u64, 0).await.expect("put");
+        let names =
+            |page: &[(String, u64, u64)]| page.iter().map(|(_, _, n)| *n).collect::<Vec<_>>();
+        let (first, more) = db.page::<u64>("runs/", None, 2).await.expect("page");
+        assert_eq!((names(&first), more), (vec![1, 2], true));
+        let (second, more) = db.page::<u64>("runs/", Some("r2"), 2).await.expect("page");
+        assert_eq!((names(&second), more), (vec![3, 4], true));
+        let (last, more) = db.page::<u64>("runs/", Some("r4"), 2).await.expect("page");
+        assert_eq!((names(&last), more), (vec![5], false));
+        // Exactly the rest: no more.
+        let (rest, more) = db.page::<u64>("runs/", Some("r3"), 2).await.expect("page");
+        assert_eq!((names(&rest), more), (vec![4, 5], false));
+        // After a key that is gone (deleted between pages): the next one.
+        let (after_gone, _) = db.page::<u64>("runs/", Some("r2a"), 1).await.expect("page");
+        assert_eq!(names(&after_gone), vec![3]);
     }
 }

@@ -28,14 +28,15 @@ async fn targets(
 
 pub(super) async fn list_deployments(
     State(state): State<ApiState>,
-) -> Result<Json<Vec<Value>>, ApiError> {
-    let deployments = state.db.list::<DeploymentRecord>("deployments/").await?;
-    Ok(Json(
-        deployments
-            .iter()
-            .map(|(_, _, d)| manifest::render_deployment(d))
-            .collect(),
-    ))
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let (deployments, next) =
+        list_page::<DeploymentRecord>(&state.db, "deployments/", &query).await?;
+    let items = deployments
+        .iter()
+        .map(manifest::render_deployment)
+        .collect();
+    Ok(listed("/deployments", &query, items, next))
 }
 
 pub(super) async fn get_deployment(

@@ -102,18 +102,19 @@ pub(super) fn with_presence(state: &ApiState, mut device: DeviceRecord) -> Devic
 /// (held by another replica) was seen lately.
 pub(super) async fn list_devices(
     State(state): State<ApiState>,
-) -> Result<Json<Vec<Value>>, ApiError> {
-    let devices = state.db.list::<DeviceRecord>("devices/").await?;
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let (devices, next) = list_page::<DeviceRecord>(&state.db, "devices/", &query).await?;
     let now = Timestamp::now();
     let mut listed = Vec::with_capacity(devices.len());
-    for (_, _, stored) in devices {
+    for stored in devices {
         let online = state.presence.online(&stored.id, stored.last_seen, now);
         let mut device = serde_json::to_value(with_presence(&state, stored))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         device["online"] = Value::Bool(online);
         listed.push(device);
     }
-    Ok(Json(listed))
+    Ok(super::listed("/devices", &query, listed, next))
 }
 
 /// A device's latest jobs (newest first, at most 50): each one's state,

@@ -49,6 +49,63 @@ const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// Upper bound of manifests in one List.
 const MAX_LIST_ITEMS: usize = 20_000;
 
+/// `?limit=N&continue=NAME` on a listing, in Kubernetes' words. Without
+/// `limit`, every object; with it, at most that many (and at most
+/// [`MAX_PAGE`]) in name order, and when more follow a `Link: <…>;
+/// rel="next"` header (as GitHub's API pages) giving the next page's
+/// address. The body stays a JSON array either way.
+#[derive(Deserialize, Default)]
+pub(super) struct ListQuery {
+    limit: Option<usize>,
+    #[serde(rename = "continue")]
+    after: Option<String>,
+}
+
+/// One page of records under `prefix`, and the name the next page
+/// continues after when more follow.
+async fn list_page<T: crate::stored::Record>(
+    db: &Db,
+    prefix: &str,
+    query: &ListQuery,
+) -> Result<(Vec<T>, Option<String>), ApiError> {
+    let limit = match query.limit {
+        Some(0) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("limit must be 1 to {MAX_PAGE} (leave it out for every object)"),
+            ));
+        }
+        Some(limit) => limit.min(MAX_PAGE),
+        None => usize::MAX,
+    };
+    let (page, more) = db.page::<T>(prefix, query.after.as_deref(), limit).await?;
+    let next = more
+        .then(|| {
+            page.last()
+                .map(|(key, _, _)| key[prefix.len()..].to_owned())
+        })
+        .flatten();
+    let records = page.into_iter().map(|(_, _, record)| record).collect();
+    Ok((records, next))
+}
+
+/// A listing's answer: the objects, and the next page's link when there is one.
+fn listed(path: &str, query: &ListQuery, items: Vec<Value>, next: Option<String>) -> Response {
+    let mut response = Json(items).into_response();
+    if let (Some(next), Some(limit)) = (next, query.limit) {
+        let page = form_urlencoded::Serializer::new(String::new())
+            .append_pair("limit", &limit.min(MAX_PAGE).to_string())
+            .append_pair("continue", &next)
+            .finish();
+        if let Ok(value) =
+            axum::http::HeaderValue::from_str(&format!("</api/v1{path}?{page}>; rel=\"next\""))
+        {
+            response.headers_mut().insert(header::LINK, value);
+        }
+    }
+    response
+}
+
 #[derive(Clone)]
 pub struct ApiState {
     /// The agent links, for `/healthz` and the metrics.
@@ -338,17 +395,17 @@ async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiEr
 }
 
 /// Secrets by name and keys; values never leave the control plane here.
-async fn list_secrets(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let secrets = state
-        .db
-        .list::<crate::secrets::SecretRecord>("secrets/")
-        .await?;
-    Ok(Json(Value::Array(
-        secrets
-            .into_iter()
-            .map(|(_, _, s)| json!({"name": s.name, "keys": s.keys, "updatedAt": s.updated_at}))
-            .collect(),
-    )))
+async fn list_secrets(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let (secrets, next) =
+        list_page::<crate::secrets::SecretRecord>(&state.db, "secrets/", &query).await?;
+    let items = secrets
+        .into_iter()
+        .map(|s| json!({"name": s.name, "keys": s.keys, "updatedAt": s.updated_at}))
+        .collect();
+    Ok(listed("/secrets", &query, items, next))
 }
 
 /// Stores an uploaded .deb (the request body).
@@ -368,9 +425,15 @@ async fn upload_package(
 
 async fn list_packages(
     State(state): State<ApiState>,
-) -> Result<Json<Vec<PackageRecord>>, ApiError> {
-    let packages = state.db.list::<PackageRecord>("packages/").await?;
-    Ok(Json(packages.into_iter().map(|(_, _, p)| p).collect()))
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let (packages, next) = list_page::<PackageRecord>(&state.db, "packages/", &query).await?;
+    let items = packages
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(listed("/packages", &query, items, next))
 }
 
 /// Cancels a run or deployment: it enters `Canceling` and the engine does

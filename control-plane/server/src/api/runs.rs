@@ -39,13 +39,13 @@ pub(super) async fn delete_run(
     })))
 }
 
-pub(super) async fn list_runs(State(state): State<ApiState>) -> Result<Json<Vec<Value>>, ApiError> {
-    let runs = state.db.list::<TaskRunRecord>("runs/").await?;
-    Ok(Json(
-        runs.iter()
-            .map(|(_, _, r)| manifest::render_run(r))
-            .collect(),
-    ))
+pub(super) async fn list_runs(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let (runs, next) = list_page::<TaskRunRecord>(&state.db, "runs/", &query).await?;
+    let items = runs.iter().map(manifest::render_run).collect();
+    Ok(listed("/taskruns", &query, items, next))
 }
 
 pub(super) async fn get_run(

@@ -34,18 +34,16 @@ pub(super) async fn suspend_schedule(
 
 pub(super) async fn list_schedules(
     State(state): State<ApiState>,
-) -> Result<Json<Vec<Value>>, ApiError> {
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
     let now = Timestamp::now();
-    let schedules = state
-        .db
-        .list::<crate::schedule::TaskScheduleRecord>("schedules/")
-        .await?;
-    Ok(Json(
-        schedules
-            .iter()
-            .map(|(_, _, s)| manifest::render_schedule(s, now))
-            .collect(),
-    ))
+    let (schedules, next) =
+        list_page::<crate::schedule::TaskScheduleRecord>(&state.db, "schedules/", &query).await?;
+    let items = schedules
+        .iter()
+        .map(|s| manifest::render_schedule(s, now))
+        .collect();
+    Ok(listed("/taskschedules", &query, items, next))
 }
 
 pub(super) async fn get_schedule(
