@@ -256,6 +256,7 @@ pub(super) async fn apply_one(
                 let apply = crate::kinds::Apply {
                     db: &state.db,
                     downloads: state.downloads,
+                    secrets_before: &[],
                 };
                 kind.resolve(apply, &mut spec.job).await?;
             }

@@ -88,6 +88,8 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
         .map(|(_, _, d)| d)
         .collect();
     let mut results = Vec::with_capacity(manifests.len());
+    // The Secrets the List would have created by each manifest.
+    let mut secrets_before: Vec<String> = Vec::new();
     for manifest in manifests {
         results.push(match manifest {
             Manifest::TaskRun { name, spec } => {
@@ -121,6 +123,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                     let apply = crate::kinds::Apply {
                         db: &state.db,
                         downloads: state.downloads,
+                        secrets_before: &secrets_before,
                     };
                     kind.resolve(apply, &mut spec.job).await?;
                 }
@@ -186,6 +189,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                        "result": if exists { "configured" } else { "created" }})
             }
             Manifest::Secret { name, .. } => {
+                secrets_before.push(name.clone());
                 let exists = state
                     .db
                     .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(&name))

@@ -36,6 +36,10 @@ pub struct Apply<'a> {
     pub db: &'a Db,
     /// Whether this control plane serves package downloads.
     pub downloads: bool,
+    /// Secrets an earlier manifest of the same dry run would create: they
+    /// count as there, as they would be when the List is applied in order.
+    /// Empty when applying (each is stored before the next manifest).
+    pub secrets_before: &'a [String],
 }
 
 /// A stored report of a job, as its kind's handler sees it.

@@ -172,11 +172,12 @@ async fn resolve(apply: Apply<'_>, wanted: &Install) -> Result<Install, ApiError
         }
     }
     for name in &wanted.secrets {
-        if apply
-            .db
-            .get::<SecretRecord>(&secret_key(name))
-            .await?
-            .is_none()
+        if !apply.secrets_before.contains(name)
+            && apply
+                .db
+                .get::<SecretRecord>(&secret_key(name))
+                .await?
+                .is_none()
         {
             return Err(bad(format!(
                 "packageInstallV1.secrets: there is no Secret {name}; apply it first"
