@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark: one command that builds what it measures and prints the
-# README's performance figures. It asserts nothing about time.
+# performance figures of docs/benchmarks.md. It asserts nothing about time.
 #   1. the agent's footprint over each transport beside Debian's
 #      mender-client daemon (installed here from Debian's packages):
 #      idle RSS/PSS and threads, bytes written idle and per job, peak RSS,

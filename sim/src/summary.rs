@@ -1,6 +1,6 @@
 //! Several runs of one benchmark row as one line: each figure's median with
 //! its minimum and maximum, how many runs completed, and how loaded the
-//! machine was, so a figure in the README is one a stranger can reproduce.
+//! machine was, so a figure in docs/benchmarks.md is one a stranger can reproduce.
 
 use crate::bench::Figures;
 

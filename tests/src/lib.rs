@@ -715,6 +715,20 @@ impl ControlPlane {
         (cp, cert)
     }
 
+    /// From now on, reach the operators' API over https as `localhost`,
+    /// trusting only the CA in `ca_pem` (the control plane was started with
+    /// `--api-tls-cert`): the harness's own requests then go the way the
+    /// CLI's do.
+    pub fn trust_api(&mut self, ca_pem: &Path) {
+        let _ = http_client();
+        let pem = std::fs::read(ca_pem).expect("CA");
+        self.api = format!("https://localhost:{}", self.api_port());
+        self.http = reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&pem).expect("pem")])
+            .build()
+            .expect("client");
+    }
+
     /// The operators' API's port.
     pub fn api_port(&self) -> &str {
         self.api

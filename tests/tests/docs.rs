@@ -112,3 +112,50 @@ fn man_pages_and_completions_match_the_cli() {
     assert!(unit.contains("man:drover-agent(8)"));
     assert!(docs.join("man/drover-agent.8").exists());
 }
+
+/// The README and the docs book link only to files that exist, and every
+/// chapter under docs/ is in the book's SUMMARY.md (the test command builds
+/// the book with mdBook).
+#[test]
+fn every_link_in_the_readme_and_the_book_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let docs = root.join("docs");
+    let mut pages = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut chapters = Vec::new();
+    for entry in std::fs::read_dir(&docs).expect("docs") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            chapters.push(
+                path.file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            pages.push(path);
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("page");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = rest[..end].split('#').next().unwrap_or("");
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let resolved = page.parent().expect("dir").join(target);
+            if !resolved.exists() {
+                broken.push(format!("{}: {target}", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing: {broken:#?}");
+    let summary = std::fs::read_to_string(docs.join("SUMMARY.md")).expect("SUMMARY.md");
+    let missing: Vec<&String> = chapters
+        .iter()
+        .filter(|c| *c != "SUMMARY.md" && !summary.contains(&format!("]({c})")))
+        .collect();
+    assert!(missing.is_empty(), "chapters not in the book: {missing:?}");
+}

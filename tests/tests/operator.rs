@@ -463,16 +463,60 @@ impl Readme {
     }
 }
 
-/// The README's operator walk-through, step by step as written ("Using it"),
-/// every `drover` and `drover-agent` command taken from the README's marked
-/// blocks and run as written (the README's data directory, names and ports
-/// mapped to this test's): `drover init` with TLS names, `serve` with the
-/// certificate it made, register the device from the README's manifest, its
-/// token and the intent key, an agent over wss trusting `tls/ca.pem` with its
-/// token in a 0600 file, `check --connect`, the README's TaskRun, `runs
-/// watch` piped, `describe`, `get`, `get -o yaml`, `get devices -o wide`,
-/// `get -w`; then cancel (of a second run, while the device is away, so there
-/// is something to cancel) and `delete` of the runs and of the device.
+/// A .deb named as the README's `kiosk-app_2.1-1_all.deb`, of about `mib`
+/// MiB of incompressible bytes stored uncompressed, in `dir`.
+fn kiosk_deb(dir: &Path, mib: u64) -> std::path::PathBuf {
+    let tree = dir.join("kiosk-tree");
+    std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
+    std::fs::create_dir_all(tree.join("usr/share/kiosk-app")).expect("tree");
+    std::fs::write(
+        tree.join("DEBIAN/control"),
+        "Package: kiosk-app\nVersion: 2.1-1\nArchitecture: all\nMaintainer: Drover tests \
+         <tests@drover.invalid>\nDescription: the README's kiosk app\n",
+    )
+    .expect("control");
+    let mut urandom = std::fs::File::open("/dev/urandom").expect("urandom");
+    let mut data = std::fs::File::create(tree.join("usr/share/kiosk-app/data")).expect("data");
+    std::io::copy(&mut std::io::Read::take(&mut urandom, mib << 20), &mut data)
+        .expect("random bytes");
+    let deb = dir.join("kiosk-app_2.1-1_all.deb");
+    let out = Command::new("dpkg-deb")
+        .args(["-Znone", "--root-owner-group", "--build"])
+        .arg(&tree)
+        .arg(&deb)
+        .output()
+        .expect("dpkg-deb");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_dir_all(&tree).expect("clean");
+    deb
+}
+
+/// The peak resident memory (VmHWM, KiB) of a running process.
+fn peak_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The README's first run, step by step as written, every `drover` and
+/// `drover-agent` command taken from the README's marked blocks and run as
+/// written (its data directory, names and ports mapped to this test's), on
+/// a fresh control plane with TLS on the API and on the agents' port:
+/// `init` with TLS names, `serve` with the certificate it made, a CLI
+/// context trusting `tls/ca.pem` with the token in a file, the device from
+/// the README's manifest with its token and the intent key, an agent over
+/// wss, `check --connect`; the README's TaskRun dry run, apply, `runs
+/// watch`, `describe` of the run and the device, `get` in each form and
+/// `-w`; a 200 MB package uploaded with the CLI's memory under 64 MiB; the
+/// README's Secret, Deployment and TaskSchedule dry run and applied; the
+/// Deployment canceled (the device away, so there is something to cancel)
+/// and watched to Canceled; then every kind deleted: deployment, taskrun,
+/// taskschedule, secret, package, device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_walk_through_works_as_written() {
     let mut readme = Readme(readme_commands().into_iter());
@@ -482,18 +526,19 @@ async fn the_readme_walk_through_works_as_written() {
     std::fs::create_dir_all(&work).expect("work dir");
     // The README's names and places, as this test has them.
     let data_text = data.display().to_string();
-    let map = |words: &[String]| -> Vec<String> {
+    let map = |words: &[String], api: &str| -> Vec<String> {
         words
             .iter()
             .map(|w| {
                 w.replace("/var/lib/drover", &data_text)
+                    .replace("drover.example.org:7180", api)
                     .replace("drover.example.org", "localhost")
                     .replace("10.0.0.5", "127.0.0.1")
             })
             .collect()
     };
 
-    let init = map(&readme.next("drover --data /var/lib/drover init"));
+    let init = map(&readme.next("drover --data /var/lib/drover init"), "");
     let out = Command::new(bin("drover"))
         .args(&init[1..])
         .env_remove("DROVER_TOKEN")
@@ -505,7 +550,7 @@ async fn the_readme_walk_through_works_as_written() {
     let ca = tls.join("ca.pem");
 
     // serve as the README has it; this test's harness picks the ports.
-    let serve = map(&readme.next("drover --data /var/lib/drover serve"));
+    let serve = map(&readme.next("drover --data /var/lib/drover serve"), "");
     let mut extra = Vec::new();
     let mut words = serve[4..].iter();
     while let Some(word) = words.next() {
@@ -516,17 +561,23 @@ async fn the_readme_walk_through_works_as_written() {
             other => extra.push(other.to_owned()),
         }
     }
-    assert!(
-        extra.iter().any(|w| w == "--agent-tls-cert"),
-        "the README serves agents over TLS: {serve:?}"
-    );
+    for flag in ["--api-tls-cert", "--agent-tls-cert"] {
+        assert!(
+            extra.iter().any(|w| w == flag),
+            "the README serves the API and the agents over TLS ({flag}): {serve:?}"
+        );
+    }
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let cp = ControlPlane::start_in(dir, &extra);
+    let mut cp = ControlPlane::start_in(dir, &extra);
+    // The harness's own requests go over https too, trusting init's CA.
+    cp.trust_api(&ca);
+    let api = format!("localhost:{}", cp.api_port());
     let wss = cp.agent_url.replace("ws://127.0.0.1", "wss://localhost");
-    // The CLI as the README runs it: server, token and data from the
-    // environment, in a working directory of its own.
+    // The CLI as the README runs it: the context it made, nothing from the
+    // environment but the data directory, in a working directory of its own.
+    let config = work.join("drover-config.toml");
     let run = |words: &[String]| {
-        let words = map(words);
+        let words = map(words, &api);
         let (args, into) = match words.iter().position(|w| w == ">") {
             Some(at) => (&words[1..at], Some(work.join(&words[at + 1]))),
             None => (&words[1..], None),
@@ -534,11 +585,13 @@ async fn the_readme_walk_through_works_as_written() {
         let out = Command::new(bin(&words[0]))
             .args(args)
             .current_dir(&work)
-            .env("DROVER_SERVER", &cp.api)
-            .env("DROVER_TOKEN", &cp.token)
+            .env_remove("DROVER_SERVER")
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_CA_FILE")
+            .env_remove("DROVER_CONTEXT")
             .env("DROVER_DATA", &data)
             // Never the real home's contexts.
-            .env("DROVER_CONFIG", work.join("drover-config.toml"))
+            .env("DROVER_CONFIG", &config)
             .output()
             .expect("run the README's command");
         if let Some(into) = into {
@@ -551,6 +604,20 @@ async fn the_readme_walk_through_works_as_written() {
         assert!(out.status.success(), "{words:?}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let drover = |args: &[&str]| {
+        let mut words = vec!["drover".to_owned()];
+        words.extend(args.iter().map(|a| (*a).to_owned()));
+        words
+    };
+
+    // The operator's context: https, init's CA, the token file.
+    cli(readme.next("drover config set-context prod"));
+    let context = std::fs::read_to_string(&config).expect("the context file");
+    assert!(
+        context.contains(&format!("https://{api}")) && !context.contains(&cp.token),
+        "the context keeps the server and the token file, never the token: {context}"
+    );
+    cli(readme.next("drover get devices"));
 
     std::fs::write(
         work.join("pi-kitchen.yaml"),
@@ -598,8 +665,18 @@ async fn the_readme_walk_through_works_as_written() {
         text(&checked)
     );
 
-    // The README's TaskRun, watched, described, listed.
+    // The README's TaskRun: a dry run stores nothing and names the target.
     std::fs::write(work.join("upgrade.yaml"), readme_heredoc("upgrade.yaml")).expect("write");
+    let dry = cli(readme.next("drover apply -f upgrade.yaml --dry-run"));
+    assert!(
+        dry.contains("taskrun/upgrade-pi-kitchen") && dry.contains("pi-kitchen"),
+        "{dry}"
+    );
+    assert_eq!(
+        cp.get_status("/taskruns/upgrade-pi-kitchen").await,
+        404,
+        "a dry run stores nothing"
+    );
     assert!(
         cli(readme.next("drover apply -f upgrade.yaml")).contains("upgrade-pi-kitchen"),
         "the README names the run upgrade-pi-kitchen"
@@ -615,6 +692,8 @@ async fn the_readme_walk_through_works_as_written() {
         row.contains("yes") && row.contains(" succeeded ") && row.contains("(Done)"),
         "{described}"
     );
+    let described = cli(readme.next("drover describe device pi-kitchen"));
+    assert!(described.contains("upgrade-pi-kitchen"), "{described}");
     let listed = cli(readme.next("drover get taskruns"));
     assert!(
         listed
@@ -635,11 +714,10 @@ async fn the_readme_walk_through_works_as_written() {
         "{devices}"
     );
     // `-w` runs until stopped: the table comes first.
-    let watch = map(&readme.next("drover get taskruns -w"));
+    let watch = map(&readme.next("drover get taskruns -w"), &api);
     let mut watching = Command::new(bin(&watch[0]))
         .args(&watch[1..])
-        .env("DROVER_SERVER", &cp.api)
-        .env("DROVER_TOKEN", &cp.token)
+        .env("DROVER_CONFIG", &config)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("drover get -w");
@@ -656,76 +734,135 @@ async fn the_readme_walk_through_works_as_written() {
         "the table's header first: {first:?}"
     );
 
-    // A second run while the device is away, canceled with the README's
-    // commands: the device never runs it, and the run ends Canceled.
-    agent.kill9();
-    let second_name = "upgrade-pi-kitchen-2";
-    let second = |words: Vec<String>| -> Vec<String> {
-        words
-            .into_iter()
-            .map(|w| {
-                if w == "upgrade-pi-kitchen" {
-                    second_name.to_owned()
-                } else {
-                    w
-                }
-            })
-            .collect()
-    };
+    // The README's package: 200 MB, streamed over https, the CLI's memory
+    // flat.
+    let deb = kiosk_deb(&work, 200);
+    let size = std::fs::metadata(&deb).expect("deb").len();
+    let upload = map(
+        &readme.next("drover packages upload ./kiosk-app_2.1-1_all.deb"),
+        &api,
+    );
+    let mut child = Command::new(bin(&upload[0]))
+        .args(&upload[1..])
+        .current_dir(&work)
+        .env("DROVER_CONFIG", &config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("drover packages upload");
+    let pid = child.id();
+    let mut peak = 0;
+    while child.try_wait().expect("wait").is_none() {
+        peak = peak.max(peak_kib(pid).unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("({size} bytes,")),
+        "the whole file: {}",
+        text(&out)
+    );
+    println!("uploaded {size} bytes over https; the CLI's peak RSS {peak} KiB");
+    assert!(
+        peak > 0 && peak < 64 * 1024,
+        "the CLI's peak RSS was {peak} KiB for a {size}-byte upload"
+    );
+    let packages = cli(readme.next("drover get packages"));
+    assert!(packages.contains("kiosk-app_2.1-1_all"), "{packages}");
+
+    // The README's Secret, Deployment and TaskSchedule. The device is away,
+    // so the deployment's job waits for it and there is something to cancel.
+    // The schedule's tick is moved 12 hours from now, so it cannot fall
+    // inside this test.
+    let hour = (jiff::Timestamp::now().as_second() / 3600 + 12) % 24;
     std::fs::write(
-        work.join("second.yaml"),
-        readme_heredoc("upgrade.yaml").replace("upgrade-pi-kitchen ", "upgrade-pi-kitchen-2 "),
+        work.join("fleet.yaml"),
+        readme_heredoc("fleet.yaml")
+            .replace("daily: \"03:00\"", &format!("daily: \"{hour:02}:00\"")),
     )
     .expect("write");
-    cli(vec![
-        "drover".into(),
-        "apply".into(),
-        "-f".into(),
-        "second.yaml".into(),
-    ]);
+    agent.kill9();
+    let dry = cli(readme.next("drover apply -f fleet.yaml --dry-run"));
+    assert!(
+        dry.contains("secret/kiosk")
+            && dry.contains("deployment/kiosk-rollout")
+            && dry.contains("taskschedule/nightly-upgrade")
+            && dry.contains("pi-kitchen"),
+        "{dry}"
+    );
+    for path in [
+        "/deployments/kiosk-rollout",
+        "/taskschedules/nightly-upgrade",
+    ] {
+        assert_eq!(
+            cp.get_status(path).await,
+            404,
+            "a dry run stores nothing: {path}"
+        );
+    }
+    let applied = cli(readme.next("drover apply -f fleet.yaml"));
+    for created in [
+        "secret/kiosk created",
+        "deployment/kiosk-rollout created",
+        "taskschedule/nightly-upgrade created",
+    ] {
+        assert!(applied.contains(created), "{applied}");
+    }
+    // It starts: its one target chosen, waiting for the device (a
+    // deployment releases a job to a device that is connected).
     eventually(
         Duration::from_secs(30),
-        "the second run released",
+        "the deployment started with the device as its target",
         || async {
-            let targets = cp.targets(second_name).await;
-            (targets.first()?["released"] == true).then_some(())
+            let page = cp.get("/deployments/kiosk-rollout/targets").await;
+            let target = page["items"].as_array()?.first()?.clone();
+            (target["device"] == "pi-kitchen").then_some(())
         },
     )
     .await;
-    assert!(
-        cli(second(
-            readme.next("drover cancel taskrun upgrade-pi-kitchen")
-        ))
-        .contains("cancel requested")
-    );
-    agent.restart();
-    let watched = run(&second(readme.next("drover runs watch upgrade-pi-kitchen")));
-    assert!(!watched.status.success(), "a canceled run is not Complete");
-    assert!(text(&watched).contains("Canceled"), "{}", text(&watched));
-    let described = cli(vec![
-        "drover".into(),
-        "describe".into(),
-        "taskrun".into(),
-        second_name.into(),
-    ]);
-    assert!(
-        described
-            .lines()
-            .any(|l| l.starts_with("pi-kitchen ") && l.contains(" canceled ")),
-        "{described}"
-    );
+    let described = cli(readme.next("drover describe deployment kiosk-rollout"));
+    assert!(described.contains("kiosk-rollout"), "{described}");
+    let schedules = cli(readme.next("drover get taskschedules"));
+    assert!(schedules.contains("nightly-upgrade"), "{schedules}");
 
-    // Delete: the finished runs, then the device once its agent is gone.
-    let delete_run = readme.next("drover delete taskrun upgrade-pi-kitchen");
-    assert!(cli(delete_run.clone()).contains("deleted"));
-    assert!(cli(second(delete_run)).contains("deleted"));
+    // Cancel: the device comes back to the cancel order, never the job.
+    let canceled = cli(readme.next("drover cancel deployment kiosk-rollout"));
+    assert!(canceled.contains("cancel requested"), "{canceled}");
+    agent.restart();
+    let watched = run(&readme.next("drover runs watch kiosk-rollout"));
     assert!(
-        !cli(vec!["drover".into(), "get".into(), "taskruns".into()]).contains("upgrade-pi-kitchen")
+        !watched.status.success(),
+        "a canceled deployment is not Complete"
     );
+    assert!(text(&watched).contains("Canceled"), "{}", text(&watched));
+
+    // Delete every kind; the device once its agent is gone.
+    for (command, said) in [
+        ("drover delete deployment kiosk-rollout", "deleted"),
+        ("drover delete taskrun upgrade-pi-kitchen", "deleted"),
+        ("drover delete taskschedule nightly-upgrade", "deleted"),
+        ("drover delete secret kiosk", "deleted"),
+        ("drover delete package kiosk-app_2.1-1_all", "deleted"),
+    ] {
+        let out = cli(readme.next(command));
+        assert!(out.contains(said), "{command}: {out}");
+    }
     agent.kill9();
     let deleted = cli(readme.next("drover delete device pi-kitchen"));
     assert!(deleted.contains("device/pi-kitchen deleted"), "{deleted}");
-    assert!(!cli(vec!["drover".into(), "get".into(), "devices".into()]).contains("pi-kitchen"));
+    for (kind, name) in [
+        ("deployment", "kiosk-rollout"),
+        ("taskrun", "upgrade-pi-kitchen"),
+        ("taskschedule", "nightly-upgrade"),
+        ("package", "kiosk-app_2.1-1_all"),
+        ("device", "pi-kitchen"),
+    ] {
+        let out = run(&drover(&["get", kind, name]));
+        assert_eq!(out.status.code(), Some(1), "{kind} {name}: {}", text(&out));
+    }
+    assert_eq!(cp.get("/secrets").await, json!([]), "the secret is gone");
     let left: Vec<String> = readme.0.collect();
     assert!(
         left.is_empty(),
