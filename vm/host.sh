@@ -39,7 +39,7 @@ poll() { # seconds condition
 }
 
 device_field() { # field
-    drover get devices -o json 2>/dev/null | json "[r.get('$1') for r in d if r['id'] == 'vm-1'][0]" 2>/dev/null || true
+    drover get device vm-1 -o json 2>/dev/null | json "d['status'].get('$1')" 2>/dev/null || true
 }
 
 case "$command" in

@@ -241,8 +241,24 @@ async fn get_follows_one_rule_for_every_kind() {
     );
     let (_, stdout, _) = run(&["get", "dev", "get-2", "-o", "json"]);
     let one: Value = serde_json::from_str(&stdout).expect("json");
-    assert_eq!(one["id"], "get-2", "{one}");
-    assert!(one["online"].is_boolean(), "the list's view: {one}");
+    assert_eq!(one["kind"], "Device", "{one}");
+    assert_eq!(one["metadata"]["name"], "get-2", "{one}");
+    assert_eq!(one["spec"]["groups"], json!(["lab"]), "{one}");
+    assert!(
+        one["status"]["online"].is_boolean(),
+        "the list's view: {one}"
+    );
+    // What get prints, apply takes back: the same devices, unchanged.
+    let (code, yaml, _) = run(&["get", "devices", "-o", "yaml"]);
+    assert_eq!(code, Some(0));
+    let file = cp.dir.path().join("devices.yaml");
+    std::fs::write(&file, yaml).expect("write");
+    let (code, stdout, stderr) = run(&["apply", "-f", file.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout, "device/get-1 unchanged\ndevice/get-2 unchanged\n",
+        "{stderr}"
+    );
     // A name that is not there: exit 1, saying so.
     for (kind, singular) in [
         ("devices", "device"),

@@ -102,6 +102,12 @@ async fn fetch(
             .as_str()
             .map(|error| format!("latest error: {}", printable(error)));
     }
+    // What -o json|yaml prints is what apply -f takes back: a device as
+    // the manifest that registers it.
+    let objects: Vec<Value> = match resource {
+        Resource::Devices => objects.iter().map(device_manifest).collect(),
+        _ => objects,
+    };
     let keyed = objects.iter().map(|o| (key_of(o), o.clone())).collect();
     let structured = match (name, objects.as_slice()) {
         (Some(_), [one]) => one.clone(),
@@ -111,6 +117,38 @@ async fn fetch(
         structured,
         objects: keyed,
         listing,
+    })
+}
+
+/// A device as the API lists it, turned into the Device manifest that
+/// registers it (name, labels, groups, time zone, decommissioned), with
+/// everything else the control plane knows of it under `status`, as
+/// kubectl prints an object.
+pub fn device_manifest(device: &Value) -> Value {
+    let mut status = device.as_object().cloned().unwrap_or_default();
+    let mut take = |key: &str| status.remove(key).unwrap_or(Value::Null);
+    let id = take("id");
+    let mut labels = take("labels");
+    if let Some(labels) = labels.as_object_mut() {
+        // Implicit: every device carries its own id (a manifest may not set it).
+        labels.remove("device-id");
+    }
+    let groups = take("groups");
+    let time_zone = take("timeZone");
+    let decommissioned = take("decommissioned");
+    let mut spec = serde_json::json!({ "groups": groups });
+    if !time_zone.is_null() {
+        spec["timeZone"] = time_zone;
+    }
+    if decommissioned == Value::Bool(true) {
+        spec["decommissioned"] = Value::Bool(true);
+    }
+    serde_json::json!({
+        "apiVersion": crate::records::API_VERSION,
+        "kind": "Device",
+        "metadata": {"name": id, "labels": labels},
+        "spec": spec,
+        "status": status,
     })
 }
 
@@ -550,6 +588,25 @@ pub fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listed_device_prints_as_the_manifest_that_registers_it() {
+        let listed = serde_json::json!({
+            "id": "pi-1", "groups": ["production"], "labels": {"site": "sofia", "device-id": "pi-1"},
+            "timeZone": "Europe/Sofia", "decommissioned": false, "agentPresent": true,
+            "online": true, "agentVersion": "0.1.0",
+        });
+        assert_eq!(
+            device_manifest(&listed),
+            serde_json::json!({
+                "apiVersion": "fleet.nationtech.io/v1alpha1",
+                "kind": "Device",
+                "metadata": {"name": "pi-1", "labels": {"site": "sofia"}},
+                "spec": {"groups": ["production"], "timeZone": "Europe/Sofia"},
+                "status": {"agentPresent": true, "online": true, "agentVersion": "0.1.0"},
+            })
+        );
+    }
 
     #[test]
     fn a_served_time_reads_to_the_second_with_how_far_it_is() {

@@ -131,6 +131,21 @@ pub(super) async fn apply(
 
 /// Creates or configures many devices in one commit (retried for those whose
 /// record changed meanwhile, as an agent's hello may do).
+/// Whether a Device manifest asks for what the device already has.
+pub(super) fn device_unchanged(
+    device: &DeviceRecord,
+    labels: &std::collections::BTreeMap<String, String>,
+    spec: &crate::manifest::DeviceSpec,
+) -> bool {
+    device.groups.iter().eq(spec
+        .groups
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>())
+        && device.labels == *labels
+        && device.time_zone == spec.time_zone
+        && device.decommissioned == spec.decommissioned
+}
+
 pub(super) async fn apply_devices(
     state: &ApiState,
     manifests: &[&Manifest],
@@ -143,6 +158,8 @@ pub(super) async fn apply_devices(
         }
         let mut ops = Vec::with_capacity(todo.len());
         let mut created = Vec::with_capacity(todo.len());
+        // The manifests whose write is in this commit, in order.
+        let mut sent = Vec::with_capacity(todo.len());
         for &index in &todo {
             let Manifest::Device { id, labels, spec } = manifests[index] else {
                 continue;
@@ -150,7 +167,14 @@ pub(super) async fn apply_devices(
             let current = state.db.get::<DeviceRecord>(&device_key(id)).await?;
             let (expected, mut device) =
                 current.unwrap_or_else(|| (0, DeviceRecord::new(id.clone())));
+            if expected != 0 && device_unchanged(&device, labels, spec) {
+                // Nothing to write: said so, as for every other kind.
+                results[index] =
+                    json!({"kind": "Device", "name": id.to_string(), "result": "unchanged"});
+                continue;
+            }
             created.push(expected == 0);
+            sent.push(index);
             device.groups = spec.groups.iter().cloned().collect();
             device.labels = labels.clone();
             device.time_zone = spec.time_zone.clone();
@@ -161,9 +185,14 @@ pub(super) async fn apply_devices(
                 expected,
             });
         }
+        if ops.is_empty() {
+            // Every one left was unchanged.
+            todo.clear();
+            break;
+        }
         let outcomes = state.db.commit(ops).await?;
         let mut again = Vec::new();
-        for ((index, created), outcome) in todo.iter().zip(created).zip(outcomes) {
+        for ((index, created), outcome) in sent.iter().zip(created).zip(outcomes) {
             let Manifest::Device { id, .. } = manifests[*index] else {
                 continue;
             };

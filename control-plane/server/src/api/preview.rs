@@ -174,19 +174,25 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                 extend(&mut value, targets_value(&chosen, excluded));
                 value
             }
-            Manifest::Device { id, .. } => {
-                let exists = devices.iter().any(|d| d.id == id);
-                json!({"kind": "Device", "name": id,
-                       "result": if exists { "configured" } else { "created" }})
+            Manifest::Device { id, labels, spec } => {
+                let result = match devices.iter().find(|d| d.id == id) {
+                    Some(d) if super::apply::device_unchanged(d, &labels, &spec) => "unchanged",
+                    Some(_) => "configured",
+                    None => "created",
+                };
+                json!({"kind": "Device", "name": id, "result": result})
             }
-            Manifest::TaskSchedule { name, .. } => {
-                let exists = state
+            Manifest::TaskSchedule { name, spec } => {
+                let result = match state
                     .db
                     .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
                     .await?
-                    .is_some();
-                json!({"kind": "TaskSchedule", "name": name,
-                       "result": if exists { "configured" } else { "created" }})
+                {
+                    Some((_, existing)) if existing.spec == spec => "unchanged",
+                    Some(_) => "configured",
+                    None => "created",
+                };
+                json!({"kind": "TaskSchedule", "name": name, "result": result})
             }
             Manifest::Secret { name, .. } => {
                 secrets_before.push(name.clone());
