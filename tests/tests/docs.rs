@@ -159,3 +159,153 @@ fn every_link_in_the_readme_and_the_book_resolves() {
         .collect();
     assert!(missing.is_empty(), "chapters not in the book: {missing:?}");
 }
+
+/// The `drover` and `drover-agent` command lines in the `sh` blocks of a
+/// markdown file: continuation lines joined, comments, heredoc bodies and
+/// `sudo` left out, cut at a redirection or pipe, `…` (more flags) dropped.
+fn commands_in(text: &str) -> Vec<Vec<String>> {
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    let mut heredoc: Option<String> = None;
+    let mut pending = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if !in_block {
+            in_block = trimmed == "```sh" || trimmed == "```bash";
+            if in_block {
+                // An export holds for the block it is in.
+                commands.push(vec!["block".to_owned()]);
+            }
+            continue;
+        }
+        if trimmed == "```" {
+            in_block = false;
+            pending.clear();
+            continue;
+        }
+        if let Some(end) = &heredoc {
+            if trimmed == end {
+                heredoc = None;
+            }
+            continue;
+        }
+        if let Some((_, word)) = line.split_once("<<") {
+            heredoc = Some(
+                word.trim()
+                    .trim_matches(|c| c == '\'' || c == '"')
+                    .to_owned(),
+            );
+        }
+        let code = match line.find(" #") {
+            Some(at) => &line[..at],
+            None if trimmed.starts_with('#') => "",
+            None => line,
+        };
+        pending.push_str(code.trim_end().trim_end_matches('\\'));
+        pending.push(' ');
+        if code.trim_end().ends_with('\\') {
+            continue;
+        }
+        let command = std::mem::take(&mut pending);
+        let command = command.trim();
+        // `export DROVER_X=…` before a command gives it that flag's value.
+        if let Some(assignment) = command.strip_prefix("export ")
+            && let Some((name, _)) = assignment.split_once('=')
+        {
+            commands.push(vec!["export".to_owned(), name.to_owned()]);
+            continue;
+        }
+        let command = command.strip_prefix("sudo ").unwrap_or(command);
+        if !(command.starts_with("drover ") || command.starts_with("drover-agent ")) {
+            continue;
+        }
+        let words: Vec<String> = command
+            .split_whitespace()
+            .take_while(|w| !matches!(*w, ">" | "|" | "2>" | ">>" | "&&" | ";"))
+            .filter(|w| *w != "…")
+            .map(|w| w.trim_matches('"').trim_matches('`').to_owned())
+            .collect();
+        commands.push(words);
+    }
+    commands
+}
+
+/// Every `drover` and `drover-agent` command the README and the book show
+/// is one these binaries accept: a renamed subcommand or a dropped flag
+/// fails here, not in a reader's shell. (The README's first run is also
+/// run end to end: tests/tests/operator.rs.)
+#[test]
+fn every_command_in_the_readme_and_the_book_parses() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    let mut checked = 0;
+    let mut refused = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("page");
+        let mut exported = Vec::new();
+        for mut words in commands_in(&text) {
+            match words[0].as_str() {
+                "block" => {
+                    exported.clear();
+                    continue;
+                }
+                "export" => {
+                    exported.push(words[1].clone());
+                    continue;
+                }
+                _ => {}
+            }
+            let command = if words[0] == "drover" {
+                drover::cli::Cli::command()
+            } else {
+                drover_agent::cli::Cli::command()
+            };
+            // The flag an exported variable stands for, given on the line.
+            let mut path = vec![command.clone()];
+            while let Some(sub) = path
+                .last()
+                .and_then(|c| {
+                    c.get_subcommands()
+                        .find(|s| words.iter().any(|w| w == s.get_name()))
+                })
+                .cloned()
+            {
+                path.push(sub);
+            }
+            for name in &exported {
+                let flag = path.iter().flat_map(|c| c.get_arguments()).find_map(|a| {
+                    (a.get_env().and_then(|e| e.to_str()) == Some(name.as_str()))
+                        .then(|| a.get_long().map(str::to_owned))
+                        .flatten()
+                });
+                if let Some(flag) = flag {
+                    words.push(format!("--{flag}"));
+                    words.push("exported".into());
+                }
+            }
+            let parsed = command.try_get_matches_from(&words);
+            checked += 1;
+            if let Err(e) = parsed
+                && !matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                )
+            {
+                refused.push(format!(
+                    "{}: {}: {}",
+                    page.display(),
+                    words.join(" "),
+                    e.to_string().lines().next().unwrap_or("")
+                ));
+            }
+        }
+    }
+    assert!(checked > 40, "only {checked} commands found");
+    assert!(refused.is_empty(), "commands the CLI refuses: {refused:#?}");
+}
