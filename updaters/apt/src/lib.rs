@@ -3,6 +3,7 @@
 //! compiled in here (A8); the local config may only choose the mode and point
 //! the updater at a sandbox root.
 
+pub mod assess;
 pub mod call;
 mod command;
 pub mod dpkg;
