@@ -71,6 +71,38 @@ pub fn format_job(job: &JobStatus) -> String {
                 inv.memory_total_bytes / (1024 * 1024)
             );
         }
+        Some(JobOutput::Assessment(a)) => {
+            let _ = writeln!(
+                out,
+                "  assessment: {} upgradable, {} security{}, {} kept back, kernel {}{}",
+                a.upgradable,
+                a.security,
+                if a.security_archive {
+                    ""
+                } else {
+                    " (no security archive among the sources)"
+                },
+                a.kept_back,
+                a.running_kernel,
+                match &a.reboot_pending {
+                    Some(reason) => format!(", reboot pending: {reason}"),
+                    None => String::new(),
+                }
+            );
+            for p in &a.pending {
+                let _ = writeln!(
+                    out,
+                    "    {:<32} {:>20} -> {:<20}{}",
+                    p.name,
+                    p.from.as_deref().unwrap_or("(new)"),
+                    p.to,
+                    if p.security { "  security" } else { "" }
+                );
+            }
+            if a.omitted > 0 {
+                let _ = writeln!(out, "    ({} more not listed)", a.omitted);
+            }
+        }
         None => {}
     }
     out

@@ -46,6 +46,9 @@ pub enum Request {
     Resume {
         job_id: JobId,
     },
+    /// Queue a local patch assessment (root or the agent's own user only:
+    /// it refreshes apt's lists). (Appended.)
+    Assess,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,7 +178,7 @@ async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error>
     }
     let response = match serde_json::from_str::<Request>(line.trim()) {
         Err(e) => Response::Error(format!(
-            "bad request (expected {{\"request\":\"status\"}}, \"jobs\", \"job\", \"upgrade\" or \"resume\"): {e}"
+            "bad request (expected {{\"request\":\"status\"}}, \"jobs\", \"job\", \"upgrade\", \"resume\" or \"assess\"): {e}"
         )),
         Ok(Request::Status) => match agent.info() {
             Ok(info) => Response::Status(Box::new(info)),
@@ -193,9 +196,16 @@ async fn answer(stream: UnixStream, agent: &Agent) -> Result<(), std::io::Error>
             Ok(None) => Response::Error(format!("no job {job_id} on this device")),
             Err(e) => Response::Error(e.to_string()),
         },
-        Ok(Request::Upgrade | Request::Resume { .. }) if !may_change => {
-            Response::Error("only root or the agent's user may start or resume an upgrade".into())
+        Ok(Request::Upgrade | Request::Resume { .. } | Request::Assess) if !may_change => {
+            Response::Error(
+                "only root or the agent's user may start or resume an upgrade or an assessment"
+                    .into(),
+            )
         }
+        Ok(Request::Assess) => match agent.admit_local(JobKind::patch_assessment()) {
+            Ok(reply) => Response::Job(Box::new(reply.status)),
+            Err(e) => Response::Error(e.to_string()),
+        },
         Ok(Request::Upgrade) => match agent.admit_local(JobKind::system_upgrade()) {
             Ok(reply) => Response::Job(Box::new(reply.status)),
             Err(e) => Response::Error(e.to_string()),

@@ -47,6 +47,14 @@ pub enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Assess now, as a local job of the running agent: refresh apt's lists
+    /// as an upgrade does, then print what a full upgrade would change
+    /// (security updates first) and whether a reboot is pending. Installs
+    /// nothing.
+    Assess {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
     /// Move a damaged or empty agent database aside; the agent then starts
     /// with a new, empty one (its jobs and unsent statuses are gone).
     /// Refused while an agent holds the database; asks first unless --yes.

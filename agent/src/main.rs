@@ -21,7 +21,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use updater_apt::{
-    AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, SystemUpgrade,
+    AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, PatchAssessor,
+    SystemUpgrade,
 };
 
 /// An ordinary error is one line with its whole cause chain (systemd's
@@ -175,6 +176,14 @@ fn run_cli() -> Result<()> {
             }
             Ok(())
         }
+        Command::Assess { socket } => {
+            let socket = socket_path(socket, &cli.config);
+            let succeeded = runtime.block_on(local_upgrade(&socket, Request::Assess))?;
+            if !succeeded {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -222,9 +231,16 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
         match job.state {
             state if state.is_terminal() => {
                 out!("job {job_id}: {state:?}");
+                if let Some(agent_core::JobOutput::Assessment(_)) = &job.output {
+                    // What the assessment found, as `drover-agent jobs` shows it.
+                    let text = agent_core::report::format_job(&job);
+                    for line in text.lines().skip_while(|l| !l.contains("assessment:")) {
+                        out!("{}", line.trim_start());
+                    }
+                }
                 if let Some(error) = &job.error {
                     out!("error: {error}");
-                    if state == agent_core::JobState::Failed {
+                    if state == agent_core::JobState::Failed && job.kind == "systemUpgradeV1" {
                         out!("continue it with: drover-agent upgrade --resume {job_id}");
                     }
                 }
@@ -372,6 +388,7 @@ async fn run(config_path: &Path) -> Result<()> {
         Arc::new(SystemUpgrade::new(apt.clone())),
         Arc::new(PackageInstaller::new(apt.clone(), Some(fetcher))),
         Arc::new(InventoryRefresh::new(apt.clone())),
+        Arc::new(PatchAssessor::new(apt.clone())),
     ];
     let settings = Settings {
         device_id: device_id.clone(),

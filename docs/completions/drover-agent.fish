@@ -31,6 +31,7 @@ complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "run" -d '
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "check" -d 'Check the config file and say what it sets up'
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "status" -d 'Show the running agent\'s state (from its status socket)'
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "upgrade" -d 'Run a system upgrade now, as a local job of the running agent, and print each step as it finishes'
+complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "assess" -d 'Assess now, as a local job of the running agent: refresh apt\'s lists as an upgrade does, then print what a full upgrade would change (security updates first) and whether a reboot is pending. Installs nothing'
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "reset-store" -d 'Move a damaged or empty agent database aside; the agent then starts with a new, empty one (its jobs and unsent statuses are gone). Refused while an agent holds the database; asks first unless --yes'
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "verify-store" -d 'Check one agent database file (the agent runs this before opening it)'
 complete -c drover-agent -n "__fish_drover_agent_needs_command" -f -a "jobs" -d 'List recent jobs with their steps and errors'
@@ -48,6 +49,9 @@ complete -c drover-agent -n "__fish_drover_agent_using_subcommand upgrade" -l re
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand upgrade" -l socket -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand upgrade" -l config -d 'The agent\'s config file' -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand upgrade" -s h -l help -d 'Print help'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand assess" -l socket -r -F
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand assess" -l config -d 'The agent\'s config file' -r -F
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand assess" -s h -l help -d 'Print help'
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand reset-store" -l config -d 'The agent\'s config file' -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand reset-store" -l yes -d 'Do not ask: the database is moved aside (for scripts)'
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand reset-store" -s h -l help -d 'Print help'
@@ -58,11 +62,12 @@ complete -c drover-agent -n "__fish_drover_agent_using_subcommand jobs" -l socke
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand jobs" -l config -d 'The agent\'s config file' -r -F
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand jobs" -l json
 complete -c drover-agent -n "__fish_drover_agent_using_subcommand jobs" -s h -l help -d 'Print help'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "run" -d 'Run the agent daemon'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "check" -d 'Check the config file and say what it sets up'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "status" -d 'Show the running agent\'s state (from its status socket)'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "upgrade" -d 'Run a system upgrade now, as a local job of the running agent, and print each step as it finishes'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "reset-store" -d 'Move a damaged or empty agent database aside; the agent then starts with a new, empty one (its jobs and unsent statuses are gone). Refused while an agent holds the database; asks first unless --yes'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "verify-store" -d 'Check one agent database file (the agent runs this before opening it)'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "jobs" -d 'List recent jobs with their steps and errors'
-complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade reset-store verify-store jobs help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "run" -d 'Run the agent daemon'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "check" -d 'Check the config file and say what it sets up'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "status" -d 'Show the running agent\'s state (from its status socket)'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "upgrade" -d 'Run a system upgrade now, as a local job of the running agent, and print each step as it finishes'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "assess" -d 'Assess now, as a local job of the running agent: refresh apt\'s lists as an upgrade does, then print what a full upgrade would change (security updates first) and whether a reboot is pending. Installs nothing'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "reset-store" -d 'Move a damaged or empty agent database aside; the agent then starts with a new, empty one (its jobs and unsent statuses are gone). Refused while an agent holds the database; asks first unless --yes'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "verify-store" -d 'Check one agent database file (the agent runs this before opening it)'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "jobs" -d 'List recent jobs with their steps and errors'
+complete -c drover-agent -n "__fish_drover_agent_using_subcommand help; and not __fish_seen_subcommand_from run check status upgrade assess reset-store verify-store jobs help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -14,6 +14,11 @@ pub enum JobKind {
     SystemUpgradeV1(Empty),
     InventoryRefreshV1(Empty),
     PackageInstallV1(Box<PackageInstall>),
+    /// `PatchAssessmentV1`: what a full upgrade would change now, read
+    /// only: the lists refreshed as an upgrade refreshes them, then apt's
+    /// simulation; nothing is installed (issue 31). It takes no parameters.
+    /// (Appended: stored intents of the others decode unchanged.)
+    PatchAssessmentV1(Empty),
 }
 
 /// `PackageInstallV1`: one `.deb` from the control plane's package store.
@@ -162,8 +167,12 @@ impl JobKind {
     /// variant, its name here and in [`JobKind::name`] (a test checks
     /// they agree), its chain on the agent and its handler in the control
     /// plane's `kinds`.
-    pub const NAMES: [&'static str; 3] =
-        ["systemUpgradeV1", "inventoryRefreshV1", "packageInstallV1"];
+    pub const NAMES: [&'static str; 4] = [
+        "systemUpgradeV1",
+        "inventoryRefreshV1",
+        "packageInstallV1",
+        "patchAssessmentV1",
+    ];
 
     /// The kind's wire name, which is also the capability an agent advertises.
     pub fn name(&self) -> &'static str {
@@ -171,7 +180,12 @@ impl JobKind {
             JobKind::SystemUpgradeV1(_) => "systemUpgradeV1",
             JobKind::InventoryRefreshV1(_) => "inventoryRefreshV1",
             JobKind::PackageInstallV1(_) => "packageInstallV1",
+            JobKind::PatchAssessmentV1(_) => "patchAssessmentV1",
         }
+    }
+
+    pub fn patch_assessment() -> Self {
+        JobKind::PatchAssessmentV1(Empty {})
     }
 
     pub fn system_upgrade() -> Self {
@@ -298,6 +312,50 @@ pub enum JobOutput {
     /// installed software. (Appended: stored records of the others decode
     /// unchanged.)
     Software(SoftwareInventory),
+    /// What `patchAssessmentV1` found. (Appended.)
+    Assessment(PatchAssessment),
+}
+
+/// A patch assessment: what a full upgrade would change on the device now
+/// (apt's simulation after the lists were refreshed), which of it is a
+/// security update, and whether a reboot is pending.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchAssessment {
+    /// Installed packages a full upgrade would upgrade.
+    pub upgradable: u32,
+    /// Of those, the ones available from a security archive.
+    pub security: u32,
+    /// Packages apt keeps back.
+    pub kept_back: u32,
+    /// Whether the device's sources include a security archive at all
+    /// (32-bit Raspberry Pi OS has none: its `security` is then always 0).
+    pub security_archive: bool,
+    /// Why a reboot is pending (`/run/reboot-required`, or a newer kernel
+    /// of the running flavour installed), if one is.
+    pub reboot_pending: Option<String>,
+    /// The running kernel's release.
+    pub running_kernel: String,
+    /// The newest installed kernel of the running flavour, when it is
+    /// newer than the running one.
+    pub newest_kernel: Option<String>,
+    /// The pending packages, security updates first, at most
+    /// [`MAX_LISTED_PACKAGES`].
+    pub pending: Vec<PendingPackage>,
+    /// Pending packages left out of the list to keep it bounded.
+    pub omitted: u32,
+}
+
+/// One package a full upgrade would change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingPackage {
+    pub name: String,
+    /// The installed version; `None` for a package newly installed.
+    pub from: Option<String>,
+    pub to: String,
+    /// Available from a security archive.
+    pub security: bool,
 }
 
 /// An inventory with the installed packages (dpkg's `ii` entries), bounded
@@ -418,6 +476,7 @@ mod tests {
                 secrets: Vec::new(),
                 sealed: None,
             })),
+            JobKind::patch_assessment(),
         ];
         let names: Vec<&str> = kinds.iter().map(JobKind::name).collect();
         assert_eq!(names, JobKind::NAMES);

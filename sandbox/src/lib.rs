@@ -216,28 +216,51 @@ impl Sandbox {
 
     /// Builds the packages into the repository and re-indexes it.
     pub fn publish(&self, packages: &[Pkg]) {
+        self.publish_to(
+            &self.repo,
+            "Origin: drover-tests\nLabel: drover-tests\n",
+            packages,
+        );
+    }
+
+    /// Builds the packages into a second repository, `/srv/security`, whose
+    /// Release names a security suite as Debian's does (label
+    /// `…-Security`, suite `…-security`), and adds it to the sources.
+    pub fn publish_security(&self, packages: &[Pkg]) {
+        let repo = self.root.join("srv/security");
+        std::fs::create_dir_all(&repo).expect("security repo dir");
+        let sources = self.root.join("etc/apt/sources.list.d/security.list");
+        std::fs::write(&sources, "deb [trusted=yes] file:/srv/security ./\n")
+            .expect("security sources");
+        self.publish_to(
+            &repo,
+            "Origin: drover-tests\nLabel: drover-tests-Security\nSuite: drover-security\n\
+             Codename: drover-security\n",
+            packages,
+        );
+    }
+
+    fn publish_to(&self, repo: &Path, release_fields: &str, packages: &[Pkg]) {
         let work = self.dir.path().join("build");
         std::fs::create_dir_all(&work).expect("build dir");
         for package in packages {
-            package.build(&work, &self.repo);
+            package.build(&work, repo);
         }
         let index = run(Command::new("dpkg-scanpackages")
             .args(["-m", "."])
-            .current_dir(&self.repo)
+            .current_dir(repo)
             .stderr(Stdio::null()));
-        std::fs::write(self.repo.join("Packages"), &index.stdout).expect("Packages");
-        let sha = run(Command::new("sha256sum")
-            .arg("Packages")
-            .current_dir(&self.repo));
+        std::fs::write(repo.join("Packages"), &index.stdout).expect("Packages");
+        let sha = run(Command::new("sha256sum").arg("Packages").current_dir(repo));
         let hash = String::from_utf8_lossy(&sha.stdout)
             .split_whitespace()
             .next()
             .unwrap_or_default()
             .to_owned();
         std::fs::write(
-            self.repo.join("Release"),
+            repo.join("Release"),
             format!(
-                "Origin: drover-tests\nLabel: drover-tests\nDate: {}\nSHA256:\n {hash} {} Packages\n",
+                "{release_fields}Date: {}\nSHA256:\n {hash} {} Packages\n",
                 jiff::Timestamp::now().strftime("%a, %d %b %Y %H:%M:%S UTC"),
                 index.stdout.len()
             ),

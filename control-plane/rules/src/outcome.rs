@@ -20,7 +20,36 @@ pub fn result_line(output: Option<&JobOutput>) -> Option<String> {
             "inventory: {}, {} packages installed",
             software.inventory.os_release, software.inventory.installed_packages
         ),
+        JobOutput::Assessment(assessment) => assessment_line(assessment),
     })
+}
+
+/// A patch assessment in one line: "up to date", or what is pending
+/// ("5 updates pending, 2 security, 1 kept back"), then a pending reboot.
+pub fn assessment_line(a: &drover_model::model::PatchAssessment) -> String {
+    let mut parts = Vec::new();
+    if a.upgradable == 0 {
+        parts.push("up to date".to_owned());
+    } else {
+        let mut pending = format!(
+            "{} update{} pending",
+            a.upgradable,
+            if a.upgradable == 1 { "" } else { "s" }
+        );
+        if a.security_archive {
+            pending.push_str(&format!(", {} security", a.security));
+        } else {
+            pending.push_str(" (no security archive among the sources)");
+        }
+        parts.push(pending);
+    }
+    if a.kept_back > 0 {
+        parts.push(format!("{} kept back", a.kept_back));
+    }
+    if a.reboot_pending.is_some() {
+        parts.push("reboot pending".to_owned());
+    }
+    parts.join(", ")
 }
 
 fn change(c: &PackageChange) -> String {
@@ -80,6 +109,36 @@ fn upgrade_line(u: &UpgradeOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_assessment_reads_as_what_is_pending() {
+        use drover_model::model::PatchAssessment;
+        let up_to_date = PatchAssessment {
+            security_archive: true,
+            ..PatchAssessment::default()
+        };
+        assert_eq!(assessment_line(&up_to_date), "up to date");
+        let pending = PatchAssessment {
+            upgradable: 5,
+            security: 2,
+            kept_back: 1,
+            security_archive: true,
+            reboot_pending: Some("/run/reboot-required exists".into()),
+            ..PatchAssessment::default()
+        };
+        assert_eq!(
+            assessment_line(&pending),
+            "5 updates pending, 2 security, 1 kept back, reboot pending"
+        );
+        let raspbian = PatchAssessment {
+            upgradable: 1,
+            ..PatchAssessment::default()
+        };
+        assert_eq!(
+            result_line(Some(&JobOutput::Assessment(raspbian))).as_deref(),
+            Some("1 update pending (no security archive among the sources)")
+        );
+    }
 
     fn pkg(name: &str, from: Option<&str>, to: &str) -> PackageChange {
         PackageChange {

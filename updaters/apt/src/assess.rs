@@ -14,7 +14,133 @@
 //! suite at all (the 64-bit one takes Debian's); a device whose `apt-cache
 //! policy` lists none says so rather than reporting zero security updates.
 
-use agent_core::model::MAX_LISTED_PACKAGES;
+use crate::command::run_bounded;
+use crate::upgrade::{CHILD_CALL_LIMIT, SystemUpgrade};
+use crate::{AptSettings, kernel};
+use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
+use agent_core::model::{JobOutput, MAX_LISTED_PACKAGES, PatchAssessment, PendingPackage};
+use std::time::Duration;
+use tracing::info;
+
+/// The steps of `patchAssessmentV1`, in order; they never change.
+pub const STEPS: &[&str] = &["preflight", "update-lists", "assess"];
+
+/// `patchAssessmentV1`: the checks and the lists refresh of an upgrade
+/// (the same lock rules and budget, its detached call in upgrade mode;
+/// skipped in simulate mode), then apt's simulation and `apt-cache policy`
+/// read, and the reboot rule applied. It never repairs dpkg and never
+/// installs anything.
+pub struct PatchAssessor {
+    upgrade: SystemUpgrade,
+}
+
+impl PatchAssessor {
+    pub fn new(settings: AptSettings) -> Self {
+        Self {
+            upgrade: SystemUpgrade::new(settings),
+        }
+    }
+
+    async fn assess(&self, output: &mut Option<JobOutput>) -> StepOutcome {
+        let settings = &self.upgrade.settings;
+        let simulate = settings.argv(
+            "apt-get",
+            &[
+                "-s",
+                "-o",
+                "Debug::NoLocking=1",
+                "-o",
+                "APT::Color=0",
+                "full-upgrade",
+            ],
+        );
+        let simulated = match run_bounded(&simulate, CHILD_CALL_LIMIT).await {
+            Ok(out) if out.success() => pending_upgrades(&out.stdout),
+            Ok(out) => {
+                return StepOutcome::Fail(format!(
+                    "apt-get -s full-upgrade exited with {:?}: {}",
+                    out.status,
+                    out.tail()
+                ));
+            }
+            Err(e) => return StepOutcome::Fail(e.to_string()),
+        };
+        let policy = settings.argv("apt-cache", &["policy"]);
+        let security_archive = match run_bounded(&policy, Duration::from_secs(120)).await {
+            Ok(out) if out.success() => has_security_archive(&out.stdout),
+            Ok(out) => {
+                return StepOutcome::Fail(format!(
+                    "apt-cache policy exited with {:?}: {}",
+                    out.status,
+                    out.tail()
+                ));
+            }
+            Err(e) => return StepOutcome::Fail(e.to_string()),
+        };
+        let root = settings.system_root();
+        let running = kernel::running_release();
+        let assessment = PatchAssessment {
+            upgradable: simulated.upgradable,
+            security: simulated.security,
+            kept_back: simulated.kept_back,
+            security_archive,
+            reboot_pending: kernel::reboot_needed(&root, &running),
+            newest_kernel: kernel::newer_kernel(&kernel::installed_kernels(&root), &running),
+            running_kernel: running,
+            pending: simulated
+                .pending
+                .into_iter()
+                .map(|p| PendingPackage {
+                    name: p.name,
+                    from: p.from,
+                    to: p.to,
+                    security: p.security,
+                })
+                .collect(),
+            omitted: simulated.omitted,
+        };
+        info!(
+            upgradable = assessment.upgradable,
+            security = assessment.security,
+            kept_back = assessment.kept_back,
+            security_archive = assessment.security_archive,
+            reboot_pending = assessment.reboot_pending.is_some(),
+            "patch assessment"
+        );
+        *output = Some(JobOutput::Assessment(assessment));
+        StepOutcome::Done
+    }
+}
+
+impl Chain for PatchAssessor {
+    fn kind(&self) -> &'static str {
+        "patchAssessmentV1"
+    }
+
+    fn steps(&self) -> &'static [&'static str] {
+        STEPS
+    }
+
+    fn run_step<'a>(&'a self, ctx: StepContext<'a>) -> BoxFuture<'a, StepOutcome> {
+        Box::pin(async move {
+            let ctx = ctx;
+            match ctx.step {
+                "preflight" => match self.upgrade.ready() {
+                    Ok(()) => StepOutcome::Done,
+                    Err(problem) => StepOutcome::Fail(problem),
+                },
+                "update-lists" => self.upgrade.update_lists(&ctx).await,
+                "assess" => {
+                    let mut output = ctx.output.take();
+                    let outcome = self.assess(&mut output).await;
+                    *ctx.output = output;
+                    outcome
+                }
+                other => StepOutcome::Fail(format!("unknown step {other} in patchAssessmentV1")),
+            }
+        })
+    }
+}
 
 /// One package a full upgrade would change.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,7 @@ mod package;
 mod parse;
 mod upgrade;
 
+pub use assess::PatchAssessor;
 pub use call::{Bound, CallError, CallOutcome, Calls, Launcher};
 pub use command::{CommandError, CommandOutput, run_bounded};
 pub use fetch::Fetcher;

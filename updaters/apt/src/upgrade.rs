@@ -130,9 +130,11 @@ impl SystemUpgrade {
         self.calls.run(&id, &argv, bound).await
     }
 
-    async fn preflight(&self, ctx: &StepContext<'_>) -> StepOutcome {
+    /// What every apt job checks first: apt is there, and the root and
+    /// /var have the configured free space.
+    pub(crate) fn ready(&self) -> Result<(), String> {
         if !apt_available(&self.settings) {
-            return StepOutcome::Fail(format!(
+            return Err(format!(
                 "apt-get not found under {}: this updater needs a Debian-based system",
                 self.settings.system_root().display()
             ));
@@ -142,7 +144,7 @@ impl SystemUpgrade {
             let path = root.join(dir);
             match free_bytes(&path) {
                 Some(free) if free < self.settings.min_free_bytes => {
-                    return StepOutcome::Fail(format!(
+                    return Err(format!(
                         "not enough free space on {}: {} MiB free, {} MiB required",
                         path.display(),
                         free / (1024 * 1024),
@@ -150,13 +152,15 @@ impl SystemUpgrade {
                     ));
                 }
                 Some(_) => {}
-                None => {
-                    return StepOutcome::Fail(format!(
-                        "cannot read free space of {}",
-                        path.display()
-                    ));
-                }
+                None => return Err(format!("cannot read free space of {}", path.display())),
             }
+        }
+        Ok(())
+    }
+
+    async fn preflight(&self, ctx: &StepContext<'_>) -> StepOutcome {
+        if let Err(problem) = self.ready() {
+            return StepOutcome::Fail(problem);
         }
         match self.settings.mode {
             Mode::Simulate => StepOutcome::Done,
@@ -248,7 +252,7 @@ impl SystemUpgrade {
         Ok(dpkg::broken_packages(&out.stdout))
     }
 
-    async fn update_lists(&self, ctx: &StepContext<'_>) -> StepOutcome {
+    pub(crate) async fn update_lists(&self, ctx: &StepContext<'_>) -> StepOutcome {
         if self.settings.mode == Mode::Simulate {
             // Refreshing lists changes the machine; a simulation must not.
             return StepOutcome::Done;

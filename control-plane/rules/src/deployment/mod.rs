@@ -75,6 +75,9 @@ pub enum DeploymentJob {
     /// fills in the rest from the package store before the deployment is
     /// stored, so the spec (and every job) fixes the file's checksum.
     PackageInstallV1(Box<PackageInstall>),
+    /// A patch assessment now, on every target (read only). (Appended:
+    /// stored deployments decode unchanged.)
+    PatchAssessmentV1,
 }
 
 impl DeploymentJob {
@@ -83,6 +86,7 @@ impl DeploymentJob {
             DeploymentJob::SystemUpgradeV1 => JobKind::system_upgrade(),
             DeploymentJob::InventoryRefreshV1 => JobKind::inventory_refresh(),
             DeploymentJob::PackageInstallV1(package) => JobKind::PackageInstallV1(package.clone()),
+            DeploymentJob::PatchAssessmentV1 => JobKind::patch_assessment(),
         }
     }
 
@@ -92,6 +96,7 @@ impl DeploymentJob {
             DeploymentJob::SystemUpgradeV1 => "systemUpgradeV1",
             DeploymentJob::InventoryRefreshV1 => "inventoryRefreshV1",
             DeploymentJob::PackageInstallV1(_) => "packageInstallV1",
+            DeploymentJob::PatchAssessmentV1 => "patchAssessmentV1",
         }
     }
 }

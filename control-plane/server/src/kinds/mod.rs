@@ -14,6 +14,7 @@
 //! built with (agent/src/main.rs), each advertising its kind as its
 //! capability.
 
+mod assessment;
 mod inventory;
 mod package;
 mod upgrade;
@@ -119,6 +120,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &upgrade::SystemUpgrade,
     &inventory::InventoryRefresh,
     &package::PackageInstall,
+    &assessment::PatchAssessment,
 ];
 
 /// The kind called `name`, if this control plane knows it.
@@ -227,7 +229,7 @@ mod tests {
         }
         assert_eq!(
             examples(),
-            "systemUpgradeV1: {}, inventoryRefreshV1: {} or packageInstallV1: {package: ID}"
+            "systemUpgradeV1: {}, inventoryRefreshV1: {}, packageInstallV1: {package: ID} or patchAssessmentV1: {}"
         );
     }
 

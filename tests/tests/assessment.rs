@@ -1,0 +1,177 @@
+//! Patch assessments against real apt inside a disposable Debian root
+//! (issue 31): a real drover-agent in upgrade mode, pointed at the root,
+//! assesses it as it changes: up to date; an ordinary update pending; a
+//! security update pending from a local archive whose Release names a
+//! `-security` suite; a reboot pending. The job refreshes the lists and
+//! installs nothing. The same job runs from the control plane (a scripted
+//! one here, sending the signed intent) and from the device itself
+//! (`drover-agent assess`, through the running agent's queue).
+
+use drover_tests::debroot::{Pkg, Sandbox};
+use drover_tests::script::{Script, intent, new_job};
+use drover_tests::{AgentProcess, bin, toml_string};
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+const DEVICE: &str = "assess-1";
+const APT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// One assessment sent as a fleet job; its output.
+async fn assess(server: &mut Script) -> Value {
+    let job = new_job();
+    server
+        .send_job(intent(&job, DEVICE, json!({"patchAssessmentV1": {}}), 600))
+        .await;
+    let result = server.result_within(&job, APT_TIMEOUT).await;
+    let status = &result["status"];
+    assert_eq!(status["state"], "Succeeded", "{status}");
+    status["output"]["assessment"].clone()
+}
+
+fn pending(assessment: &Value) -> Vec<(String, Option<String>, String, bool)> {
+    assessment["pending"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                p["from"].as_str().map(str::to_owned),
+                p["to"].as_str().unwrap_or("?").to_owned(),
+                p["security"] == true,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assessments_read_what_is_pending_security_first_and_install_nothing() {
+    let sandbox = Sandbox::new();
+    let base = [
+        Pkg::new("drover-assess-app", "1.0"),
+        Pkg::new("drover-assess-lib", "1.0"),
+    ];
+    sandbox.publish(&base);
+    sandbox.install(&["drover-assess-app", "drover-assess-lib"]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("ws://{}", listener.local_addr().expect("addr"));
+    let agent = AgentProcess::start_with(
+        &sandbox.dir.path().join("agent"),
+        DEVICE,
+        &url,
+        "token",
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    let mut server = Script::accept(&listener, DEVICE).await;
+
+    // Up to date: nothing pending, no security archive among the sources.
+    let first = assess(&mut server).await;
+    assert_eq!(first["upgradable"], 0, "{first}");
+    assert_eq!(first["security"], 0, "{first}");
+    assert_eq!(first["securityArchive"], false, "{first}");
+    assert!(first["rebootPending"].is_null(), "{first}");
+    assert!(
+        first["runningKernel"]
+            .as_str()
+            .is_some_and(|k| !k.is_empty()),
+        "{first}"
+    );
+
+    // An ordinary update: the app's 2.0 in the main archive. The job
+    // refreshed the lists itself (nobody ran apt-get update here).
+    sandbox.publish(&[
+        Pkg::new("drover-assess-app", "2.0"),
+        Pkg::new("drover-assess-lib", "1.0"),
+    ]);
+    let second = assess(&mut server).await;
+    assert_eq!(second["upgradable"], 1, "{second}");
+    assert_eq!(second["security"], 0, "{second}");
+    assert_eq!(
+        pending(&second),
+        [(
+            "drover-assess-app".to_owned(),
+            Some("1.0".to_owned()),
+            "2.0".to_owned(),
+            false
+        )]
+    );
+
+    // A security update: the lib's 1.1 from the security archive. It is
+    // listed first, and the device now has a security archive.
+    sandbox.publish_security(&[Pkg::new("drover-assess-lib", "1.1")]);
+    let third = assess(&mut server).await;
+    assert_eq!(third["upgradable"], 2, "{third}");
+    assert_eq!(third["security"], 1, "{third}");
+    assert_eq!(third["securityArchive"], true, "{third}");
+    assert_eq!(
+        pending(&third),
+        [
+            (
+                "drover-assess-lib".to_owned(),
+                Some("1.0".to_owned()),
+                "1.1".to_owned(),
+                true
+            ),
+            (
+                "drover-assess-app".to_owned(),
+                Some("1.0".to_owned()),
+                "2.0".to_owned(),
+                false
+            ),
+        ]
+    );
+
+    // A reboot pending: the device asks for one; the assessment says why.
+    std::fs::create_dir_all(sandbox.path("/run")).expect("run dir");
+    std::fs::write(sandbox.path("/run/reboot-required"), "").expect("reboot-required");
+    let fourth = assess(&mut server).await;
+    assert!(
+        fourth["rebootPending"]
+            .as_str()
+            .is_some_and(|r| r.contains("reboot-required")),
+        "{fourth}"
+    );
+    // Assessing installed nothing, and never rebooted the root.
+    assert_eq!(
+        sandbox.package("drover-assess-app").as_deref(),
+        Some("1.0 ii")
+    );
+    assert_eq!(
+        sandbox.package("drover-assess-lib").as_deref(),
+        Some("1.0 ii")
+    );
+    assert!(!sandbox.path("/run/drover-reboot-requested").exists());
+
+    // On the device itself: `drover-agent assess` goes through the running
+    // agent's queue and prints what is pending, security first.
+    let out = Command::new(bin("drover-agent"))
+        .args(["assess", "--socket"])
+        .arg(&agent.socket)
+        .output()
+        .expect("drover-agent assess");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("assessment: 2 upgradable, 1 security") && text.contains("reboot pending"),
+        "{text}"
+    );
+    let lib = text.find("drover-assess-lib").expect("the lib listed");
+    let app = text.find("drover-assess-app").expect("the app listed");
+    assert!(lib < app, "the security update first: {text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("drover-assess-lib") && l.trim_end().ends_with("security")),
+        "{text}"
+    );
+}
