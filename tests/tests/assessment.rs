@@ -9,7 +9,7 @@
 
 use drover_tests::debroot::{Pkg, Sandbox};
 use drover_tests::script::{Script, intent, new_job};
-use drover_tests::{AgentProcess, bin, toml_string};
+use drover_tests::{API_VERSION, AgentProcess, ControlPlane, bin, eventually, toml_string};
 use serde_json::{Value, json};
 use std::process::Command;
 use std::time::Duration;
@@ -174,4 +174,142 @@ async fn assessments_read_what_is_pending_security_first_and_install_nothing() {
             .any(|l| l.contains("drover-assess-lib") && l.trim_end().ends_with("security")),
         "{text}"
     );
+}
+
+/// The fleet's view: a Deployment asks a real device (upgrade mode, a
+/// disposable root with an ordinary and a security update pending) for an
+/// assessment; the control plane keeps it as the device's latest, and
+/// `get devices -o wide` and `describe device` show it. Then the device
+/// assesses on its own (`drover-agent assess`: a local job the control
+/// plane never sent) after a reboot became pending, and that report
+/// replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_or_the_device() {
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[
+        Pkg::new("drover-assess-app", "1.0"),
+        Pkg::new("drover-assess-lib", "1.0"),
+    ]);
+    sandbox.install(&["drover-assess-app", "drover-assess-lib"]);
+    sandbox.publish(&[
+        Pkg::new("drover-assess-app", "2.0"),
+        Pkg::new("drover-assess-lib", "1.0"),
+    ]);
+    sandbox.publish_security(&[Pkg::new("drover-assess-lib", "1.1")]);
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("patch-1", &["production"], json!({})).await;
+    let token = cp.device_token("patch-1");
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(&cp.agent_url),
+        toml_string(&token)
+    );
+    let agent = AgentProcess::start_full(
+        &sandbox.dir.path().join("agent"),
+        "patch-1",
+        &transport,
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&["patch-1"]).await;
+    let drover = |args: &[&str]| {
+        let out = cp.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Before any assessment.
+    assert!(cp.get("/devices/patch-1").await["patch"].is_null());
+    assert_eq!(cp.get_status("/devices/patch-1/assessment").await, 404);
+
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment", "metadata": {"name": "assess-now"},
+        "spec": {"targets": {"all": true}, "patchAssessmentV1": {}, "maxConcurrency": 10,
+                 "deadlineSeconds": 3600}
+    }))
+    .await;
+    let patch = eventually(APT_TIMEOUT, "the fleet's assessment kept", || async {
+        let device = cp.get("/devices/patch-1").await;
+        (!device["patch"].is_null()).then(|| device["patch"].clone())
+    })
+    .await;
+    assert_eq!(patch["upgradable"], 2, "{patch}");
+    assert_eq!(patch["security"], 1, "{patch}");
+    assert!(patch["oldestSecuritySince"].is_string(), "{patch}");
+    assert!(patch["rebootPending"].is_null(), "{patch}");
+    let wide = drover(&["get", "devices", "-o", "wide"]);
+    let header = wide.lines().next().unwrap_or("");
+    for column in ["UPDATES", "SECURITY", "OLDEST", "REBOOT"] {
+        assert!(header.contains(column), "{wide}");
+    }
+    let row: Vec<&str> = wide
+        .lines()
+        .find(|l| l.starts_with("patch-1 "))
+        .unwrap_or_else(|| panic!("{wide}"))
+        .split_whitespace()
+        .collect();
+    // UPDATES, SECURITY, OLDEST (an age), REBOOT.
+    let n = row.len();
+    assert_eq!(
+        (row[n - 4], row[n - 3], row[n - 1]),
+        ("2", "1", "no"),
+        "{wide}"
+    );
+    let described = drover(&["describe", "device", "patch-1"]);
+    assert!(
+        described.contains("patch status: 2 updates pending, 1 security"),
+        "{described}"
+    );
+    let lib_row = described
+        .lines()
+        .find(|l| l.starts_with("drover-assess-lib "))
+        .unwrap_or_else(|| panic!("{described}"));
+    assert!(
+        lib_row.contains("1.0") && lib_row.contains("1.1") && lib_row.contains("yes"),
+        "{described}"
+    );
+    let first_since = patch["oldestSecuritySince"].clone();
+
+    // The device assesses on its own after a reboot became pending: the
+    // control plane never sent that job, and keeps its report.
+    std::fs::create_dir_all(sandbox.path("/run")).expect("run dir");
+    std::fs::write(sandbox.path("/run/reboot-required"), "").expect("reboot-required");
+    let out = Command::new(bin("drover-agent"))
+        .args(["assess", "--socket"])
+        .arg(&agent.socket)
+        .output()
+        .expect("drover-agent assess");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let patch = eventually(
+        Duration::from_secs(30),
+        "the device's own assessment kept",
+        || async {
+            let device = cp.get("/devices/patch-1").await;
+            device["patch"]["rebootPending"]
+                .is_string()
+                .then(|| device["patch"].clone())
+        },
+    )
+    .await;
+    assert_eq!(
+        patch["oldestSecuritySince"], first_since,
+        "the security update still waits since the first assessment saw it"
+    );
+    let wide = drover(&["get", "devices", "-o", "wide"]);
+    let row = wide
+        .lines()
+        .find(|l| l.starts_with("patch-1 "))
+        .unwrap_or_else(|| panic!("{wide}"));
+    assert!(row.trim_end().ends_with("yes"), "{wide}");
 }

@@ -332,6 +332,10 @@ pub struct ListedDevice {
     /// Connected and heard from lately (absent from older servers).
     #[serde(default)]
     pub online: bool,
+    /// Its latest patch assessment's summary (null before the first one;
+    /// absent from older servers).
+    #[serde(default)]
+    pub patch: Value,
 }
 
 /// A table in kubectl's style: no borders, columns two spaces apart, each
@@ -380,7 +384,17 @@ fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
         "CAPABILITIES",
     ];
     if wide {
-        headers.extend(["OS", "ARCH", "TRANSPORT", "TIME ZONE", "BOOT ID"]);
+        headers.extend([
+            "OS",
+            "ARCH",
+            "TRANSPORT",
+            "TIME ZONE",
+            "BOOT ID",
+            "UPDATES",
+            "SECURITY",
+            "OLDEST",
+            "REBOOT",
+        ]);
     }
     let mut rows = Vec::new();
     for listed in devices {
@@ -411,6 +425,7 @@ fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
             ] {
                 row.push(printable(extra.as_deref().unwrap_or("-")));
             }
+            row.extend(patch_cells(&listed.patch, now));
         }
         rows.push(Row {
             key: d.id.to_string(),
@@ -420,10 +435,42 @@ fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
     Listing {
         headers,
         rows,
-        // LAST SEEN changes with the clock alone.
-        volatile: vec![2],
+        // LAST SEEN (and OLDEST, a wait) change with the clock alone.
+        volatile: if wide { vec![2, 14] } else { vec![2] },
         note: None,
     }
+}
+
+/// A device's patch columns: pending updates, of them security ones ("n/a"
+/// with no security archive among its sources), how long the oldest pending
+/// security update has waited, and whether a reboot is pending; "-" before
+/// its first assessment.
+fn patch_cells(patch: &Value, now: jiff::Timestamp) -> [String; 4] {
+    if patch.is_null() {
+        return ["-".into(), "-".into(), "-".into(), "-".into()];
+    }
+    let security = if patch["securityArchive"] == false {
+        "n/a".to_owned()
+    } else {
+        number(&patch["security"])
+    };
+    let oldest = patch["oldestSecuritySince"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    [
+        number(&patch["upgradable"]),
+        security,
+        match oldest {
+            Some(_) => age(oldest, now),
+            None => "-".into(),
+        },
+        if patch["rebootPending"].is_string() {
+            "yes"
+        } else {
+            "no"
+        }
+        .to_owned(),
+    ]
 }
 
 fn schedule_rows(schedules: &[Value]) -> Listing {

@@ -307,11 +307,14 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let api = client(&cli)?;
             let device: Value = api.get(&format!("/devices/{name}")).await?;
             let jobs: Value = api.get(&format!("/devices/{name}/jobs")).await?;
+            let assessment: Option<Value> = api
+                .get_optional(&format!("/devices/{name}/assessment"))
+                .await?;
             if !structured(
                 *output,
-                &serde_json::json!({"device": device, "jobs": jobs}),
+                &serde_json::json!({"device": device, "jobs": jobs, "assessment": assessment}),
             )? {
-                cmd::describe::device(&device, &jobs);
+                cmd::describe::device(&device, &jobs, assessment.as_ref());
             }
             Ok(0)
         }

@@ -44,7 +44,8 @@ one_layout!(
     crate::deployment::DeviceInventory,
     crate::records::PackageRecord,
     crate::records::SecretRecord,
-    crate::records::AlertRecord
+    crate::records::AlertRecord,
+    crate::patch::DeviceAssessment
 );
 
 /// A run as stored: V1 until runs kept the schedule that made them, V2
@@ -490,6 +491,18 @@ mod tests {
             Some("nightly-202612020300")
         );
         assert_eq!(schedule.status.skipped, 2);
+        let assessment = crate::patch::DeviceAssessment::from_bytes(&hex(include_str!(
+            "fixtures/assessment_v1.hex"
+        )))
+        .expect("assessment V1");
+        assert_eq!(assessment.device.as_str(), "pi-kitchen");
+        assert_eq!(assessment.assessment.upgradable, 2);
+        assert_eq!(assessment.assessment.pending[0].name, "openssl");
+        assert!(assessment.assessment.pending[0].security);
+        assert_eq!(
+            assessment.oldest_security(),
+            Some("2026-12-01T03:00:02Z".parse().expect("time"))
+        );
     }
 
     /// Since runs keep their schedule and schedules their history limits

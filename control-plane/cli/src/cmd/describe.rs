@@ -67,7 +67,7 @@ pub fn run(run: &Value, targets: &[Value]) {
 
 /// A device: what it is, its latest jobs with what each did, and the
 /// packages its latest upgrade changed.
-pub fn device(device: &Value, jobs: &Value) {
+pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
     let now = jiff::Timestamp::now();
     let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
     out!("device:      {}", text(&device["id"]));
@@ -109,6 +109,52 @@ pub fn device(device: &Value, jobs: &Value) {
         }
     );
     out!("time zone:   {}", text(&device["timeZone"]));
+    out!("");
+    match assessment {
+        None => out!("patch status: not assessed yet"),
+        Some(a) => {
+            out!(
+                "patch status: {} (assessed {})",
+                text(&a["summary"]),
+                moment(&a["assessedAt"], now)
+            );
+            if let Some(reason) = a["rebootPending"].as_str() {
+                out!("reboot:       pending: {}", printable(reason));
+            }
+            out!(
+                "kernel:       {} running{}",
+                text(&a["runningKernel"]),
+                match a["newestKernel"].as_str() {
+                    Some(newest) => format!(", {} installed", printable(newest)),
+                    None => String::new(),
+                }
+            );
+            let pending = a["pending"].as_array().cloned().unwrap_or_default();
+            if !pending.is_empty() {
+                out!("");
+                let mut rows = table(&["PENDING", "FROM", "TO", "SECURITY", "WAITING"]);
+                for p in &pending {
+                    let since = p["since"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                    rows.add_row(vec![
+                        text(&p["name"]),
+                        text(&p["from"]),
+                        text(&p["to"]),
+                        if p["security"] == true { "yes" } else { "" }.to_owned(),
+                        match since {
+                            Some(_) => age(since, now),
+                            None => "-".into(),
+                        },
+                    ]);
+                }
+                print_table(&rows);
+                if a["omitted"].as_u64().is_some_and(|n| n > 0) {
+                    out!("({} more not listed)", a["omitted"]);
+                }
+            }
+        }
+    }
     out!("");
     let items = jobs["items"].as_array().cloned().unwrap_or_default();
     if items.is_empty() {

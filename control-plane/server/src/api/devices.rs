@@ -2,6 +2,7 @@
 //! deleting one.
 
 use super::*;
+use drover_rules::patch::DeviceAssessment;
 
 #[derive(Deserialize)]
 pub(super) struct DevicePage {
@@ -106,12 +107,21 @@ pub(super) async fn list_devices(
 ) -> Result<Response, ApiError> {
     let (devices, next) = list_page::<DeviceRecord>(&state.db, "devices/", &query).await?;
     let now = Timestamp::now();
+    let mut assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = state
+        .db
+        .list::<DeviceAssessment>("assessments/")
+        .await?
+        .into_iter()
+        .map(|(_, _, a)| (a.device.clone(), a))
+        .collect();
     let mut listed = Vec::with_capacity(devices.len());
     for stored in devices {
         let online = state.presence.online(&stored.id, stored.last_seen, now);
+        let assessment = assessments.remove(&stored.id);
         let mut device = serde_json::to_value(with_presence(&state, stored))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         device["online"] = Value::Bool(online);
+        device["patch"] = patch_summary(assessment.as_ref());
         listed.push(device);
     }
     Ok(super::listed("/devices", &query, listed, next))
@@ -178,7 +188,74 @@ pub(super) async fn get_device(
     let mut device = serde_json::to_value(with_presence(&state, stored))
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     device["online"] = Value::Bool(online);
+    let assessment = state
+        .db
+        .get::<DeviceAssessment>(&drover_rules::patch::assessment_key(&id))
+        .await?
+        .map(|(_, a)| a);
+    device["patch"] = patch_summary(assessment.as_ref());
     Ok(Json(device))
+}
+
+/// A device's patch status in a listing: the counts of its latest
+/// assessment, when it was received, and since when the oldest pending
+/// security update has waited; null before its first assessment.
+fn patch_summary(assessment: Option<&DeviceAssessment>) -> Value {
+    let Some(a) = assessment else {
+        return Value::Null;
+    };
+    json!({
+        "assessedAt": a.received_at.to_string(),
+        "upgradable": a.assessment.upgradable,
+        "security": a.assessment.security,
+        "keptBack": a.assessment.kept_back,
+        "securityArchive": a.assessment.security_archive,
+        "rebootPending": a.assessment.reboot_pending,
+        "runningKernel": a.assessment.running_kernel,
+        "newestKernel": a.assessment.newest_kernel,
+        "oldestSecuritySince": a.oldest_security().map(|t| t.to_string()),
+        "summary": drover_rules::outcome::assessment_line(&a.assessment),
+    })
+}
+
+/// A device's latest patch assessment whole: the summary's fields and the
+/// pending packages, each security update with since when it has waited.
+pub(super) async fn get_assessment(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if state
+        .db
+        .get::<DeviceRecord>(&device_key(&id))
+        .await?
+        .is_none()
+    {
+        return Err(not_found(format!("device {id}")));
+    }
+    let Some((_, a)) = state
+        .db
+        .get::<DeviceAssessment>(&drover_rules::patch::assessment_key(&id))
+        .await?
+    else {
+        return Err(not_found(format!(
+            "an assessment of device {id} (none has reached the control plane yet)"
+        )));
+    };
+    let mut value = patch_summary(Some(&a));
+    value["pending"] = a
+        .assessment
+        .pending
+        .iter()
+        .map(|p| {
+            json!({
+                "name": p.name, "from": p.from, "to": p.to, "security": p.security,
+                "since": a.security_since.get(&p.name).map(|t| t.to_string()),
+            })
+        })
+        .collect();
+    value["omitted"] = json!(a.assessment.omitted);
+    Ok(Json(value))
 }
 
 /// Removes a device from the registry with its inventory and its finished
@@ -235,6 +312,7 @@ pub(super) async fn delete_device(
     let mut keys: Vec<String> = deleted.into_iter().map(|(key, _, _)| key).collect();
     let job_count = keys.len();
     keys.push(crate::deployment::inventory_key(&id));
+    keys.push(drover_rules::patch::assessment_key(&id));
     keys.push(device_key(&id));
     state.db.delete_all(&keys).await?;
     tracing::info!(device = %id, jobs = job_count, kept = kept.len(), "device deleted");

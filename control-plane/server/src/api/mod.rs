@@ -162,6 +162,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/devices/{id}/jobs", get(device_jobs))
+        .route("/devices/{id}/assessment", get(get_assessment))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route(

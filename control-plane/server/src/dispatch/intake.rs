@@ -91,6 +91,19 @@ impl Dispatcher {
                 Err(e) => warn!(key, error = %e, "cannot encode an inventory"),
             }
         }
+        for (key, (expected, assessment)) in &work.assessments {
+            match Db::encode(assessment) {
+                Ok(value) => {
+                    ops.push(Op::Put {
+                        key: key.clone(),
+                        value,
+                        expected: *expected,
+                    });
+                    written.push((key.clone(), None, None));
+                }
+                Err(e) => warn!(key, error = %e, "cannot encode an assessment"),
+            }
+        }
         // After every op whose result is read below: an alert that exists
         // already (create-only) is no lost write.
         for (key, alert) in &work.alerts {
@@ -271,6 +284,48 @@ impl Dispatcher {
         });
     }
 
+    /// A finished assessment's findings become the device's latest
+    /// assessment, unless a newer one is kept; returns the key written.
+    async fn assessed(
+        &self,
+        device: &DeviceId,
+        status: &JobStatus,
+        received_at: Timestamp,
+        work: &mut Work,
+    ) -> Result<Vec<String>, DbError> {
+        let (Some(agent_core::JobOutput::Assessment(assessment)), Some(finished_at)) =
+            (&status.output, status.finished_at)
+        else {
+            return Ok(Vec::new());
+        };
+        if status.state != agent_core::JobState::Succeeded {
+            return Ok(Vec::new());
+        }
+        let key = drover_rules::patch::assessment_key(device);
+        let (expected, previous) = match work.assessments.get(&key) {
+            Some((expected, previous)) => (*expected, Some(previous.clone())),
+            None => match self
+                .db
+                .get::<drover_rules::patch::DeviceAssessment>(&key)
+                .await?
+            {
+                Some((revision, previous)) => (revision, Some(previous)),
+                None => (0, None),
+            },
+        };
+        let Some(next) = drover_rules::patch::next(
+            previous.as_ref(),
+            device,
+            assessment.clone(),
+            finished_at,
+            received_at,
+        ) else {
+            return Ok(Vec::new());
+        };
+        work.assessments.insert(key.clone(), (expected, next));
+        Ok(vec![key])
+    }
+
     /// The current record of a job: this batch's pending write, else the store.
     pub(super) async fn job_record(
         &self,
@@ -323,6 +378,16 @@ impl Dispatcher {
         let status = &bounded_status(status);
         let key = job_key(device, status.job_id);
         let Some((expected, mut job)) = self.job_record(&key, work).await? else {
+            if status.kind == "patchAssessmentV1" {
+                // The agent assessed on its own (a local job the control
+                // plane never sent): its finished report is kept as the
+                // device's latest assessment; its other statuses are
+                // confirmed and dropped.
+                let keys = self
+                    .assessed(device, status, received_at.min(Timestamp::now()), work)
+                    .await?;
+                return Ok((Answer::Stored, keys, Vec::new()));
+            }
             return Ok((
                 Answer::Refused(format!("unknown job {}", status.job_id)),
                 Vec::new(),
@@ -404,6 +469,12 @@ impl Dispatcher {
                     keys.push(inventory_key);
                 }
                 crate::kinds::ReportWrite::Alert(key, alert) => work.alerts.push((key, alert)),
+                crate::kinds::ReportWrite::Assessment => {
+                    keys.extend(
+                        self.assessed(device, &status, received_at.min(now), work)
+                            .await?,
+                    );
+                }
             }
         }
         debug!(job_id = %status.job_id, state = ?status.state, seq = status.seq, "status stored");

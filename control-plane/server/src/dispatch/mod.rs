@@ -109,6 +109,8 @@ struct Work {
     devices: HashMap<String, (u64, DeviceRecord)>,
     /// Installed packages from inventory results (`inventory/<device>`).
     inventories: HashMap<String, (u64, crate::deployment::DeviceInventory)>,
+    /// Each device's latest patch assessment (`assessments/<device>`).
+    assessments: HashMap<String, (u64, drover_rules::patch::DeviceAssessment)>,
     cursors: HashMap<&'static str, u64>,
     /// Alerts this batch raises, created once (a conflict means it exists).
     alerts: Vec<(String, crate::alerts::AlertRecord)>,

@@ -1,9 +1,11 @@
 //! `patchAssessmentV1`: what a full upgrade would change on the device now
-//! (issue 31). A Deployment may ask every target for one; the report (what
-//! is pending, security first, whether a reboot is) stays with the job and
-//! reads as one line (`drover_rules::outcome::assessment_line`).
+//! (issue 31). A Deployment may ask every target for one; the agent also
+//! runs one on its own. The report (what is pending, security first,
+//! whether a reboot is) stays with the job, reads as one line
+//! (`drover_rules::outcome::assessment_line`), and becomes the device's
+//! latest assessment (`drover_rules::patch`).
 
-use super::Kind;
+use super::{Kind, Report, ReportWrite};
 use drover_rules::deployment::DeploymentJob;
 
 pub struct PatchAssessment;
@@ -20,5 +22,11 @@ impl Kind for PatchAssessment {
     ) -> DeploymentJob {
         super::empty_section(self.name(), section, problems);
         DeploymentJob::PatchAssessmentV1
+    }
+
+    fn on_report(&self, _report: &mut Report<'_>) -> Vec<ReportWrite> {
+        // The delivery core keeps a succeeded report's findings as the
+        // device's latest assessment (as for one the agent ran on its own).
+        vec![ReportWrite::Assessment]
     }
 }

@@ -61,6 +61,9 @@ pub enum ReportWrite {
     Inventory(DeviceInventory),
     /// An alert, created once (`alerts/<device>/<job>`).
     Alert(String, AlertRecord),
+    /// The report's patch assessment becomes the device's latest
+    /// (`assessments/<device>`), unless a newer one is kept.
+    Assessment,
 }
 
 /// One job kind's handling on the control plane.
