@@ -3,6 +3,7 @@
 //! tracking and the local status socket. It does no network I/O: transports
 //! turn bytes into calls on [`executor::Agent`].
 
+pub mod assessments;
 pub mod backoff;
 pub mod boot;
 pub mod chain;

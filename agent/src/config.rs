@@ -37,6 +37,8 @@ pub struct Config {
     pub updater: Updater,
     #[serde(default)]
     pub limits: Limits,
+    #[serde(default)]
+    pub assessment: Assessment,
     #[cfg(feature = "testing")]
     #[serde(default)]
     pub testing: Option<Testing>,
@@ -265,6 +267,28 @@ impl Config {
             (None, _) => default_ca_file(),
         }
     }
+}
+
+/// The agent's own patch assessments (`[assessment]`): every
+/// `every_minutes` (a day by default; 0 turns them off) and after every job
+/// that changed packages.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assessment {
+    #[serde(default = "default_assess_every_minutes")]
+    pub every_minutes: u32,
+}
+
+impl Default for Assessment {
+    fn default() -> Self {
+        Self {
+            every_minutes: default_assess_every_minutes(),
+        }
+    }
+}
+
+fn default_assess_every_minutes() -> u32 {
+    24 * 60
 }
 
 #[derive(Debug, Deserialize)]

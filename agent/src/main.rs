@@ -255,6 +255,39 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
     }
 }
 
+/// Queues the agent's own patch assessments when they are due
+/// (`agent_core::assessments`): looks at the kept jobs at most every minute
+/// (more often for a short period), reading the store and writing nothing
+/// until one is due.
+async fn assess_on_schedule(agent: Arc<Agent>, every_minutes: u32, shutdown: CancellationToken) {
+    if every_minutes == 0 {
+        info!("the agent's own patch assessments are off ([assessment] every_minutes = 0)");
+        return;
+    }
+    let every = jiff::SignedDuration::from_mins(i64::from(every_minutes));
+    let schedule = agent_core::assessments::Schedule::for_device(agent.device_id(), every);
+    let started = agent_core::clock::now();
+    let look_every = Duration::from_secs((u64::from(every_minutes) * 6).clamp(1, 60));
+    loop {
+        let jobs = agent.recent_jobs(KEPT_JOBS_LOOKED_AT).unwrap_or_default();
+        if let Some(due) = agent_core::assessments::next_due(&jobs, started, &schedule)
+            && due <= agent_core::clock::now()
+        {
+            match agent.admit_local(agent_core::JobKind::patch_assessment()) {
+                Ok(reply) => info!(job_id = %reply.status.job_id, "patch assessment queued"),
+                Err(e) => tracing::warn!(error = %e, "cannot queue a patch assessment"),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(look_every) => {}
+        }
+    }
+}
+
+/// How many of the newest kept jobs the assessment schedule reads.
+const KEPT_JOBS_LOOKED_AT: usize = 50;
+
 fn init_logging() {
     agent_core::logging::init("info");
 }
@@ -430,6 +463,11 @@ async fn run(config_path: &Path) -> Result<()> {
         }
     });
     let worker = tokio::spawn(agent.clone().run(shutdown.clone()));
+    let assessing = tokio::spawn(assess_on_schedule(
+        agent.clone(),
+        config.assessment.every_minutes,
+        shutdown.clone(),
+    ));
     let token = config.transport.read_token()?;
     let transport = match link_settings(&config, &device_id, token) {
         Link::Websocket(settings) => tokio::spawn(transport_websocket::client::run(
@@ -468,7 +506,7 @@ async fn run(config_path: &Path) -> Result<()> {
     info!("stopping at a safe point");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     shutdown.cancel();
-    let _ = tokio::join!(worker, transport, socket, watchdog);
+    let _ = tokio::join!(worker, transport, socket, watchdog, assessing);
     if let Some(code) = exit {
         // systemd restarts us on these statuses (Restart=on-failure,
         // RestartForceExitStatus=75).

@@ -1255,9 +1255,16 @@ impl AgentProcess {
         std::fs::create_dir_all(dir).expect("agent dir");
         let config = dir.join("agent.toml");
         let socket = dir.join("status.sock");
+        // The agent's own assessments are off unless a test asks for them:
+        // a local job after every upgrade would change what most tests see.
+        let assessment = if extra.contains("[assessment]") {
+            ""
+        } else {
+            "[assessment]\nevery_minutes = 0\n"
+        };
         let text = format!(
             "device_id = {}\nintent_public_keys = [{}]\nstate_dir = {}\nstatus_socket = {}\n{top}\n\n\
-             [transport]\n{transport}\n[updater]\n{updater}\n\n{extra}\n",
+             [transport]\n{transport}\n[updater]\n{updater}\n\n{assessment}{extra}\n",
             toml_string(device),
             toml_string(TEST_INTENT_PUBLIC_KEY),
             toml_string(&dir.join("state").display().to_string()),

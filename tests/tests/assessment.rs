@@ -313,3 +313,66 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
         .unwrap_or_else(|| panic!("{wide}"));
     assert!(row.trim_end().ends_with("yes"), "{wide}");
 }
+
+/// The agent assesses on its own schedule: a first time after its start
+/// (within its offset, an eighth of the period at most), and at once after
+/// an upgrade ends; each report reaches the control plane. Simulate mode:
+/// apt only reads the host's lists, nothing is refreshed or changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_assesses_after_its_start_and_after_every_upgrade() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("sched-assess-1", &["production"], json!({}))
+        .await;
+    let token = cp.device_token("sched-assess-1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _agent = AgentProcess::start_with(
+        dir.path(),
+        "sched-assess-1",
+        &cp.agent_url,
+        &token,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        // A two-minute period: the first assessment within 15 s of the
+        // start, the schedule looked at every 12 s; the next periodic one
+        // two minutes after the first.
+        "[assessment]\nevery_minutes = 2\n",
+    );
+    cp.wait_for_agents(&["sched-assess-1"]).await;
+    let assessed_at = |device: Value| {
+        device["patch"]["assessedAt"]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+    };
+    let first = eventually(
+        Duration::from_secs(60),
+        "the agent's first assessment at the control plane",
+        || async { assessed_at(cp.get("/devices/sched-assess-1").await) },
+    )
+    .await;
+    // An upgrade: once it ends, an assessment follows at once (well before
+    // the next period would bring one).
+    cp.apply_upgrade_run("upgrade-then-assess", "production", 600)
+        .await;
+    let run = cp
+        .wait_run_finished("upgrade-then-assess", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    let ended: jiff::Timestamp = run["status"]["completionTime"]
+        .as_str()
+        .expect("completion time")
+        .parse()
+        .expect("time");
+    let after = eventually(
+        Duration::from_secs(30),
+        "an assessment after the upgrade",
+        || async {
+            assessed_at(cp.get("/devices/sched-assess-1").await)
+                .filter(|t| *t > first && *t >= ended)
+        },
+    )
+    .await;
+    assert!(
+        after.duration_since(ended) < jiff::SignedDuration::from_secs(30),
+        "the assessment followed the upgrade at once: {ended} → {after}"
+    );
+}
