@@ -276,6 +276,33 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
         "{described}"
     );
     let first_since = patch["oldestSecuritySince"].clone();
+    // The fleet's summary: the API, the CLI and the metrics say the same.
+    let fleet = cp.get("/patch-status").await;
+    for (key, count) in [
+        ("devices", 1),
+        ("upToDate", 0),
+        ("withUpdates", 1),
+        ("withSecurityUpdates", 1),
+        ("securityUnder1Day", 1),
+        ("rebootPending", 0),
+        ("neverAssessed", 0),
+    ] {
+        assert_eq!(fleet[key], count, "{key}: {fleet}");
+    }
+    let summary = drover(&["patch-status"]);
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("with security updates:") && l.contains(" 1  (")),
+        "{summary}"
+    );
+    let metrics = cp.metrics().await;
+    for line in [
+        "drover_devices_patch{state=\"with_security_updates\"} 1",
+        "drover_devices_patch{state=\"up_to_date\"} 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 
     // The device assesses on its own after a reboot became pending: the
     // control plane never sent that job, and keeps its report.
@@ -312,6 +339,7 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
         .find(|l| l.starts_with("patch-1 "))
         .unwrap_or_else(|| panic!("{wide}"));
     assert!(row.trim_end().ends_with("yes"), "{wide}");
+    assert_eq!(cp.get("/patch-status").await["rebootPending"], 1);
 }
 
 /// The agent assesses on its own schedule: a first time after its start

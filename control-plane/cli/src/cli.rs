@@ -173,6 +173,13 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The fleet's patch status from each device's latest assessment: up to
+    /// date, with updates or security updates pending (and how long the
+    /// oldest has waited), a reboot pending, not assessed lately.
+    PatchStatus {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Cancel a task run or a deployment: nothing more is released, jobs
     /// that have not started on their devices are canceled there, and jobs
     /// that have started run to their end (an upgrade is never cut short).

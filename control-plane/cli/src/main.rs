@@ -299,6 +299,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::PatchStatus { output } => {
+            let fleet: Value = client(&cli)?.get("/patch-status").await?;
+            if !structured(*output, &fleet)? {
+                cmd::describe::patch_status(&fleet);
+            }
+            Ok(0)
+        }
         Command::Describe {
             resource: Described::Device,
             name,

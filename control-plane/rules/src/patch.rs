@@ -72,6 +72,91 @@ pub fn next(
     })
 }
 
+/// A device not assessed for longer than this counts as stale.
+pub const STALE_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(48);
+
+/// The fleet's patch status: how many devices are in each state. A device
+/// counts once in each line that holds for it (one with a security update
+/// pending also has updates pending); decommissioned devices are left out.
+/// The counts come from each device's latest assessment, however old;
+/// `stale` says how many of those are older than [`STALE_AFTER`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetPatchStatus {
+    pub devices: u32,
+    pub up_to_date: u32,
+    pub with_updates: u32,
+    pub with_security_updates: u32,
+    /// Of those, by how long the oldest pending security update has waited.
+    pub security_under_1_day: u32,
+    pub security_1_to_7_days: u32,
+    pub security_over_7_days: u32,
+    /// With no security archive among the device's sources.
+    pub no_security_archive: u32,
+    pub reboot_pending: u32,
+    /// Assessed, but not for over two days.
+    pub stale: u32,
+    pub never_assessed: u32,
+}
+
+impl FleetPatchStatus {
+    /// Counts one device (not decommissioned) with its latest assessment.
+    pub fn add(&mut self, assessment: Option<&DeviceAssessment>, now: Timestamp) {
+        self.devices += 1;
+        let Some(a) = assessment else {
+            self.never_assessed += 1;
+            return;
+        };
+        if now.duration_since(a.received_at) > STALE_AFTER {
+            self.stale += 1;
+        }
+        let found = &a.assessment;
+        if found.upgradable == 0 {
+            self.up_to_date += 1;
+        } else {
+            self.with_updates += 1;
+        }
+        if !found.security_archive {
+            self.no_security_archive += 1;
+        }
+        if found.security > 0 {
+            self.with_security_updates += 1;
+            let waited = a
+                .oldest_security()
+                .map_or(jiff::SignedDuration::ZERO, |since| {
+                    now.duration_since(since)
+                });
+            if waited < jiff::SignedDuration::from_hours(24) {
+                self.security_under_1_day += 1;
+            } else if waited <= jiff::SignedDuration::from_hours(7 * 24) {
+                self.security_1_to_7_days += 1;
+            } else {
+                self.security_over_7_days += 1;
+            }
+        }
+        if found.reboot_pending.is_some() {
+            self.reboot_pending += 1;
+        }
+    }
+
+    /// The counts by name, as the metrics label them.
+    pub fn by_state(&self) -> [(&'static str, u32); 11] {
+        [
+            ("devices", self.devices),
+            ("up_to_date", self.up_to_date),
+            ("with_updates", self.with_updates),
+            ("with_security_updates", self.with_security_updates),
+            ("security_under_1_day", self.security_under_1_day),
+            ("security_1_to_7_days", self.security_1_to_7_days),
+            ("security_over_7_days", self.security_over_7_days),
+            ("no_security_archive", self.no_security_archive),
+            ("reboot_pending", self.reboot_pending),
+            ("stale", self.stale),
+            ("never_assessed", self.never_assessed),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +244,86 @@ mod tests {
         )
         .expect("fourth");
         assert_eq!(day4.oldest_security(), Some(t("2026-12-04T03:00:01Z")));
+    }
+
+    #[test]
+    fn the_fleet_counts_each_device_in_every_line_that_holds() {
+        let now = t("2026-12-10T12:00:00Z");
+        let device = DeviceId::new("pi-1").expect("id");
+        let record = |assessment: PatchAssessment, received: &str, since: &[(&str, &str)]| {
+            DeviceAssessment {
+                device: device.clone(),
+                finished_at: t(received),
+                received_at: t(received),
+                assessment,
+                security_since: since
+                    .iter()
+                    .map(|(name, at)| ((*name).to_owned(), t(at)))
+                    .collect(),
+            }
+        };
+        let mut fleet = FleetPatchStatus::default();
+        // Up to date, assessed an hour ago.
+        fleet.add(
+            Some(&record(
+                PatchAssessment {
+                    security_archive: true,
+                    ..PatchAssessment::default()
+                },
+                "2026-12-10T11:00:00Z",
+                &[],
+            )),
+            now,
+        );
+        // Security pending 3 days, a reboot pending too.
+        let mut security = pending(&[("openssl", true)]);
+        security.reboot_pending = Some("/run/reboot-required exists".into());
+        fleet.add(
+            Some(&record(
+                security,
+                "2026-12-10T03:00:00Z",
+                &[("openssl", "2026-12-07T03:00:00Z")],
+            )),
+            now,
+        );
+        // Security pending 9 days, last assessed 3 days ago (stale).
+        fleet.add(
+            Some(&record(
+                pending(&[("libc6", true)]),
+                "2026-12-07T03:00:00Z",
+                &[("libc6", "2026-12-01T03:00:00Z")],
+            )),
+            now,
+        );
+        // Ordinary updates only, no security archive (32-bit Raspberry Pi OS).
+        fleet.add(
+            Some(&record(
+                PatchAssessment {
+                    upgradable: 4,
+                    ..PatchAssessment::default()
+                },
+                "2026-12-10T10:00:00Z",
+                &[],
+            )),
+            now,
+        );
+        // Never assessed.
+        fleet.add(None, now);
+        assert_eq!(
+            fleet,
+            FleetPatchStatus {
+                devices: 5,
+                up_to_date: 1,
+                with_updates: 3,
+                with_security_updates: 2,
+                security_under_1_day: 0,
+                security_1_to_7_days: 1,
+                security_over_7_days: 1,
+                no_security_archive: 1,
+                reboot_pending: 1,
+                stale: 1,
+                never_assessed: 1,
+            }
+        );
     }
 }

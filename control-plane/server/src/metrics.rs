@@ -21,6 +21,7 @@ pub type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub devices: Family<Labels, Gauge>,
+    pub patch: Family<Labels, Gauge>,
     pub agents: Family<Labels, Gauge>,
     pub jobs_undecided: Family<Labels, Gauge>,
     pub jobs_released: Family<Labels, Counter>,
@@ -45,6 +46,7 @@ impl Metrics {
         let metrics = Self {
             registry: Mutex::new(Registry::default()),
             devices: Family::default(),
+            patch: Family::default(),
             agents: Family::default(),
             jobs_undecided: Family::default(),
             jobs_released: Family::default(),
@@ -61,6 +63,11 @@ impl Metrics {
             "devices",
             "Registered devices by state: online, offline, never_connected, decommissioned",
             metrics.devices.clone(),
+        );
+        registry.register(
+            "devices_patch",
+            "Devices (not decommissioned) by patch status, from each one's latest assessment: devices, up_to_date, with_updates, with_security_updates, security_under_1_day, security_1_to_7_days, security_over_7_days (the oldest pending security update's wait), no_security_archive, reboot_pending, stale (not assessed for over 2 days), never_assessed; a device counts in each that holds",
+            metrics.patch.clone(),
         );
         registry.register(
             "connected_agents",

@@ -292,3 +292,26 @@ pub fn deployment(described: &Value) {
         }
     }
 }
+
+/// The fleet's patch status, a line per state (`drover patch-status`).
+pub fn patch_status(fleet: &Value) {
+    let n = |key: &str| drover::get::number(&fleet[key]);
+    out!("devices:                     {}", n("devices"));
+    out!("up to date:                  {}", n("upToDate"));
+    out!("with updates pending:        {}", n("withUpdates"));
+    out!(
+        "with security updates:       {}  (the oldest waiting under 1 day: {}, 1-7 days: {}, over 7 days: {})",
+        n("withSecurityUpdates"),
+        n("securityUnder1Day"),
+        n("security1To7Days"),
+        n("securityOver7Days")
+    );
+    out!("no security archive:         {}", n("noSecurityArchive"));
+    out!("reboot pending:              {}", n("rebootPending"));
+    out!(
+        "not assessed for {} hours:    {}",
+        n("staleAfterHours"),
+        n("stale")
+    );
+    out!("never assessed:              {}", n("neverAssessed"));
+}

@@ -197,6 +197,36 @@ pub(super) async fn get_device(
     Ok(Json(device))
 }
 
+/// The fleet's patch status (`drover_rules::patch::FleetPatchStatus`):
+/// every registered device that is not decommissioned, by its latest
+/// assessment.
+pub(super) async fn fleet_patch_status(
+    db: &crate::db::Db,
+    now: Timestamp,
+) -> Result<drover_rules::patch::FleetPatchStatus, ApiError> {
+    let mut assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = db
+        .list::<DeviceAssessment>("assessments/")
+        .await?
+        .into_iter()
+        .map(|(_, _, a)| (a.device.clone(), a))
+        .collect();
+    let mut fleet = drover_rules::patch::FleetPatchStatus::default();
+    for (_, _, device) in db.list::<DeviceRecord>("devices/").await? {
+        if !device.decommissioned {
+            fleet.add(assessments.remove(&device.id).as_ref(), now);
+        }
+    }
+    Ok(fleet)
+}
+
+pub(super) async fn patch_status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let fleet = fleet_patch_status(&state.db, Timestamp::now()).await?;
+    let mut value = serde_json::to_value(&fleet)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    value["staleAfterHours"] = json!(drover_rules::patch::STALE_AFTER.as_secs() / 3600);
+    Ok(Json(value))
+}
+
 /// A device's patch status in a listing: the counts of its latest
 /// assessment, when it was received, and since when the oldest pending
 /// security update has waited; null before its first assessment.

@@ -163,6 +163,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/devices/{id}/jobs", get(device_jobs))
         .route("/devices/{id}/assessment", get(get_assessment))
+        .route("/patch-status", get(patch_status))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
         .route(
@@ -367,6 +368,12 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
             .devices
             .get_or_create(&vec![("state", name.replace(' ', "_"))])
             .set(count);
+    }
+    for (name, count) in fleet_patch_status(&state.db, now).await?.by_state() {
+        metrics
+            .patch
+            .get_or_create(&vec![("state", name.into())])
+            .set(i64::from(count));
     }
     metrics.agents.clear();
     for (transport, count) in state.presence.connected() {
