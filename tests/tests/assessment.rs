@@ -296,6 +296,42 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
             .any(|l| l.starts_with("with security updates:") && l.contains(" 1  (")),
         "{summary}"
     );
+    // The labels the control plane maintains: shown beside the device's
+    // own, matched by a selector, refused in a manifest.
+    assert!(
+        wide.lines()
+            .any(|l| l.starts_with("patch-1 ") && l.contains("drover.io/security-updates=pending")),
+        "{wide}"
+    );
+    let selecting = |value: &str| {
+        format!(
+            "apiVersion: {API_VERSION}\nkind: TaskRun\nmetadata:\n  name: security-now\nspec:\n  \
+             allowedGroups: [production]\n  targetSelector:\n    matchLabels:\n      \
+             drover.io/security-updates: {value}\n  deadlineSeconds: 600\n  systemUpgradeV1: {{}}\n"
+        )
+    };
+    let file = cp.dir.path().join("security-now.yaml");
+    for (value, targets) in [("pending", "targets: 1"), ("none", "targets: 0")] {
+        std::fs::write(&file, selecting(value)).expect("write");
+        let dry = drover(&["apply", "-f", file.to_str().expect("utf-8"), "--dry-run"]);
+        assert!(dry.contains(targets), "{value}: {dry}");
+    }
+    let labelled = cp.dir.path().join("labelled.yaml");
+    std::fs::write(
+        &labelled,
+        format!(
+            "apiVersion: {API_VERSION}\nkind: Device\nmetadata:\n  name: patch-1\n  labels:\n    \
+             drover.io/security-updates: none\nspec:\n  groups: [production]\n"
+        ),
+    )
+    .expect("write");
+    let out = cp.cli(&["apply", "-f", labelled.to_str().expect("utf-8")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("labels under drover.io/ are maintained"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let metrics = cp.metrics().await;
     for line in [
         "drover_devices_patch{state=\"with_security_updates\"} 1",

@@ -336,6 +336,9 @@ pub struct ListedDevice {
     /// absent from older servers).
     #[serde(default)]
     pub patch: Value,
+    /// The labels the control plane maintains (`drover.io/…`).
+    #[serde(default, rename = "maintainedLabels")]
+    pub maintained_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A table in kubectl's style: no borders, columns two spaces apart, each
@@ -403,6 +406,7 @@ fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
         let labels: Vec<String> = d
             .labels
             .iter()
+            .chain(&listed.maintained_labels)
             .map(|(k, v)| printable(&format!("{k}={v}")))
             .collect();
         let state = d.state(listed.online);

@@ -72,6 +72,34 @@ pub fn next(
     })
 }
 
+/// The prefix of the labels the control plane maintains; a manifest may not
+/// set one.
+pub const MAINTAINED_PREFIX: &str = "drover.io/";
+/// `pending` while the latest assessment found a security update pending,
+/// else `none` (absent before the first assessment).
+pub const SECURITY_LABEL: &str = "drover.io/security-updates";
+/// `pending` while the latest assessment found a reboot pending, else `none`.
+pub const REBOOT_LABEL: &str = "drover.io/reboot";
+
+impl DeviceAssessment {
+    /// The labels the control plane maintains from this assessment: a
+    /// selector or filter matches them like the operator's own, so "every
+    /// production device with security updates pending" is
+    /// `allowedGroups: [production]` and `matchLabels:
+    /// {drover.io/security-updates: pending}` with the placement rule
+    /// (groups AND labels) unchanged.
+    pub fn maintained_labels(&self) -> [(&'static str, &'static str); 2] {
+        let state = |pending: bool| if pending { "pending" } else { "none" };
+        [
+            (SECURITY_LABEL, state(self.assessment.security > 0)),
+            (
+                REBOOT_LABEL,
+                state(self.assessment.reboot_pending.is_some()),
+            ),
+        ]
+    }
+}
+
 /// A device not assessed for longer than this counts as stale.
 pub const STALE_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(48);
 

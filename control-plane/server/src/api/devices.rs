@@ -122,6 +122,7 @@ pub(super) async fn list_devices(
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         device["online"] = Value::Bool(online);
         device["patch"] = patch_summary(assessment.as_ref());
+        device["maintainedLabels"] = maintained_labels(assessment.as_ref());
         listed.push(device);
     }
     Ok(super::listed("/devices", &query, listed, next))
@@ -194,7 +195,21 @@ pub(super) async fn get_device(
         .await?
         .map(|(_, a)| a);
     device["patch"] = patch_summary(assessment.as_ref());
+    device["maintainedLabels"] = maintained_labels(assessment.as_ref());
     Ok(Json(device))
+}
+
+/// The labels the control plane maintains for a device (a selector matches
+/// them; a manifest cannot set them), from its latest assessment.
+fn maintained_labels(assessment: Option<&DeviceAssessment>) -> Value {
+    assessment
+        .map(|a| {
+            a.maintained_labels()
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        })
+        .map_or_else(|| json!({}), Value::Object)
 }
 
 /// The fleet's patch status (`drover_rules::patch::FleetPatchStatus`):

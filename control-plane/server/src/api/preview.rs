@@ -80,12 +80,15 @@ pub(super) async fn unknown_devices(
 
 pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value, ApiError> {
     let manifests = parse_all(&items)?;
-    let devices: Vec<DeviceRecord> = state
+    // As placement sees them: with the labels the control plane maintains.
+    let devices = crate::patch_labels::placed_devices(&state.db).await?;
+    // As stored: what a Device manifest is compared with.
+    let stored: HashMap<DeviceId, DeviceRecord> = state
         .db
         .list::<DeviceRecord>("devices/")
         .await?
         .into_iter()
-        .map(|(_, _, d)| d)
+        .map(|(_, _, d)| (d.id.clone(), d))
         .collect();
     let mut results = Vec::with_capacity(manifests.len());
     // The Secrets the List would have created by each manifest.
@@ -175,7 +178,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                 value
             }
             Manifest::Device { id, labels, spec } => {
-                let result = match devices.iter().find(|d| d.id == id) {
+                let result = match stored.get(&id) {
                     Some(d) if super::apply::device_unchanged(d, &labels, &spec) => "unchanged",
                     Some(_) => "configured",
                     None => "created",

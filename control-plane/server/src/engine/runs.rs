@@ -44,13 +44,7 @@ impl Engine {
             Some((header_revision, header)) => (header_revision, Some(header)),
             None => (0, None),
         };
-        let devices: Vec<DeviceRecord> = self
-            .db
-            .list::<DeviceRecord>("devices/")
-            .await?
-            .into_iter()
-            .map(|(_, _, d)| d)
-            .collect();
+        let devices = crate::patch_labels::placed_devices(&self.db).await?;
         let targets = placement::plan(&run.spec, &devices);
         if targets.is_empty() && header.is_none() {
             run.status.start_time = Some(now);

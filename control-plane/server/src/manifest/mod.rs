@@ -359,6 +359,19 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             }
             let mut problems = Vec::new();
             check_labels("metadata.labels", &raw.metadata.labels, &mut problems);
+            if let Some(key) = raw
+                .metadata
+                .labels
+                .keys()
+                .find(|k| k.starts_with(drover_rules::patch::MAINTAINED_PREFIX))
+            {
+                problems.push(format!(
+                    "metadata.labels: {:?} is the control plane's: labels under {} are maintained \
+                     from each device's patch assessments and cannot be set",
+                    shorten(key),
+                    drover_rules::patch::MAINTAINED_PREFIX
+                ));
+            }
             check_groups("spec.groups", &spec.groups, &mut problems);
             if let Some(zone) = &spec.time_zone
                 && (zone.is_empty()

@@ -21,9 +21,7 @@ use crate::deployment::{
     self, Adds, Decision, DeploymentRecord, DeploymentStatus, Lease, MAX_TARGETS, Selection,
     TargetInput, TargetRecord, next_status,
 };
-use crate::records::{
-    Delivery, DeviceRecord, JobDelivery, Phase, deployment_key, job_key, target_key,
-};
+use crate::records::{Delivery, JobDelivery, Phase, deployment_key, job_key, target_key};
 use crate::store::Op;
 use agent_core::DeviceId;
 use agent_core::model::Intent;
@@ -148,7 +146,7 @@ impl Engine {
         &self,
         record: &DeploymentRecord,
     ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, u32), DbError> {
-        let devices = self.db.list::<DeviceRecord>("devices/").await?;
+        let devices = crate::patch_labels::placed_devices(&self.db).await?;
         let inventories: HashMap<DeviceId, deployment::DeviceInventory> = match &record.spec.targets
         {
             deployment::Targeting::Filter(filter) if filter.needs_inventory() => self
@@ -163,7 +161,7 @@ impl Engine {
         let mut targets = Vec::new();
         let mut excluded = 0u32;
         let mut registered = HashSet::new();
-        for (_, _, device) in devices {
+        for device in devices {
             registered.insert(device.id.clone());
             let inventory = inventories.get(&device.id);
             match deployment::select(&record.spec.targets, &device, inventory) {

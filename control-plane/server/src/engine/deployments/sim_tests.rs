@@ -20,7 +20,7 @@ use crate::deployment::{
     Window, attempt_job_id, time_zone,
 };
 use crate::dispatch::Presence;
-use crate::records::{device_key, targets_prefix};
+use crate::records::{DeviceRecord, device_key, targets_prefix};
 use crate::store::RedbKv;
 use agent_core::JobId;
 use agent_core::model::{JobState, JobStatus, StepRecord};
