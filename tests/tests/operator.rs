@@ -713,6 +713,11 @@ async fn the_readme_walk_through_works_as_written() {
             && l.contains("websocket")),
         "{devices}"
     );
+    let fleet = cli(readme.next("drover patch-status"));
+    assert!(
+        fleet.contains("devices:") && fleet.contains("never assessed:"),
+        "{fleet}"
+    );
     // `-w` runs until stopped: the table comes first.
     let watch = map(&readme.next("drover get taskruns -w"), &api);
     let mut watching = Command::new(bin(&watch[0]))
