@@ -829,3 +829,107 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
     );
     browser.close().await.expect("close");
 }
+
+/// Issue 31: the fleet page shows the fleet's patch status at a glance (a
+/// bar, a segment per state as wide as its share, the same counts as
+/// `GET /patch-status`), each device's latest assessment in its row, and
+/// filters the list by patch state. One device is assessed (a Deployment
+/// asks its agent, in simulate mode: apt only reads the host's lists), the
+/// other has no agent and was never assessed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_page_shows_the_patch_status_and_filters_by_it() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("patched-1", &["lab"], json!({})).await;
+    cp.apply_device("unassessed-1", &["lab"], json!({})).await;
+    let _agent = agent(&cp, "patched-1", "");
+    cp.wait_for_agents(&["patched-1"]).await;
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "assess-lab"},
+        "spec": {"targets": {"devices": ["patched-1"]}, "patchAssessmentV1": {},
+                 "maxConcurrency": 1, "deadlineSeconds": 600}
+    }))
+    .await;
+    let patch = eventually(Duration::from_secs(120), "the assessment kept", || async {
+        let device = cp.get("/devices/patched-1").await;
+        (!device["patch"].is_null()).then(|| device["patch"].clone())
+    })
+    .await;
+    let fleet = cp.get("/patch-status").await;
+    assert_eq!(fleet["devices"], 2, "{fleet}");
+    assert_eq!(fleet["neverAssessed"], 1, "{fleet}");
+    // What the host's lists say decides which state the assessed one is in.
+    let assessed_state = if patch["upgradable"] == 0 {
+        "up_to_date"
+    } else {
+        "updates"
+    };
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    wait_text(
+        &browser,
+        "tr[data-device='patched-1'] td.patch-cell",
+        "the assessed row",
+        |t| t == patch["summary"].as_str().unwrap_or("?"),
+    )
+    .await;
+    wait_text(
+        &browser,
+        "tr[data-device='unassessed-1'] td.patch-cell",
+        "the other row",
+        |t| t == "not assessed",
+    )
+    .await;
+    // The bar's segments carry the API's counts, widest for the most.
+    let counts: Vec<(String, u64)> = {
+        let mut counts = Vec::new();
+        for segment in browser
+            .find_all(Locator::Css("#patch-bar .seg"))
+            .await
+            .expect("segments")
+        {
+            let filter = segment
+                .attr("data-patch")
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            let count = segment
+                .attr("data-count")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            counts.push((filter, count));
+        }
+        counts
+    };
+    let expected_assessed = if assessed_state == "up_to_date" {
+        ("up_to_date".to_owned(), 1)
+    } else if patch["security"] != 0 {
+        ("security".to_owned(), 1)
+    } else {
+        ("updates".to_owned(), 1)
+    };
+    assert!(counts.contains(&expected_assessed), "{counts:?} {patch}");
+    assert!(
+        counts.contains(&("not_assessed".to_owned(), 1)),
+        "{counts:?}"
+    );
+    assert_eq!(counts.iter().map(|(_, c)| c).sum::<u64>(), 2, "{counts:?}");
+    screenshot(&browser, "fleet-patch").await;
+    // A click on a legend entry filters the list by it.
+    click(&browser, ".patch-legend button[data-patch='not_assessed']").await;
+    wait_text(&browser, "#fleet-count", "the filtered fleet", |t| {
+        t.contains("of 1 devices")
+    })
+    .await;
+    assert_eq!(rows(&browser, "tr[data-device='unassessed-1']").await, 1);
+    assert_eq!(rows(&browser, "tr[data-device='patched-1']").await, 0);
+    // The API refuses a patch state it does not know.
+    assert_eq!(cp.get_status("/devices/page?patch=bogus").await, 400);
+    browser.close().await.expect("close");
+}

@@ -100,6 +100,37 @@ impl DeviceAssessment {
     }
 }
 
+/// The patch states a fleet listing filters by (the dashboard's select,
+/// `GET /devices/page?patch=`).
+pub const PATCH_FILTERS: [&str; 5] = [
+    "up_to_date",
+    "updates",
+    "security",
+    "reboot",
+    "not_assessed",
+];
+
+/// Whether a device's latest assessment is in the named patch state;
+/// `None` for a name that is none of [`PATCH_FILTERS`]. `not_assessed`
+/// holds for a device never assessed or not for [`STALE_AFTER`].
+pub fn in_patch_state(
+    filter: &str,
+    assessment: Option<&DeviceAssessment>,
+    now: Timestamp,
+) -> Option<bool> {
+    let found = assessment.map(|a| &a.assessment);
+    Some(match filter {
+        "up_to_date" => found.is_some_and(|f| f.upgradable == 0),
+        "updates" => found.is_some_and(|f| f.upgradable > 0),
+        "security" => found.is_some_and(|f| f.security > 0),
+        "reboot" => found.is_some_and(|f| f.reboot_pending.is_some()),
+        "not_assessed" => {
+            assessment.is_none_or(|a| now.duration_since(a.received_at) > STALE_AFTER)
+        }
+        _ => return None,
+    })
+}
+
 /// A device not assessed for longer than this counts as stale.
 pub const STALE_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(48);
 

@@ -15,6 +15,8 @@ pub(super) struct DevicePage {
     q: String,
     /// online, offline, never_connected, decommissioned.
     state: Option<String>,
+    /// A patch state (`drover_rules::patch::PATCH_FILTERS`).
+    patch: Option<String>,
 }
 
 /// One page of the fleet for the dashboard, filtered on the server: the
@@ -27,8 +29,33 @@ pub(super) async fn device_page(
     let now = Timestamp::now();
     let q = page.q.trim().to_lowercase();
     let wanted = page.state.as_deref().map(|s| s.replace('_', " "));
+    let patch_filter = page.patch.as_deref().filter(|p| !p.is_empty());
+    if let Some(filter) = patch_filter
+        && drover_rules::patch::in_patch_state(filter, None, now).is_none()
+    {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unknown patch state {filter:?}; one of {}",
+                drover_rules::patch::PATCH_FILTERS.join(", ")
+            ),
+        ));
+    }
+    let assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = state
+        .db
+        .list::<DeviceAssessment>("assessments/")
+        .await?
+        .into_iter()
+        .map(|(_, _, a)| (a.device.clone(), a))
+        .collect();
     let mut matching = Vec::new();
     for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
+        if let Some(filter) = patch_filter
+            && drover_rules::patch::in_patch_state(filter, assessments.get(&stored.id), now)
+                != Some(true)
+        {
+            continue;
+        }
         let online = state.presence.online(&stored.id, stored.last_seen, now);
         let device = with_presence(&state, stored);
         let device_state = device.state(online);
@@ -71,6 +98,7 @@ pub(super) async fn device_page(
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         item["state"] = json!(device_state);
         item["currentJob"] = current.unwrap_or(Value::Null);
+        item["patch"] = patch_summary(assessments.get(&device.id));
         items.push(item);
     }
     Ok(Json(json!({

@@ -334,7 +334,7 @@ fn topic(key: &str) -> Option<&'static str> {
         "runs" | "plans" => "runs",
         "deployments" | "targets" => "deployments",
         "schedules" => "schedules",
-        "devices" | "inventory" => "devices",
+        "devices" | "inventory" | "assessments" => "devices",
         "jobs" => "jobs",
         "alerts" => "alerts",
         _ => return None,

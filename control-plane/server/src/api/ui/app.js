@@ -149,12 +149,64 @@ function confirmButton(label, confirmLabel, id, action) {
 
 // --- pages -------------------------------------------------------------------
 
-const fleetQuery = { q: "", state: "", offset: 0 };
+const fleetQuery = { q: "", state: "", patch: "", offset: 0 };
+
+const PATCH_STATES = [
+  ["", "every patch state"],
+  ["up_to_date", "up to date"],
+  ["updates", "updates pending"],
+  ["security", "security updates pending"],
+  ["reboot", "reboot pending"],
+  ["not_assessed", "not assessed lately"],
+];
+
+// The fleet's patch status at a glance: one bar, a segment per state, each
+// as wide as its share of the devices; a click filters the list by it.
+function patchBar(fleet) {
+  const segments = [
+    ["up_to_date", "up to date", fleet.upToDate, "ok"],
+    ["updates", "updates pending", fleet.withUpdates - fleet.withSecurityUpdates, "updates"],
+    ["security", "security updates pending", fleet.withSecurityUpdates, "security"],
+    ["not_assessed", "never assessed", fleet.neverAssessed, "unassessed"],
+  ];
+  const bar = h("div", { class: "patch-bar", id: "patch-bar" });
+  const legend = h("div", { class: "patch-legend" });
+  for (const [filter, label, count, kind] of segments) {
+    const pick = () => {
+      fleetQuery.patch = filter;
+      fleetQuery.offset = 0;
+      refresh();
+    };
+    if (count > 0) {
+      const segment = h("span", { class: `seg seg-${kind}`, title: `${count} ${label}`, "data-count": count, "data-patch": filter, onclick: pick });
+      // CSSOM, not a style attribute: allowed under the page's CSP.
+      segment.style.flexGrow = String(count);
+      bar.append(segment);
+    }
+    legend.append(h("button", { type: "button", class: `link seg-${kind}-text`, "data-patch": filter, onclick: pick }, `${count} ${label}`), " ");
+  }
+  const security = fleet.withSecurityUpdates > 0
+    ? ` (the oldest waiting under 1 day: ${fleet.securityUnder1Day}, 1–7 days: ${fleet.security1To7Days}, over 7 days: ${fleet.securityOver7Days})`
+    : "";
+  return h(
+    "section",
+    { class: "patch", id: "patch-status", "data-devices": fleet.devices },
+    bar,
+    legend,
+    h("p", { class: "muted" }, `${fleet.rebootPending} reboot pending · ${fleet.stale} not assessed for ${fleet.staleAfterHours} hours${security}`),
+  );
+}
+
+function patchCell(p) {
+  if (!p) return h("span", { class: "muted" }, "not assessed");
+  return h("span", { title: `assessed ${when(p.assessedAt)}` }, p.summary);
+}
 
 async function fleetPage(main) {
   const params = new URLSearchParams({ offset: fleetQuery.offset, limit: PAGE_SIZE, q: fleetQuery.q });
   if (fleetQuery.state) params.set("state", fleetQuery.state);
-  const page = await api(`/devices/page?${params}`);
+  if (fleetQuery.patch) params.set("patch", fleetQuery.patch);
+  const [page, fleet] = await Promise.all([api(`/devices/page?${params}`), api("/patch-status")]);
   const search = h("input", { type: "search", id: "fleet-search", placeholder: "Search id, group, label, OS, version", value: fleetQuery.q });
   let typing = null;
   search.addEventListener("input", () => {
@@ -174,6 +226,16 @@ async function fleetPage(main) {
   );
   state.addEventListener("change", () => {
     fleetQuery.state = state.value;
+    fleetQuery.offset = 0;
+    refresh();
+  });
+  const patch = h(
+    "select",
+    { id: "fleet-patch" },
+    PATCH_STATES.map(([value, label]) => h("option", { value, selected: value === fleetQuery.patch }, label)),
+  );
+  patch.addEventListener("change", () => {
+    fleetQuery.patch = patch.value;
     fleetQuery.offset = 0;
     refresh();
   });
@@ -199,13 +261,15 @@ async function fleetPage(main) {
       h("td", {}, d.osRelease || "–"),
       h("td", {}, (d.groups || []).join(", ")),
       h("td", {}, Object.entries(d.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")),
+      h("td", { class: "patch-cell" }, patchCell(d.patch)),
       h("td", {}, job ? [jobLink(job.run), " ", jobState(job), job.step ? ` ${job.step}` : ""] : "–"),
     );
   });
   main.replaceChildren(
     h("h2", {}, "Fleet"),
-    h("div", { class: "toolbar" }, search, state, pager),
-    table(["Device", "State", "Last seen", "Agent", "OS", "Groups", "Labels", "Current job"], rows, "No device matches."),
+    patchBar(fleet),
+    h("div", { class: "toolbar" }, search, state, patch, pager),
+    table(["Device", "State", "Last seen", "Agent", "OS", "Groups", "Labels", "Updates", "Current job"], rows, "No device matches."),
   );
 }
 
