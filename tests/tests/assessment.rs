@@ -440,3 +440,121 @@ async fn the_agent_assesses_after_its_start_and_after_every_upgrade() {
         "the assessment followed the upgrade at once: {ended} → {after}"
     );
 }
+
+/// Alerts an operator acts on: with the limits at zero, a pending security
+/// update and a pending reboot raise alerts at once; an acknowledgement
+/// (by whom, when) holds while the condition lasts, through further
+/// assessments; once the condition clears the alert goes, and when it
+/// returns it is raised again, unacknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_alert_stays_quiet_until_its_condition_clears_and_returns() {
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[Pkg::new("drover-assess-lib", "1.0")]);
+    sandbox.install(&["drover-assess-lib"]);
+    sandbox.publish_security(&[Pkg::new("drover-assess-lib", "1.1")]);
+    let cp = ControlPlane::start(&["--security-alert-days", "0", "--reboot-alert-hours", "0"]);
+    cp.apply_device("alert-1", &["production"], json!({})).await;
+    let token = cp.device_token("alert-1");
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(&cp.agent_url),
+        toml_string(&token)
+    );
+    let agent = AgentProcess::start_full(
+        &sandbox.dir.path().join("agent"),
+        "alert-1",
+        &transport,
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&["alert-1"]).await;
+    let assess = || {
+        let out = Command::new(bin("drover-agent"))
+            .args(["assess", "--socket"])
+            .arg(&agent.socket)
+            .output()
+            .expect("drover-agent assess");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let alert = |kind: &'static str| {
+        let cp = &cp;
+        async move {
+            let alerts = cp.get("/alerts").await;
+            alerts["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| a["kind"] == kind && a["resource"] == "device/alert-1")
+                .cloned()
+        }
+    };
+    assess();
+    let raised = eventually(Duration::from_secs(30), "the security alert", || {
+        alert("SecurityUpdatesWaiting")
+    })
+    .await;
+    assert_eq!(raised["severity"], "critical", "{raised}");
+    assert!(raised["acknowledged"].is_null(), "{raised}");
+    let listed = cp.cli(&["alerts"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("SecurityUpdatesWaiting") && l.contains("device/alert-1")),
+        "{text}"
+    );
+
+    // Acknowledged: said so, by whom.
+    let out = cp.cli(&["alerts", "ack", "SecurityUpdatesWaiting", "device/alert-1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acked = alert("SecurityUpdatesWaiting").await.expect("still listed");
+    assert_eq!(acked["acknowledged"]["by"], "the operator token", "{acked}");
+    // Another assessment, the update still pending: still acknowledged.
+    let before = cp.get("/devices/alert-1").await["patch"]["assessedAt"].clone();
+    assess();
+    eventually(Duration::from_secs(30), "the next assessment", || async {
+        (cp.get("/devices/alert-1").await["patch"]["assessedAt"] != before).then_some(())
+    })
+    .await;
+    let still = alert("SecurityUpdatesWaiting").await.expect("still raised");
+    assert_eq!(still["at"], raised["at"], "the same condition");
+    assert!(!still["acknowledged"].is_null(), "{still}");
+    // An ack for an alert that is not raised is refused.
+    let out = cp.cli(&["alerts", "ack", "RebootPending", "device/alert-1"]);
+    assert!(!out.status.success());
+
+    // The condition clears: the security archive leaves the sources.
+    std::fs::remove_file(sandbox.path("/etc/apt/sources.list.d/security.list")).expect("rm");
+    assess();
+    eventually(Duration::from_secs(30), "the alert cleared", || async {
+        alert("SecurityUpdatesWaiting")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // It returns: raised again, not acknowledged.
+    std::fs::write(
+        sandbox.path("/etc/apt/sources.list.d/security.list"),
+        "deb [trusted=yes] file:/srv/security ./\n",
+    )
+    .expect("sources");
+    assess();
+    let again = eventually(Duration::from_secs(30), "the alert raised again", || {
+        alert("SecurityUpdatesWaiting")
+    })
+    .await;
+    assert!(again["acknowledged"].is_null(), "{again}");
+    assert_ne!(again["at"], raised["at"], "a new condition: {again}");
+}

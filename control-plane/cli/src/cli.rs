@@ -90,6 +90,13 @@ pub enum Command {
         /// device not heard from for this long.
         #[arg(long, default_value_t = 60)]
         offline_alert_minutes: u64,
+        /// An alert for a device whose oldest pending security update has
+        /// waited longer than this (from the first assessment that saw it).
+        #[arg(long, default_value_t = 7)]
+        security_alert_days: u64,
+        /// An alert for a device with a reboot pending for longer than this.
+        #[arg(long, default_value_t = 24)]
+        reboot_alert_hours: u64,
         /// The most the package store (the uploaded .debs in --data) may
         /// hold, e.g. 20GiB or 500MiB; an upload that would pass it is
         /// refused (507) and nothing of it is kept.
@@ -204,6 +211,16 @@ pub enum Command {
     Deployments {
         #[command(subcommand)]
         command: DeploymentsCommand,
+    },
+    /// What needs an operator's eye: failed canaries and deployments, runs
+    /// past their deadline, devices offline, in a resume loop, with a
+    /// security update waiting, a reboot pending or no recent assessment.
+    /// Each says whether, by whom and when it was acknowledged.
+    Alerts {
+        #[command(subcommand)]
+        command: Option<AlertsCommand>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// The package store (for packageInstallV1 deployments).
     Packages {
@@ -457,6 +474,18 @@ pub enum ConfigCommand {
     CurrentContext,
     /// Remove a context.
     DeleteContext { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum AlertsCommand {
+    /// Acknowledge an alert as it stands: listed as acknowledged while its
+    /// condition lasts, raised again once it clears and returns.
+    Ack {
+        /// The alert's kind (SecurityUpdatesWaiting, RebootPending, …).
+        kind: String,
+        /// What it is about, as listed (device/ID, taskrun/NAME, …).
+        resource: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -144,6 +144,10 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             download_listen: None,
             download_url: None,
             offline_alert: Duration::from_secs(3600),
+            patch_alerts: drover_rules::patch::AlertLimits {
+                security_after: jiff::SignedDuration::from_hours(7 * 24),
+                reboot_after: jiff::SignedDuration::from_hours(24),
+            },
             uploads: crate::packages::UploadLimits::default(),
         },
         shutdown.clone(),

@@ -4,8 +4,8 @@ use agent_core::out;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use drover::cli::{
-    Cancelable, Cli, Command, Deletable, DeploymentsCommand, Described, PackagesCommand,
-    RunsCommand, StoreKind,
+    AlertsCommand, Cancelable, Cli, Command, Deletable, DeploymentsCommand, Described,
+    PackagesCommand, RunsCommand, StoreKind,
 };
 use drover::client::ApiClient;
 use drover::get::{shown, structured};
@@ -83,6 +83,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     match &cli.command {
         Command::Serve {
             offline_alert_minutes,
+            security_alert_days,
+            reboot_alert_hours,
             package_quota,
             upload_stall_seconds,
             listen,
@@ -122,6 +124,15 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     download_listen: *download_listen,
                     download_url: download_url.clone(),
                     offline_alert: Duration::from_secs(offline_alert_minutes.saturating_mul(60)),
+                    patch_alerts: drover_rules::patch::AlertLimits {
+                        security_after: jiff::SignedDuration::from_hours(
+                            i64::try_from(security_alert_days.saturating_mul(24))
+                                .unwrap_or(i64::MAX / 3600),
+                        ),
+                        reboot_after: jiff::SignedDuration::from_hours(
+                            i64::try_from(*reboot_alert_hours).unwrap_or(i64::MAX / 3600),
+                        ),
+                    },
                     uploads: drover::packages::UploadLimits {
                         quota: *package_quota,
                         stall: Duration::from_secs(*upload_stall_seconds),
@@ -296,6 +307,33 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 &serde_json::json!({"taskRun": run, "targets": targets}),
             )? {
                 cmd::describe::run(&run, &targets);
+            }
+            Ok(0)
+        }
+        Command::Alerts {
+            command: Some(AlertsCommand::Ack { kind, resource }),
+            ..
+        } => {
+            client(&cli)?
+                .post(
+                    "/alerts/ack",
+                    &serde_json::json!({"kind": kind, "resource": resource}),
+                )
+                .await?;
+            out!(
+                "{} about {} acknowledged",
+                drover::watch::printable(kind),
+                drover::watch::printable(resource)
+            );
+            Ok(0)
+        }
+        Command::Alerts {
+            command: None,
+            output,
+        } => {
+            let alerts: Value = client(&cli)?.get("/alerts").await?;
+            if !structured(*output, &alerts)? {
+                cmd::describe::alerts(&alerts);
             }
             Ok(0)
         }

@@ -26,6 +26,9 @@ pub struct DeviceAssessment {
     /// Each pending security update (by package) and the control plane's
     /// time of the first assessment that found it pending.
     pub security_since: BTreeMap<String, Timestamp>,
+    /// While a reboot is pending: the control plane's time of the first
+    /// assessment that found it so.
+    pub reboot_since: Option<Timestamp>,
 }
 
 pub fn assessment_key(device: &DeviceId) -> String {
@@ -63,12 +66,18 @@ pub fn next(
             (p.name.clone(), since)
         })
         .collect();
+    let reboot_since = assessment.reboot_pending.as_ref().map(|_| {
+        previous
+            .and_then(|prev| prev.reboot_since)
+            .unwrap_or(received_at)
+    });
     Some(DeviceAssessment {
         device: device.clone(),
         finished_at,
         received_at,
         assessment,
         security_since,
+        reboot_since,
     })
 }
 
@@ -129,6 +138,81 @@ pub fn in_patch_state(
         }
         _ => return None,
     })
+}
+
+/// When a device's patch status needs an operator: a security update
+/// waiting longer than `security_after`, a reboot pending longer than
+/// `reboot_after`, or no assessment for longer than [`STALE_AFTER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlertLimits {
+    pub security_after: jiff::SignedDuration,
+    pub reboot_after: jiff::SignedDuration,
+}
+
+/// One patch alert of a device. `since` is when its condition began, so an
+/// acknowledgement holds while it lasts, and one that clears and returns
+/// (a new `since`) is an alert again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchAlert {
+    /// SecurityUpdatesWaiting, RebootPending, NotAssessed.
+    pub kind: &'static str,
+    pub since: Timestamp,
+    pub message: String,
+}
+
+fn waited(since: Timestamp, now: Timestamp) -> String {
+    let seconds = now.duration_since(since).as_secs().max(0);
+    crate::reasons::duration(u64::try_from(seconds).unwrap_or(0))
+}
+
+/// The patch alerts of one device with an agent, from its latest
+/// assessment. A device never assessed raises none (its first assessment
+/// may wait up to an eighth of the period after its agent starts);
+/// `drover patch-status` counts it.
+pub fn alerts(
+    assessment: Option<&DeviceAssessment>,
+    now: Timestamp,
+    limits: &AlertLimits,
+) -> Vec<PatchAlert> {
+    let Some(a) = assessment else {
+        return Vec::new();
+    };
+    let mut alerts = Vec::new();
+    if let Some(oldest) = a.oldest_security()
+        && now.duration_since(oldest) > limits.security_after
+    {
+        alerts.push(PatchAlert {
+            kind: "SecurityUpdatesWaiting",
+            since: oldest,
+            message: format!(
+                "{} security update{} pending, the oldest for {}",
+                a.assessment.security,
+                if a.assessment.security == 1 { "" } else { "s" },
+                waited(oldest, now)
+            ),
+        });
+    }
+    if let Some(since) = a.reboot_since
+        && now.duration_since(since) > limits.reboot_after
+    {
+        alerts.push(PatchAlert {
+            kind: "RebootPending",
+            since,
+            message: format!(
+                "a reboot pending for {}: {}",
+                waited(since, now),
+                a.assessment.reboot_pending.as_deref().unwrap_or("")
+            ),
+        });
+    }
+    if now.duration_since(a.received_at) > STALE_AFTER {
+        alerts.push(PatchAlert {
+            kind: "NotAssessed",
+            since: a.received_at,
+            message: format!("not assessed for {}", waited(a.received_at, now)),
+        });
+    }
+    alerts
 }
 
 /// A device not assessed for longer than this counts as stale.
@@ -319,6 +403,7 @@ mod tests {
                     .iter()
                     .map(|(name, at)| ((*name).to_owned(), t(at)))
                     .collect(),
+                reboot_since: None,
             }
         };
         let mut fleet = FleetPatchStatus::default();
@@ -384,5 +469,87 @@ mod tests {
                 never_assessed: 1,
             }
         );
+    }
+
+    #[test]
+    fn alerts_past_their_limits_each_with_the_start_of_its_condition() {
+        let limits = AlertLimits {
+            security_after: jiff::SignedDuration::from_hours(7 * 24),
+            reboot_after: jiff::SignedDuration::from_hours(24),
+        };
+        let device = DeviceId::new("pi-1").expect("id");
+        let mut waiting = pending(&[("openssl", true)]);
+        waiting.reboot_pending = Some("/run/reboot-required exists".into());
+        let record = DeviceAssessment {
+            device,
+            finished_at: t("2026-12-09T03:00:00Z"),
+            received_at: t("2026-12-09T03:00:01Z"),
+            assessment: waiting,
+            security_since: BTreeMap::from([("openssl".to_owned(), t("2026-12-01T03:00:00Z"))]),
+            reboot_since: Some(t("2026-12-08T11:00:00Z")),
+        };
+        // Day 9, noon: the security update waited 8 days 9 hours, the
+        // reboot 25 hours: both past their limits; assessed 9 hours ago.
+        let now = t("2026-12-09T12:00:00Z");
+        let found = alerts(Some(&record), now, &limits);
+        let kinds: Vec<(&str, Timestamp)> = found.iter().map(|a| (a.kind, a.since)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("SecurityUpdatesWaiting", t("2026-12-01T03:00:00Z")),
+                ("RebootPending", t("2026-12-08T11:00:00Z")),
+            ]
+        );
+        assert_eq!(
+            found[0].message,
+            "1 security update pending, the oldest for 8 days 9 hours"
+        );
+        // Not yet: under every limit.
+        assert!(alerts(Some(&record), t("2026-12-07T12:00:00Z"), &limits).is_empty());
+        // Three days without an assessment.
+        let stale = alerts(Some(&record), t("2026-12-12T04:00:00Z"), &limits);
+        assert!(
+            stale
+                .iter()
+                .any(|a| a.kind == "NotAssessed" && a.since == record.received_at)
+        );
+        // Never assessed: none here (patch-status counts it).
+        assert!(alerts(None, now, &limits).is_empty());
+    }
+
+    #[test]
+    fn a_pending_reboot_waits_from_the_first_assessment_that_saw_it() {
+        let device = DeviceId::new("pi-1").expect("id");
+        let rebooting = || PatchAssessment {
+            reboot_pending: Some("kernel 6.1.0-29-arm64 is installed".into()),
+            ..PatchAssessment::default()
+        };
+        let first = next(
+            None,
+            &device,
+            rebooting(),
+            t("2026-12-01T03:00:00Z"),
+            t("2026-12-01T03:00:01Z"),
+        )
+        .expect("first");
+        assert_eq!(first.reboot_since, Some(t("2026-12-01T03:00:01Z")));
+        let second = next(
+            Some(&first),
+            &device,
+            rebooting(),
+            t("2026-12-02T03:00:00Z"),
+            t("2026-12-02T03:00:01Z"),
+        )
+        .expect("second");
+        assert_eq!(second.reboot_since, first.reboot_since);
+        let rebooted = next(
+            Some(&second),
+            &device,
+            PatchAssessment::default(),
+            t("2026-12-02T05:00:00Z"),
+            t("2026-12-02T05:00:01Z"),
+        )
+        .expect("third");
+        assert_eq!(rebooted.reboot_since, None);
     }
 }

@@ -338,6 +338,25 @@ pub struct AlertRecord {
     pub message: String,
 }
 
+/// An operator's acknowledgement of one alert (`acks/<kind>/<resource>`):
+/// it holds for the alert whose condition began at `instance`; once the
+/// condition clears and returns (a new start), the alert is raised again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertAck {
+    pub kind: String,
+    pub resource: String,
+    /// When the acknowledged alert's condition began (its `at`).
+    pub instance: Option<Timestamp>,
+    /// Who acknowledged it: the operator token, or a dashboard session.
+    pub by: String,
+    pub at: Timestamp,
+}
+
+pub fn ack_key(kind: &str, resource: &str) -> String {
+    format!("acks/{kind}/{resource}")
+}
+
 /// The key and record of a resume-loop alert for `job` on `device`.
 pub fn resume_loop(
     device: &DeviceId,

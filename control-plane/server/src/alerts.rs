@@ -1,8 +1,11 @@
 //! What needs an operator's eye, as the dashboard's alerts page and
 //! `GET /api/v1/alerts` list it: a failed canary, a run past its deadline,
 //! a deployment that failed, devices offline longer than the configured
-//! time, and devices stuck in a resume loop (a job failed because the agent
-//! kept stopping while it ran, A10). Most are read off the runs,
+//! time, devices stuck in a resume loop (a job failed because the agent
+//! kept stopping while it ran, A10), and devices whose patch status needs
+//! attention (a security update waiting, a reboot pending, no recent
+//! assessment: `drover_rules::patch::alerts`). Any alert can be
+//! acknowledged: it is listed as such while its condition lasts. Most are read off the runs,
 //! deployments and devices as stored; the resume loop is recorded by the
 //! delivery core when that status arrives (`alerts/<device>/<job>`, created
 //! once), since finding it later would mean reading every job.
@@ -26,7 +29,18 @@ pub struct Alert {
     /// What it is about: `taskrun/NAME`, `deployment/NAME`, `device/ID`.
     pub resource: String,
     pub message: String,
+    /// When its condition began: an acknowledgement holds for this start.
     pub at: Option<Timestamp>,
+    /// Who acknowledged it and when, while its condition lasts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<Acknowledged>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Acknowledged {
+    pub by: String,
+    pub at: Timestamp,
 }
 
 /// Devices listed one by one among the offline ones; the rest are counted.
@@ -40,6 +54,7 @@ pub async fn list(
     db: &Db,
     now: Timestamp,
     offline_after: SignedDuration,
+    patch_limits: &drover_rules::patch::AlertLimits,
     online: &(dyn Fn(&DeviceRecord) -> bool + Sync),
 ) -> Result<(Vec<Alert>, usize), DbError> {
     let recent = |at: Option<Timestamp>| at.is_none_or(|at| now.duration_since(at) < KEPT);
@@ -59,6 +74,7 @@ pub async fn list(
             resource: format!("taskrun/{}", run.name),
             message: run.status.latest_error.clone().unwrap_or_default(),
             at: run.status.completion_time,
+            acknowledged: None,
         });
     }
     for (_, _, deployment) in db.list::<DeploymentRecord>("deployments/").await? {
@@ -76,12 +92,36 @@ pub async fn list(
                     status.latest_error.as_deref().unwrap_or("")
                 ),
                 at: status.completion_time,
+                acknowledged: None,
             });
         }
     }
     let mut offline = Vec::new();
+    let assessments: std::collections::HashMap<_, drover_rules::patch::DeviceAssessment> = db
+        .list::<drover_rules::patch::DeviceAssessment>("assessments/")
+        .await?
+        .into_iter()
+        .map(|(_, _, a)| (a.device.clone(), a))
+        .collect();
     for (_, _, device) in db.list::<DeviceRecord>("devices/").await? {
-        if device.decommissioned || !device.agent_present || online(&device) {
+        if device.decommissioned || !device.agent_present {
+            continue;
+        }
+        for patch in drover_rules::patch::alerts(assessments.get(&device.id), now, patch_limits) {
+            alerts.push(Alert {
+                severity: if patch.kind == "SecurityUpdatesWaiting" {
+                    "critical"
+                } else {
+                    "warning"
+                },
+                kind: patch.kind,
+                resource: format!("device/{}", device.id),
+                message: patch.message,
+                at: Some(patch.since),
+                acknowledged: None,
+            });
+        }
+        if online(&device) {
             continue;
         }
         let seen = device.last_seen.max(device.last_heartbeat);
@@ -102,6 +142,7 @@ pub async fn list(
                 None => "never heard from".into(),
             },
             at: seen,
+            acknowledged: None,
         });
     }
     for (_, _, alert) in db.list::<AlertRecord>("alerts/").await? {
@@ -118,7 +159,26 @@ pub async fn list(
                 alert.message
             ),
             at: Some(alert.at),
+            acknowledged: None,
         });
+    }
+    // An acknowledgement holds for the alert whose condition began when it
+    // was given; a condition that cleared and returned is an alert again.
+    let acks: std::collections::HashMap<(String, String), crate::records::AlertAck> = db
+        .list::<crate::records::AlertAck>("acks/")
+        .await?
+        .into_iter()
+        .map(|(_, _, ack)| ((ack.kind.clone(), ack.resource.clone()), ack))
+        .collect();
+    for alert in &mut alerts {
+        if let Some(ack) = acks.get(&(alert.kind.to_owned(), alert.resource.clone()))
+            && ack.instance == alert.at
+        {
+            alert.acknowledged = Some(Acknowledged {
+                by: ack.by.clone(),
+                at: ack.at,
+            });
+        }
     }
     alerts.sort_by_key(|a| std::cmp::Reverse(a.at));
     Ok((alerts, offline_count))

@@ -59,6 +59,8 @@ pub struct ServeOptions {
     pub download_url: Option<String>,
     /// A device not heard from for this long is an alert.
     pub offline_alert: Duration,
+    /// When a device's patch status raises an alert.
+    pub patch_alerts: drover_rules::patch::AlertLimits,
     /// The package store's quota and the uploads' stall timeout.
     pub uploads: crate::packages::UploadLimits,
 }
@@ -294,6 +296,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         vault,
         offline_alert: jiff::SignedDuration::try_from(options.offline_alert)
             .unwrap_or(jiff::SignedDuration::MAX),
+        patch_alerts: options.patch_alerts,
         secure_cookies: options.api_tls.is_some(),
         logins: Arc::new(crate::api::ui::LoginLimiter::default()),
         uploads: options.uploads,

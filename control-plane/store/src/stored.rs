@@ -45,8 +45,52 @@ one_layout!(
     crate::records::PackageRecord,
     crate::records::SecretRecord,
     crate::records::AlertRecord,
-    crate::patch::DeviceAssessment
+    crate::records::AlertAck
 );
+
+/// A device's latest assessment as stored: V1 until the control plane kept
+/// since when a reboot has been pending, V2 since.
+#[derive(Serialize, Deserialize)]
+enum StoredAssessment {
+    V1(AssessmentV1),
+    V2(crate::patch::DeviceAssessment),
+}
+
+/// Frozen: the layout written before V2. Never change it.
+#[derive(Serialize, Deserialize)]
+struct AssessmentV1 {
+    device: agent_core::DeviceId,
+    finished_at: Timestamp,
+    received_at: Timestamp,
+    assessment: agent_core::model::PatchAssessment,
+    security_since: std::collections::BTreeMap<String, Timestamp>,
+}
+
+impl Record for crate::patch::DeviceAssessment {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredAssessment::V2(self.clone()))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 kept no reboot wait: one pending counts from that
+            // assessment's receipt.
+            StoredAssessment::V1(v1) => crate::patch::DeviceAssessment {
+                reboot_since: v1
+                    .assessment
+                    .reboot_pending
+                    .as_ref()
+                    .map(|_| v1.received_at),
+                device: v1.device,
+                finished_at: v1.finished_at,
+                received_at: v1.received_at,
+                assessment: v1.assessment,
+                security_since: v1.security_since,
+            },
+            StoredAssessment::V2(v2) => v2,
+        })
+    }
+}
 
 /// A run as stored: V1 until runs kept the schedule that made them, V2
 /// since.
@@ -502,6 +546,23 @@ mod tests {
         assert_eq!(
             assessment.oldest_security(),
             Some("2026-12-01T03:00:02Z".parse().expect("time"))
+        );
+        let ack = crate::records::AlertAck::from_bytes(&hex(include_str!("fixtures/ack_v1.hex")))
+            .expect("ack V1");
+        assert_eq!(ack.kind, "SecurityUpdatesWaiting");
+        assert_eq!(ack.resource, "device/pi-kitchen");
+        assert_eq!(ack.by, "the operator token");
+        assert_eq!(
+            ack.instance,
+            Some("2026-12-01T03:00:02Z".parse().expect("time"))
+        );
+        // V1 kept no reboot wait: its pending reboot counts from its receipt.
+        assert_eq!(assessment.reboot_since, Some(assessment.received_at));
+        let bytes = assessment.to_bytes().expect("encode");
+        assert_eq!(bytes[0], 1, "the version byte of V2");
+        assert_eq!(
+            crate::patch::DeviceAssessment::from_bytes(&bytes).expect("V2 decodes"),
+            assessment
         );
     }
 

@@ -315,3 +315,50 @@ pub fn patch_status(fleet: &Value) {
     );
     out!("never assessed:              {}", n("neverAssessed"));
 }
+
+/// Every alert, a row each: severity, kind, what it is about, since when,
+/// the message, and who acknowledged it (`drover alerts`).
+pub fn alerts(alerts: &Value) {
+    let now = jiff::Timestamp::now();
+    let items = alerts["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        out!("nothing needs attention");
+        return;
+    }
+    let mut rows = table(&[
+        "SEVERITY",
+        "ALERT",
+        "ABOUT",
+        "SINCE",
+        "ACKNOWLEDGED",
+        "WHAT",
+    ]);
+    for alert in &items {
+        let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
+        let acknowledged = match alert["acknowledged"]["by"].as_str() {
+            Some(by) => format!(
+                "{} ({})",
+                printable(by),
+                age(
+                    alert["acknowledged"]["at"]
+                        .as_str()
+                        .and_then(|t| t.parse().ok()),
+                    now
+                ) + " ago"
+            ),
+            None => "-".into(),
+        };
+        rows.add_row(vec![
+            text(&alert["severity"]),
+            text(&alert["kind"]),
+            text(&alert["resource"]),
+            match alert["at"].as_str() {
+                Some(_) => moment(&alert["at"], now),
+                None => "-".into(),
+            },
+            acknowledged,
+            text(&alert["message"]),
+        ]);
+    }
+    print_table(&rows);
+}

@@ -124,6 +124,7 @@ pub struct ApiState {
     pub vault: Arc<crate::secrets::Vault>,
     /// A device not heard from for this long is an alert.
     pub offline_alert: jiff::SignedDuration,
+    pub patch_alerts: drover_rules::patch::AlertLimits,
     /// The dashboard's cookie is `Secure` (the API speaks https).
     pub secure_cookies: bool,
     /// Failed dashboard logins per client address.
@@ -159,6 +160,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices", get(list_devices))
         .route("/devices/page", get(device_page))
         .route("/alerts", get(list_alerts))
+        .route("/alerts/ack", post(ack_alert))
         .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/devices/{id}/jobs", get(device_jobs))
@@ -393,12 +395,78 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
 async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let now = Timestamp::now();
     let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
-    let (alerts, offline) =
-        crate::alerts::list(&state.db, now, state.offline_alert, &online).await?;
+    let (alerts, offline) = crate::alerts::list(
+        &state.db,
+        now,
+        state.offline_alert,
+        &state.patch_alerts,
+        &online,
+    )
+    .await?;
     Ok(Json(json!({
         "items": alerts,
         "offlineDevices": offline,
         "offlineAfterMinutes": state.offline_alert.as_secs() / 60,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckRequest {
+    kind: String,
+    resource: String,
+}
+
+/// Acknowledges the alert `kind` about `resource` as it stands now: it is
+/// listed as acknowledged (by whom, when) while its condition lasts, and
+/// raised again once the condition clears and returns.
+async fn ack_alert(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Json(request): Json<AckRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let now = Timestamp::now();
+    let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
+    let (alerts, _) = crate::alerts::list(
+        &state.db,
+        now,
+        state.offline_alert,
+        &state.patch_alerts,
+        &online,
+    )
+    .await?;
+    let Some(alert) = alerts
+        .iter()
+        .find(|a| a.kind == request.kind && a.resource == request.resource)
+    else {
+        return Err(not_found(format!(
+            "a {} alert about {} (none is raised now)",
+            request.kind, request.resource
+        )));
+    };
+    // Who: the operator token (the CLI, a script) or a dashboard session.
+    let by = if state.secrets.verify_operator(bearer_of(&headers)) {
+        "the operator token"
+    } else {
+        "a dashboard session"
+    };
+    let ack = crate::records::AlertAck {
+        kind: request.kind.clone(),
+        resource: request.resource.clone(),
+        instance: alert.at,
+        by: by.to_owned(),
+        at: now,
+    };
+    let key = crate::records::ack_key(&request.kind, &request.resource);
+    state
+        .db
+        .update::<crate::records::AlertAck, _>(&key, |_| Some(ack.clone()))
+        .await?;
+    tracing::info!(kind = %request.kind, resource = %request.resource, by, "alert acknowledged");
+    Ok(Json(json!({
+        "kind": request.kind,
+        "resource": request.resource,
+        "acknowledged": {"by": by, "at": now.to_string()},
     })))
 }
 

@@ -460,12 +460,21 @@ async function alertsPage(main) {
   const rows = alerts.items.map((a) =>
     h(
       "tr",
-      { "data-alert": a.kind },
+      { "data-alert": a.kind, "data-resource": a.resource, class: a.acknowledged ? "acknowledged" : null },
       h("td", {}, badge(a.severity)),
       h("td", {}, a.kind),
       h("td", {}, resourceLink(a.resource)),
       h("td", {}, a.message),
       h("td", {}, when(a.at)),
+      h(
+        "td",
+        { class: "ack" },
+        a.acknowledged
+          ? `acknowledged by ${a.acknowledged.by}, ${ago(a.acknowledged.at)}`
+          : confirmButton("Acknowledge", "Acknowledge: sure?", `ack-${a.kind}-${a.resource}`, () =>
+              api("/alerts/ack", { method: "POST", body: { kind: a.kind, resource: a.resource } }),
+            ),
+      ),
     ),
   );
   const more = alerts.offlineDevices > alerts.items.filter((a) => a.kind === "DeviceOffline").length
@@ -473,13 +482,13 @@ async function alertsPage(main) {
     : "";
   main.replaceChildren(
     h("h2", {}, "Alerts"),
-    table(["Severity", "Alert", "About", "What", "When"], rows, "Nothing needs attention."),
+    table(["Severity", "Alert", "About", "What", "Since", ""], rows, "Nothing needs attention."),
     more,
   );
 }
 
 function showAlertCount(alerts) {
-  const critical = alerts.items.filter((a) => a.severity === "critical").length;
+  const critical = alerts.items.filter((a) => a.severity === "critical" && !a.acknowledged).length;
   document.getElementById("alert-count").textContent = critical > 0 ? String(critical) : "";
 }
 
