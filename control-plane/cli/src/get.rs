@@ -5,7 +5,8 @@
 
 use crate::cli::{Output, Resource};
 use crate::client::ApiClient;
-use crate::records::DeviceRecord;
+use crate::devices::{ListedDevice, device_manifest, device_rows};
+pub use crate::table::{Listing, Row, age, number, print_table, table};
 use crate::watch::printable;
 use agent_core::out;
 use anyhow::{Result, bail};
@@ -15,23 +16,6 @@ use std::time::Duration;
 
 /// How often `--watch` asks the API.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
-
-/// One row of a listing, keyed by the object's name.
-pub struct Row {
-    pub key: String,
-    pub cells: Vec<String>,
-}
-
-/// A resource's rows and how to print them.
-pub struct Listing {
-    pub headers: Vec<&'static str>,
-    pub rows: Vec<Row>,
-    /// Columns that change with the clock alone (ages): under `--watch` a
-    /// row is not printed again for them.
-    pub volatile: Vec<usize>,
-    /// Printed under the table (a run's latest error).
-    pub note: Option<String>,
-}
 
 /// What `drover get` fetched: the objects as the API gave them (for -o
 /// json|yaml; one object for a named taskrun), and their rows.
@@ -117,38 +101,6 @@ async fn fetch(
         structured,
         objects: keyed,
         listing,
-    })
-}
-
-/// A device as the API lists it, turned into the Device manifest that
-/// registers it (name, labels, groups, time zone, decommissioned), with
-/// everything else the control plane knows of it under `status`, as
-/// kubectl prints an object.
-pub fn device_manifest(device: &Value) -> Value {
-    let mut status = device.as_object().cloned().unwrap_or_default();
-    let mut take = |key: &str| status.remove(key).unwrap_or(Value::Null);
-    let id = take("id");
-    let mut labels = take("labels");
-    if let Some(labels) = labels.as_object_mut() {
-        // Implicit: every device carries its own id (a manifest may not set it).
-        labels.remove("device-id");
-    }
-    let groups = take("groups");
-    let time_zone = take("timeZone");
-    let decommissioned = take("decommissioned");
-    let mut spec = serde_json::json!({ "groups": groups });
-    if !time_zone.is_null() {
-        spec["timeZone"] = time_zone;
-    }
-    if decommissioned == Value::Bool(true) {
-        spec["decommissioned"] = Value::Bool(true);
-    }
-    serde_json::json!({
-        "apiVersion": crate::records::API_VERSION,
-        "kind": "Device",
-        "metadata": {"name": id, "labels": labels},
-        "spec": spec,
-        "status": status,
     })
 }
 
@@ -324,159 +276,6 @@ pub fn shown(value: &Value) -> String {
     printable(value.as_str().unwrap_or(""))
 }
 
-/// A device as `GET /devices` lists it.
-#[derive(serde::Deserialize, serde::Serialize)]
-pub struct ListedDevice {
-    #[serde(flatten)]
-    pub record: DeviceRecord,
-    /// Connected and heard from lately (absent from older servers).
-    #[serde(default)]
-    pub online: bool,
-    /// Its latest patch assessment's summary (null before the first one;
-    /// absent from older servers).
-    #[serde(default)]
-    pub patch: Value,
-    /// The labels the control plane maintains (`drover.io/…`).
-    #[serde(default, rename = "maintainedLabels")]
-    pub maintained_labels: std::collections::BTreeMap<String, String>,
-}
-
-/// A table in kubectl's style: no borders, columns two spaces apart, each
-/// as wide as its widest cell whatever the cell holds.
-pub fn table(headers: &[&str]) -> comfy_table::Table {
-    let mut table = comfy_table::Table::new();
-    table
-        .load_preset(comfy_table::presets::NOTHING)
-        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
-        .set_header(headers.iter().copied());
-    for column in table.column_iter_mut() {
-        column.set_padding((0, 2));
-    }
-    table
-}
-
-pub fn print_table(table: &comfy_table::Table) {
-    for line in table.lines() {
-        out!("{}", line.trim_end());
-    }
-}
-
-/// How long ago `at` was, in the largest unit that fits: 45s, 12m, 3h, 9d.
-pub fn age(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
-    let Some(at) = at else {
-        return "-".into();
-    };
-    let seconds = now.duration_since(at).as_secs().max(0);
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
-fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
-    let now = jiff::Timestamp::now();
-    let mut headers = vec![
-        "DEVICE",
-        "STATE",
-        "LAST SEEN",
-        "VERSION",
-        "GROUPS",
-        "LABELS",
-        "CAPABILITIES",
-    ];
-    if wide {
-        headers.extend([
-            "OS",
-            "ARCH",
-            "TRANSPORT",
-            "TIME ZONE",
-            "BOOT ID",
-            "UPDATES",
-            "SECURITY",
-            "OLDEST",
-            "REBOOT",
-        ]);
-    }
-    let mut rows = Vec::new();
-    for listed in devices {
-        let d = &listed.record;
-        let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
-        let labels: Vec<String> = d
-            .labels
-            .iter()
-            .chain(&listed.maintained_labels)
-            .map(|(k, v)| printable(&format!("{k}={v}")))
-            .collect();
-        let state = d.state(listed.online);
-        let mut row = vec![
-            d.id.to_string(),
-            state.to_owned(),
-            age(d.last_seen.max(d.last_heartbeat), now),
-            printable(d.agent_version.as_deref().unwrap_or("-")),
-            printable(&groups.join(",")),
-            labels.join(","),
-            printable(&d.capabilities.join(",")),
-        ];
-        if wide {
-            for extra in [
-                &d.os_release,
-                &d.architecture,
-                &d.transport,
-                &d.time_zone,
-                &d.boot_id,
-            ] {
-                row.push(printable(extra.as_deref().unwrap_or("-")));
-            }
-            row.extend(patch_cells(&listed.patch, now));
-        }
-        rows.push(Row {
-            key: d.id.to_string(),
-            cells: row,
-        });
-    }
-    Listing {
-        headers,
-        rows,
-        // LAST SEEN (and OLDEST, a wait) change with the clock alone.
-        volatile: if wide { vec![2, 14] } else { vec![2] },
-        note: None,
-    }
-}
-
-/// A device's patch columns: pending updates, of them security ones ("n/a"
-/// with no security archive among its sources), how long the oldest pending
-/// security update has waited, and whether a reboot is pending; "-" before
-/// its first assessment.
-fn patch_cells(patch: &Value, now: jiff::Timestamp) -> [String; 4] {
-    if patch.is_null() {
-        return ["-".into(), "-".into(), "-".into(), "-".into()];
-    }
-    let security = if patch["securityArchive"] == false {
-        "n/a".to_owned()
-    } else {
-        number(&patch["security"])
-    };
-    let oldest = patch["oldestSecuritySince"]
-        .as_str()
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
-    [
-        number(&patch["upgradable"]),
-        security,
-        match oldest {
-            Some(_) => age(oldest, now),
-            None => "-".into(),
-        },
-        if patch["rebootPending"].is_string() {
-            "yes"
-        } else {
-            "no"
-        }
-        .to_owned(),
-    ]
-}
-
 fn schedule_rows(schedules: &[Value]) -> Listing {
     let headers = vec![
         "NAME",
@@ -571,11 +370,6 @@ fn run_rows(runs: &[Value]) -> Listing {
     }
 }
 
-/// A count from the API, or "-" when absent.
-pub fn number(value: &Value) -> String {
-    value.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
-}
-
 fn deployment_rows(deployments: &[Value]) -> Listing {
     let headers = vec![
         "NAME",
@@ -639,25 +433,6 @@ pub fn structured(output: Output, value: &impl serde::Serialize) -> Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_listed_device_prints_as_the_manifest_that_registers_it() {
-        let listed = serde_json::json!({
-            "id": "pi-1", "groups": ["production"], "labels": {"site": "sofia", "device-id": "pi-1"},
-            "timeZone": "Europe/Sofia", "decommissioned": false, "agentPresent": true,
-            "online": true, "agentVersion": "0.1.0",
-        });
-        assert_eq!(
-            device_manifest(&listed),
-            serde_json::json!({
-                "apiVersion": "fleet.nationtech.io/v1alpha1",
-                "kind": "Device",
-                "metadata": {"name": "pi-1", "labels": {"site": "sofia"}},
-                "spec": {"groups": ["production"], "timeZone": "Europe/Sofia"},
-                "status": {"agentPresent": true, "online": true, "agentVersion": "0.1.0"},
-            })
-        );
-    }
 
     #[test]
     fn a_served_time_reads_to_the_second_with_how_far_it_is() {

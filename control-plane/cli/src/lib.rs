@@ -9,8 +9,10 @@ pub mod client;
 pub mod context;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod devices;
 pub mod get;
 pub mod init;
+pub mod table;
 pub mod upload;
 pub mod watch;
 
