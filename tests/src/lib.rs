@@ -1735,3 +1735,48 @@ pub fn serve_until_ready(data: &Path, extra: &[&str]) -> (Child, Value) {
     let text = std::fs::read_to_string(&ready).expect("ready");
     (child, serde_json::from_str(&text).expect("json"))
 }
+
+/// A .deb `NAME_VERSION_all.deb` of about `mib` MiB of incompressible
+/// bytes, stored uncompressed, built in `dir` with dpkg-deb (uploads of a
+/// realistic size).
+pub fn big_deb(dir: &Path, name: &str, version: &str, mib: u64) -> PathBuf {
+    let tree = dir.join(format!("{name}-tree"));
+    std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
+    std::fs::create_dir_all(tree.join("usr/share").join(name)).expect("tree");
+    std::fs::write(
+        tree.join("DEBIAN/control"),
+        format!(
+            "Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: Drover tests \
+             <tests@drover.invalid>\nDescription: a big package\n"
+        ),
+    )
+    .expect("control");
+    let mut urandom = std::fs::File::open("/dev/urandom").expect("urandom");
+    let mut data =
+        std::fs::File::create(tree.join("usr/share").join(name).join("data")).expect("data");
+    std::io::copy(&mut std::io::Read::take(&mut urandom, mib << 20), &mut data)
+        .expect("random bytes");
+    let deb = dir.join(format!("{name}_{version}_all.deb"));
+    let out = Command::new("dpkg-deb")
+        .args(["-Znone", "--root-owner-group", "--build"])
+        .arg(&tree)
+        .arg(&deb)
+        .output()
+        .expect("dpkg-deb");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_dir_all(&tree).expect("clean");
+    deb
+}
+
+/// The peak resident memory (VmHWM, KiB) of a running process, if it
+/// still runs.
+pub fn peak_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

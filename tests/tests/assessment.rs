@@ -18,6 +18,30 @@ use tokio::net::TcpListener;
 const DEVICE: &str = "assess-1";
 const APT_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// `device` registered in the production group, and its agent in upgrade
+/// mode on the sandbox's root, connected to `cp` over WebSocket.
+async fn device_on(cp: &ControlPlane, sandbox: &Sandbox, device: &str) -> AgentProcess {
+    cp.apply_device(device, &["production"], json!({})).await;
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(&cp.agent_url),
+        toml_string(&cp.device_token(device))
+    );
+    let agent = AgentProcess::start_full(
+        &sandbox.dir.path().join("agent"),
+        device,
+        &transport,
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&[device]).await;
+    agent
+}
+
 /// One assessment sent as a fleet job; its output.
 async fn assess(server: &mut Script) -> Value {
     let job = new_job();
@@ -197,25 +221,7 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
     ]);
     sandbox.publish_security(&[Pkg::new("drover-assess-lib", "1.1")]);
     let cp = ControlPlane::start(&[]);
-    cp.apply_device("patch-1", &["production"], json!({})).await;
-    let token = cp.device_token("patch-1");
-    let transport = format!(
-        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
-        toml_string(&cp.agent_url),
-        toml_string(&token)
-    );
-    let agent = AgentProcess::start_full(
-        &sandbox.dir.path().join("agent"),
-        "patch-1",
-        &transport,
-        "",
-        &format!(
-            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
-            toml_string(&sandbox.root.display().to_string())
-        ),
-        "",
-    );
-    cp.wait_for_agents(&["patch-1"]).await;
+    let agent = device_on(&cp, &sandbox, "patch-1").await;
     let drover = |args: &[&str]| {
         let out = cp.cli(args);
         assert!(
@@ -453,25 +459,7 @@ async fn an_acknowledged_alert_stays_quiet_until_its_condition_clears_and_return
     sandbox.install(&["drover-assess-lib"]);
     sandbox.publish_security(&[Pkg::new("drover-assess-lib", "1.1")]);
     let cp = ControlPlane::start(&["--security-alert-days", "0", "--reboot-alert-hours", "0"]);
-    cp.apply_device("alert-1", &["production"], json!({})).await;
-    let token = cp.device_token("alert-1");
-    let transport = format!(
-        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
-        toml_string(&cp.agent_url),
-        toml_string(&token)
-    );
-    let agent = AgentProcess::start_full(
-        &sandbox.dir.path().join("agent"),
-        "alert-1",
-        &transport,
-        "",
-        &format!(
-            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
-            toml_string(&sandbox.root.display().to_string())
-        ),
-        "",
-    );
-    cp.wait_for_agents(&["alert-1"]).await;
+    let agent = device_on(&cp, &sandbox, "alert-1").await;
     let assess = || {
         let out = Command::new(bin("drover-agent"))
             .args(["assess", "--socket"])

@@ -463,46 +463,6 @@ impl Readme {
     }
 }
 
-/// A .deb named as the README's `kiosk-app_2.1-1_all.deb`, of about `mib`
-/// MiB of incompressible bytes stored uncompressed, in `dir`.
-fn kiosk_deb(dir: &Path, mib: u64) -> std::path::PathBuf {
-    let tree = dir.join("kiosk-tree");
-    std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
-    std::fs::create_dir_all(tree.join("usr/share/kiosk-app")).expect("tree");
-    std::fs::write(
-        tree.join("DEBIAN/control"),
-        "Package: kiosk-app\nVersion: 2.1-1\nArchitecture: all\nMaintainer: Drover tests \
-         <tests@drover.invalid>\nDescription: the README's kiosk app\n",
-    )
-    .expect("control");
-    let mut urandom = std::fs::File::open("/dev/urandom").expect("urandom");
-    let mut data = std::fs::File::create(tree.join("usr/share/kiosk-app/data")).expect("data");
-    std::io::copy(&mut std::io::Read::take(&mut urandom, mib << 20), &mut data)
-        .expect("random bytes");
-    let deb = dir.join("kiosk-app_2.1-1_all.deb");
-    let out = Command::new("dpkg-deb")
-        .args(["-Znone", "--root-owner-group", "--build"])
-        .arg(&tree)
-        .arg(&deb)
-        .output()
-        .expect("dpkg-deb");
-    assert!(out.status.success(), "{out:?}");
-    std::fs::remove_dir_all(&tree).expect("clean");
-    deb
-}
-
-/// The peak resident memory (VmHWM, KiB) of a running process.
-fn peak_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// The README's first run, step by step as written, every `drover` and
 /// `drover-agent` command taken from the README's marked blocks and run as
 /// written (its data directory, names and ports mapped to this test's), on
@@ -741,7 +701,7 @@ async fn the_readme_walk_through_works_as_written() {
 
     // The README's package: 200 MB, streamed over https, the CLI's memory
     // flat.
-    let deb = kiosk_deb(&work, 200);
+    let deb = drover_tests::big_deb(&work, "kiosk-app", "2.1-1", 200);
     let size = std::fs::metadata(&deb).expect("deb").len();
     let upload = map(
         &readme.next("drover packages upload ./kiosk-app_2.1-1_all.deb"),
@@ -759,7 +719,7 @@ async fn the_readme_walk_through_works_as_written() {
     let pid = child.id();
     let mut peak = 0;
     while child.try_wait().expect("wait").is_none() {
-        peak = peak.max(peak_kib(pid).unwrap_or(0));
+        peak = peak.max(drover_tests::peak_kib(pid).unwrap_or(0));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let out = child.wait_with_output().expect("output");

@@ -8,61 +8,17 @@
 //! says which flag gives it. And every kind can be deleted, with what is
 //! still in use refused and the command to run first named.
 
-use drover_tests::{ControlPlane, bin};
+use drover_tests::{ControlPlane, big_deb, bin, peak_kib};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// A .deb of about `mib` MiB of incompressible bytes, stored uncompressed.
-fn big_deb(dir: &Path, name: &str, mib: usize) -> PathBuf {
-    let tree = dir.join(name);
-    std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
-    std::fs::create_dir_all(tree.join("usr/share/big")).expect("tree");
-    std::fs::write(
-        tree.join("DEBIAN/control"),
-        format!(
-            "Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: Drover tests \
-             <tests@drover.invalid>\nDescription: a big package\n"
-        ),
-    )
-    .expect("control");
-    let mut urandom = std::fs::File::open("/dev/urandom").expect("urandom");
-    let mut data = std::fs::File::create(tree.join("usr/share/big/data")).expect("data");
-    std::io::copy(
-        &mut std::io::Read::take(&mut urandom, (mib as u64) << 20),
-        &mut data,
-    )
-    .expect("random bytes");
-    let deb = dir.join(format!("{name}_1.0_all.deb"));
-    let out = Command::new("dpkg-deb")
-        .args(["-Znone", "--root-owner-group", "--build"])
-        .arg(&tree)
-        .arg(&deb)
-        .output()
-        .expect("dpkg-deb");
-    assert!(out.status.success(), "{out:?}");
-    std::fs::remove_dir_all(&tree).expect("clean");
-    deb
-}
-
-/// The peak resident memory (VmHWM, KiB) of a running process, if it still runs.
-fn peak_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_mb_package_uploads_streamed_with_the_clis_memory_flat() {
     let cp = ControlPlane::start(&[]);
-    let deb = big_deb(cp.dir.path(), "big-upload", 200);
+    let deb = big_deb(cp.dir.path(), "big-upload", "1.0", 200);
     let size = std::fs::metadata(&deb).expect("deb").len();
     let mut child = Command::new(bin("drover"))
         .args(["--server", &cp.api, "--token", &cp.token])
@@ -150,7 +106,7 @@ fn upload_through(front: &str, token: &str, deb: &Path) -> (bool, String, String
 async fn a_stalled_upload_is_cut_off_and_sent_again() {
     let cp = ControlPlane::start(&[]);
     // Larger than what the loopback's socket buffers take unread.
-    let deb = big_deb(cp.dir.path(), "stalled-upload", 48);
+    let deb = big_deb(cp.dir.path(), "stalled-upload", "1.0", 48);
 
     // The first attempt stalls; the second gets through.
     let front = stalling_front(&cp.api, 1).await;
@@ -242,7 +198,7 @@ async fn downloads_are_on_with_agents_on_a_wildcard_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_is_deleted_once_nothing_unfinished_needs_it() {
     let cp = ControlPlane::start(&[]);
-    let deb = big_deb(cp.dir.path(), "kiosk-app", 1);
+    let deb = big_deb(cp.dir.path(), "kiosk-app", "1.0", 1);
     let cli = |args: &[&str]| {
         let out = cp.cli(args);
         (

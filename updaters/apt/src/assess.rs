@@ -43,17 +43,7 @@ impl PatchAssessor {
 
     async fn assess(&self, output: &mut Option<JobOutput>) -> StepOutcome {
         let settings = &self.upgrade.settings;
-        let simulate = settings.argv(
-            "apt-get",
-            &[
-                "-s",
-                "-o",
-                "Debug::NoLocking=1",
-                "-o",
-                "APT::Color=0",
-                "full-upgrade",
-            ],
-        );
+        let simulate = crate::upgrade::simulation_argv(settings);
         let simulated = match run_bounded(&simulate, CHILD_CALL_LIMIT).await {
             Ok(out) if out.success() => pending_upgrades(&out.stdout),
             Ok(out) => {

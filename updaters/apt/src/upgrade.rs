@@ -301,17 +301,7 @@ impl SystemUpgrade {
         output: &mut Option<JobOutput>,
     ) -> StepOutcome {
         if self.settings.mode == Mode::Simulate {
-            let argv = self.settings.argv(
-                "apt-get",
-                &[
-                    "-s",
-                    "-o",
-                    "Debug::NoLocking=1",
-                    "-o",
-                    "APT::Color=0",
-                    "full-upgrade",
-                ],
-            );
+            let argv = simulation_argv(&self.settings);
             return match run_bounded(&argv, CHILD_CALL_LIMIT).await {
                 Ok(out) if out.success() => {
                     let report = parse_simulation(&out.stdout);
@@ -397,6 +387,22 @@ impl SystemUpgrade {
             }
         }
     }
+}
+
+/// apt's read-only simulation of a full upgrade (no lock taken, no colour):
+/// what simulate mode runs, and what a patch assessment reads.
+pub(crate) fn simulation_argv(settings: &AptSettings) -> Vec<String> {
+    settings.argv(
+        "apt-get",
+        &[
+            "-s",
+            "-o",
+            "Debug::NoLocking=1",
+            "-o",
+            "APT::Color=0",
+            "full-upgrade",
+        ],
+    )
 }
 
 /// Free bytes on the filesystem holding `path`, via the longest mount prefix.

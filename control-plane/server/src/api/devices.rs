@@ -41,13 +41,7 @@ pub(super) async fn device_page(
             ),
         ));
     }
-    let assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = state
-        .db
-        .list::<DeviceAssessment>("assessments/")
-        .await?
-        .into_iter()
-        .map(|(_, _, a)| (a.device.clone(), a))
-        .collect();
+    let assessments = assessments_by_device(&state.db).await?;
     let mut matching = Vec::new();
     for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
         if let Some(filter) = patch_filter
@@ -135,13 +129,7 @@ pub(super) async fn list_devices(
 ) -> Result<Response, ApiError> {
     let (devices, next) = list_page::<DeviceRecord>(&state.db, "devices/", &query).await?;
     let now = Timestamp::now();
-    let mut assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = state
-        .db
-        .list::<DeviceAssessment>("assessments/")
-        .await?
-        .into_iter()
-        .map(|(_, _, a)| (a.device.clone(), a))
-        .collect();
+    let mut assessments = assessments_by_device(&state.db).await?;
     let mut listed = Vec::with_capacity(devices.len());
     for stored in devices {
         let online = state.presence.online(&stored.id, stored.last_seen, now);
@@ -240,6 +228,18 @@ fn maintained_labels(assessment: Option<&DeviceAssessment>) -> Value {
         .map_or_else(|| json!({}), Value::Object)
 }
 
+/// Every device's latest assessment, by device.
+async fn assessments_by_device(
+    db: &crate::db::Db,
+) -> Result<std::collections::HashMap<DeviceId, DeviceAssessment>, ApiError> {
+    Ok(db
+        .list::<DeviceAssessment>("assessments/")
+        .await?
+        .into_iter()
+        .map(|(_, _, a)| (a.device.clone(), a))
+        .collect())
+}
+
 /// The fleet's patch status (`drover_rules::patch::FleetPatchStatus`):
 /// every registered device that is not decommissioned, by its latest
 /// assessment.
@@ -247,12 +247,7 @@ pub(super) async fn fleet_patch_status(
     db: &crate::db::Db,
     now: Timestamp,
 ) -> Result<drover_rules::patch::FleetPatchStatus, ApiError> {
-    let mut assessments: std::collections::HashMap<DeviceId, DeviceAssessment> = db
-        .list::<DeviceAssessment>("assessments/")
-        .await?
-        .into_iter()
-        .map(|(_, _, a)| (a.device.clone(), a))
-        .collect();
+    let mut assessments = assessments_by_device(db).await?;
     let mut fleet = drover_rules::patch::FleetPatchStatus::default();
     for (_, _, device) in db.list::<DeviceRecord>("devices/").await? {
         if !device.decommissioned {

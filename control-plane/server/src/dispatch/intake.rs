@@ -78,30 +78,28 @@ impl Dispatcher {
                 Err(e) => warn!(key, error = %e, "cannot encode a device record"),
             }
         }
-        for (key, (expected, inventory)) in &work.inventories {
-            match Db::encode(inventory) {
+        // What reports write beside their jobs: devices' inventories and
+        // latest assessments.
+        let beside = work
+            .inventories
+            .iter()
+            .map(|(key, (expected, inventory))| (key, *expected, Db::encode(inventory)))
+            .chain(
+                work.assessments
+                    .iter()
+                    .map(|(key, (expected, assessment))| (key, *expected, Db::encode(assessment))),
+            );
+        for (key, expected, encoded) in beside {
+            match encoded {
                 Ok(value) => {
                     ops.push(Op::Put {
                         key: key.clone(),
                         value,
-                        expected: *expected,
+                        expected,
                     });
                     written.push((key.clone(), None, None));
                 }
-                Err(e) => warn!(key, error = %e, "cannot encode an inventory"),
-            }
-        }
-        for (key, (expected, assessment)) in &work.assessments {
-            match Db::encode(assessment) {
-                Ok(value) => {
-                    ops.push(Op::Put {
-                        key: key.clone(),
-                        value,
-                        expected: *expected,
-                    });
-                    written.push((key.clone(), None, None));
-                }
-                Err(e) => warn!(key, error = %e, "cannot encode an assessment"),
+                Err(e) => warn!(key, error = %e, "cannot encode a report's record"),
             }
         }
         // After every op whose result is read below: an alert that exists

@@ -279,16 +279,13 @@ fn success_is_judged_by_the_control_planes_receive_time() {
     }
 }
 
-/// Two replicas over one store, with an injected clock: one run per tick,
-/// skipped ticks while it is active, one catch-up after a long downtime.
-#[tokio::test]
-async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
+/// A daily 03:00 schedule named nightly over the fleet group, created at
+/// `created`, keeping `ok` completed and `failed` failed runs.
+fn nightly(created: &str, ok: u32, failed: u32) -> crate::schedule::TaskScheduleRecord {
     use crate::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
-    let t = |text: &str| text.parse::<Timestamp>().expect("time");
-    let db = Db::new(Arc::new(MemKv::default()));
-    let schedule = TaskScheduleRecord {
+    TaskScheduleRecord {
         name: "nightly".into(),
-        created_at: t("2026-12-02T00:00:00Z"),
+        created_at: created.parse().expect("time"),
         spec: ScheduleSpec {
             schedule: Cadence::Daily("03:00".into()),
             suspend: false,
@@ -298,11 +295,21 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
                 deadline_seconds: 3600,
                 system_upgrade_v1: Empty {},
             },
-            successful_runs_history_limit: 3,
-            failed_runs_history_limit: 1,
+            successful_runs_history_limit: ok,
+            failed_runs_history_limit: failed,
         },
         status: Default::default(),
-    };
+    }
+}
+
+/// Two replicas over one store, with an injected clock: one run per tick,
+/// skipped ticks while it is active, one catch-up after a long downtime.
+#[tokio::test]
+async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
+    use crate::schedule::TaskScheduleRecord;
+    let t = |text: &str| text.parse::<Timestamp>().expect("time");
+    let db = Db::new(Arc::new(MemKv::default()));
+    let schedule = nightly("2026-12-02T00:00:00Z", 3, 1);
     db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
         .await
         .expect("schedule");
@@ -366,26 +373,9 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
 /// run applied by hand are never touched.
 #[tokio::test]
 async fn schedules_delete_finished_runs_past_their_history_limits() {
-    use crate::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
     let t = |text: &str| text.parse::<Timestamp>().expect("time");
     let db = Db::new(Arc::new(MemKv::default()));
-    let schedule = TaskScheduleRecord {
-        name: "nightly".into(),
-        created_at: t("2026-12-01T00:00:00Z"),
-        spec: ScheduleSpec {
-            schedule: Cadence::Daily("03:00".into()),
-            suspend: false,
-            template: TaskRunSpec {
-                allowed_groups: vec!["fleet".into()],
-                target_selector: TargetSelector::default(),
-                deadline_seconds: 3600,
-                system_upgrade_v1: Empty {},
-            },
-            successful_runs_history_limit: 2,
-            failed_runs_history_limit: 1,
-        },
-        status: Default::default(),
-    };
+    let schedule = nightly("2026-12-01T00:00:00Z", 2, 1);
     db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
         .await
         .expect("schedule");
