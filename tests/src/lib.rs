@@ -980,29 +980,24 @@ impl ControlPlane {
         }
     }
 
-    pub async fn get(&self, path: &str) -> Value {
+    /// An operator's GET of `path` under `/api/v1`.
+    async fn send_get(&self, path: &str) -> reqwest::Response {
         self.http
             .get(format!("{}/api/v1{path}", self.api))
             .bearer_auth(&self.token)
             .send()
             .await
             .expect("get")
-            .json()
-            .await
-            .expect("json")
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        self.send_get(path).await.json().await.expect("json")
     }
 
     /// The status code of an operator's GET, for checks that something is
     /// (or is no longer) there.
     pub async fn get_status(&self, path: &str) -> u16 {
-        self.http
-            .get(format!("{}/api/v1{path}", self.api))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .expect("get")
-            .status()
-            .as_u16()
+        self.send_get(path).await.status().as_u16()
     }
 
     /// Returns once the engine has finished every pass that began before

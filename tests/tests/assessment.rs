@@ -42,6 +42,22 @@ async fn device_on(cp: &ControlPlane, sandbox: &Sandbox, device: &str) -> AgentP
     agent
 }
 
+/// `drover-agent assess` against the running agent; what it printed.
+fn assess_on_device(agent: &AgentProcess) -> String {
+    let out = Command::new(bin("drover-agent"))
+        .args(["assess", "--socket"])
+        .arg(&agent.socket)
+        .output()
+        .expect("drover-agent assess");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// One assessment sent as a fleet job; its output.
 async fn assess(server: &mut Script) -> Value {
     let job = new_job();
@@ -175,17 +191,7 @@ async fn assessments_read_what_is_pending_security_first_and_install_nothing() {
 
     // On the device itself: `drover-agent assess` goes through the running
     // agent's queue and prints what is pending, security first.
-    let out = Command::new(bin("drover-agent"))
-        .args(["assess", "--socket"])
-        .arg(&agent.socket)
-        .output()
-        .expect("drover-agent assess");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = assess_on_device(&agent);
     assert!(
         text.contains("assessment: 2 upgradable, 1 security") && text.contains("reboot pending"),
         "{text}"
@@ -350,16 +356,7 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
     // control plane never sent that job, and keeps its report.
     std::fs::create_dir_all(sandbox.path("/run")).expect("run dir");
     std::fs::write(sandbox.path("/run/reboot-required"), "").expect("reboot-required");
-    let out = Command::new(bin("drover-agent"))
-        .args(["assess", "--socket"])
-        .arg(&agent.socket)
-        .output()
-        .expect("drover-agent assess");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assess_on_device(&agent);
     let patch = eventually(
         Duration::from_secs(30),
         "the device's own assessment kept",
@@ -461,16 +458,7 @@ async fn an_acknowledged_alert_stays_quiet_until_its_condition_clears_and_return
     let cp = ControlPlane::start(&["--security-alert-days", "0", "--reboot-alert-hours", "0"]);
     let agent = device_on(&cp, &sandbox, "alert-1").await;
     let assess = || {
-        let out = Command::new(bin("drover-agent"))
-            .args(["assess", "--socket"])
-            .arg(&agent.socket)
-            .output()
-            .expect("drover-agent assess");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assess_on_device(&agent);
     };
     let alert = |kind: &'static str| {
         let cp = &cp;

@@ -144,13 +144,8 @@ pub(super) async fn list_devices(
     Ok(super::listed("/devices", &query, listed, next))
 }
 
-/// A device's latest jobs (newest first, at most 50): each one's state,
-/// what it did in one line, and its whole output (an upgrade's packages
-/// from → to, whether it rebooted).
-pub(super) async fn device_jobs(
-    State(state): State<ApiState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+/// The id named in a path, of a device that is registered (else 400 or 404).
+async fn registered(state: &ApiState, id: String) -> Result<DeviceId, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     if state
         .db
@@ -160,6 +155,17 @@ pub(super) async fn device_jobs(
     {
         return Err(not_found(format!("device {id}")));
     }
+    Ok(id)
+}
+
+/// A device's latest jobs (newest first, at most 50): each one's state,
+/// what it did in one line, and its whole output (an upgrade's packages
+/// from → to, whether it rebooted).
+pub(super) async fn device_jobs(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = registered(&state, id).await?;
     let mut jobs = state
         .db
         .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
@@ -292,15 +298,7 @@ pub(super) async fn get_assessment(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    if state
-        .db
-        .get::<DeviceRecord>(&device_key(&id))
-        .await?
-        .is_none()
-    {
-        return Err(not_found(format!("device {id}")));
-    }
+    let id = registered(&state, id).await?;
     let Some((_, a)) = state
         .db
         .get::<DeviceAssessment>(&drover_rules::patch::assessment_key(&id))

@@ -279,6 +279,16 @@ fn success_is_judged_by_the_control_planes_receive_time() {
     }
 }
 
+/// The names of every stored run.
+async fn run_names(db: &Db) -> Vec<String> {
+    db.list::<TaskRunRecord>("runs/")
+        .await
+        .expect("runs")
+        .into_iter()
+        .map(|(_, _, r)| r.name)
+        .collect()
+}
+
 /// A daily 03:00 schedule named nightly over the fleet group, created at
 /// `created`, keeping `ok` completed and `failed` failed runs.
 fn nightly(created: &str, ok: u32, failed: u32) -> crate::schedule::TaskScheduleRecord {
@@ -314,14 +324,7 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
         .await
         .expect("schedule");
     let (a, b) = (engine(&db), engine(&db));
-    let runs = || async {
-        db.list::<TaskRunRecord>("runs/")
-            .await
-            .expect("runs")
-            .into_iter()
-            .map(|(_, _, r)| r.name)
-            .collect::<Vec<_>>()
-    };
+    let runs = || run_names(&db);
     let status = || async {
         db.get::<TaskScheduleRecord>(&crate::records::schedule_key("nightly"))
             .await
@@ -392,14 +395,7 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
         .await
         .expect("finish");
     let (a, b) = (engine(&db), engine(&db));
-    let runs = || async {
-        db.list::<TaskRunRecord>("runs/")
-            .await
-            .expect("runs")
-            .into_iter()
-            .map(|(_, _, r)| r.name)
-            .collect::<Vec<_>>()
-    };
+    let runs = || run_names(&db);
     // Days 1-6 each make a run; days 2, 4 and 6 fail, the others complete. Each
     // run gets a one-chunk plan, to see it deleted with the run.
     for day in 1..=6u32 {
