@@ -376,7 +376,7 @@ impl Dispatcher {
         let status = &bounded_status(status);
         let key = job_key(device, status.job_id);
         let Some((expected, mut job)) = self.job_record(&key, work).await? else {
-            if status.kind == "patchAssessmentV1" {
+            if crate::kinds::kind(&status.kind).is_some_and(|k| k.keeps_local_reports()) {
                 // The agent assessed on its own (a local job the control
                 // plane never sent): its finished report is kept as the
                 // device's latest assessment; its other statuses are

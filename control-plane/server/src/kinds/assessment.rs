@@ -24,6 +24,11 @@ impl Kind for PatchAssessment {
         DeploymentJob::PatchAssessmentV1
     }
 
+    fn keeps_local_reports(&self) -> bool {
+        // The agent assesses on its own schedule too.
+        true
+    }
+
     fn on_report(&self, _report: &mut Report<'_>) -> Vec<ReportWrite> {
         // The delivery core keeps a succeeded report's findings as the
         // device's latest assessment (as for one the agent ran on its own).

@@ -99,6 +99,15 @@ pub trait Kind: Sync {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether the agent may run this kind on its own (a local job the
+    /// control plane never sent) and its finished report is still kept:
+    /// the delivery core confirms such a job's statuses instead of
+    /// refusing them, and keeps the finished one as the device's latest
+    /// assessment (`patchAssessmentV1`, the only such kind so far).
+    fn keeps_local_reports(&self) -> bool {
+        false
+    }
+
     /// Attaches what the job needs as it goes out (never stored). An error
     /// says what could not be attached; the job goes out without it, and
     /// the device fails it saying so.
