@@ -1332,6 +1332,23 @@ impl AgentProcess {
         log_tail(&self.dir.join("agent.log"))
     }
 
+    /// `drover-agent assess` against this running agent (a local
+    /// assessment through its queue); what it printed.
+    pub fn assess(&self) -> String {
+        let out = Command::new(bin("drover-agent"))
+            .args(["assess", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("drover-agent assess");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
     /// Whether any line of the agent's whole log contains `text`.
     pub fn logged(&self, text: &str) -> bool {
         std::fs::read_to_string(self.dir.join("agent.log"))

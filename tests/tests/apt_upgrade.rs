@@ -875,6 +875,13 @@ async fn what_an_upgrade_did_reads_alike_in_describe_taskrun_and_describe_device
     );
     let device_text = text(cp.cli(&["describe", "device", DEVICE]));
     assert!(device_text.contains(&result), "{device_text}");
+    // The last upgrade that succeeded, with when it ended and its job.
+    assert!(
+        device_text
+            .lines()
+            .any(|l| l.starts_with("last upgrade: ") && l.ends_with(&format!(": {result}"))),
+        "{device_text}"
+    );
     assert!(
         device_text.contains("upgraded  drover-fake-base 1.0 → 2.0"),
         "{device_text}"

@@ -9,9 +9,8 @@
 
 use drover_tests::debroot::{Pkg, Sandbox};
 use drover_tests::script::{Script, intent, new_job};
-use drover_tests::{API_VERSION, AgentProcess, ControlPlane, bin, eventually, toml_string};
+use drover_tests::{API_VERSION, AgentProcess, ControlPlane, eventually, toml_string};
 use serde_json::{Value, json};
-use std::process::Command;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -40,22 +39,6 @@ async fn device_on(cp: &ControlPlane, sandbox: &Sandbox, device: &str) -> AgentP
     );
     cp.wait_for_agents(&[device]).await;
     agent
-}
-
-/// `drover-agent assess` against the running agent; what it printed.
-fn assess_on_device(agent: &AgentProcess) -> String {
-    let out = Command::new(bin("drover-agent"))
-        .args(["assess", "--socket"])
-        .arg(&agent.socket)
-        .output()
-        .expect("drover-agent assess");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 /// One assessment sent as a fleet job; its output.
@@ -191,7 +174,7 @@ async fn assessments_read_what_is_pending_security_first_and_install_nothing() {
 
     // On the device itself: `drover-agent assess` goes through the running
     // agent's queue and prints what is pending, security first.
-    let text = assess_on_device(&agent);
+    let text = agent.assess();
     assert!(
         text.contains("assessment: 2 upgradable, 1 security") && text.contains("reboot pending"),
         "{text}"
@@ -356,7 +339,7 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
     // control plane never sent that job, and keeps its report.
     std::fs::create_dir_all(sandbox.path("/run")).expect("run dir");
     std::fs::write(sandbox.path("/run/reboot-required"), "").expect("reboot-required");
-    assess_on_device(&agent);
+    agent.assess();
     let patch = eventually(
         Duration::from_secs(30),
         "the device's own assessment kept",
@@ -458,7 +441,7 @@ async fn an_acknowledged_alert_stays_quiet_until_its_condition_clears_and_return
     let cp = ControlPlane::start(&["--security-alert-days", "0", "--reboot-alert-hours", "0"]);
     let agent = device_on(&cp, &sandbox, "alert-1").await;
     let assess = || {
-        assess_on_device(&agent);
+        agent.assess();
     };
     let alert = |kind: &'static str| {
         let cp = &cp;

@@ -933,3 +933,105 @@ async fn the_fleet_page_shows_the_patch_status_and_filters_by_it() {
     assert_eq!(cp.get_status("/devices/page?patch=bogus").await, 400);
     browser.close().await.expect("close");
 }
+
+/// Issue 31: a page per device. A real device (upgrade mode, a disposable
+/// Debian root) upgrades one package through a task run, then a security
+/// update is published and the device assesses on its own. Its page, reached
+/// from the fleet list, shows its patch status, the pending packages (the
+/// security update marked, with how long it has waited), the last upgrade's
+/// report (from → to), its job history and its alert, which the page
+/// acknowledges (by whom, when).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_page_shows_pending_updates_the_last_upgrade_history_and_alerts() {
+    use drover_tests::debroot::{Pkg, Sandbox};
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[
+        Pkg::new("drover-page-app", "1.0"),
+        Pkg::new("drover-page-lib", "1.0"),
+    ]);
+    sandbox.install(&["drover-page-app", "drover-page-lib"]);
+    sandbox.publish(&[
+        Pkg::new("drover-page-app", "2.0"),
+        Pkg::new("drover-page-lib", "1.0"),
+    ]);
+    let cp = ControlPlane::start(&["--security-alert-days", "0"]);
+    cp.apply_device("page-1", &["fleet"], json!({})).await;
+    let agent = AgentProcess::start_with(
+        &sandbox.dir.path().join("agent"),
+        "page-1",
+        &cp.agent_url,
+        &cp.device_token("page-1"),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            drover_tests::toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    );
+    cp.wait_for_agents(&["page-1"]).await;
+    cp.apply_upgrade_run("page-upgrade", "fleet", 3600).await;
+    let run = cp
+        .wait_run_finished("page-upgrade", Duration::from_secs(240))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", agent.log());
+    sandbox.publish_security(&[Pkg::new("drover-page-lib", "1.1")]);
+    agent.assess();
+    let patch = eventually(Duration::from_secs(60), "the assessment kept", || async {
+        let device = cp.get("/devices/page-1").await;
+        (device["patch"]["security"] == 1).then(|| device["patch"].clone())
+    })
+    .await;
+    let summary = patch["summary"].as_str().expect("a summary").to_owned();
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    click(&browser, "tr[data-device='page-1'] a").await;
+    wait_text(&browser, "#device-patch", "the patch status", |t| {
+        t.starts_with(&summary)
+    })
+    .await;
+    let lib = wait_text(
+        &browser,
+        "tr[data-package='drover-page-lib']",
+        "the pending security update",
+        |t| t.contains("1.0") && t.contains("1.1") && t.contains("security"),
+    )
+    .await;
+    // Waiting since the assessment that first saw it: seconds, not "–".
+    assert!(lib.contains("second"), "{lib}");
+    wait_text(&browser, "#last-upgrade", "the last upgrade", |t| {
+        t.contains("page-upgrade") && t.contains("upgraded drover-page-app 1.0 → 2.0")
+    })
+    .await;
+    assert_eq!(rows(&browser, "#device-jobs tbody tr").await, 1);
+    wait_text(&browser, "#device-jobs tbody tr", "the job history", |t| {
+        t.contains("systemUpgradeV1") && t.contains("page-upgrade") && t.contains("succeeded")
+    })
+    .await;
+    let alert = "#device-alerts tr[data-alert='SecurityUpdatesWaiting'] td.ack button";
+    wait_text(&browser, alert, "the device's alert", |t| {
+        t == "Acknowledge"
+    })
+    .await;
+    screenshot(&browser, "device").await;
+    click(&browser, alert).await;
+    click(&browser, alert).await;
+    wait_text(
+        &browser,
+        "#device-alerts tr[data-alert='SecurityUpdatesWaiting'] td.ack",
+        "the acknowledgement",
+        |t| t.starts_with("acknowledged by "),
+    )
+    .await;
+    let acked = cp.get("/alerts").await;
+    assert!(
+        acked["items"].as_array().into_iter().flatten().any(|a| {
+            a["kind"] == "SecurityUpdatesWaiting"
+                && a["resource"] == "device/page-1"
+                && a["acknowledged"]["by"].is_string()
+        }),
+        "{acked}"
+    );
+    browser.close().await.expect("close");
+}

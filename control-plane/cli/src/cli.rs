@@ -423,8 +423,9 @@ pub enum Described {
     /// A task run with a table of its targets: state, current step, what
     /// each job did, error.
     Taskrun,
-    /// A device: its record, its latest jobs and what each did, and the
-    /// packages its latest upgrade changed (from → to).
+    /// A device: its record, its patch status with the pending packages,
+    /// its latest jobs and what each did, and the packages its last
+    /// successful upgrade changed (from → to).
     Device,
 }
 

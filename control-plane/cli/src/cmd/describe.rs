@@ -66,7 +66,7 @@ pub fn run(run: &Value, targets: &[Value]) {
 }
 
 /// A device: what it is, its latest jobs with what each did, and the
-/// packages its latest upgrade changed.
+/// packages its last successful upgrade changed.
 pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
     let now = jiff::Timestamp::now();
     let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
@@ -177,13 +177,19 @@ pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
         ]);
     }
     print_table(&rows);
-    // The latest upgrade that changed something: its packages, one a line.
-    let latest = items.iter().find(|j| j["output"]["upgrade"].is_object());
-    if let Some(job) = latest {
+    // The last upgrade that succeeded (the API finds it among all the
+    // device's jobs): when, and its packages, one a line.
+    let job = &jobs["lastUpgrade"];
+    if job.is_object() {
         let upgrade = &job["output"]["upgrade"];
         let id = job["job"].as_str().unwrap_or("?");
         out!("");
-        out!("latest upgrade ({}):", printable(id.get(..8).unwrap_or(id)));
+        out!(
+            "last upgrade: {} (job {}): {}",
+            moment(&job["finishedAt"], now),
+            printable(id.get(..8).unwrap_or(id)),
+            text(&job["resultText"])
+        );
         for (key, label) in [("upgraded", "upgraded"), ("installed", "new")] {
             for change in upgrade[key].as_array().into_iter().flatten() {
                 out!(

@@ -2,6 +2,7 @@
 //! deleting one.
 
 use super::*;
+use agent_core::model::{JobKind, JobState};
 use drover_rules::patch::DeviceAssessment;
 
 #[derive(Deserialize)]
@@ -174,26 +175,45 @@ pub(super) async fn device_jobs(
     let items: Vec<Value> = jobs
         .iter()
         .take(50)
-        .map(|(_, _, job)| {
-            let phase = drover_rules::state::JobPhase::of_job(job);
-            let status = job.status.as_ref();
-            json!({
-                "job": job.intent.job_id.to_string(),
-                "kind": job.intent.kind.name(),
-                "run": job.run,
-                "state": phase.name(),
-                "stateLabel": phase.label(),
-                "createdAt": job.created_at.to_string(),
-                "finishedAt": status.and_then(|s| s.finished_at.map(|t| t.to_string())),
-                "error": status.and_then(|s| s.error.clone()),
-                "resultText": super::result_text(Some(job)),
-                "output": status.and_then(|s| s.output.as_ref()),
-            })
-        })
+        .map(|(_, _, job)| job_row(job))
         .collect();
-    Ok(Json(
-        json!({"device": id, "total": jobs.len(), "items": items}),
-    ))
+    // The last upgrade that succeeded, however many jobs came after it:
+    // what the device's packages last changed by (the report an operator
+    // reads beside the pending list).
+    let last_upgrade = jobs
+        .iter()
+        .map(|(_, _, job)| job)
+        .filter(|job| matches!(job.intent.kind, JobKind::SystemUpgradeV1(_)))
+        .filter_map(|job| {
+            let status = job.status.as_ref()?;
+            (status.state == JobState::Succeeded).then_some((status.finished_at?, job))
+        })
+        .max_by_key(|(finished, _)| *finished)
+        .map(|(_, job)| job_row(job));
+    Ok(Json(json!({
+        "device": id,
+        "total": jobs.len(),
+        "items": items,
+        "lastUpgrade": last_upgrade,
+    })))
+}
+
+/// One of a device's jobs as its history lists it.
+fn job_row(job: &JobDelivery) -> Value {
+    let phase = drover_rules::state::JobPhase::of_job(job);
+    let status = job.status.as_ref();
+    json!({
+        "job": job.intent.job_id.to_string(),
+        "kind": job.intent.kind.name(),
+        "run": job.run,
+        "state": phase.name(),
+        "stateLabel": phase.label(),
+        "createdAt": job.created_at.to_string(),
+        "finishedAt": status.and_then(|s| s.finished_at.map(|t| t.to_string())),
+        "error": status.and_then(|s| s.error.clone()),
+        "resultText": super::result_text(Some(job)),
+        "output": status.and_then(|s| s.output.as_ref()),
+    })
 }
 
 /// One device as the list shows it (with `online`).

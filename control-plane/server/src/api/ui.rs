@@ -336,7 +336,7 @@ fn topic(key: &str) -> Option<&'static str> {
         "schedules" => "schedules",
         "devices" | "inventory" | "assessments" => "devices",
         "jobs" => "jobs",
-        "alerts" => "alerts",
+        "alerts" | "acks" => "alerts",
         _ => return None,
     })
 }
@@ -429,6 +429,9 @@ mod tests {
     fn changes_are_named_by_what_the_pages_show() {
         assert_eq!(topic("runs/upgrade"), Some("runs"));
         assert_eq!(topic("targets/abc/dev"), Some("deployments"));
+        assert_eq!(topic("assessments/pi-1"), Some("devices"));
+        // An acknowledgement changes the alerts page of every session.
+        assert_eq!(topic("acks/RebootPending/device/pi-1"), Some("alerts"));
         assert_eq!(topic("cursors/nats"), None);
     }
 }

@@ -254,7 +254,7 @@ async function fleetPage(main) {
     return h(
       "tr",
       { "data-device": d.id },
-      h("td", {}, d.id),
+      h("td", {}, deviceLink(d.id)),
       h("td", {}, badge(d.state)),
       h("td", { title: when(d.lastSeen) }, ago(d.lastSeen)),
       h("td", {}, d.agentVersion || "–"),
@@ -415,6 +415,111 @@ async function deploymentPage(main, name) {
   );
 }
 
+function deviceLink(id) {
+  return h("a", { href: `#/devices/${encodeURIComponent(id)}` }, id);
+}
+
+// The packages an upgrade changed, one a line (as `drover describe device`).
+function upgradeReport(output) {
+  const upgrade = (output && output.upgrade) || {};
+  const lines = [];
+  for (const [key, label] of [["upgraded", "upgraded"], ["installed", "new"]]) {
+    for (const c of upgrade[key] || []) lines.push(`${label} ${c.name} ${c.from || "–"} → ${c.to}`);
+  }
+  for (const name of upgrade.removed || []) lines.push(`removed ${name}`);
+  for (const name of upgrade.keptBack || []) lines.push(`kept back ${name}`);
+  if (upgrade.rebootRequired) lines.push("the device rebooted for it");
+  return lines.length ? h("ul", { class: "steps", id: "upgrade-packages" }, lines.map((l) => h("li", {}, l))) : "";
+}
+
+// One device: what it is, its patch status with the pending packages, the
+// last upgrade's report, its alerts and its job history.
+async function devicePage(main, id) {
+  const path = `/devices/${encodeURIComponent(id)}`;
+  const [device, jobs, alerts, assessment] = await Promise.all([
+    api(path),
+    api(`${path}/jobs`),
+    api("/alerts"),
+    api(`${path}/assessment`).catch(() => null),
+  ]);
+  showAlertCount(alerts);
+  const labels = { ...(device.labels || {}), ...(device.maintainedLabels || {}) };
+  const state = device.decommissioned ? "decommissioned" : device.online ? "online" : device.agentPresent ? "offline" : "never connected";
+  const a = assessment;
+  const patch = a
+    ? [
+        h("dt", {}, "Patch status"), h("dd", { id: "device-patch" }, a.summary, h("span", { class: "muted" }, ` (assessed ${ago(a.assessedAt)})`)),
+        h("dt", {}, "Reboot"), h("dd", { id: "device-reboot" }, a.rebootPending ? h("span", { class: "error" }, `pending: ${a.rebootPending}`) : "not pending"),
+        h("dt", {}, "Kernel"), h("dd", {}, `${a.runningKernel || "–"} running`, a.newestKernel ? `, ${a.newestKernel} installed` : ""),
+        h("dt", {}, "Security archive"), h("dd", {}, a.securityArchive ? "in the device's sources" : "none in the device's sources"),
+      ]
+    : [h("dt", {}, "Patch status"), h("dd", { id: "device-patch" }, h("span", { class: "muted" }, "not assessed yet"))];
+  const pending = a
+    ? table(
+        ["Package", "From", "To", "Security", "Waiting"],
+        (a.pending || []).map((p) =>
+          h(
+            "tr",
+            { "data-package": p.name },
+            h("td", {}, p.name),
+            h("td", {}, p.from || "(new)"),
+            h("td", {}, p.to),
+            h("td", {}, p.security ? badge("security") : ""),
+            h("td", {}, p.since ? duration((Date.now() - new Date(p.since).getTime()) / 1000) : "–"),
+          ),
+        ),
+        "Nothing pending.",
+      )
+    : "";
+  const last = jobs.lastUpgrade;
+  const lastUpgrade = last
+    ? h(
+        "div",
+        { id: "last-upgrade" },
+        h("p", {}, `${when(last.finishedAt)}, `, jobLink(last.run), `: ${last.resultText || "succeeded"}`),
+        upgradeReport(last.output),
+      )
+    : h("p", { class: "muted", id: "last-upgrade" }, "No upgrade has succeeded on this device yet.");
+  const mine = alerts.items.filter((x) => x.resource === `device/${id}`);
+  const history = jobs.items.map((j) =>
+    h(
+      "tr",
+      { "data-job": j.job },
+      h("td", { title: j.job }, j.job.slice(0, 8)),
+      h("td", {}, j.kind),
+      h("td", {}, jobLink(j.run)),
+      h("td", {}, jobState(j)),
+      h("td", {}, when(j.finishedAt)),
+      h("td", { class: "result" }, j.resultText || ""),
+      h("td", { class: "error" }, j.error || ""),
+    ),
+  );
+  main.replaceChildren(
+    h("h2", {}, "Device ", id, " ", h("span", { id: "device-state" }, badge(state.replace(" ", "_")))),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Last seen"), h("dd", {}, device.lastSeen ? `${ago(device.lastSeen)} (${when(device.lastSeen)})` : "never"),
+      h("dt", {}, "Agent"), h("dd", {}, device.agentVersion || "–", device.transport ? ` over ${device.transport}` : ""),
+      h("dt", {}, "OS"), h("dd", {}, device.osRelease || "–", device.architecture ? ` (${device.architecture})` : ""),
+      h("dt", {}, "Groups"), h("dd", {}, (device.groups || []).join(", ") || "–"),
+      h("dt", {}, "Labels"), h("dd", { id: "device-labels" }, Object.entries(labels).map(([k, v]) => `${k}=${v}`).join(", ") || "–"),
+      h("dt", {}, "Time zone"), h("dd", {}, device.timeZone || "the tenant's default"),
+      patch,
+    ),
+    h("h3", {}, "Alerts"),
+    h("div", { id: "device-alerts" }, table(ALERT_HEADERS, mine.map(alertRow), "Nothing needs attention.")),
+    h("h3", {}, "Pending updates"),
+    h("div", { id: "device-pending" }, a ? pending : h("p", { class: "muted" }, "Not assessed yet.")),
+    a && a.omitted > 0 ? h("p", { class: "muted" }, `${a.omitted} more not listed.`) : "",
+    h("h3", {}, "Last upgrade"),
+    lastUpgrade,
+    h("h3", {}, "Job history"),
+    h("div", { id: "device-jobs" }, table(["Job", "Kind", "Run", "State", "Finished", "Result", "Error"], history, "No job yet.")),
+    jobs.total > jobs.items.length ? h("p", { class: "muted" }, `The latest ${jobs.items.length} of ${jobs.total} jobs.`) : "",
+  );
+}
+
 async function schedulesPage(main) {
   const schedules = await api("/taskschedules");
   const rows = schedules.map((schedule) => {
@@ -450,39 +555,44 @@ function resourceLink(resource) {
   const [kind, name] = resource.split("/");
   if (kind === "taskrun") return h("a", { href: `#/runs/${encodeURIComponent(name)}` }, resource);
   if (kind === "deployment") return h("a", { href: `#/deployments/${encodeURIComponent(name)}` }, resource);
-  if (kind === "device") return h("a", { href: "#/fleet", onclick: () => { fleetQuery.q = name; fleetQuery.offset = 0; } }, resource);
+  if (kind === "device") return h("a", { href: `#/devices/${encodeURIComponent(name)}` }, resource);
   return resource;
 }
+
+// One alert as a row, with its acknowledgement or the button that makes one.
+function alertRow(a) {
+  return h(
+    "tr",
+    { "data-alert": a.kind, "data-resource": a.resource, class: a.acknowledged ? "acknowledged" : null },
+    h("td", {}, badge(a.severity)),
+    h("td", {}, a.kind),
+    h("td", {}, resourceLink(a.resource)),
+    h("td", {}, a.message),
+    h("td", {}, when(a.at)),
+    h(
+      "td",
+      { class: "ack" },
+      a.acknowledged
+        ? `acknowledged by ${a.acknowledged.by}, ${ago(a.acknowledged.at)}`
+        : confirmButton("Acknowledge", "Acknowledge: sure?", `ack-${a.kind}-${a.resource}`, () =>
+            api("/alerts/ack", { method: "POST", body: { kind: a.kind, resource: a.resource } }),
+          ),
+    ),
+  );
+}
+
+const ALERT_HEADERS = ["Severity", "Alert", "About", "What", "Since", ""];
 
 async function alertsPage(main) {
   const alerts = await api("/alerts");
   showAlertCount(alerts);
-  const rows = alerts.items.map((a) =>
-    h(
-      "tr",
-      { "data-alert": a.kind, "data-resource": a.resource, class: a.acknowledged ? "acknowledged" : null },
-      h("td", {}, badge(a.severity)),
-      h("td", {}, a.kind),
-      h("td", {}, resourceLink(a.resource)),
-      h("td", {}, a.message),
-      h("td", {}, when(a.at)),
-      h(
-        "td",
-        { class: "ack" },
-        a.acknowledged
-          ? `acknowledged by ${a.acknowledged.by}, ${ago(a.acknowledged.at)}`
-          : confirmButton("Acknowledge", "Acknowledge: sure?", `ack-${a.kind}-${a.resource}`, () =>
-              api("/alerts/ack", { method: "POST", body: { kind: a.kind, resource: a.resource } }),
-            ),
-      ),
-    ),
-  );
+  const rows = alerts.items.map(alertRow);
   const more = alerts.offlineDevices > alerts.items.filter((a) => a.kind === "DeviceOffline").length
     ? h("p", { class: "muted" }, `${alerts.offlineDevices} devices offline for more than ${alerts.offlineAfterMinutes} minutes (the longest offline are listed).`)
     : "";
   main.replaceChildren(
     h("h2", {}, "Alerts"),
-    table(["Severity", "Alert", "About", "What", "Since", ""], rows, "Nothing needs attention."),
+    table(ALERT_HEADERS, rows, "Nothing needs attention."),
     more,
   );
 }
@@ -497,12 +607,15 @@ function showAlertCount(alerts) {
 function route() {
   const parts = (location.hash || "#/fleet").slice(2).split("/").map(decodeURIComponent);
   const [page, name] = parts;
-  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.nav === page);
+  const section = page === "devices" ? "fleet" : page;
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.nav === section);
   switch (page) {
     case "runs":
       return name ? { topics: ["runs", "jobs"], render: (m) => runPage(m, name) } : { topics: ["runs"], render: runsPage };
     case "deployments":
       return name ? { topics: ["deployments", "jobs"], render: (m) => deploymentPage(m, name) } : { topics: ["deployments"], render: deploymentsPage };
+    case "devices":
+      return { topics: ["devices", "jobs", "alerts"], render: (m) => devicePage(m, name) };
     case "schedules":
       return { topics: ["schedules", "runs"], render: schedulesPage };
     case "alerts":
