@@ -220,8 +220,11 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // Before any assessment.
-    assert!(cp.get("/devices/patch-1").await["patch"].is_null());
+    // Before any assessment: when its agent first connected is kept (a
+    // device never assessed is judged from it, NotAssessed after 2 days).
+    let before = cp.get("/devices/patch-1").await;
+    assert!(before["patch"].is_null(), "{before}");
+    assert!(before["firstConnected"].is_string(), "{before}");
     assert_eq!(cp.get_status("/devices/patch-1/assessment").await, 404);
 
     cp.apply(json!({

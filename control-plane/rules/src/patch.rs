@@ -166,16 +166,31 @@ fn waited(since: Timestamp, now: Timestamp) -> String {
 }
 
 /// The patch alerts of one device with an agent, from its latest
-/// assessment. A device never assessed raises none (its first assessment
-/// may wait up to an eighth of the period after its agent starts);
-/// `drover patch-status` counts it.
+/// assessment. A device never assessed is judged from when its agent first
+/// connected (`first_connected`): no alert for [`STALE_AFTER`] (its first
+/// assessment may wait up to an eighth of the period after its agent
+/// starts), then NotAssessed; with no first connection known, none
+/// (`drover patch-status` counts it).
 pub fn alerts(
     assessment: Option<&DeviceAssessment>,
+    first_connected: Option<Timestamp>,
     now: Timestamp,
     limits: &AlertLimits,
 ) -> Vec<PatchAlert> {
     let Some(a) = assessment else {
-        return Vec::new();
+        return first_connected
+            .filter(|first| now.duration_since(*first) > STALE_AFTER)
+            .map(|first| PatchAlert {
+                kind: "NotAssessed",
+                since: first,
+                message: format!(
+                    "never assessed: its agent first connected {} ago (an agent too old to \
+                     assess, assessments turned off, or each one failing)",
+                    waited(first, now)
+                ),
+            })
+            .into_iter()
+            .collect();
     };
     let mut alerts = Vec::new();
     if let Some(oldest) = a.oldest_security()
@@ -491,7 +506,7 @@ mod tests {
         // Day 9, noon: the security update waited 8 days 9 hours, the
         // reboot 25 hours: both past their limits; assessed 9 hours ago.
         let now = t("2026-12-09T12:00:00Z");
-        let found = alerts(Some(&record), now, &limits);
+        let found = alerts(Some(&record), None, now, &limits);
         let kinds: Vec<(&str, Timestamp)> = found.iter().map(|a| (a.kind, a.since)).collect();
         assert_eq!(
             kinds,
@@ -505,16 +520,31 @@ mod tests {
             "1 security update pending, the oldest for 8 days 9 hours"
         );
         // Not yet: under every limit.
-        assert!(alerts(Some(&record), t("2026-12-07T12:00:00Z"), &limits).is_empty());
+        assert!(alerts(Some(&record), None, t("2026-12-07T12:00:00Z"), &limits).is_empty());
         // Three days without an assessment.
-        let stale = alerts(Some(&record), t("2026-12-12T04:00:00Z"), &limits);
+        let stale = alerts(Some(&record), None, t("2026-12-12T04:00:00Z"), &limits);
         assert!(
             stale
                 .iter()
                 .any(|a| a.kind == "NotAssessed" && a.since == record.received_at)
         );
-        // Never assessed: none here (patch-status counts it).
-        assert!(alerts(None, now, &limits).is_empty());
+        // Never assessed: none while its agent's first connection is
+        // unknown or under two days old; then NotAssessed, from it.
+        assert!(alerts(None, None, now, &limits).is_empty());
+        let first = t("2026-12-07T13:00:00Z");
+        assert!(alerts(None, Some(first), now, &limits).is_empty());
+        let never = alerts(None, Some(first), t("2026-12-09T13:00:01Z"), &limits);
+        assert_eq!(
+            never.iter().map(|a| (a.kind, a.since)).collect::<Vec<_>>(),
+            [("NotAssessed", first)]
+        );
+        assert!(
+            never[0]
+                .message
+                .starts_with("never assessed: its agent first connected 2 days ago ("),
+            "{}",
+            never[0].message
+        );
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct DeviceRecord {
     pub last_seen: Option<Timestamp>,
     /// The transport the agent last spoke over (`websocket`, `nats`).
     pub transport: Option<String>,
+    /// When an agent first connected with this device's credentials (the
+    /// control plane's clock), as far as this control plane has kept it:
+    /// a device that never reported an assessment is judged from here.
+    pub first_connected: Option<Timestamp>,
 }
 
 impl DeviceRecord {
@@ -51,6 +55,7 @@ impl DeviceRecord {
             last_heartbeat: None,
             last_seen: None,
             transport: None,
+            first_connected: None,
         }
     }
 

@@ -107,7 +107,12 @@ pub async fn list(
         if device.decommissioned || !device.agent_present {
             continue;
         }
-        for patch in drover_rules::patch::alerts(assessments.get(&device.id), now, patch_limits) {
+        for patch in drover_rules::patch::alerts(
+            assessments.get(&device.id),
+            device.first_connected,
+            now,
+            patch_limits,
+        ) {
             alerts.push(Alert {
                 severity: if patch.kind == "SecurityUpdatesWaiting" {
                     "critical"

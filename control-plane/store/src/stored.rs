@@ -36,7 +36,6 @@ macro_rules! one_layout {
     )*};
 }
 one_layout!(
-    DeviceRecord,
     PlanHeader,
     Vec<PlanTarget>,
     u64,
@@ -47,6 +46,64 @@ one_layout!(
     crate::records::AlertRecord,
     crate::records::AlertAck
 );
+
+/// A device as stored: V1 until the control plane kept when its agent
+/// first connected, V2 since.
+#[derive(Serialize, Deserialize)]
+enum StoredDevice {
+    V1(DeviceV1),
+    V2(DeviceRecord),
+}
+
+/// Frozen: the layout written before V2. Never change it.
+#[derive(Serialize, Deserialize)]
+struct DeviceV1 {
+    id: agent_core::DeviceId,
+    groups: std::collections::BTreeSet<String>,
+    labels: std::collections::BTreeMap<String, String>,
+    time_zone: Option<String>,
+    decommissioned: bool,
+    agent_present: bool,
+    capabilities: Vec<String>,
+    agent_version: Option<String>,
+    boot_id: Option<String>,
+    os_release: Option<String>,
+    architecture: Option<String>,
+    last_heartbeat: Option<Timestamp>,
+    last_seen: Option<Timestamp>,
+    transport: Option<String>,
+}
+
+impl Record for DeviceRecord {
+    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(&StoredDevice::V2(self.clone()))
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        Ok(match postcard::from_bytes(bytes)? {
+            // V1 kept no first connection: the agent's next hello or
+            // heartbeat records one.
+            StoredDevice::V1(v1) => DeviceRecord {
+                id: v1.id,
+                groups: v1.groups,
+                labels: v1.labels,
+                time_zone: v1.time_zone,
+                decommissioned: v1.decommissioned,
+                agent_present: v1.agent_present,
+                capabilities: v1.capabilities,
+                agent_version: v1.agent_version,
+                boot_id: v1.boot_id,
+                os_release: v1.os_release,
+                architecture: v1.architecture,
+                last_heartbeat: v1.last_heartbeat,
+                last_seen: v1.last_seen,
+                transport: v1.transport,
+                first_connected: None,
+            },
+            StoredDevice::V2(v2) => v2,
+        })
+    }
+}
 
 /// A device's latest assessment as stored: V1 until the control plane kept
 /// since when a reboot has been pending, V2 since.
@@ -555,6 +612,17 @@ mod tests {
         assert_eq!(
             ack.instance,
             Some("2026-12-01T03:00:02Z".parse().expect("time"))
+        );
+        let device = DeviceRecord::from_bytes(&hex(include_str!("fixtures/device_v1.hex")))
+            .expect("device V1");
+        assert_eq!(device.first_connected, None, "V1 kept no first connection");
+        let mut connected = device.clone();
+        connected.first_connected = Some("2026-12-03T06:00:00Z".parse().expect("time"));
+        let bytes = connected.to_bytes().expect("encode");
+        assert_eq!(bytes[0], 1, "the version byte of V2");
+        assert_eq!(
+            DeviceRecord::from_bytes(&bytes).expect("V2 decodes"),
+            connected
         );
         // V1 kept no reboot wait: its pending reboot counts from its receipt.
         assert_eq!(assessment.reboot_since, Some(assessment.received_at));

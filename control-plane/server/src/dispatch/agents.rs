@@ -53,6 +53,8 @@ impl Dispatcher {
         let mut record = stored.clone();
         change(&mut record);
         let now = self.clock.now();
+        // Every touch is the agent speaking: the first one is kept.
+        record.first_connected.get_or_insert(now);
         let stale = record
             .last_seen
             .is_none_or(|seen| now.duration_since(seen) >= PRESENCE_PERSIST);
