@@ -123,6 +123,7 @@ pub struct Agent {
     wake: Notify,
     outbox_changed: Notify,
     heartbeat_wanted: Notify,
+    job_ended: Notify,
     link: Mutex<LinkState>,
     control_plane_clock: ControlPlaneClock,
     /// Woken when the store refused a write on I/O (a full disk): the
@@ -153,6 +154,7 @@ impl Agent {
             wake: Notify::new(),
             outbox_changed: Notify::new(),
             heartbeat_wanted: Notify::new(),
+            job_ended: Notify::new(),
             link: Mutex::new(LinkState::default()),
             control_plane_clock: ControlPlaneClock::default(),
             store_failed: Notify::new(),
@@ -489,6 +491,12 @@ impl Agent {
         &self.heartbeat_wanted
     }
 
+    /// Woken when a job's final state was stored (the assessment schedule
+    /// looks at once whether one is due).
+    pub fn job_ended(&self) -> &Notify {
+        &self.job_ended
+    }
+
     /// A heartbeat's sequence: increasing across heartbeats and across the
     /// agent's restarts, at the cost of one durable write per process start
     /// rather than one per heartbeat (an SD card wears out on the latter).
@@ -573,6 +581,9 @@ impl Agent {
         }
         if record.status.state == JobState::Succeeded {
             self.heartbeat_wanted.notify_one();
+        }
+        if record.status.state.is_terminal() {
+            self.job_ended.notify_one();
         }
         Ok(())
     }

@@ -256,9 +256,9 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
 }
 
 /// Queues the agent's own patch assessments when they are due
-/// (`agent_core::assessments`): looks at the kept jobs at most every minute
-/// (more often for a short period), reading the store and writing nothing
-/// until one is due.
+/// (`agent_core::assessments`): looks at the kept jobs as soon as a job
+/// ends, else every minute (more often for a short period), reading the
+/// store and writing nothing until one is due.
 async fn assess_on_schedule(agent: Arc<Agent>, every_minutes: u32, shutdown: CancellationToken) {
     if every_minutes == 0 {
         info!("the agent's own patch assessments are off ([assessment] every_minutes = 0)");
@@ -281,6 +281,8 @@ async fn assess_on_schedule(agent: Arc<Agent>, every_minutes: u32, shutdown: Can
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(look_every) => {}
+            // A job just ended: an upgrade makes an assessment due at once.
+            _ = agent.job_ended().notified() => {}
         }
     }
 }

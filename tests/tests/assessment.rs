@@ -430,6 +430,56 @@ async fn the_agent_assesses_after_its_start_and_after_every_upgrade() {
     );
 }
 
+/// "At once after an upgrade" means seconds, not the next look of the
+/// schedule (a minute apart with the default daily period): the agent looks
+/// again as soon as a job ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_daily_period_an_assessment_follows_an_upgrade_within_seconds() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("daily-assess-1", &["production"], json!({}))
+        .await;
+    let token = cp.device_token("daily-assess-1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _agent = AgentProcess::start_with(
+        dir.path(),
+        "daily-assess-1",
+        &cp.agent_url,
+        &token,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "[assessment]\nevery_minutes = 1440\n",
+    );
+    cp.wait_for_agents(&["daily-assess-1"]).await;
+    // Let the schedule's first look pass (its first assessment waits for
+    // this device's offset, up to three hours).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cp.apply_upgrade_run("daily-upgrade", "production", 600)
+        .await;
+    let run = cp
+        .wait_run_finished("daily-upgrade", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    let ended: jiff::Timestamp = run["status"]["completionTime"]
+        .as_str()
+        .expect("completion time")
+        .parse()
+        .expect("time");
+    let assessed = eventually(
+        Duration::from_secs(90),
+        "an assessment after the upgrade",
+        || async {
+            cp.get("/devices/daily-assess-1").await["patch"]["assessedAt"]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        },
+    )
+    .await;
+    assert!(
+        assessed.duration_since(ended) < jiff::SignedDuration::from_secs(8),
+        "the assessment followed the upgrade at once: {ended} → {assessed}"
+    );
+}
+
 /// Alerts an operator acts on: with the limits at zero, a pending security
 /// update and a pending reboot raise alerts at once; an acknowledgement
 /// (by whom, when) holds while the condition lasts, through further
