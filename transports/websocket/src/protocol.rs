@@ -181,4 +181,77 @@ mod tests {
             Err(DecodeError::TooLarge { .. })
         ));
     }
+
+    /// Every example in docs/protocol.md is what the code sends and reads:
+    /// each JSON block under "Agent to server" decodes as an
+    /// [`AgentMessage`], each under "Server to agent" as a
+    /// [`ServerMessage`] (a job's intent and a cancel's order as the agent
+    /// reads them), each re-encodes to the same JSON, and every message
+    /// type has its example.
+    #[test]
+    fn every_example_in_the_protocol_document_is_what_the_code_sends_and_reads() {
+        let doc = include_str!("../../../docs/protocol.md");
+        let (mut section, mut heading) = (String::new(), String::new());
+        let mut block: Option<String> = None;
+        let mut seen = Vec::new();
+        for line in doc.lines() {
+            if let Some(text) = block.as_mut() {
+                if line == "```" {
+                    let text = block.take().unwrap_or_default();
+                    let same = |encoded: String| {
+                        let ours: serde_json::Value = serde_json::from_str(&encoded).expect("ours");
+                        let theirs: serde_json::Value = serde_json::from_str(&text)
+                            .unwrap_or_else(|e| panic!("{heading}: not JSON: {e}\n{text}"));
+                        assert_eq!(ours, theirs, "{heading}: re-encoded differently");
+                    };
+                    match section.as_str() {
+                        "Agent to server" => {
+                            let message = AgentMessage::decode(&text)
+                                .unwrap_or_else(|e| panic!("{heading}: {e}\n{text}"));
+                            same(message.encode());
+                        }
+                        "Server to agent" => {
+                            let message = ServerMessage::decode(&text)
+                                .unwrap_or_else(|e| panic!("{heading}: {e}\n{text}"));
+                            match &message {
+                                ServerMessage::Job { intent, .. } => {
+                                    agent_core::wire::parse_intent_value(intent.clone())
+                                        .unwrap_or_else(|e| panic!("{heading}: {e}"));
+                                }
+                                ServerMessage::Cancel { order } => {
+                                    agent_core::wire::parse_cancel_order(order.clone())
+                                        .unwrap_or_else(|e| panic!("{heading}: {e}"));
+                                }
+                                _ => {}
+                            }
+                            same(message.encode());
+                        }
+                        other => panic!("a JSON example under {other:?}"),
+                    }
+                    seen.push(format!("{section}/{heading}"));
+                } else {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            } else if let Some(title) = line.strip_prefix("## ") {
+                section = title.to_owned();
+            } else if let Some(title) = line.strip_prefix("### ") {
+                heading = title.to_owned();
+            } else if line == "```json" {
+                block = Some(String::new());
+            }
+        }
+        for kind in ["hello", "ack", "progress", "result", "heartbeat", "error"] {
+            assert!(
+                seen.contains(&format!("Agent to server/{kind}")),
+                "{kind}: {seen:?}"
+            );
+        }
+        for kind in ["job", "cancel", "received", "error"] {
+            assert!(
+                seen.contains(&format!("Server to agent/{kind}")),
+                "{kind}: {seen:?}"
+            );
+        }
+    }
 }
