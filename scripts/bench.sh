@@ -8,7 +8,9 @@
 #      intent → accepted p50/p99 over 1,000 jobs per transport, and the
 #      same agent on sled 0.34 beside redb (idle and per-job figures);
 #   2. the fleet figures: drover-sim bench over WebSocket, NATS and MQTT,
-#      and a Deployment 1,000 at once.
+#      and a Deployment 1,000 at once;
+#   3. the patch figures: 20,000 devices reporting one assessment each
+#      (control-plane CPU, store growth, writes) and the patch views' times.
 # Usage: bash scripts/bench.sh [--quick]
 #   (--quick: 10 s idle, 100 acceptances, 1,000 devices)
 set -euo pipefail
@@ -43,11 +45,13 @@ if [ "$quick" = 1 ]; then
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000
     large=1000
+    patch=2000
 else
     "$sim" footprint --idle-seconds 120 --jobs 5 --latency-jobs 1000 \
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000,10000
     large=1000,10000,19000
+    patch=20000
 fi
 # NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
 # ARCHITECTURE.md, "Operations"), one node and three, in the same run.
@@ -62,3 +66,5 @@ echo
 "$sim" bench --devices "$sizes" --transport mqtt | tail -n +3
 echo
 "$sim" bench --devices "$large" --transport websocket --deployment-concurrency 1000
+echo
+"$sim" patch --devices "$patch"

@@ -43,6 +43,11 @@ pub struct AgentFigures {
     /// The agent's own threads only: without the apt calls it reaps.
     pub own_written_per_job: u64,
     pub seconds_per_job: f64,
+    /// The same for a patch assessment (simulate mode: apt reads the
+    /// host's lists, its simulation runs for real).
+    pub written_per_assessment: u64,
+    pub own_written_per_assessment: u64,
+    pub seconds_per_assessment: f64,
     /// Intent → accepted at the control plane: (p50, p99, jobs), in ms.
     pub accept_ms: Option<(f64, f64, usize)>,
     /// Peak resident set over the idle period and the upgrade jobs.
@@ -169,8 +174,32 @@ fn agent_config(
     )
 }
 
+/// Waits until the agent runs nothing and has nothing queued (asked
+/// through its status socket, as `drover-agent status --json` does).
+async fn agent_idle(agent: &Path, socket: &Path) -> Result<()> {
+    bench::wait_for(
+        "the agent to be idle",
+        Duration::from_secs(300),
+        async || {
+            let out = Command::new(agent)
+                .args(["status", "--json", "--socket"])
+                .arg(socket)
+                .stdin(Stdio::null())
+                .output()?;
+            let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            Ok(info["currentJob"].is_null()
+                && info["queuedJobs"] == 0
+                && info["outboxPending"] == 0)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// One agent build over one transport: idle, then `jobs` upgrade jobs in
-/// turn, then `latency_jobs` quick ones for the acceptance latency.
+/// turn (each with the assessment the agent makes after it), then `jobs`
+/// assessments alone, then `latency_jobs` quick ones for the acceptance
+/// latency.
 pub async fn measure_agent(
     options: &FootprintOptions,
     (label, agent_path): &(String, PathBuf),
@@ -266,16 +295,46 @@ pub async fn measure_agent(
             }
         })
         .await?;
+        // The assessment the agent makes after every upgrade is part of
+        // the job's cost on the device.
+        agent_idle(agent_path, &dir.path().join("agent.sock")).await?;
     }
     let seconds_per_job = started.elapsed().as_secs_f64() / options.jobs.max(1) as f64;
-    // The last statuses' acknowledgements settle the outbox.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let written_per_job = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
     let own_written_per_job =
         own_written(pid)?.saturating_sub(own_before) / options.jobs.max(1) as u64;
     let peak_rss_kib = procstat::memory(pid)
         .context("the agent ended")?
         .peak_rss_kib;
+    // Assessments alone (issue 31), through the agent's status socket as
+    // `drover-agent assess` sends them.
+    let assess = || -> Result<()> {
+        let out = Command::new(agent_path)
+            .arg("assess")
+            .arg("--socket")
+            .arg(dir.path().join("agent.sock"))
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "drover-agent assess failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    let before = written(pid)?;
+    let own_before = own_written(pid)?;
+    let started = Instant::now();
+    for _ in 0..options.jobs {
+        assess()?;
+    }
+    let seconds_per_assessment = started.elapsed().as_secs_f64() / options.jobs.max(1) as f64;
+    agent_idle(agent_path, &dir.path().join("agent.sock")).await?;
+    let written_per_assessment = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
+    let own_written_per_assessment =
+        own_written(pid)?.saturating_sub(own_before) / options.jobs.max(1) as u64;
     let accept_ms = accept_latency(&api, latency_jobs).await?;
     // The acceptance jobs are inventory refreshes: their statuses carry the
     // package list, the largest thing the agent handles.
@@ -297,6 +356,9 @@ pub async fn measure_agent(
         written_per_job,
         own_written_per_job,
         seconds_per_job,
+        written_per_assessment,
+        own_written_per_assessment,
+        seconds_per_assessment,
         accept_ms,
         peak_rss_kib,
         inventory_peak_rss_kib,
@@ -435,10 +497,16 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
             )),
         );
         println!(
-            "| written per job (system upgrade, simulate), {t}: the agent's threads / with the apt calls it reaps | {:.1} / {:.1} KiB ({:.1} s a job) | – | ≤ 64 KiB |",
+            "| written per job (system upgrade, simulate, with the assessment that follows it), {t}: the agent's threads / with the apt calls it reaps | {:.1} / {:.1} KiB ({:.1} s a job) | – | ≤ 64 KiB |",
             kib(a.own_written_per_job),
             kib(a.written_per_job),
             a.seconds_per_job
+        );
+        println!(
+            "| written per patch assessment (simulate), {t}: the agent's threads / with the apt calls it reaps | {:.1} / {:.1} KiB ({:.1} s each) | – | |",
+            kib(a.own_written_per_assessment),
+            kib(a.written_per_assessment),
+            a.seconds_per_assessment
         );
         if let Some((p50, p99, n)) = a.accept_ms {
             println!(

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod footprint;
 pub mod mqtt;
 pub mod nats;
+pub mod patch;
 pub mod procstat;
 pub mod summary;
 pub mod ws;

@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use drover_sim::bench::{self, BenchOptions, Transport};
 use drover_sim::footprint::{self, FootprintOptions};
+use drover_sim::patch::{self, PatchOptions};
 use drover_sim::{Behaviour, device_ids};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,6 +76,29 @@ enum Command {
         /// Cross-built agents to size too, as ARCH=PATH (stripped with ARCH's strip).
         #[arg(long)]
         cross: Vec<String>,
+    },
+    /// Measure what a fleet's assessments cost the control plane (CPU,
+    /// store growth, bytes written per assessment) and how fast it answers
+    /// the patch views (patch-status, the fleet page, the alerts) with
+    /// every device assessed; prints a Markdown table.
+    Patch {
+        /// Fleet sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "20000")]
+        devices: Vec<usize>,
+        /// The drover binary (default: next to this one).
+        #[arg(long)]
+        drover: Option<PathBuf>,
+        /// Devices connected at once.
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+        /// Requests timed per view.
+        #[arg(long, default_value_t = 20)]
+        queries: usize,
+        /// Runs of each size: each figure's median with its minimum and maximum.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        keep: bool,
     },
     /// Measure apply → Complete, CPU, memory and disk writes of `drover serve`
     /// for each fleet size; prints a Markdown table.
@@ -219,6 +243,41 @@ fn main() -> Result<()> {
                     sizes.push((arch.to_owned(), footprint::stripped_size(Path::new(path), strip)?));
                 }
                 footprint::print(&agents, mender.as_ref(), &sizes);
+                Ok(())
+            }
+            Command::Patch {
+                devices,
+                drover,
+                batch,
+                queries,
+                runs,
+                keep,
+            } => {
+                let drover = beside_this(drover, "drover")?;
+                println!("{}", drover_sim::patch::header());
+                for size in devices {
+                    let options = PatchOptions {
+                        devices: size,
+                        drover: drover.clone(),
+                        batch,
+                        queries,
+                        keep,
+                    };
+                    let mut figures = Vec::new();
+                    for run in 1..=runs.max(1) {
+                        match patch::measure(&options).await {
+                            Ok(one) => {
+                                eprintln!("run {run} of {runs}: {}", patch::run_line(&one));
+                                figures.push(one);
+                            }
+                            Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
+                        }
+                    }
+                    match patch::row(&figures) {
+                        Some(row) => println!("{row}"),
+                        None => println!("| {size} | every run failed (see stderr) | | | | | | | | |"),
+                    }
+                }
                 Ok(())
             }
             Command::Bench {

@@ -10,7 +10,8 @@ use futures_util::{SinkExt, StreamExt};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::net::TcpSocket;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
@@ -36,6 +37,28 @@ fn config() -> WebSocketConfig {
 fn source(index: usize) -> SocketAddr {
     let host = 2 + (index % 200) as u8;
     SocketAddr::from((Ipv4Addr::new(127, 0, 0, host), 0))
+}
+
+/// A device's WebSocket connection to the agents' port, from a loopback
+/// source address picked by `index`, authenticated by its token.
+pub(crate) async fn open(
+    target: Target,
+    index: usize,
+    device: &agent_core::DeviceId,
+    token: &str,
+) -> anyhow::Result<WebSocketStream<TcpStream>> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(source(index))?;
+    let tcp = socket.connect(target.addr).await?;
+    let _ = tcp.set_nodelay(true);
+    let url = format!("ws://{}{AGENT_PATH_PREFIX}{device}", target.addr);
+    let mut request = url.into_client_request()?;
+    request.headers_mut().insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}"))?,
+    );
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(config())).await?;
+    Ok(ws)
 }
 
 /// Plays one agent until `shutdown`, reconnecting after a lost connection.
@@ -71,18 +94,7 @@ async fn session(
     agent: &mut SimAgent,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(source(index))?;
-    let tcp = socket.connect(target.addr).await?;
-    let _ = tcp.set_nodelay(true);
-    let url = format!("ws://{}{AGENT_PATH_PREFIX}{}", target.addr, agent.device);
-    let mut request = url.into_client_request()?;
-    request.headers_mut().insert(
-        header::AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {token}"))?,
-    );
-    let (ws, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(config())).await?;
-    let (mut sink, mut stream) = ws.split();
+    let (mut sink, mut stream) = open(target, index, &agent.device, token).await?.split();
     let hello = AgentMessage::Hello {
         device_id: agent.device.clone(),
         agent_version: "sim".into(),
