@@ -777,6 +777,30 @@ async fn a_power_cut_while_dpkg_unpacks_resumes_the_upgrade() {
     );
     let log = agent.log();
     assert!(log.contains("resuming it at its current step"), "{log}");
+    // The job's report names what the whole upgrade changed, from → to:
+    // what dpkg's repair finished (the apt run that unpacked it ended with
+    // the power; its old version from dpkg's log) and what the resumed run
+    // did.
+    let mut changed: Vec<(String, String, String)> = status["output"]["upgrade"]["upgraded"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+            (text(&c["name"]), text(&c["from"]), text(&c["to"]))
+        })
+        .collect();
+    changed.sort();
+    let expected = |name: &str| (name.to_owned(), "1.0".to_owned(), "2.0".to_owned());
+    assert_eq!(
+        changed,
+        [expected("drover-fake-base"), expected("drover-fake-slow")],
+        "{status}"
+    );
+    assert_eq!(
+        targets[0]["resultText"],
+        "upgraded 2 (drover-fake-base 1.0 → 2.0, drover-fake-slow 1.0 → 2.0)"
+    );
 }
 
 /// Issue 8: the whole job's budget counts from the job's durable start,

@@ -208,7 +208,7 @@ impl PackageInstaller {
                 if let Err(e) = self.write_secrets(ctx, package) {
                     return StepOutcome::Fail(e);
                 }
-                match self.apt.repair_dpkg(ctx).await {
+                match self.apt.repair_dpkg(ctx, &mut Vec::new()).await {
                     StepOutcome::Done => {}
                     other => return other,
                 }

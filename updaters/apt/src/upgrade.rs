@@ -9,7 +9,7 @@ use crate::command::run_bounded;
 use crate::parse::{parse_simulation, parse_upgrade_run};
 use crate::{AptSettings, Mode, apt_available, dpkg, kernel};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
-use agent_core::model::{JobOutput, UpgradeOutput};
+use agent_core::model::{JobOutput, PackageChange, UpgradeOutput};
 use jiff::Timestamp;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -164,14 +164,19 @@ impl SystemUpgrade {
         }
         match self.settings.mode {
             Mode::Simulate => StepOutcome::Done,
-            Mode::Upgrade => self.repair_dpkg(ctx).await,
+            Mode::Upgrade => self.repair_dpkg(ctx, &mut Vec::new()).await,
         }
     }
 
     /// Finishes what an interrupted dpkg left: `dpkg --configure -a` for
     /// unconfigured packages, a reinstall for half-installed ones, then checks
-    /// the package states again.
-    pub(crate) async fn repair_dpkg(&self, ctx: &StepContext<'_>) -> StepOutcome {
+    /// the package states again. Each package the repair set up is added to
+    /// `finished` (name, version).
+    pub(crate) async fn repair_dpkg(
+        &self,
+        ctx: &StepContext<'_>,
+        finished: &mut Vec<(String, String)>,
+    ) -> StepOutcome {
         let root = self.settings.system_root();
         let mut broken = match self.broken_packages().await {
             Ok(broken) => broken,
@@ -183,7 +188,11 @@ impl SystemUpgrade {
                 "dpkg",
                 &["--force-confdef", "--force-confold", "--configure", "-a"],
             );
-            match self.call(ctx, "configure", argv).await {
+            let called = self.call(ctx, "configure", argv).await;
+            if let Ok(out) = &called {
+                finished.extend(dpkg::set_up(&out.stdout));
+            }
+            match called {
                 Ok(out) if out.success() => {}
                 Ok(out) if out.stderr.contains("lock") && elapsed(ctx) < LISTS_LOCK_WAIT => {
                     return StepOutcome::RetryAfter {
@@ -213,7 +222,11 @@ impl SystemUpgrade {
             args.extend(["install", "--reinstall"]);
             args.extend(reinstall.iter().map(String::as_str));
             let argv = self.settings.argv("apt-get", &args);
-            match self.call(ctx, "reinstall", argv).await {
+            let called = self.call(ctx, "reinstall", argv).await;
+            if let Ok(out) = &called {
+                finished.extend(dpkg::set_up(&out.stdout));
+            }
+            match called {
                 Ok(out) if out.success() => {}
                 Ok(out) => {
                     warn!(exit = out.exit_code, error = %out.tail(), "reinstall did not finish cleanly")
@@ -324,8 +337,9 @@ impl SystemUpgrade {
         // Before a new try (not a re-attach to a call that runs or ran):
         // after a power cut or a kill mid-run, dpkg must be repaired before
         // apt runs again; on a healthy system this only reads dpkg's state.
+        let mut repaired = Vec::new();
         if !self.calls.started(&call_id(ctx, "full-upgrade")) {
-            match self.repair_dpkg(ctx).await {
+            match self.repair_dpkg(ctx, &mut repaired).await {
                 StepOutcome::Done => {}
                 other => return other,
             }
@@ -335,7 +349,13 @@ impl SystemUpgrade {
         let argv = self.settings.argv("apt-get", &args);
         match self.call(ctx, "full-upgrade", argv).await {
             Ok(out) if out.success() => {
-                let report = parse_upgrade_run(&out.stdout);
+                let mut report = parse_upgrade_run(&out.stdout);
+                // What the repair finished belongs to this upgrade too: the
+                // apt run that unpacked it ended with the power.
+                let root = self.settings.system_root();
+                add_repaired(&mut report, repaired, |name, to| {
+                    dpkg::upgraded_from(&root, name, to)
+                });
                 info!(
                     upgraded = report.upgraded.len(),
                     installed = report.installed.len(),
@@ -385,6 +405,27 @@ impl SystemUpgrade {
                 info!(%reason, "reboot needed");
                 StepOutcome::Reboot
             }
+        }
+    }
+}
+
+/// Adds the packages a dpkg repair set up to an upgrade's report, each
+/// once, with the version it came from when dpkg's log still says it
+/// (`from` stays unknown otherwise, never guessed).
+fn add_repaired(
+    report: &mut UpgradeOutput,
+    repaired: Vec<(String, String)>,
+    from: impl Fn(&str, &str) -> Option<String>,
+) {
+    for (name, to) in repaired {
+        let listed = report
+            .upgraded
+            .iter()
+            .chain(&report.installed)
+            .any(|c| c.name == name);
+        if !listed {
+            let from = from(&name, &to);
+            report.upgraded.push(PackageChange { name, from, to });
         }
     }
 }
