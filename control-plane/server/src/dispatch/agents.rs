@@ -103,6 +103,7 @@ impl Dispatcher {
         // Resync: jobs it holds are acknowledged; jobs sent but not held
         // were lost on the way and go out again.
         let held: HashSet<_> = hello.held.iter().map(|h| h.job_id).collect();
+        let mut keys = keys;
         let mut effects = Vec::new();
         let open: Vec<String> = self
             .by_device
@@ -118,6 +119,9 @@ impl Dispatcher {
                 delivery::step(&job.facts(), &DeliveryEvent::Hello { holds, at: now });
             job.delivery = delivery;
             effects.extend(these.into_iter().map(|e| (key.clone(), e)));
+            if holds {
+                keys.extend(self.store_acked(&key, work).await?);
+            }
         }
         self.presence.arrive(device);
         info!(device = %device, transport, held = hello.held.len(), "agent connected");

@@ -241,7 +241,9 @@ impl Dispatcher {
                     );
                     job.delivery = delivery;
                 }
-                Ok((Answer::Stored, Vec::new(), Vec::new()))
+                self.store_acked(&key, work)
+                    .await
+                    .map(|keys| (Answer::Stored, keys, Vec::new()))
             }
             Inbound::Hello { device, hello, .. } => {
                 self.hello(transport, device, hello, work).await
@@ -325,6 +327,32 @@ impl Dispatcher {
     }
 
     /// The current record of a job: this batch's pending write, else the store.
+    /// Stores that an open job was acknowledged (by an ack or a hello
+    /// that holds it) unless its record already says so, so the API shows
+    /// it acked, not created, before any status arrives; written with the
+    /// batch's commit, and nothing when its status came in the same batch.
+    pub(super) async fn store_acked(
+        &mut self,
+        key: &str,
+        work: &mut Work,
+    ) -> Result<Vec<String>, DbError> {
+        let Some(Delivery::Acked { at }) = self.open.get(key).map(|o| o.delivery.clone()) else {
+            return Ok(Vec::new());
+        };
+        let Some((expected, mut job)) = self.job_record(key, work).await? else {
+            return Ok(Vec::new());
+        };
+        if matches!(
+            job.delivery,
+            Delivery::Acked { .. } | Delivery::Expired { .. }
+        ) {
+            return Ok(Vec::new());
+        }
+        job.delivery = Delivery::Acked { at };
+        work.jobs.insert(key.to_owned(), (expected, job));
+        Ok(vec![key.to_owned()])
+    }
+
     pub(super) async fn job_record(
         &self,
         key: &str,

@@ -272,14 +272,19 @@ async fn a_released_job_goes_out_once_and_again_only_when_its_ack_is_late() {
         vec![Out::Intent(job, start() + secs(30))]
     );
 
-    // Acknowledged (the transport's ack, kept in memory until the agent's
-    // first status is stored): never sent again.
+    // Acknowledged: never sent again, and stored so (the API shows it
+    // acked before the agent's first status arrives, issue 33 item 7).
+    assert_eq!(core.stored(&key).await.delivery, Delivery::Created);
     core.event(Inbound::Ack {
         device: device(),
         job_id: job,
     })
     .await;
     assert!(matches!(core.delivery(&key), Some(Delivery::Acked { .. })));
+    assert!(matches!(
+        core.stored(&key).await.delivery,
+        Delivery::Acked { .. }
+    ));
     core.sweep_after(secs(120)).await;
     assert_eq!(core.link.taken(), vec![]);
 }
@@ -380,6 +385,10 @@ async fn a_hello_without_the_job_gets_it_again_and_a_hello_holding_it_acknowledg
     .await;
     assert_eq!(core.link.taken(), vec![]);
     assert!(matches!(core.delivery(&key), Some(Delivery::Acked { .. })));
+    assert!(
+        matches!(core.stored(&key).await.delivery, Delivery::Acked { .. }),
+        "a hello's acknowledgement is stored, as an ack's is"
+    );
     core.sweep_after(secs(120)).await;
     assert_eq!(core.link.taken(), vec![]);
 }
@@ -417,4 +426,25 @@ async fn a_broker_that_lost_its_state_gets_every_undecided_intent_again_but_no_d
     want.sort_by_key(|o| format!("{o:?}"));
     assert_eq!(out, want, "every undecided intent, and not the decided one");
     assert!(core.dispatcher.open.contains_key(&second));
+}
+
+#[test]
+fn the_sweeper_notices_a_missing_ack_within_a_second_of_the_timeout() {
+    use std::time::Duration;
+    assert_eq!(
+        super::sweep_period(Duration::from_secs(60)),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        super::sweep_period(Duration::from_secs(600)),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        super::sweep_period(Duration::from_secs(30)),
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        super::sweep_period(Duration::from_secs(2)),
+        Duration::from_millis(200)
+    );
 }
