@@ -352,8 +352,15 @@ async fn add_new_devices_runs_the_targeting_again() {
         (d["status"]["phase"] == "Running").then_some(())
     })
     .await;
-    // A device enrolled after the start is not added by itself...
+    assert_eq!(
+        deployment(&cp, "growing").await["status"]["excludedCount"],
+        0
+    );
+    // A device enrolled after the start is not added by itself (nor one
+    // enrolled without an agent, which "add new devices" counts as
+    // excluded, issue 33 item 4)...
     apply_device(&cp, "a2", "lab", None).await;
+    apply_device(&cp, "a3-no-agent", "lab", None).await;
     let second = AgentProcess::start(
         &cp.dir.path().join("a2"),
         "a2",
@@ -385,6 +392,121 @@ async fn add_new_devices_runs_the_targeting_again() {
     std::fs::remove_file(&first.hold).expect("release the first device");
     let d = finish(&cp, "growing", 10, Duration::from_secs(60)).await;
     assert_eq!(d["status"]["targets"], 2, "{d}");
+    assert_eq!(d["status"]["excludedCount"], 1, "{d}");
     assert_eq!(d["status"]["phase"], "Complete", "{d}");
     assert_eq!(second.jobs().as_array().map(Vec::len), Some(1));
+}
+
+/// Issue 33 item 2: a deployment that expires while its job waits in a
+/// device's queue (behind a job of a task run that is held mid-upgrade)
+/// cancels that job on the agent, as `drover cancel deployment` would: the
+/// agent reports it Canceled at once, not Expired when the job before it
+/// ends; the target ends Expired; the running job is never interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_deployment_cancels_its_job_waiting_in_the_agents_queue() {
+    let cp = ControlPlane::start(&[]);
+    apply_device(&cp, "q1", "lab", None).await;
+    let held = held_agent(&cp, "q1");
+    cp.wait_for_agents(&["q1"]).await;
+    cp.apply_upgrade_run("first", "lab", 3600).await;
+    eventually(Duration::from_secs(30), "the first job to hold", || {
+        let reached = held.reached.exists();
+        async move { reached.then_some(()) }
+    })
+    .await;
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "short"},
+        "spec": {
+            "targets": {"devices": ["q1"]},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "deadlineSeconds": 8
+        }
+    }))
+    .await;
+    let job = eventually(
+        Duration::from_secs(30),
+        "the job queued on the agent",
+        || async {
+            let t = targets(&cp, "short").await;
+            let job = t.first()?["job"].as_str()?.to_owned();
+            let jobs = held.agent.jobs();
+            jobs.as_array()?
+                .iter()
+                .any(|j| j["jobId"] == job.as_str())
+                .then_some(job)
+        },
+    )
+    .await;
+    let d = finish(&cp, "short", 1, Duration::from_secs(60)).await;
+    assert_eq!(d["status"]["expired"], 1, "{d}");
+    let canceled = eventually(Duration::from_secs(30), "the agent's cancel", || async {
+        let jobs = held.agent.jobs();
+        jobs.as_array()?
+            .iter()
+            .find(|j| j["jobId"] == job.as_str() && j["state"] == "Canceled")
+            .cloned()
+    })
+    .await;
+    assert_eq!(canceled["state"], "Canceled", "{canceled}");
+    // Canceled while the job before it still runs: not expired at the
+    // head of the queue later.
+    let first = cp.get("/taskruns/first").await;
+    assert_eq!(first["status"]["phase"], "Running", "{first}");
+    std::fs::remove_file(&held.hold).expect("release the first job");
+    let run = cp.wait_run_finished("first", Duration::from_secs(60)).await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+}
+
+/// Issue 33 item 3: the window is judged in the device's site zone at every
+/// pass. A device in Honolulu waits outside a UTC window around now; its
+/// site moves to UTC mid-deployment (the Device applied again) and the
+/// next pass releases its job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_moves_site_mid_deployment_is_judged_in_its_new_zone() {
+    let cp = ControlPlane::start(&[]);
+    apply_device(&cp, "mover", "lab", Some("Pacific/Honolulu")).await;
+    let agent = AgentProcess::start(
+        &cp.dir.path().join("mover"),
+        "mover",
+        &cp.agent_url,
+        &cp.device_token("mover"),
+        "",
+    );
+    cp.wait_for_agents(&["mover"]).await;
+    let now = jiff::Timestamp::now();
+    let start = hhmm(now - jiff::SignedDuration::from_hours(1));
+    let end = hhmm(now + jiff::SignedDuration::from_hours(2));
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "moving"},
+        "spec": {
+            "targets": {"devices": ["mover"]},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "maintenanceWindow": {"start": start, "end": end, "timeZone": "UTC"},
+            "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    let d = eventually(
+        Duration::from_secs(30),
+        "the deployment running",
+        || async {
+            let d = deployment(&cp, "moving").await;
+            (d["status"]["phase"] == "Running").then_some(d)
+        },
+    )
+    .await;
+    assert_eq!(
+        d["status"]["pending"], 1,
+        "outside its window in Honolulu: {d}"
+    );
+    assert!(agent.jobs().as_array().is_some_and(Vec::is_empty));
+    // The site moves to UTC: inside the window from the next pass.
+    apply_device(&cp, "mover", "lab", Some("UTC")).await;
+    let d = finish(&cp, "moving", 1, Duration::from_secs(60)).await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}");
+    assert_eq!(agent.jobs().as_array().map(Vec::len), Some(1));
 }

@@ -181,8 +181,9 @@ pub struct Lease {
 #[serde(rename_all = "camelCase")]
 pub struct TargetRecord {
     pub device: DeviceId,
-    /// The device's site time zone when the deployment started; None: the
-    /// window's own.
+    /// The device's site time zone when it became a target (shown; each
+    /// pass judges the window in the device's zone as stored then, see
+    /// [`TargetInput::time_zone`]); None: the window's own.
     pub time_zone: Option<String>,
     /// Attempts released so far.
     pub attempt: u32,
@@ -263,6 +264,9 @@ pub struct TargetInput<'a> {
     /// The current attempt's job; None when no attempt is out.
     pub job: Option<Observed>,
     pub online: bool,
+    /// The device's site time zone now (read at every pass, the seed's
+    /// coalesce(site tz, default)); None or unknown: the window's own.
+    pub time_zone: Option<&'a str>,
 }
 
 /// Targets by state, recomputed from the targets at every pass.
@@ -308,8 +312,8 @@ pub struct Decision {
     pub next_retry_at: Option<Timestamp>,
     /// `<device>: <error>` of a target that failed an attempt in this pass.
     pub latest_error: Option<String>,
-    /// Of a canceled deployment: the targets whose job is out and must be
-    /// asked to cancel.
+    /// The targets whose job is out and must be asked to cancel: of a
+    /// canceled deployment, and the queued ones of an expired deployment.
     pub cancel: Vec<usize>,
 }
 
@@ -369,9 +373,10 @@ pub fn attempt_job_id(uid: JobId, device: &DeviceId, attempt: u32) -> JobId {
 /// - a pending target is released when its backoff is over, its device is
 ///   online and inside its maintenance window, and fewer than
 ///   `max_concurrency` targets are queued or running;
-/// - past the deadline, pending and queued targets expire (a queued job also
-///   never starts on the device, whose intent expires with the deployment,
-///   A3) and no attempt starts; running ones finish or time out.
+/// - past the deadline, pending and queued targets expire, each queued job
+///   canceled on its agent (it would never start there anyway: its intent
+///   expires with the deployment, A3), and no attempt starts; running ones
+///   finish or time out.
 pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
     let spec = facts.spec;
     let expired = now >= facts.deadline();
@@ -461,6 +466,11 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             // Out and not started (or its record is not readable yet).
             (Some(_), Some(Observed::Queued) | None) => {
                 if expired {
+                    // The agent that holds it is told to cancel it, as an
+                    // operator's cancel would: it would expire there too
+                    // (its intent expires with the deployment), but only
+                    // when it reached the head of the queue.
+                    decision.cancel.push(index);
                     let next = changed.insert(record.clone());
                     next.job = None;
                     next.end = Some(TargetEnd::Expired { at: now });
@@ -513,9 +523,8 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             .unwrap_or_else(|| target.record.clone());
         let due = record.next_attempt_at.is_none_or(|at| now >= at);
         let in_window = spec.maintenance_window.as_ref().is_none_or(|window| {
-            let zone = record
+            let zone = target
                 .time_zone
-                .as_deref()
                 .and_then(time_zone)
                 .unwrap_or_else(|| window_zone.clone());
             window.contains(&zone, now)

@@ -14,6 +14,10 @@ pub struct Adds {
     pub error: Option<String>,
     /// A request was pending, and is handled now.
     pub handled: bool,
+    /// With a request handled: the devices that match the targeting now
+    /// but have no agent, so cannot be targets (the seed's excluded_count,
+    /// counted again at each "add new devices").
+    pub excluded: Option<u32>,
 }
 
 /// The deployment's status after this pass (without its lease): the counts
@@ -36,6 +40,9 @@ pub fn next_status(
     }
     if adds.handled {
         status.add_requests_handled = record.add_requests;
+        if let Some(excluded) = adds.excluded {
+            status.excluded = excluded;
+        }
     }
     if decision.finished && record.status.phase == Phase::Canceling {
         let c = &status.counts;

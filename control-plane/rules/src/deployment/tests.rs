@@ -57,6 +57,7 @@ fn input(record: &TargetRecord, job: Option<Observed>) -> TargetInput<'_> {
         record,
         job,
         online: true,
+        time_zone: record.time_zone.as_deref(),
     }
 }
 
@@ -115,6 +116,7 @@ fn concurrency_online_and_order() {
                 record: r,
                 job: r.job.map(|_| Observed::Queued),
                 online: !offline.contains(&i),
+                time_zone: r.time_zone.as_deref(),
             })
             .collect();
         let decision = decide(&facts(&spec), &inputs, now);
@@ -332,6 +334,38 @@ fn windows_in_each_sites_time_zone() {
     }
 }
 
+/// Issue 33 item 3: the window is judged in the device's zone at each pass,
+/// not the one it had when it became a target. A device planned in Honolulu
+/// (outside a 09:00-11:00 UTC window at 10:00 UTC) that moved to a UTC
+/// site is released at the next pass; the other way round, it waits.
+#[test]
+fn each_pass_judges_the_window_in_the_devices_zone_now() {
+    let spec = spec(10, Some(("09:00", "11:00", "UTC")), 0);
+    let now = t("2026-03-10T10:00:00Z");
+    let mut facts = facts(&spec);
+    facts.started = now - SignedDuration::from_hours(1);
+    let planned_far = [pending("mover", Some("Pacific/Honolulu"))];
+    let moved_here = TargetInput {
+        time_zone: Some("Etc/UTC"),
+        ..input(&planned_far[0], None)
+    };
+    assert_eq!(decide(&facts, &[moved_here], now).released, [0]);
+    let stayed = input(&planned_far[0], None);
+    assert!(decide(&facts, &[stayed], now).released.is_empty());
+    let planned_here = [pending("leaver", Some("Etc/UTC"))];
+    let moved_away = TargetInput {
+        time_zone: Some("Pacific/Honolulu"),
+        ..input(&planned_here[0], None)
+    };
+    assert!(decide(&facts, &[moved_away], now).released.is_empty());
+    // A site whose zone was removed: the window's own zone.
+    let unzoned = TargetInput {
+        time_zone: None,
+        ..input(&planned_far[0], None)
+    };
+    assert_eq!(decide(&facts, &[unzoned], now).released, [0]);
+}
+
 #[test]
 fn failures_retry_after_an_exact_exponential_backoff() {
     let spec = spec(10, None, 3);
@@ -476,6 +510,9 @@ fn expiry_ends_pending_and_queued_targets_but_not_running_ones() {
         Some(TargetEnd::Failed { at: deadline }),
         "no retry after the deadline"
     );
+    // The queued job is canceled on its agent, as an operator's cancel
+    // would (issue 33 item 2); the running one is left to finish.
+    assert_eq!(decision.cancel, [1]);
     assert_eq!(
         decision.counts,
         Counts {
@@ -803,6 +840,7 @@ fn the_status_a_pass_writes_follows_the_decision_and_the_add_request() {
         count: 0,
         error: None,
         handled: false,
+        excluded: None,
     };
 
     let done = next_status(&record, &decision, none(), at);
@@ -817,17 +855,23 @@ fn the_status_a_pass_writes_follows_the_decision_and_the_add_request() {
         count: 2,
         error: None,
         handled: true,
+        excluded: Some(4),
     };
     let more = next_status(&record, &decision, adds, at);
     assert_eq!(more.phase, crate::records::Phase::Running);
     assert_eq!((more.targets, more.counts.pending), (3, 2));
     assert_eq!(more.add_requests_handled, 1);
+    assert_eq!(
+        more.excluded, 4,
+        "matching devices without an agent, counted again"
+    );
 
     // Too many to add: the error is the latest, nothing pending.
     let refused = Adds {
         count: 0,
         error: Some("too_many_targets: …".into()),
         handled: true,
+        excluded: None,
     };
     let refused = next_status(&record, &decision, refused, at);
     assert_eq!(refused.latest_error.as_deref(), Some("too_many_targets: …"));

@@ -275,7 +275,7 @@ impl Engine {
 
         // "Add new devices": the filter again, for devices not yet targets.
         let handling_adds = record.add_requests > record.status.add_requests_handled;
-        let (adds, add_error) =
+        let (adds, add_error, add_excluded) =
             // A canceled deployment takes no new devices; the request is handled.
             if handling_adds && record.status.phase != Phase::Canceling {
                 let Some(view) = views.by_name.get(&name) else {
@@ -283,7 +283,7 @@ impl Engine {
                 };
                 self.new_targets(&record, view).await?
             } else {
-                (Vec::new(), None)
+                (Vec::new(), None, None)
             };
 
         let Some(view) = views.by_name.get(&name) else {
@@ -305,6 +305,7 @@ impl Engine {
                 online: target.job.is_none()
                     && target.end.is_none()
                     && self.online(&target.device, view.last_seen[i], now),
+                time_zone: view.zones[i].as_deref(),
             })
             .collect();
         let decision = deployment::decide(&record.facts(), &inputs, now);
@@ -327,6 +328,7 @@ impl Engine {
                 count: adds.len(),
                 error: add_error,
                 handled: handling_adds,
+                excluded: add_excluded,
             },
             now,
         );
@@ -452,8 +454,15 @@ impl Engine {
         &self,
         record: &DeploymentRecord,
         view: &DeploymentView,
-    ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, Option<String>), DbError> {
-        let (selected, _) = self.select_targets(record).await?;
+    ) -> Result<
+        (
+            Vec<(TargetRecord, Option<Timestamp>)>,
+            Option<String>,
+            Option<u32>,
+        ),
+        DbError,
+    > {
+        let (selected, excluded) = self.select_targets(record).await?;
         let adds: Vec<_> = selected
             .into_iter()
             .filter(|(t, _)| !view.index.contains_key(&t.device))
@@ -464,9 +473,9 @@ impl Engine {
                 adds.len(),
                 view.targets.len() + adds.len()
             );
-            return Ok((Vec::new(), Some(error)));
+            return Ok((Vec::new(), Some(error), Some(excluded)));
         }
-        Ok((adds, None))
+        Ok((adds, None, Some(excluded)))
     }
 }
 

@@ -28,6 +28,10 @@ pub(in crate::engine) struct DeploymentView {
     pub(super) jobs: Vec<Option<Observed>>,
     /// The device's stored last-seen time (for devices on other replicas).
     pub(super) last_seen: Vec<Option<Timestamp>>,
+    /// The device's site time zone as stored now, judged at every pass (a
+    /// device that moved site mid-deployment is judged in its new zone);
+    /// the target's own zone until the device's record is read.
+    pub(super) zones: Vec<Option<String>>,
     /// Jobs of a canceled deployment whose cancel this replica requested.
     pub(super) cancel_asked: HashSet<JobId>,
     /// When a pass is next due without any change: a retry's backoff ends,
@@ -129,6 +133,7 @@ impl DeploymentViews {
         if let Some(job) = record.job {
             self.by_job.insert(job, (name.to_owned(), index));
         }
+        view.zones.push(record.time_zone.clone());
         view.targets.push(record);
         view.revisions.push(revision);
         view.jobs.push(None);
@@ -203,16 +208,15 @@ impl Engine {
             let Some(names) = views.by_device.get(&device).cloned() else {
                 return Ok(());
             };
-            let seen = self
-                .db
-                .get::<DeviceRecord>(key)
-                .await?
-                .and_then(|(_, d)| d.last_seen);
+            let stored = self.db.get::<DeviceRecord>(key).await?.map(|(_, d)| d);
+            let seen = stored.as_ref().and_then(|d| d.last_seen);
+            let zone = stored.and_then(|d| d.time_zone);
             for name in names {
                 if let Some(view) = views.by_name.get_mut(&name)
                     && let Some(&index) = view.index.get(&device)
                 {
                     view.last_seen[index] = seen;
+                    view.zones[index] = zone.clone();
                     if view.targets[index].job.is_none() && view.targets[index].end.is_none() {
                         dirty.insert(format!("{DIRTY}{name}"));
                     }
@@ -305,6 +309,7 @@ impl Engine {
             index: HashMap::with_capacity(stored.len()),
             jobs: Vec::with_capacity(stored.len()),
             last_seen: Vec::with_capacity(stored.len()),
+            zones: Vec::with_capacity(stored.len()),
             cancel_asked: HashSet::new(),
             next_due: None,
         };
@@ -318,11 +323,16 @@ impl Engine {
                     .map(|(_, j)| observe(&j, now)),
                 None => None,
             };
-            let seen = self
+            let device = self
                 .db
                 .get::<DeviceRecord>(&device_key(&target.device))
                 .await?
-                .and_then(|(_, d)| d.last_seen);
+                .map(|(_, d)| d);
+            let seen = device.as_ref().and_then(|d| d.last_seen);
+            view.zones.push(match device {
+                Some(device) => device.time_zone,
+                None => target.time_zone.clone(),
+            });
             view.index.insert(target.device.clone(), view.targets.len());
             view.targets.push(target);
             view.revisions.push(revision);
