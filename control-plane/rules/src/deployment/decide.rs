@@ -1,0 +1,219 @@
+//! One pass over a deployment's targets: [`decide`], pure over (targets,
+//! now) with the clock injected.
+
+use super::*;
+
+/// One pass over a deployment's targets at `now`:
+///
+/// - a succeeded attempt ends the target; a failed one, or one running past
+///   its timeout plus [`RUNNING_GRACE`], returns the target to pending after
+///   the backoff while retries are left (each retry a new job), else ends it;
+/// - a pending target is released when its backoff is over, its device is
+///   online and inside its maintenance window, and fewer than
+///   `max_concurrency` targets are queued or running;
+/// - past the deadline, pending and queued targets expire, each queued job
+///   canceled on its agent (it would never start there anyway: its intent
+///   expires with the deployment, A3), and no attempt starts; running ones
+///   finish or time out.
+pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
+    let spec = facts.spec;
+    let expired = now >= facts.deadline();
+    let window_zone = spec
+        .maintenance_window
+        .as_ref()
+        .and_then(|w| time_zone(&w.time_zone))
+        .unwrap_or(TimeZone::UTC);
+    let timeout = SignedDuration::from_secs(i64::from(JOB_TIMEOUT_SECONDS)) + RUNNING_GRACE;
+    let mut decision = Decision::default();
+    let mut active = 0u32;
+    let mut pending = Vec::new();
+    // The targets this pass changes, sparse: a pass costs what changed.
+    let mut records: std::collections::BTreeMap<usize, TargetRecord> = Default::default();
+
+    let fail = |record: &mut TargetRecord, at: Timestamp, error: String| {
+        record.last_error = Some(bounded(error, MAX_ERROR_BYTES));
+        record.job = None;
+        record.released_at = None;
+        record.running_since = None;
+        if record.attempt <= spec.retries && !expired && !facts.canceling {
+            record.next_attempt_at = Some(at + backoff(spec, record.attempt));
+        } else {
+            record.end = Some(TargetEnd::Failed { at });
+        }
+    };
+
+    for (index, target) in targets.iter().enumerate() {
+        let record = target.record;
+        if record.end.is_some() {
+            continue;
+        }
+        // Cloned only when this target changes: a pass costs what changed.
+        let mut changed: Option<TargetRecord> = None;
+        match (&record.job, &target.job) {
+            (Some(_), Some(Observed::Succeeded { at })) => {
+                let next = changed.insert(record.clone());
+                next.end = Some(TargetEnd::Succeeded { at: *at });
+                next.next_attempt_at = None;
+            }
+            (Some(_), Some(Observed::Failed { at, error })) => {
+                let next = changed.insert(record.clone());
+                fail(next, *at, error.clone());
+                decision.latest_error = next
+                    .last_error
+                    .as_ref()
+                    .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+            }
+            (Some(_), Some(Observed::Canceled { at })) => {
+                let next = changed.insert(record.clone());
+                next.job = None;
+                next.released_at = None;
+                next.running_since = None;
+                next.end = Some(TargetEnd::Canceled { at: *at });
+                next.last_error = Some("canceled on the device before it started".into());
+            }
+            (Some(_), Some(Observed::Running)) if facts.canceling => {
+                // A started job is never interrupted (A3); the order is sent
+                // all the same, and its end decides the target.
+                decision.cancel.push(index);
+                if record.running_since.is_none() {
+                    changed.insert(record.clone()).running_since = Some(now);
+                }
+                active += 1;
+            }
+            (Some(_), Some(Observed::Running)) => match record.running_since {
+                None => {
+                    changed.insert(record.clone()).running_since = Some(now);
+                    active += 1;
+                }
+                Some(since) if now >= since + timeout => {
+                    let error = format!(
+                        "timed out: still running {}s after it started (job timeout {}s + {}s)",
+                        now.duration_since(since).as_secs(),
+                        JOB_TIMEOUT_SECONDS,
+                        RUNNING_GRACE.as_secs()
+                    );
+                    let next = changed.insert(record.clone());
+                    fail(next, now, error);
+                    decision.latest_error = next
+                        .last_error
+                        .as_ref()
+                        .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+                }
+                Some(_) => active += 1,
+            },
+            // Out and not started (or its record is not readable yet).
+            (Some(_), Some(Observed::Queued) | None) => {
+                if expired {
+                    // The agent that holds it is told to cancel it, as an
+                    // operator's cancel would: it would expire there too
+                    // (its intent expires with the deployment), but only
+                    // when it reached the head of the queue.
+                    decision.cancel.push(index);
+                    let next = changed.insert(record.clone());
+                    next.job = None;
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some("the deployment expired before the device started the job".into());
+                } else {
+                    if facts.canceling {
+                        decision.cancel.push(index);
+                    }
+                    active += 1;
+                }
+            }
+            (None, _) => {
+                if facts.canceling {
+                    let next = changed.insert(record.clone());
+                    next.end = Some(TargetEnd::Canceled { at: now });
+                    next.next_attempt_at = None;
+                    next.last_error = Some(record.last_error.clone().unwrap_or_else(|| {
+                        "canceled by an operator before it was released".into()
+                    }));
+                } else if expired {
+                    let next = changed.insert(record.clone());
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some(record.last_error.clone().unwrap_or_else(|| {
+                            "the deployment expired before it was released".into()
+                        }));
+                } else {
+                    pending.push(index);
+                }
+            }
+        }
+        if let Some(next) = changed
+            && next != *record
+        {
+            records.insert(index, next);
+        }
+    }
+
+    // Release in target order while there is room (a canceled deployment
+    // has no pending targets left).
+    for index in pending {
+        if active >= spec.max_concurrency {
+            break;
+        }
+        let target = &targets[index];
+        let record = records
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| target.record.clone());
+        let due = record.next_attempt_at.is_none_or(|at| now >= at);
+        let in_window = spec.maintenance_window.as_ref().is_none_or(|window| {
+            let zone = target
+                .time_zone
+                .and_then(time_zone)
+                .unwrap_or_else(|| window_zone.clone());
+            window.contains(&zone, now)
+        });
+        if !(due && target.online && in_window && active < spec.max_concurrency) {
+            continue;
+        }
+        let mut next = record;
+        next.attempt += 1;
+        next.job = Some(attempt_job_id(facts.uid, &next.device, next.attempt));
+        next.released_at = Some(now);
+        next.running_since = None;
+        next.next_attempt_at = None;
+        records.insert(index, next);
+        decision.released.push(index);
+        active += 1;
+    }
+
+    let released_now: std::collections::HashSet<usize> =
+        decision.released.iter().copied().collect();
+    for (index, target) in targets.iter().enumerate() {
+        let record = records.get(&index).unwrap_or(target.record);
+        let counts = &mut decision.counts;
+        // A target released in this pass has no job to observe yet.
+        let job = match released_now.contains(&index) {
+            true => None,
+            false => target.job.as_ref(),
+        };
+        match TargetState::of(record, job, now) {
+            TargetState::Succeeded => counts.succeeded += 1,
+            TargetState::Failed => counts.failed += 1,
+            TargetState::Expired => counts.expired += 1,
+            TargetState::Canceled => counts.canceled += 1,
+            TargetState::Pending => counts.pending += 1,
+            TargetState::WaitingRetry => {
+                counts.pending += 1;
+                counts.waiting_retry += 1;
+                if let Some(at) = record.next_attempt_at {
+                    decision.next_retry_at = Some(
+                        decision
+                            .next_retry_at
+                            .map_or(at, |earliest| earliest.min(at)),
+                    );
+                }
+            }
+            TargetState::Running => counts.running += 1,
+            TargetState::Queued => counts.queued += 1,
+        }
+    }
+    let c = &decision.counts;
+    decision.finished = c.total() == c.succeeded + c.failed + c.expired + c.canceled;
+    decision.changes = records.into_iter().collect();
+    decision
+}
