@@ -5,8 +5,10 @@ use super::*;
 
 /// One pass over a deployment's targets at `now`:
 ///
-/// - a succeeded attempt ends the target; a failed one, or one running past
-///   its timeout plus [`RUNNING_GRACE`], returns the target to pending after
+/// - a succeeded attempt ends the target; a failed one, one running past
+///   its timeout plus [`RUNNING_GRACE`], or one acknowledged and not started
+///   that long after it could have started (`waiting_since`), returns the
+///   target to pending after
 ///   the backoff while retries are left (each retry a new job), else ends it;
 /// - a pending target is released when its backoff is over, its device is
 ///   online and inside its maintenance window, and fewer than
@@ -101,8 +103,33 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                 }
                 Some(_) => active += 1,
             },
+            // Acknowledged, not started, and its clock ran out: the
+            // device took it and never started it (the seed's job timeout,
+            // counted from when it could have started).
+            (Some(_), Some(Observed::Queued { acked: Some(_) }))
+                if !expired
+                    && !facts.canceling
+                    && target
+                        .waiting_since
+                        .is_some_and(|since| now >= since + timeout) =>
+            {
+                let since = target.waiting_since.unwrap_or(now);
+                let error = format!(
+                    "timed out: acknowledged by the device and not started {}s after it could have \
+                     (job timeout {}s + {}s)",
+                    now.duration_since(since).as_secs(),
+                    JOB_TIMEOUT_SECONDS,
+                    RUNNING_GRACE.as_secs()
+                );
+                let next = changed.insert(record.clone());
+                fail(next, now, error);
+                decision.latest_error = next
+                    .last_error
+                    .as_ref()
+                    .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+            }
             // Out and not started (or its record is not readable yet).
-            (Some(_), Some(Observed::Queued) | None) => {
+            (Some(_), Some(Observed::Queued { .. }) | None) => {
                 if expired {
                     // The agent that holds it is told to cancel it, as an
                     // operator's cancel would: it would expire there too

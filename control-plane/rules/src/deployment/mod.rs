@@ -241,8 +241,12 @@ pub enum TargetEnd {
 /// What the current attempt's job is doing, as its record says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Observed {
-    /// Released, not started: delivered or waiting on the device.
-    Queued,
+    /// Released, not started: on its way, or waiting on the device. `acked`
+    /// is when the device acknowledged it (the control plane's clock), if
+    /// it has.
+    Queued {
+        acked: Option<Timestamp>,
+    },
     Running,
     /// Received by the control plane at `at` (with its completion heartbeat).
     Succeeded {
@@ -269,6 +273,13 @@ pub struct TargetInput<'a> {
     /// The device's site time zone now (read at every pass, the seed's
     /// coalesce(site tz, default)); None or unknown: the window's own.
     pub time_zone: Option<&'a str>,
+    /// For a job the device acknowledged but has not started: when its
+    /// timeout's clock started, the later of its acknowledgement and the
+    /// end of the last earlier job on the device (the agent runs one job
+    /// at a time). None while an earlier job there is unfinished, or when
+    /// it could not be due yet (the engine only looks once the
+    /// acknowledgement is a timeout old).
+    pub waiting_since: Option<Timestamp>,
 }
 
 /// Targets by state, recomputed from the targets at every pass.

@@ -10,13 +10,17 @@ pub fn observe(job: &JobDelivery, now: Timestamp) -> Observed {
     // The control plane's receive time decides (A12); `now` stands in for a
     // record from before it was kept.
     let received = job.terminal_received_at.unwrap_or(now);
+    let acked = match job.delivery {
+        Delivery::Acked { at } => Some(at),
+        _ => None,
+    };
     let Some(status) = &job.status else {
         return match job.delivery {
             Delivery::Expired { at } => Observed::Failed {
                 at,
                 error: "the intent expired before the device took it".into(),
             },
-            _ => Observed::Queued,
+            _ => Observed::Queued { acked },
         };
     };
     match status.state {
@@ -24,7 +28,11 @@ pub fn observe(job: &JobDelivery, now: Timestamp) -> Observed {
             Observed::Succeeded { at: received }
         }
         JobState::Succeeded | JobState::Running | JobState::AwaitingReboot => Observed::Running,
-        JobState::Accepted | JobState::Waiting => Observed::Queued,
+        // A status acknowledges the job (its record says when, or it is
+        // from before acknowledgements were kept: now).
+        JobState::Accepted | JobState::Waiting => Observed::Queued {
+            acked: Some(acked.unwrap_or(now)),
+        },
         JobState::Canceled => Observed::Canceled { at: received },
         JobState::Failed | JobState::Expired | JobState::Rejected => Observed::Failed {
             at: received,
@@ -155,7 +163,10 @@ mod tests {
             ..fresh.clone()
         };
         assert_eq!(state(&out, None), TargetState::Queued);
-        assert_eq!(state(&out, Some(Observed::Queued)), TargetState::Queued);
+        assert_eq!(
+            state(&out, Some(Observed::Queued { acked: None })),
+            TargetState::Queued
+        );
         assert_eq!(state(&out, Some(Observed::Running)), TargetState::Running);
         let ended = |end| TargetRecord {
             end: Some(end),

@@ -58,6 +58,7 @@ fn input(record: &TargetRecord, job: Option<Observed>) -> TargetInput<'_> {
         job,
         online: true,
         time_zone: record.time_zone.as_deref(),
+        waiting_since: None,
     }
 }
 
@@ -114,9 +115,10 @@ fn concurrency_online_and_order() {
             .enumerate()
             .map(|(i, r)| TargetInput {
                 record: r,
-                job: r.job.map(|_| Observed::Queued),
+                job: r.job.map(|_| Observed::Queued { acked: None }),
                 online: !offline.contains(&i),
                 time_zone: r.time_zone.as_deref(),
+                waiting_since: None,
             })
             .collect();
         let decision = decide(&facts(&spec), &inputs, now);
@@ -366,6 +368,67 @@ fn each_pass_judges_the_window_in_the_devices_zone_now() {
     assert_eq!(decide(&facts, &[unzoned], now).released, [0]);
 }
 
+/// Issue 33 item 1 (the jobs seed): a job the device acknowledged but did
+/// not start times out like a running one, counted from when it could have
+/// started: never while an earlier job on the device is unfinished
+/// (`waiting_since` None), else from the later of its acknowledgement and
+/// the end of the last earlier job.
+#[test]
+fn an_acknowledged_job_not_started_times_out_from_when_it_could_have_started() {
+    let spec = spec(10, None, 1);
+    let acked = t("2026-03-01T10:00:00Z");
+    let record = released("d0", 1, "2026-03-01T10:00:00Z");
+    let timeout = SignedDuration::from_secs(i64::from(JOB_TIMEOUT_SECONDS)) + RUNNING_GRACE;
+    let waiting = |since: Option<Timestamp>| TargetInput {
+        waiting_since: since,
+        ..input(&record, Some(Observed::Queued { acked: Some(acked) }))
+    };
+    let mut facts = facts(&spec);
+    facts.started = acked - SignedDuration::from_mins(1);
+    // Behind an unfinished job: hours later, still queued.
+    let behind = decide(
+        &facts,
+        &[waiting(None)],
+        acked + SignedDuration::from_hours(3),
+    );
+    assert!(behind.changes.is_empty(), "{:?}", behind.changes);
+    assert_eq!(behind.counts.queued, 1);
+    // Nothing before it: out at the ack plus the timeout, not a second sooner.
+    let early = decide(
+        &facts,
+        &[waiting(Some(acked))],
+        acked + timeout - SignedDuration::from_secs(1),
+    );
+    assert!(early.changes.is_empty());
+    let due = decide(&facts, &[waiting(Some(acked))], acked + timeout);
+    let (_, retried) = &due.changes[0];
+    assert_eq!(retried.job, None, "the attempt ends");
+    assert!(
+        retried.last_error.as_deref().is_some_and(
+            |e| e.starts_with("timed out: acknowledged by the device and not started 1800s")
+        ),
+        "{retried:?}"
+    );
+    assert_eq!(
+        retried.next_attempt_at,
+        Some(acked + timeout + backoff(&spec, 1))
+    );
+    // The job before it ended an hour after the ack: counted from then.
+    let freed = acked + SignedDuration::from_hours(1);
+    let later = decide(
+        &facts,
+        &[waiting(Some(freed))],
+        acked + timeout + SignedDuration::from_mins(10),
+    );
+    assert!(later.changes.is_empty());
+    assert_eq!(
+        decide(&facts, &[waiting(Some(freed))], freed + timeout)
+            .changes
+            .len(),
+        1
+    );
+}
+
 #[test]
 fn failures_retry_after_an_exact_exponential_backoff() {
     let spec = spec(10, None, 3);
@@ -489,7 +552,7 @@ fn expiry_ends_pending_and_queued_targets_but_not_running_ones() {
     ];
     let inputs = [
         input(&records[0], None),
-        input(&records[1], Some(Observed::Queued)),
+        input(&records[1], Some(Observed::Queued { acked: None })),
         input(&records[2], Some(Observed::Running)),
         input(
             &records[3],
@@ -767,7 +830,7 @@ fn a_canceled_deployment_releases_nothing_and_asks_its_jobs_out_to_cancel() {
     let jobs = [
         None,
         None,
-        Some(Observed::Queued),
+        Some(Observed::Queued { acked: None }),
         Some(Observed::Running),
         Some(Observed::Failed {
             at: now,

@@ -290,6 +290,19 @@ impl Engine {
             // Loaded above, under the same lock.
             return Ok(());
         };
+        // Jobs acknowledged a timeout ago and not started: when each one's
+        // clock started depends on the device's other jobs (read only for
+        // these few).
+        let overdue = view.acked_overdue(now);
+        let mut waiting = HashMap::new();
+        for (index, device, job, acked) in overdue {
+            if let Some(since) = self.waiting_since(&device, job, acked).await? {
+                waiting.insert(index, since);
+            }
+        }
+        let Some(view) = views.by_name.get(&name) else {
+            return Ok(());
+        };
         let inputs: Vec<TargetInput> = view
             .targets
             .iter()
@@ -306,6 +319,7 @@ impl Engine {
                     && target.end.is_none()
                     && self.online(&target.device, view.last_seen[i], now),
                 time_zone: view.zones[i].as_deref(),
+                waiting_since: waiting.get(&i).copied(),
             })
             .collect();
         let decision = deployment::decide(&record.facts(), &inputs, now);
@@ -494,6 +508,8 @@ fn next_due(
         .iter()
         .filter(|t| t.end.is_none())
         .filter_map(|t| t.running_since.map(|since| since + timeout))
+        // An acknowledged job's clock starts at its ack at the earliest.
+        .chain(view.acked_at().map(|acked| acked + timeout))
         .chain(decision.next_retry_at)
         .chain((deadline > now).then_some(deadline))
         .min()

@@ -571,3 +571,105 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
     );
     assert!(failed_attempts > 20, "failures were exercised");
 }
+
+/// Issue 33 item 1 (the jobs seed): a job the device acknowledged but did
+/// not start waits, without a clock, while an earlier job on the device is
+/// unfinished, and then times out a job timeout (plus grace) after that job
+/// ended, not after its own acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_job_behind_an_earlier_one_times_out_from_its_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Db::new(Arc::new(
+        RedbKv::open(&dir.path().join("drover.redb")).expect("store"),
+    ));
+    let t0 = t("2027-04-01T10:00:00Z");
+    let device = DeviceId::new("q1").expect("id");
+    let mut record = DeviceRecord::new(device.clone());
+    record.agent_present = true;
+    record.last_seen = Some(t0);
+    db.put(&device_key(&device), &record, 0)
+        .await
+        .expect("device");
+    let presence = Arc::new(Presence::default());
+    presence.simulate_seen(&device, t0, true);
+    let engine =
+        Engine::new(db.clone(), Arc::new(Notify::new()), None).with_presence(presence.clone());
+    let mut feed = db.changes();
+    let spec = DeploymentSpec {
+        targets: Targeting::Devices(vec![device.clone()]),
+        job: DeploymentJob::SystemUpgradeV1,
+        max_concurrency: 1,
+        maintenance_window: None,
+        retries: 0,
+        retry_backoff_seconds: 60,
+        deadline_seconds: 2 * 24 * 3600,
+    };
+    let mut turn = 0;
+    let mut now = t0;
+    let mut job_of = BTreeMap::new();
+    // "first" is released at t0, "second" a minute later: behind it.
+    for name in ["first", "second"] {
+        let record = DeploymentRecord {
+            name: name.into(),
+            uid: JobId::random(),
+            created_at: now,
+            spec: spec.clone(),
+            add_requests: 0,
+            status: DeploymentStatus::planning(),
+        };
+        db.put(&deployment_key(name), &record, 0)
+            .await
+            .expect("deployment");
+        for _ in 0..3 {
+            turn += 1;
+            presence.simulate_seen(&device, now, false);
+            engine.turn(&mut feed, turn, true, now).await.expect("turn");
+        }
+        let (_, targets) = stored(&db, name).await;
+        let job = targets[0].2.job.expect("released");
+        job_of.insert(name, job_key(&device, job));
+        now += SignedDuration::from_mins(1);
+    }
+    // The device runs the first and acknowledges the second.
+    report(&db, &job_of["first"], JobState::Running, t0).await;
+    report(
+        &db,
+        &job_of["second"],
+        JobState::Accepted,
+        t0 + SignedDuration::from_mins(1),
+    )
+    .await;
+    let state_at = async |engine: &Engine, feed: &mut _, turn: u64, at: Timestamp| {
+        presence.simulate_seen(&device, at, false);
+        engine.turn(feed, turn, true, at).await.expect("turn");
+        let (record, targets) = stored(&db, "second").await;
+        (record.status.counts, targets[0].2.last_error.clone())
+    };
+    // The first ends 20 minutes in; the second's clock starts then.
+    let ended = t0 + SignedDuration::from_mins(20);
+    report(&db, &job_of["first"], JobState::Succeeded, ended).await;
+    // 35 minutes after its ack: past a timeout counted from the ack (30
+    // minutes), not past one counted from the first job's end.
+    turn += 1;
+    let (counts, error) =
+        state_at(&engine, &mut feed, turn, t0 + SignedDuration::from_mins(36)).await;
+    assert_eq!((counts.queued, counts.failed), (1, 0), "{error:?}");
+    // A timeout after the first job ended: it times out.
+    let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
+        + deployment::RUNNING_GRACE;
+    turn += 1;
+    let (counts, error) = state_at(
+        &engine,
+        &mut feed,
+        turn,
+        ended + timeout + SignedDuration::from_secs(1),
+    )
+    .await;
+    assert_eq!((counts.queued, counts.failed), (0, 1), "{error:?}");
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("acknowledged by the device and not started")),
+        "{error:?}"
+    );
+}

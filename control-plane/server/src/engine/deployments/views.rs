@@ -4,12 +4,14 @@
 
 use super::DIRTY;
 use crate::db::DbError;
-use crate::deployment::{DeploymentRecord, Observed, TargetRecord, observe};
+use crate::deployment::{self, DeploymentRecord, Observed, TargetRecord, observe};
 use crate::engine::Engine;
-use crate::records::{DeviceRecord, JobDelivery, Phase, device_key, job_key, targets_prefix};
+use crate::records::{
+    Delivery, DeviceRecord, JobDelivery, Phase, device_key, job_key, targets_prefix,
+};
 use crate::store::Change;
 use agent_core::{DeviceId, JobId};
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::info;
 
@@ -37,6 +39,42 @@ pub(in crate::engine) struct DeploymentView {
     /// When a pass is next due without any change: a retry's backoff ends,
     /// a running attempt times out, or the deployment expires.
     pub(super) next_due: Option<Timestamp>,
+}
+
+impl DeploymentView {
+    /// When each unended target's current job was acknowledged, for those
+    /// the device acknowledged and has not started.
+    pub(super) fn acked_at(&self) -> impl Iterator<Item = Timestamp> + '_ {
+        self.targets
+            .iter()
+            .zip(&self.jobs)
+            .filter(|(t, _)| t.end.is_none() && t.job.is_some())
+            .filter_map(|(_, job)| match job {
+                Some(Observed::Queued { acked: Some(at) }) => Some(*at),
+                _ => None,
+            })
+    }
+
+    /// The targets whose job was acknowledged a job timeout (plus grace)
+    /// ago or more and has not started: (index, device, job, acked).
+    pub(super) fn acked_overdue(&self, now: Timestamp) -> Vec<(usize, DeviceId, JobId, Timestamp)> {
+        let timeout = SignedDuration::from_secs(i64::from(deployment::JOB_TIMEOUT_SECONDS))
+            + deployment::RUNNING_GRACE;
+        self.targets
+            .iter()
+            .zip(&self.jobs)
+            .enumerate()
+            .filter_map(|(index, (target, job))| {
+                let id = target.job.filter(|_| target.end.is_none())?;
+                match job {
+                    Some(Observed::Queued { acked: Some(at) }) if now >= *at + timeout => {
+                        Some((index, target.device.clone(), id, *at))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -340,6 +378,47 @@ impl Engine {
             view.last_seen.push(seen);
         }
         Ok(view)
+    }
+
+    /// When the clock of an acknowledged, not started job started: the later
+    /// of its acknowledgement and the end of the last earlier job on the
+    /// device (the agent runs one job at a time); None while an earlier one
+    /// the device holds (acknowledged or reported on) is unfinished. An
+    /// earlier job never acknowledged is not on the device and holds
+    /// nothing up. The agent's own local jobs are not known here.
+    pub(super) async fn waiting_since(
+        &self,
+        device: &DeviceId,
+        job: JobId,
+        acked: Timestamp,
+    ) -> Result<Option<Timestamp>, DbError> {
+        let jobs = self
+            .db
+            .list::<JobDelivery>(&crate::records::device_jobs_prefix(device))
+            .await?;
+        let Some(created) = jobs
+            .iter()
+            .find(|(_, _, j)| j.intent.job_id == job)
+            .map(|(_, _, j)| j.created_at)
+        else {
+            return Ok(Some(acked));
+        };
+        let mut since = acked;
+        for (_, _, earlier) in jobs.iter().filter(|(_, _, j)| j.created_at < created) {
+            let status = earlier.status.as_ref();
+            let finished = status.is_some_and(|s| s.state.is_terminal())
+                || matches!(earlier.delivery, Delivery::Expired { .. });
+            let held = status.is_some() || matches!(earlier.delivery, Delivery::Acked { .. });
+            if finished {
+                let ended = earlier
+                    .terminal_received_at
+                    .or_else(|| status.and_then(|s| s.finished_at));
+                since = since.max(ended.unwrap_or(since));
+            } else if held {
+                return Ok(None);
+            }
+        }
+        Ok(Some(since))
     }
 
     /// Asks the current jobs of these targets of a canceled deployment to
