@@ -41,6 +41,19 @@ async fn device_on(cp: &ControlPlane, sandbox: &Sandbox, device: &str) -> AgentP
     agent
 }
 
+/// A task run upgrading the production group, followed to Complete; when
+/// it ended.
+async fn upgrade_of_production(cp: &ControlPlane, name: &str) -> jiff::Timestamp {
+    cp.apply_upgrade_run(name, "production", 600).await;
+    let run = cp.wait_run_finished(name, Duration::from_secs(60)).await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    run["status"]["completionTime"]
+        .as_str()
+        .expect("completion time")
+        .parse()
+        .expect("time")
+}
+
 /// One assessment sent as a fleet job; its output.
 async fn assess(server: &mut Script) -> Value {
     let job = new_job();
@@ -404,17 +417,7 @@ async fn the_agent_assesses_after_its_start_and_after_every_upgrade() {
     .await;
     // An upgrade: once it ends, an assessment follows at once (well before
     // the next period would bring one).
-    cp.apply_upgrade_run("upgrade-then-assess", "production", 600)
-        .await;
-    let run = cp
-        .wait_run_finished("upgrade-then-assess", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}");
-    let ended: jiff::Timestamp = run["status"]["completionTime"]
-        .as_str()
-        .expect("completion time")
-        .parse()
-        .expect("time");
+    let ended = upgrade_of_production(&cp, "upgrade-then-assess").await;
     let after = eventually(
         Duration::from_secs(30),
         "an assessment after the upgrade",
@@ -453,17 +456,7 @@ async fn with_the_default_daily_period_an_assessment_follows_an_upgrade_within_s
     // Let the schedule's first look pass (its first assessment waits for
     // this device's offset, up to three hours).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    cp.apply_upgrade_run("daily-upgrade", "production", 600)
-        .await;
-    let run = cp
-        .wait_run_finished("daily-upgrade", Duration::from_secs(60))
-        .await;
-    assert_eq!(run["status"]["phase"], "Complete", "{run}");
-    let ended: jiff::Timestamp = run["status"]["completionTime"]
-        .as_str()
-        .expect("completion time")
-        .parse()
-        .expect("time");
+    let ended = upgrade_of_production(&cp, "daily-upgrade").await;
     let assessed = eventually(
         Duration::from_secs(90),
         "an assessment after the upgrade",

@@ -60,10 +60,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
             (Some(_), Some(Observed::Failed { at, error })) => {
                 let next = changed.insert(record.clone());
                 fail(next, *at, error.clone());
-                decision.latest_error = next
-                    .last_error
-                    .as_ref()
-                    .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+                decision.latest_error = latest_error(next);
             }
             (Some(_), Some(Observed::Canceled { at })) => {
                 let next = changed.insert(record.clone());
@@ -96,10 +93,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                     );
                     let next = changed.insert(record.clone());
                     fail(next, now, error);
-                    decision.latest_error = next
-                        .last_error
-                        .as_ref()
-                        .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+                    decision.latest_error = latest_error(next);
                 }
                 Some(_) => active += 1,
             },
@@ -123,10 +117,7 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                 );
                 let next = changed.insert(record.clone());
                 fail(next, now, error);
-                decision.latest_error = next
-                    .last_error
-                    .as_ref()
-                    .map(|e| bounded(format!("{}: {e}", record.device), MAX_ERROR_BYTES));
+                decision.latest_error = latest_error(next);
             }
             // Out and not started (or its record is not readable yet).
             (Some(_), Some(Observed::Queued { .. }) | None) => {
@@ -243,4 +234,12 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
     decision.finished = c.total() == c.succeeded + c.failed + c.expired + c.canceled;
     decision.changes = records.into_iter().collect();
     decision
+}
+
+/// A target's error as the deployment's latest: prefixed with its device.
+fn latest_error(target: &TargetRecord) -> Option<String> {
+    target
+        .last_error
+        .as_ref()
+        .map(|e| bounded(format!("{}: {e}", target.device), MAX_ERROR_BYTES))
 }
