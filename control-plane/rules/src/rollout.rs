@@ -14,6 +14,22 @@ pub enum Outcome {
     Pending,
     Succeeded,
     Failed(String),
+    /// Did not finish by the deadline although nothing failed: the device
+    /// never took the job before its intent expired (or reported it
+    /// expired), or its success reached the control plane after the
+    /// deadline. Counted as failed; the run ends DeadlineExceeded, not
+    /// TargetsFailed, unless a target really failed.
+    Late(String),
+}
+
+impl Outcome {
+    /// Whether the target has its final outcome.
+    fn decided(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Succeeded | Outcome::Failed(_) | Outcome::Late(_)
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +114,7 @@ fn count(targets: &[TargetView]) -> Counts {
                 counts.released += 1;
                 counts.succeeded += 1;
             }
-            Outcome::Failed(_) => {
+            Outcome::Failed(_) | Outcome::Late(_) => {
                 counts.released += 1;
                 counts.failed += 1;
             }
@@ -130,31 +146,32 @@ pub fn decide(
             message,
         });
     }
-    let all_terminal = targets
-        .iter()
-        .all(|t| matches!(t.outcome, Outcome::Succeeded | Outcome::Failed(_)));
+    let all_terminal = targets.iter().all(|t| t.outcome.decided());
     if all_terminal {
         if counts.failed == 0 {
             return done(Finish::Complete);
         }
-        let message = targets
-            .iter()
-            .rev()
-            .find_map(|t| match &t.outcome {
-                Outcome::Failed(e) => Some(format!("{}: {e}", t.device)),
-                _ => None,
-            })
-            .unwrap_or_default();
-        return done(Finish::Failed {
-            reason: "TargetsFailed",
-            message,
+        let failure = targets.iter().rev().find_map(|t| match &t.outcome {
+            Outcome::Failed(e) => Some(format!("{}: {e}", t.device)),
+            _ => None,
         });
+        if let Some(message) = failure {
+            return done(Finish::Failed {
+                reason: "TargetsFailed",
+                message,
+            });
+        }
     }
-    if now >= deadline {
+    if all_terminal || now >= deadline {
         // The operator's next question is which devices: name the first few.
         let late: Vec<&str> = targets
             .iter()
-            .filter(|t| matches!(t.outcome, Outcome::Unreleased | Outcome::Pending))
+            .filter(|t| {
+                matches!(
+                    t.outcome,
+                    Outcome::Unreleased | Outcome::Pending | Outcome::Late(_)
+                )
+            })
             .map(|t| t.device.as_str())
             .collect();
         let named = late.len().min(LATE_DEVICES_NAMED);
@@ -166,7 +183,7 @@ pub fn decide(
             reason: "DeadlineExceeded",
             message: format!(
                 "{} of {} targets had not finished by the deadline {deadline}: {}{more}",
-                counts.targets - counts.succeeded - counts.failed,
+                late.len(),
                 counts.targets,
                 late[..named].join(", "),
             ),
@@ -381,6 +398,32 @@ mod tests {
             Some("DeadlineExceeded"),
         );
         check(&[("a", false, Succeeded)], 150, &[], &[], Some("Complete"));
+        // A device that never took its job (its intent expired) or whose
+        // success came after the deadline: DeadlineExceeded, even once every
+        // target is decided (issue 33 item 5); a real failure still says
+        // TargetsFailed.
+        let late = || Late("the intent expired before the device took it".into());
+        check(
+            &[("a", false, Succeeded), ("b", false, late())],
+            150,
+            &[],
+            &[],
+            Some("DeadlineExceeded"),
+        );
+        check(
+            &[("a", true, late()), ("b", false, Unreleased)],
+            150,
+            &[],
+            &[],
+            Some("DeadlineExceeded"),
+        );
+        check(
+            &[("a", false, f()), ("b", false, late())],
+            150,
+            &[],
+            &[],
+            Some("TargetsFailed"),
+        );
         // Revocation before release fails the run; nothing is substituted.
         check(
             &[("a", false, Unreleased), ("b", false, Unreleased)],
@@ -430,5 +473,33 @@ mod tests {
                 failed: 1
             }
         );
+    }
+
+    #[test]
+    fn a_device_that_never_took_its_job_is_named_as_late() {
+        let view = |name: &str, outcome| TargetView {
+            device: DeviceId::new(name).expect("id"),
+            canary: false,
+            outcome,
+        };
+        let targets = [
+            view("a", Succeeded),
+            view(
+                "b",
+                Late("the intent expired before the device took it".into()),
+            ),
+        ];
+        let decision = decide(&targets, t(150), t(100), &|_| false);
+        assert_eq!(
+            decision.finish,
+            Some(Finish::Failed {
+                reason: "DeadlineExceeded",
+                message: format!(
+                    "1 of 2 targets had not finished by the deadline {}: b",
+                    t(100)
+                ),
+            })
+        );
+        assert_eq!((decision.counts.succeeded, decision.counts.failed), (1, 1));
     }
 }

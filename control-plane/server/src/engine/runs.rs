@@ -381,6 +381,9 @@ pub(super) enum Seen {
         at: Timestamp,
     },
     Failed(String),
+    /// Never taken in time: the intent expired before the device took it,
+    /// or the device reported it expired.
+    Expired(String),
 }
 
 pub(super) fn seen_of(job: Option<JobDelivery>) -> Seen {
@@ -388,7 +391,7 @@ pub(super) fn seen_of(job: Option<JobDelivery>) -> Seen {
         return Seen::Unreleased;
     };
     if matches!(job.delivery, Delivery::Expired { .. }) && job.status.is_none() {
-        return Seen::Failed("the intent expired before the device took it".into());
+        return Seen::Expired("the intent expired before the device took it".into());
     }
     let pending = Seen::Pending {
         cancel: job.cancel_requested_at.is_some(),
@@ -405,13 +408,16 @@ pub(super) fn seen_of(job: Option<JobDelivery>) -> Seen {
                 at: job.terminal_received_at.unwrap_or(device_time),
             },
         },
-        JobState::Failed | JobState::Expired | JobState::Rejected | JobState::Canceled => {
-            Seen::Failed(
-                status
-                    .error
-                    .unwrap_or_else(|| format!("{:?}", status.state)),
-            )
-        }
+        JobState::Expired => Seen::Expired(
+            status
+                .error
+                .unwrap_or_else(|| "the intent expired before the device started it".into()),
+        ),
+        JobState::Failed | JobState::Rejected | JobState::Canceled => Seen::Failed(
+            status
+                .error
+                .unwrap_or_else(|| format!("{:?}", status.state)),
+        ),
         JobState::Accepted | JobState::Waiting | JobState::Running | JobState::AwaitingReboot => {
             pending
         }
@@ -423,10 +429,11 @@ pub(super) fn judged(seen: &Seen, deadline: Timestamp) -> Outcome {
         Seen::Unreleased => Outcome::Unreleased,
         Seen::Pending { .. } => Outcome::Pending,
         Seen::Succeeded { at } if *at <= deadline => Outcome::Succeeded,
-        Seen::Succeeded { at } => Outcome::Failed(format!(
+        Seen::Succeeded { at } => Outcome::Late(format!(
             "the result reached the control plane at {at}, after the deadline {deadline}"
         )),
         Seen::Failed(error) => Outcome::Failed(error.clone()),
+        Seen::Expired(error) => Outcome::Late(error.clone()),
     }
 }
 
@@ -438,7 +445,7 @@ pub(super) fn judge(view: &RunView, deadline: Timestamp) -> (Vec<TargetView>, Op
     let mut latest_error = None;
     for (target, seen) in view.plan.iter().zip(&view.outcomes) {
         let outcome = judged(seen, deadline);
-        if let Outcome::Failed(error) = &outcome {
+        if let Outcome::Failed(error) | Outcome::Late(error) = &outcome {
             latest_error = Some(bounded(
                 format!("{}: {error}", target.device),
                 MAX_ERROR_BYTES,
