@@ -452,10 +452,9 @@ async fn with_the_default_daily_period_an_assessment_follows_an_upgrade_within_s
         "mode = \"simulate\"\nmin_free_mib = 10",
         "[assessment]\nevery_minutes = 1440\n",
     );
+    // The schedule's first assessment waits for this device's offset (up to
+    // three hours); the upgrade's end makes one due at once.
     cp.wait_for_agents(&["daily-assess-1"]).await;
-    // Let the schedule's first look pass (its first assessment waits for
-    // this device's offset, up to three hours).
-    tokio::time::sleep(Duration::from_secs(2)).await;
     upgrade_of_production(&cp, "daily-upgrade").await;
     eventually(
         Duration::from_secs(90),

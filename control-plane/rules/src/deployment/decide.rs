@@ -85,12 +85,10 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                     active += 1;
                 }
                 Some(since) if now >= since + timeout => {
-                    let error = format!(
-                        "timed out: still running {}s after it started (job timeout {}s + {}s)",
-                        now.duration_since(since).as_secs(),
-                        JOB_TIMEOUT_SECONDS,
-                        RUNNING_GRACE.as_secs()
-                    );
+                    let error = timed_out(&format!(
+                        "still running {}s after it started",
+                        now.duration_since(since).as_secs()
+                    ));
                     let next = changed.insert(record.clone());
                     fail(next, now, error);
                     decision.latest_error = latest_error(next);
@@ -108,13 +106,10 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
                         .is_some_and(|since| now >= since + timeout) =>
             {
                 let since = target.waiting_since.unwrap_or(now);
-                let error = format!(
-                    "timed out: acknowledged by the device and not started {}s after it could have \
-                     (job timeout {}s + {}s)",
-                    now.duration_since(since).as_secs(),
-                    JOB_TIMEOUT_SECONDS,
-                    RUNNING_GRACE.as_secs()
-                );
+                let error = timed_out(&format!(
+                    "acknowledged by the device and not started {}s after it could have",
+                    now.duration_since(since).as_secs()
+                ));
                 let next = changed.insert(record.clone());
                 fail(next, now, error);
                 decision.latest_error = latest_error(next);
@@ -242,4 +237,12 @@ fn latest_error(target: &TargetRecord) -> Option<String> {
         .last_error
         .as_ref()
         .map(|e| bounded(format!("{}: {e}", target.device), MAX_ERROR_BYTES))
+}
+
+/// A timed-out attempt's error: what it was doing, and the limit.
+fn timed_out(doing: &str) -> String {
+    format!(
+        "timed out: {doing} (job timeout {JOB_TIMEOUT_SECONDS}s + {}s)",
+        RUNNING_GRACE.as_secs()
+    )
 }
