@@ -59,29 +59,93 @@ case "$pool" in
   pool/updates/*) suite=bookworm-security ;;
   *) suite=$(. /etc/os-release && echo "$VERSION_CODENAME") ;;
 esac
-curl -fsSL "$uri/dists/$suite/InRelease" -o InRelease
-gpgv --keyring /usr/share/keyrings/debian-archive-keyring.gpg InRelease 2>/dev/null \
-    || { echo "InRelease of $suite does not verify" >&2; exit 1; }
+# A verified index entry for libstd-rust-web-dev $version of ARCH: each
+# suite that may list it (the one apt named first, then the others of the
+# same release), each compressed form of its index, each checked against
+# that suite's InRelease verified with gpgv, fetched by its hash where the
+# archive keeps indexes by hash (Debian's does). Seen here: a mirror
+# mid-sync serving an armhf index that does not match its InRelease; the
+# by-hash copy, another suite, another form of the index, or the same one a
+# minute later does.
+codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+suites="$suite"
+for other in "$codename-security" "$codename" "$codename-updates" "$codename-proposed-updates"; do
+    [ "$other" = "$suite" ] || suites="$suites $other"
+done
+# The archives' base URIs: the one serving this version, and the main and
+# security archives the apt sources name.
+bases=$( (echo "$uri"
+    sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+    awk '/^deb / && $2 ~ /^http/ {print $2}' /etc/apt/sources.list 2>/dev/null || true) | sed 's#/*$##' | awk 'NF && !seen[$0]++')
+verified_entry() { # arch: writes the package's index entry to entry-ARCH and its archive to base-ARCH
+    local arch=$1 try candidate base s compressed expected
+    for try in 1 2 3; do
+        for s in $suites; do
+            for base in $bases; do
+                case "$s" in
+                *-security) [[ "$base" == *security* ]] || continue ;;
+                *) [[ "$base" == *security* ]] && continue ;;
+                esac
+                curl -fsSL "$base/dists/$s/InRelease" -o "InRelease-$s" 2>/dev/null || continue
+                gpgv --keyring /usr/share/keyrings/debian-archive-keyring.gpg "InRelease-$s" 2>/dev/null || {
+                    echo "WARNING: InRelease of $s from $base does not verify" >&2
+                    continue
+                }
+                for compressed in xz gz; do
+                    candidate=main/binary-$arch/Packages.$compressed
+                    expected=$(awk -v f="$candidate" '/^SHA256:/{x=1;next} /^[A-Za-z]/{x=0} x && $3==f {print $1}' "InRelease-$s")
+                    [ -n "$expected" ] || continue
+                    # By hash first (what apt does where the archive offers
+                    # it: a file named by its checksum cannot be the stale
+                    # one a mirror mid-sync serves), then by name.
+                    local got=no url
+                    for url in "$base/dists/$s/main/binary-$arch/by-hash/SHA256/$expected" "$base/dists/$s/$candidate"; do
+                        curl -fsSL "$url" -o "Packages-$arch.$compressed" 2>/dev/null || continue
+                        if echo "$expected  Packages-$arch.$compressed" | sha256sum -c --quiet >/dev/null 2>&1; then
+                            got=yes
+                            break
+                        fi
+                        echo "WARNING: $url does not match $s's signed InRelease (mirror mid-sync?)" >&2
+                    done
+                    [ "$got" = yes ] || continue
+                    local entry
+                    entry=$( (if [ "$compressed" = xz ]; then xz -dc; else gzip -dc; fi) <"Packages-$arch.$compressed" |
+                        awk -v v="$version" 'BEGIN{RS=""} index($0, "Package: libstd-rust-web-dev\n") == 1 && index($0, "\nVersion: " v "\n")')
+                    if [ -n "$entry" ]; then
+                        echo "$arch: libstd-rust-web-dev $version listed in $url, verified against $s's InRelease"
+                        echo "$entry" >"entry-$arch"
+                        echo "$base" >"base-$arch"
+                        return 0
+                    fi
+                done
+            done
+        done
+        [ "$try" = 3 ] || { echo "WARNING: no verified $arch index lists libstd-rust-web-dev $version; trying again in 60 s" >&2; sleep 60; }
+    done
+    return 1
+}
 for arch in arm64 armhf; do
-    index=main/binary-$arch/Packages.xz
-    expected=$(awk -v f="$index" '/^SHA256:/{s=1;next} /^[A-Za-z]/{s=0} s && $3==f {print $1}' InRelease)
-    curl -fsSL "$uri/dists/$suite/$index" -o "Packages-$arch.xz"
-    if ! echo "$expected  Packages-$arch.xz" | sha256sum -c --quiet; then
-        # Seen here: the mirror serving a stale armhf index mid-sync. Without a
-        # verified index there is no trusted checksum for the package: skip the
-        # architecture (build.sh then says it is missing) unless told otherwise.
+    if verified_entry "$arch"; then
+        entry=$(cat "entry-$arch")
+        base=$(cat "base-$arch")
+    else
+        # Without a verified index there is no trusted checksum for the
+        # package: skip the architecture (build.sh then says it is missing)
+        # unless told otherwise.
         if [ "${DROVER_CROSS_UNVERIFIED_INDEX:-}" != 1 ]; then
-            echo "WARNING: the $arch index does not match the signed InRelease (mirror mid-sync?);" \
+            echo "WARNING: no index of $arch that matches a signed InRelease lists libstd-rust-web-dev $version;" \
                  "skipping $arch (set DROVER_CROSS_UNVERIFIED_INDEX=1 to trust the index's own checksum)" >&2
             continue
         fi
         echo "WARNING: using the unverified $arch index" >&2
+        base=$uri
+        curl -fsSL "$uri/dists/$suite/main/binary-$arch/Packages.xz" -o "Packages-$arch.xz"
+        entry=$(xz -dc "Packages-$arch.xz" | awk -v v="$version" 'BEGIN{RS=""} index($0, "Package: libstd-rust-web-dev\n") == 1 && index($0, "\nVersion: " v "\n")')
     fi
-    entry=$(xz -dc "Packages-$arch.xz" | awk -v v="$version" 'BEGIN{RS=""} index($0, "Package: libstd-rust-web-dev\n") == 1 && index($0, "\nVersion: " v "\n")')
     file=$(echo "$entry" | sed -n 's/^Filename: //p')
     sha=$(echo "$entry" | sed -n 's/^SHA256: //p')
     [ -n "$file" ] || { echo "libstd-rust-web-dev $version missing for $arch" >&2; exit 1; }
-    curl -fsSL "$uri/$file" -o "libstd-rust-web-dev_$arch.deb"
+    curl -fsSL "$base/$file" -o "libstd-rust-web-dev_$arch.deb"
     echo "$sha  libstd-rust-web-dev_$arch.deb" | sha256sum -c --quiet
 done
 
