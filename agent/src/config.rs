@@ -25,6 +25,11 @@ pub struct Config {
     #[cfg(feature = "testing")]
     #[serde(default = "default_boot_id_path")]
     pub boot_id_path: PathBuf,
+    /// Test hook: where the running kernel's release is read, so a test can
+    /// play a Raspberry Pi's kernel.
+    #[cfg(feature = "testing")]
+    #[serde(default = "default_kernel_release_path")]
+    pub kernel_release_path: PathBuf,
     /// The control plane's Ed25519 public keys (hex), one or two (two while a
     /// key is rolled over): a fleet intent must be signed by one of them.
     /// `drover intent-key` prints the current one.
@@ -54,7 +59,7 @@ pub enum StoreKind {
 
 /// Keys only an agent built with its `testing` feature accepts; a release
 /// agent (the .deb) refuses them by name.
-const TEST_HOOK_KEYS: &[&str] = &["testing", "boot_id_path"];
+const TEST_HOOK_KEYS: &[&str] = &["testing", "boot_id_path", "kernel_release_path"];
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -252,6 +257,11 @@ pub struct Updater {
     pub root: Option<PathBuf>,
     #[serde(default = "default_min_free_mib")]
     pub min_free_mib: u64,
+    /// Free space an upgrade needs on /boot and /boot/firmware where each
+    /// is a filesystem of its own (a kernel and its initramfs are written
+    /// there).
+    #[serde(default = "default_min_free_boot_mib")]
+    pub min_free_boot_mib: u64,
     /// CA certificates trusted for package downloads (`https://` links from
     /// the control plane). Default: the WebSocket transport's `ca_file`, or
     /// the system bundle.
@@ -340,6 +350,10 @@ fn default_status_group() -> String {
 fn default_boot_id_path() -> PathBuf {
     PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH)
 }
+#[cfg(feature = "testing")]
+fn default_kernel_release_path() -> PathBuf {
+    PathBuf::from(updater_apt::kernel::RELEASE_PATH)
+}
 fn default_ca_file() -> PathBuf {
     PathBuf::from(transport_websocket::tls::SYSTEM_CA_BUNDLE)
 }
@@ -351,6 +365,11 @@ fn default_backoff_max() -> u64 {
 }
 fn default_min_free_mib() -> u64 {
     300
+}
+/// Room for one kernel and its initramfs beside the old ones (a Raspberry
+/// Pi OS 64-bit image writes two flavours' of each to /boot/firmware).
+fn default_min_free_boot_mib() -> u64 {
+    64
 }
 fn default_max_resumes() -> u32 {
     5
@@ -393,6 +412,12 @@ impl Config {
         bounded(
             "updater.min_free_mib",
             config.updater.min_free_mib,
+            0,
+            1_000_000,
+        )?;
+        bounded(
+            "updater.min_free_boot_mib",
+            config.updater.min_free_boot_mib,
             0,
             1_000_000,
         )?;

@@ -408,6 +408,11 @@ async fn run(config_path: &Path) -> Result<()> {
         },
         root: config.updater.root.clone(),
         min_free_bytes: config.updater.min_free_mib * 1024 * 1024,
+        min_free_boot_bytes: config.updater.min_free_boot_mib * 1024 * 1024,
+        #[cfg(feature = "testing")]
+        kernel_release_path: config.kernel_release_path.clone(),
+        #[cfg(not(feature = "testing"))]
+        kernel_release_path: std::path::PathBuf::from(updater_apt::kernel::RELEASE_PATH),
         calls_dir: config.state_dir.join("calls"),
         launcher: Launcher::detect(),
     };

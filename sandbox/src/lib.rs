@@ -94,6 +94,8 @@ pub struct Pkg {
     pub files: Vec<(String, String)>,
     /// Which of `files` are conffiles.
     pub conffiles: Vec<String>,
+    /// The control file's Depends field, if any.
+    pub depends: Option<String>,
 }
 
 impl Pkg {
@@ -119,6 +121,17 @@ impl Pkg {
         self
     }
 
+    /// Ships a file (an absolute path inside the root).
+    pub fn file(mut self, path: &str, content: &str) -> Self {
+        self.files.push((path.to_owned(), content.to_owned()));
+        self
+    }
+
+    pub fn depends(mut self, depends: &str) -> Self {
+        self.depends = Some(depends.to_owned());
+        self
+    }
+
     pub fn conffile(mut self, path: &str, content: &str) -> Self {
         self.files.push((path.to_owned(), content.to_owned()));
         self.conffiles.push(path.to_owned());
@@ -131,11 +144,16 @@ impl Pkg {
         let _ = std::fs::remove_dir_all(&tree);
         let debian = tree.join("DEBIAN");
         std::fs::create_dir_all(&debian).expect("DEBIAN");
+        let depends = self
+            .depends
+            .as_ref()
+            .map(|d| format!("Depends: {d}\n"))
+            .unwrap_or_default();
         std::fs::write(
             debian.join("control"),
             format!(
                 "Package: {}\nVersion: {}\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\n\
-                 Priority: optional\nSection: misc\nDescription: Drover test package\n",
+                 Priority: optional\nSection: misc\n{depends}Description: Drover test package\n",
                 self.name, self.version
             ),
         )

@@ -17,6 +17,9 @@ const APT_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A sandbox, an agent in upgrade mode pointed at it, and a scripted server.
 struct Rig {
+    /// Filesystems mounted inside the sandbox: unmounted first (fields
+    /// drop in order), before the sandbox's directory is removed.
+    _mounts: Vec<Mounted>,
     sandbox: Sandbox,
     listener: TcpListener,
     agent: AgentProcess,
@@ -31,7 +34,20 @@ impl Rig {
 
     /// `testing` is appended to the agent's config (a `[testing]` table).
     async fn start_with(installed: &[Pkg], min_free_mib: u64, testing: &str) -> Self {
-        let sandbox = Sandbox::new();
+        let updater = format!("min_free_mib = {min_free_mib}");
+        Self::start_in(Sandbox::new(), Vec::new(), installed, "", &updater, testing).await
+    }
+
+    /// The same in a sandbox the test prepared (with `mounts` inside it);
+    /// `top` and `updater` add keys to the agent's config.
+    async fn start_in(
+        sandbox: Sandbox,
+        mounts: Vec<Mounted>,
+        installed: &[Pkg],
+        top: &str,
+        updater: &str,
+        testing: &str,
+    ) -> Self {
         sandbox.publish(installed);
         let names: Vec<&str> = installed.iter().map(|p| p.name.as_str()).collect();
         sandbox.install(&names);
@@ -45,17 +61,18 @@ impl Rig {
             &url,
             "token",
             &format!(
-                "boot_id_path = {}",
+                "boot_id_path = {}\n{top}",
                 toml_string(&boot_id.display().to_string())
             ),
             &format!(
-                "mode = \"upgrade\"\nroot = {}\nmin_free_mib = {min_free_mib}",
+                "mode = \"upgrade\"\nroot = {}\n{updater}",
                 toml_string(&sandbox.root.display().to_string())
             ),
             testing,
         );
         let server = Script::accept(&listener, DEVICE).await;
         Self {
+            _mounts: mounts,
             sandbox,
             listener,
             agent,
@@ -909,5 +926,161 @@ async fn what_an_upgrade_did_reads_alike_in_describe_taskrun_and_describe_device
     assert!(
         device_text.contains("upgraded  drover-fake-base 1.0 → 2.0"),
         "{device_text}"
+    );
+}
+
+/// A small ext4 filesystem loop-mounted at a directory (a Raspberry Pi's
+/// /boot/firmware partition, say); unmounted when dropped.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn new(image: &Path, at: &Path, mib: u32) -> Self {
+        let make = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(image)
+            .arg(format!("{mib}M"))
+            .output()
+            .expect("mkfs.ext4");
+        assert!(make.status.success(), "mkfs.ext4: {make:?}");
+        std::fs::create_dir_all(at).expect("mount point");
+        let mount = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(at)
+            .output()
+            .expect("mount");
+        assert!(mount.status.success(), "mount -o loop: {mount:?}");
+        Self(at.to_owned())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A Raspberry Pi OS kernel: `linux-image-RELEASE` ships its modules and
+/// `/boot/vmlinuz-RELEASE`, and its postinst copies the image to the
+/// firmware partition under the name the Pi's firmware boots (what
+/// raspi-firmware's kernel hook does); `linux-image-rpi-FLAVOUR` (epoch 1,
+/// as the archive's) depends on it.
+fn pi_kernel(flavour: &str, upstream: &str, image: &str) -> [Pkg; 2] {
+    let release = format!("{upstream}+rpt-rpi-{flavour}");
+    let kernel = Pkg::new(
+        &format!("linux-image-{release}"),
+        &format!("1:{upstream}-1+rpt1"),
+    )
+    .file(&format!("/lib/modules/{release}/modules.dep"), "")
+    .file(&format!("/boot/vmlinuz-{release}"), &"k".repeat(256 * 1024))
+    .postinst(&format!(
+        "cp /boot/vmlinuz-{release} /boot/firmware/{image}.new\nmv /boot/firmware/{image}.new /boot/firmware/{image}"
+    ));
+    let meta = Pkg::new(
+        &format!("linux-image-rpi-{flavour}"),
+        &format!("1:{upstream}-1+rpt1"),
+    )
+    .depends(&format!("linux-image-{release}"));
+    [kernel, meta]
+}
+
+/// Issue 32, 3: Raspberry Pi OS's kernels under real apt and dpkg, with
+/// /boot/firmware a filesystem of its own. A Pi 4 (64-bit image, running
+/// rpi-v8; the Pi 5's rpi-2712 installed beside it): a full firmware
+/// partition stops the upgrade before apt runs; a new rpi-2712 kernel does
+/// not reboot it; a new rpi-v8 kernel does, with no reboot-required file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raspberry_pi_kernels_reboot_for_the_running_flavour_and_a_full_firmware_partition_stops_first()
+ {
+    let sandbox = Sandbox::new();
+    let firmware = Mounted::new(
+        &sandbox.dir.path().join("firmware.img"),
+        &sandbox.path("/boot/firmware"),
+        24,
+    );
+    let release = sandbox.dir.path().join("osrelease");
+    std::fs::write(&release, "6.6.51+rpt-rpi-v8\n").expect("osrelease");
+    let [v8, v8_meta] = pi_kernel("v8", "6.6.51", "kernel8.img");
+    let [pi5, pi5_meta] = pi_kernel("2712", "6.6.51", "kernel_2712.img");
+    let mut rig = Rig::start_in(
+        sandbox,
+        vec![firmware],
+        &[v8, v8_meta, pi5, pi5_meta],
+        &format!(
+            "kernel_release_path = {}",
+            toml_string(&release.display().to_string())
+        ),
+        "min_free_mib = 10\nmin_free_boot_mib = 64",
+        "",
+    )
+    .await;
+    assert!(
+        rig.sandbox.path("/boot/firmware/kernel8.img").exists(),
+        "the kernels' images are on the firmware partition"
+    );
+
+    // 1. A firmware partition of 24 MiB, 64 MiB asked for: preflight says so.
+    rig.sandbox
+        .publish(&pi_kernel("2712", "6.6.62", "kernel_2712.img"));
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    let error = status["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("not enough free space on")
+            && error.contains("/boot/firmware")
+            && error.contains("min_free_boot_mib"),
+        "{error}"
+    );
+    assert_eq!(rig.full_upgrade_runs(), 0);
+
+    // 2. Room enough: the Pi 5's kernel is upgraded; this Pi 4 does not reboot.
+    let config = std::fs::read_to_string(&rig.agent.config).expect("config");
+    std::fs::write(
+        &rig.agent.config,
+        config.replace("min_free_boot_mib = 64", "min_free_boot_mib = 4"),
+    )
+    .expect("config");
+    rig.restart_agent().await;
+    let job = rig.upgrade(3600).await;
+    let status = rig.result(&job).await;
+    assert_eq!(
+        status["state"],
+        "Succeeded",
+        "{status:#}\n{}",
+        rig.agent.log()
+    );
+    assert_eq!(
+        status["output"]["upgrade"]["rebootRequired"], false,
+        "{status:#}"
+    );
+    assert!(
+        rig.sandbox
+            .path("/lib/modules/6.6.62+rpt-rpi-2712/modules.dep")
+            .exists()
+    );
+    assert!(!rig.sandbox.path("/run/drover-reboot-requested").exists());
+    assert_eq!(
+        std::fs::read(rig.sandbox.path("/boot/firmware/kernel_2712.img")).ok(),
+        std::fs::read(rig.sandbox.path("/boot/vmlinuz-6.6.62+rpt-rpi-2712")).ok(),
+        "the new kernel is on the firmware partition"
+    );
+
+    // 3. A new kernel of the running flavour, and no /run/reboot-required
+    // (Raspberry Pi OS often writes none): the agent reboots.
+    rig.sandbox
+        .publish(&pi_kernel("v8", "6.6.62", "kernel8.img"));
+    let job = rig.upgrade(3600).await;
+    rig.server
+        .state_of(&job, "AwaitingReboot", APT_TIMEOUT)
+        .await;
+    rig.wait_for_file("/run/drover-reboot-requested").await;
+    assert!(!rig.sandbox.path("/run/reboot-required").exists());
+    assert!(
+        rig.agent
+            .log()
+            .contains("kernel 6.6.62+rpt-rpi-v8 is installed, 6.6.51+rpt-rpi-v8 is running"),
+        "{}",
+        rig.agent.log()
     );
 }

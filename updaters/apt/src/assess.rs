@@ -68,7 +68,7 @@ impl PatchAssessor {
             Err(e) => return StepOutcome::Fail(e.to_string()),
         };
         let root = settings.system_root();
-        let running = kernel::running_release();
+        let running = kernel::running_release(&settings.kernel_release_path);
         let assessment = PatchAssessment {
             upgradable: simulated.upgradable,
             security: simulated.security,

@@ -96,9 +96,12 @@ pub fn reboot_needed(root: &Path, running_release: &str) -> Option<String> {
     ))
 }
 
-/// The running kernel's release.
-pub fn running_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+/// Where Linux says the running kernel's release.
+pub const RELEASE_PATH: &str = "/proc/sys/kernel/osrelease";
+
+/// The running kernel's release, read from `path` (normally [`RELEASE_PATH`]).
+pub fn running_release(path: &Path) -> String {
+    std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
 }

@@ -44,6 +44,14 @@ pub struct AptSettings {
     pub root: Option<PathBuf>,
     /// Free bytes required on / and /var before an upgrade starts.
     pub min_free_bytes: u64,
+    /// Free bytes required on /boot and /boot/firmware, each where it is a
+    /// filesystem of its own (Raspberry Pi OS's FAT firmware partition, a
+    /// separate /boot on Debian), before an upgrade starts: a kernel
+    /// package writes its kernel and initramfs there.
+    pub min_free_boot_bytes: u64,
+    /// Where the running kernel's release is read
+    /// (`/proc/sys/kernel/osrelease`; a test points it at a file).
+    pub kernel_release_path: PathBuf,
     /// Where detached apt and dpkg calls keep their state.
     pub calls_dir: PathBuf,
     pub launcher: Launcher,

@@ -11,6 +11,7 @@ use crate::{AptSettings, Mode, apt_available, dpkg, kernel};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
 use agent_core::model::{JobOutput, PackageChange, UpgradeOutput};
 use jiff::Timestamp;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -158,8 +159,40 @@ impl SystemUpgrade {
         Ok(())
     }
 
+    /// Where a kernel package writes (/boot, and Raspberry Pi OS's
+    /// /boot/firmware), each checked where it is a filesystem of its own:
+    /// a full FAT firmware partition fails a kernel's postinst halfway,
+    /// with dpkg left to repair, so it is refused before apt runs.
+    fn boot_space(&self) -> Result<(), String> {
+        let root = self.settings.system_root();
+        let root_device = std::fs::metadata(&root).map(|m| m.dev()).ok();
+        for dir in ["boot", "boot/firmware"] {
+            let path = root.join(dir);
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if Some(meta.dev()) == root_device {
+                continue; // the root's own free space was checked
+            }
+            match free_bytes(&path) {
+                Some(free) if free < self.settings.min_free_boot_bytes => {
+                    return Err(format!(
+                        "not enough free space on {}: {} MiB free, {} MiB required \
+                         (updater.min_free_boot_mib)",
+                        path.display(),
+                        free / (1024 * 1024),
+                        self.settings.min_free_boot_bytes / (1024 * 1024)
+                    ));
+                }
+                Some(_) => {}
+                None => return Err(format!("cannot read free space of {}", path.display())),
+            }
+        }
+        Ok(())
+    }
+
     async fn preflight(&self, ctx: &StepContext<'_>) -> StepOutcome {
-        if let Err(problem) = self.ready() {
+        if let Err(problem) = self.ready().and_then(|()| self.boot_space()) {
             return StepOutcome::Fail(problem);
         }
         match self.settings.mode {
@@ -387,8 +420,10 @@ impl SystemUpgrade {
     }
 
     fn reboot_step(&self, output: &mut Option<JobOutput>) -> StepOutcome {
-        let reason =
-            kernel::reboot_needed(&self.settings.system_root(), &kernel::running_release());
+        let reason = kernel::reboot_needed(
+            &self.settings.system_root(),
+            &kernel::running_release(&self.settings.kernel_release_path),
+        );
         let mut report = match output.take() {
             Some(JobOutput::Upgrade(report)) => report,
             _ => UpgradeOutput {

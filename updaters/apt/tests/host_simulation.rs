@@ -32,6 +32,8 @@ fn settings() -> AptSettings {
         mode: Mode::Simulate,
         root: None,
         min_free_bytes: 1,
+        min_free_boot_bytes: 1,
+        kernel_release_path: updater_apt::kernel::RELEASE_PATH.into(),
         calls_dir: std::env::temp_dir().join("drover-test-calls"),
         launcher: updater_apt::Launcher::Setsid,
     }
