@@ -142,19 +142,11 @@ impl SystemUpgrade {
         }
         let root = self.settings.system_root();
         for dir in ["", "var"] {
-            let path = root.join(dir);
-            match free_bytes(&path) {
-                Some(free) if free < self.settings.min_free_bytes => {
-                    return Err(format!(
-                        "not enough free space on {}: {} MiB free, {} MiB required",
-                        path.display(),
-                        free / (1024 * 1024),
-                        self.settings.min_free_bytes / (1024 * 1024)
-                    ));
-                }
-                Some(_) => {}
-                None => return Err(format!("cannot read free space of {}", path.display())),
-            }
+            enough_space(
+                &root.join(dir),
+                self.settings.min_free_bytes,
+                "updater.min_free_mib",
+            )?;
         }
         Ok(())
     }
@@ -174,19 +166,11 @@ impl SystemUpgrade {
             if Some(meta.dev()) == root_device {
                 continue; // the root's own free space was checked
             }
-            match free_bytes(&path) {
-                Some(free) if free < self.settings.min_free_boot_bytes => {
-                    return Err(format!(
-                        "not enough free space on {}: {} MiB free, {} MiB required \
-                         (updater.min_free_boot_mib)",
-                        path.display(),
-                        free / (1024 * 1024),
-                        self.settings.min_free_boot_bytes / (1024 * 1024)
-                    ));
-                }
-                Some(_) => {}
-                None => return Err(format!("cannot read free space of {}", path.display())),
-            }
+            enough_space(
+                &path,
+                self.settings.min_free_boot_bytes,
+                "updater.min_free_boot_mib",
+            )?;
         }
         Ok(())
     }
@@ -479,6 +463,21 @@ pub(crate) fn simulation_argv(settings: &AptSettings) -> Vec<String> {
             "full-upgrade",
         ],
     )
+}
+
+/// Whether the filesystem holding `path` has `required` bytes free; the
+/// error names the place, both figures and the `setting` that asks.
+fn enough_space(path: &Path, required: u64, setting: &str) -> Result<(), String> {
+    match free_bytes(path) {
+        Some(free) if free < required => Err(format!(
+            "not enough free space on {}: {} MiB free, {} MiB required ({setting})",
+            path.display(),
+            free / (1024 * 1024),
+            required / (1024 * 1024)
+        )),
+        Some(_) => Ok(()),
+        None => Err(format!("cannot read free space of {}", path.display())),
+    }
 }
 
 /// Free bytes on the filesystem holding `path`, via the longest mount prefix.
