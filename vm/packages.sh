@@ -11,9 +11,18 @@
 #   repo4  drover-slow 3.0, held like 2.0 until /run/drover-go-3.0
 #   repo5  drover-loop 2.0: its postinst kills the agent and its own call,
 #          every time it runs
+#   repo6  with the image's KERNEL_RELEASE (vm/image.sh's kernel.release):
+#          linux-image-NEXT, a kernel of the same flavour one ABI newer
+#          (its module tree and /boot/vmlinuz-NEXT, a stand-in: the VM
+#          boots the image's kernel directly, so it never runs), pulled in
+#          as Debian's are, by a newer linux-image-FLAVOUR (epoch 1, so it
+#          is newer than the image's), and no /run/reboot-required: the
+#          agent's kernel rule alone asks for the reboot; NEXT is in
+#          OUT/next-kernel.release
 set -euo pipefail
-out=${1:?usage: vm/packages.sh OUT AGENT_DEB}
-agent=${2:?usage: vm/packages.sh OUT AGENT_DEB}
+out=${1:?usage: vm/packages.sh OUT AGENT_DEB [KERNEL_RELEASE]}
+agent=${2:?usage: vm/packages.sh OUT AGENT_DEB [KERNEL_RELEASE]}
+kernel_release=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -39,7 +48,7 @@ hold() { # version: the preinst body that holds dpkg mid-unpack, once
 if [ "\$1" = upgrade ] && [ ! -e /var/lib/drover-held-$1 ]; then
     touch /var/lib/drover-held-$1
     sync
-    echo "DROVER-VM: dpkg is held in drover-slow $1's preinst" >/dev/ttyS0 2>/dev/null || true
+    echo "DROVER-VM: dpkg is held in drover-slow $1's preinst" >/dev/console 2>/dev/null || true
     i=0
     while [ ! -e /run/drover-go-$1 ] && [ \$i -lt 300 ]; do sleep 1; i=\$((i + 1)); done
 fi
@@ -54,7 +63,7 @@ package drover-reboot 2.0 repo3 "" 'touch /run/reboot-required
 echo drover-reboot >>/run/reboot-required.pkgs'
 package drover-loop 1.0 repo1
 package drover-loop 2.0 repo5 "" 'if [ "$1" = configure ]; then
-    echo "DROVER-VM: drover-loop postinst: killing the agent and this call" >/dev/ttyS0 2>/dev/null || true
+    echo "DROVER-VM: drover-loop postinst: killing the agent and this call" >/dev/console 2>/dev/null || true
     echo x >>/var/lib/drover-loop-runs
     sync
     systemctl kill --signal=KILL drover-agent.service
@@ -75,7 +84,29 @@ if [ -f "$work/agent/DEBIAN/md5sums" ]; then
 fi
 sha256sum "$work/agent/usr/bin/drover-agent" | cut -d' ' -f1 >"$out/next-agent.sha256"
 echo "$next" >"$out/next-agent.version"
-dpkg-deb --root-owner-group -Zxz --build "$work/agent" "$out/repo3/drover-agent_next_amd64.deb" >/dev/null
-for repo in repo1 repo2 repo3 repo4 repo5; do
+dpkg-deb --root-owner-group -Zxz --build "$work/agent" \
+    "$out/repo3/drover-agent_next_$(dpkg-deb -f "$agent" Architecture).deb" >/dev/null
+repos="repo1 repo2 repo3 repo4 repo5"
+if [ -n "$kernel_release" ]; then
+    # 6.1.0-50-arm64 -> 6.1.0-51-arm64: the same upstream and flavour.
+    abi=$(echo "$kernel_release" | cut -d- -f2)
+    next_kernel="${kernel_release%%-*}-$((abi + 1))-${kernel_release#*-*-}"
+    tree=$work/kernel
+    mkdir -p "$tree/DEBIAN" "$tree/lib/modules/$next_kernel" "$tree/boot" "$out/repo6"
+    : >"$tree/lib/modules/$next_kernel/modules.dep"
+    echo "drover VM stand-in for kernel $next_kernel" >"$tree/boot/vmlinuz-$next_kernel"
+    printf 'Package: linux-image-%s\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM stand-in kernel\n' \
+        "$next_kernel" "${kernel_release%%-*}-$((abi + 1))" >"$tree/DEBIAN/control"
+    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/repo6/linux-image-${next_kernel}_all.deb" >/dev/null
+    flavour=${kernel_release#*-*-}
+    meta=$work/kernel-meta
+    mkdir -p "$meta/DEBIAN"
+    printf 'Package: linux-image-%s\nVersion: 1:%s\nArchitecture: all\nDepends: linux-image-%s\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM stand-in kernel metapackage\n' \
+        "$flavour" "${kernel_release%%-*}-$((abi + 1))" "$next_kernel" >"$meta/DEBIAN/control"
+    dpkg-deb --root-owner-group -Zgzip --build "$meta" "$out/repo6/linux-image-${flavour}_all.deb" >/dev/null
+    echo "$next_kernel" >"$out/next-kernel.release"
+    repos="$repos repo6"
+fi
+for repo in $repos; do
     (cd "$out/$repo" && dpkg-scanpackages -m . 2>/dev/null >Packages)
 done

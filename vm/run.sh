@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Boots the VM image on a fresh overlay with a scenario disk and runs one
-# scenario (vm/scenarios/NAME.sh) to its end, across the reboots it asks
-# for and the power cuts the host makes. Usage:
+# Boots the VM image of the agent package's architecture (vm/image.sh) on a
+# fresh overlay with a scenario disk and runs one scenario
+# (vm/scenarios/NAME.sh) to its end, across the reboots it asks for and the
+# power cuts the host makes. Usage:
 #   vm/run.sh NAME AGENT_DEB [EXTRA_FILE...]
 # The scenario's lines reach the serial console as "DROVER-VM: ...". A line
 # "DROVER-VM: CUT-POWER" makes the host kill QEMU at once (a power cut) and
@@ -13,10 +14,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 name=${1:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
 deb=${2:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
 shift 2
-cache=$(bash "$here/image.sh")
+arch=$(dpkg-deb -f "$deb" Architecture)
+image=$(bash "$here/image.sh" "$arch")
 work=$(mktemp -d /var/tmp/drover-vm-run.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-qemu-img create -q -f qcow2 -b "$cache/disk.raw" -F raw "$work/disk.qcow2"
+qemu-img create -q -f qcow2 -b "$image/disk.raw" -F raw "$work/disk.qcow2"
 mkdir -p "$work/scenario"
 cp "$here/scenarios/$name.sh" "$work/scenario/run.sh"
 cp "$here/scenarios/common.sh" "$work/scenario/common.sh"
@@ -56,13 +58,11 @@ for boot in 1 2 3 4; do
     : >"$serial"
     handled=0 # HOST lines handled in this boot's console
     started=$(date +%s)
-    "$cache/qemu.sh" -accel tcg,thread=multi -cpu max -smp 2 -m 1024 \
-        -kernel "$cache/vmlinux" -initrd "$cache/initrd.img" \
-        -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.show_status=0" \
+    "$image/boot.sh" \
         -drive "file=$work/disk.qcow2,if=virtio,format=qcow2" \
         -drive "file=$work/scenario.img,if=virtio,format=raw,readonly=on" \
         "${nic[@]}" -nographic -serial "file:$serial" -monitor none -no-reboot &
-    qemu=$! # qemu.sh execs QEMU: this is QEMU itself
+    qemu=$! # boot.sh execs QEMU: this is QEMU itself
     cut=0
     while kill -0 "$qemu" 2>/dev/null; do
         [ "$hosted" = 1 ] && host_requests "$serial"

@@ -1,10 +1,16 @@
 # uses: control-plane
-# Scenario: a system upgrade job from the control plane on the host that
-# upgrades the agent's own package and a package that asks for a reboot.
-# dpkg replaces the running agent's binary without stopping it (A9), the
-# agent reboots the machine for real, and the job succeeds only under the
-# new boot id, once, no step run twice. The agent that runs afterwards is
-# the new binary and reports the new version to the control plane.
+# Scenario: two system upgrade jobs from the control plane on the host, each
+# ending in a real reboot by the agent.
+# Job 1 upgrades the agent's own package and a package that asks for a
+# reboot (/run/reboot-required). dpkg replaces the running agent's binary
+# without stopping it (A9), the agent reboots the machine, and the job
+# succeeds only under the new boot id, once, no step run twice. The agent
+# that runs afterwards is the new binary and reports the new version.
+# Job 2 installs a kernel of the running kernel's flavour, one ABI newer,
+# and nothing writes /run/reboot-required (as on Raspberry Pi OS): the
+# agent's kernel rule alone reboots the machine. The new kernel is a
+# stand-in the VM does not boot (vm/packages.sh): what is shown is the
+# rule's reading and the reboot, and that the job ends once after it.
 set -u
 . /mnt/scenario/common.sh
 boot=$1
@@ -21,7 +27,7 @@ if [ "$boot" = 1 ]; then
     drover-agent jobs
     echo DONE
     systemctl poweroff
-else
+elif [ "$boot" = 2 ]; then
     wait_job
     check "the job succeeded after the reboot" test "$state" = Succeeded
     check "it is one job" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 1
@@ -44,6 +50,42 @@ else
     wait_sent
     echo "HOST expect-version $next"
     echo "HOST expect-run self-upgrade"
+    # Job 2: a kernel of the running flavour. The journal is kept on disk
+    # from here, so the next boot reads why the agent rebooted.
+    mkdir -p /var/log/journal
+    systemd-tmpfiles --create --prefix /var/log/journal >/dev/null 2>&1 || true
+    journalctl --flush
+    cat /proc/sys/kernel/random/boot_id >/var/lib/drover-vm-boot2
+    echo "deb [trusted=yes] file:/mnt/scenario/repos/repo6 ./" >/etc/apt/sources.list
+    sync
+    echo "running kernel $(uname -r); offered linux-image-$(cat /mnt/scenario/repos/next-kernel.release)"
+    echo "HOST apply-run kernel"
+    # The job reboots the machine; if it ends or waits without, say so.
+    for _ in $(seq 1 500); do
+        jobs=$(drover-agent jobs 2>/dev/null | grep systemUpgradeV1 || true)
+        [ "$(echo "$jobs" | grep -c Succeeded)" -ge 2 ] && break
+        echo "$jobs" | grep -Eq "Failed|Expired|Rejected|Cancelled" && break
+        sleep 1
+    done
+    echo "FAIL the kernel job did not reboot the machine"
+    drover-agent jobs
+    echo DONE
+    systemctl poweroff
+else
+    wait_job 2
+    check "the kernel job succeeded after the reboot" test "$state" = Succeeded
+    check "two jobs, not more" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 2
+    check "the machine rebooted again" test "$(cat /proc/sys/kernel/random/boot_id)" != "$(cat /var/lib/drover-vm-boot2)"
+    kernel=$(cat /mnt/scenario/repos/next-kernel.release)
+    check "the kernel of the running flavour is installed" \
+        test "$(dpkg-query -W -f '${db:Status-Abbrev}' "linux-image-$kernel")" = "ii "
+    why=$(journalctl -b -1 -u drover-agent -o cat | grep "reboot needed" | tail -n1)
+    echo "the agent's reason: $why"
+    check "the kernel rule asked for the reboot, not a reboot-required file" \
+        sh -c "echo \"\$1\" | grep -q \"kernel \$2 is installed, \$3 is running\"" - "$why" "$kernel" "$(uname -r)"
+    check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
+    wait_sent
+    echo "HOST expect-run kernel"
     echo DONE
     systemctl poweroff
 fi
