@@ -215,18 +215,7 @@ impl PackageInstaller {
             }
         }
         if self.settings().mode == Mode::Simulate {
-            let argv = self.settings().argv(
-                "apt-get",
-                &[
-                    "-s",
-                    "-o",
-                    "Debug::NoLocking=1",
-                    "-o",
-                    "APT::Color=0",
-                    "install",
-                    &inside,
-                ],
-            );
+            let argv = crate::upgrade::simulate(self.settings(), &["install", &inside]);
             return match run_bounded(&argv, Duration::from_secs(600)).await {
                 Ok(out) if out.success() => {
                     *output = Some(JobOutput::Upgrade(UpgradeOutput {

@@ -452,17 +452,15 @@ fn add_repaired(
 /// apt's read-only simulation of a full upgrade (no lock taken, no colour):
 /// what simulate mode runs, and what a patch assessment reads.
 pub(crate) fn simulation_argv(settings: &AptSettings) -> Vec<String> {
-    settings.argv(
-        "apt-get",
-        &[
-            "-s",
-            "-o",
-            "Debug::NoLocking=1",
-            "-o",
-            "APT::Color=0",
-            "full-upgrade",
-        ],
-    )
+    simulate(settings, &["full-upgrade"])
+}
+
+/// apt-get simulating `action` (`-s`, no lock taken, no colour): what
+/// simulate mode runs for every apt job.
+pub(crate) fn simulate(settings: &AptSettings, action: &[&str]) -> Vec<String> {
+    let mut args = vec!["-s", "-o", "Debug::NoLocking=1", "-o", "APT::Color=0"];
+    args.extend_from_slice(action);
+    settings.argv("apt-get", &args)
 }
 
 /// Whether the filesystem holding `path` has `required` bytes free; the
