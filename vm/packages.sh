@@ -26,12 +26,18 @@ kernel_release=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-package() { # name version repo [preinst body] [postinst body]
-    local tree=$work/$1_$2
+# name version repo [preinst body] [postinst body] [depends] [files: one
+# absolute path a line, each shipped holding a line that says what it is]
+package() {
+    local tree=$work/$1_$2 file
     mkdir -p "$tree/DEBIAN" "$tree/usr/share/doc/$1" "$out/$3"
-    printf 'Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM test package\n' \
-        "$1" "$2" >"$tree/DEBIAN/control"
+    printf 'Package: %s\nVersion: %s\nArchitecture: all\n%bMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM test package\n' \
+        "$1" "$2" "${6:+Depends: $6\n}" >"$tree/DEBIAN/control"
     echo "$2" >"$tree/usr/share/doc/$1/version"
+    for file in ${7:-}; do
+        mkdir -p "$tree$(dirname "$file")"
+        echo "drover VM stand-in from $1 $2" >"$tree$file"
+    done
     local script
     for script in preinst postinst; do
         local body=${4:-}
@@ -40,7 +46,7 @@ package() { # name version repo [preinst body] [postinst body]
         printf '#!/bin/sh\nset -e\n%s\nexit 0\n' "$body" >"$tree/DEBIAN/$script"
         chmod 0755 "$tree/DEBIAN/$script"
     done
-    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/$3/$1_$2_all.deb" >/dev/null
+    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/$3/$1_${2#*:}_all.deb" >/dev/null
 }
 
 hold() { # version: the preinst body that holds dpkg mid-unpack, once
@@ -91,19 +97,10 @@ if [ -n "$kernel_release" ]; then
     # 6.1.0-50-arm64 -> 6.1.0-51-arm64: the same upstream and flavour.
     abi=$(echo "$kernel_release" | cut -d- -f2)
     next_kernel="${kernel_release%%-*}-$((abi + 1))-${kernel_release#*-*-}"
-    tree=$work/kernel
-    mkdir -p "$tree/DEBIAN" "$tree/lib/modules/$next_kernel" "$tree/boot" "$out/repo6"
-    : >"$tree/lib/modules/$next_kernel/modules.dep"
-    echo "drover VM stand-in for kernel $next_kernel" >"$tree/boot/vmlinuz-$next_kernel"
-    printf 'Package: linux-image-%s\nVersion: %s\nArchitecture: all\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM stand-in kernel\n' \
-        "$next_kernel" "${kernel_release%%-*}-$((abi + 1))" >"$tree/DEBIAN/control"
-    dpkg-deb --root-owner-group -Zgzip --build "$tree" "$out/repo6/linux-image-${next_kernel}_all.deb" >/dev/null
-    flavour=${kernel_release#*-*-}
-    meta=$work/kernel-meta
-    mkdir -p "$meta/DEBIAN"
-    printf 'Package: linux-image-%s\nVersion: 1:%s\nArchitecture: all\nDepends: linux-image-%s\nMaintainer: Drover tests <tests@drover.invalid>\nDescription: Drover VM stand-in kernel metapackage\n' \
-        "$flavour" "${kernel_release%%-*}-$((abi + 1))" "$next_kernel" >"$meta/DEBIAN/control"
-    dpkg-deb --root-owner-group -Zgzip --build "$meta" "$out/repo6/linux-image-${flavour}_all.deb" >/dev/null
+    version="${kernel_release%%-*}-$((abi + 1))"
+    package "linux-image-$next_kernel" "$version" repo6 "" "" "" \
+        "/lib/modules/$next_kernel/modules.dep /boot/vmlinuz-$next_kernel"
+    package "linux-image-${kernel_release#*-*-}" "1:$version" repo6 "" "" "linux-image-$next_kernel"
     echo "$next_kernel" >"$out/next-kernel.release"
     repos="$repos repo6"
 fi

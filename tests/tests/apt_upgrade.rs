@@ -107,6 +107,16 @@ impl Rig {
         self.server = Script::accept(&self.listener, DEVICE).await;
     }
 
+    /// The job's status says Succeeded; else the status and the agent's log.
+    fn assert_succeeded(&self, status: &Value) {
+        assert_eq!(
+            status["state"],
+            "Succeeded",
+            "{status:#}\n{}",
+            self.agent.log()
+        );
+    }
+
     fn version(&self, name: &str) -> String {
         self.sandbox.package(name).unwrap_or_default()
     }
@@ -273,12 +283,7 @@ async fn a_clean_upgrade_keeps_local_conffiles() {
     rig.sandbox.publish(&[base("2.0"), conf("2.0")]);
     let job = rig.upgrade(3600).await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert!(all_done_once(&status), "{:?}", steps(&status));
     assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
     assert_eq!(rig.version("drover-fake-conf"), "2.0 ii");
@@ -318,12 +323,7 @@ async fn a_held_lists_lock_is_waited_for() {
     let _lock = LockHolder::hold(&rig.sandbox.path("/var/lib/apt/lists/lock"), 20);
     let job = rig.upgrade(3600).await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     let update = step(&status, "update-lists");
     assert!(
         update["tries"].as_u64().unwrap_or(0) >= 2,
@@ -343,12 +343,7 @@ async fn a_held_dpkg_frontend_lock_is_waited_for() {
     let _lock = LockHolder::hold(&rig.sandbox.path("/var/lib/dpkg/lock-frontend"), 8);
     let job = rig.upgrade(3600).await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     let upgrade = step(&status, "full-upgrade");
     assert!(
         upgrade["seconds"].as_f64().unwrap_or(0.0) >= 5.0,
@@ -389,12 +384,7 @@ async fn apt_survives_an_agent_killed_mid_upgrade_and_nothing_runs_twice() {
     rig.agent.restart();
     rig.server = Script::accept(&rig.listener, DEVICE).await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert!(all_done_once(&status), "{:?}", steps(&status));
     assert_eq!(rig.full_upgrade_runs(), 1, "apt's full-upgrade ran once");
     assert!(
@@ -424,12 +414,7 @@ async fn dpkg_killed_during(phase: &str, broken_state: &str) {
 
     let second = rig.upgrade(3600).await;
     let status = rig.result(&second).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert_eq!(
         rig.version("drover-fake-slow"),
         "2.0 ii",
@@ -475,12 +460,7 @@ async fn a_reboot_is_confirmed_only_under_a_new_boot_id() {
     rig.remove("/run/drover-reboot-requested");
     rig.restart_agent().await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert_eq!(status["bootId"], "boot-2");
     assert_eq!(step(&status, "reboot")["state"], "Done");
     assert_eq!(step(&status, "confirm")["state"], "Done");
@@ -512,12 +492,7 @@ async fn the_agents_own_package_upgrade_does_not_kill_dpkg() {
     .await;
     rig.remove("/tmp/HOLD_AGENT_PKG");
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert!(all_done_once(&status), "{:?}", steps(&status));
     assert_eq!(rig.version("drover-agent"), "2.0 ii");
     assert_eq!(rig.version("drover-fake-base"), "2.0 ii");
@@ -1044,12 +1019,7 @@ async fn raspberry_pi_kernels_reboot_for_the_running_flavour_and_a_full_firmware
     rig.restart_agent().await;
     let job = rig.upgrade(3600).await;
     let status = rig.result(&job).await;
-    assert_eq!(
-        status["state"],
-        "Succeeded",
-        "{status:#}\n{}",
-        rig.agent.log()
-    );
+    rig.assert_succeeded(&status);
     assert_eq!(
         status["output"]["upgrade"]["rebootRequired"], false,
         "{status:#}"
