@@ -510,3 +510,169 @@ async fn a_device_that_moves_site_mid_deployment_is_judged_in_its_new_zone() {
     assert_eq!(d["status"]["phase"], "Complete", "{d}");
     assert_eq!(agent.jobs().as_array().map(Vec::len), Some(1));
 }
+
+/// Rollout safety (issue 33): a deployment with `failureThreshold` stops in
+/// the pass that counts its second failed target. Targets sort by device:
+/// `a-held` runs its job, held mid-upgrade; `b-queued` holds a task run's
+/// job, so the deployment's job waits in its agent's queue; `c-fail` and
+/// `d-fail` are offline at the start, then come back failing every
+/// preflight; `e-idle` and `f-idle` are offline, pending. At the stop:
+/// nothing more is released (the idle devices, back online, get no job),
+/// the queued job is canceled on its agent, the running one finishes, an
+/// alert is raised, and the deployment ends Failed `FailureThresholdReached`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_stops_at_its_failure_threshold_and_cancels_what_waits() {
+    let cp = ControlPlane::start(&[]);
+    let all = ["a-held", "b-queued", "c-fail", "d-fail", "e-idle", "f-idle"];
+    for device in all {
+        apply_device(&cp, device, "lab", None).await;
+    }
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Device",
+        "metadata": {"name": "b-queued"}, "spec": {"groups": ["lab", "busy"]}
+    }))
+    .await;
+    let held = held_agent(&cp, "a-held");
+    let queued = held_agent(&cp, "b-queued");
+    let mut later: Vec<AgentProcess> = ["c-fail", "d-fail", "e-idle", "f-idle"]
+        .iter()
+        .map(|device| {
+            AgentProcess::start(
+                &cp.dir.path().join(device),
+                device,
+                &cp.agent_url,
+                &cp.device_token(device),
+                "",
+            )
+        })
+        .collect();
+    cp.wait_for_agents(&all).await;
+    for agent in &mut later {
+        agent.kill9();
+    }
+    // b-queued is busy with another job, held before its full-upgrade.
+    cp.apply_upgrade_run("busy", "busy", 3600).await;
+    eventually(Duration::from_secs(30), "b-queued busy", || {
+        let reached = queued.reached.exists();
+        async move { reached.then_some(()) }
+    })
+    .await;
+    std::fs::remove_file(&queued.reached).expect("reset the marker");
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "careful"},
+        "spec": {
+            "targets": {"filter": {"groups": ["lab"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 4,
+            "failureThreshold": {"failed": 2},
+            "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    // The two online targets are out: one running (held), one queued
+    // behind the task run's job on its agent.
+    let queued_job = eventually(
+        Duration::from_secs(30),
+        "a-held running and b-queued's job in its agent's queue",
+        || async {
+            let t = targets(&cp, "careful").await;
+            let state = |device: &str| {
+                t.iter()
+                    .find(|t| t["device"] == device)
+                    .map(|t| (t["state"].clone(), t["job"].clone()))
+            };
+            let (running, _) = state("a-held")?;
+            let (_, job) = state("b-queued")?;
+            let job = job.as_str()?.to_owned();
+            let on_agent = queued
+                .agent
+                .jobs()
+                .as_array()?
+                .iter()
+                .any(|j| j["jobId"] == job.as_str());
+            (running == "running" && held.reached.exists() && on_agent).then_some(job)
+        },
+    )
+    .await;
+    let d = deployment(&cp, "careful").await;
+    assert_eq!(d["status"]["pending"], 4, "the other four are offline: {d}");
+    // The failing devices come back: released, each fails its preflight.
+    for agent in &mut later[..2] {
+        agent.fail_preflight();
+    }
+    let stopped = eventually(Duration::from_secs(60), "the threshold's stop", || async {
+        let d = deployment(&cp, "careful").await;
+        d["status"]["failureThresholdReachedAt"]
+            .is_string()
+            .then_some(d)
+    })
+    .await;
+    let s = &stopped["status"];
+    assert_eq!(s["phase"], "Canceling", "a-held still runs: {stopped}");
+    assert_eq!(s["reason"], "FailureThresholdReached", "{stopped}");
+    assert_eq!(s["failed"], 2, "{stopped}");
+    assert!(
+        s["latestError"]
+            .as_str()
+            .is_some_and(|e| e.contains("2 of 2 ended targets failed")),
+        "{stopped}"
+    );
+    // The alert is up while the last job finishes.
+    let alerts = cp.get("/alerts").await;
+    let alert = alerts["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["kind"] == "FailureThresholdReached")
+        .cloned()
+        .unwrap_or_else(|| panic!("no FailureThresholdReached alert: {alerts}"));
+    assert_eq!(alert["severity"], "critical");
+    assert_eq!(alert["resource"], "deployment/careful");
+    // The queued job is canceled on its agent (before it ever started).
+    let canceled = eventually(Duration::from_secs(30), "b-queued's cancel", || async {
+        let jobs = queued.agent.jobs();
+        jobs.as_array()?
+            .iter()
+            .find(|j| j["jobId"] == queued_job.as_str() && j["state"] == "Canceled")
+            .cloned()
+    })
+    .await;
+    assert_eq!(canceled["state"], "Canceled", "{canceled}");
+    // The idle devices come back online and get nothing.
+    for agent in &mut later[2..] {
+        agent.restart();
+    }
+    cp.wait_for_agents(&["e-idle", "f-idle"]).await;
+    // The held job finishes; so does the deployment.
+    std::fs::remove_file(&held.hold).expect("release a-held");
+    let d = finish(&cp, "careful", 4, Duration::from_secs(60)).await;
+    let s = &d["status"];
+    assert_eq!(s["phase"], "Failed", "{d}");
+    assert_eq!(s["reason"], "FailureThresholdReached", "{d}");
+    assert_eq!(
+        (&s["succeeded"], &s["failed"], &s["canceled"]),
+        (&json!(1), &json!(2), &json!(3)),
+        "{d}"
+    );
+    for agent in &later[2..] {
+        assert!(
+            agent.jobs().as_array().is_some_and(Vec::is_empty),
+            "released after the stop: {}",
+            agent.jobs()
+        );
+    }
+    assert_eq!(later[0].jobs().as_array().map(Vec::len), Some(1));
+    // `describe` says why, in words.
+    let out = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["describe", "deployment", "careful"])
+        .output()
+        .expect("drover describe");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("stops when 2 targets ended failed") && text.contains("reached"),
+        "{text}"
+    );
+    std::fs::remove_file(&queued.hold).expect("release b-queued");
+}

@@ -16,6 +16,9 @@ pub fn sentence(code: &str) -> Option<&'static str> {
         "TooManyTargets" => "More devices matched than one deployment may target.",
         "TargetRevoked" => "A device still to be released left the allowed groups.",
         "Canceled" => "An operator canceled it.",
+        "FailureThresholdReached" => {
+            "Enough targets failed to reach its failure threshold, so it stopped releasing."
+        }
         "DeploymentFailed" => "A deployment failed.",
         "DeviceOffline" => "A device has not been heard from for too long.",
         "ResumeLoop" => "A job failed because the agent kept stopping while it ran.",
@@ -69,6 +72,7 @@ mod tests {
             "TooManyTargets",
             "TargetRevoked",
             "Canceled",
+            "FailureThresholdReached",
             "DeploymentFailed",
             "DeviceOffline",
             "ResumeLoop",

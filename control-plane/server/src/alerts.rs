@@ -1,6 +1,6 @@
 //! What needs an operator's eye, as the dashboard's alerts page and
 //! `GET /api/v1/alerts` list it: a failed canary, a run past its deadline,
-//! a deployment that failed, devices offline longer than the configured
+//! a deployment that failed or stopped at its failure threshold, devices offline longer than the configured
 //! time, devices stuck in a resume loop (a job failed because the agent
 //! kept stopping while it ran, A10), and devices whose patch status needs
 //! attention (a security update waiting, a reboot pending, no recent
@@ -23,8 +23,9 @@ use serde::Serialize;
 pub struct Alert {
     /// `critical` or `warning`.
     pub severity: &'static str,
-    /// CanaryFailed, DeadlineExceeded, DeploymentFailed, DeviceOffline,
-    /// ResumeLoop.
+    /// CanaryFailed, DeadlineExceeded, DeploymentFailed,
+    /// FailureThresholdReached, DeviceOffline, ResumeLoop, and the patch
+    /// alerts.
     pub kind: &'static str,
     /// What it is about: `taskrun/NAME`, `deployment/NAME`, `device/ID`.
     pub resource: String,
@@ -79,6 +80,20 @@ pub async fn list(
     }
     for (_, _, deployment) in db.list::<DeploymentRecord>("deployments/").await? {
         let status = &deployment.status;
+        // Raised the moment the rollout stops, while its last jobs finish.
+        if status.threshold_reached_at.is_some()
+            && (!status.phase.is_terminal() || recent(status.completion_time))
+        {
+            alerts.push(Alert {
+                severity: "critical",
+                kind: "FailureThresholdReached",
+                resource: format!("deployment/{}", deployment.name),
+                message: status.latest_error.clone().unwrap_or_default(),
+                at: status.threshold_reached_at,
+                acknowledged: None,
+            });
+            continue;
+        }
         let failed = status.phase == Phase::Failed
             && matches!(status.reason.as_deref(), Some("TargetsFailed" | "Expired"));
         if failed && recent(status.completion_time) {

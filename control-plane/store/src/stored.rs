@@ -241,12 +241,90 @@ impl Record for crate::schedule::TaskScheduleRecord {
 }
 
 /// A deployment as stored: V1 until device filters took software
-/// conditions, V2 until its counts had canceled targets, V3 since.
+/// conditions, V2 until its counts had canceled targets, V3 until it had a
+/// failure threshold and a release rate, V4 since.
 #[derive(Serialize, Deserialize)]
 enum StoredDeployment {
     V1(DeploymentV1),
     V2(DeploymentV2),
-    V3(crate::deployment::DeploymentRecord),
+    V3(DeploymentV3),
+    V4(crate::deployment::DeploymentRecord),
+}
+
+/// Frozen: the layout written before V4. Never change it.
+#[derive(Serialize, Deserialize)]
+struct DeploymentV3 {
+    name: String,
+    uid: agent_core::JobId,
+    created_at: Timestamp,
+    spec: DeploymentSpecV2,
+    add_requests: u32,
+    status: DeploymentStatusV2,
+}
+
+/// Frozen: the spec of layouts V2 and V3. Never change it.
+#[derive(Serialize, Deserialize)]
+struct DeploymentSpecV2 {
+    targets: crate::deployment::Targeting,
+    job: crate::deployment::DeploymentJob,
+    max_concurrency: u32,
+    maintenance_window: Option<crate::deployment::Window>,
+    retries: u32,
+    retry_backoff_seconds: u64,
+    deadline_seconds: u64,
+}
+
+impl From<DeploymentSpecV2> for crate::deployment::DeploymentSpec {
+    /// Neither a failure threshold nor a release rate: as before.
+    fn from(v2: DeploymentSpecV2) -> Self {
+        Self {
+            targets: v2.targets,
+            job: v2.job,
+            max_concurrency: v2.max_concurrency,
+            maintenance_window: v2.maintenance_window,
+            retries: v2.retries,
+            retry_backoff_seconds: v2.retry_backoff_seconds,
+            deadline_seconds: v2.deadline_seconds,
+            failure_threshold: None,
+            max_releases_per_minute: None,
+        }
+    }
+}
+
+/// Frozen: the status of layout V3. Never change it.
+#[derive(Serialize, Deserialize)]
+struct DeploymentStatusV2 {
+    phase: crate::records::Phase,
+    reason: Option<String>,
+    targets: u32,
+    excluded: u32,
+    counts: crate::deployment::Counts,
+    start_time: Option<Timestamp>,
+    completion_time: Option<Timestamp>,
+    latest_error: Option<String>,
+    next_retry_at: Option<Timestamp>,
+    lease: Option<crate::deployment::Lease>,
+    add_requests_handled: u32,
+}
+
+impl From<DeploymentStatusV2> for crate::deployment::DeploymentStatus {
+    fn from(v2: DeploymentStatusV2) -> Self {
+        Self {
+            phase: v2.phase,
+            reason: v2.reason,
+            targets: v2.targets,
+            excluded: v2.excluded,
+            counts: v2.counts,
+            start_time: v2.start_time,
+            completion_time: v2.completion_time,
+            latest_error: v2.latest_error,
+            next_retry_at: v2.next_retry_at,
+            lease: v2.lease,
+            add_requests_handled: v2.add_requests_handled,
+            threshold_reached_at: None,
+            recent_releases: Vec::new(),
+        }
+    }
 }
 
 /// Frozen: the layout written before V3. Never change it.
@@ -255,7 +333,7 @@ struct DeploymentV2 {
     name: String,
     uid: agent_core::JobId,
     created_at: Timestamp,
-    spec: crate::deployment::DeploymentSpec,
+    spec: DeploymentSpecV2,
     add_requests: u32,
     status: DeploymentStatusV1,
 }
@@ -290,7 +368,7 @@ struct CountsV1 {
 impl From<DeploymentStatusV1> for crate::deployment::DeploymentStatus {
     fn from(v1: DeploymentStatusV1) -> Self {
         let c = v1.counts;
-        Self {
+        DeploymentStatusV2 {
             phase: v1.phase,
             reason: v1.reason,
             targets: v1.targets,
@@ -312,6 +390,7 @@ impl From<DeploymentStatusV1> for crate::deployment::DeploymentStatus {
             lease: v1.lease,
             add_requests_handled: v1.add_requests_handled,
         }
+        .into()
     }
 }
 
@@ -352,7 +431,7 @@ struct DeviceFilterV1 {
 
 impl Record for crate::deployment::DeploymentRecord {
     fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredDeployment::V3(self.clone()))
+        postcard::to_stdvec(&StoredDeployment::V4(self.clone()))
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
@@ -380,6 +459,8 @@ impl Record for crate::deployment::DeploymentRecord {
                     retries: v1.spec.retries,
                     retry_backoff_seconds: v1.spec.retry_backoff_seconds,
                     deadline_seconds: v1.spec.deadline_seconds,
+                    failure_threshold: None,
+                    max_releases_per_minute: None,
                 },
                 add_requests: v1.add_requests,
                 status: v1.status.into(),
@@ -388,11 +469,19 @@ impl Record for crate::deployment::DeploymentRecord {
                 name: v2.name,
                 uid: v2.uid,
                 created_at: v2.created_at,
-                spec: v2.spec,
+                spec: v2.spec.into(),
                 add_requests: v2.add_requests,
                 status: v2.status.into(),
             },
-            StoredDeployment::V3(v3) => v3,
+            StoredDeployment::V3(v3) => DeploymentRecord {
+                name: v3.name,
+                uid: v3.uid,
+                created_at: v3.created_at,
+                spec: v3.spec.into(),
+                add_requests: v3.add_requests,
+                status: v3.status.into(),
+            },
+            StoredDeployment::V4(v4) => v4,
         })
     }
 }
@@ -743,11 +832,41 @@ mod tests {
         assert_eq!(package.secrets, ["kiosk"]);
         assert!(package.download.is_none() && package.sealed.is_none());
         assert_eq!(v2.status.counts.canceled, 0, "V2 had no canceled count");
-        // What this build writes is V3, and reads back the same.
-        assert_eq!(v2.to_bytes().expect("encode")[0], 2, "variant V3");
-        assert_eq!(
-            DeploymentRecord::from_bytes(&v2.to_bytes().expect("encode")).expect("decode"),
-            v2
-        );
+    }
+
+    /// Bytes written at 6ca5a34 (layout V3, with canceled targets); they
+    /// migrate to no failure threshold and no release rate.
+    #[test]
+    fn a_v3_deployment_keeps_its_canceled_count_and_gains_no_threshold() {
+        use crate::deployment::{
+            DeploymentRecord, FailureLimit, FailureThreshold, Releases, Targeting,
+        };
+        let v3 = DeploymentRecord::from_bytes(&hex(include_str!("fixtures/deployment_v3.hex")))
+            .expect("deployment V3");
+        assert_eq!(v3.name, "kiosk-rollout");
+        assert_eq!(v3.status.phase, crate::records::Phase::Canceling);
+        assert_eq!(v3.status.counts.canceled, 3);
+        assert_eq!(v3.status.counts.running, 1);
+        assert_eq!(v3.spec.deadline_seconds, 7 * 24 * 3600);
+        assert_eq!(v3.spec.max_concurrency, 100);
+        assert!(matches!(&v3.spec.targets, Targeting::Filter(f) if f.groups == ["production"]));
+        assert_eq!(v3.spec.failure_threshold, None);
+        assert_eq!(v3.spec.max_releases_per_minute, None);
+        assert_eq!(v3.status.threshold_reached_at, None);
+        assert!(v3.status.recent_releases.is_empty());
+        // What this build writes is V4, and reads back the same.
+        let mut v4 = v3.clone();
+        v4.spec.failure_threshold = Some(FailureThreshold {
+            limit: FailureLimit::Percent(5),
+            min_ended: 40,
+        });
+        v4.spec.max_releases_per_minute = Some(50);
+        v4.status.recent_releases = vec![Releases {
+            at: v3.created_at,
+            count: 50,
+        }];
+        let bytes = v4.to_bytes().expect("encode");
+        assert_eq!(bytes[0], 3, "variant V4");
+        assert_eq!(DeploymentRecord::from_bytes(&bytes).expect("decode"), v4);
     }
 }

@@ -234,6 +234,26 @@ pub fn deployment(described: &Value) {
         words(&spec["retryBackoffSeconds"]),
         words(&spec["deadlineSeconds"])
     );
+    let threshold = &spec["failureThreshold"];
+    let limit = match (threshold["failed"].as_u64(), threshold["percent"].as_u64()) {
+        (Some(n), _) => Some(format!("{n} targets ended failed")),
+        (_, Some(p)) => Some(format!("{p}% of the ended targets failed")),
+        _ => None,
+    };
+    match (limit, threshold["minEnded"].as_u64().filter(|n| *n > 0)) {
+        (Some(limit), Some(min)) => out!("stops when {limit}, once {min} have ended"),
+        (Some(limit), None) => out!("stops when {limit}"),
+        (None, _) => out!("no failure threshold: it runs to the end however many fail"),
+    }
+    if status["failureThresholdReachedAt"].is_string() {
+        out!(
+            "  reached {}: nothing more is released",
+            moment(&status["failureThresholdReachedAt"], now)
+        );
+    }
+    if let Some(rate) = spec["maxReleasesPerMinute"].as_u64() {
+        out!("at most {rate} releases a minute");
+    }
     match spec["maintenanceWindow"].as_object() {
         Some(window) => {
             out!(

@@ -16,8 +16,33 @@ use super::*;
 /// - past the deadline, pending and queued targets expire, each queued job
 ///   canceled on its agent (it would never start there anyway: its intent
 ///   expires with the deployment, A3), and no attempt starts; running ones
-///   finish or time out.
+///   finish or time out;
+/// - once the targets that ended failed reach the spec's failure threshold,
+///   the pass that counts them releases nothing and stops the rollout as an
+///   operator's cancel does (pending targets end canceled, queued jobs are
+///   canceled on their agents, running ones finish);
+/// - with `max_releases_per_minute`, no more than that are released in any
+///   60 seconds, counting the last minute's releases the record keeps.
 pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
+    let decision = pass(facts, targets, now);
+    match facts.spec.failure_threshold {
+        Some(threshold) if !facts.canceling && threshold.reached(&decision.counts) => {
+            // Judged on the targets this pass ended; the same pass then
+            // stops, so nothing is released once it is reached.
+            let stopping = Facts {
+                canceling: true,
+                ..facts.clone()
+            };
+            Decision {
+                threshold_reached: true,
+                ..pass(&stopping, targets, now)
+            }
+        }
+        _ => decision,
+    }
+}
+
+fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
     let spec = facts.spec;
     let expired = now >= facts.deadline();
     let window_zone = spec
@@ -161,6 +186,13 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         }
     }
 
+    // The release rate's room: its limit less the last minute's releases.
+    let window_open = now - RATE_WINDOW;
+    let last_minute = || facts.recent_releases.iter().filter(|r| r.at > window_open);
+    let rate_room = spec
+        .max_releases_per_minute
+        .map(|limit| limit.saturating_sub(last_minute().map(|r| r.count).sum()));
+
     // Release in target order while there is room (a canceled deployment
     // has no pending targets left).
     for index in pending {
@@ -183,6 +215,15 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         if !(due && target.online && in_window && active < spec.max_concurrency) {
             continue;
         }
+        if rate_room.is_some_and(|room| decision.released.len() as u32 >= room) {
+            // Due again when the oldest of the last minute's releases
+            // leaves the window.
+            decision.next_release_at = last_minute()
+                .map(|r| r.at + RATE_WINDOW)
+                .min()
+                .or(Some(now + RATE_WINDOW));
+            break;
+        }
         let mut next = record;
         next.attempt += 1;
         next.job = Some(attempt_job_id(facts.uid, &next.device, next.attempt));
@@ -192,6 +233,21 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
         records.insert(index, next);
         decision.released.push(index);
         active += 1;
+    }
+
+    if spec.max_releases_per_minute.is_some() && !decision.released.is_empty() {
+        let mut kept: Vec<Releases> = last_minute().copied().collect();
+        kept.push(Releases {
+            at: now,
+            count: decision.released.len() as u32,
+        });
+        // Too many batches: the oldest merge into the next, counted as
+        // released later than they were (the limit holds all the same).
+        while kept.len() > MAX_RELEASE_BATCHES {
+            let oldest = kept.remove(0);
+            kept[0].count += oldest.count;
+        }
+        decision.recent_releases = Some(kept);
     }
 
     let released_now: std::collections::HashSet<usize> =

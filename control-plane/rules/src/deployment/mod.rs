@@ -22,7 +22,7 @@ mod targeting;
 mod window;
 
 pub use decide::decide;
-pub use status::{Adds, next_status};
+pub use status::{Adds, THRESHOLD_REACHED, next_status};
 pub use target::{TargetState, observe};
 pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
@@ -57,7 +57,77 @@ pub struct DeploymentSpec {
     /// The deployment expires this long after it started: pending and queued
     /// targets expire then, and no attempt starts after it.
     pub deadline_seconds: u64,
+    /// Stop the rollout once this many targets ended failed (layout V4).
+    pub failure_threshold: Option<FailureThreshold>,
+    /// At most this many releases in any 60 seconds (layout V4).
+    pub max_releases_per_minute: Option<u32>,
 }
+
+/// When a deployment stops releasing: a count of targets that ended failed,
+/// or a percentage of the targets that ended (succeeded or failed), judged
+/// once at least `min_ended` have ended. Reaching it stops the rollout: no
+/// more releases, queued jobs canceled on their agents, running ones
+/// finish, and the deployment ends Failed with `FailureThresholdReached`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureThreshold {
+    pub limit: FailureLimit,
+    /// Targets that must have ended, succeeded or failed, before the
+    /// threshold is judged (0: from the first).
+    pub min_ended: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureLimit {
+    /// This many targets ended failed.
+    Failed(u32),
+    /// This percentage (1-100) of the targets that ended, ended failed.
+    Percent(u8),
+}
+
+impl FailureThreshold {
+    /// Whether `counts` reach the threshold. Expired and canceled targets
+    /// count neither way: they say nothing about the job.
+    pub fn reached(&self, counts: &Counts) -> bool {
+        let failed = u64::from(counts.failed);
+        let ended = failed + u64::from(counts.succeeded);
+        if ended < u64::from(self.min_ended) || failed == 0 {
+            return false;
+        }
+        match self.limit {
+            FailureLimit::Failed(limit) => failed >= u64::from(limit),
+            FailureLimit::Percent(percent) => failed * 100 >= u64::from(percent) * ended,
+        }
+    }
+
+    /// The threshold in words, as the status and the alert say it.
+    pub fn describe(&self) -> String {
+        let limit = match self.limit {
+            FailureLimit::Failed(n) => format!("{n} failed targets"),
+            FailureLimit::Percent(p) => format!("{p}% of ended targets failed"),
+        };
+        match self.min_ended {
+            0 | 1 => limit,
+            n => format!("{limit}, once {n} ended"),
+        }
+    }
+}
+
+/// Releases made at one moment: a deployment keeps the last minute's, so
+/// `max_releases_per_minute` holds over any 60 seconds, on any replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Releases {
+    pub at: Timestamp,
+    pub count: u32,
+}
+
+/// The window `max_releases_per_minute` counts over.
+pub const RATE_WINDOW: SignedDuration = SignedDuration::from_secs(60);
+/// Release batches a deployment keeps; older ones merge into the next
+/// (counted later than they were, so the limit is never exceeded).
+pub const MAX_RELEASE_BATCHES: usize = 64;
 
 /// Which devices a deployment targets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +196,7 @@ impl DeploymentRecord {
             uid: self.uid,
             started: self.status.start_time.unwrap_or(self.created_at),
             canceling: self.status.phase == crate::records::Phase::Canceling,
+            recent_releases: &self.status.recent_releases,
         }
     }
 }
@@ -149,6 +220,11 @@ pub struct DeploymentStatus {
     pub lease: Option<Lease>,
     /// "Add new devices" requests handled.
     pub add_requests_handled: u32,
+    /// When a pass found the failure threshold reached (layout V4).
+    pub threshold_reached_at: Option<Timestamp>,
+    /// The releases of the last minute, oldest first, while the spec has
+    /// `max_releases_per_minute` (layout V4).
+    pub recent_releases: Vec<Releases>,
 }
 
 impl DeploymentStatus {
@@ -165,6 +241,8 @@ impl DeploymentStatus {
             next_retry_at: None,
             lease: None,
             add_requests_handled: 0,
+            threshold_reached_at: None,
+            recent_releases: Vec::new(),
         }
     }
 }
@@ -328,6 +406,14 @@ pub struct Decision {
     /// The targets whose job is out and must be asked to cancel: of a
     /// canceled deployment, and the queued ones of an expired deployment.
     pub cancel: Vec<usize>,
+    /// This pass found the failure threshold reached: it released nothing
+    /// and stopped the rollout as a cancel does.
+    pub threshold_reached: bool,
+    /// The release batches to keep (the last minute's and this pass's),
+    /// when this pass released under `max_releases_per_minute`.
+    pub recent_releases: Option<Vec<Releases>>,
+    /// Pending targets wait for the release rate until then.
+    pub next_release_at: Option<Timestamp>,
 }
 
 /// The deployment's own facts a pass needs.
@@ -336,8 +422,11 @@ pub struct Facts<'a> {
     pub spec: &'a DeploymentSpec,
     pub uid: JobId,
     pub started: Timestamp,
-    /// An operator canceled it: nothing more is released or retried.
+    /// An operator canceled it, or its failure threshold was reached:
+    /// nothing more is released or retried.
     pub canceling: bool,
+    /// The releases of the last minute (see [`Releases`]).
+    pub recent_releases: &'a [Releases],
 }
 
 impl Facts<'_> {

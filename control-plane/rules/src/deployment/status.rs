@@ -6,6 +6,9 @@ use crate::records::Phase;
 use drover_model::{MAX_ERROR_BYTES, bounded};
 use jiff::Timestamp;
 
+/// The reason of a deployment stopped by its failure threshold.
+pub const THRESHOLD_REACHED: &str = "FailureThresholdReached";
+
 /// What this pass does with an "add new devices" request.
 pub struct Adds {
     /// New targets it adds.
@@ -44,13 +47,48 @@ pub fn next_status(
             status.excluded = excluded;
         }
     }
-    if decision.finished && record.status.phase == Phase::Canceling {
+    if let Some(releases) = &decision.recent_releases {
+        status.recent_releases = releases.clone();
+    }
+    if decision.threshold_reached {
         let c = &status.counts;
+        let threshold = record
+            .spec
+            .failure_threshold
+            .map(|t| t.describe())
+            .unwrap_or_default();
+        status.phase = Phase::Canceling;
+        status.reason = Some(THRESHOLD_REACHED.into());
+        status.threshold_reached_at = Some(now);
+        status.latest_error = Some(bounded(
+            format!(
+                "stopped: {} of {} ended targets failed, reaching the failure threshold ({threshold}); last: {}",
+                c.failed,
+                c.failed + c.succeeded,
+                status.latest_error.as_deref().unwrap_or("-")
+            ),
+            MAX_ERROR_BYTES,
+        ));
+    }
+    let stopped = status.threshold_reached_at.is_some();
+    if decision.finished && (record.status.phase == Phase::Canceling || stopped) {
+        let c = &status.counts;
+        let why = match stopped {
+            true => "stopped at its failure threshold",
+            false => "canceled by an operator",
+        };
         status.phase = Phase::Failed;
-        status.reason = Some("Canceled".into());
+        status.reason = Some(
+            if stopped {
+                THRESHOLD_REACHED
+            } else {
+                "Canceled"
+            }
+            .into(),
+        );
         status.completion_time = Some(now);
         status.latest_error = Some(format!(
-            "canceled by an operator: {} of {} targets succeeded, {} failed, {} expired, {} canceled",
+            "{why}: {} of {} targets succeeded, {} failed, {} expired, {} canceled",
             c.succeeded,
             c.total(),
             c.failed,

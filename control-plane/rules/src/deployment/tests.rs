@@ -21,6 +21,8 @@ fn spec(max_concurrency: u32, window: Option<(&str, &str, &str)>, retries: u32) 
         retries,
         retry_backoff_seconds: 60,
         deadline_seconds: 7 * 24 * 3600,
+        failure_threshold: None,
+        max_releases_per_minute: None,
     }
 }
 
@@ -33,6 +35,7 @@ fn facts(spec: &DeploymentSpec) -> Facts<'_> {
         uid: UID.parse().expect("uid"),
         started: t(START),
         canceling: false,
+        recent_releases: &[],
     }
 }
 
@@ -948,4 +951,315 @@ fn the_status_a_pass_writes_follows_the_decision_and_the_add_request() {
         canceled.latest_error.as_deref(),
         Some("canceled by an operator: 1 of 1 targets succeeded, 0 failed, 0 expired, 0 canceled")
     );
+}
+
+/// A failed target (its only attempt failed at `at`).
+fn ended_failed(name: &str, at: &str) -> TargetRecord {
+    let mut record = released(name, 1, at);
+    record.job = None;
+    record.end = Some(TargetEnd::Failed { at: t(at) });
+    record
+}
+
+fn ended_succeeded(name: &str, at: &str) -> TargetRecord {
+    let mut record = released(name, 1, at);
+    record.end = Some(TargetEnd::Succeeded { at: t(at) });
+    record
+}
+
+#[test]
+fn a_failure_threshold_is_reached_by_count_or_percentage_after_enough_ended() {
+    let counts = |succeeded, failed| Counts {
+        succeeded,
+        failed,
+        ..Counts::default()
+    };
+    let count = |n, min_ended| FailureThreshold {
+        limit: FailureLimit::Failed(n),
+        min_ended,
+    };
+    let percent = |p, min_ended| FailureThreshold {
+        limit: FailureLimit::Percent(p),
+        min_ended,
+    };
+    // (what, threshold, succeeded, failed, reached)
+    let cases = [
+        ("one short of the count", count(3, 0), 10, 2, false),
+        ("the count", count(3, 0), 0, 3, true),
+        ("over the count", count(3, 0), 50, 4, true),
+        ("count before enough ended", count(1, 10), 5, 4, false),
+        ("count once enough ended", count(1, 10), 6, 4, true),
+        ("percent below", percent(10, 20), 91, 9, false),
+        ("percent exactly", percent(10, 20), 90, 10, true),
+        ("percent before enough ended", percent(10, 20), 0, 19, false),
+        ("percent once enough ended", percent(10, 20), 1, 19, true),
+        (
+            "no failure never reaches 0%-like limits",
+            percent(1, 0),
+            100,
+            0,
+            false,
+        ),
+        (
+            "100% needs every ended target failed",
+            percent(100, 2),
+            1,
+            5,
+            false,
+        ),
+        ("100% with every one failed", percent(100, 2), 0, 2, true),
+    ];
+    for (what, threshold, succeeded, failed, reached) in cases {
+        assert_eq!(
+            threshold.reached(&counts(succeeded, failed)),
+            reached,
+            "{what}"
+        );
+    }
+    // Expired and canceled targets count neither way.
+    let mut c = counts(9, 1);
+    c.expired = 50;
+    c.canceled = 50;
+    assert!(!percent(20, 10).reached(&c));
+}
+
+#[test]
+fn the_pass_that_counts_the_threshold_releases_nothing_and_stops_the_rollout() {
+    let mut spec = spec(10, None, 1);
+    spec.failure_threshold = Some(FailureThreshold {
+        limit: FailureLimit::Failed(2),
+        min_ended: 0,
+    });
+    let now = t("2026-03-01T10:00:00Z");
+    let error = || Observed::Failed {
+        at: now,
+        error: "dpkg said no".into(),
+    };
+    // d0 failed before; d1's last attempt fails now (the second failed
+    // target); d2 is queued, d3 runs, d4 waits for a retry after its first
+    // attempt failed now, d5..d7 are pending.
+    let mut records = vec![
+        ended_failed("d0", "2026-03-01T09:00:00Z"),
+        released("d1", 2, "2026-03-01T09:30:00Z"),
+        released("d2", 1, "2026-03-01T09:50:00Z"),
+        released("d3", 1, "2026-03-01T09:40:00Z"),
+        released("d4", 1, "2026-03-01T09:45:00Z"),
+    ];
+    records.extend((5..8).map(|i| pending(&format!("d{i}"), None)));
+    let jobs = [
+        None,
+        Some(error()),
+        Some(Observed::Queued { acked: None }),
+        Some(Observed::Running),
+        Some(error()),
+        None,
+        None,
+        None,
+    ];
+    let inputs: Vec<TargetInput> = records
+        .iter()
+        .zip(jobs)
+        .map(|(r, job)| input(r, job))
+        .collect();
+    let decision = decide(&facts(&spec), &inputs, now);
+    assert!(decision.threshold_reached);
+    assert!(decision.released.is_empty(), "{decision:?}");
+    assert!(matches!(
+        end_of(&decision, 1),
+        Some(TargetEnd::Failed { .. })
+    ));
+    // Its retry is not released: the target ends failed.
+    assert!(matches!(
+        end_of(&decision, 4),
+        Some(TargetEnd::Failed { .. })
+    ));
+    for i in 5..8 {
+        assert!(
+            matches!(end_of(&decision, i), Some(TargetEnd::Canceled { .. })),
+            "d{i}"
+        );
+    }
+    assert_eq!(
+        decision.cancel,
+        [2, 3],
+        "the queued and running jobs are asked out"
+    );
+    assert!(
+        !decision.finished,
+        "the running and queued ones still decide"
+    );
+
+    let record = DeploymentRecord {
+        name: "stop".into(),
+        uid: UID.parse().expect("uid"),
+        created_at: t(START),
+        spec: spec.clone(),
+        add_requests: 0,
+        status: DeploymentStatus {
+            phase: crate::records::Phase::Running,
+            ..DeploymentStatus::planning()
+        },
+    };
+    let adds = || Adds {
+        count: 0,
+        error: None,
+        handled: false,
+        excluded: None,
+    };
+    let status = next_status(&record, &decision, adds(), now);
+    assert_eq!(status.phase, crate::records::Phase::Canceling);
+    assert_eq!(status.reason.as_deref(), Some(THRESHOLD_REACHED));
+    assert_eq!(status.threshold_reached_at, Some(now));
+    let said = status.latest_error.clone().unwrap_or_default();
+    assert!(
+        said.contains("3 of 3 ended targets failed") && said.contains("2 failed targets"),
+        "{said}"
+    );
+
+    // One short of it, the same pass releases as usual.
+    let mut short = spec.clone();
+    short.failure_threshold = Some(FailureThreshold {
+        limit: FailureLimit::Failed(4),
+        min_ended: 0,
+    });
+    let decision_short = decide(&facts(&short), &inputs, now);
+    assert!(!decision_short.threshold_reached);
+    assert_eq!(decision_short.released.len(), 3, "d5, d6, d7 released");
+
+    // The stopped deployment's last running target ends: Failed, with the
+    // threshold as its reason.
+    let mut stopped = record.clone();
+    stopped.status = status;
+    let mut after = records.clone();
+    for (i, next) in &decision.changes {
+        after[*i] = next.clone();
+    }
+    let finish = now + SignedDuration::from_mins(5);
+    let jobs = (0..8).map(|i| match i {
+        2 => Some(Observed::Canceled { at: finish }),
+        3 => Some(Observed::Succeeded { at: finish }),
+        _ => None,
+    });
+    let inputs: Vec<TargetInput> = after.iter().zip(jobs).map(|(r, j)| input(r, j)).collect();
+    let last = decide(&stopped.facts(), &inputs, finish);
+    assert!(last.finished && !last.threshold_reached && last.released.is_empty());
+    let ended = next_status(&stopped, &last, adds(), finish);
+    assert_eq!(ended.phase, crate::records::Phase::Failed);
+    assert_eq!(ended.reason.as_deref(), Some(THRESHOLD_REACHED));
+    assert_eq!(ended.threshold_reached_at, Some(now), "kept");
+}
+
+#[test]
+fn a_percentage_threshold_waits_for_enough_ended_targets() {
+    let mut spec = spec(5, None, 0);
+    spec.failure_threshold = Some(FailureThreshold {
+        limit: FailureLimit::Percent(50),
+        min_ended: 4,
+    });
+    let now = t("2026-03-01T10:00:00Z");
+    // Two failed of three ended: 67%, but only three ended.
+    let mut records = vec![
+        ended_failed("d0", "2026-03-01T09:00:00Z"),
+        ended_failed("d1", "2026-03-01T09:00:00Z"),
+        ended_succeeded("d2", "2026-03-01T09:00:00Z"),
+    ];
+    records.extend((3..6).map(|i| pending(&format!("d{i}"), None)));
+    let inputs: Vec<TargetInput> = records.iter().map(|r| input(r, None)).collect();
+    let decision = decide(&facts(&spec), &inputs, now);
+    assert!(!decision.threshold_reached);
+    assert_eq!(decision.released.len(), 3);
+    // A fourth ends succeeded: 2 of 4 is 50%, reached.
+    records[3] = ended_succeeded("d3", "2026-03-01T09:30:00Z");
+    let inputs: Vec<TargetInput> = records.iter().map(|r| input(r, None)).collect();
+    let decision = decide(&facts(&spec), &inputs, now);
+    assert!(decision.threshold_reached);
+    assert!(decision.released.is_empty());
+}
+
+#[test]
+fn releases_keep_to_the_rate_over_any_minute() {
+    let mut spec = spec(100, None, 0);
+    spec.max_releases_per_minute = Some(5);
+    let start = t("2026-03-01T10:00:00Z");
+    let records: Vec<TargetRecord> = (0..20)
+        .map(|i| pending(&format!("d{i:02}"), None))
+        .collect();
+    let uid: JobId = UID.parse().expect("uid");
+    let mut kept: Vec<Releases> = Vec::new();
+    let mut current = records.clone();
+    let mut released_at: Vec<Timestamp> = Vec::new();
+    // Passes every 7 seconds for three minutes.
+    for step in 0..26 {
+        let now = start + SignedDuration::from_secs(7 * step);
+        let facts = Facts {
+            spec: &spec,
+            uid,
+            started: start,
+            canceling: false,
+            recent_releases: &kept,
+        };
+        let inputs: Vec<TargetInput> = current
+            .iter()
+            .map(|r| input(r, r.job.map(|_| Observed::Running)))
+            .collect();
+        let decision = decide(&facts, &inputs, now);
+        if decision.released.is_empty() {
+            assert_eq!(decision.recent_releases, None, "nothing to keep");
+        } else {
+            kept = decision.recent_releases.clone().expect("kept");
+            assert!(kept.iter().all(|r| r.at > now - RATE_WINDOW));
+        }
+        if decision.released.is_empty() && current.iter().any(|r| r.job.is_none()) {
+            let next = decision.next_release_at.expect("told when");
+            assert!(next > now && next <= now + RATE_WINDOW, "{next}");
+        }
+        released_at.extend(decision.released.iter().map(|_| now));
+        for (i, next) in decision.changes {
+            current[i] = next;
+        }
+    }
+    // 5 at 0 s, then 5 more at 63 s (the first pass past 60 s) and 126 s.
+    assert_eq!(released_at.len(), 15, "{released_at:?}");
+    for (i, at) in released_at.iter().enumerate() {
+        let window = released_at[i..]
+            .iter()
+            .filter(|later| **later < *at + RATE_WINDOW)
+            .count();
+        assert!(window <= 5, "{window} released in the minute from {at}");
+    }
+    // Without the rate all twenty go at once.
+    spec.max_releases_per_minute = None;
+    let inputs: Vec<TargetInput> = records.iter().map(|r| input(r, None)).collect();
+    assert_eq!(decide(&facts(&spec), &inputs, start).released.len(), 20);
+}
+
+#[test]
+fn the_release_batches_kept_stay_bounded_and_never_undercount() {
+    let mut spec = spec(1000, None, 0);
+    spec.max_releases_per_minute = Some(1000);
+    let start = t("2026-03-01T10:00:00Z");
+    let records: Vec<TargetRecord> = (0..200)
+        .map(|i| pending(&format!("d{i:03}"), None))
+        .collect();
+    // 100 earlier batches of one each within the last minute.
+    let kept: Vec<Releases> = (0..100)
+        .map(|i| Releases {
+            at: start - SignedDuration::from_millis(59_000 - i * 500),
+            count: 1,
+        })
+        .collect();
+    let facts = Facts {
+        spec: &spec,
+        uid: UID.parse().expect("uid"),
+        started: start,
+        canceling: false,
+        recent_releases: &kept,
+    };
+    let inputs: Vec<TargetInput> = records.iter().map(|r| input(r, None)).collect();
+    let decision = decide(&facts, &inputs, start);
+    assert_eq!(decision.released.len(), 200);
+    let next = decision.recent_releases.expect("kept");
+    assert_eq!(next.len(), MAX_RELEASE_BATCHES);
+    assert_eq!(next.iter().map(|r| r.count).sum::<u32>(), 300);
+    assert!(next.windows(2).all(|w| w[0].at <= w[1].at));
 }

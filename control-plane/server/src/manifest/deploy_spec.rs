@@ -18,7 +18,74 @@ pub(super) struct WireDeploymentSpec {
     #[serde(default = "default_backoff")]
     retry_backoff_seconds: u64,
     deadline_seconds: u64,
+    #[serde(default)]
+    failure_threshold: Option<WireFailureThreshold>,
+    #[serde(default)]
+    max_releases_per_minute: Option<u32>,
 }
+
+/// `failureThreshold: {failed: 5}` or `{percent: 10, minEnded: 40}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WireFailureThreshold {
+    #[serde(default)]
+    failed: Option<u32>,
+    #[serde(default)]
+    percent: Option<u32>,
+    #[serde(default)]
+    min_ended: Option<u32>,
+}
+
+/// A failure threshold as written, checked: exactly one of a count and a
+/// percentage; a percentage needs `minEnded`, or its first failure would
+/// be 100 % of one.
+fn failure_threshold(
+    wire: WireFailureThreshold,
+    problems: &mut Vec<String>,
+) -> Option<crate::deployment::FailureThreshold> {
+    use crate::deployment::{FailureLimit, FailureThreshold, MAX_TARGETS};
+    let max = MAX_TARGETS as u32;
+    let limit = match (wire.failed, wire.percent) {
+        (Some(n), None) if (1..=max).contains(&n) => FailureLimit::Failed(n),
+        (None, Some(p)) if (1..=100).contains(&p) && wire.min_ended.is_some() => {
+            FailureLimit::Percent(p as u8)
+        }
+        (None, Some(p)) if (1..=100).contains(&p) => {
+            problems.push(
+                "spec.failureThreshold.percent needs minEnded: how many targets must end before a percentage is judged"
+                    .into(),
+            );
+            return None;
+        }
+        (Some(_), None) => {
+            problems.push(format!(
+                "spec.failureThreshold.failed must be between 1 and {max}"
+            ));
+            return None;
+        }
+        (None, Some(_)) => {
+            problems.push("spec.failureThreshold.percent must be between 1 and 100".into());
+            return None;
+        }
+        _ => {
+            problems.push(
+                "spec.failureThreshold needs exactly one of `failed: N` (targets) or `percent: P` (of the targets that ended)"
+                    .into(),
+            );
+            return None;
+        }
+    };
+    let min_ended = wire.min_ended.unwrap_or(0);
+    if min_ended > max {
+        problems.push(format!(
+            "spec.failureThreshold.minEnded must be at most {max}"
+        ));
+    }
+    Some(FailureThreshold { limit, min_ended })
+}
+
+/// Most releases an operator may allow per minute: as many as targets.
+const MAX_RELEASES_PER_MINUTE: u32 = crate::deployment::MAX_TARGETS as u32;
 
 pub(super) fn default_backoff() -> u64 {
     300
@@ -260,6 +327,16 @@ pub(super) fn parse_deployment_spec(
             "spec.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}"
         ));
     }
+    let failure_threshold = wire
+        .failure_threshold
+        .and_then(|threshold| failure_threshold(threshold, &mut problems));
+    if let Some(rate) = wire.max_releases_per_minute
+        && !(1..=MAX_RELEASES_PER_MINUTE).contains(&rate)
+    {
+        problems.push(format!(
+            "spec.maxReleasesPerMinute must be between 1 and {MAX_RELEASES_PER_MINUTE}"
+        ));
+    }
     let maintenance_window = match wire.maintenance_window {
         None => None,
         Some(window) => {
@@ -302,6 +379,8 @@ pub(super) fn parse_deployment_spec(
         retries: wire.retries,
         retry_backoff_seconds: wire.retry_backoff_seconds,
         deadline_seconds: wire.deadline_seconds,
+        failure_threshold,
+        max_releases_per_minute: wire.max_releases_per_minute,
     })
 }
 
@@ -338,6 +417,20 @@ pub(super) fn render_deployment_spec(
         Some(kind) => kind.render_deployment_job(&spec.job),
         None => serde_json::json!({}),
     };
+    if let Some(threshold) = &spec.failure_threshold {
+        use crate::deployment::FailureLimit;
+        let mut written = match threshold.limit {
+            FailureLimit::Failed(n) => serde_json::json!({ "failed": n }),
+            FailureLimit::Percent(p) => serde_json::json!({ "percent": p }),
+        };
+        if threshold.min_ended > 0 || matches!(threshold.limit, FailureLimit::Percent(_)) {
+            written["minEnded"] = threshold.min_ended.into();
+        }
+        rendered["failureThreshold"] = written;
+    }
+    if let Some(rate) = spec.max_releases_per_minute {
+        rendered["maxReleasesPerMinute"] = rate.into();
+    }
     if let Some(window) = &spec.maintenance_window {
         rendered["maintenanceWindow"] = serde_json::json!({
             "start": crate::deployment::format_minute(window.start_minute),
@@ -380,6 +473,7 @@ pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> se
             "latestError": status.latest_error,
             "addNewDevicesRequests": deployment.add_requests,
             "addNewDevicesHandled": status.add_requests_handled,
+            "failureThresholdReachedAt": status.threshold_reached_at.map(|t| t.to_string()),
         },
     })
 }

@@ -123,6 +123,30 @@ fn deployments_parse_and_render_back() {
     };
     let record = crate::deployment::DeploymentRecord { spec, ..record };
     assert_eq!(render_deployment(&record)["spec"], with_software["spec"]);
+
+    // A failure threshold and a release rate read back as written.
+    for threshold in [
+        serde_json::json!({"failed": 5}),
+        serde_json::json!({"failed": 5, "minEnded": 20}),
+        serde_json::json!({"percent": 10, "minEnded": 40}),
+    ] {
+        let mut safe = deployment();
+        safe["spec"]["failureThreshold"] = threshold.clone();
+        safe["spec"]["maxReleasesPerMinute"] = 50.into();
+        let Manifest::Deployment { spec, .. } = parse(safe.clone()).expect("parses") else {
+            panic!("a deployment")
+        };
+        assert!(spec.failure_threshold.is_some() && spec.max_releases_per_minute == Some(50));
+        let record = crate::deployment::DeploymentRecord {
+            spec,
+            ..record.clone()
+        };
+        assert_eq!(
+            render_deployment(&record)["spec"],
+            safe["spec"],
+            "{threshold}"
+        );
+    }
 }
 
 #[test]
@@ -168,6 +192,41 @@ fn secrets_parse_and_bad_ones_are_refused() {
 fn bad_deployments_are_refused_with_what_is_wrong() {
     type Edit = fn(&mut serde_json::Value);
     let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "a threshold with both a count and a percentage",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"failed": 1, "percent": 5}),
+            "exactly one of `failed: N`",
+        ),
+        (
+            "a threshold with neither",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"minEnded": 5}),
+            "exactly one of `failed: N`",
+        ),
+        (
+            "a percentage without minEnded",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"percent": 5}),
+            "needs minEnded",
+        ),
+        (
+            "a percentage over 100",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"percent": 101, "minEnded": 1}),
+            "between 1 and 100",
+        ),
+        (
+            "a zero count",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"failed": 0}),
+            "failed must be between 1 and 20000",
+        ),
+        (
+            "an unknown threshold field",
+            |v| v["spec"]["failureThreshold"] = serde_json::json!({"failures": 3}),
+            "unknown field",
+        ),
+        (
+            "a zero release rate",
+            |v| v["spec"]["maxReleasesPerMinute"] = 0.into(),
+            "maxReleasesPerMinute must be between 1 and 20000",
+        ),
         (
             "two targetings",
             |v| v["spec"]["targets"]["all"] = true.into(),

@@ -407,12 +407,23 @@ async function deploymentPage(main, name) {
       h("dt", {}, "Counts"), h("dd", {}, ["pending", "queued", "running", "failed", "expired", "canceled"].map((k) => `${k} ${s[k] ?? 0}`).join(", ")),
       h("dt", {}, "Reason"), h("dd", {}, reason(s)),
       h("dt", {}, "Latest error"), h("dd", { class: "error" }, s.latestError || "–"),
+      h("dt", {}, "Failure threshold"), h("dd", { id: "deployment-threshold" }, thresholdText(deployment.spec.failureThreshold, s.failureThresholdReachedAt)),
+      h("dt", {}, "Release rate"), h("dd", {}, deployment.spec.maxReleasesPerMinute ? `at most ${deployment.spec.maxReleasesPerMinute} a minute` : "no limit"),
       h("dt", {}, "Started"), h("dd", {}, when(s.startTime)),
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
     ),
     h("div", { class: "toolbar" }, actions),
     table(["Device", "State", "Attempt", "Last error", "Next attempt"], rows, "No target yet."),
   );
+}
+
+// A deployment's failure threshold in words, and when it was reached.
+function thresholdText(threshold, reachedAt) {
+  if (!threshold) return "none";
+  const limit = threshold.failed ? `${threshold.failed} targets ended failed` : `${threshold.percent}% of the ended targets failed`;
+  const min = threshold.minEnded ? `, once ${threshold.minEnded} have ended` : "";
+  const reached = reachedAt ? h("span", { class: "error" }, " — reached ", when(reachedAt)) : "";
+  return h("span", {}, `stops when ${limit}${min}`, reached);
 }
 
 function deviceLink(id) {

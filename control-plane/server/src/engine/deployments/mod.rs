@@ -494,7 +494,8 @@ impl Engine {
 }
 
 /// When the deployment's next pass is due without any change: a running
-/// attempt times out, a waiting retry becomes due, or the deadline passes.
+/// attempt times out, a waiting retry becomes due, the release rate has
+/// room again, or the deadline passes.
 fn next_due(
     record: &DeploymentRecord,
     view: &DeploymentView,
@@ -511,6 +512,7 @@ fn next_due(
         // An acknowledged job's clock starts at its ack at the earliest.
         .chain(view.acked_at().map(|acked| acked + timeout))
         .chain(decision.next_retry_at)
+        .chain(decision.next_release_at)
         .chain((deadline > now).then_some(deadline))
         .min()
 }

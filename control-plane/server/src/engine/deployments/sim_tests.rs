@@ -13,11 +13,19 @@
 //! retry is not released before it. At the end: every target has ended,
 //! the cached counts equal a recount, and each device took each job once,
 //! attempts 1, 2, 3... in order, with the ids the deployment derives.
+//!
+//! Rollout safety (issue 33), on two more groups of the same fleet: a
+//! deployment with a failure threshold stops exactly when the targets that
+//! ended failed reach it (the stored counts never reach it while it runs,
+//! and it never stops before that many used up their attempts), releases
+//! nothing after, and its queued jobs are canceled on the devices; a
+//! deployment with a release rate never releases more than its limit in
+//! any 60 seconds, on either replica, and reaches the limit.
 
 use super::*;
 use crate::deployment::{
-    Counts, DeploymentJob, DeploymentSpec, DeploymentStatus, DeviceFilter, TargetEnd, Targeting,
-    Window, attempt_job_id, time_zone,
+    Counts, DeploymentJob, DeploymentSpec, DeploymentStatus, DeviceFilter, FailureLimit,
+    FailureThreshold, RATE_WINDOW, TargetEnd, Targeting, Window, attempt_job_id, time_zone,
 };
 use crate::dispatch::Presence;
 use crate::records::{DeviceRecord, device_key, targets_prefix};
@@ -178,6 +186,8 @@ fn spec(
         retries,
         retry_backoff_seconds,
         deadline_seconds: deadline_days * 24 * 3600,
+        failure_threshold: None,
+        max_releases_per_minute: None,
     }
 }
 
@@ -194,6 +204,27 @@ fn spec_b() -> DeploymentSpec {
     spec("fleet-b", job, 8, (2, 4, "Europe/Sofia"), (1, 300), 2)
 }
 
+/// Stops once five targets ended failed (nine of its sixty would).
+const THRESHOLD: u32 = 5;
+fn spec_c() -> DeploymentSpec {
+    let job = DeploymentJob::SystemUpgradeV1;
+    let mut spec = spec("fleet-c", job, 10, (20, 8, "UTC"), (1, 300), 3);
+    spec.failure_threshold = Some(FailureThreshold {
+        limit: FailureLimit::Failed(THRESHOLD),
+        min_ended: 0,
+    });
+    spec
+}
+
+/// Room for thirty at once, but four releases a minute.
+const RATE: u32 = 4;
+fn spec_d() -> DeploymentSpec {
+    let job = DeploymentJob::SystemUpgradeV1;
+    let mut spec = spec("fleet-d", job, 30, (18, 10, "UTC"), (2, 300), 3);
+    spec.max_releases_per_minute = Some(RATE);
+    spec
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_keeps_every_deployment_rule() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -201,17 +232,25 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
         RedbKv::open(&dir.path().join("drover.redb")).expect("store"),
     ));
     let start = t("2027-03-27T12:00:00Z");
-    let specs = [("midnight", spec_a()), ("dst-night", spec_b())];
+    let specs = [
+        ("midnight", spec_a()),
+        ("dst-night", spec_b()),
+        ("threshold", spec_c()),
+        ("paced", spec_d()),
+    ];
 
-    // The fleet: 160 devices in fleet-a, 80 in fleet-b, 10 in neither;
-    // every seventeenth of fleet-a never had an agent (excluded).
+    // The fleet: 160 devices in fleet-a, 80 in fleet-b, 10 in neither, 60
+    // in fleet-c and 60 in fleet-d; every seventeenth of fleet-a never had
+    // an agent (excluded).
     let mut devices = Vec::new();
-    for index in 0..250usize {
+    for index in 0..370usize {
         let id = DeviceId::new(format!("sim-{index:03}")).expect("id");
         let mut record = DeviceRecord::new(id.clone());
         let (group, zone, deployment) = match index {
             0..160 => ("fleet-a", ZONES_A[index % 6], Some("midnight")),
             160..240 => ("fleet-b", ZONES_B[index % 3], Some("dst-night")),
+            250..310 => ("fleet-c", None, Some("threshold")),
+            310..370 => ("fleet-d", ZONES_B[index % 3], Some("paced")),
             _ => ("elsewhere", None, None),
         };
         record.groups.insert(group.into());
@@ -273,6 +312,9 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
     let mut now = start;
     let mut peak: BTreeMap<String, u32> = BTreeMap::new();
     let mut retries_checked = 0usize;
+    // When each deployment's jobs were released, on the control plane's clock.
+    let mut releases: BTreeMap<String, Vec<Timestamp>> = BTreeMap::new();
+    let mut canceled_on_devices = 0usize;
     let mut turn = 0u64;
     let end = start + SignedDuration::from_hours(3 * 24 + 1);
     let finished = loop {
@@ -298,6 +340,20 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
             for key in keys {
                 let device = key.split('/').nth(1).expect("device");
                 let index = by_id[&DeviceId::new(device).expect("id")];
+                let (_, job) = db
+                    .get::<JobDelivery>(&key)
+                    .await
+                    .expect("get")
+                    .expect("job");
+                let name = job
+                    .run
+                    .expect("run")
+                    .trim_start_matches("deployment/")
+                    .to_owned();
+                releases
+                    .entry(name)
+                    .or_default()
+                    .push(job.intent.created_at);
                 fleet.inbox.entry(index).or_default().push_back(key);
             }
         }
@@ -326,6 +382,12 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
                 }
                 if !online[index] {
                     still.push_back(key);
+                    continue;
+                }
+                if job.cancel_requested_at.is_some() {
+                    // The agent cancels a job it holds and has not started.
+                    report(&db, &key, JobState::Canceled, now).await;
+                    canceled_on_devices += 1;
                     continue;
                 }
                 if fleet
@@ -489,6 +551,39 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
                     retries_checked += 1;
                 }
             }
+            if let Some(threshold) = spec.failure_threshold {
+                // Not late: counts that reach it are a stopped deployment's.
+                assert!(
+                    record.status.threshold_reached_at.is_some()
+                        || !threshold.reached(&record.status.counts),
+                    "{name}: the threshold was reached at {now} and the rollout goes on: {:?}",
+                    record.status
+                );
+                if let Some(stop) = record.status.threshold_reached_at {
+                    // Never early: that many had used up their attempts.
+                    let used_up = targets
+                        .iter()
+                        .filter(|(_, _, t)| {
+                            matches!(t.end, Some(TargetEnd::Failed { at }) if at <= stop)
+                                && t.attempt == spec.retries + 1
+                        })
+                        .count() as u32;
+                    assert!(
+                        used_up >= THRESHOLD,
+                        "{name}: stopped at {stop} with {used_up} failed"
+                    );
+                    let late: Vec<_> = releases
+                        .get(*name)
+                        .into_iter()
+                        .flatten()
+                        .filter(|at| **at > stop)
+                        .collect();
+                    assert!(
+                        late.is_empty(),
+                        "{name}: released after its stop at {stop}: {late:?}"
+                    );
+                }
+            }
             all_ended &= record.status.phase.is_terminal();
         }
         if all_ended {
@@ -519,6 +614,17 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
         if *name == "midnight" {
             assert_eq!(record.status.excluded, excluded_a);
         }
+        if spec.failure_threshold.is_some() {
+            assert_eq!(
+                record.status.reason.as_deref(),
+                Some(deployment::THRESHOLD_REACHED)
+            );
+            assert_eq!(record.status.phase, Phase::Failed);
+            assert!(recount.canceled > 0, "{name}: the stop canceled targets");
+            assert!(recount.succeeded > 0, "{name}: some succeeded first");
+            eprintln!("{name}: {:?} {recount:?}", record.status.latest_error);
+            continue;
+        }
         // Devices that fail every attempt used up their retries and failed.
         for (_, _, target) in &targets {
             let index = by_id[&target.device];
@@ -536,6 +642,29 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
             "{name}: {:?} {:?}, peak {} of {} out at once",
             record.status.phase, recount, peak[*name], spec.max_concurrency
         );
+        if let Some(rate) = spec.max_releases_per_minute {
+            // At most `rate` in any 60 seconds, and that many at times.
+            let mut times = releases[*name].clone();
+            times.sort();
+            let busiest = (0..times.len())
+                .map(|i| {
+                    times[i..]
+                        .iter()
+                        .take_while(|t| **t < times[i] + RATE_WINDOW)
+                        .count()
+                })
+                .max()
+                .unwrap_or(0);
+            eprintln!(
+                "{name}: {} releases, at most {busiest} in a minute",
+                times.len()
+            );
+            assert_eq!(
+                busiest as u32, rate,
+                "{name}: the rate held and was reached"
+            );
+            continue;
+        }
         assert_eq!(
             peak[*name], spec.max_concurrency,
             "{name}: the limit was reached, so it was tested"
@@ -570,6 +699,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
         finished as i64 * TURN.as_mins() / 60
     );
     assert!(failed_attempts > 20, "failures were exercised");
+    eprintln!("{canceled_on_devices} jobs canceled on their devices");
 }
 
 /// Issue 33 item 1 (the jobs seed): a job the device acknowledged but did
@@ -603,6 +733,8 @@ async fn an_acknowledged_job_behind_an_earlier_one_times_out_from_its_end() {
         retries: 0,
         retry_backoff_seconds: 60,
         deadline_seconds: 2 * 24 * 3600,
+        failure_threshold: None,
+        max_releases_per_minute: None,
     };
     let mut turn = 0;
     let mut now = t0;
