@@ -1406,23 +1406,6 @@ impl AgentProcess {
         .await
     }
 
-    /// Waits until the agent holds no running or queued job while statuses
-    /// still wait in its outbox (no control plane confirmed them).
-    pub async fn wait_idle_with_unsent_statuses(&self, timeout: Duration) {
-        eventually(
-            timeout,
-            "the agent to finish, its statuses unconfirmed",
-            || async {
-                let status = self.status();
-                (status["currentJob"].is_null()
-                    && status["queuedJobs"] == 0
-                    && status["outboxPending"].as_u64() > Some(0))
-                .then_some(())
-            },
-        )
-        .await
-    }
-
     /// Asserts the agent holds one job whose every step ran once: nothing
     /// ran twice.
     pub fn assert_one_job_run_once(&self) {

@@ -290,6 +290,7 @@ async fn every_bucket_on_the_cluster_has_three_replicas() {
         "KV_system-upgrade-intent",
         "KV_system-upgrade-status",
         "KV_drover-control-plane",
+        "drover-held-statuses",
     ] {
         let mut found = js.get_stream(stream).await.expect(stream);
         let info: Value =

@@ -1,14 +1,15 @@
 //! The agent's end over NATS: subscribe to its republished intent subject,
 //! say hello (with the jobs it holds) after every (re)connect until a control
 //! plane answers, send its statuses as requests that a control plane answers
-//! once each is in the status bucket (the answer confirms it, A4), and
-//! publish heartbeats. Reconnects are async-nats's
+//! once each is in the status bucket (the answer confirms it, A4) or, when
+//! none answers, have the broker hold them (JetStream's acknowledgement
+//! confirms it), and publish heartbeats. Reconnects are async-nats's
 //! own; the first connection is retried with capped, jittered backoff.
 
 use crate::{
     HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
-    NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, hello_subject,
-    inbox_prefix, key, key_subject, status_subject,
+    NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, held_subject,
+    hello_subject, inbox_prefix, key, key_subject, status_subject,
 };
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
@@ -323,11 +324,14 @@ pub enum Sent {
 
 /// Sends one status as a request on the device's status subject, which a
 /// control plane answers once the status is in the status bucket. When no
-/// control plane takes the request (none runs, one older than status
-/// requests runs, or nats-server's authorization predates them), the status
-/// is put into the bucket directly, as agents did before; nats-server
-/// refuses that unless its authorization still allows it (`drover
-/// nats-config --allow-direct-status-puts`), and the status waits in the
+/// control plane takes the request (none runs, or none answers in time),
+/// the status is published to the device's subject of the held-status
+/// stream: JetStream's acknowledgement means the broker keeps it, stamped
+/// with its own time, until a control plane takes it. Failing that (a
+/// control plane or an authorization older than the held stream), it is
+/// put into the status bucket directly, as agents did before, which
+/// nats-server refuses unless its authorization still allows it (`drover
+/// nats-config --allow-direct-status-puts`); then the status waits in the
 /// outbox for the next try.
 pub async fn send_status(
     client: &async_nats::Client,
@@ -365,6 +369,21 @@ pub async fn send_status(
         Ok(Err(e)) => return Sent::Later(format!("status not sent: {e}")),
         Err(_) => "no answer".to_owned(),
     };
+    let held = match js
+        .publish(held_subject(&status.device_id), payload.clone().into())
+        .await
+    {
+        Ok(ack) => match tokio::time::timeout(STATUS_TIMEOUT, ack).await {
+            Ok(Ok(_)) => {
+                debug!(job_id = %status.job_id, "no control plane answered; the broker holds the status");
+                return Sent::Stored;
+            }
+            Ok(Err(e)) => format!("the broker did not hold it: {e}"),
+            Err(_) => "the broker did not acknowledge holding it".to_owned(),
+        },
+        Err(e) => format!("the broker did not hold it: {e}"),
+    };
+    let unanswered = format!("{unanswered}; {held}");
     let subject = key_subject(STATUS_BUCKET, &key(&status.device_id, status.job_id));
     let acked = match js.publish(subject, payload.into()).await {
         Ok(ack) => tokio::time::timeout(STATUS_TIMEOUT, ack).await,

@@ -15,9 +15,14 @@
 //! consumers: a consumer's deliver subject cannot be restricted by
 //! nats-server permissions, so the right to create one would let a device
 //! push its intents onto another device's subject. Heartbeats go to a
-//! per-device subject.
+//! per-device subject. A status no control plane answers (none runs) is
+//! published to the device's subject of the held-status stream instead,
+//! whose broker time is its receive time; a replica takes it from there,
+//! with the same checks, when one runs again.
 
 pub mod agent;
+#[cfg(feature = "server")]
+mod held;
 #[cfg(feature = "server")]
 pub mod kv;
 #[cfg(feature = "server")]
@@ -42,6 +47,25 @@ pub const HELLO_QUEUE: &str = "drover-control-plane";
 /// Status requests: `<prefix>.<device>`, answered by one control-plane
 /// replica once the status is in the status bucket.
 pub const STATUS_PREFIX: &str = "drover.status";
+
+/// Statuses an agent could hand to no control plane (none answered its
+/// request): `<prefix>.<device>`, kept by JetStream, stamped with the
+/// broker's time, until a replica takes them. That stamp is the status's
+/// receive time (A12): a result made while every replica was down counts
+/// from when the broker had it, on a clock no device sets.
+pub const HELD_PREFIX: &str = "drover.held";
+/// The stream that keeps held statuses (work-queue retention: a status
+/// leaves it once a replica has stored it).
+pub const HELD_STREAM: &str = "drover-held-statuses";
+/// The one durable consumer every replica takes held statuses from.
+pub const HELD_CONSUMER: &str = "drover-control-plane";
+/// Held statuses one device may have in the stream; past it the broker
+/// refuses more and they wait in the agent's outbox.
+pub const HELD_PER_DEVICE: i64 = 256;
+
+pub fn held_subject(device: &DeviceId) -> String {
+    format!("{HELD_PREFIX}.{device}")
+}
 
 /// The largest status a device may send, and the largest value either
 /// bucket takes: Drover's largest status, with room.

@@ -37,11 +37,29 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 const STATUSES_IN_FLIGHT: usize = 256;
 
 pub struct NatsLinks {
-    buckets: Buckets,
+    pub(crate) buckets: Buckets,
     events: mpsc::Sender<Event>,
     /// The status watch's health: up once it follows the bucket, stalled
     /// when its watchdog finds it stopped short.
     health: HealthCell,
+    /// Which backlogs are read: the link has caught up once both are.
+    backlog: std::sync::Mutex<Backlog>,
+}
+
+/// A backlog the link reads at its start.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Part {
+    /// The status bucket, from the position the control plane committed.
+    Watch,
+    /// The held-status stream.
+    Held,
+}
+
+#[derive(Debug, Default)]
+struct Backlog {
+    watch: bool,
+    held: bool,
+    said: bool,
 }
 
 fn link_error(e: impl std::fmt::Display) -> LinkError {
@@ -57,7 +75,24 @@ impl NatsLinks {
             buckets,
             events,
             health: HealthCell::default(),
+            backlog: Default::default(),
         })
+    }
+
+    /// Marks one backlog read; once both are, tells the delivery core the
+    /// link has caught up. False only when the core is gone.
+    pub(crate) async fn part_caught_up(&self, part: Part) -> bool {
+        let say = {
+            let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+            match part {
+                Part::Watch => backlog.watch = true,
+                Part::Held => backlog.held = true,
+            }
+            let say = backlog.watch && backlog.held && !backlog.said;
+            backlog.said |= say;
+            say
+        };
+        !say || self.send(Inbound::CaughtUp).await
     }
 
     /// Runs the watchers until `shutdown`. Statuses are handed over from the
@@ -67,14 +102,16 @@ impl NatsLinks {
         let heartbeats = tokio::spawn(self.clone().heartbeats(shutdown.clone()));
         let hellos = tokio::spawn(self.clone().hellos(shutdown.clone()));
         let requests = tokio::spawn(self.clone().status_requests(shutdown.clone()));
+        let held = tokio::spawn(self.clone().held_statuses(shutdown.clone()));
         shutdown.cancelled().await;
         statuses.abort();
         heartbeats.abort();
         hellos.abort();
         requests.abort();
+        held.abort();
     }
 
-    async fn send(&self, inbound: Inbound) -> bool {
+    pub(crate) async fn send(&self, inbound: Inbound) -> bool {
         self.events
             .send(Event {
                 transport: TRANSPORT,
@@ -99,7 +136,7 @@ impl NatsLinks {
                 }
             };
             if !caught_up && backlog_end.is_some_and(|end| end < next) {
-                caught_up = self.send(Inbound::CaughtUp).await;
+                caught_up = self.part_caught_up(Part::Watch).await;
             }
             match self.buckets.statuses.watch_all_from_revision(next).await {
                 Ok(mut watch) => {
@@ -143,7 +180,7 @@ impl NatsLinks {
                                 }
                                 next = next.max(revision + 1);
                                 if current && !caught_up {
-                                    caught_up = self.send(Inbound::CaughtUp).await;
+                                    caught_up = self.part_caught_up(Part::Watch).await;
                                 }
                             }
                             Some(Err(e)) => {
@@ -265,46 +302,56 @@ impl NatsLinks {
     }
 
     /// Checks one status a device sent and puts it into the status bucket
-    /// under its job's key. A device may write only the keys of jobs it was
-    /// given (an entry in the intent bucket, a deleted one included, proves
-    /// that), each at most [`MAX_VALUE_BYTES`] and one value deep, so it
-    /// can fill nothing but those keys.
+    /// under its job's key.
     async fn store_status(&self, device: &DeviceId, payload: &[u8]) -> StatusReply {
-        if payload.len() > MAX_VALUE_BYTES as usize {
-            return StatusReply::Refused(format!(
-                "a status of {} bytes is larger than the {MAX_VALUE_BYTES} bytes allowed",
-                payload.len()
-            ));
-        }
-        let status: JobStatus = match serde_json::from_slice(payload) {
+        let status = match self.check_status(device, payload).await {
             Ok(status) => status,
-            Err(e) => return StatusReply::Refused(format!("unreadable status: {e}")),
+            Err(answer) => return answer,
         };
-        if &status.device_id != device {
-            return StatusReply::Refused(format!(
-                "the status names device {}, but came from {device}",
-                status.device_id
-            ));
-        }
-        let key = key(device, status.job_id);
-        match self.buckets.intents.entry(key.clone()).await {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return StatusReply::Refused(format!(
-                    "job {} was never given to {device}",
-                    status.job_id
-                ));
-            }
-            Err(e) => return StatusReply::Failed(format!("cannot read the intent bucket: {e}")),
-        }
         match self
             .buckets
             .statuses
-            .put(key, payload.to_vec().into())
+            .put(key(device, status.job_id), payload.to_vec().into())
             .await
         {
             Ok(_) => StatusReply::Stored,
             Err(e) => StatusReply::Failed(format!("cannot store the status: {e}")),
+        }
+    }
+
+    /// A status a device sent, if it may be stored: a device may write only
+    /// the keys of jobs it was given (an entry in the intent bucket, a
+    /// deleted one included, proves that), each at most [`MAX_VALUE_BYTES`]
+    /// and one value deep, so it can fill nothing but those keys. Else why
+    /// not (Refused), or why not now (Failed).
+    pub(crate) async fn check_status(
+        &self,
+        device: &DeviceId,
+        payload: &[u8],
+    ) -> Result<JobStatus, StatusReply> {
+        if payload.len() > MAX_VALUE_BYTES as usize {
+            return Err(StatusReply::Refused(format!(
+                "a status of {} bytes is larger than the {MAX_VALUE_BYTES} bytes allowed",
+                payload.len()
+            )));
+        }
+        let status: JobStatus = serde_json::from_slice(payload)
+            .map_err(|e| StatusReply::Refused(format!("unreadable status: {e}")))?;
+        if &status.device_id != device {
+            return Err(StatusReply::Refused(format!(
+                "the status names device {}, but came from {device}",
+                status.device_id
+            )));
+        }
+        match self.buckets.intents.entry(key(device, status.job_id)).await {
+            Ok(Some(_)) => Ok(status),
+            Ok(None) => Err(StatusReply::Refused(format!(
+                "job {} was never given to {device}",
+                status.job_id
+            ))),
+            Err(e) => Err(StatusReply::Failed(format!(
+                "cannot read the intent bucket: {e}"
+            ))),
         }
     }
 
@@ -404,7 +451,7 @@ fn own_inbox(
 }
 
 /// The device a plain subject ends in (`drover.hello.<device>`).
-fn device_of(subject: &str) -> Option<DeviceId> {
+pub(crate) fn device_of(subject: &str) -> Option<DeviceId> {
     subject
         .rsplit('.')
         .next()

@@ -4,9 +4,9 @@
 
 pub use crate::MAX_VALUE_BYTES;
 use crate::{
-    HEARTBEAT_PREFIX, INTENT_BUCKET, INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings,
-    STATUS_BUCKET, connect_options, hello_subject, inbox_prefix, key_subject, status_subject,
-    stream_name,
+    HEARTBEAT_PREFIX, HELD_PER_DEVICE, HELD_PREFIX, HELD_STREAM, INTENT_BUCKET,
+    INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings, STATUS_BUCKET, connect_options, held_subject,
+    hello_subject, inbox_prefix, key_subject, status_subject, stream_name,
 };
 use agent_core::DeviceId;
 use async_nats::jetstream::{self, kv, stream};
@@ -37,6 +37,8 @@ pub struct Buckets {
     pub js: jetstream::Context,
     pub intents: kv::Store,
     pub statuses: kv::Store,
+    /// Statuses agents published while no control plane answered.
+    pub held: stream::Stream,
 }
 
 pub async fn connect(settings: &NatsSettings, name: &str) -> Result<async_nats::Client, NatsError> {
@@ -123,12 +125,43 @@ pub async fn ensure_buckets(
         .get_key_value(STATUS_BUCKET)
         .await
         .map_err(|e| NatsError::JetStream(e.to_string()))?;
+    let held = js
+        .get_or_create_stream(held_stream_config(limits))
+        .await
+        .map_err(|e| {
+            NatsError::JetStream(format!("cannot create or open the held-status stream: {e}"))
+        })?;
     Ok(Buckets {
         client,
         js,
         intents,
         statuses,
+        held,
     })
+}
+
+/// The held-status stream: one subject per device, each holding at most
+/// [`HELD_PER_DEVICE`] statuses of at most [`MAX_VALUE_BYTES`] (past either
+/// the broker refuses, and the agent keeps the status in its outbox), kept
+/// until a replica acknowledges it.
+fn held_stream_config(limits: BucketLimits) -> stream::Config {
+    stream::Config {
+        name: HELD_STREAM.into(),
+        subjects: vec![format!("{HELD_PREFIX}.*")],
+        retention: stream::RetentionPolicy::WorkQueue,
+        max_messages_per_subject: HELD_PER_DEVICE,
+        discard: stream::DiscardPolicy::New,
+        discard_new_per_subject: true,
+        max_bytes: limits.max_bytes,
+        max_age: limits.max_age,
+        max_message_size: MAX_VALUE_BYTES,
+        storage: stream::StorageType::File,
+        num_replicas: limits.replicas,
+        allow_rollup: false,
+        deny_delete: true,
+        deny_purge: true,
+        ..Default::default()
+    }
 }
 
 /// Whether devices may still put into the status bucket themselves, as
@@ -171,7 +204,8 @@ fn bcrypt_of(password: &str, cost: u32) -> Result<String, String> {
 
 /// A nats-server `authorization` block: the control plane may do anything;
 /// each device may read only its own intents (its republished subject) and
-/// send only its own statuses, heartbeat and hello, all to the control
+/// send only its own statuses (as requests, or held in the held-status
+/// stream under its own subject), heartbeat and hello, all to the control
 /// plane. A device may write no bucket and create no JetStream consumer:
 /// nats-server checks a consumer's filter subject but not its deliver
 /// subject, so that right would let a device push messages onto another
@@ -208,6 +242,7 @@ pub fn authorization_config(
     for (device, password) in devices {
         let mut publish = vec![
             status_subject(device),
+            held_subject(device),
             format!("{HEARTBEAT_PREFIX}.{device}"),
             hello_subject(device),
         ];
@@ -275,6 +310,7 @@ mod tests {
         );
         assert!(config.contains("password: \"$2a$04$"), "{config}");
         assert!(config.contains("\"drover.status.dev-a\""), "{config}");
+        assert!(config.contains("\"drover.held.dev-a\""), "{config}");
         assert!(
             !config.contains("$KV.system-upgrade-status"),
             "no bucket is a device's to write: {config}"
