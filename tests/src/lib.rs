@@ -867,7 +867,12 @@ impl ControlPlane {
                 "--agent-listen",
                 "127.0.0.1:0",
             ])
-            .args(["--pass-interval-ms", "200", "--ready-file"])
+            // A test may set its own pass interval.
+            .args(match extra.iter().any(|a| *a == "--pass-interval-ms") {
+                true => &[][..],
+                false => &["--pass-interval-ms", "200"][..],
+            })
+            .arg("--ready-file")
             .arg(&ready)
             .args(extra)
             .env("RUST_LOG", "info,drover=debug")

@@ -676,3 +676,83 @@ async fn a_deployment_stops_at_its_failure_threshold_and_cancels_what_waits() {
     );
     std::fs::remove_file(&queued.hold).expect("release b-queued");
 }
+
+/// The seed's pass triggers, each on its own: with the engine's timer set
+/// to ten minutes, only a change, a result and a hello can move this
+/// deployment. `t1` is released by the pass its creation triggers; `t2`
+/// (online) waits for the one slot and is released by the pass `t1`'s
+/// result triggers; `t3` is offline, and is released by the pass its
+/// agent's hello triggers. Each wait is far shorter than the timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pass_trigger_moves_a_deployment_without_the_timer() {
+    let cp = ControlPlane::start(&["--pass-interval-ms", "600000"]);
+    for device in ["t1", "t2", "t3"] {
+        apply_device(&cp, device, "triggers", None).await;
+    }
+    let first = held_agent(&cp, "t1");
+    let second = AgentProcess::start(
+        &cp.dir.path().join("t2"),
+        "t2",
+        &cp.agent_url,
+        &cp.device_token("t2"),
+        "",
+    );
+    let mut third = AgentProcess::start(
+        &cp.dir.path().join("t3"),
+        "t3",
+        &cp.agent_url,
+        &cp.device_token("t3"),
+        "",
+    );
+    cp.wait_for_agents(&["t1", "t2", "t3"]).await;
+    third.kill9();
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "triggered"},
+        "spec": {
+            "targets": {"filter": {"groups": ["triggers"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "deadlineSeconds": 3600
+        }
+    }))
+    .await;
+    let state = |targets: &[Value], device: &str| {
+        targets
+            .iter()
+            .find(|t| t["device"] == device)
+            .map(|t| t["state"].as_str().unwrap_or("").to_owned())
+            .unwrap_or_default()
+    };
+    // The change feed: the new deployment's pass releases t1.
+    eventually(Duration::from_secs(30), "t1 released and held", || {
+        let reached = first.reached.exists();
+        async move { reached.then_some(()) }
+    })
+    .await;
+    let t = targets(&cp, "triggered").await;
+    assert_eq!(
+        (state(&t, "t2"), state(&t, "t3")),
+        ("pending".into(), "pending".into()),
+        "one slot: {t:?}"
+    );
+    // A result: t1's success frees the slot, and the pass it triggers
+    // releases t2 (online), not t3 (offline).
+    std::fs::remove_file(&first.hold).expect("release t1");
+    eventually(
+        Duration::from_secs(30),
+        "t2 released by t1's result",
+        || async {
+            let t = targets(&cp, "triggered").await;
+            (state(&t, "t1") == "succeeded" && state(&t, "t2") == "succeeded").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(state(&targets(&cp, "triggered").await, "t3"), "pending");
+    // A hello: t3 comes back, and its hello's pass releases it.
+    third.restart();
+    let d = finish(&cp, "triggered", 1, Duration::from_secs(30)).await;
+    assert_eq!(d["status"]["phase"], "Complete", "{d}");
+    assert_eq!(second.jobs().as_array().map(Vec::len), Some(1));
+    assert_eq!(third.jobs().as_array().map(Vec::len), Some(1));
+}

@@ -871,3 +871,117 @@ async fn debians_nats_server_reads_what_nats_config_wrote_as_its_own_user() {
         std::fs::read_to_string(etc.path().join("nats.log")).unwrap_or_default()
     );
 }
+
+/// The jobs seed's "one pass per deployment at a time; several replicas
+/// safe", end to end: a Deployment over six NATS agents on two replicas
+/// sharing the JetStream store, at most two targets out at once. One
+/// replica is killed while a target's job is held mid-upgrade; the other
+/// finishes the rollout. On every look neither replica shows more than two
+/// out; the broker saw one intent per device (a put repeated after a lost
+/// acknowledgement carries the same signed intent), and each agent ran one
+/// job once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_on_two_replicas_keeps_its_limit_and_releases_each_device_once() {
+    let devices = ["dep-1", "dep-2", "dep-3", "dep-4", "dep-5", "dep-6"];
+    let dir = ControlPlane::prepare();
+    let nats = NatsServer::start(&nats_config(dir.path(), &devices));
+    let url = nats.url();
+    let serve_args = [
+        "--store",
+        "nats",
+        "--nats-url",
+        &url,
+        "--nats-user",
+        CP_USER,
+        "--nats-password",
+        CP_PASSWORD,
+    ];
+    let dir_b = ControlPlane::prepare_replica(dir.path());
+    let mut first = ControlPlane::start_in(dir, &serve_args);
+    let second = ControlPlane::start_in(dir_b, &serve_args);
+    for device in devices {
+        first.apply_device(device, &["fleet"], json!({})).await;
+    }
+    let (hold, reached, testing) = held(&first, "dep-1", "");
+    let agents: Vec<AgentProcess> = devices
+        .iter()
+        .map(|d| {
+            nats_agent(
+                &first,
+                &url,
+                d,
+                None,
+                if *d == "dep-1" { &testing } else { "" },
+            )
+        })
+        .collect();
+    second.wait_for_agents(&devices).await;
+    let puts = drover_tests::IntentPuts::record(&url, CP_USER, CP_PASSWORD).await;
+    first
+        .apply(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Deployment",
+            "metadata": {"name": "replicated"},
+            "spec": {
+                "targets": {"filter": {"groups": ["fleet"]}},
+                "systemUpgradeV1": {},
+                "maxConcurrency": 2,
+                "deadlineSeconds": 600
+            }
+        }))
+        .await;
+    let out_at_most_two = |d: &Value| {
+        let s = &d["status"];
+        let out = s["queued"].as_u64().unwrap_or(0) + s["running"].as_u64().unwrap_or(0);
+        assert!(out <= 2, "{out} targets out, over 2: {d}");
+    };
+    wait_for_file(&reached, "dep-1's job held mid-upgrade").await;
+    for cp in [&first, &second] {
+        out_at_most_two(&cp.get("/deployments/replicated").await);
+    }
+    first.kill9();
+    std::fs::remove_file(&hold).expect("release dep-1");
+    let done = eventually(
+        Duration::from_secs(90),
+        "the deployment to finish",
+        || async {
+            let d = second.get("/deployments/replicated").await;
+            out_at_most_two(&d);
+            matches!(d["status"]["phase"].as_str(), Some("Complete" | "Failed")).then_some(d)
+        },
+    )
+    .await;
+    assert_eq!(
+        done["status"]["phase"],
+        "Complete",
+        "{done}\n{}",
+        second.log()
+    );
+    assert_eq!(done["status"]["succeeded"], 6, "{done}");
+    // One release per device, by the broker's record.
+    let keys = puts.per_key();
+    assert_eq!(keys.len(), devices.len(), "{:?}", keys.keys());
+    for device in devices {
+        let (key, payloads) = keys
+            .iter()
+            .find(|(k, _)| k.starts_with(&format!("{device}.")))
+            .unwrap_or_else(|| panic!("no intent for {device}: {:?}", keys.keys()));
+        assert!(
+            payloads.windows(2).all(|w| w[0] == w[1]),
+            "{key}: released twice with different intents"
+        );
+    }
+    for agent in &agents {
+        agent.assert_jobs_run_once(1);
+    }
+    // The killed replica comes back and agrees.
+    first.restart();
+    eventually(
+        Duration::from_secs(30),
+        "the restarted replica to agree",
+        || async {
+            let seen = first.get("/deployments/replicated").await;
+            (seen["status"]["phase"] == "Complete").then_some(())
+        },
+    )
+    .await;
+}
