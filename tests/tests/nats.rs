@@ -68,6 +68,44 @@ fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlP
     (nats, cp)
 }
 
+/// A nats-server for `devices` and two control-plane replicas on its
+/// JetStream store; the second shares the first's secrets (device tokens,
+/// operator token), not its data.
+fn two_replicas(devices: &[&str]) -> (NatsServer, ControlPlane, ControlPlane) {
+    let dir = ControlPlane::prepare();
+    let nats = NatsServer::start(&nats_config(dir.path(), devices));
+    let url = nats.url();
+    let serve_args = [
+        "--store",
+        "nats",
+        "--nats-url",
+        &url,
+        "--nats-user",
+        CP_USER,
+        "--nats-password",
+        CP_PASSWORD,
+    ];
+    let dir_b = ControlPlane::prepare_replica(dir.path());
+    let first = ControlPlane::start_in(dir, &serve_args);
+    let second = ControlPlane::start_in(dir_b, &serve_args);
+    (nats, first, second)
+}
+
+/// An agent over NATS for each of `devices`, the first with the test hooks
+/// `testing` (a hold).
+fn agents_held_first(
+    cp: &ControlPlane,
+    url: &str,
+    devices: &[&str],
+    testing: &str,
+) -> Vec<AgentProcess> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| nats_agent(cp, url, d, None, if i == 0 { testing } else { "" }))
+        .collect()
+}
+
 fn nats_agent(
     cp: &ControlPlane,
     nats_url: &str,
@@ -236,23 +274,8 @@ async fn agents_and_the_control_plane_speak_tls_to_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing_twice() {
     let devices = ["rep-1", "rep-2", "rep-3", "rep-4", "rep-5"];
-    let dir = ControlPlane::prepare();
-    let nats = NatsServer::start(&nats_config(dir.path(), &devices));
+    let (nats, mut first, second) = two_replicas(&devices);
     let url = nats.url();
-    let serve_args = [
-        "--store",
-        "nats",
-        "--nats-url",
-        &url,
-        "--nats-user",
-        CP_USER,
-        "--nats-password",
-        CP_PASSWORD,
-    ];
-    // The second replica shares the secrets (device tokens, operator token), not the data.
-    let dir_b = ControlPlane::prepare_replica(dir.path());
-    let mut first = ControlPlane::start_in(dir, &serve_args);
-    let second = ControlPlane::start_in(dir_b, &serve_args);
 
     for device in devices {
         let labels = if device == "rep-1" {
@@ -268,18 +291,7 @@ async fn two_replicas_on_jetstream_kv_survive_a_killed_replica_without_releasing
     let reached = canary_dir.join("reached");
     std::fs::write(&hold, "").expect("hold");
     let testing = drover_tests::hold_config(&hold, &reached);
-    let agents: Vec<AgentProcess> = devices
-        .iter()
-        .map(|d| {
-            nats_agent(
-                &first,
-                &url,
-                d,
-                None,
-                if *d == "rep-1" { &testing } else { "" },
-            )
-        })
-        .collect();
+    let agents = agents_held_first(&first, &url, &devices, &testing);
     second.wait_for_agents(&devices).await;
     // Every intent put from here on, restarts included, as the broker saw it.
     let puts = drover_tests::IntentPuts::record(&url, CP_USER, CP_PASSWORD).await;
@@ -379,6 +391,38 @@ fn held(
     (hold, reached, testing)
 }
 
+/// One NATS device (test hooks `more`) in a run `<device>-run` of
+/// `deadline_seconds`, its job held before full-upgrade: the broker, the
+/// control plane, the agent, the hold file and the run's deadline.
+async fn run_held_mid_job(
+    device: &str,
+    more: &str,
+    deadline_seconds: u64,
+) -> (
+    NatsServer,
+    ControlPlane,
+    AgentProcess,
+    std::path::PathBuf,
+    jiff::Timestamp,
+) {
+    let (nats, cp) = fleet(&[device], None);
+    cp.apply_device(device, &["fleet"], json!({})).await;
+    let (hold, reached, testing) = held(&cp, device, more);
+    let agent = nats_agent(&cp, &nats.url(), device, None, &testing);
+    cp.wait_for_agents(&[device]).await;
+    let name = format!("{device}-run");
+    cp.apply_upgrade_run(&name, "fleet", deadline_seconds).await;
+    wait_for_file(&reached, "the job to reach full-upgrade").await;
+    let run = cp.get(&format!("/taskruns/{name}")).await;
+    let start: jiff::Timestamp = run["status"]["startTime"]
+        .as_str()
+        .expect("start")
+        .parse()
+        .expect("time");
+    let deadline = start + jiff::SignedDuration::from_secs(deadline_seconds as i64);
+    (nats, cp, agent, hold, deadline)
+}
+
 async fn wait_for_file(path: &Path, what: &str) {
     eventually(Duration::from_secs(60), what, || async {
         path.exists().then_some(())
@@ -454,20 +498,7 @@ async fn a_status_made_while_the_control_plane_is_down_is_processed_when_it_retu
 /// result from when it read it, would fail the run DeadlineExceeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_the_broker_held_counts_from_when_the_broker_had_it() {
-    let (nats, mut cp) = fleet(&["held-1"], None);
-    cp.apply_device("held-1", &["fleet"], json!({})).await;
-    let (hold, reached, testing) = held(&cp, "held-1", "");
-    let agent = nats_agent(&cp, &nats.url(), "held-1", None, &testing);
-    cp.wait_for_agents(&["held-1"]).await;
-    cp.apply_upgrade_run("held-run", "fleet", 20).await;
-    wait_for_file(&reached, "the job to reach full-upgrade").await;
-    let run = cp.get("/taskruns/held-run").await;
-    let start: jiff::Timestamp = run["status"]["startTime"]
-        .as_str()
-        .expect("start")
-        .parse()
-        .expect("time");
-    let deadline = start + jiff::SignedDuration::from_secs(20);
+    let (nats, mut cp, agent, hold, deadline) = run_held_mid_job("held-1", "", 20).await;
     cp.kill9();
     std::fs::remove_file(&hold).expect("release");
     agent.wait_idle_and_flushed(Duration::from_secs(15)).await;
@@ -483,7 +514,7 @@ async fn a_result_the_broker_held_counts_from_when_the_broker_had_it() {
     .await;
     cp.restart();
     let run = cp
-        .wait_run_finished("held-run", Duration::from_secs(60))
+        .wait_run_finished("held-1-run", Duration::from_secs(60))
         .await;
     assert_eq!(run["status"]["phase"], "Complete", "{run}\n{}", cp.log());
     assert_eq!(run["status"]["succeeded"], 1, "{run}");
@@ -576,20 +607,8 @@ async fn a_device_cannot_create_a_consumer_that_delivers_to_another_device() {
 /// time", but the control plane judges by when the result reached it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
-    let (nats, mut cp) = fleet(&["slow-1"], None);
-    cp.apply_device("slow-1", &["fleet"], json!({})).await;
-    let (hold, reached, testing) = held(&cp, "slow-1", "clock_offset_seconds = -3600");
-    let agent = nats_agent(&cp, &nats.url(), "slow-1", None, &testing);
-    cp.wait_for_agents(&["slow-1"]).await;
-    cp.apply_upgrade_run("slow-run", "fleet", 15).await;
-    wait_for_file(&reached, "the job to reach full-upgrade").await;
-    let run = cp.get("/taskruns/slow-run").await;
-    let start: jiff::Timestamp = run["status"]["startTime"]
-        .as_str()
-        .expect("start")
-        .parse()
-        .expect("time");
-    let deadline = start + jiff::SignedDuration::from_secs(15);
+    let (_nats, mut cp, agent, hold, deadline) =
+        run_held_mid_job("slow-1", "clock_offset_seconds = -3600", 15).await;
     cp.kill9();
     eventually(Duration::from_secs(30), "the deadline to pass", || async {
         (jiff::Timestamp::now() > deadline + jiff::SignedDuration::from_secs(1)).then_some(())
@@ -600,7 +619,7 @@ async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
     agent.wait_idle_and_flushed(Duration::from_secs(60)).await;
     cp.restart();
     let run = cp
-        .wait_run_finished("slow-run", Duration::from_secs(60))
+        .wait_run_finished("slow-1-run", Duration::from_secs(60))
         .await;
     assert_eq!(run["status"]["phase"], "Failed", "{run}\n{}", cp.log());
     assert_eq!(run["status"]["succeeded"], 0, "{run}");
@@ -613,7 +632,7 @@ async fn a_slow_device_clock_cannot_succeed_past_the_deadline() {
             || error.contains("had not finished by the deadline"),
         "{run}"
     );
-    let targets = cp.targets("slow-run").await;
+    let targets = cp.targets("slow-1-run").await;
     let status = &targets[0]["status"];
     if status["state"] == "Succeeded" {
         // The device's clock claims it was in time.
@@ -883,38 +902,13 @@ async fn debians_nats_server_reads_what_nats_config_wrote_as_its_own_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_on_two_replicas_keeps_its_limit_and_releases_each_device_once() {
     let devices = ["dep-1", "dep-2", "dep-3", "dep-4", "dep-5", "dep-6"];
-    let dir = ControlPlane::prepare();
-    let nats = NatsServer::start(&nats_config(dir.path(), &devices));
+    let (nats, mut first, second) = two_replicas(&devices);
     let url = nats.url();
-    let serve_args = [
-        "--store",
-        "nats",
-        "--nats-url",
-        &url,
-        "--nats-user",
-        CP_USER,
-        "--nats-password",
-        CP_PASSWORD,
-    ];
-    let dir_b = ControlPlane::prepare_replica(dir.path());
-    let mut first = ControlPlane::start_in(dir, &serve_args);
-    let second = ControlPlane::start_in(dir_b, &serve_args);
     for device in devices {
         first.apply_device(device, &["fleet"], json!({})).await;
     }
     let (hold, reached, testing) = held(&first, "dep-1", "");
-    let agents: Vec<AgentProcess> = devices
-        .iter()
-        .map(|d| {
-            nats_agent(
-                &first,
-                &url,
-                d,
-                None,
-                if *d == "dep-1" { &testing } else { "" },
-            )
-        })
-        .collect();
+    let agents = agents_held_first(&first, &url, &devices, &testing);
     second.wait_for_agents(&devices).await;
     let puts = drover_tests::IntentPuts::record(&url, CP_USER, CP_PASSWORD).await;
     first

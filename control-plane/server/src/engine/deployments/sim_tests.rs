@@ -147,6 +147,18 @@ async fn report(db: &Db, key: &str, state: JobState, now: Timestamp) {
     .expect("report a status");
 }
 
+/// A job's record as stored, with the name of the deployment it is of.
+async fn job_of(db: &Db, key: &str) -> (String, JobDelivery) {
+    let (_, job) = db.get::<JobDelivery>(key).await.expect("get").expect("job");
+    let name = job
+        .run
+        .clone()
+        .expect("a deployment's job")
+        .trim_start_matches("deployment/")
+        .to_owned();
+    (name, job)
+}
+
 /// A deployment's record and targets as stored.
 async fn stored(db: &Db, name: &str) -> (DeploymentRecord, Vec<(String, u64, TargetRecord)>) {
     let (_, record) = db
@@ -340,16 +352,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
             for key in keys {
                 let device = key.split('/').nth(1).expect("device");
                 let index = by_id[&DeviceId::new(device).expect("id")];
-                let (_, job) = db
-                    .get::<JobDelivery>(&key)
-                    .await
-                    .expect("get")
-                    .expect("job");
-                let name = job
-                    .run
-                    .expect("run")
-                    .trim_start_matches("deployment/")
-                    .to_owned();
+                let (name, job) = job_of(&db, &key).await;
                 releases
                     .entry(name)
                     .or_default()
@@ -365,11 +368,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
             let inbox = fleet.inbox.entry(index).or_default();
             let mut still = VecDeque::new();
             while let Some(key) = inbox.pop_front() {
-                let (_, job) = db
-                    .get::<JobDelivery>(&key)
-                    .await
-                    .expect("get")
-                    .expect("job");
+                let (name, job) = job_of(&db, &key).await;
                 if now >= job.intent.expires_at {
                     db.update::<JobDelivery, _>(&key, |j| {
                         let mut j = j?;
@@ -398,8 +397,6 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
                     fleet.duplicates.push(key);
                     continue;
                 }
-                let deployment = job.run.clone().expect("a deployment's job");
-                let name = deployment.trim_start_matches("deployment/").to_owned();
                 let spec = &specs.iter().find(|(n, _)| *n == name).expect("spec").1;
                 let attempt = job.intent.attempt;
                 // Released inside the device's window, on the control plane's clock.
@@ -460,16 +457,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
                 };
                 report(&db, &working.key, state, now).await;
                 if working.fail {
-                    let (_, job) = db
-                        .get::<JobDelivery>(&working.key)
-                        .await
-                        .expect("get")
-                        .expect("job");
-                    let name = job
-                        .run
-                        .expect("run")
-                        .trim_start_matches("deployment/")
-                        .to_owned();
+                    let (name, job) = job_of(&db, &working.key).await;
                     fleet
                         .failed_at
                         .insert((name, device.id.clone(), job.intent.attempt), now);
