@@ -322,10 +322,16 @@ impl Store for RedbStore {
                 record.status.job_id.as_bytes().as_slice(),
                 job_bytes.as_slice(),
             )?;
-            tx.open_table(SUMMARIES)?.insert(
-                record.status.job_id.as_bytes().as_slice(),
-                summary_bytes.as_slice(),
-            )?;
+            // Written only when it changed (the job's state): an unchanged
+            // table costs no page in this commit.
+            let mut summaries = tx.open_table(SUMMARIES)?;
+            let key = record.status.job_id.as_bytes();
+            let unchanged = summaries
+                .get(key.as_slice())?
+                .is_some_and(|stored| stored.value() == summary_bytes.as_slice());
+            if !unchanged {
+                summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
+            }
             if report {
                 // Ids come from a durable counter, never from the table's last
                 // key: an emptied outbox must not hand out an id again.
