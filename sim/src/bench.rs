@@ -417,25 +417,28 @@ impl Api {
     }
 }
 
-/// Registers every device in one request (a List of Device manifests).
+/// Registers every device, as Lists of at most 20,000 Device manifests (the
+/// most one request may carry).
 pub async fn register(api_base: &str, token: &str, devices: &[DeviceId]) -> Result<()> {
     let api = Api {
         base: api_base.to_owned(),
         token: token.to_owned(),
         http: http_builder().timeout(Duration::from_secs(300)).build()?,
     };
-    let items: Vec<Value> = devices
-        .iter()
-        .map(|d| {
-            json!({"apiVersion": drover::records::API_VERSION, "kind": "Device",
-                   "metadata": {"name": d.as_str()}, "spec": {"groups": ["bench"]}})
-        })
-        .collect();
-    api.post(
-        "/apply",
-        &json!({"apiVersion": "v1", "kind": "List", "items": items}),
-    )
-    .await?;
+    for chunk in devices.chunks(20_000) {
+        let items: Vec<Value> = chunk
+            .iter()
+            .map(|d| {
+                json!({"apiVersion": drover::records::API_VERSION, "kind": "Device",
+                       "metadata": {"name": d.as_str()}, "spec": {"groups": ["bench"]}})
+            })
+            .collect();
+        api.post(
+            "/apply",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        .await?;
+    }
     Ok(())
 }
 

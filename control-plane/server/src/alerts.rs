@@ -13,7 +13,8 @@
 use crate::db::{Db, DbError};
 use crate::deployment::DeploymentRecord;
 pub use crate::records::{AlertRecord, resume_loop};
-use crate::records::{DeviceRecord, Phase, TaskRunRecord};
+use crate::records::{Phase, TaskRunRecord};
+use agent_core::DeviceId;
 use jiff::{SignedDuration, Timestamp};
 use serde::Serialize;
 
@@ -53,10 +54,11 @@ pub const KEPT: SignedDuration = SignedDuration::from_hours(7 * 24);
 /// (this replica's presence, else its stored last-seen time).
 pub async fn list(
     db: &Db,
+    fleet: &crate::patch_index::Snapshot,
     now: Timestamp,
     offline_after: SignedDuration,
     patch_limits: &drover_rules::patch::AlertLimits,
-    online: &(dyn Fn(&DeviceRecord) -> bool + Sync),
+    online: &(dyn Fn(&DeviceId, Option<Timestamp>) -> bool + Sync),
 ) -> Result<(Vec<Alert>, usize), DbError> {
     let recent = |at: Option<Timestamp>| at.is_none_or(|at| now.duration_since(at) < KEPT);
     let mut alerts = Vec::new();
@@ -112,18 +114,12 @@ pub async fn list(
         }
     }
     let mut offline = Vec::new();
-    let assessments: std::collections::HashMap<_, drover_rules::patch::DeviceAssessment> = db
-        .list::<drover_rules::patch::DeviceAssessment>("assessments/")
-        .await?
-        .into_iter()
-        .map(|(_, _, a)| (a.device.clone(), a))
-        .collect();
-    for (_, _, device) in db.list::<DeviceRecord>("devices/").await? {
+    for (id, device) in &fleet.devices {
         if device.decommissioned || !device.agent_present {
             continue;
         }
         for patch in drover_rules::patch::alerts(
-            assessments.get(&device.id),
+            fleet.assessments.get(id).map(|a| a.as_ref()),
             device.first_connected,
             now,
             patch_limits,
@@ -135,18 +131,18 @@ pub async fn list(
                     "warning"
                 },
                 kind: patch.kind,
-                resource: format!("device/{}", device.id),
+                resource: format!("device/{id}"),
                 message: patch.message,
                 at: Some(patch.since),
                 acknowledged: None,
             });
         }
-        if online(&device) {
+        if online(id, device.last_seen) {
             continue;
         }
         let seen = device.last_seen.max(device.last_heartbeat);
         if seen.is_none_or(|seen| now.duration_since(seen) >= offline_after) {
-            offline.push((seen, device.id));
+            offline.push((seen, id.clone()));
         }
     }
     // The longest offline first.
@@ -200,6 +196,11 @@ pub async fn list(
             });
         }
     }
-    alerts.sort_by_key(|a| std::cmp::Reverse(a.at));
+    // Newest first; alerts of one moment in the order of what they are about.
+    alerts.sort_by(|a, b| {
+        b.at.cmp(&a.at)
+            .then_with(|| a.resource.cmp(&b.resource))
+            .then_with(|| a.kind.cmp(b.kind))
+    });
     Ok((alerts, offline_count))
 }

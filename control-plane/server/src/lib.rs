@@ -18,6 +18,7 @@ pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod packages;
+pub mod patch_index;
 pub mod patch_labels;
 pub mod secrets;
 pub mod serve;

@@ -284,9 +284,12 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         .with_context(|| format!("cannot listen on {}", options.agent_listen))?;
     let api_addr = api_listener.local_addr()?;
     let agent_addr = agent_listener.local_addr()?;
+    let patch_index = Arc::new(crate::patch_index::PatchIndex::new(db.clone()));
+    tasks.push(tokio::spawn(patch_index.clone().run(shutdown.clone())));
     let router = api::router(ApiState {
         links,
         db: db.clone(),
+        patch_index,
         secrets: secrets.clone(),
         engine: engine.clone(),
         engine_wake: wake.clone(),

@@ -42,12 +42,18 @@ pub(super) async fn device_page(
             ),
         ));
     }
-    let assessments = assessments_by_device(&state.db).await?;
+    let index = match patch_filter {
+        Some(_) => Some(state.patch_index.current().await?),
+        None => None,
+    };
     let mut matching = Vec::new();
     for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
-        if let Some(filter) = patch_filter
-            && drover_rules::patch::in_patch_state(filter, assessments.get(&stored.id), now)
-                != Some(true)
+        if let (Some(filter), Some(index)) = (patch_filter, &index)
+            && drover_rules::patch::in_patch_state(
+                filter,
+                index.assessments.get(&stored.id).map(|a| a.as_ref()),
+                now,
+            ) != Some(true)
         {
             continue;
         }
@@ -93,7 +99,7 @@ pub(super) async fn device_page(
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         item["state"] = json!(device_state);
         item["currentJob"] = current.unwrap_or(Value::Null);
-        item["patch"] = patch_summary(assessments.get(&device.id));
+        item["patch"] = patch_summary(assessment_of(&state.db, &device.id).await?.as_ref());
         items.push(item);
     }
     Ok(Json(json!({
@@ -130,11 +136,19 @@ pub(super) async fn list_devices(
 ) -> Result<Response, ApiError> {
     let (devices, next) = list_page::<DeviceRecord>(&state.db, "devices/", &query).await?;
     let now = Timestamp::now();
-    let mut assessments = assessments_by_device(&state.db).await?;
+    // A page's own assessments, read one by one: a page of 500 costs the
+    // same in a fleet of any size. Without a page, every one at once.
+    let mut assessments = match query.limit {
+        Some(_) => std::collections::HashMap::new(),
+        None => assessments_by_device(&state.db).await?,
+    };
     let mut listed = Vec::with_capacity(devices.len());
     for stored in devices {
         let online = state.presence.online(&stored.id, stored.last_seen, now);
-        let assessment = assessments.remove(&stored.id);
+        let assessment = match query.limit {
+            Some(_) => assessment_of(&state.db, &stored.id).await?,
+            None => assessments.remove(&stored.id),
+        };
         let mut device = serde_json::to_value(with_presence(&state, stored))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         device["online"] = Value::Bool(online);
@@ -255,6 +269,17 @@ fn maintained_labels(assessment: Option<&DeviceAssessment>) -> Value {
 }
 
 /// Every device's latest assessment, by device.
+/// A device's latest assessment, if one came.
+async fn assessment_of(
+    db: &crate::db::Db,
+    id: &DeviceId,
+) -> Result<Option<DeviceAssessment>, ApiError> {
+    Ok(db
+        .get::<DeviceAssessment>(&drover_rules::patch::assessment_key(id))
+        .await?
+        .map(|(_, a)| a))
+}
+
 async fn assessments_by_device(
     db: &crate::db::Db,
 ) -> Result<std::collections::HashMap<DeviceId, DeviceAssessment>, ApiError> {
@@ -270,21 +295,21 @@ async fn assessments_by_device(
 /// every registered device that is not decommissioned, by its latest
 /// assessment.
 pub(super) async fn fleet_patch_status(
-    db: &crate::db::Db,
+    state: &ApiState,
     now: Timestamp,
 ) -> Result<drover_rules::patch::FleetPatchStatus, ApiError> {
-    let mut assessments = assessments_by_device(db).await?;
+    let index = state.patch_index.current().await?;
     let mut fleet = drover_rules::patch::FleetPatchStatus::default();
-    for (_, _, device) in db.list::<DeviceRecord>("devices/").await? {
+    for (id, device) in &index.devices {
         if !device.decommissioned {
-            fleet.add(assessments.remove(&device.id).as_ref(), now);
+            fleet.add(index.assessments.get(id).map(|a| a.as_ref()), now);
         }
     }
     Ok(fleet)
 }
 
 pub(super) async fn patch_status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let fleet = fleet_patch_status(&state.db, Timestamp::now()).await?;
+    let fleet = fleet_patch_status(&state, Timestamp::now()).await?;
     let mut value = serde_json::to_value(&fleet)
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     value["staleAfterHours"] = json!(drover_rules::patch::STALE_AFTER.as_secs() / 3600);

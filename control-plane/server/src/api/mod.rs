@@ -111,6 +111,8 @@ pub struct ApiState {
     /// The agent links, for `/healthz` and the metrics.
     pub links: Vec<Arc<dyn drover_contract::link::AgentLinks>>,
     pub db: Db,
+    /// The fleet's patch facts in memory, for the fleet views.
+    pub patch_index: Arc<crate::patch_index::PatchIndex>,
     pub secrets: Arc<Secrets>,
     pub engine: Arc<Engine>,
     pub engine_wake: Arc<Notify>,
@@ -371,7 +373,7 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
             .get_or_create(&vec![("state", name.replace(' ', "_"))])
             .set(count);
     }
-    for (name, count) in fleet_patch_status(&state.db, now).await?.by_state() {
+    for (name, count) in fleet_patch_status(&state, now).await?.by_state() {
         metrics
             .patch
             .get_or_create(&vec![("state", name.into())])
@@ -394,9 +396,11 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
 /// What needs an operator's eye now (see `alerts.rs`).
 async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let now = Timestamp::now();
-    let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
+    let online = |id: &DeviceId, seen: Option<Timestamp>| state.presence.online(id, seen, now);
+    let fleet = state.patch_index.current().await?;
     let (alerts, offline) = crate::alerts::list(
         &state.db,
+        &fleet,
         now,
         state.offline_alert,
         &state.patch_alerts,
@@ -426,9 +430,11 @@ async fn ack_alert(
     Json(request): Json<AckRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let now = Timestamp::now();
-    let online = |device: &DeviceRecord| state.presence.online(&device.id, device.last_seen, now);
+    let online = |id: &DeviceId, seen: Option<Timestamp>| state.presence.online(id, seen, now);
+    let fleet = state.patch_index.current().await?;
     let (alerts, _) = crate::alerts::list(
         &state.db,
+        &fleet,
         now,
         state.offline_alert,
         &state.patch_alerts,
