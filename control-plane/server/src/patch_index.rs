@@ -1,6 +1,5 @@
-//! The fleet's patch facts in memory: for every device its record's few
-//! fields the fleet views read, and its latest assessment without the
-//! package list. Loaded once, then kept from the store's change feed (a
+//! The fleet in memory: every device's record, and its latest assessment
+//! without the package list. Loaded once, then kept from the store's change feed (a
 //! feed that lagged loads it again), so `GET /patch-status`, the fleet
 //! page's patch filter and the alerts read memory instead of decoding every
 //! device and every assessment per request (issue 34, 4: about 300 ms at
@@ -14,40 +13,18 @@ use crate::records::DeviceRecord;
 use crate::store::Change;
 use agent_core::DeviceId;
 use drover_rules::patch::DeviceAssessment;
-use jiff::Timestamp;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// What the fleet views read of a device's record.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceFacts {
-    pub decommissioned: bool,
-    pub agent_present: bool,
-    pub first_connected: Option<Timestamp>,
-    pub last_seen: Option<Timestamp>,
-    pub last_heartbeat: Option<Timestamp>,
-}
-
-impl DeviceFacts {
-    fn of(device: &DeviceRecord) -> Self {
-        Self {
-            decommissioned: device.decommissioned,
-            agent_present: device.agent_present,
-            first_connected: device.first_connected,
-            last_seen: device.last_seen,
-            last_heartbeat: device.last_heartbeat,
-        }
-    }
-}
-
-/// The index at one moment: every device's facts and assessment.
+/// The index at one moment: every device's record and assessment.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
-    pub devices: HashMap<DeviceId, DeviceFacts>,
+    /// In id order, as the store lists them (the fleet page pages by it).
+    pub devices: BTreeMap<DeviceId, Arc<DeviceRecord>>,
     /// Without the pending packages, and with only the oldest pending
     /// security update's time: what the counts and alerts read.
     pub assessments: HashMap<DeviceId, Arc<DeviceAssessment>>,
@@ -165,13 +142,10 @@ impl PatchIndex {
             let Ok(id) = DeviceId::new(id) else {
                 return Ok(());
             };
-            let facts = db
-                .get::<DeviceRecord>(key)
-                .await?
-                .map(|(_, d)| DeviceFacts::of(&d));
-            self.edit(|s| match facts {
-                Some(facts) => {
-                    s.devices.insert(id, facts);
+            let record = db.get::<DeviceRecord>(key).await?.map(|(_, d)| d);
+            self.edit(|s| match record {
+                Some(record) => {
+                    s.devices.insert(id, Arc::new(record));
                 }
                 None => {
                     s.devices.remove(&id);
@@ -213,7 +187,7 @@ async fn load(db: &Db) -> Result<Snapshot, DbError> {
         .list::<DeviceRecord>("devices/")
         .await?
         .into_iter()
-        .map(|(_, _, d)| (d.id.clone(), DeviceFacts::of(&d)))
+        .map(|(_, _, d)| (d.id.clone(), Arc::new(d)))
         .collect();
     let assessments = db
         .list::<DeviceAssessment>("assessments/")
@@ -230,6 +204,7 @@ async fn load(db: &Db) -> Result<Snapshot, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jiff::Timestamp;
 
     #[test]
     fn an_indexed_assessment_keeps_what_the_views_read() {

@@ -42,35 +42,34 @@ pub(super) async fn device_page(
             ),
         ));
     }
-    let index = match patch_filter {
-        Some(_) => Some(state.patch_index.current().await?),
-        None => None,
-    };
+    // The fleet from the patch index: no device record decoded but the
+    // page's own.
+    let index = state.patch_index.current().await?;
     let mut matching = Vec::new();
-    for (_, _, stored) in state.db.list::<DeviceRecord>("devices/").await? {
-        if let (Some(filter), Some(index)) = (patch_filter, &index)
+    for (id, stored) in &index.devices {
+        if let Some(filter) = patch_filter
             && drover_rules::patch::in_patch_state(
                 filter,
-                index.assessments.get(&stored.id).map(|a| a.as_ref()),
+                index.assessments.get(id).map(|a| a.as_ref()),
                 now,
             ) != Some(true)
         {
             continue;
         }
-        let online = state.presence.online(&stored.id, stored.last_seen, now);
-        let device = with_presence(&state, stored);
-        let device_state = device.state(online);
+        let online = state.presence.online(id, stored.last_seen, now);
+        let device_state = stored.state(online);
         if wanted.as_deref().is_some_and(|w| w != device_state) {
             continue;
         }
-        if !q.is_empty() && !device_matches(&device, &q) {
+        if !q.is_empty() && !device_matches(stored, &q) {
             continue;
         }
-        matching.push((device, device_state));
+        matching.push((stored, device_state));
     }
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
     let mut items = Vec::new();
-    for (device, device_state) in matching.iter().skip(page.offset).take(limit) {
+    for (stored, device_state) in matching.iter().skip(page.offset).take(limit) {
+        let device = with_presence(&state, stored.as_ref().clone());
         let jobs = state
             .db
             .list::<JobDelivery>(&crate::records::device_jobs_prefix(&device.id))
@@ -95,7 +94,7 @@ pub(super) async fn device_page(
                 })
             })
         });
-        let mut item = serde_json::to_value(device)
+        let mut item = serde_json::to_value(&device)
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         item["state"] = json!(device_state);
         item["currentJob"] = current.unwrap_or(Value::Null);
