@@ -16,7 +16,8 @@
 //! The difference of the two passes is the assessments' cost: CPU time per
 //! assessment, store growth and bytes written per device. Then the fleet's
 //! views are each asked `queries` times in turn: `GET /patch-status`, the
-//! dashboard's fleet page filtered to security updates, and the alerts.
+//! dashboard's fleet page filtered to security updates, the alerts, and
+//! the first page of 500 devices `drover get devices` asks for.
 //! It prints figures; it asserts nothing about time.
 
 use crate::bench::{self, Api};
@@ -61,12 +62,14 @@ pub struct PatchFigures {
     pub patch_status_ms: Spread,
     pub fleet_page_ms: Spread,
     pub alerts_ms: Spread,
+    /// `GET /devices?limit=500`: the first page `drover get devices` asks.
+    pub devices_page_ms: Spread,
     pub load: (f64, f64),
 }
 
 pub fn header() -> &'static str {
-    "| devices | runs | assessments reported (s) | CPU per assessment (ms) | store growth per device (KiB) | written per assessment (KiB) | GET /patch-status (ms) | fleet page, security filter (ms) | GET /alerts (ms) | load (1 min) |\n\
-     |---|---|---|---|---|---|---|---|---|---|"
+    "| devices | runs | assessments reported (s) | CPU per assessment (ms) | store growth per device (KiB) | written per assessment (KiB) | GET /patch-status (ms) | fleet page, security filter (ms) | GET /alerts (ms) | GET /devices?limit=500 (ms) | load (1 min) |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|"
 }
 
 /// The runs of one size as one line: each figure's median (min–max); the
@@ -78,7 +81,7 @@ pub fn row(runs: &[PatchFigures]) -> Option<String> {
     };
     let each = |f: fn(&PatchFigures) -> f64| runs.iter().map(f).collect::<Vec<_>>();
     Some(format!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         first.devices,
         runs.len(),
         show(each(|f| f.report_seconds), 1),
@@ -88,6 +91,7 @@ pub fn row(runs: &[PatchFigures]) -> Option<String> {
         show(each(|f| f.patch_status_ms.median), 1),
         show(each(|f| f.fleet_page_ms.median), 1),
         show(each(|f| f.alerts_ms.median), 1),
+        show(each(|f| f.devices_page_ms.median), 1),
         show(runs.iter().flat_map(|f| [f.load.0, f.load.1]).collect(), 2),
     ))
 }
@@ -96,7 +100,7 @@ pub fn row(runs: &[PatchFigures]) -> Option<String> {
 pub fn run_line(f: &PatchFigures) -> String {
     format!(
         "{} devices: reported in {:.1} s, {:.2} ms CPU and {:.1} KiB written per assessment, \
-         store +{:.2} KiB per device; /patch-status {} ms, fleet page {} ms, /alerts {} ms (median (min–max)); load {:.2} → {:.2}",
+         store +{:.2} KiB per device; /patch-status {} ms, fleet page {} ms, /alerts {} ms, /devices?limit=500 {} ms (median (min–max)); load {:.2} → {:.2}",
         f.devices,
         f.report_seconds,
         f.cpu_ms_per_assessment,
@@ -105,6 +109,7 @@ pub fn run_line(f: &PatchFigures) -> String {
         f.patch_status_ms.show(1),
         f.fleet_page_ms.show(1),
         f.alerts_ms.show(1),
+        f.devices_page_ms.show(1),
         f.load.0,
         f.load.1
     )
@@ -346,6 +351,7 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     )
     .await?;
     let alerts_ms = timed(&api, "/alerts", options.queries).await?;
+    let devices_page_ms = timed(&api, "/devices?limit=500", options.queries).await?;
     drop(cp);
     if options.keep {
         eprintln!("kept {}", dir.keep().display());
@@ -371,6 +377,7 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
         patch_status_ms,
         fleet_page_ms,
         alerts_ms,
+        devices_page_ms,
         load: (load_before, load_after),
     })
 }
