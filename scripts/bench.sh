@@ -51,7 +51,7 @@ else
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000,10000
     large=1000,10000,19000
-    patch=20000
+    patch=20000,50000
 fi
 # NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
 # ARCHITECTURE.md, "Operations"), one node and three, in the same run.
