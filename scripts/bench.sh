@@ -50,7 +50,7 @@ else
     "$sim" footprint --idle-seconds 120 --jobs 5 --latency-jobs 1000 \
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000,10000
-    large=1000,10000,19000
+    large=1000,10000,15000
     patch=20000,50000
 fi
 # NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
