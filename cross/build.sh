@@ -31,7 +31,11 @@ for arch in "${archs[@]}"; do
         echo "no standard library for $triple in cross/toolchain (see cross/setup.sh's warnings); skipping $arch" >&2
         continue
     fi
-    cargo build --release --locked --target "$triple" -p drover-agent -p drover
+    # One invocation each: built together, the agent would take the control
+    # plane's features of shared crates (clap's colours, more of tokio) and
+    # grow by what it never calls.
+    cargo build --release --locked --target "$triple" -p drover-agent
+    cargo build --release --locked --target "$triple" -p drover
     ls -l "$CARGO_TARGET_DIR/$triple/release/drover-agent" "$CARGO_TARGET_DIR/$triple/release/drover"
     bash "$here/package-deb.sh" "$arch" "$CARGO_TARGET_DIR/$triple/release" "$root/target/debs"
 done

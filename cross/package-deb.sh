@@ -24,8 +24,11 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The glibc floor of the binaries (measured: GLIBC_2.34 at most) and libgcc_s.
+# The glibc floor of the binaries and libgcc_s: the control plane's symbols
+# need GLIBC_2.34 at most; the agent is linked with packed relative
+# relocations (agent/build.rs), which glibc reads from 2.36.
 depends="libc6 (>= 2.34), libgcc-s1 (>= 4.3)"
+agent_depends="libc6 (>= 2.36), libgcc-s1 (>= 4.3)"
 
 doc() { # package
   local dir=$1/usr/share/doc/$2
@@ -67,7 +70,8 @@ manuals() { # dir command section
   install -D -m 0644 "$root/docs/completions/$2.fish" "$1/usr/share/fish/vendor_completions.d/$2.fish"
 }
 
-control() { # dir package description long-description extra-depends
+control() { # dir package description long-description extra-depends [depends]
+  local depends=${6:-$depends}
   md5sums "$1"
   local size
   size=$(du -sk --exclude=DEBIAN "$1" | cut -f1)
@@ -162,7 +166,7 @@ control "$pkg" drover-agent "Drover fleet agent: jobs and full system upgrades" 
 " Runs fleet jobs one at a time on Debian and Raspberry Pi OS devices. Its
  main job is a full apt system upgrade that survives crashes, power loss and
  the reboot it causes, and never runs the same job twice. It talks to the
- Drover control plane over WebSocket, MQTT or NATS JetStream." ", adduser"
+ Drover control plane over WebSocket, MQTT or NATS JetStream." ", adduser" "$agent_depends"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$out/drover-agent_${version}_${arch}.deb" >/dev/null
 
 # --- drover (control plane and CLI) -----------------------------------------

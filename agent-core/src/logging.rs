@@ -12,28 +12,54 @@
 //!   job's lines. (tracing-journald would put only the bare message in
 //!   `MESSAGE` and every field beside it, where a plain `journalctl -u`
 //!   shows none of them; see ARCHITECTURE.md.)
+//! - `RUST_LOG` takes a level and `target=level` pairs (`info,agent_core=debug`),
+//!   tracing-subscriber's `Targets` filter. Its `EnvFilter` would also match
+//!   spans and fields, but it brings a regex engine and Unicode tables
+//!   (about 300 KiB of the agent's binary) for directives nobody here uses.
+//!   A `RUST_LOG` that does not parse is reported and the default used.
 
 use std::fmt;
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::FmtContext;
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
+use tracing_subscriber::layer::{Layer as _, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Installs the global subscriber; `default` is the filter when `RUST_LOG`
 /// is unset.
 pub fn init(default: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let (filter, refused) = filter(std::env::var("RUST_LOG").ok().as_deref(), default);
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     if stderr_is_the_journal() {
-        builder
+        let layer = layer
             .with_ansi(false)
-            .event_format(Prioritized(format().without_time()))
+            .event_format(Prioritized(format().without_time()));
+        tracing_subscriber::registry()
+            .with(layer.with_filter(filter))
             .init();
     } else {
-        builder.with_ansi(colour()).init();
+        let layer = layer.with_ansi(colour());
+        tracing_subscriber::registry()
+            .with(layer.with_filter(filter))
+            .init();
+    }
+    if let Some(error) = refused {
+        tracing::warn!(%error, "RUST_LOG does not parse; logging at {default}");
+    }
+}
+
+/// The filter `RUST_LOG` asks for, else `default`'s, with the reason a
+/// `RUST_LOG` was refused.
+fn filter(asked: Option<&str>, default: &str) -> (Targets, Option<String>) {
+    let fallback = || default.parse().unwrap_or_else(|_| Targets::new());
+    match asked.map(str::trim).filter(|a| !a.is_empty()) {
+        None => (fallback(), None),
+        Some(asked) => match asked.parse::<Targets>() {
+            Ok(targets) => (targets, None),
+            Err(e) => (fallback(), Some(e.to_string())),
+        },
     }
 }
 
@@ -152,6 +178,25 @@ mod tests {
         assert!(lines[0].contains("step=\"full-upgrade\""), "{text}");
         assert!(lines[1].starts_with("<6> INFO job{"), "{text}");
         assert!(lines[2].starts_with("<3>ERROR job{"), "{text}");
+    }
+
+    #[test]
+    fn rust_log_sets_levels_by_target_and_a_bad_one_keeps_the_default() {
+        let enabled =
+            |filter: &Targets, target: &str, level: Level| filter.would_enable(target, &level);
+        let (f, refused) = filter(Some("warn,drover=debug"), "info");
+        assert!(refused.is_none());
+        assert!(enabled(&f, "drover::engine", Level::DEBUG));
+        assert!(!enabled(&f, "agent_core::store", Level::INFO));
+        assert!(enabled(&f, "agent_core::store", Level::WARN));
+        let (f, refused) = filter(None, "info");
+        assert!(refused.is_none());
+        assert!(enabled(&f, "anything", Level::INFO));
+        assert!(!enabled(&f, "anything", Level::DEBUG));
+        let (f, refused) = filter(Some("drover=loud"), "info");
+        assert!(refused.is_some(), "a level that is no level is refused");
+        assert!(enabled(&f, "drover", Level::INFO));
+        assert!(!enabled(&f, "drover", Level::DEBUG));
     }
 
     #[test]

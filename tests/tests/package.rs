@@ -1,5 +1,6 @@
 //! The .deb packages, built by cross/package-deb.sh from this build's
-//! binaries: lintian reports no errors or warnings; in a disposable Debian root the agent
+//! binaries: lintian reports no errors or warnings; each depends on the
+//! glibc its binary needs; in a disposable Debian root the agent
 //! installs with dpkg, runs, answers on its status socket; remove keeps the
 //! config and the state directory, purge leaves nothing behind.
 
@@ -94,6 +95,7 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
                 .any(|l| l.starts_with("E:") || l.starts_with("W:")),
         "lintian errors or warnings:\n{report}"
     );
+    each_package_depends_on_the_glibc_its_binary_needs(out.path(), &agent_deb, &drover_deb);
 
     let sandbox = Sandbox::new();
     for deb in [&agent_deb, &drover_deb] {
@@ -220,4 +222,74 @@ async fn the_agent_package_installs_runs_and_leaves_nothing_after_purge() {
         &["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n"],
     );
     assert!(!leftovers.contains("drover"), "{leftovers}");
+}
+
+/// The highest glibc version a binary asks the loader for: its `GLIBC_2.N`
+/// version needs, and `GLIBC_ABI_DT_RELR` (packed relative relocations),
+/// which glibc has from 2.36.
+fn glibc_needed(binary: &Path) -> (u32, u32) {
+    let out = Command::new("objdump")
+        .arg("-p")
+        .arg(binary)
+        .output()
+        .expect("objdump (binutils) is installed");
+    assert!(out.status.success(), "objdump -p {}", binary.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|word| match word {
+            "GLIBC_ABI_DT_RELR" => Some((2, 36)),
+            _ => {
+                let (major, minor) = word.strip_prefix("GLIBC_")?.split_once('.')?;
+                let minor = minor.split('.').next()?;
+                Some((major.parse().ok()?, minor.parse().ok()?))
+            }
+        })
+        .max()
+        .expect("a glibc version need")
+}
+
+/// The `libc6 (>= 2.N)` floor of a package's Depends.
+fn libc_floor(deb: &Path) -> (u32, u32) {
+    let out = Command::new("dpkg-deb")
+        .args(["-f"])
+        .arg(deb)
+        .arg("Depends")
+        .output()
+        .expect("dpkg-deb");
+    let depends = String::from_utf8_lossy(&out.stdout).into_owned();
+    let version = depends
+        .split(',')
+        .find_map(|d| d.trim().strip_prefix("libc6 (>= "))
+        .and_then(|v| v.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no libc6 floor in Depends: {depends}"));
+    let (major, minor) = version.split_once('.').expect("2.N");
+    (major.parse().expect("major"), minor.parse().expect("minor"))
+}
+
+/// Each package depends on the glibc its binary needs: a device whose libc
+/// is older is refused by apt instead of left with an agent that cannot start.
+fn each_package_depends_on_the_glibc_its_binary_needs(
+    out: &Path,
+    agent_deb: &Path,
+    drover_deb: &Path,
+) {
+    for (deb, name) in [(agent_deb, "drover-agent"), (drover_deb, "drover")] {
+        let root = out.join(format!("{name}-root"));
+        let status = Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(deb)
+            .arg(&root)
+            .status()
+            .expect("dpkg-deb -x");
+        assert!(status.success());
+        let needed = glibc_needed(&root.join("usr/bin").join(name));
+        let floor = libc_floor(deb);
+        assert!(
+            floor >= needed,
+            "{name} needs glibc {needed:?} but its package depends on libc6 (>= {floor:?})"
+        );
+    }
+    // The agent is linked with packed relative relocations (agent/build.rs).
+    let root = out.join("drover-agent-root");
+    assert_eq!(glibc_needed(&root.join("usr/bin/drover-agent")), (2, 36));
 }
