@@ -338,17 +338,13 @@ impl Agent {
             Ok(intent) => self.chain(intent.kind.name()).map(|c| c.steps()),
             Err(_) => None,
         };
-        let arrival = if fresh {
-            self.checked(self.store.next("arrival"))?
-        } else {
-            0
-        };
         let ctx = AdmitContext {
             device_id: &self.settings.device_id,
             boot_id: &self.settings.boot_id,
             now: clock::now(),
             control_plane_now: self.control_plane_clock.now_or_local(),
-            arrival,
+            // A fresh job's number is given by the store as it is saved.
+            arrival: 0,
             unfinished,
             steps,
         };
@@ -370,9 +366,15 @@ impl Agent {
         if !duplicate {
             record.origin = origin;
         }
-        // A duplicate's status is reported again: the sender evidently lacks it.
-        self.checked(self.store.save(&record, true))?;
-        self.outbox_changed.notify_one();
+        if fresh && !duplicate {
+            // Its arrival number and its record in one durable commit.
+            self.arrived(&mut record)?;
+        } else {
+            // A duplicate's status is reported again: the sender evidently
+            // lacks it.
+            self.checked(self.store.save(&record, true))?;
+            self.outbox_changed.notify_one();
+        }
         self.wake.notify_one();
         Ok(AdmitReply {
             status: record.status,
@@ -434,14 +436,13 @@ impl Agent {
                     boot_id: &self.settings.boot_id,
                     now: clock::now(),
                     control_plane_now: self.control_plane_clock.now_or_local(),
-                    arrival: self.checked(self.store.next("arrival"))?,
+                    arrival: 0,
                     unfinished: 0,
                     steps: None,
                 };
-                (
-                    lifecycle::canceled_unreceived(&order, &ctx),
-                    Persist::Report,
-                )
+                let mut record = lifecycle::canceled_unreceived(&order, &ctx);
+                self.arrived(&mut record)?;
+                (record, Persist::Nothing)
             }
         };
         self.persist(&record, persist)?;
@@ -568,6 +569,17 @@ impl Agent {
             }
         }
         Ok(recent)
+    }
+
+    /// Saves a job that just arrived (its arrival number given in the same
+    /// durable commit) and reports it, as `persist` with `Persist::Report`.
+    fn arrived(&self, record: &mut JobRecord) -> Result<(), StoreError> {
+        self.checked(self.store.arrive(record))?;
+        self.outbox_changed.notify_one();
+        if record.status.state.is_terminal() {
+            self.job_ended.notify_one();
+        }
+        Ok(())
     }
 
     fn persist(&self, record: &JobRecord, persist: Persist) -> Result<(), StoreError> {

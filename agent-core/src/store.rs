@@ -140,6 +140,10 @@ pub trait Store: Send + Sync + 'static {
     /// Writes the record and, when `report` is set, appends its status to the
     /// outbox in the same durable transaction.
     fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError>;
+    /// Saves a job that just arrived, as `save` with its status reported,
+    /// after giving it the next arrival number (A2's order) from a durable
+    /// counter in the same transaction: one durable commit, not two.
+    fn arrive(&self, record: &mut JobRecord) -> Result<(), StoreError>;
     /// The oldest unconfirmed statuses.
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError>;
     /// Drops a confirmed status from the outbox.
@@ -278,6 +282,39 @@ pub(crate) fn doomed(
     terminal[..excess].to_vec()
 }
 
+/// Writes a job's record, its summary when it changed and, when `report`
+/// is set, its status to the outbox, in `tx`.
+fn put(tx: &redb::WriteTransaction, record: &JobRecord, report: bool) -> Result<(), StoreError> {
+    let job_bytes = encode_job(record)?;
+    let summary_bytes = encode_summary(record)?;
+    let mut jobs = tx.open_table(JOBS)?;
+    jobs.insert(
+        record.status.job_id.as_bytes().as_slice(),
+        job_bytes.as_slice(),
+    )?;
+    // Written only when it changed (the job's state): an unchanged table
+    // costs no page in this commit.
+    let mut summaries = tx.open_table(SUMMARIES)?;
+    let key = record.status.job_id.as_bytes();
+    let unchanged = summaries
+        .get(key.as_slice())?
+        .is_some_and(|stored| stored.value() == summary_bytes.as_slice());
+    if !unchanged {
+        summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
+    }
+    if report {
+        // Ids come from a durable counter, never from the table's last key:
+        // an emptied outbox must not hand out an id again.
+        let mut counters = tx.open_table(COUNTERS)?;
+        let next_id = counters.get("outbox")?.map(|v| v.value()).unwrap_or(0) + 1;
+        counters.insert("outbox", next_id)?;
+        let mut outbox = tx.open_table(OUTBOX)?;
+        let bytes = encode_status(&record.status)?;
+        outbox.insert(next_id, bytes.as_slice())?;
+    }
+    Ok(())
+}
+
 impl Store for RedbStore {
     fn job(&self, id: JobId) -> Result<Option<JobRecord>, StoreError> {
         let tx = self.db.begin_read()?;
@@ -313,36 +350,21 @@ impl Store for RedbStore {
     }
 
     fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError> {
-        let job_bytes = encode_job(record)?;
-        let summary_bytes = encode_summary(record)?;
+        let tx = self.db.begin_write()?;
+        put(&tx, record, report)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn arrive(&self, record: &mut JobRecord) -> Result<(), StoreError> {
         let tx = self.db.begin_write()?;
         {
-            let mut jobs = tx.open_table(JOBS)?;
-            jobs.insert(
-                record.status.job_id.as_bytes().as_slice(),
-                job_bytes.as_slice(),
-            )?;
-            // Written only when it changed (the job's state): an unchanged
-            // table costs no page in this commit.
-            let mut summaries = tx.open_table(SUMMARIES)?;
-            let key = record.status.job_id.as_bytes();
-            let unchanged = summaries
-                .get(key.as_slice())?
-                .is_some_and(|stored| stored.value() == summary_bytes.as_slice());
-            if !unchanged {
-                summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
-            }
-            if report {
-                // Ids come from a durable counter, never from the table's last
-                // key: an emptied outbox must not hand out an id again.
-                let mut counters = tx.open_table(COUNTERS)?;
-                let next_id = counters.get("outbox")?.map(|v| v.value()).unwrap_or(0) + 1;
-                counters.insert("outbox", next_id)?;
-                let mut outbox = tx.open_table(OUTBOX)?;
-                let bytes = encode_status(&record.status)?;
-                outbox.insert(next_id, bytes.as_slice())?;
-            }
+            let mut counters = tx.open_table(COUNTERS)?;
+            let arrival = counters.get("arrival")?.map(|v| v.value()).unwrap_or(0) + 1;
+            counters.insert("arrival", arrival)?;
+            record.arrival = arrival;
         }
+        put(&tx, record, true)?;
         tx.commit()?;
         Ok(())
     }
@@ -496,6 +518,46 @@ mod tests {
             "an emptied outbox never reuses an id"
         );
         assert_eq!(store.next("heartbeat").expect("counter"), 3);
+    }
+
+    #[test]
+    fn an_arriving_job_takes_the_next_arrival_number_with_its_record() {
+        for (name, open) in stores() {
+            eprintln!("{name}");
+            an_arriving_job_takes_the_next_arrival_number_with_its_record_in(open);
+        }
+    }
+
+    fn an_arriving_job_takes_the_next_arrival_number_with_its_record_in(open: Opener) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.store");
+        let mut first = record(JobState::Accepted, 0);
+        {
+            let store = open(&path);
+            // The counter a store from before `arrive` kept goes on.
+            assert_eq!(store.next("arrival").expect("counter"), 1);
+            store.arrive(&mut first).expect("arrive");
+            assert_eq!(first.arrival, 2);
+        }
+        let store = open(&path);
+        assert_eq!(
+            store.job(first.status.job_id).expect("job"),
+            Some(first.clone())
+        );
+        assert_eq!(store.summaries().expect("summaries"), vec![first.summary()]);
+        let outbox = store.outbox(10).expect("outbox");
+        assert_eq!(outbox.len(), 1, "an arriving job's status is reported");
+        assert_eq!(outbox[0].status, first.status);
+        let mut second = record(JobState::Waiting, 0);
+        store.arrive(&mut second).expect("arrive");
+        assert_eq!(second.arrival, 3, "numbers survive reopening");
+        let order: Vec<JobId> = store
+            .jobs()
+            .expect("jobs")
+            .iter()
+            .map(|r| r.status.job_id)
+            .collect();
+        assert_eq!(order, vec![first.status.job_id, second.status.job_id]);
     }
 
     #[test]

@@ -75,6 +75,42 @@ impl SledStore {
         self.db.flush().map_err(db_err)?;
         Ok(())
     }
+
+    /// Writes the record, its summary and, when `report` is set, its status
+    /// to the outbox in one transaction, first giving it the next arrival
+    /// number when `arrive` is set; flushes; returns the arrival number.
+    fn put(&self, record: &JobRecord, report: bool, arrive: bool) -> Result<u64, StoreError> {
+        let status_bytes = if report {
+            Some(encode_status(&record.status)?)
+        } else {
+            None
+        };
+        let key = record.status.job_id.as_bytes();
+        let arrival = (&self.jobs, &self.summaries, &self.outbox, &self.counters)
+            .transaction(|(jobs, summaries, outbox, counters)| {
+                let mut record = record.clone();
+                if arrive {
+                    record.arrival = counter_value(counters.get("arrival")?) + 1;
+                    counters.insert("arrival", &record.arrival.to_be_bytes())?;
+                }
+                let abort = |_| ConflictableTransactionError::Abort(());
+                let job_bytes = encode_job(&record).map_err(abort)?;
+                let summary_bytes = encode_summary(&record).map_err(abort)?;
+                jobs.insert(key.as_slice(), job_bytes.as_slice())?;
+                summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
+                if let Some(bytes) = &status_bytes {
+                    // Ids from a durable counter, as in redb: an emptied
+                    // outbox never hands out an id again.
+                    let next = counter_value(counters.get("outbox")?) + 1;
+                    counters.insert("outbox", &next.to_be_bytes())?;
+                    outbox.insert(&next.to_be_bytes(), bytes.as_slice())?;
+                }
+                Ok::<u64, ConflictableTransactionError<()>>(record.arrival)
+            })
+            .map_err(tx_err)?;
+        self.flush()?;
+        Ok(arrival)
+    }
 }
 
 impl Store for SledStore {
@@ -106,29 +142,13 @@ impl Store for SledStore {
     }
 
     fn save(&self, record: &JobRecord, report: bool) -> Result<(), StoreError> {
-        let job_bytes = encode_job(record)?;
-        let summary_bytes = encode_summary(record)?;
-        let status_bytes = if report {
-            Some(encode_status(&record.status)?)
-        } else {
-            None
-        };
-        let key = record.status.job_id.as_bytes();
-        (&self.jobs, &self.summaries, &self.outbox, &self.counters)
-            .transaction(|(jobs, summaries, outbox, counters)| {
-                jobs.insert(key.as_slice(), job_bytes.as_slice())?;
-                summaries.insert(key.as_slice(), summary_bytes.as_slice())?;
-                if let Some(bytes) = &status_bytes {
-                    // Ids from a durable counter, as in redb: an emptied
-                    // outbox never hands out an id again.
-                    let next = counter_value(counters.get("outbox")?) + 1;
-                    counters.insert("outbox", &next.to_be_bytes())?;
-                    outbox.insert(&next.to_be_bytes(), bytes.as_slice())?;
-                }
-                Ok::<(), ConflictableTransactionError<()>>(())
-            })
-            .map_err(tx_err)?;
-        self.flush()
+        self.put(record, report, false).map(drop)
+    }
+
+    fn arrive(&self, record: &mut JobRecord) -> Result<(), StoreError> {
+        let arrival = self.put(record, true, true)?;
+        record.arrival = arrival;
+        Ok(())
     }
 
     fn outbox(&self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
