@@ -478,6 +478,18 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
             )),
         );
         println!(
+            "| idle RSS by kind, {t}: the agent binary's pages / shared libraries / private | {:.1} / {:.1} / {:.1} MiB | {} | |",
+            mib(a.idle.binary_kib),
+            mib(a.idle.other_files_kib),
+            mib(a.idle.private_kib),
+            mender.map_or("–".to_owned(), |m| format!(
+                "{:.1} / {:.1} / {:.1} MiB",
+                mib(m.idle.binary_kib),
+                mib(m.idle.other_files_kib),
+                mib(m.idle.private_kib)
+            )),
+        );
+        println!(
             "| peak RSS during upgrade jobs, {t} | {:.1} MiB | – | |",
             mib(a.peak_rss_kib)
         );

@@ -57,13 +57,19 @@ pub fn threads_written(pid: u32) -> Option<u64> {
 }
 
 /// A process's memory and threads: resident, proportional (its share of
-/// pages it shares with other processes) and peak resident set, in KiB.
+/// pages it shares with other processes) and peak resident set, in KiB;
+/// and the resident set split by what the pages are: its own binary's file
+/// pages, other files' (shared libraries), and private memory (heap and
+/// stacks).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Memory {
     pub rss_kib: u64,
     pub pss_kib: u64,
     pub peak_rss_kib: u64,
     pub threads: u64,
+    pub binary_kib: u64,
+    pub other_files_kib: u64,
+    pub private_kib: u64,
 }
 
 pub fn memory(pid: u32) -> Option<Memory> {
@@ -75,12 +81,45 @@ pub fn memory(pid: u32) -> Option<Memory> {
     };
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let file_kib = field(&status, "RssFile:").unwrap_or(0);
+    let binary_kib = binary_resident_kib(pid).unwrap_or(0).min(file_kib);
     Some(Memory {
         rss_kib: field(&status, "VmRSS:")?,
         pss_kib: field(&rollup, "Pss:").unwrap_or(0),
         peak_rss_kib: field(&status, "VmHWM:")?,
         threads: field(&status, "Threads:")?,
+        binary_kib,
+        other_files_kib: file_kib - binary_kib,
+        private_kib: field(&status, "RssAnon:").unwrap_or(0)
+            + field(&status, "RssShmem:").unwrap_or(0),
     })
+}
+
+/// The resident KiB of the mappings of the process's own executable
+/// (/proc/PID/smaps: each mapping's header names its file, its `Rss:`
+/// line follows).
+fn binary_resident_kib(pid: u32) -> Option<u64> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let exe = exe.to_str()?;
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut ours = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if ours {
+                total += rss.split_whitespace().next()?.parse::<u64>().ok()?;
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|w| w.contains('-'))
+        {
+            // A mapping's header: address range, permissions, offset,
+            // device, inode, then the path (if any).
+            ours = line.split_whitespace().nth(5) == Some(exe);
+        }
+    }
+    Some(total)
 }
 
 /// The one-minute load average (/proc/loadavg), printed beside figures so a
@@ -105,6 +144,11 @@ mod tests {
         let memory = memory(std::process::id()).expect("own memory");
         assert!(memory.pss_kib > 0 && memory.peak_rss_kib >= memory.rss_kib);
         assert!(memory.threads >= 1);
+        assert!(memory.binary_kib > 0, "this test binary's own pages");
+        assert!(
+            memory.binary_kib + memory.other_files_kib + memory.private_kib <= memory.rss_kib + 4,
+            "{memory:?}"
+        );
         // In the checkout, not /tmp: a tmpfs reaches no block layer.
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).expect("tempdir");
         let before = threads_written(std::process::id()).expect("own threads");
