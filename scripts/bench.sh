@@ -8,7 +8,12 @@
 #      intent → accepted p50/p99 over 1,000 jobs per transport, and the
 #      same agent on sled 0.34 beside redb (idle and per-job figures);
 #   2. the fleet figures: drover-sim bench over WebSocket, NATS and MQTT,
-#      and a Deployment 1,000 at once;
+#      and a Deployment 1,000 at once; then past one process: four
+#      `drover serve` replicas on one JetStream store holding WebSocket
+#      agents (a replica here admits 15,795 agents, 80 % of its 20,000
+#      open files, so three cannot hold 50,000), and NATS agents over a
+#      three-node cluster, at 10,000 and 50,000 devices (the simulator in
+#      several processes);
 #   3. the patch figures: 20,000 devices reporting one assessment each
 #      (control-plane CPU, store growth, writes) and the patch views' times.
 # Usage: bash scripts/bench.sh [--quick]
@@ -45,12 +50,14 @@ if [ "$quick" = 1 ]; then
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000
     large=1000
+    replicated=1000
     patch=2000
 else
     "$sim" footprint --idle-seconds 120 --jobs 5 --latency-jobs 1000 \
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000,10000
     large=1000,10000,15000
+    replicated=10000,50000
     patch=20000,50000
 fi
 # NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
@@ -66,5 +73,8 @@ echo
 "$sim" bench --devices "$sizes" --transport mqtt | tail -n +3
 echo
 "$sim" bench --devices "$large" --transport websocket --deployment-concurrency 1000
+echo
+"$sim" bench --devices "$replicated" --transport websocket --replicas 4
+"$sim" bench --devices "$replicated" --transport nats --nats-cluster | tail -n +3
 echo
 "$sim" patch --devices "$patch"

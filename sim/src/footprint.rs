@@ -224,9 +224,12 @@ pub async fn measure_agent(
     let (_cp, api_base, agent_addr) = bench::start_drover(
         &options.drover,
         dir.path(),
-        transport,
-        broker_url.as_deref(),
-        1,
+        bench::Serve {
+            transport,
+            broker_url: broker_url.as_deref(),
+            nats_replicas: 1,
+            store_on_nats: false,
+        },
     )?;
     let api = Api {
         base: format!("http://{api_base}"),

@@ -222,7 +222,13 @@ impl SimAgent {
 
 /// `sim-00001`-style device ids.
 pub fn device_ids(prefix: &str, count: usize) -> Vec<DeviceId> {
-    (0..count)
+    device_id_range(prefix, 0, count)
+}
+
+/// `count` device ids from number `first` on: one simulator process's share
+/// of a fleet played by several.
+pub fn device_id_range(prefix: &str, first: usize, count: usize) -> Vec<DeviceId> {
+    (first..first + count)
         .filter_map(|i| DeviceId::new(format!("{prefix}{i:05}")).ok())
         .collect()
 }

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use drover_sim::bench::{self, BenchOptions, Transport};
 use drover_sim::footprint::{self, FootprintOptions};
 use drover_sim::patch::{self, PatchOptions};
-use drover_sim::{Behaviour, device_ids};
+use drover_sim::{Behaviour, device_id_range};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,9 @@ enum Command {
     Agents {
         #[arg(long, value_enum, default_value_t = Transport::Websocket)]
         transport: Transport,
-        /// ws://HOST:PORT of `drover serve --agent-listen`, or nats://HOST:PORT.
+        /// ws://HOST:PORT of `drover serve --agent-listen`, or nats://HOST:PORT;
+        /// several, comma-separated (replicas, a cluster's nodes), spread
+        /// device number N to the (N mod count)th.
         #[arg(long)]
         url: String,
         /// The control plane's data directory, whose secret.key makes the device tokens.
@@ -38,6 +40,10 @@ enum Command {
         devices: usize,
         #[arg(long, default_value = "sim-")]
         prefix: String,
+        /// The number of the first device (PREFIX plus five digits): one
+        /// process's share of a fleet played by several.
+        #[arg(long, default_value_t = 0)]
+        first: usize,
         #[arg(long, default_value_t = 30)]
         heartbeat_seconds: u64,
         #[arg(long, default_value_t = 7)]
@@ -129,6 +135,15 @@ enum Command {
         /// minimum and maximum (each run's own row goes to stderr).
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// With --transport websocket: this many `drover serve` replicas on
+        /// one JetStream store (`--store nats`; its three nodes with
+        /// --nats-cluster), each holding its share of the agents.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
+        /// Simulator processes playing the agents (0: this one up to 15,000
+        /// agents, else one per 15,000, as a process may hold 20,000 files).
+        #[arg(long, default_value_t = 0)]
+        agent_processes: usize,
     },
 }
 
@@ -146,11 +161,12 @@ fn main() -> Result<()> {
                 data,
                 devices,
                 prefix,
+                first,
                 heartbeat_seconds,
                 statuses_per_job,
             } => {
                 let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
-                let tokens: Vec<_> = device_ids(&prefix, devices)
+                let tokens: Vec<_> = device_id_range(&prefix, first, devices)
                     .into_iter()
                     .map(|d| {
                         let token = secrets.device_token(&d);
@@ -162,7 +178,7 @@ fn main() -> Result<()> {
                     heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
                     statuses_per_job,
                 };
-                let stats = bench::spawn_agents(transport, &url, &tokens, behaviour, &shutdown)?;
+                let stats = bench::spawn_agents(transport, &url, first, &tokens, behaviour, &shutdown)?;
                 let mut report = tokio::time::interval(Duration::from_secs(5));
                 loop {
                     tokio::select! {
@@ -284,6 +300,8 @@ fn main() -> Result<()> {
                 deployment_concurrency,
                 nats_cluster,
                 runs,
+                replicas,
+                agent_processes,
             } => {
                 let drover = beside_this(drover, "drover")?;
                 let options = BenchOptions {
@@ -295,6 +313,8 @@ fn main() -> Result<()> {
                     keep,
                     deployment_concurrency,
                     nats_cluster,
+                    replicas,
+                    agent_processes,
                 };
                 println!("{}", drover_sim::summary::header());
                 for size in devices {
@@ -311,7 +331,7 @@ fn main() -> Result<()> {
                     match drover_sim::summary::row(&figures) {
                         Some(row) => println!("{row}"),
                         None => println!(
-                            "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | |"
+                            "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | | | |"
                         ),
                     }
                 }

@@ -271,7 +271,7 @@ fn size_of(dir: &Path) -> u64 {
 }
 
 /// `queries` requests to `path` one after another; their times in ms.
-async fn timed(api: &Api, path: &str, queries: usize) -> Result<Spread> {
+pub(crate) async fn timed(api: &Api, path: &str, queries: usize) -> Result<Spread> {
     let mut times = Vec::new();
     for _ in 0..queries.max(1) {
         let started = Instant::now();
@@ -293,9 +293,12 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     let (cp, api_base, agent_addr) = bench::start_drover(
         &options.drover,
         dir.path(),
-        bench::Transport::Websocket,
-        None,
-        1,
+        bench::Serve {
+            transport: bench::Transport::Websocket,
+            broker_url: None,
+            nats_replicas: 1,
+            store_on_nats: false,
+        },
     )?;
     let pid = cp.0.id();
     let api = Api {

@@ -51,9 +51,40 @@ fn show(values: impl IntoIterator<Item = f64>, decimals: usize) -> String {
     Spread::of(values).map_or_else(|| "-".to_owned(), |s| s.show(decimals))
 }
 
+/// Memory of several processes (replicas, broker nodes) over the runs: the
+/// median with its range for one process, else each one's median.
+fn per_process<'a>(runs: impl Iterator<Item = &'a [u64]> + Clone) -> String {
+    let count = runs.clone().map(<[u64]>::len).max().unwrap_or(0);
+    match count {
+        0 => "-".to_owned(),
+        1 => show(runs.filter_map(|r| r.first().map(|m| *m as f64)), 0),
+        _ => (0..count)
+            .map(|i| {
+                Spread::of(runs.clone().filter_map(|r| r.get(i).map(|m| *m as f64)))
+                    .map_or_else(|| "-".to_owned(), |s| format!("{:.0}", s.median))
+            })
+            .collect::<Vec<_>>()
+            .join(" / "),
+    }
+}
+
+/// The view slowest in most runs, with its medians over the runs: what
+/// the operator waits for at worst (each run's every view is on stderr).
+fn slowest_view(runs: &[Figures]) -> String {
+    let slowest: Vec<(&str, f64)> = runs.iter().filter_map(Figures::slowest_view).collect();
+    let Some(name) = slowest
+        .iter()
+        .map(|(name, _)| *name)
+        .max_by_key(|name| slowest.iter().filter(|(n, _)| n == name).count())
+    else {
+        return "-".to_owned();
+    };
+    format!("{} ({name})", show(slowest.iter().map(|(_, ms)| *ms), 1))
+}
+
 pub fn header() -> &'static str {
-    "| devices | transport | work | runs complete | connect (s) | apply → Complete (s) | CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB) | broker RSS (MiB) | passes | pass time (s) | of which store waits (s) | load (1 min) |\n\
-     |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| devices | transport | work | runs complete | connect (s) | apply → Complete (s) | control-plane CPU per device (ms) | broker CPU per device (ms) | idle RSS per device (KiB) | written per device per run (KiB) | control plane RSS (MiB, per replica) | broker RSS (MiB, per node) | passes | pass time (s) | of which store waits (s) | slowest operator view (ms) | load (1 min) |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 }
 
 /// One line for the runs of one row: `median (min–max)` per figure. The
@@ -64,7 +95,7 @@ pub fn row(runs: &[Figures]) -> Option<String> {
     let complete: Vec<&Figures> = runs.iter().filter(|f| f.complete).collect();
     let all = || runs.iter();
     Some(format!(
-        "| {} | {} | {} | {} of {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} of {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         first.devices,
         first.transport_label(),
         first.work,
@@ -73,16 +104,18 @@ pub fn row(runs: &[Figures]) -> Option<String> {
         show(all().map(|f| f.connect_seconds), 1),
         show(complete.iter().map(|f| f.run_seconds), 1),
         show(complete.iter().map(|f| f.cpu_ms_per_device), 2),
+        show(
+            complete.iter().filter_map(|f| f.broker_cpu_ms_per_device),
+            2
+        ),
         show(all().map(|f| f.idle_rss_kib_per_device), 1),
         show(complete.iter().map(|f| f.written_kib_per_device), 1),
-        show(all().map(|f| f.control_plane_rss_mib as f64), 0),
-        show(
-            all().filter_map(|f| f.broker_rss_mib.iter().max().map(|m| *m as f64)),
-            0
-        ),
+        per_process(runs.iter().map(|f| f.control_plane_rss_mib.as_slice())),
+        per_process(runs.iter().map(|f| f.broker_rss_mib.as_slice())),
         show(complete.iter().map(|f| f.passes as f64), 0),
         show(complete.iter().map(|f| f.pass_seconds), 2),
         show(complete.iter().filter_map(|f| f.store_seconds), 2),
+        slowest_view(runs),
         show(all().flat_map(|f| [f.load.0, f.load.1]), 2),
     ))
 }
