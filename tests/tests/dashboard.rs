@@ -6,7 +6,9 @@
 //! written to `target/test-artefacts/dashboard/` (with `DROVER_BLESS=1`,
 //! the run page's also to `docs/dashboard.png`, which the README shows).
 
-use drover_tests::{AgentProcess, ControlPlane, eventually, free_port, hold_config, http_client};
+use drover_tests::{
+    AgentProcess, ControlPlane, eventually, free_port, hold_config, http_client, within,
+};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -678,7 +680,13 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
             .all(|(device, want)| state(device).as_deref() == Some(*want))
             .then_some(targets)
     };
-    let targets = eventually(Duration::from_secs(30), "the API's states", api_states).await;
+    let Some(targets) = within(Duration::from_secs(30), api_states).await else {
+        panic!(
+            "the API's states never became {expected:?}: {}\n{}",
+            cp.get("/taskruns/states/targets").await,
+            cp.log()
+        );
+    };
     let done = targets
         .iter()
         .find(|t| t["device"] == "st-done")
