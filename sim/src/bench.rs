@@ -743,20 +743,23 @@ fn usages(processes: &[&Process]) -> Result<Vec<Usage>> {
         .collect()
 }
 
+/// What several processes used between two readings, summed.
+fn between<T: std::iter::Sum>(
+    before: &[Usage],
+    after: &[Usage],
+    grown: impl Fn(&Usage, &Usage) -> T,
+) -> T {
+    before.iter().zip(after).map(|(b, a)| grown(b, a)).sum()
+}
+
 fn cpu_between(before: &[Usage], after: &[Usage]) -> Duration {
-    before
-        .iter()
-        .zip(after)
-        .map(|(b, a)| a.cpu.saturating_sub(b.cpu))
-        .sum()
+    between(before, after, |b, a| a.cpu.saturating_sub(b.cpu))
 }
 
 fn written_between(before: &[Usage], after: &[Usage]) -> u64 {
-    before
-        .iter()
-        .zip(after)
-        .map(|(b, a)| a.written_bytes.saturating_sub(b.written_bytes))
-        .sum()
+    between(before, after, |b, a| {
+        a.written_bytes.saturating_sub(b.written_bytes)
+    })
 }
 
 /// Each replica's engine counters (`/summary`'s `engine`).
@@ -977,11 +980,9 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         eprintln!("kept {}", kept.display());
     }
     let n = devices as f64;
-    let idle_growth: u64 = before_agents
-        .iter()
-        .zip(&idle)
-        .map(|(b, a)| a.rss_bytes.saturating_sub(b.rss_bytes))
-        .sum();
+    let idle_growth: u64 = between(&before_agents, &idle, |b, a| {
+        a.rss_bytes.saturating_sub(b.rss_bytes)
+    });
     Ok(Figures {
         devices,
         transport: options.transport,
