@@ -3,14 +3,26 @@
 # binaries, with dpkg-deb (Debian's own tool) rather than a cargo plugin, so
 # packaging needs nothing beyond dpkg-dev and binutils.
 #
-#   cross/package-deb.sh ARCH BIN_DIR OUT_DIR
+#   cross/package-deb.sh ARCH BIN_DIR OUT_DIR [PACKAGE ...]
 #
-# ARCH is a Debian architecture (amd64, arm64, armhf); BIN_DIR holds
-# drover-agent and drover built for it. The binaries are stripped here.
+# ARCH is a Debian architecture (amd64, arm64, armhf); BIN_DIR holds the
+# binaries built for it. PACKAGE is drover-agent or drover (default: both);
+# each needs its binary in BIN_DIR. The binaries are stripped here.
 set -euo pipefail
-arch=${1:?usage: package-deb.sh ARCH BIN_DIR OUT_DIR}
-bin_dir=${2:?usage: package-deb.sh ARCH BIN_DIR OUT_DIR}
-out=${3:?usage: package-deb.sh ARCH BIN_DIR OUT_DIR}
+usage="usage: package-deb.sh ARCH BIN_DIR OUT_DIR [drover-agent] [drover]"
+arch=${1:?$usage}
+bin_dir=${2:?$usage}
+out=${3:?$usage}
+shift 3
+packages=("$@")
+[ ${#packages[@]} -gt 0 ] || packages=(drover-agent drover)
+wanted() { [[ " ${packages[*]} " == *" $1 "* ]]; }
+for p in "${packages[@]}"; do
+  case "$p" in
+    drover-agent | drover) [ -x "$bin_dir/$p" ] || { echo "$bin_dir/$p: no such binary" >&2; exit 1; } ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)-1
 case "$arch" in
@@ -92,6 +104,7 @@ CONTROL
 }
 
 # --- drover-agent -----------------------------------------------------------
+if wanted drover-agent; then
 pkg=$work/drover-agent
 install -d -m 0755 "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/etc/drover" "$pkg/lib/systemd/system"
 install -m 0755 "$bin_dir/drover-agent" "$pkg/usr/bin/drover-agent"
@@ -168,8 +181,10 @@ control "$pkg" drover-agent "Drover fleet agent: jobs and full system upgrades" 
  the reboot it causes, and never runs the same job twice. It talks to the
  Drover control plane over WebSocket, MQTT or NATS JetStream." ", adduser" "$agent_depends"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$out/drover-agent_${version}_${arch}.deb" >/dev/null
+fi
 
 # --- drover (control plane and CLI) -----------------------------------------
+if wanted drover; then
 pkg=$work/drover
 install -d -m 0755 "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system"
 install -m 0755 "$bin_dir/drover" "$pkg/usr/bin/drover"
@@ -210,5 +225,6 @@ control "$pkg" drover "fleet control plane and CLI for Drover agents" \
  retries. Keeps its state in an embedded database, or in NATS JetStream for
  several replicas." ", tzdata"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$out/drover_${version}_${arch}.deb" >/dev/null
+fi
 
 ls -l "$out"/*_"${version}_${arch}".deb

@@ -9,9 +9,9 @@
 # host.
 #
 #   bash scripts/test-vm.sh                      # amd64, every scenario
-#   bash scripts/test-vm.sh --arch arm64         # arm64 (or armhf): install,
-#                                                # power-cut, reboot, agent-restart
-#   bash scripts/test-vm.sh --arch armhf --all   # and the loop scenario too
+#   bash scripts/test-vm.sh --arch arm64         # install, power-cut, reboot
+#   bash scripts/test-vm.sh --arch armhf         # install, power-cut
+#   bash scripts/test-vm.sh --arch armhf --all   # all five
 #   bash scripts/test-vm.sh --arch arm64 --only install,power-cut
 #
 # The ARM packages come from the cross suite (cross/build.sh), which this
@@ -31,15 +31,21 @@ while [ $# -gt 0 ]; do
     *) echo "usage: scripts/test-vm.sh [--arch amd64|arm64|armhf] [--all] [--only A,B]" >&2; exit 2 ;;
     esac
 done
+# Without --all, each architecture runs what its binary could break there
+# (CI's choice: each ARM scenario takes 2-4 minutes under TCG). amd64 runs
+# all five. arm64, the fleet's main device class: the package under
+# systemd, a power cut mid-dpkg, the reboot through a job with the agent's
+# own upgrade. armhf: the package, and a power cut (its 32-bit store
+# recovering). agent-restart (systemd's cgroups) and loop (the agent's
+# crash-loop rule) are about systemd and the agent's logic, not the
+# machine: amd64 runs them.
 case "$arch" in
-# drover-loop's scenario is about the agent, not the machine: amd64 runs it
-# in CI; the ARM suites run it with --all.
 amd64) scenarios="install agent-restart power-cut reboot loop" ;;
-arm64 | armhf)
-    scenarios="install power-cut reboot agent-restart"
-    [ "$all" = 1 ] && scenarios="$scenarios loop" ;;
+arm64) scenarios="install power-cut reboot" ;;
+armhf) scenarios="install power-cut" ;;
 *) echo "unknown architecture $arch" >&2; exit 2 ;;
 esac
+[ "$all" = 1 ] && scenarios="install agent-restart power-cut reboot loop"
 [ -n "$only" ] && scenarios=${only//,/ }
 command -v debootstrap >/dev/null && command -v qemu-img >/dev/null && command -v dpkg-scanpackages >/dev/null || {
     apt-get -o DPkg::Lock::Timeout=600 update -q || true
@@ -91,12 +97,24 @@ echo "$arch vm image ready after $(($(date +%s) - started)) s"
 [ -s "$image/kernel.release" ] || { echo "vm/image.sh printed '$image', which holds no kernel.release" >&2; exit 1; }
 bash vm/packages.sh "$extra/repos" "$deb" "$(cat "$image/kernel.release")"
 # The control plane's package too: the install scenario runs drover.service.
-cp "target/debs/drover_${version}_${arch}.deb" "$extra/drover.deb"
+# CI builds it for amd64 only (scripts/test-cross.sh): on ARM without it,
+# the scenario says so and checks the agent's unit alone.
+cp_deb=target/debs/drover_${version}_${arch}.deb
+if [ -f "$cp_deb" ]; then
+    cp_file=$extra/drover.deb
+    cp "$cp_deb" "$cp_file"
+elif [ "$arch" != amd64 ]; then
+    echo "no $cp_deb: the cross suite builds the control plane for amd64 only (cross/build.sh without --control-plane builds it for $arch)" | tee "$extra/drover.absent"
+    cp_file=$extra/drover.absent
+else
+    echo "no $cp_deb" >&2
+    exit 1
+fi
 passed=0
 failed=0
 for scenario in $scenarios; do
     t0=$(date +%s)
-    if bash vm/run.sh "$scenario" "$deb" "$extra/repos" "$extra/drover.deb"; then
+    if bash vm/run.sh "$scenario" "$deb" "$extra/repos" "$cp_file"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
