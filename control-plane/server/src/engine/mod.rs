@@ -47,9 +47,21 @@ const DEPLOYMENT_TICKS: u64 = 30;
 /// An unfinished run as the engine keeps it between passes.
 struct RunView {
     uid: JobId,
+    /// The run's phase at the last pass: a change of the run's record in
+    /// the same phase is a pass's own counts (this replica's or another's),
+    /// which needs no pass of its own.
+    phase: Phase,
     plan: Vec<PlanTarget>,
     index: HashMap<DeviceId, usize>,
     outcomes: Vec<Seen>,
+}
+
+impl RunView {
+    /// Whether some target is still to be released: only then can a
+    /// device's record (its groups, a new agent) change what a pass does.
+    fn releasing(&self) -> bool {
+        self.outcomes.contains(&Seen::Unreleased)
+    }
 }
 
 #[derive(Default)]
@@ -234,6 +246,18 @@ impl Engine {
         let mut devices_changed = false;
         for change in changes {
             if let Some(name) = change.key.strip_prefix("runs/") {
+                // A pass stores the run's counts after each wave of results;
+                // every replica sees that write. Passing again for it would
+                // make each pass cause the next one on every replica. Jobs'
+                // changes and the deadline tick bring the passes a run needs;
+                // a new phase (planned, canceled, finished) or a deleted
+                // run is passed over at once.
+                if let Some(view) = views.runs.get(name)
+                    && let Some((_, run)) = self.db.get::<TaskRunRecord>(&change.key).await?
+                    && run.status.phase == view.phase
+                {
+                    continue;
+                }
                 dirty.insert(name.to_owned());
             } else if change.key.starts_with("schedules/") {
                 dirty.insert(String::new());
@@ -264,8 +288,15 @@ impl Engine {
         }
         if devices_changed {
             // Regrouped devices matter to runs that still release (revocation),
-            // and new agents to runs still planning.
-            dirty.extend(views.runs.keys().cloned());
+            // and new agents to runs still planning; a run whose every target
+            // is out has nothing a device's record could change.
+            dirty.extend(
+                views
+                    .runs
+                    .iter()
+                    .filter(|(_, view)| view.releasing())
+                    .map(|(name, _)| name.clone()),
+            );
             dirty.insert(String::new());
         }
         Ok(())

@@ -172,6 +172,7 @@ impl Engine {
         }
         Ok(RunView {
             uid: run.uid,
+            phase: run.status.phase,
             plan,
             index,
             outcomes,
@@ -193,9 +194,10 @@ impl Engine {
         let deadline = run.deadline();
         // The views hold outcomes without the deadline; judge it now.
         let (targets, latest_error) = {
-            let Some(view) = views.runs.get(&run.name) else {
+            let Some(view) = views.runs.get_mut(&run.name) else {
                 return Ok(());
             };
+            view.phase = run.status.phase;
             judge(view, deadline)
         };
         if run.status.phase == Phase::Canceling {

@@ -455,3 +455,96 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
     let chunks = plans.map(|p| p.len()).unwrap_or(0);
     assert_eq!(chunks, 3, "the plans of the three finished runs kept");
 }
+
+/// Run passes `engine` made while routing what its feed holds now.
+async fn passes_for(
+    engine: &Engine,
+    feed: &mut broadcast::Receiver<crate::store::Change>,
+    turn: u64,
+) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = engine.stats.run_passes.load(Relaxed);
+    engine
+        .turn(feed, turn, true, Timestamp::now())
+        .await
+        .expect("turn");
+    engine.stats.run_passes.load(Relaxed) - before
+}
+
+#[tokio::test]
+async fn a_replicas_counts_or_a_device_change_cause_no_pass_a_run_does_not_need() {
+    // No canaries: the first release sends every intent.
+    let db = db_with_devices(30, 0).await;
+    new_run(&db, "wave").await;
+    let (a, b) = (engine(&db), engine(&db));
+    let mut feed = db.changes();
+    a.pass_all(Timestamp::now()).await.expect("plan");
+    a.pass_all(Timestamp::now()).await.expect("release");
+    assert_eq!(run_of(&db, "wave").await.status.released, 30);
+    // b follows the store: the plan, the intents and a's counts.
+    assert_eq!(passes_for(&b, &mut feed, 1).await, 1);
+    assert_eq!(passes_for(&b, &mut feed, 2).await, 0, "nothing new");
+
+    // Another replica stores its pass's counts: the same phase, new
+    // numbers. Results come as jobs' changes; this write alone is no work.
+    let (revision, mut run) = db
+        .get::<TaskRunRecord>(&run_key("wave"))
+        .await
+        .expect("get")
+        .expect("run");
+    run.status.latest_error = Some("dev-00001: a replica's pass".into());
+    db.put(&run_key("wave"), &run, revision).await.expect("put");
+    assert_eq!(
+        passes_for(&b, &mut feed, 3).await,
+        0,
+        "a counts-only write of the run made a pass"
+    );
+
+    // Every target is out: a device's record changing cannot alter this run.
+    let key = device_key(&DeviceId::new("dev-00003").expect("id"));
+    let (revision, mut device) = db
+        .get::<DeviceRecord>(&key)
+        .await
+        .expect("get")
+        .expect("device");
+    device.labels.insert("site".into(), "sofia".into());
+    db.put(&key, &device, revision).await.expect("put");
+    assert_eq!(
+        passes_for(&b, &mut feed, 4).await,
+        0,
+        "a device change made a pass over a run with nothing left to release"
+    );
+
+    // A new phase is passed over at once: the operator cancels.
+    let (revision, mut run) = db
+        .get::<TaskRunRecord>(&run_key("wave"))
+        .await
+        .expect("get")
+        .expect("run");
+    run.status.phase = Phase::Canceling;
+    db.put(&run_key("wave"), &run, revision).await.expect("put");
+    assert_eq!(passes_for(&b, &mut feed, 5).await, 1, "the cancel");
+}
+
+#[tokio::test]
+async fn a_device_change_passes_over_a_run_that_still_releases() {
+    // Two canaries out, 28 targets waiting: a regrouped device may be revoked.
+    let db = db_with_devices(30, 2).await;
+    new_run(&db, "canaries").await;
+    let engine = engine(&db);
+    let mut feed = db.changes();
+    engine.pass_all(Timestamp::now()).await.expect("plan");
+    engine.pass_all(Timestamp::now()).await.expect("release");
+    assert_eq!(run_of(&db, "canaries").await.status.released, 2);
+    passes_for(&engine, &mut feed, 1).await;
+    assert_eq!(passes_for(&engine, &mut feed, 2).await, 0, "nothing new");
+    let key = device_key(&DeviceId::new("dev-00020").expect("id"));
+    let (revision, mut device) = db
+        .get::<DeviceRecord>(&key)
+        .await
+        .expect("get")
+        .expect("device");
+    device.groups.remove("fleet");
+    db.put(&key, &device, revision).await.expect("put");
+    assert_eq!(passes_for(&engine, &mut feed, 3).await, 1);
+}
