@@ -456,6 +456,21 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
     assert_eq!(chunks, 3, "the plans of the three finished runs kept");
 }
 
+/// Changes a stored record as another writer would (compare-and-set).
+async fn change<T: crate::stored::Record + Clone>(
+    db: &Db,
+    key: &str,
+    mut edit: impl FnMut(&mut T),
+) {
+    db.update::<T, _>(key, |current| {
+        let mut record = current.expect("stored");
+        edit(&mut record);
+        Some(record)
+    })
+    .await
+    .expect("update");
+}
+
 /// Run passes `engine` made while routing what its feed holds now.
 async fn passes_for(
     engine: &Engine,
@@ -487,13 +502,10 @@ async fn a_replicas_counts_or_a_device_change_cause_no_pass_a_run_does_not_need(
 
     // Another replica stores its pass's counts: the same phase, new
     // numbers. Results come as jobs' changes; this write alone is no work.
-    let (revision, mut run) = db
-        .get::<TaskRunRecord>(&run_key("wave"))
-        .await
-        .expect("get")
-        .expect("run");
-    run.status.latest_error = Some("dev-00001: a replica's pass".into());
-    db.put(&run_key("wave"), &run, revision).await.expect("put");
+    change::<TaskRunRecord>(&db, &run_key("wave"), |run| {
+        run.status.latest_error = Some("dev-00001: a replica's pass".into());
+    })
+    .await;
     assert_eq!(
         passes_for(&b, &mut feed, 3).await,
         0,
@@ -501,14 +513,14 @@ async fn a_replicas_counts_or_a_device_change_cause_no_pass_a_run_does_not_need(
     );
 
     // Every target is out: a device's record changing cannot alter this run.
-    let key = device_key(&DeviceId::new("dev-00003").expect("id"));
-    let (revision, mut device) = db
-        .get::<DeviceRecord>(&key)
-        .await
-        .expect("get")
-        .expect("device");
-    device.labels.insert("site".into(), "sofia".into());
-    db.put(&key, &device, revision).await.expect("put");
+    change::<DeviceRecord>(
+        &db,
+        &device_key(&DeviceId::new("dev-00003").expect("id")),
+        |d| {
+            d.labels.insert("site".into(), "sofia".into());
+        },
+    )
+    .await;
     assert_eq!(
         passes_for(&b, &mut feed, 4).await,
         0,
@@ -516,13 +528,10 @@ async fn a_replicas_counts_or_a_device_change_cause_no_pass_a_run_does_not_need(
     );
 
     // A new phase is passed over at once: the operator cancels.
-    let (revision, mut run) = db
-        .get::<TaskRunRecord>(&run_key("wave"))
-        .await
-        .expect("get")
-        .expect("run");
-    run.status.phase = Phase::Canceling;
-    db.put(&run_key("wave"), &run, revision).await.expect("put");
+    change::<TaskRunRecord>(&db, &run_key("wave"), |run| {
+        run.status.phase = Phase::Canceling;
+    })
+    .await;
     assert_eq!(passes_for(&b, &mut feed, 5).await, 1, "the cancel");
 }
 
@@ -538,13 +547,13 @@ async fn a_device_change_passes_over_a_run_that_still_releases() {
     assert_eq!(run_of(&db, "canaries").await.status.released, 2);
     passes_for(&engine, &mut feed, 1).await;
     assert_eq!(passes_for(&engine, &mut feed, 2).await, 0, "nothing new");
-    let key = device_key(&DeviceId::new("dev-00020").expect("id"));
-    let (revision, mut device) = db
-        .get::<DeviceRecord>(&key)
-        .await
-        .expect("get")
-        .expect("device");
-    device.groups.remove("fleet");
-    db.put(&key, &device, revision).await.expect("put");
+    change::<DeviceRecord>(
+        &db,
+        &device_key(&DeviceId::new("dev-00020").expect("id")),
+        |d| {
+            d.groups.remove("fleet");
+        },
+    )
+    .await;
     assert_eq!(passes_for(&engine, &mut feed, 3).await, 1);
 }
