@@ -43,6 +43,7 @@ triple_of() {
     esac
 }
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)-1
+with_plane() { [[ ",$control_plane," == *",$1,"* ]]; }
 agent_targets=()
 plane_targets=()
 built=()
@@ -55,12 +56,13 @@ for arch in "${archs[@]}"; do
     built+=("$arch")
     rm -f "target/debs/drover-agent_${version}_${arch}.deb" "target/debs/drover_${version}_${arch}.deb"
     agent_targets+=(--target "$triple")
-    [[ ",$control_plane," == *",$arch,"* ]] && plane_targets+=(--target "$triple")
+    with_plane "$arch" && plane_targets+=(--target "$triple")
 done
 [ ${#built[@]} -gt 0 ] || { echo "nothing to build" >&2; exit 1; }
 # The agent for every architecture in one cargo run: cargo overlaps one
 # target's single-threaded link-time optimisation with the next one's
-# compiling, on 2 cores about a third faster than one run each. The agent
+# compiling (678 s for all three cold in CI on 2026-12-03, where arm64's
+# alone took 293 s cold: about a fifth less than three runs). The agent
 # and the control plane are never built in one run: there the agent would
 # take the control plane's features of shared crates (clap's colours, more
 # of tokio) and grow by what it never calls.
@@ -70,7 +72,7 @@ echo "cross/build.sh: the agent for ${built[*]} took $((SECONDS - started)) s"
 if [ ${#plane_targets[@]} -gt 0 ]; then
     # The workspace profile (fat LTO, one codegen unit): thin LTO over 16
     # units (tried in 1292b98) built no faster here (8 m 28 s cold for
-    # arm64, against 8-9 minutes fat after the agent) and made the binary
+    # arm64, against 7 m 20 s fat after the agent) and made the binary
     # 35 % larger.
     started=$SECONDS
     cargo build --release --locked "${plane_targets[@]}" -p drover
@@ -79,7 +81,7 @@ fi
 for arch in "${built[@]}"; do
     dir=$CARGO_TARGET_DIR/$(triple_of "$arch")/release
     packages=(drover-agent)
-    [[ ",$control_plane," == *",$arch,"* ]] && packages+=(drover)
+    with_plane "$arch" && packages+=(drover)
     for p in "${packages[@]}"; do ls -l "$dir/$p"; done
     bash "$here/package-deb.sh" "$arch" "$dir" "$root/target/debs" "${packages[@]}"
 done

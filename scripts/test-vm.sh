@@ -39,13 +39,14 @@ done
 # recovering). agent-restart (systemd's cgroups) and loop (the agent's
 # crash-loop rule) are about systemd and the agent's logic, not the
 # machine: amd64 runs them.
+every="install agent-restart power-cut reboot loop"
 case "$arch" in
-amd64) scenarios="install agent-restart power-cut reboot loop" ;;
+amd64) scenarios=$every ;;
 arm64) scenarios="install power-cut reboot" ;;
 armhf) scenarios="install power-cut" ;;
 *) echo "unknown architecture $arch" >&2; exit 2 ;;
 esac
-[ "$all" = 1 ] && scenarios="install agent-restart power-cut reboot loop"
+[ "$all" = 1 ] && scenarios=$every
 [ -n "$only" ] && scenarios=${only//,/ }
 command -v debootstrap >/dev/null && command -v qemu-img >/dev/null && command -v dpkg-scanpackages >/dev/null || {
     apt-get -o DPkg::Lock::Timeout=600 update -q || true
