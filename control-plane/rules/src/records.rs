@@ -272,6 +272,10 @@ pub fn plan_key(uid: JobId, index: u32) -> String {
 pub fn plan_header_key(uid: JobId) -> String {
     format!("plans/{uid}/header")
 }
+/// Which replica passes over a running run (a `Lease`, as deployments hold).
+pub fn run_lease_key(uid: JobId) -> String {
+    format!("run-leases/{uid}")
+}
 pub fn job_key(device: &DeviceId, job: JobId) -> String {
     format!("jobs/{device}/{job}")
 }

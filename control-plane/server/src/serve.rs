@@ -176,9 +176,14 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let (released_tx, released) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
     let presence = Arc::new(Presence::default());
-    let engine = Arc::new(
-        Engine::new(db.clone(), wake.clone(), Some(released_tx)).with_presence(presence.clone()),
-    );
+    let engine =
+        Engine::new(db.clone(), wake.clone(), Some(released_tx)).with_presence(presence.clone());
+    // The embedded store is opened by one process at a time.
+    let engine = Arc::new(if options.store_on_nats {
+        engine
+    } else {
+        engine.alone()
+    });
 
     let websocket = WsLinks::new(events_tx.clone());
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];

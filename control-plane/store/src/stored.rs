@@ -41,6 +41,7 @@ one_layout!(
     u64,
     crate::deployment::TargetRecord,
     crate::deployment::DeviceInventory,
+    crate::deployment::Lease,
     crate::records::PackageRecord,
     crate::records::SecretRecord,
     crate::records::AlertRecord,

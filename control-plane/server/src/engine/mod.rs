@@ -81,6 +81,9 @@ pub struct Engine {
     deployments: Mutex<deployments::DeploymentViews>,
     /// Who is online, and who just arrived (None in tests without links).
     presence: Option<Arc<Presence>>,
+    /// The only replica on its store (the embedded store admits one
+    /// process): runs' passes need no lease.
+    alone: bool,
     /// What passes cost, for the benchmark and operators.
     pub stats: PassStats,
 }
@@ -130,6 +133,7 @@ impl Engine {
             views: Mutex::new(Views::default()),
             deployments: Mutex::new(Default::default()),
             presence: None,
+            alone: false,
             stats: PassStats::default(),
         }
     }
@@ -138,6 +142,14 @@ impl Engine {
     /// soon as a device with a pending target arrives.
     pub fn with_presence(mut self, presence: Arc<Presence>) -> Self {
         self.presence = Some(presence);
+        self
+    }
+
+    /// The only replica on its store: no other process can pass over a run,
+    /// so runs' passes take no lease (and a lease left by this replica's
+    /// previous life does not hold its runs up).
+    pub fn alone(mut self) -> Self {
+        self.alone = true;
         self
     }
 

@@ -4,18 +4,25 @@
 
 use super::{Engine, JOB_TIMEOUT_SECONDS, PLAN_CLAIM_TTL, RunView};
 use crate::db::{Db, DbError};
+use crate::deployment::Lease;
 use crate::placement;
 use crate::records::{
     Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget, TaskRunRecord,
-    device_key, job_key, plan_header_key, plan_key, run_key,
+    device_key, job_key, plan_header_key, plan_key, run_key, run_lease_key,
 };
 use crate::rollout::{self, Finish, Outcome, TargetView};
 use crate::store::Op;
 use agent_core::model::{Intent, JobKind, JobState};
 use agent_core::{MAX_ERROR_BYTES, bounded};
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
-use tracing::info;
+use tracing::{debug, info};
+
+/// How long a replica passes over a run alone before another takes over
+/// (a killed replica's runs wait at most this long).
+pub(super) const RUN_LEASE: SignedDuration = SignedDuration::from_secs(10);
+/// The holder renews its lease (one small write) once less than this is left.
+const RUN_LEASE_RENEW_BEFORE: SignedDuration = SignedDuration::from_secs(5);
 
 impl Engine {
     /// Freezes the target plan in bounded chunks outside the run, then moves
@@ -152,6 +159,7 @@ impl Engine {
             .map(|index| plan_key(run.uid, index))
             .collect();
         plan_keys.push(crate::records::plan_header_key(run.uid));
+        plan_keys.push(run_lease_key(run.uid));
         self.db.delete_all(&plan_keys).await?;
         self.db.delete_all(&[run_key(&run.name)]).await?;
         Ok(jobs)
@@ -198,6 +206,11 @@ impl Engine {
                 return Ok(());
             };
             view.phase = run.status.phase;
+            // Another replica's lease: it passes; this view stays current
+            // from the change feed, ready to take over when the lease ends.
+            if !self.run_lease(&run, now).await? {
+                return Ok(());
+            }
             judge(view, deadline)
         };
         if run.status.phase == Phase::Canceling {
@@ -290,6 +303,48 @@ impl Engine {
             .await
     }
 
+    /// Whether this replica passes over the running `run` now: it holds the
+    /// run's lease (`run-leases/<uid>`), taking it when free or run out and
+    /// renewing it when little is left, each a compare-and-set. One replica
+    /// passes, so each result is judged and each release attempted once
+    /// across replicas, not once per replica. The lease saves work only:
+    /// releases stay create-only and the status a compare-and-set, so two
+    /// replicas that both believe they hold it still release each job once.
+    async fn run_lease(&self, run: &TaskRunRecord, now: Timestamp) -> Result<bool, DbError> {
+        if self.alone {
+            return Ok(true);
+        }
+        let key = run_lease_key(run.uid);
+        let (revision, held) = match self.db.get::<Lease>(&key).await? {
+            Some((revision, lease)) => (revision, Some(lease)),
+            None => (0, None),
+        };
+        if let Some(lease) = &held {
+            let left = lease.until.duration_since(now);
+            if lease.holder != self.id && left > SignedDuration::ZERO {
+                return Ok(false);
+            }
+            if lease.holder == self.id && left > RUN_LEASE_RENEW_BEFORE {
+                return Ok(true);
+            }
+        }
+        let lease = Lease {
+            holder: self.id.clone(),
+            until: now + RUN_LEASE,
+        };
+        match self.db.put(&key, &lease, revision).await {
+            Ok(_) => {
+                if held.map(|h| h.holder) != Some(self.id.clone()) {
+                    debug!(run = %run.name, "this replica passes over the run");
+                }
+                Ok(true)
+            }
+            // Another replica took it first; it passes.
+            Err(DbError::Kv(e)) if e.is_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Asks every released, undecided job of a canceled run to cancel (the
     /// delivery core sends the order when it sees the request). A pass that
     /// released a job after the cancel was stored sees it here on the next
@@ -360,6 +415,10 @@ impl Engine {
                 if finished {
                     info!(run = %run.name, phase = ?run.status.phase, reason = ?run.status.reason, "run finished");
                     self.forget(&run.name).await;
+                    // Nothing passes over a finished run. A lease taken
+                    // again by a replica that had not yet seen the end goes
+                    // when the run is deleted, with its plan.
+                    let _ = self.db.delete_all(&[run_lease_key(run.uid)]).await;
                 }
                 Ok(())
             }

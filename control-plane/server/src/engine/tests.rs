@@ -557,3 +557,87 @@ async fn a_device_change_passes_over_a_run_that_still_releases() {
     .await;
     assert_eq!(passes_for(&engine, &mut feed, 3).await, 1);
 }
+
+/// Stores `device`'s job of `run` as succeeded, received at `at`, as the
+/// intake would.
+async fn succeed(db: &Db, run: &TaskRunRecord, device: &str, at: Timestamp) {
+    let device = DeviceId::new(device).expect("id");
+    change::<JobDelivery>(db, &crate::records::job_key(&device, run.uid), |job| {
+        job.status = Some(agent_core::JobStatus {
+            job_id: run.uid,
+            device_id: device.clone(),
+            attempt: 1,
+            kind: "systemUpgradeV1".into(),
+            state: JobState::Succeeded,
+            steps: Vec::new(),
+            error: None,
+            output: None,
+            accepted_at: at,
+            started_at: Some(at),
+            finished_at: Some(at),
+            boot_id: "b".into(),
+            completion_heartbeat_at: Some(at),
+            seq: 3,
+        });
+        job.terminal_received_at = Some(at);
+    })
+    .await;
+}
+
+/// One replica passes over a run while its lease lasts; another keeps its
+/// view but writes nothing, and takes over once the lease runs out (the
+/// holder died).
+#[tokio::test]
+async fn one_replica_passes_over_a_run_until_its_lease_runs_out() {
+    let db = db_with_devices(30, 2).await;
+    let run = new_run(&db, "leased").await;
+    let (a, b) = (engine(&db), engine(&db));
+    let t0 = Timestamp::now();
+    a.pass_all(t0).await.expect("plan");
+    a.pass_all(t0).await.expect("release the canaries");
+    let run = TaskRunRecord {
+        uid: run.uid,
+        ..run_of(&db, "leased").await
+    };
+    assert_eq!(run.status.released, 2);
+    let lease = || async {
+        db.get::<crate::deployment::Lease>(&crate::records::run_lease_key(run.uid))
+            .await
+            .expect("get")
+            .expect("a lease")
+            .1
+    };
+    assert_eq!(lease().await.holder, a.id);
+
+    // The canaries succeed; a is gone. b passes, but a's lease still holds.
+    let t1 = t0 + jiff::SignedDuration::from_secs(1);
+    succeed(&db, &run, "dev-00000", t1).await;
+    succeed(&db, &run, "dev-00001", t1).await;
+    let before = db
+        .get::<TaskRunRecord>(&run_key("leased"))
+        .await
+        .expect("get");
+    b.pass_all(t1).await.expect("b");
+    assert_eq!(
+        db.list::<JobDelivery>("jobs/").await.expect("jobs").len(),
+        2,
+        "b released while a held the run"
+    );
+    assert_eq!(
+        db.get::<TaskRunRecord>(&run_key("leased"))
+            .await
+            .expect("get"),
+        before,
+        "b wrote the run while a held it"
+    );
+
+    // a's lease ran out: b takes the run over and releases the rest.
+    let t2 = t0 + runs::RUN_LEASE + jiff::SignedDuration::from_secs(1);
+    b.pass_all(t2).await.expect("b");
+    assert_eq!(lease().await.holder, b.id);
+    assert_eq!(run_of(&db, "leased").await.status.released, 30);
+    assert_eq!(
+        db.list::<JobDelivery>("jobs/").await.expect("jobs").len(),
+        30
+    );
+}
