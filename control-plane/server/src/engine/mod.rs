@@ -10,6 +10,7 @@
 use crate::db::{Db, DbError};
 use crate::dispatch::{Presence, Released};
 use crate::records::{JobDelivery, Phase, PlanTarget, TaskRunRecord, run_key};
+use crate::rollout;
 use crate::schedule::TaskScheduleRecord;
 use agent_core::{DeviceId, JobId};
 use jiff::Timestamp;
@@ -51,16 +52,79 @@ struct RunView {
     /// the same phase is a pass's own counts (this replica's or another's),
     /// which needs no pass of its own.
     phase: Phase,
+    /// The deadline its outcomes are judged by (the run's, once Running).
+    deadline: Timestamp,
     plan: Vec<PlanTarget>,
     index: HashMap<DeviceId, usize>,
     outcomes: Vec<Seen>,
+    /// The judged outcomes counted, kept as they change: a pass in which
+    /// nothing can be released or end reads this, not every target.
+    tally: rollout::Tally,
+    /// A target failed since the last pass that looked at every target,
+    /// which names the latest failure in the run's status.
+    failure_unnamed: bool,
 }
 
 impl RunView {
+    fn new(
+        uid: JobId,
+        phase: Phase,
+        deadline: Timestamp,
+        plan: Vec<PlanTarget>,
+        outcomes: Vec<Seen>,
+    ) -> Self {
+        let index = plan
+            .iter()
+            .enumerate()
+            .map(|(position, target)| (target.device.clone(), position))
+            .collect();
+        let mut view = Self {
+            uid,
+            phase,
+            deadline,
+            plan,
+            index,
+            outcomes,
+            tally: rollout::Tally::default(),
+            failure_unnamed: true,
+        };
+        view.rejudge(deadline);
+        view
+    }
+
+    /// Counts every outcome afresh, judged by `deadline`.
+    fn rejudge(&mut self, deadline: Timestamp) {
+        self.deadline = deadline;
+        self.tally = rollout::Tally::default();
+        for (target, seen) in self.plan.iter().zip(&self.outcomes) {
+            self.tally
+                .add_target(target.canary, &runs::judged(seen, deadline));
+        }
+        self.failure_unnamed = true;
+    }
+
+    /// Records what target `index`'s job is doing now.
+    fn set(&mut self, index: usize, seen: Seen) {
+        let canary = self.plan[index].canary;
+        let before = runs::judged(&self.outcomes[index], self.deadline);
+        let after = runs::judged(&seen, self.deadline);
+        if before != after {
+            self.tally.count(canary, &before, false);
+            self.tally.count(canary, &after, true);
+            if matches!(
+                after,
+                rollout::Outcome::Failed(_) | rollout::Outcome::Late(_)
+            ) {
+                self.failure_unnamed = true;
+            }
+        }
+        self.outcomes[index] = seen;
+    }
+
     /// Whether some target is still to be released: only then can a
     /// device's record (its groups, a new agent) change what a pass does.
     fn releasing(&self) -> bool {
-        self.outcomes.contains(&Seen::Unreleased)
+        self.tally.unreleased_canaries + self.tally.unreleased_rest > 0
     }
 }
 
@@ -98,6 +162,9 @@ pub struct PassStats {
     pub deployment_store_micros: std::sync::atomic::AtomicU64,
     pub run_passes: std::sync::atomic::AtomicU64,
     pub run_pass_micros: std::sync::atomic::AtomicU64,
+    /// Of the run passes, those that judged every target (the others read
+    /// the run's tally, or left the run to the replica holding its lease).
+    pub run_full_passes: std::sync::atomic::AtomicU64,
 }
 
 impl PassStats {
@@ -119,6 +186,7 @@ impl PassStats {
             "deploymentStoreSeconds": self.deployment_store_micros.load(Relaxed) as f64 / 1e6,
             "runPasses": self.run_passes.load(Relaxed),
             "runPassSeconds": self.run_pass_micros.load(Relaxed) as f64 / 1e6,
+            "runFullPasses": self.run_full_passes.load(Relaxed),
         })
     }
 }
@@ -293,7 +361,7 @@ impl Engine {
                     continue;
                 };
                 if let Some(&index) = view.index.get(&device) {
-                    view.outcomes[index] = seen_of(job.map(|(_, j)| j));
+                    view.set(index, seen_of(job.map(|(_, j)| j)));
                     dirty.insert(name);
                 }
             }

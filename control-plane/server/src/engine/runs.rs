@@ -15,7 +15,7 @@ use crate::store::Op;
 use agent_core::model::{Intent, JobKind, JobState};
 use agent_core::{MAX_ERROR_BYTES, bounded};
 use jiff::{SignedDuration, Timestamp};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use tracing::{debug, info};
 
 /// How long a replica passes over a run alone before another takes over
@@ -169,22 +169,20 @@ impl Engine {
     pub(super) async fn load_view(&self, run: &TaskRunRecord) -> Result<RunView, DbError> {
         let plan = self.load_plan(run).await?;
         let mut outcomes = Vec::with_capacity(plan.len());
-        let mut index = HashMap::with_capacity(plan.len());
-        for (position, target) in plan.iter().enumerate() {
+        for target in &plan {
             let job = self
                 .db
                 .get::<JobDelivery>(&job_key(&target.device, run.uid))
                 .await?;
             outcomes.push(seen_of(job.map(|(_, j)| j)));
-            index.insert(target.device.clone(), position);
         }
-        Ok(RunView {
-            uid: run.uid,
-            phase: run.status.phase,
+        Ok(RunView::new(
+            run.uid,
+            run.status.phase,
+            run.deadline(),
             plan,
-            index,
             outcomes,
-        })
+        ))
     }
 
     pub(super) async fn advance(
@@ -211,6 +209,22 @@ impl Engine {
             if !self.run_lease(&run, now).await? {
                 return Ok(());
             }
+            if view.deadline != deadline {
+                view.rejudge(deadline);
+            }
+            // Most passes of a large run only count results: then the
+            // tally says what looking at every target would.
+            if run.status.phase != Phase::Canceling
+                && !view.failure_unnamed
+                && let Some(decision) = rollout::decide_quiet(&view.tally, now, deadline)
+            {
+                drop(views);
+                return self.finish_pass(revision, run, decision, None, now).await;
+            }
+            view.failure_unnamed = false;
+            self.stats
+                .run_full_passes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             judge(view, deadline)
         };
         if run.status.phase == Phase::Canceling {
@@ -283,7 +297,7 @@ impl Engine {
                     if let Some(&i) = view.index.get(device)
                         && view.outcomes[i] == Seen::Unreleased
                     {
-                        view.outcomes[i] = Seen::Pending { cancel: false };
+                        view.set(i, Seen::Pending { cancel: false });
                     }
                 }
             }
@@ -367,7 +381,7 @@ impl Engine {
         let settled = self.db.request_cancels(&keys, now).await?;
         for (&position, key) in asking.iter().zip(&keys) {
             if settled.contains(key) {
-                view.outcomes[position] = Seen::Pending { cancel: true };
+                view.set(position, Seen::Pending { cancel: true });
             }
         }
         info!(

@@ -561,6 +561,18 @@ async fn a_device_change_passes_over_a_run_that_still_releases() {
 /// Stores `device`'s job of `run` as succeeded, received at `at`, as the
 /// intake would.
 async fn succeed(db: &Db, run: &TaskRunRecord, device: &str, at: Timestamp) {
+    settle(db, run, device, JobState::Succeeded, None, at).await;
+}
+
+/// Stores `device`'s job of `run` as ended in `state`, received at `at`.
+async fn settle(
+    db: &Db,
+    run: &TaskRunRecord,
+    device: &str,
+    state: JobState,
+    error: Option<&str>,
+    at: Timestamp,
+) {
     let device = DeviceId::new(device).expect("id");
     change::<JobDelivery>(db, &crate::records::job_key(&device, run.uid), |job| {
         job.status = Some(agent_core::JobStatus {
@@ -568,9 +580,9 @@ async fn succeed(db: &Db, run: &TaskRunRecord, device: &str, at: Timestamp) {
             device_id: device.clone(),
             attempt: 1,
             kind: "systemUpgradeV1".into(),
-            state: JobState::Succeeded,
+            state,
             steps: Vec::new(),
-            error: None,
+            error: error.map(str::to_owned),
             output: None,
             accepted_at: at,
             started_at: Some(at),
@@ -639,5 +651,68 @@ async fn one_replica_passes_over_a_run_until_its_lease_runs_out() {
     assert_eq!(
         db.list::<JobDelivery>("jobs/").await.expect("jobs").len(),
         30
+    );
+}
+
+/// A pass over a run whose results only add up reads the run's tally, not
+/// every target; a failure still makes a pass that names it, and the end
+/// is still seen.
+#[tokio::test]
+async fn a_pass_that_only_counts_results_reads_the_tally_and_a_failure_is_still_named() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let db = db_with_devices(30, 0).await;
+    new_run(&db, "counted").await;
+    let engine = engine(&db);
+    let mut feed = db.changes();
+    let now = Timestamp::now();
+    engine.pass_all(now).await.expect("plan");
+    engine.pass_all(now).await.expect("release");
+    let run = run_of(&db, "counted").await;
+    assert_eq!(run.status.released, 30);
+    passes_for(&engine, &mut feed, 1).await;
+    let full = || engine.stats.run_full_passes.load(Relaxed);
+
+    // Ten results: counted without a look at every target.
+    let before = full();
+    for i in 0..10 {
+        succeed(&db, &run, &format!("dev-{i:05}"), now).await;
+    }
+    assert_eq!(passes_for(&engine, &mut feed, 2).await, 1);
+    assert_eq!(
+        full(),
+        before,
+        "a pass that only counted looked at every target"
+    );
+    let status = run_of(&db, "counted").await.status;
+    assert_eq!((status.succeeded, status.failed), (10, 0));
+
+    // A failure: the pass looks at every target and names it.
+    settle(
+        &db,
+        &run,
+        "dev-00017",
+        JobState::Failed,
+        Some("dpkg was interrupted"),
+        now,
+    )
+    .await;
+    passes_for(&engine, &mut feed, 3).await;
+    assert_eq!(full(), before + 1);
+    let status = run_of(&db, "counted").await.status;
+    assert_eq!((status.succeeded, status.failed), (10, 1));
+    assert_eq!(
+        status.latest_error.as_deref(),
+        Some("dev-00017: dpkg was interrupted")
+    );
+
+    // The rest succeed: the run ends (TargetsFailed, for dev-00017).
+    for i in (10..30).filter(|&i| i != 17) {
+        succeed(&db, &run, &format!("dev-{i:05}"), now).await;
+    }
+    passes_for(&engine, &mut feed, 4).await;
+    let status = run_of(&db, "counted").await.status;
+    assert_eq!(
+        (status.phase, status.reason.as_deref(), status.succeeded),
+        (Phase::Failed, Some("TargetsFailed"), 29)
     );
 }
