@@ -59,6 +59,14 @@ async fn run_of(db: &Db, name: &str) -> TaskRunRecord {
         .1
 }
 
+/// Plans the run `name` and releases what its first pass releases, as
+/// `engine` at `now`; the run as stored then.
+async fn plan_and_release(engine: &Engine, db: &Db, name: &str, now: Timestamp) -> TaskRunRecord {
+    engine.pass_all(now).await.expect("plan");
+    engine.pass_all(now).await.expect("release");
+    run_of(db, name).await
+}
+
 #[tokio::test]
 async fn the_status_of_a_run_with_20000_targets_stays_bounded() {
     let db = db_with_devices(20_000, 0).await;
@@ -493,9 +501,8 @@ async fn a_replicas_counts_or_a_device_change_cause_no_pass_a_run_does_not_need(
     new_run(&db, "wave").await;
     let (a, b) = (engine(&db), engine(&db));
     let mut feed = db.changes();
-    a.pass_all(Timestamp::now()).await.expect("plan");
-    a.pass_all(Timestamp::now()).await.expect("release");
-    assert_eq!(run_of(&db, "wave").await.status.released, 30);
+    let run = plan_and_release(&a, &db, "wave", Timestamp::now()).await;
+    assert_eq!(run.status.released, 30);
     // b follows the store: the plan, the intents and a's counts.
     assert_eq!(passes_for(&b, &mut feed, 1).await, 1);
     assert_eq!(passes_for(&b, &mut feed, 2).await, 0, "nothing new");
@@ -542,9 +549,8 @@ async fn a_device_change_passes_over_a_run_that_still_releases() {
     new_run(&db, "canaries").await;
     let engine = engine(&db);
     let mut feed = db.changes();
-    engine.pass_all(Timestamp::now()).await.expect("plan");
-    engine.pass_all(Timestamp::now()).await.expect("release");
-    assert_eq!(run_of(&db, "canaries").await.status.released, 2);
+    let run = plan_and_release(&engine, &db, "canaries", Timestamp::now()).await;
+    assert_eq!(run.status.released, 2);
     passes_for(&engine, &mut feed, 1).await;
     assert_eq!(passes_for(&engine, &mut feed, 2).await, 0, "nothing new");
     change::<DeviceRecord>(
@@ -602,16 +608,11 @@ async fn settle(
 #[tokio::test]
 async fn one_replica_passes_over_a_run_until_its_lease_runs_out() {
     let db = db_with_devices(30, 2).await;
-    let run = new_run(&db, "leased").await;
+    new_run(&db, "leased").await;
     let (a, b) = (engine(&db), engine(&db));
     let t0 = Timestamp::now();
-    a.pass_all(t0).await.expect("plan");
-    a.pass_all(t0).await.expect("release the canaries");
-    let run = TaskRunRecord {
-        uid: run.uid,
-        ..run_of(&db, "leased").await
-    };
-    assert_eq!(run.status.released, 2);
+    let run = plan_and_release(&a, &db, "leased", t0).await;
+    assert_eq!(run.status.released, 2, "the canaries");
     let lease = || async {
         db.get::<crate::deployment::Lease>(&crate::records::run_lease_key(run.uid))
             .await
@@ -665,9 +666,7 @@ async fn a_pass_that_only_counts_results_reads_the_tally_and_a_failure_is_still_
     let engine = engine(&db);
     let mut feed = db.changes();
     let now = Timestamp::now();
-    engine.pass_all(now).await.expect("plan");
-    engine.pass_all(now).await.expect("release");
-    let run = run_of(&db, "counted").await;
+    let run = plan_and_release(&engine, &db, "counted", now).await;
     assert_eq!(run.status.released, 30);
     passes_for(&engine, &mut feed, 1).await;
     let full = || engine.stats.run_full_passes.load(Relaxed);
