@@ -4,19 +4,30 @@
 //! status requests (a control plane's answer confirms each) and heartbeats.
 
 use crate::SimAgent;
+use agent_core::backoff::Backoff;
 use agent_core::wire::parse_intent_bytes;
 use futures_util::StreamExt;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use transport_nats::agent::{Sent, send_status};
+use transport_nats::agent::{RECONNECT_INITIAL, Sent, reconnect_delays, send_status};
 use transport_nats::{
     Hello, HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
 
-/// Plays one agent until `shutdown`; async-nats reconnects by itself.
+/// The real agent's defaults: its connect timeout and its backoff's cap
+/// (`[transport] backoff_max_seconds`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Plays one agent until `shutdown`; async-nats reconnects by itself, and
+/// a session that failed is started again, both after the real agent's
+/// backoff (a fleet connecting at once is met as the real one would be).
 pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: CancellationToken) {
+    let mut backoff = Backoff::new(RECONNECT_INITIAL, BACKOFF_MAX);
     loop {
+        let started = tokio::time::Instant::now();
         match session(&url, &token, &mut agent, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
@@ -25,7 +36,7 @@ pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: Can
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(backoff.failed(started.elapsed())) => {}
             _ = shutdown.cancelled() => return,
         }
         agent.stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -38,13 +49,17 @@ async fn session(
     agent: &mut SimAgent,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    let connected = Arc::new(AtomicBool::new(false));
     let client = async_nats::ConnectOptions::with_user_and_password(
         agent.device.to_string(),
         agent_core::credentials::broker_password(token, &agent.device),
     )
     .custom_inbox_prefix(inbox_prefix(&agent.device))
+    .connection_timeout(CONNECT_TIMEOUT)
+    .reconnect_delay_callback(reconnect_delays(BACKOFF_MAX, connected.clone()))
     .connect(url)
     .await?;
+    connected.store(true, Ordering::Relaxed);
     let js = async_nats::jetstream::new(client.clone());
     let mut intents = client
         .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{}.>", agent.device))

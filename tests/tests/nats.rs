@@ -243,6 +243,45 @@ async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
     );
 }
 
+/// A fleet whose broker went away must not meet it all at once and then
+/// every few milliseconds (async-nats's own reconnect delays: 0, 2, 4 … ms,
+/// at most 4 s, the same on every device): the agent tries again after its
+/// backoff, jittered, from about a second, doubling. A listener on the dead
+/// broker's port counts the agent's attempts (the control plane is stopped
+/// first, so every connection is the agent's) and closes each at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_lost_its_broker_tries_again_after_its_backoff_not_at_once() {
+    let (mut nats, mut cp) = fleet(&["away-1"], None);
+    cp.apply_device("away-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &nats.url(), "away-1", None, "");
+    cp.wait_for_agents(&["away-1"]).await;
+    cp.kill9();
+    nats.kill9();
+    let lost = std::time::Instant::now();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", nats.port))
+        .await
+        .expect("the dead broker's port");
+    let mut attempts = Vec::new();
+    while attempts.len() < 3 {
+        let accepted = tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
+        let Ok(Ok((stream, _))) = accepted else {
+            panic!(
+                "the agent tried {} times in 30 s: {attempts:?}\n{}",
+                attempts.len(),
+                agent.log()
+            );
+        };
+        attempts.push(lost.elapsed());
+        drop(stream);
+    }
+    // Backoff 0.5-1 s, then 1-2 s, then 2-4 s: the third attempt comes
+    // 3.5 s after the loss at the earliest (async-nats alone: ~10 ms).
+    assert!(
+        attempts[0] >= Duration::from_millis(400) && attempts[2] >= Duration::from_millis(3000),
+        "the agent's attempts after the broker went away: {attempts:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_and_the_control_plane_speak_tls_to_nats() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -3,8 +3,9 @@
 //! plane answers, send its statuses as requests that a control plane answers
 //! once each is in the status bucket (the answer confirms it, A4) or, when
 //! none answers, have the broker hold them (JetStream's acknowledgement
-//! confirms it), and publish heartbeats. Reconnects are async-nats's
-//! own; the first connection is retried with capped, jittered backoff.
+//! confirms it), and publish heartbeats. Reconnects are async-nats's own,
+//! timed by the agent's one reconnect rule ([`reconnect_delay`]); the first
+//! connection is retried by the link's supervisor with the same rule.
 
 use crate::{
     HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
@@ -20,6 +21,7 @@ use agent_core::wire::intent_json;
 use async_nats::jetstream;
 use futures_util::StreamExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +40,43 @@ pub struct AgentSettings {
     pub heartbeat_interval: Duration,
     pub backoff_max: Duration,
 }
+
+/// How long async-nats waits before its attempt number `attempts` (from 1
+/// after each loss; it counts again from 0 once connected) to reconnect a
+/// lost connection: the agent's one reconnect rule (agent_core::backoff,
+/// from 1 s doubling to `backoff_max`, jittered in the upper half). Its own
+/// default tries at once, then after 2, 4, 8 ms … up to 4 s, in step across
+/// the fleet: a broker restarted under 50,000 agents is met by all of them
+/// within milliseconds, again and again, each abandoned attempt costing the
+/// server a TLS handshake and a password check, and a busy server never
+/// catches up (a three-node cluster on two cores did not, issue 34).
+pub fn reconnect_delay(attempts: usize, backoff_max: Duration) -> Duration {
+    let failures = u32::try_from(attempts).unwrap_or(u32::MAX).max(1);
+    agent_core::backoff::delay(
+        failures,
+        RECONNECT_INITIAL,
+        backoff_max.max(RECONNECT_INITIAL),
+    )
+}
+
+/// async-nats's delay callback for one session: no delay before the
+/// session's first connection (the link's supervisor already waited its
+/// backoff), then [`reconnect_delay`] once `connected` is set.
+pub fn reconnect_delays(
+    backoff_max: Duration,
+    connected: Arc<AtomicBool>,
+) -> impl Fn(usize) -> Duration + Send + Sync + 'static {
+    move |attempts| {
+        if connected.load(Ordering::Relaxed) {
+            reconnect_delay(attempts, backoff_max)
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
+/// The first delay of [`reconnect_delay`] and of the first connection's retries.
+pub const RECONNECT_INITIAL: Duration = Duration::from_secs(1);
 
 /// What the agent logs, and `check --connect` prints, when a broker took
 /// the token instead of the derived password.
@@ -99,7 +138,7 @@ pub async fn probe(settings: &AgentSettings) -> Result<bool, NatsError> {
 
 /// Runs the agent's NATS link until `shutdown`.
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
-    let backoff = Backoff::new(Duration::from_secs(1), settings.backoff_max);
+    let backoff = Backoff::new(RECONNECT_INITIAL, settings.backoff_max);
     let mut passwords = settings.passwords.clone();
     let mut supervisor = Supervisor::new(&agent, "nats", backoff);
     loop {
@@ -133,9 +172,11 @@ async fn serve(
 ) -> Result<(), NatsError> {
     let device = agent.device_id().clone();
     let (events_tx, mut events) = mpsc::channel::<async_nats::Event>(16);
+    let connected = Arc::new(AtomicBool::new(false));
     let options = connect_options(nats)
         .custom_inbox_prefix(inbox_prefix(&device))
         .name(format!("drover-agent {device}"))
+        .reconnect_delay_callback(reconnect_delays(settings.backoff_max, connected.clone()))
         .event_callback(move |event| {
             let tx = events_tx.clone();
             async move {
@@ -146,6 +187,7 @@ async fn serve(
         client = options.connect(nats.addresses()?) => client.map_err(|e| connect_error(&nats.url, &e))?,
         _ = shutdown.cancelled() => return Ok(()),
     };
+    connected.store(true, Ordering::Relaxed);
     let js = jetstream::new(client.clone());
     // Subscribe before reading current values, so nothing falls in between.
     let mut intents = client
@@ -442,5 +484,36 @@ async fn send_heartbeat(client: &async_nats::Client, agent: &Agent) {
             }
         }
         Err(e) => warn!(error = %e, "cannot encode a heartbeat"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_tried_again_after_the_agents_backoff_not_at_once() {
+        let max = Duration::from_secs(60);
+        // async-nats's default would be 0 ms, then 2, 4, 8 … and at most 4 s.
+        let first = reconnect_delay(1, max);
+        assert!(
+            first >= RECONNECT_INITIAL / 2 && first <= RECONNECT_INITIAL,
+            "{first:?}"
+        );
+        let late = reconnect_delay(12, max);
+        assert!(late >= max / 2 && late <= max, "{late:?}");
+        assert!(reconnect_delay(usize::MAX, max) <= max);
+        // A cap under the first delay is the first delay.
+        assert!(reconnect_delay(5, Duration::ZERO) <= RECONNECT_INITIAL);
+
+        let connected = Arc::new(AtomicBool::new(false));
+        let delays = reconnect_delays(max, connected.clone());
+        assert_eq!(
+            delays(1),
+            Duration::ZERO,
+            "a session's first connection waits not"
+        );
+        connected.store(true, Ordering::Relaxed);
+        assert!(delays(1) >= RECONNECT_INITIAL / 2);
     }
 }
