@@ -328,6 +328,18 @@ impl NatsServer {
         }
     }
 
+    /// SIGSTOP: the server hangs, its clients' sockets stay open, and what
+    /// they send waits unread (lost if it is then killed).
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args(["-STOP", &child.id().to_string()])
+                .status()
+                .expect("kill -STOP");
+            assert!(status.success(), "kill -STOP nats-server");
+        }
+    }
+
     /// Starts (again) on the same port and store directory.
     pub fn restart(&mut self) {
         self.kill9();

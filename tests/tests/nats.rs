@@ -529,6 +529,75 @@ async fn a_status_made_while_the_control_plane_is_down_is_processed_when_it_retu
     .await;
 }
 
+/// A replica looks for held statuses every second; a look whose request
+/// the broker lost (the server frozen with the request unread, then killed
+/// and restarted) must not stop it looking. async-nats sets no timeout on
+/// a fetch, and the replica's reader waited for ever: on a three-node
+/// cluster under 50,000 agents 455,794 held statuses stayed unread while
+/// their devices counted them delivered. Here a status held after the
+/// restart (published as the device would, when no replica answers) is
+/// stored: the job's status as the control plane shows it is that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_status_is_taken_after_the_broker_lost_a_look_for_them() {
+    let (mut nats, cp, _agent, _hold, _deadline) = run_held_mid_job("lost-1", "", 600).await;
+    let run = cp.get("/taskruns/lost-1-run").await;
+    let uid = run["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let key = format!("lost-1.{uid}");
+    let url = nats.url();
+    let statuses = || async {
+        let client =
+            async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+                .connect(url.clone())
+                .await
+                .expect("connect");
+        async_nats::jetstream::new(client)
+            .get_key_value("system-upgrade-status")
+            .await
+            .expect("bucket")
+    };
+    let stored = statuses()
+        .await
+        .get(&key)
+        .await
+        .expect("get")
+        .expect("a status");
+    let mut status: Value = serde_json::from_slice(&stored).expect("json");
+
+    // Frozen long enough for the replica's next look to be sent and unread.
+    nats.freeze();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    nats.restart();
+
+    // The device holds a status (its next one) in the stream.
+    let seq = status["seq"].as_u64().expect("seq") + 1;
+    status["seq"] = json!(seq);
+    let device = async_nats::ConnectOptions::with_user_and_password(
+        "lost-1".into(),
+        cp.broker_password("lost-1"),
+    )
+    .custom_inbox_prefix("_INBOX_lost-1")
+    .connect(nats.url())
+    .await
+    .expect("the device connects");
+    async_nats::jetstream::new(device)
+        .publish("drover.held.lost-1", status.to_string().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("the broker holds it");
+    let taken = drover_tests::within(Duration::from_secs(40), || async {
+        let targets = cp.targets("lost-1-run").await;
+        (targets[0]["status"]["seq"] == json!(seq)).then_some(())
+    })
+    .await;
+    assert!(
+        taken.is_some(),
+        "the held status was not stored ({} held now)\n{}",
+        held_statuses(&nats, "lost-1").await,
+        cp.log()
+    );
+}
+
 /// Issue 33, 5: a job that finishes before its run's deadline while no
 /// control plane runs, the deadline passing before one returns. The broker
 /// held the result from before the deadline (its own clock, not the
