@@ -303,7 +303,10 @@ impl Engine {
                     Err(broadcast::error::RecvError::Lagged(_)) => full = true,
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.give_back_run_leases().await;
+                    return;
+                }
             }
         }
     }

@@ -13,7 +13,7 @@ use crate::records::{
 use crate::rollout::{self, Finish, Outcome, TargetView};
 use crate::store::Op;
 use agent_core::model::{Intent, JobKind, JobState};
-use agent_core::{MAX_ERROR_BYTES, bounded};
+use agent_core::{JobId, MAX_ERROR_BYTES, bounded};
 use jiff::{SignedDuration, Timestamp};
 use std::collections::HashSet;
 use tracing::{debug, info};
@@ -356,6 +356,40 @@ impl Engine {
             // Another replica took it first; it passes.
             Err(DbError::Kv(e)) if e.is_conflict() => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Gives back the leases of the runs this replica passes over, as it
+    /// stops (each a compare-and-set to a lease that has run out): another
+    /// replica takes each run on its next pass, where a rolling restart
+    /// would otherwise hold every run the stopped replica had for up to
+    /// [`RUN_LEASE`]. Best effort: a lease not given back runs out.
+    pub(super) async fn give_back_run_leases(&self) {
+        if self.alone {
+            return;
+        }
+        let uids: Vec<JobId> = self.views.lock().await.by_uid.keys().copied().collect();
+        let now = Timestamp::now();
+        for uid in uids {
+            let key = run_lease_key(uid);
+            let given = match self.db.get::<Lease>(&key).await {
+                Ok(Some((revision, lease))) if lease.holder == self.id && lease.until > now => {
+                    let ended = Lease {
+                        holder: self.id.clone(),
+                        until: now,
+                    };
+                    self.db.put(&key, &ended, revision).await.map(|_| true)
+                }
+                Ok(_) => Ok(false),
+                Err(e) => Err(e),
+            };
+            match given {
+                Ok(true) => debug!(run = %uid, "gave the run's lease back"),
+                Ok(false) => {}
+                Err(e) => {
+                    debug!(run = %uid, error = %e, "cannot give the run's lease back; it runs out")
+                }
+            }
         }
     }
 

@@ -655,6 +655,61 @@ async fn one_replica_passes_over_a_run_until_its_lease_runs_out() {
     );
 }
 
+/// A replica that stops gives its runs' leases back: another takes a run
+/// over on its next pass, not once the lease ran out (a rolling restart
+/// would otherwise hold each run for up to RUN_LEASE).
+#[tokio::test]
+async fn a_replica_that_stops_gives_its_runs_leases_back() {
+    let db = db_with_devices(30, 2).await;
+    new_run(&db, "handed").await;
+    let (a, b) = (Arc::new(engine(&db)), engine(&db));
+    let (_ready, intake_ready) = tokio::sync::watch::channel(true);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(a.clone().run(
+        Duration::from_millis(50),
+        intake_ready,
+        shutdown.clone(),
+    ));
+    let uid = eventually_released(&db, "handed", 2).await;
+    let key = crate::records::run_lease_key(uid);
+    let lease = || async {
+        db.get::<crate::deployment::Lease>(&key)
+            .await
+            .expect("get")
+            .expect("a lease")
+            .1
+    };
+    assert_eq!(lease().await.holder, a.id);
+
+    shutdown.cancel();
+    running.await.expect("a stopped");
+    // The canaries succeed; b passes at once and carries on the run.
+    let run = run_of(&db, "handed").await;
+    let now = Timestamp::now();
+    succeed(&db, &run, "dev-00000", now).await;
+    succeed(&db, &run, "dev-00001", now).await;
+    b.pass_all(now).await.expect("b");
+    assert_eq!(lease().await.holder, b.id, "a kept the lease as it stopped");
+    assert_eq!(run_of(&db, "handed").await.status.released, 30);
+}
+
+/// Waits until the run `name` has released `count` jobs; its uid.
+async fn eventually_released(db: &Db, name: &str, count: u32) -> JobId {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some((_, run)) = db.get::<TaskRunRecord>(&run_key(name)).await.expect("get")
+            && run.status.released == count
+        {
+            return run.uid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never released {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A pass over a run whose results only add up reads the run's tally, not
 /// every target; a failure still makes a pass that names it, and the end
 /// is still seen.
