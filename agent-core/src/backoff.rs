@@ -137,6 +137,10 @@ impl Backoff {
     }
 }
 
+/// The cap of an agent's backoff unless its config says otherwise
+/// (`[transport] backoff_max_seconds`).
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
 /// The delay before attempt `failures` (1-based): `initial` doubled per
 /// failure, capped at `max`, anywhere in the upper half of that ceiling.
 pub fn delay(failures: u32, initial: Duration, max: Duration) -> Duration {

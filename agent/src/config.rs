@@ -361,7 +361,7 @@ fn default_heartbeat() -> u64 {
     30
 }
 fn default_backoff_max() -> u64 {
-    60
+    agent_core::backoff::DEFAULT_BACKOFF_MAX.as_secs()
 }
 fn default_min_free_mib() -> u64 {
     300

@@ -646,7 +646,7 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                     user: Some(device_id.to_string()),
                     password: None,
                     ca_file: ca_file.clone(),
-                    connect_timeout: Duration::from_secs(10),
+                    connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
                     replicas: 1,
                 },
                 passwords: agent_core::credentials::BrokerPasswords::new(&token, device_id),

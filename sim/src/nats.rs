@@ -4,22 +4,19 @@
 //! status requests (a control plane's answer confirms each) and heartbeats.
 
 use crate::SimAgent;
-use agent_core::backoff::Backoff;
+use agent_core::backoff::{Backoff, DEFAULT_BACKOFF_MAX as BACKOFF_MAX};
 use agent_core::wire::parse_intent_bytes;
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use transport_nats::agent::{RECONNECT_INITIAL, Sent, reconnect_delays, send_status};
+use transport_nats::agent::{
+    CONNECT_TIMEOUT, RECONNECT_INITIAL, Sent, reconnect_delays, send_status,
+};
 use transport_nats::{
     Hello, HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
-
-/// The real agent's defaults: its connect timeout and its backoff's cap
-/// (`[transport] backoff_max_seconds`).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Plays one agent until `shutdown`; async-nats reconnects by itself, and
 /// a session that failed is started again, both after the real agent's

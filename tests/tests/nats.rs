@@ -543,20 +543,15 @@ async fn a_held_status_is_taken_after_the_broker_lost_a_look_for_them() {
     let run = cp.get("/taskruns/lost-1-run").await;
     let uid = run["metadata"]["uid"].as_str().expect("uid").to_owned();
     let key = format!("lost-1.{uid}");
-    let url = nats.url();
-    let statuses = || async {
-        let client =
-            async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
-                .connect(url.clone())
-                .await
-                .expect("connect");
-        async_nats::jetstream::new(client)
-            .get_key_value("system-upgrade-status")
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(CP_USER.into(), CP_PASSWORD.into())
+            .connect(nats.url())
             .await
-            .expect("bucket")
-    };
-    let stored = statuses()
+            .expect("connect");
+    let stored = async_nats::jetstream::new(client)
+        .get_key_value("system-upgrade-status")
         .await
+        .expect("bucket")
         .get(&key)
         .await
         .expect("get")

@@ -75,6 +75,9 @@ pub fn reconnect_delays(
     }
 }
 
+/// How long the agent gives one connection attempt.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The first delay of [`reconnect_delay`] and of the first connection's retries.
 pub const RECONNECT_INITIAL: Duration = Duration::from_secs(1);
 
