@@ -1109,6 +1109,50 @@ impl ControlPlane {
         page["items"].as_array().cloned().unwrap_or_default()
     }
 
+    /// `drover operators add NAME --role ROLE` as the bootstrap admin: the
+    /// new operator's token.
+    pub fn add_operator(&self, name: &str, role: &str) -> String {
+        let out = self.cli(&["operators", "add", name, "--role", role]);
+        assert!(
+            out.status.success(),
+            "add operator {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// A dashboard login with `token`: the session's cookie pair
+    /// (`drover_session=…`) and its CSRF token.
+    pub async fn dashboard_session(&self, token: &str) -> (String, String) {
+        let login = self
+            .http
+            .post(format!("{}/ui/login", self.api))
+            .json(&serde_json::json!({"token": token}))
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(login.status(), 200, "login");
+        let cookie = login.headers()["set-cookie"]
+            .to_str()
+            .expect("cookie")
+            .split(';')
+            .next()
+            .expect("pair")
+            .to_owned();
+        let session: Value = self
+            .http
+            .get(format!("{}/ui/session", self.api))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("session")
+            .json()
+            .await
+            .expect("json");
+        let csrf = session["csrf"].as_str().expect("csrf").to_owned();
+        (cookie, csrf)
+    }
+
     /// Runs the `drover` CLI against this control plane as its operator.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(bin("drover"))

@@ -536,7 +536,10 @@ async fn an_acknowledged_alert_stays_quiet_until_its_condition_clears_and_return
         String::from_utf8_lossy(&out.stderr)
     );
     let acked = alert("SecurityUpdatesWaiting").await.expect("still listed");
-    assert_eq!(acked["acknowledged"]["by"], "the operator token", "{acked}");
+    assert_eq!(
+        acked["acknowledged"]["by"], "operator/admin (cli)",
+        "{acked}"
+    );
     // Another assessment, the update still pending: still acknowledged.
     let before = cp.get("/devices/alert-1").await["patch"]["assessedAt"].clone();
     assess();

@@ -172,7 +172,7 @@ async fn the_dashboard_logs_in_shows_the_fleet_follows_a_run_live_cancels_and_al
     token.send_keys("not-the-token").await.expect("type");
     click(&browser, "#login").await;
     wait_text(&browser, "#login-error", "a wrong token", |t| {
-        t.contains("not this control plane's operator token")
+        t.contains("not a valid operator token of this control plane")
     })
     .await;
     token.clear().await.expect("clear");
@@ -553,7 +553,7 @@ async fn failed_logins_are_limited_and_logged_and_a_logout_ends_its_session_at_t
     assert!((1..=60).contains(&retry), "retry after {retry} s");
     let log = cp.log();
     assert_eq!(
-        log.matches("dashboard login with a wrong operator token")
+        log.matches("dashboard login with a wrong or revoked operator token")
             .count(),
         5,
         "{log}"
@@ -1042,4 +1042,132 @@ async fn the_device_page_shows_pending_updates_the_last_upgrade_history_and_aler
         "{acked}"
     );
     browser.close().await.expect("close");
+}
+
+/// Logs `browser` in with `token` and waits for the header to say who.
+async fn log_in_as(browser: &Client, cp: &ControlPlane, token: &str, who: &str) {
+    go(browser, cp, "login").await;
+    let field = browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("login page");
+    field.send_keys(token).await.expect("type");
+    click(browser, "#login").await;
+    wait_text(browser, "#whoami", "who is signed in", |t| t == who).await;
+}
+
+/// Issue 35 in the browser: the header says who is signed in; a viewer's
+/// pages have no button that changes something, and its session is refused
+/// a change at the API (403 naming the role) even with the CSRF token; an
+/// operator's pages have them and they work; the audit page lists both;
+/// revoking the operator ends its open session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "TaskSchedule",
+        "metadata": {"name": "roles-nightly"},
+        "spec": {"schedule": {"daily": "03:00"},
+                 "template": {"spec": {"allowedGroups": ["g"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}}
+    }))
+    .await;
+    let viewer = cp.add_operator("vera", "viewer");
+    let operator = cp.add_operator("otto", "operator");
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in_as(&browser, &cp, &viewer, "vera (viewer)").await;
+    go(&browser, &cp, "#/schedules").await;
+    wait_text(
+        &browser,
+        "[data-schedule='roles-nightly']",
+        "the schedule",
+        |t| t.contains("roles-nightly"),
+    )
+    .await;
+    assert_eq!(
+        rows(&browser, "[data-suspend]").await,
+        0,
+        "a viewer sees no Suspend button"
+    );
+    screenshot(&browser, "viewer-schedules").await;
+    // The viewer's own session, CSRF token and all, is refused the change.
+    let http = http_client();
+    let (session, csrf) = cp.dashboard_session(&viewer).await;
+    let refused = http
+        .post(format!(
+            "{}/api/v1/taskschedules/roles-nightly/suspend",
+            cp.api
+        ))
+        .header("cookie", &session)
+        .header("x-drover-csrf", &csrf)
+        .json(&json!({"suspend": true}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("needs the operator role")),
+        "{body}"
+    );
+    click(&browser, "#logout").await;
+
+    log_in_as(&browser, &cp, &operator, "otto (operator)").await;
+    go(&browser, &cp, "#/schedules").await;
+    wait_text(
+        &browser,
+        "[data-suspend='roles-nightly']",
+        "the Suspend button",
+        |t| t == "Suspend",
+    )
+    .await;
+    click(&browser, "[data-suspend='roles-nightly']").await;
+    eventually(
+        Duration::from_secs(10),
+        "the schedule suspended",
+        || async {
+            (cp.get("/taskschedules/roles-nightly").await["spec"]["suspend"] == true).then_some(())
+        },
+    )
+    .await;
+    go(&browser, &cp, "#/audit").await;
+    wait_text(
+        &browser,
+        "[data-who='operator/otto'][data-audit='suspend']",
+        "otto's suspend in the audit log",
+        |t| {
+            t.contains("TaskSchedule/roles-nightly")
+                && t.contains("applied 200")
+                && t.contains("dashboard")
+        },
+    )
+    .await;
+    wait_text(
+        &browser,
+        "[data-who='operator/vera'][data-outcome='refused']",
+        "vera's refused suspend in the audit log",
+        |t| t.contains("needs the operator role"),
+    )
+    .await;
+    screenshot(&browser, "audit").await;
+
+    // Revoked: the open session ends (the page goes back to the login).
+    let out = cp.cli(&["operators", "revoke", "otto"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    go(&browser, &cp, "").await;
+    browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("back at the login page");
 }

@@ -234,6 +234,65 @@ enum Auth {
     None,
     Empty,
     Wrong,
+    /// A viewer's own token (issue 35's roles; made by `operator_api_table`).
+    Viewer,
+    /// An operator's own token.
+    Operator,
+    /// The token of an operator since revoked.
+    Revoked,
+    /// A dashboard session of an operator since revoked, with its CSRF token.
+    RevokedSession,
+    /// The viewer's session with its name changed to `admin`.
+    ForgedSession,
+    /// A made-up token in the named form, claiming to be `admin`'s.
+    ClaimsAdmin,
+}
+
+/// The operators the role rows act as, made once by `operator_api_table`.
+struct Cast {
+    viewer: String,
+    operator: String,
+    revoked: String,
+    revoked_session: (String, String),
+    viewer_session: String,
+}
+
+static CAST: std::sync::OnceLock<Cast> = std::sync::OnceLock::new();
+
+fn cast() -> &'static Cast {
+    CAST.get().expect("operator_api_table made the cast first")
+}
+
+/// Makes the role rows' operators: a viewer, an operator, and one revoked
+/// after it opened a dashboard session.
+async fn make_cast(cp: &ControlPlane) {
+    let add = |name: &str, role: &str| {
+        let out = cp.cli(&["operators", "add", name, "--role", role]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let viewer = add("vera", "viewer");
+    let operator = add("otto", "operator");
+    let revoked = add("gone", "operator");
+    let revoked_session = cp.dashboard_session(&revoked).await;
+    let out = cp.cli(&["operators", "revoke", "gone"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (viewer_session, _) = cp.dashboard_session(&viewer).await;
+    let _ = CAST.set(Cast {
+        viewer,
+        operator,
+        revoked,
+        revoked_session,
+        viewer_session,
+    });
 }
 
 /// (what, auth, method, path, body, status, a fragment of the error).
@@ -833,6 +892,115 @@ const API_CASES: &[ApiCase] = &[
         404,
         "inventoryRefreshV1",
     ),
+    // Roles (issue 35): no escalation, and revoked is revoked everywhere.
+    (
+        "a viewer cannot apply",
+        Auth::Viewer,
+        "POST",
+        "/apply",
+        || bytes(device("x-1", json!({}), json!({}))),
+        403,
+        "apply needs the operator role; operator vera has the viewer role",
+    ),
+    (
+        "a viewer cannot upload a package",
+        Auth::Viewer,
+        "POST",
+        "/packages",
+        || b"!<arch>\n".to_vec(),
+        403,
+        "upload needs the operator role",
+    ),
+    (
+        "an operator cannot make an admin",
+        Auth::Operator,
+        "POST",
+        "/operators",
+        || bytes(json!({"name": "otto2", "role": "admin"})),
+        403,
+        "add needs the admin role; operator otto has the operator role",
+    ),
+    (
+        "an operator cannot take the admin's token by rotating it",
+        Auth::Operator,
+        "POST",
+        "/operators/admin/rotate",
+        Vec::new,
+        403,
+        "rotate needs the admin role",
+    ),
+    (
+        "an operator cannot delete",
+        Auth::Operator,
+        "DELETE",
+        "/taskruns/anything",
+        Vec::new,
+        403,
+        "delete needs the admin role",
+    ),
+    (
+        "a revoked operator's token",
+        Auth::Revoked,
+        "GET",
+        "/devices",
+        Vec::new,
+        401,
+        "a token naming operator gone that is not its current one",
+    ),
+    (
+        "a revoked operator's dashboard session reads nothing",
+        Auth::RevokedSession,
+        "GET",
+        "/devices",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "a revoked operator's dashboard session changes nothing, CSRF token and all",
+        Auth::RevokedSession,
+        "POST",
+        "/apply",
+        || bytes(device("x-1", json!({}), json!({}))),
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "a viewer's session renamed to admin",
+        Auth::ForgedSession,
+        "GET",
+        "/operators",
+        Vec::new,
+        401,
+        "missing or bad operator token",
+    ),
+    (
+        "a made-up token in admin's name",
+        Auth::ClaimsAdmin,
+        "POST",
+        "/operators",
+        || bytes(json!({"name": "mallory", "role": "admin"})),
+        401,
+        "a token naming operator admin that is not its current one",
+    ),
+    (
+        "an operator named like a path",
+        Auth::Good,
+        "POST",
+        "/operators",
+        || bytes(json!({"name": "../admin", "role": "admin"})),
+        422,
+        "is not an operator name",
+    ),
+    (
+        "a role that does not exist",
+        Auth::Good,
+        "POST",
+        "/operators",
+        || bytes(json!({"name": "root", "role": "root"})),
+        422,
+        "is not a role: viewer, operator or admin",
+    ),
 ];
 
 async fn api_call(
@@ -846,6 +1014,7 @@ async fn api_call(
     let url = format!("{}/api/v1{path}", cp.api);
     let mut request = match method {
         "POST" => client.post(&url).body(body),
+        "DELETE" => client.delete(&url),
         _ => client.get(&url),
     };
     request = match auth {
@@ -853,6 +1022,17 @@ async fn api_call(
         Auth::None => request,
         Auth::Empty => request.header("authorization", "Bearer "),
         Auth::Wrong => request.bearer_auth("not-the-token"),
+        Auth::Viewer => request.bearer_auth(&cast().viewer),
+        Auth::Operator => request.bearer_auth(&cast().operator),
+        Auth::Revoked => request.bearer_auth(&cast().revoked),
+        Auth::RevokedSession => request
+            .header("cookie", &cast().revoked_session.0)
+            .header("x-drover-csrf", &cast().revoked_session.1),
+        Auth::ForgedSession => request.header(
+            "cookie",
+            cast().viewer_session.replacen(".vera.", ".admin.", 1),
+        ),
+        Auth::ClaimsAdmin => request.bearer_auth(format!("drover-op.admin.{}", "ab".repeat(32))),
     };
     let response = request.send().await.expect("request");
     let status = response.status().as_u16();
@@ -863,6 +1043,7 @@ async fn api_call(
 async fn operator_api_table() {
     // A small package store, so that one row can pass its quota.
     let cp = ControlPlane::start(&["--package-quota", "1MiB"]);
+    make_cast(&cp).await;
     for (what, auth, method, path, body, status, fragment) in API_CASES {
         let (got, text) = api_call(&cp, *auth, method, path, body()).await;
         assert_eq!(got, *status, "{what}: {text}");

@@ -1085,3 +1085,116 @@ async fn a_deployment_on_two_replicas_keeps_its_limit_and_releases_each_device_o
     )
     .await;
 }
+
+/// Issue 35 on two replicas sharing one NATS store: an operator added on
+/// one is known on the other; revoked on one, its token and a dashboard
+/// session made on the other are refused on both within a second; and the
+/// audit log read from the other replica tells the whole story.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_revoked_on_one_replica_is_refused_on_both_within_a_second() {
+    let (_nats, first, second) = two_replicas(&["ops-1"]);
+    let out = first.cli(&["operators", "add", "otto", "--role", "operator"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let http = reqwest::Client::new();
+    let by_token = |cp: &ControlPlane| {
+        http.get(format!("{}/api/v1/devices", cp.api))
+            .bearer_auth(&token)
+            .send()
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the operator known on the second replica",
+        || async { (by_token(&second).await.ok()?.status() == 200).then_some(()) },
+    )
+    .await;
+    let (cookie, _) = second.dashboard_session(&token).await;
+    let by_session = |cp: &ControlPlane| {
+        http.get(format!("{}/api/v1/devices", cp.api))
+            .header("cookie", &cookie)
+            .send()
+    };
+    for cp in [&first, &second] {
+        assert_eq!(by_token(cp).await.expect("get").status(), 200);
+        assert_eq!(by_session(cp).await.expect("get").status(), 200);
+    }
+
+    let out = first.cli(&["operators", "revoke", "otto"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revoked = std::time::Instant::now();
+    let mut refused = [None; 4];
+    while refused.iter().any(Option::is_none) && revoked.elapsed() < Duration::from_secs(5) {
+        for (n, cp) in [&first, &second].into_iter().enumerate() {
+            if refused[2 * n].is_none() && by_token(cp).await.expect("get").status() == 401 {
+                refused[2 * n] = Some(revoked.elapsed());
+            }
+            if refused[2 * n + 1].is_none() && by_session(cp).await.expect("get").status() == 401 {
+                refused[2 * n + 1] = Some(revoked.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("refused after (token, session) on the first, then the second: {refused:?}");
+    for (what, after) in [
+        "token on the first",
+        "session on the first",
+        "token on the second",
+        "session on the second",
+    ]
+    .iter()
+    .zip(refused)
+    {
+        let after = after.unwrap_or_else(|| panic!("the revoked {what} still opens after 5 s"));
+        assert!(
+            after < Duration::from_secs(1),
+            "the revoked {what} opened for {after:?}"
+        );
+    }
+
+    // The story, read from the replica that did not revoke.
+    let out = second.cli(&["audit", "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let find = |verb: &str, outcome: &str| {
+        entries
+            .iter()
+            .find(|e| e["verb"] == verb && e["outcome"] == outcome)
+            .unwrap_or_else(|| panic!("no {verb} {outcome} in {entries:?}"))
+    };
+    let added = find("add", "applied");
+    let revoke = find("revoke", "applied");
+    assert_eq!(revoke["who"], "operator/admin");
+    assert_eq!(revoke["name"], "otto");
+    assert_eq!(
+        added["replica"], revoke["replica"],
+        "both written by the first"
+    );
+    let refusals: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["outcome"] == "refused" && e["status"] == 401)
+        .collect();
+    let replicas: std::collections::BTreeSet<&str> = refusals
+        .iter()
+        .filter_map(|e| e["replica"].as_str())
+        .collect();
+    assert_eq!(replicas.len(), 2, "refused on both replicas: {refusals:?}");
+    assert!(
+        refusals.iter().any(|e| e["via"] == "dashboard")
+            && refusals.iter().any(|e| e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("naming operator otto"))),
+        "{refusals:?}"
+    );
+}

@@ -7,6 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod access;
+pub use access::{AuditArgs, OperatorsCommand};
+
 #[derive(Parser)]
 #[command(name = "drover", version, about = "Drover's control plane and CLI")]
 pub struct Cli {
@@ -106,6 +109,10 @@ pub enum Command {
         /// (408); a slow upload that keeps moving is never cut off.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         upload_stall_seconds: u64,
+        /// Days the audit log keeps an entry (every change and every
+        /// refused request); older ones are deleted each hour.
+        #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
+        audit_retention_days: u64,
         /// Write the bound addresses here as JSON once listening.
         #[arg(long)]
         ready_file: Option<PathBuf>,
@@ -222,6 +229,16 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Named operators, each with a role (viewer, operator, admin) and its
+    /// own token: add, list, rotate, revoke. The bootstrap token
+    /// (DATA/operator.token) is the admin named `admin`.
+    Operators {
+        #[command(subcommand)]
+        command: OperatorsCommand,
+    },
+    /// The audit log: every change (who, what, when, from where, the
+    /// outcome) and every refused request, oldest first.
+    Audit(AuditArgs),
     /// The package store (for packageInstallV1 deployments).
     Packages {
         #[command(subcommand)]

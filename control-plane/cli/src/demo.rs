@@ -149,6 +149,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
                 reboot_after: jiff::SignedDuration::from_hours(24),
             },
             uploads: crate::packages::UploadLimits::default(),
+            audit_retention: std::time::Duration::from_secs(400 * 86_400),
         },
         shutdown.clone(),
     )

@@ -87,6 +87,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             reboot_alert_hours,
             package_quota,
             upload_stall_seconds,
+            audit_retention_days,
             listen,
             agent_listen,
             agent_tls_cert,
@@ -137,6 +138,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         quota: *package_quota,
                         stall: Duration::from_secs(*upload_stall_seconds),
                     },
+                    audit_retention: Duration::from_secs(
+                        audit_retention_days.saturating_mul(86_400),
+                    ),
                 },
                 shutdown.clone(),
             )
@@ -337,6 +341,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Operators { command } => cmd::operators::operators(&client(&cli)?, command).await,
+        Command::Audit(args) => cmd::operators::audit(&client(&cli)?, args).await,
         Command::PatchStatus { output } => {
             let fleet: Value = client(&cli)?.get("/patch-status").await?;
             if !structured(*output, &fleet)? {

@@ -384,3 +384,116 @@ pub fn resume_loop(
         },
     )
 }
+
+/// What an operator may do. Each role may do what the one before it may.
+/// Stored by variant index: never reorder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reads everything (secrets' names, never their values).
+    Viewer,
+    /// Also applies, cancels, suspends, acknowledges and uploads.
+    Operator,
+    /// Also deletes, and manages operators and devices' tokens.
+    Admin,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The name of the operator the bootstrap token (`DATA/operator.token`) is.
+pub const BOOTSTRAP_OPERATOR: &str = "admin";
+
+/// A named operator: a role and the digest of its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorRecord {
+    pub name: String,
+    pub role: Role,
+    /// The token's HMAC under the control plane's key, in hex; None for
+    /// the bootstrap operator while its token is `DATA/operator.token`.
+    pub token_digest: Option<String>,
+    /// Counts the operator's tokens: rotate and revoke raise it, which ends
+    /// the dashboard sessions made with the token before.
+    pub generation: u64,
+    pub created_at: Timestamp,
+    pub created_by: String,
+    pub changed_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+    pub revoked_by: Option<String>,
+}
+
+pub fn operator_key(name: &str) -> String {
+    format!("operators/{name}")
+}
+
+/// One object a change touched, as the audit log names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditObject {
+    pub kind: String,
+    pub name: String,
+    /// What became of it: created, configured, unchanged, deleted, …
+    pub result: Option<String>,
+    /// SHA-256 of the manifest as sent (its JSON), in hex.
+    pub digest: Option<String>,
+}
+
+/// One entry of the audit log: a change, or a refused request. Created
+/// once, never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditRecord {
+    /// The control plane's clock when the request was answered.
+    pub at: Timestamp,
+    /// `operator/NAME`, `schedule/NAME`, or `unknown` (no valid credential).
+    pub who: String,
+    pub role: Option<Role>,
+    /// `cli` (a bearer token), `dashboard` (a session) or `control-plane`.
+    pub via: String,
+    /// The client's address, when there was a client.
+    pub peer: Option<String>,
+    /// apply, cancel, delete, suspend, upload, login, …
+    pub verb: String,
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    /// The request: method and path (never a query's or body's secrets).
+    pub request: Option<String>,
+    /// SHA-256 of the request's body, in hex, when it had one.
+    pub body_digest: Option<String>,
+    /// The objects it touched (at most [`AUDIT_OBJECTS`] listed).
+    pub objects: Vec<AuditObject>,
+    pub objects_total: u64,
+    /// `applied`, `refused` (no credential or role) or `failed`.
+    pub outcome: String,
+    pub status: u16,
+    pub reason: Option<String>,
+    /// The replica that answered.
+    pub replica: String,
+}
+
+/// Objects one audit entry lists; a List of thousands keeps its count and
+/// its body's digest.
+pub const AUDIT_OBJECTS: usize = 100;

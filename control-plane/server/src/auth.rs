@@ -1,7 +1,8 @@
 //! Credentials. Each device's bearer token is an HMAC-SHA256 of its id under
 //! the control plane's secret key (ring), so tokens need no table and a leaked
-//! token opens one device only. Operators use one bearer token. Both live in
-//! the data directory, created on first start with mode 0600.
+//! token opens one device only. The bootstrap operator token and the key live in
+//! the data directory, created on first start with mode 0600. Named
+//! operators' tokens are stored as their HMAC (`operators.rs`).
 
 use agent_core::DeviceId;
 use anyhow::{Context, Result};
@@ -14,6 +15,17 @@ use std::path::Path;
 pub struct Secrets {
     key: hmac::Key,
     operator_token: String,
+}
+
+/// A dashboard session cookie taken apart, not yet checked.
+#[derive(Debug, Clone, Copy)]
+pub struct UiSession<'a> {
+    pub expires: i64,
+    pub nonce: &'a str,
+    /// The operator it claims to be.
+    pub name: &'a str,
+    pub generation: u64,
+    tag: &'a str,
 }
 
 use agent_core::signing::{hex, unhex};
@@ -240,55 +252,126 @@ impl Secrets {
         &self.operator_token
     }
 
-    fn session_message(&self, expires: i64, nonce: &str) -> Vec<u8> {
-        // Bound to the operator token: replacing it ends every session.
-        let operator = hmac::sign(&self.key, self.operator_token.as_bytes());
-        format!(
-            "drover-ui-session:v2:{expires}:{nonce}:{}",
-            hex(operator.as_ref())
-        )
-        .into_bytes()
+    /// The digest an operator's token is stored as: its HMAC under the
+    /// control plane's key, in hex (a copy of the store opens nothing).
+    pub fn operator_digest(&self, token: &str) -> String {
+        hex(hmac::sign(&self.key, &Self::operator_message(token)).as_ref())
     }
 
-    /// A dashboard session until `expires` (Unix seconds):
-    /// `EXPIRES.NONCE.MAC`. The nonce makes each login its own session, so
-    /// a logout (a record under [`Secrets::ui_session_id`]) ends that one
-    /// only. Replicas share the key, so any one verifies it.
-    pub fn ui_session(&self, expires: i64) -> Result<String> {
+    fn operator_message(token: &str) -> Vec<u8> {
+        format!("drover-operator-token:v1:{token}").into_bytes()
+    }
+
+    /// Constant-time check of a named operator's token against its digest.
+    pub fn verify_operator_digest(&self, token: &str, digest: &str) -> bool {
+        match unhex(digest) {
+            Some(tag) if !token.is_empty() => {
+                hmac::verify(&self.key, &Self::operator_message(token), &tag).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// What a session of the bootstrap operator is bound to while its token
+    /// is `DATA/operator.token`: replacing the file ends its sessions.
+    pub fn bootstrap_credential(&self) -> String {
+        hex(hmac::sign(&self.key, self.operator_token.as_bytes()).as_ref())
+    }
+
+    fn session_message(
+        &self,
+        expires: i64,
+        nonce: &str,
+        name: &str,
+        generation: u64,
+        credential: &str,
+    ) -> Vec<u8> {
+        format!("drover-ui-session:v3:{expires}:{nonce}:{name}:{generation}:{credential}")
+            .into_bytes()
+    }
+
+    /// A dashboard session of operator `name` until `expires` (Unix
+    /// seconds): `EXPIRES.NONCE.NAME.GENERATION.MAC`, bound to the
+    /// operator's token (`credential`: its digest) and generation, so a
+    /// revoke or rotate ends it. The nonce makes each login its own
+    /// session, so a logout (a record under [`Secrets::ui_session_id`])
+    /// ends that one only. Replicas share the key, so any one verifies it.
+    pub fn ui_session(
+        &self,
+        expires: i64,
+        name: &str,
+        generation: u64,
+        credential: &str,
+    ) -> Result<String> {
         let nonce = random_hex(16)?;
-        let tag = hmac::sign(&self.key, &self.session_message(expires, &nonce));
-        Ok(format!("{expires}.{nonce}.{}", hex(tag.as_ref())))
+        let tag = hmac::sign(
+            &self.key,
+            &self.session_message(expires, &nonce, name, generation, credential),
+        );
+        Ok(format!(
+            "{expires}.{nonce}.{name}.{generation}.{}",
+            hex(tag.as_ref())
+        ))
     }
 
-    /// Whether `session` is one of ours and not expired at `now`; its
-    /// expiry if so.
-    pub fn verify_ui_session(&self, session: &str, now: i64) -> bool {
-        self.ui_session_expiry(session, now).is_some()
-    }
-
-    /// The expiry of `session` when it is one of ours and not expired at
-    /// `now`.
-    pub fn ui_session_expiry(&self, session: &str, now: i64) -> Option<i64> {
+    /// The parts of a session cookie, unchecked: whose it claims to be.
+    pub fn parse_ui_session(session: &str) -> Option<UiSession<'_>> {
         let mut parts = session.split('.');
-        let (Some(expires), Some(nonce), Some(tag), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(expires), Some(nonce), Some(name), Some(generation), Some(tag), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return None;
         };
-        let (Ok(expires), Some(tag)) = (expires.parse::<i64>(), unhex(tag)) else {
+        let valid_nonce = nonce.len() == 32 && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+        if !valid_nonce || name.is_empty() {
             return None;
-        };
-        let ours = nonce.len() == 32
-            && nonce.bytes().all(|b| b.is_ascii_hexdigit())
-            && hmac::verify(&self.key, &self.session_message(expires, nonce), &tag).is_ok();
-        (ours && expires > now).then_some(expires)
+        }
+        Some(UiSession {
+            expires: expires.parse().ok()?,
+            nonce,
+            name,
+            generation: generation.parse().ok()?,
+            tag,
+        })
     }
 
-    /// The name a verified session's logout is stored under: its expiry
-    /// and nonce (key-safe characters only).
-    pub fn ui_session_id(session: &str) -> Option<String> {
-        let mut parts = session.split('.');
-        Some(format!("{}-{}", parts.next()?, parts.next()?))
+    /// Whether `session` is one of ours for an operator now at
+    /// `generation` with `credential`, and not expired at `now`.
+    pub fn verify_ui_session(
+        &self,
+        session: &UiSession<'_>,
+        generation: u64,
+        credential: &str,
+        now: i64,
+    ) -> bool {
+        let Some(tag) = unhex(session.tag) else {
+            return false;
+        };
+        session.generation == generation
+            && session.expires > now
+            && hmac::verify(
+                &self.key,
+                &self.session_message(
+                    session.expires,
+                    session.nonce,
+                    session.name,
+                    generation,
+                    credential,
+                ),
+                &tag,
+            )
+            .is_ok()
+    }
+
+    /// The name a session's logout is stored under: its expiry and nonce
+    /// (key-safe characters only).
+    pub fn ui_session_id(session: &UiSession<'_>) -> String {
+        format!("{}-{}", session.expires, session.nonce)
     }
 
     fn csrf_message(session: &str) -> Vec<u8> {
@@ -318,27 +401,66 @@ mod tests {
     fn dashboard_sessions_expire_and_carry_their_own_csrf_token() {
         let dir = tempfile::tempdir().expect("tempdir");
         let secrets = Secrets::load_or_create(dir.path(), None).expect("create");
-        let session = secrets.ui_session(2_000).expect("session");
-        assert!(secrets.verify_ui_session(&session, 1_999));
-        assert!(!secrets.verify_ui_session(&session, 2_000), "expired");
+        let credential = secrets.bootstrap_credential();
+        let session = secrets
+            .ui_session(2_000, "admin", 0, &credential)
+            .expect("session");
+        let parsed = Secrets::parse_ui_session(&session).expect("parses");
+        assert_eq!(parsed.name, "admin");
+        assert!(secrets.verify_ui_session(&parsed, 0, &credential, 1_999));
+        assert!(
+            !secrets.verify_ui_session(&parsed, 0, &credential, 2_000),
+            "expired"
+        );
+        assert!(
+            !secrets.verify_ui_session(&parsed, 1, &credential, 1_000),
+            "a later generation (revoked, rotated) ends it"
+        );
+        assert!(
+            !secrets.verify_ui_session(&parsed, 0, &secrets.operator_digest("x"), 1_000),
+            "another token ends it"
+        );
         assert_ne!(
             session,
-            secrets.ui_session(2_000).expect("session"),
+            secrets
+                .ui_session(2_000, "admin", 0, &credential)
+                .expect("session"),
             "each login is its own session"
         );
         let forged = session.replacen("2000", "9000", 1);
+        let forged = Secrets::parse_ui_session(&forged).expect("parses");
         assert!(
-            !secrets.verify_ui_session(&forged, 1_000),
+            !secrets.verify_ui_session(&forged, 0, &credential, 1_000),
             "a later expiry is not ours"
         );
-        assert!(!secrets.verify_ui_session("", 0));
+        let other_name = session.replacen(".admin.", ".alice.", 1);
+        let other_name = Secrets::parse_ui_session(&other_name).expect("parses");
+        assert!(
+            !secrets.verify_ui_session(&other_name, 0, &credential, 1_000),
+            "another operator's name is not ours"
+        );
+        assert!(Secrets::parse_ui_session("").is_none());
         let csrf = secrets.ui_csrf(&session);
         assert!(secrets.verify_ui_csrf(&session, &csrf));
-        assert!(!secrets.verify_ui_csrf(&secrets.ui_session(3_000).expect("session"), &csrf));
+        let another = secrets
+            .ui_session(3_000, "admin", 0, &credential)
+            .expect("session");
+        assert!(!secrets.verify_ui_csrf(&another, &csrf));
         // Another operator token (another data directory) ends the session.
         let other = tempfile::tempdir().expect("tempdir");
         let others = Secrets::load_or_create(other.path(), None).expect("create");
-        assert!(!others.verify_ui_session(&session, 1_000));
+        assert!(!others.verify_ui_session(&parsed, 0, &others.bootstrap_credential(), 1_000));
+    }
+
+    #[test]
+    fn a_named_operators_token_matches_its_digest_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secrets = Secrets::load_or_create(dir.path(), None).expect("create");
+        let digest = secrets.operator_digest("drover-op.alice.abc");
+        assert!(secrets.verify_operator_digest("drover-op.alice.abc", &digest));
+        assert!(!secrets.verify_operator_digest("drover-op.alice.abd", &digest));
+        assert!(!secrets.verify_operator_digest("", &digest));
+        assert!(!secrets.verify_operator_digest("drover-op.alice.abc", "zz"));
     }
 
     #[test]

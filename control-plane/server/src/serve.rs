@@ -63,6 +63,8 @@ pub struct ServeOptions {
     pub patch_alerts: drover_rules::patch::AlertLimits,
     /// The package store's quota and the uploads' stall timeout.
     pub uploads: crate::packages::UploadLimits,
+    /// How long the audit log keeps an entry.
+    pub audit_retention: Duration,
 }
 
 /// The package downloads' port when `--download-listen` is not given: one
@@ -172,6 +174,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         &options.data,
         options.operator_token.clone(),
     )?);
+    crate::api::access::ensure_bootstrap(&db)
+        .await
+        .context("cannot store the bootstrap operator")?;
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let (released_tx, released) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
@@ -291,6 +296,11 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let agent_addr = agent_listener.local_addr()?;
     let patch_index = Arc::new(crate::patch_index::PatchIndex::new(db.clone()));
     tasks.push(tokio::spawn(patch_index.clone().run(shutdown.clone())));
+    tasks.push(tokio::spawn(crate::api::access::prune_audit(
+        db.clone(),
+        options.audit_retention,
+        shutdown.clone(),
+    )));
     let router = api::router(ApiState {
         links,
         db: db.clone(),
@@ -308,6 +318,8 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         secure_cookies: options.api_tls.is_some(),
         logins: Arc::new(crate::api::ui::LoginLimiter::default()),
         uploads: options.uploads,
+        replica: replica_id(&options.data)?,
+        refusals: Arc::new(crate::api::access::RefusalBudget::default()),
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

@@ -45,7 +45,9 @@ one_layout!(
     crate::records::PackageRecord,
     crate::records::SecretRecord,
     crate::records::AlertRecord,
-    crate::records::AlertAck
+    crate::records::AlertAck,
+    crate::records::OperatorRecord,
+    crate::records::AuditRecord
 );
 
 /// A device as stored: V1 until the control plane kept when its agent
@@ -869,5 +871,59 @@ mod tests {
         let bytes = v4.to_bytes().expect("encode");
         assert_eq!(bytes[0], 3, "variant V4");
         assert_eq!(DeploymentRecord::from_bytes(&bytes).expect("decode"), v4);
+    }
+
+    /// Bytes of layout V1 of the operator and audit records (issue 35):
+    /// a change to either without a new version fails here.
+    #[test]
+    fn the_v1_operator_and_audit_records_still_decode() {
+        let at: Timestamp = "2026-12-04T09:00:00Z".parse().expect("time");
+        let operator = crate::records::OperatorRecord::from_bytes(&hex(include_str!(
+            "fixtures/operator_v1.hex"
+        )))
+        .expect("operator V1");
+        assert_eq!(
+            operator,
+            crate::records::OperatorRecord {
+                name: "otto".into(),
+                role: crate::records::Role::Operator,
+                token_digest: Some("ab".repeat(32)),
+                generation: 2,
+                created_at: at,
+                created_by: "operator/admin".into(),
+                changed_at: at,
+                revoked_at: Some(at),
+                revoked_by: Some("operator/ada".into()),
+            }
+        );
+        let audit =
+            crate::records::AuditRecord::from_bytes(&hex(include_str!("fixtures/audit_v1.hex")))
+                .expect("audit V1");
+        assert_eq!(
+            audit,
+            crate::records::AuditRecord {
+                at,
+                who: "operator/otto".into(),
+                role: Some(crate::records::Role::Operator),
+                via: "cli".into(),
+                peer: Some("192.0.2.7".into()),
+                verb: "apply".into(),
+                kind: None,
+                name: None,
+                request: Some("POST /api/v1/apply".into()),
+                body_digest: Some("cd".repeat(32)),
+                objects: vec![crate::records::AuditObject {
+                    kind: "Device".into(),
+                    name: "pi-1".into(),
+                    result: Some("created".into()),
+                    digest: Some("ef".repeat(32)),
+                }],
+                objects_total: 1,
+                outcome: "applied".into(),
+                status: 200,
+                reason: None,
+                replica: "r1".into(),
+            }
+        );
     }
 }

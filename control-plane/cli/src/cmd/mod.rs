@@ -3,4 +3,5 @@
 pub mod brokers;
 pub mod config;
 pub mod describe;
+pub mod operators;
 pub mod preview;

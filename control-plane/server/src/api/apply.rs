@@ -10,15 +10,88 @@ pub(super) struct ApplyQuery {
     dry_run: Option<String>,
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    agent_core::signing::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
 /// Applies one manifest, a JSON array of them, or a `kind: List` with
 /// `items` (what `drover apply -f` sends for a file of several documents):
-/// many devices register in one request.
+/// many devices register in one request. The answer carries the audit
+/// log's note: each object, what became of it, and its manifest's digest.
 pub(super) async fn apply(
     State(state): State<ApiState>,
     Query(query): Query<ApplyQuery>,
     body: axum::body::Bytes,
+) -> Response {
+    let dry_run = query.dry_run.is_some();
+    let answer = apply_body(&state, query, &body).await;
+    if dry_run {
+        let mut response = answer.into_response();
+        response.extensions_mut().insert(super::access::AuditNote {
+            skip: true,
+            ..Default::default()
+        });
+        return response;
+    }
+    let note = apply_note(&body, &answer);
+    let mut response = answer.into_response();
+    response.extensions_mut().insert(note);
+    response
+}
+
+/// What the audit log keeps of an apply: each object, what became of it,
+/// and its manifest's digest (the SHA-256 of its JSON as sent).
+fn apply_note(
+    body: &[u8],
+    answer: &Result<(StatusCode, Json<Value>), ApiError>,
+) -> super::access::AuditNote {
+    let sent: Vec<Value> = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => items,
+        Ok(Value::Object(map)) if map.get("kind").and_then(Value::as_str) == Some("List") => map
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        Ok(single) => vec![single],
+        Err(_) => Vec::new(),
+    };
+    let digest = |index: usize| {
+        sent.get(index)
+            .and_then(|item| serde_json::to_vec(item).ok())
+            .map(|bytes| sha256_hex(&bytes))
+    };
+    let objects = match answer {
+        Ok((_, Json(result))) if result["kind"] == "List" => result["items"]
+            .as_array()
+            .map(|items| items.iter().collect::<Vec<_>>())
+            .unwrap_or_default(),
+        Ok((_, Json(result))) => vec![result],
+        Err(_) => Vec::new(),
+    };
+    super::access::AuditNote {
+        objects: objects
+            .iter()
+            .take(crate::records::AUDIT_OBJECTS)
+            .enumerate()
+            .map(|(index, result)| crate::records::AuditObject {
+                kind: result["kind"].as_str().unwrap_or("?").to_owned(),
+                name: result["name"].as_str().unwrap_or("?").to_owned(),
+                result: result["result"].as_str().map(str::to_owned),
+                digest: digest(index),
+            })
+            .collect(),
+        objects_total: objects.len() as u64,
+        body_digest: Some(sha256_hex(body)),
+        skip: false,
+    }
+}
+
+async fn apply_body(
+    state: &ApiState,
+    query: ApplyQuery,
+    body: &[u8],
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let body = crate::strict_json::parse(&body).map_err(|e| {
+    let body = crate::strict_json::parse(body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("the request body is not acceptable JSON: {e}"),
@@ -45,7 +118,7 @@ pub(super) async fn apply(
                     format!("at most {MAX_LIST_ITEMS} manifests per request"),
                 ));
             }
-            let preview = super::preview::preview(&state, items).await?;
+            let preview = super::preview::preview(state, items).await?;
             return Ok((StatusCode::OK, Json(preview)));
         }
         Some(other) => {
@@ -68,7 +141,7 @@ pub(super) async fn apply(
                 }
             }
         }
-        single => return apply_one(&state, single).await,
+        single => return apply_one(state, single).await,
     };
     if items.len() > MAX_LIST_ITEMS {
         return Err(ApiError(
@@ -83,7 +156,7 @@ pub(super) async fn apply(
         .iter()
         .filter(|m| matches!(m, Manifest::Device { .. }))
         .collect();
-    let mut device_results = apply_devices(&state, &devices).await?.into_iter();
+    let mut device_results = apply_devices(state, &devices).await?.into_iter();
     let mut results = Vec::with_capacity(items.len());
     for (index, (item, manifest)) in items.into_iter().zip(&manifests).enumerate() {
         if matches!(manifest, Manifest::Device { .. }) {
@@ -92,7 +165,7 @@ pub(super) async fn apply(
         }
         let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
         let kind = item["kind"].as_str().unwrap_or("?").to_owned();
-        match apply_one(&state, item).await {
+        match apply_one(state, item).await {
             Ok((_, Json(result))) => results.push(result),
             // Stop at the first failure and say what is applied: the items
             // before it, and every device (they went in first, together).

@@ -12,8 +12,7 @@ use crate::records::{
 };
 use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -24,10 +23,12 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::Notify;
 
+pub mod access;
 mod apply;
 mod deletes;
 mod deployments;
 mod devices;
+mod operators;
 mod preview;
 mod runs;
 mod schedules;
@@ -35,10 +36,12 @@ pub mod ui;
 
 pub use crate::http::{ApiError, bearer, bearer_of};
 
+pub use access::require_operator;
 use apply::*;
 use deletes::*;
 use deployments::*;
 use devices::*;
+use operators::*;
 use runs::*;
 use schedules::*;
 
@@ -133,6 +136,10 @@ pub struct ApiState {
     pub logins: Arc<ui::LoginLimiter>,
     /// The package store's quota and the uploads' stall timeout.
     pub uploads: crate::packages::UploadLimits,
+    /// This replica's id, in the audit log's entries.
+    pub replica: String,
+    /// Refusals of unknown callers the audit log still takes this minute.
+    pub refusals: Arc<access::RefusalBudget>,
 }
 
 /// An agent pointed at the operators' API instead of the agents' port: a
@@ -193,6 +200,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/secrets", get(list_secrets))
         .route("/secrets/{name}", axum::routing::delete(delete_secret))
         .route("/packages/{id}", axum::routing::delete(delete_package))
+        .route("/operators", get(list_operators).post(add_operator))
+        .route("/operators/{name}/rotate", post(rotate_operator))
+        .route("/operators/{name}/revoke", post(revoke_operator))
+        .route("/whoami", get(whoami))
+        .route("/audit", get(read_audit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
@@ -240,55 +252,6 @@ fn security_headers(mut response: Response, tls: bool) -> Response {
         );
     }
     response
-}
-
-pub async fn require_operator(
-    State(state): State<ApiState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let (headers, method) = (request.headers().clone(), request.method().clone());
-    match authorize(&state, &headers, &method).await {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// The operator's bearer token, or the dashboard's session cookie; with the
-/// cookie, a request that changes something must carry the session's CSRF
-/// token too (a page on another site can send the cookie, SameSite aside,
-/// but cannot read the token or set the header).
-async fn authorize(
-    state: &ApiState,
-    headers: &HeaderMap,
-    method: &axum::http::Method,
-) -> Result<(), ApiError> {
-    if state.secrets.verify_operator(bearer_of(headers)) {
-        return Ok(());
-    }
-    if let Some(session) = ui::session_cookie(headers)
-        && ui::session_valid(state, session).await
-    {
-        let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
-        let csrf = headers
-            .get(ui::CSRF_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if reads || state.secrets.verify_ui_csrf(session, csrf) {
-            return Ok(());
-        }
-        return Err(ApiError(
-            StatusCode::FORBIDDEN,
-            format!(
-                "a dashboard request that changes something needs the session's {} header",
-                ui::CSRF_HEADER
-            ),
-        ));
-    }
-    Err(ApiError(
-        StatusCode::UNAUTHORIZED,
-        "missing or bad operator token (Authorization: Bearer <token>)".into(),
-    ))
 }
 
 /// Fleet counts, cheap enough to poll.
@@ -426,7 +389,7 @@ struct AckRequest {
 /// raised again once the condition clears and returns.
 async fn ack_alert(
     State(state): State<ApiState>,
-    headers: HeaderMap,
+    axum::Extension(caller): axum::Extension<access::Caller>,
     Json(request): Json<AckRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let now = Timestamp::now();
@@ -450,17 +413,12 @@ async fn ack_alert(
             request.kind, request.resource
         )));
     };
-    // Who: the operator token (the CLI, a script) or a dashboard session.
-    let by = if state.secrets.verify_operator(bearer_of(&headers)) {
-        "the operator token"
-    } else {
-        "a dashboard session"
-    };
+    let by = format!("{} ({})", caller.who(), caller.via.name());
     let ack = crate::records::AlertAck {
         kind: request.kind.clone(),
         resource: request.resource.clone(),
         instance: alert.at,
-        by: by.to_owned(),
+        by: by.clone(),
         at: now,
     };
     let key = crate::records::ack_key(&request.kind, &request.resource);
@@ -468,7 +426,7 @@ async fn ack_alert(
         .db
         .update::<crate::records::AlertAck, _>(&key, |_| Some(ack.clone()))
         .await?;
-    tracing::info!(kind = %request.kind, resource = %request.resource, by, "alert acknowledged");
+    tracing::info!(kind = %request.kind, resource = %request.resource, %by, "alert acknowledged");
     Ok(Json(json!({
         "kind": request.kind,
         "resource": request.resource,

@@ -1,11 +1,11 @@
 //! The dashboard: static pages embedded in the binary (`ui/`; plain
-//! JavaScript, no build step), a login with the operator token that sets an
-//! HttpOnly, SameSite=Strict session cookie, and one server-sent event
+//! JavaScript, no build step), a login with an operator's token that sets
+//! an HttpOnly, SameSite=Strict session cookie bound to that operator, and one server-sent event
 //! stream that tells open pages what changed, so they fetch again only
 //! then. The pages read and act through the same `/api/v1` as the CLI: the
 //! API accepts the session cookie in place of the bearer token, and a
 //! request that changes something must carry the session's CSRF token
-//! (`api::authorize`).
+//! (`api::access`).
 
 use super::{ApiState, require_operator};
 use crate::http::ApiError;
@@ -98,33 +98,16 @@ pub fn session_cookie(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Where a session's logout is kept until the session would have expired.
-fn logout_key(session_id: &str) -> String {
+pub(super) fn logout_key(session_id: &str) -> String {
     format!("ui-logouts/{session_id}")
-}
-
-/// Whether `session` is one of ours, not expired and not logged out. A
-/// store that cannot answer is a no (fail closed).
-pub async fn session_valid(state: &ApiState, session: &str) -> bool {
-    let now = Timestamp::now().as_second();
-    if state.secrets.ui_session_expiry(session, now).is_none() {
-        return false;
-    }
-    let Some(id) = crate::auth::Secrets::ui_session_id(session) else {
-        return false;
-    };
-    match state.db.get::<u64>(&logout_key(&id)).await {
-        Ok(None) => true,
-        Ok(Some(_)) => false,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the dashboard's logouts; the session is refused");
-            false
-        }
-    }
 }
 
 async fn logged_in(state: &ApiState, headers: &HeaderMap) -> bool {
     match session_cookie(headers) {
-        Some(session) => session_valid(state, session).await,
+        Some(session) => matches!(
+            super::access::operator_of_session(state, session).await,
+            Ok(Some(_))
+        ),
         None => false,
     }
 }
@@ -226,20 +209,29 @@ async fn login(
         )
             .into_response();
     }
-    if !state.secrets.verify_operator(body.token.trim()) {
-        let used = state.logins.failed(peer, now);
-        tracing::warn!(%peer, failures = used.ceil() as u64, "dashboard login with a wrong operator token");
-        return ApiError(
-            StatusCode::UNAUTHORIZED,
-            "that is not this control plane's operator token (DATA/operator.token)".into(),
-        )
-        .into_response();
-    }
+    let operator = match super::access::operator_of_token(&state, body.token.trim()).await {
+        Ok(Some(operator)) => operator,
+        Ok(None) => {
+            let used = state.logins.failed(peer, now);
+            tracing::warn!(%peer, failures = used.ceil() as u64, "dashboard login with a wrong or revoked operator token");
+            return ApiError(
+                StatusCode::UNAUTHORIZED,
+                "that is not a valid operator token of this control plane (an operator's own, \
+                 or DATA/operator.token)"
+                    .into(),
+            )
+            .into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
     state.logins.succeeded(peer);
-    let session = match state
-        .secrets
-        .ui_session(Timestamp::now().as_second() + SESSION)
-    {
+    let credential = super::access::credential(&state, &operator);
+    let session = match state.secrets.ui_session(
+        Timestamp::now().as_second() + SESSION,
+        &operator.name,
+        operator.generation,
+        &credential,
+    ) {
         Ok(session) => session,
         Err(e) => {
             return ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response();
@@ -248,7 +240,7 @@ async fn login(
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookie =
         format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION}{secure}");
-    tracing::info!(%peer, "dashboard login");
+    tracing::info!(%peer, operator = %operator.name, "dashboard login");
     (
         [(header::SET_COOKIE, cookie)],
         Json(json!({"result": "logged in"})),
@@ -266,11 +258,20 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
         format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
     )];
     let now = Timestamp::now().as_second();
-    let Some((session, expires)) =
-        session_cookie(&headers).and_then(|s| Some((s, state.secrets.ui_session_expiry(s, now)?)))
-    else {
+    // Only a valid session needs its logout kept: a revoked operator's or
+    // an expired one opens nothing anyway.
+    let Some(session) = session_cookie(&headers) else {
         return (clear, Json(json!({"result": "logged out"}))).into_response();
     };
+    match super::access::operator_of_session(&state, session).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return (clear, Json(json!({"result": "logged out"}))).into_response(),
+        Err(e) => return e.into_response(),
+    }
+    let Some(parsed) = crate::auth::Secrets::parse_ui_session(session) else {
+        return (clear, Json(json!({"result": "logged out"}))).into_response();
+    };
+    let expires = parsed.expires;
     let csrf = headers
         .get(CSRF_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -282,9 +283,7 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
         )
         .into_response();
     }
-    let Some(id) = crate::auth::Secrets::ui_session_id(session) else {
-        return (clear, Json(json!({"result": "logged out"}))).into_response();
-    };
+    let id = crate::auth::Secrets::ui_session_id(&parsed);
     let expires = u64::try_from(expires).unwrap_or(0);
     match state.db.put(&logout_key(&id), &expires, 0).await {
         Ok(_) => {}
@@ -319,12 +318,20 @@ async fn forget_old_logouts(state: &ApiState, now: i64) {
 }
 
 /// The session's CSRF token, for the page's requests that change something.
-async fn session(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    match session_cookie(&headers) {
-        Some(session) => Json(json!({"csrf": state.secrets.ui_csrf(session)})).into_response(),
-        // Signed in with the bearer token: no cookie, no CSRF token needed.
-        None => Json(json!({"csrf": null})).into_response(),
-    }
+/// And who is signed in, with which role: the pages hide what it cannot do.
+async fn session(
+    State(state): State<ApiState>,
+    axum::Extension(caller): axum::Extension<super::access::Caller>,
+    headers: HeaderMap,
+) -> Response {
+    // Signed in with the bearer token: no cookie, no CSRF token needed.
+    let csrf = session_cookie(&headers).map(|session| state.secrets.ui_csrf(session));
+    Json(json!({
+        "csrf": csrf,
+        "operator": caller.name,
+        "role": caller.role,
+    }))
+    .into_response()
 }
 
 /// What a stored change concerns, as the pages name it.
@@ -337,6 +344,8 @@ fn topic(key: &str) -> Option<&'static str> {
         "devices" | "inventory" | "assessments" => "devices",
         "jobs" => "jobs",
         "alerts" | "acks" => "alerts",
+        "operators" => "operators",
+        "audit" => "audit",
         _ => return None,
     })
 }

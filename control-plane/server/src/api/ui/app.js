@@ -6,6 +6,12 @@
 
 const PAGE_SIZE = 50;
 let csrf = null;
+// Who is signed in and with which role: a page shows only what it may do.
+let me = { operator: "", role: "viewer" };
+const ROLES = ["viewer", "operator", "admin"];
+function may(role) {
+  return ROLES.indexOf(me.role) >= ROLES.indexOf(role);
+}
 let current = null; // { topics: [...], render: async () => {} }
 let refreshTimer = null;
 let alertTimer = null;
@@ -326,6 +332,7 @@ async function runPage(main, name) {
   const terminal = s.phase === "Complete" || s.phase === "Failed";
   const actions = terminal
     ? []
+    : !may("operator") ? []
     : [confirmButton("Cancel run", "Confirm: cancel this run", "cancel-run", () => api(`/taskruns/${encodeURIComponent(name)}/cancel`, { method: "POST" }))];
   const rows = targets.items.map((t) => {
     const status = t.status || {};
@@ -386,6 +393,7 @@ async function deploymentPage(main, name) {
   const terminal = s.phase === "Complete" || s.phase === "Failed";
   const actions = terminal
     ? []
+    : !may("operator") ? []
     : [confirmButton("Cancel deployment", "Confirm: cancel this deployment", "cancel-deployment", () => api(`${path}/cancel`, { method: "POST" }))];
   const rows = targets.items.map((t) =>
     h(
@@ -537,8 +545,8 @@ async function schedulesPage(main) {
     const name = schedule.metadata.name;
     const s = schedule.status || {};
     const suspended = schedule.spec.suspend === true;
-    const toggle = h("button", { type: "button", "data-suspend": name }, suspended ? "Resume" : "Suspend");
-    toggle.addEventListener("click", async () => {
+    const toggle = may("operator") ? h("button", { type: "button", "data-suspend": name }, suspended ? "Resume" : "Suspend") : "";
+    if (toggle) toggle.addEventListener("click", async () => {
       toggle.disabled = true;
       await api(`/taskschedules/${encodeURIComponent(name)}/suspend`, { method: "POST", body: { suspend: !suspended } }).catch((e) => toggle.after(h("span", { class: "error" }, ` ${e.message}`)));
       await refresh();
@@ -585,6 +593,7 @@ function alertRow(a) {
       { class: "ack" },
       a.acknowledged
         ? `acknowledged by ${a.acknowledged.by}, ${ago(a.acknowledged.at)}`
+        : !may("operator") ? ""
         : confirmButton("Acknowledge", "Acknowledge: sure?", `ack-${a.kind}-${a.resource}`, () =>
             api("/alerts/ack", { method: "POST", body: { kind: a.kind, resource: a.resource } }),
           ),
@@ -613,6 +622,41 @@ function showAlertCount(alerts) {
   document.getElementById("alert-count").textContent = critical > 0 ? String(critical) : "";
 }
 
+// What an entry touched: its objects, or the kind and name its request named.
+function auditObject(e) {
+  if (e.objects && e.objects.length) {
+    const listed = e.objects.map((o) => `${o.kind}/${o.name}${o.result ? ` ${o.result}` : ""}`).join(", ");
+    const more = (e.objectsTotal || 0) - e.objects.length;
+    return more > 0 ? `${listed} and ${more} more` : listed;
+  }
+  if (e.kind && e.name) return `${e.kind}/${e.name}`;
+  return e.kind || "–";
+}
+
+async function auditPage(main) {
+  const entries = await api("/audit?since=7d");
+  // The newest first, the latest 200.
+  const rows = entries.slice(-200).reverse().map((e) =>
+    h(
+      "tr",
+      { "data-audit": e.verb, "data-who": e.who, "data-outcome": e.outcome },
+      h("td", {}, when(e.at)),
+      h("td", {}, e.who),
+      h("td", {}, e.via),
+      h("td", {}, e.peer || "–"),
+      h("td", {}, e.verb),
+      h("td", {}, auditObject(e)),
+      h("td", { class: e.outcome === "applied" ? "" : "error" }, `${e.outcome} ${e.status}`),
+      h("td", {}, e.reason || ""),
+    ),
+  );
+  main.replaceChildren(
+    h("h2", {}, "Audit log"),
+    h("p", { class: "muted" }, "Every change and every refused request of the last 7 days, newest first (`drover audit` for more)."),
+    table(["When", "Who", "Via", "From", "Verb", "Object", "Outcome", "Reason"], rows, "Nothing recorded yet."),
+  );
+}
+
 // --- routing and live updates --------------------------------------------
 
 function route() {
@@ -631,6 +675,8 @@ function route() {
       return { topics: ["schedules", "runs"], render: schedulesPage };
     case "alerts":
       return { topics: ["runs", "deployments", "devices", "alerts"], render: alertsPage };
+    case "audit":
+      return { topics: ["audit"], render: auditPage };
     default:
       return { topics: ["devices", "jobs"], render: fleetPage };
   }
@@ -672,7 +718,10 @@ async function startApp() {
     location.href = "/ui/login";
     return;
   }
-  csrf = (await session.json()).csrf;
+  const who = await session.json();
+  csrf = who.csrf;
+  me = { operator: who.operator, role: who.role };
+  document.getElementById("whoami").textContent = `${me.operator} (${me.role})`;
   document.getElementById("logout").addEventListener("click", async () => {
     await fetch("/ui/logout", {
       method: "POST",

@@ -1,0 +1,616 @@
+//! Who may do what, and the record of what was done. Every request to the
+//! API names an operator: a bearer token (the CLI, scripts) or a dashboard
+//! session, both checked against the operator's record in the store, so a
+//! revoke or rotate on one replica is refused on every replica as soon as
+//! the store's change feed brings the record (a mirror read per request on
+//! NATS). Each route needs a role ([`role_needed`]); a request without it
+//! is answered 403 naming the role needed. Every request that changes
+//! something, and every refused one, is written to the audit log
+//! (`audit/…`, create-only) before it is answered.
+
+use super::ApiState;
+use crate::db::DbError;
+use crate::http::{ApiError, bearer_of};
+use crate::records::{
+    AUDIT_OBJECTS, AuditObject, AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role, operator_key,
+};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use jiff::Timestamp;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where audit entries are kept.
+pub const AUDIT_PREFIX: &str = "audit/";
+/// How a named operator's token starts: `drover-op.NAME.SECRET`.
+pub const TOKEN_PREFIX: &str = "drover-op.";
+/// Refused requests without any valid credential recorded per minute, per
+/// replica; the rest are counted in the next one (a flood of wrong tokens
+/// must not fill the store).
+const UNKNOWN_REFUSALS_PER_MINUTE: f64 = 30.0;
+
+/// How the caller reached the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A bearer token: the CLI, a script, Prometheus.
+    Token,
+    /// A dashboard session cookie.
+    Dashboard,
+}
+
+impl Via {
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Token => "cli",
+            Via::Dashboard => "dashboard",
+        }
+    }
+}
+
+/// The operator a request was made by; handlers find it among the
+/// request's extensions.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+    pub via: Via,
+}
+
+impl Caller {
+    /// How the audit log and acknowledgements name the caller.
+    pub fn who(&self) -> String {
+        format!("operator/{}", self.name)
+    }
+}
+
+/// What a handler tells the audit log about the objects a change touched
+/// (a response extension): the route names one object, `apply` many.
+#[derive(Debug, Clone, Default)]
+pub struct AuditNote {
+    pub objects: Vec<AuditObject>,
+    pub objects_total: u64,
+    pub body_digest: Option<String>,
+    /// Nothing changed (a dry run): no entry.
+    pub skip: bool,
+}
+
+/// The bootstrap operator's record as it is before anyone changed it: an
+/// admin whose token is `DATA/operator.token`.
+fn bootstrap_record(now: Timestamp) -> OperatorRecord {
+    OperatorRecord {
+        name: BOOTSTRAP_OPERATOR.to_owned(),
+        role: Role::Admin,
+        token_digest: None,
+        generation: 0,
+        created_at: now,
+        created_by: "init".to_owned(),
+        changed_at: now,
+        revoked_at: None,
+        revoked_by: None,
+    }
+}
+
+/// Stores the bootstrap operator once (every replica may try; the first
+/// one's record stays), so the operators list shows it from the start.
+pub async fn ensure_bootstrap(db: &crate::db::Db) -> Result<(), DbError> {
+    let record = bootstrap_record(Timestamp::now());
+    match db.put(&operator_key(BOOTSTRAP_OPERATOR), &record, 0).await {
+        Ok(_) => Ok(()),
+        Err(DbError::Kv(e)) if e.is_conflict() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `name` may name an operator: 1 to 63 of a-z, 0-9 and `-`, not
+/// starting or ending with `-` (it appears in tokens, keys and cookies).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// The operator a named token claims to be.
+fn token_name(token: &str) -> Option<&str> {
+    let (name, secret) = token.strip_prefix(TOKEN_PREFIX)?.rsplit_once('.')?;
+    (valid_name(name) && !secret.is_empty()).then_some(name)
+}
+
+/// A fresh token for `name`.
+pub fn new_token(name: &str) -> anyhow::Result<String> {
+    Ok(format!(
+        "{TOKEN_PREFIX}{name}.{}",
+        crate::auth::random_hex(32)?
+    ))
+}
+
+/// The credential an operator's sessions are bound to.
+pub fn credential(state: &ApiState, operator: &OperatorRecord) -> String {
+    operator
+        .token_digest
+        .clone()
+        .unwrap_or_else(|| state.secrets.bootstrap_credential())
+}
+
+/// The operator whose token this is, if it is one and not revoked. A
+/// store that cannot answer is an error (fail closed).
+pub async fn operator_of_token(
+    state: &ApiState,
+    token: &str,
+) -> Result<Option<OperatorRecord>, ApiError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if let Some(name) = token_name(token) {
+        let Some((_, record)) = state.db.get::<OperatorRecord>(&operator_key(name)).await? else {
+            return Ok(None);
+        };
+        let matches = record
+            .token_digest
+            .as_deref()
+            .is_some_and(|digest| state.secrets.verify_operator_digest(token, digest));
+        return Ok((matches && record.revoked_at.is_none()).then_some(record));
+    }
+    if !state.secrets.verify_operator(token) {
+        return Ok(None);
+    }
+    // The bootstrap token: admin's, until admin is rotated or revoked.
+    Ok(
+        match state
+            .db
+            .get::<OperatorRecord>(&operator_key(BOOTSTRAP_OPERATOR))
+            .await?
+        {
+            None => Some(bootstrap_record(Timestamp::now())),
+            Some((_, record)) => {
+                (record.token_digest.is_none() && record.revoked_at.is_none()).then_some(record)
+            }
+        },
+    )
+}
+
+/// The operator whose dashboard session this is, if it is valid: ours, not
+/// expired, not logged out, and made with the operator's current token and
+/// generation.
+pub async fn operator_of_session(
+    state: &ApiState,
+    session: &str,
+) -> Result<Option<OperatorRecord>, ApiError> {
+    let Some(parsed) = crate::auth::Secrets::parse_ui_session(session) else {
+        return Ok(None);
+    };
+    if !valid_name(parsed.name) {
+        return Ok(None);
+    }
+    let record = match state
+        .db
+        .get::<OperatorRecord>(&operator_key(parsed.name))
+        .await?
+    {
+        Some((_, record)) => record,
+        None if parsed.name == BOOTSTRAP_OPERATOR => bootstrap_record(Timestamp::now()),
+        None => return Ok(None),
+    };
+    if record.revoked_at.is_some() {
+        return Ok(None);
+    }
+    let now = Timestamp::now().as_second();
+    let credential = credential(state, &record);
+    if !state
+        .secrets
+        .verify_ui_session(&parsed, record.generation, &credential, now)
+    {
+        return Ok(None);
+    }
+    let logout = super::ui::logout_key(&crate::auth::Secrets::ui_session_id(&parsed));
+    Ok(state
+        .db
+        .get::<u64>(&logout)
+        .await?
+        .is_none()
+        .then_some(record))
+}
+
+/// The role a request needs: reading needs a viewer, deleting and managing
+/// operators or devices' tokens an admin, any other change an operator.
+pub fn role_needed(method: &Method, path: &str) -> Role {
+    let path = path.strip_prefix("/api/v1").unwrap_or(path);
+    if matches!(*method, Method::GET | Method::HEAD) {
+        Role::Viewer
+    } else if *method == Method::DELETE
+        || path == "/operators"
+        || path.starts_with("/operators/")
+        || path.ends_with("/rotate-token")
+    {
+        Role::Admin
+    } else {
+        Role::Operator
+    }
+}
+
+/// The verb, kind and name a request's route says it changes.
+pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<String>) {
+    let path = path.strip_prefix("/api/v1").unwrap_or(path);
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let kind = |plural: &str| -> Option<String> {
+        Some(
+            match plural {
+                "taskruns" => "TaskRun",
+                "taskschedules" => "TaskSchedule",
+                "deployments" => "Deployment",
+                "devices" => "Device",
+                "packages" => "Package",
+                "secrets" => "Secret",
+                "operators" => "Operator",
+                "alerts" => "Alert",
+                _ => return None,
+            }
+            .to_owned(),
+        )
+    };
+    let verb = match (method, parts.as_slice()) {
+        (&Method::DELETE, _) => "delete".to_owned(),
+        (_, ["apply"]) => "apply".to_owned(),
+        (_, ["packages"]) => "upload".to_owned(),
+        (_, ["operators"]) => "add".to_owned(),
+        (_, ["alerts", "ack"]) => "acknowledge".to_owned(),
+        (_, [_, _, action]) => action.to_string(),
+        (method, _) if matches!(*method, Method::GET | Method::HEAD) => "read".to_owned(),
+        (method, _) => method.as_str().to_lowercase(),
+    };
+    let (kind, name) = match parts.as_slice() {
+        [plural, name, ..] if kind(plural).is_some() && *plural != "alerts" => {
+            (kind(plural), Some((*name).to_owned()))
+        }
+        [plural, ..] => (kind(plural), None),
+        [] => (None, None),
+    };
+    (verb, kind, name)
+}
+
+/// Unique keys for this replica's entries, in time order.
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// The key of an entry at `at` written by `replica`: time first, so a
+/// listing is in time order on every replica.
+fn audit_key(at: Timestamp, replica: &str) -> String {
+    let nanos = at.as_nanosecond().max(0);
+    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!("{AUDIT_PREFIX}{nanos:020}-{replica}-{n:08}")
+}
+
+/// Writes one audit entry before the request is answered. A store that
+/// refuses it is logged (the change itself is already done).
+pub async fn record(state: &ApiState, entry: AuditRecord) {
+    let key = audit_key(entry.at, &entry.replica);
+    if let Err(e) = state.db.put(&key, &entry, 0).await {
+        tracing::error!(error = %e, verb = %entry.verb, who = %entry.who, "cannot write the audit log");
+    }
+}
+
+/// Refusals of requests without a valid credential: a token bucket of
+/// [`UNKNOWN_REFUSALS_PER_MINUTE`]; those over it are counted and told in
+/// the next entry written.
+#[derive(Default)]
+pub struct RefusalBudget {
+    /// A std Mutex: held only to count, never across an await.
+    bucket: std::sync::Mutex<Option<(f64, Instant)>>,
+    skipped: AtomicU64,
+}
+
+impl RefusalBudget {
+    /// Whether to record one more refusal now; if so, how many were
+    /// skipped before it.
+    fn take(&self, now: Instant) -> Option<u64> {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let (left, at) = bucket.unwrap_or((UNKNOWN_REFUSALS_PER_MINUTE, now));
+        let refilled = (left
+            + now.saturating_duration_since(at).as_secs_f64() * UNKNOWN_REFUSALS_PER_MINUTE / 60.0)
+            .min(UNKNOWN_REFUSALS_PER_MINUTE);
+        if refilled < 1.0 {
+            *bucket = Some((refilled, now));
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *bucket = Some((refilled - 1.0, now));
+        Some(self.skipped.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// Who made a request, from its bearer token or its dashboard session.
+/// With the cookie, a request that changes something must carry the
+/// session's CSRF token too (a page on another site can send the cookie,
+/// SameSite aside, but cannot read the token or set the header).
+async fn identify(
+    state: &ApiState,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<Caller, ApiError> {
+    if let Some(operator) = operator_of_token(state, bearer_of(headers)).await? {
+        return Ok(Caller {
+            name: operator.name,
+            role: operator.role,
+            via: Via::Token,
+        });
+    }
+    if let Some(session) = super::ui::session_cookie(headers)
+        && let Some(operator) = operator_of_session(state, session).await?
+    {
+        let reads = matches!(*method, Method::GET | Method::HEAD);
+        let csrf = headers
+            .get(super::ui::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if reads || state.secrets.verify_ui_csrf(session, csrf) {
+            return Ok(Caller {
+                name: operator.name,
+                role: operator.role,
+                via: Via::Dashboard,
+            });
+        }
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "a dashboard request that changes something needs the session's {} header",
+                super::ui::CSRF_HEADER
+            ),
+        ));
+    }
+    // A named token says whose it claims to be (a valid name, so safe to
+    // log); the log says so without the token.
+    let reason = match token_name(bearer_of(headers)) {
+        Some(name) => format!(
+            "a token naming operator {name} that is not its current one (revoked, rotated or \
+             made up)"
+        ),
+        None => "missing or bad operator token (Authorization: Bearer <token>), or no valid \
+                 dashboard session"
+            .to_owned(),
+    };
+    Err(ApiError(StatusCode::UNAUTHORIZED, reason))
+}
+
+/// The API's gate: names the caller, checks its role, runs the request,
+/// and writes the audit entry of every change and every refusal.
+pub async fn require_operator(
+    State(state): State<ApiState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().clone();
+    // The path as the client sent it (nesting strips `/api/v1`).
+    let path = request
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map(|uri| uri.path().to_owned())
+        .unwrap_or_else(|| request.uri().path().to_owned());
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip().to_string());
+    let reads = matches!(method, Method::GET | Method::HEAD);
+    let (verb, kind, name) = describe(&method, &path);
+    let entry = |who: String, role: Option<Role>, via: &str| AuditRecord {
+        at: Timestamp::now(),
+        who,
+        role,
+        via: via.to_owned(),
+        peer: peer.clone(),
+        verb: verb.clone(),
+        kind: kind.clone(),
+        name: name.clone(),
+        request: Some(format!("{method} {path}")),
+        body_digest: None,
+        objects: Vec::new(),
+        objects_total: 0,
+        outcome: "refused".to_owned(),
+        status: 0,
+        reason: None,
+        replica: state.replica.clone(),
+    };
+    let caller = match identify(&state, request.headers(), &method).await {
+        Ok(caller) => caller,
+        Err(ApiError(status, reason)) => {
+            // A wrong token or session is recorded; no credential at all
+            // (a page loaded after its session ended) is not.
+            let via = if !bearer_of(request.headers()).is_empty() {
+                Some(Via::Token)
+            } else if super::ui::session_cookie(request.headers()).is_some() {
+                Some(Via::Dashboard)
+            } else {
+                None
+            };
+            if let Some(via) = via
+                && (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+            {
+                if let Some(skipped) = state.refusals.take(Instant::now()) {
+                    let mut refused = entry("unknown".to_owned(), None, via.name());
+                    refused.status = status.as_u16();
+                    refused.reason = Some(if skipped > 0 {
+                        format!("{reason} ({skipped} refusals before this one not recorded)")
+                    } else {
+                        reason.clone()
+                    });
+                    record(&state, refused).await;
+                }
+                tracing::warn!(peer = peer.as_deref().unwrap_or("?"), %method, %path, "refused: {reason}");
+            }
+            return ApiError(status, reason).into_response();
+        }
+    };
+    let needed = role_needed(&method, &path);
+    if caller.role < needed {
+        let reason = format!(
+            "{verb} needs the {needed} role; operator {} has the {} role",
+            caller.name, caller.role
+        );
+        let mut refused = entry(caller.who(), Some(caller.role), caller.via.name());
+        refused.status = StatusCode::FORBIDDEN.as_u16();
+        refused.reason = Some(reason.clone());
+        record(&state, refused).await;
+        tracing::warn!(operator = %caller.name, %method, %path, "refused: {reason}");
+        return ApiError(StatusCode::FORBIDDEN, reason).into_response();
+    }
+    request.extensions_mut().insert(caller.clone());
+    let response = next.run(request).await;
+    if reads {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let status = parts.status;
+    let mut done = entry(caller.who(), Some(caller.role), caller.via.name());
+    done.status = status.as_u16();
+    done.outcome = if status.is_success() {
+        "applied"
+    } else if status == StatusCode::FORBIDDEN || status == StatusCode::UNAUTHORIZED {
+        "refused"
+    } else {
+        "failed"
+    }
+    .to_owned();
+    let note = parts.extensions.remove::<AuditNote>();
+    if note.as_ref().is_some_and(|note| note.skip) && status.is_success() {
+        return Response::from_parts(parts, body);
+    }
+    if let Some(note) = note {
+        done.objects = note.objects;
+        done.objects.truncate(AUDIT_OBJECTS);
+        done.objects_total = note.objects_total;
+        done.body_digest = note.body_digest;
+    }
+    // An error's reason is the body's `error` (a small JSON object).
+    let body = if status.is_success() {
+        body
+    } else {
+        let bytes = axum::body::to_bytes(body, 64 * 1024)
+            .await
+            .unwrap_or_default();
+        done.reason = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned));
+        axum::body::Body::from(bytes)
+    };
+    record(&state, done).await;
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, body)
+}
+
+/// Deletes audit entries older than `retention`, each hour, on every
+/// replica (a delete another replica made first is no error).
+pub async fn prune_audit(
+    db: crate::db::Db,
+    retention: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let cutoff = Timestamp::now()
+            .checked_sub(jiff::SignedDuration::try_from(retention).unwrap_or_default())
+            .unwrap_or(Timestamp::MIN);
+        let cutoff = format!("{AUDIT_PREFIX}{:020}", cutoff.as_nanosecond().max(0));
+        match audit_keys_before(&db, &cutoff).await {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => match db.delete_all(&keys).await {
+                Ok(n) => tracing::info!(deleted = n, "audit entries past their retention deleted"),
+                Err(e) => tracing::warn!(error = %e, "cannot prune the audit log"),
+            },
+            Err(e) => tracing::warn!(error = %e, "cannot read the audit log to prune it"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+    }
+}
+
+async fn audit_keys_before(db: &crate::db::Db, cutoff: &str) -> Result<Vec<String>, DbError> {
+    Ok(db
+        .list::<AuditRecord>(AUDIT_PREFIX)
+        .await?
+        .into_iter()
+        .map(|(key, _, _)| key)
+        .filter(|key| key.as_str() < cutoff)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_route_needs_the_role_its_change_asks_for() {
+        let cases = [
+            (Method::GET, "/api/v1/devices", Role::Viewer),
+            (Method::GET, "/api/v1/operators", Role::Viewer),
+            (Method::GET, "/metrics", Role::Viewer),
+            (Method::POST, "/api/v1/apply", Role::Operator),
+            (Method::POST, "/api/v1/taskruns/up/cancel", Role::Operator),
+            (Method::POST, "/api/v1/packages", Role::Operator),
+            (Method::DELETE, "/api/v1/taskruns/up", Role::Admin),
+            (Method::POST, "/api/v1/operators", Role::Admin),
+            (Method::POST, "/api/v1/operators/bob/revoke", Role::Admin),
+            (
+                Method::POST,
+                "/api/v1/devices/pi-1/rotate-token",
+                Role::Admin,
+            ),
+        ];
+        for (method, path, role) in cases {
+            assert_eq!(role_needed(&method, path), role, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn a_request_is_described_by_its_route() {
+        let d = |m: Method, p: &str| describe(&m, p);
+        assert_eq!(
+            d(Method::POST, "/api/v1/taskruns/up/cancel"),
+            ("cancel".into(), Some("TaskRun".into()), Some("up".into()))
+        );
+        assert_eq!(
+            d(Method::DELETE, "/api/v1/devices/pi-1"),
+            ("delete".into(), Some("Device".into()), Some("pi-1".into()))
+        );
+        assert_eq!(
+            d(Method::POST, "/api/v1/apply"),
+            ("apply".into(), None, None)
+        );
+        assert_eq!(
+            d(Method::POST, "/api/v1/operators"),
+            ("add".into(), Some("Operator".into()), None)
+        );
+        assert_eq!(
+            d(Method::POST, "/api/v1/alerts/ack"),
+            ("acknowledge".into(), Some("Alert".into()), None)
+        );
+    }
+
+    #[test]
+    fn named_tokens_say_whose_they_are() {
+        let token = new_token("alice").expect("token");
+        assert_eq!(token_name(&token), Some("alice"));
+        assert_eq!(token_name("drover-op.Alice.x"), None, "not a valid name");
+        assert_eq!(token_name("drover-op.alice."), None, "no secret");
+        assert_eq!(token_name("0123abcd"), None, "the bootstrap token");
+        assert!(valid_name("ops-team-2"));
+        assert!(!valid_name("-x") && !valid_name("a.b") && !valid_name(""));
+    }
+
+    #[test]
+    fn refusals_without_a_credential_are_recorded_thirty_a_minute() {
+        let budget = RefusalBudget::default();
+        let start = Instant::now();
+        for _ in 0..30 {
+            assert_eq!(budget.take(start), Some(0));
+        }
+        assert_eq!(budget.take(start), None);
+        assert_eq!(budget.take(start), None);
+        // Two seconds give one back, which tells of the two skipped.
+        assert_eq!(budget.take(start + Duration::from_secs(2)), Some(2));
+    }
+}

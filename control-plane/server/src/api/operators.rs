@@ -1,0 +1,333 @@
+//! Operators (`/operators`: list, add, rotate, revoke) and the audit log
+//! (`/audit`: read, filtered, as JSON or JSON lines for a SIEM).
+
+use super::access::{AUDIT_PREFIX, AuditNote, Caller, new_token, valid_name};
+use super::*;
+use crate::records::{AuditObject, AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
+use axum::Extension;
+
+fn operator_json(operator: &OperatorRecord) -> Value {
+    json!({
+        "name": operator.name,
+        "role": operator.role,
+        "bootstrap": operator.token_digest.is_none(),
+        "generation": operator.generation,
+        "createdAt": operator.created_at.to_string(),
+        "createdBy": operator.created_by,
+        "changedAt": operator.changed_at.to_string(),
+        "revokedAt": operator.revoked_at.map(|t| t.to_string()),
+        "revokedBy": operator.revoked_by,
+    })
+}
+
+/// The operator the route names, with a note for the audit log.
+fn noted(response: Response, kind: &str, name: &str, result: &str) -> Response {
+    let mut response = response;
+    response.extensions_mut().insert(AuditNote {
+        objects: vec![AuditObject {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            result: Some(result.to_owned()),
+            digest: None,
+        }],
+        objects_total: 1,
+        body_digest: None,
+        skip: false,
+    });
+    response
+}
+
+pub(super) async fn list_operators(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let operators = state.db.list::<OperatorRecord>("operators/").await?;
+    Ok(Json(Value::Array(
+        operators
+            .iter()
+            .map(|(_, _, operator)| operator_json(operator))
+            .collect(),
+    )))
+}
+
+/// Who the caller is: the dashboard shows it and hides what the role
+/// cannot do.
+pub(super) async fn whoami(Extension(caller): Extension<Caller>) -> Json<Value> {
+    Json(json!({
+        "name": caller.name,
+        "role": caller.role,
+        "via": caller.via.name(),
+    }))
+}
+
+#[derive(Deserialize)]
+pub(super) struct NewOperator {
+    name: String,
+    role: String,
+}
+
+/// Adds an operator and answers its token, once (only its digest is
+/// kept). A revoked name may be added again: a new token, a new generation.
+pub(super) async fn add_operator(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body: NewOperator = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not {{\"name\": NAME, \"role\": ROLE}}: {e}"),
+        )
+    })?;
+    if !valid_name(&body.name) {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "{:?} is not an operator name: 1 to 63 of a-z, 0-9 and -, not starting or \
+                 ending with -",
+                body.name
+            ),
+        ));
+    }
+    let Some(role) = Role::parse(&body.role) else {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("{:?} is not a role: viewer, operator or admin", body.role),
+        ));
+    };
+    let token = new_token(&body.name)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    let digest = state.secrets.operator_digest(&token);
+    let now = Timestamp::now();
+    let key = crate::records::operator_key(&body.name);
+    let (expected, generation) = match state.db.get::<OperatorRecord>(&key).await? {
+        None => (0, 0),
+        Some((revision, old)) if old.revoked_at.is_some() => (revision, old.generation + 1),
+        Some(_) => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!(
+                    "operator {} exists; `drover operators rotate {}` gives it a new token",
+                    body.name, body.name
+                ),
+            ));
+        }
+    };
+    let record = OperatorRecord {
+        name: body.name.clone(),
+        role,
+        token_digest: Some(digest),
+        generation,
+        created_at: now,
+        created_by: caller.who(),
+        changed_at: now,
+        revoked_at: None,
+        revoked_by: None,
+    };
+    match state.db.put(&key, &record, expected).await {
+        Ok(_) => {}
+        Err(crate::db::DbError::Kv(e)) if e.is_conflict() => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("operator {} changed meanwhile; try again", body.name),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(operator = %body.name, %role, by = %caller.name, "operator added");
+    let mut answer = operator_json(&record);
+    answer["token"] = Value::String(token);
+    Ok(noted(
+        (StatusCode::CREATED, Json(answer)).into_response(),
+        "Operator",
+        &body.name,
+        "created",
+    ))
+}
+
+/// Gives an operator a new token: the old one, and every dashboard session
+/// made with it, stop working on every replica.
+pub(super) async fn rotate_operator(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let token = new_token(&name)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    let digest = state.secrets.operator_digest(&token);
+    let now = Timestamp::now();
+    let mut refusal = None;
+    let updated = state
+        .db
+        .update::<OperatorRecord, _>(&crate::records::operator_key(&name), |current| {
+            let mut operator = current?;
+            if operator.revoked_at.is_some() {
+                refusal = Some(format!(
+                    "operator {name} is revoked; `drover operators add {name} --role ROLE` makes it again"
+                ));
+                return None;
+            }
+            refusal = None;
+            operator.token_digest = Some(digest.clone());
+            operator.generation += 1;
+            operator.changed_at = now;
+            Some(operator)
+        })
+        .await?;
+    if let Some(reason) = refusal {
+        return Err(ApiError(StatusCode::CONFLICT, reason));
+    }
+    let Some(operator) = updated else {
+        return Err(not_found(format!("operator {name}")));
+    };
+    tracing::info!(operator = %name, by = %caller.name, "operator token rotated");
+    let mut answer = operator_json(&operator);
+    answer["token"] = Value::String(token);
+    Ok(noted(
+        Json(answer).into_response(),
+        "Operator",
+        &name,
+        "rotated",
+    ))
+}
+
+/// Revokes an operator: its token and sessions are refused on every
+/// replica from the moment the record reaches it. The last admin cannot be
+/// revoked (nobody could manage operators after).
+pub(super) async fn revoke_operator(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let operators = state.db.list::<OperatorRecord>("operators/").await?;
+    let admins_left = operators
+        .iter()
+        .filter(|(_, _, o)| o.role == Role::Admin && o.revoked_at.is_none() && o.name != name)
+        .count();
+    let now = Timestamp::now();
+    let mut refusal = None;
+    let updated = state
+        .db
+        .update::<OperatorRecord, _>(&crate::records::operator_key(&name), |current| {
+            let mut operator = current?;
+            refusal = None;
+            if operator.revoked_at.is_some() {
+                return None;
+            }
+            if operator.role == Role::Admin && admins_left == 0 {
+                refusal = Some(format!(
+                    "operator {name} is the last admin; add another admin first"
+                ));
+                return None;
+            }
+            operator.revoked_at = Some(now);
+            operator.revoked_by = Some(caller.who());
+            operator.generation += 1;
+            operator.changed_at = now;
+            Some(operator)
+        })
+        .await?;
+    if let Some(reason) = refusal {
+        return Err(ApiError(StatusCode::CONFLICT, reason));
+    }
+    let Some(operator) = updated else {
+        return Err(not_found(format!("operator {name}")));
+    };
+    if name == BOOTSTRAP_OPERATOR {
+        tracing::warn!(
+            "the bootstrap operator is revoked: DATA/operator.token no longer opens the API"
+        );
+    }
+    tracing::info!(operator = %name, by = %caller.name, "operator revoked");
+    Ok(noted(
+        Json(operator_json(&operator)).into_response(),
+        "Operator",
+        &name,
+        "revoked",
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct AuditQuery {
+    /// RFC 3339 time, or an age such as `24h` or `7d`.
+    since: Option<String>,
+    operator: Option<String>,
+    kind: Option<String>,
+    /// `jsonl`: one entry per line (a SIEM's input); else a JSON array.
+    format: Option<String>,
+}
+
+/// The entry as the API shows it.
+pub(super) fn audit_json(entry: &AuditRecord) -> Value {
+    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+    value["at"] = Value::String(entry.at.to_string());
+    value
+}
+
+/// When `since` begins: a time, or an age before now.
+fn since(text: &str, now: Timestamp) -> Result<Timestamp, ApiError> {
+    if let Ok(at) = text.parse::<Timestamp>() {
+        return Ok(at);
+    }
+    let bad = || {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("since={text}: give a time (2026-12-01T00:00:00Z) or an age (30m, 24h, 7d)"),
+        )
+    };
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let number: i64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    now.checked_sub(jiff::SignedDuration::from_secs(
+        number.saturating_mul(seconds),
+    ))
+    .map_err(|_| bad())
+}
+
+/// The audit log in time order, filtered by time, operator and kind.
+pub(super) async fn read_audit(
+    State(state): State<ApiState>,
+    Query(query): Query<AuditQuery>,
+) -> Result<Response, ApiError> {
+    let from = match query.since.as_deref() {
+        Some(text) => Some(since(text, Timestamp::now())?),
+        None => None,
+    };
+    let who = query
+        .operator
+        .as_deref()
+        .map(|name| format!("operator/{name}"));
+    let entries = state.db.list::<AuditRecord>(AUDIT_PREFIX).await?;
+    let shown = entries.iter().map(|(_, _, e)| e).filter(|e| {
+        from.is_none_or(|from| e.at >= from)
+            && who.as_deref().is_none_or(|who| e.who == who)
+            && query.kind.as_deref().is_none_or(|kind| {
+                e.kind
+                    .as_deref()
+                    .is_some_and(|k| k.eq_ignore_ascii_case(kind))
+                    || e.objects.iter().any(|o| o.kind.eq_ignore_ascii_case(kind))
+            })
+    });
+    match query.format.as_deref() {
+        None | Some("json") => {
+            Ok(Json(Value::Array(shown.map(audit_json).collect())).into_response())
+        }
+        Some("jsonl") => {
+            let mut lines = String::new();
+            for entry in shown {
+                lines.push_str(&audit_json(entry).to_string());
+                lines.push('\n');
+            }
+            Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response())
+        }
+        Some(other) => Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("format={other}: json or jsonl"),
+        )),
+    }
+}
