@@ -105,6 +105,7 @@ complete -c drover -n "__fish_drover_using_subcommand nats-config" -l context -d
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l cluster -d 'Also print, as comments, what each node of a three-node JetStream cluster needs and how replicas and agents name the nodes'
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l allow-direct-status-puts -d 'Also let each device put its statuses into the status bucket itself, as agents did before statuses became requests to the control plane. Only while such agents remain: a device that may put there can fill the bucket for every device'
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l offline -d 'Take every device\'s token as never rotated instead of asking the control plane (`GET /api/v1/devices/token-generations`) which were: for a first set-up before `serve` runs. Without it, a control plane not listening is taken the same way, and said so'
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l device -d 'A device to authorize (repeat for each)' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l control-plane-user -d 'The control plane\'s broker user; repeat it to give each replica its own (the broker makes a client\'s id its user name, so two replicas under one user would push each other off). Each replica serves with `--mqtt-user` set to its own' -r
@@ -117,6 +118,7 @@ complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l ca-file -d
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l token -d 'The operator token (default: the context\'s token file, else DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l context -d 'The context to use from the CLI\'s config (~/.config/drover/config.toml, or DROVER_CONFIG); default: the current one (`drover config use-context`)' -r
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l data -d 'The control plane\'s data directory' -r -F
+complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -l offline -d 'Take every device\'s token as never rotated instead of asking the control plane (`GET /api/v1/devices/token-generations`) which were: for a first set-up before `serve` runs. Without it, a control plane not listening is taken the same way, and said so'
 complete -c drover -n "__fish_drover_using_subcommand mqtt-config" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand apply" -s f -l filename -d 'A YAML or JSON file of one or more documents (all validated before any is applied); `-` reads standard input' -r -F
 complete -c drover -n "__fish_drover_using_subcommand apply" -l dry-run -d 'Check and preview only (`--dry-run` or `--dry-run=server`): what would be created, configured or refused, and for a TaskRun or a Deployment the targets it would get now and who is left out and why. Nothing is stored' -r -f -a "server\t''"
@@ -358,7 +360,8 @@ complete -c drover -n "__fish_drover_using_subcommand token" -l ca-file -d 'For 
 complete -c drover -n "__fish_drover_using_subcommand token" -l token -d 'The operator token (default: the context\'s token file, else DATA/operator.token)' -r
 complete -c drover -n "__fish_drover_using_subcommand token" -l context -d 'The context to use from the CLI\'s config (~/.config/drover/config.toml, or DROVER_CONFIG); default: the current one (`drover config use-context`)' -r
 complete -c drover -n "__fish_drover_using_subcommand token" -l data -d 'The control plane\'s data directory' -r -F
-complete -c drover -n "__fish_drover_using_subcommand token" -l unregistered -d 'Print it for a device that is not registered (yet), without asking the API'
+complete -c drover -n "__fish_drover_using_subcommand token" -l unregistered -d 'Print it for a device that is not registered (yet), without asking the API (a token never rotated)'
+complete -c drover -n "__fish_drover_using_subcommand token" -l rotate -d 'Revoke the device\'s token and print the next one (an admin\'s): the old one is refused from now on and its WebSocket session ends. Over MQTT or NATS, make the broker\'s files again'
 complete -c drover -n "__fish_drover_using_subcommand token" -s h -l help -d 'Print help'
 complete -c drover -n "__fish_drover_using_subcommand reset-store" -l server -d 'The control plane\'s API (default: the context\'s, else http://127.0.0.1:7180)' -r
 complete -c drover -n "__fish_drover_using_subcommand reset-store" -l ca-file -d 'For an https:// server: the CA bundle to trust, or the server\'s own self-signed certificate (default: the context\'s, else the system\'s CAs)' -r -F

@@ -654,6 +654,11 @@ impl Mosquitto {
         self.signal("-CONT");
     }
 
+    /// SIGHUP: mosquitto reads its password and ACL files again.
+    pub fn reload(&self) {
+        self.signal("-HUP");
+    }
+
     fn signal(&self, signal: &str) {
         let child = self.child.as_ref().expect("mosquitto runs");
         let status = Command::new("kill")

@@ -275,3 +275,80 @@ async fn each_role_is_allowed_and_refused_what_it_says_and_the_audit_log_tells_i
         text(&table)
     );
 }
+
+/// `drover --data DATA ARGS` on the control plane's host, as `token`.
+fn drover_on_host(cp: &ControlPlane, token: &str, args: &[&str]) -> Output {
+    Command::new(bin("drover"))
+        .arg("--data")
+        .arg(cp.dir.path().join("data"))
+        .args(["--server", &cp.api, "--token", token])
+        .args(args)
+        .env_remove("DROVER_TOKEN")
+        .output()
+        .expect("run drover")
+}
+
+/// Issue 35, item 4: a device's token is revoked and a new one issued
+/// without re-registering it. An operator may not; an admin may. The
+/// connected agent's session ends at once, its old token is refused at the
+/// handshake, the new one is let in and runs a job; the audit log says who.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devices_token_is_rotated_without_registering_it_again() {
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("rot-1", &["rot"], json!({})).await;
+    let old = cp.device_token("rot-1");
+    let printed = drover_on_host(&cp, &cp.token, &["token", "rot-1"]);
+    assert!(printed.status.success(), "{}", text(&printed));
+    assert_eq!(String::from_utf8_lossy(&printed.stdout).trim(), old);
+    let agent_dir = cp.dir.path().join("rot-1");
+    let mut agent = drover_tests::AgentProcess::start(&agent_dir, "rot-1", &cp.agent_url, &old, "");
+    cp.wait_for_agents(&["rot-1"]).await;
+
+    let operator = add(&cp, &cp.token, "otto", "operator");
+    let refused = drover_on_host(&cp, &operator, &["token", "rot-1", "--rotate"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("needs the admin role"),
+        "{}",
+        text(&refused)
+    );
+    let rotated = drover_on_host(&cp, &cp.token, &["token", "rot-1", "--rotate"]);
+    assert!(rotated.status.success(), "{}", text(&rotated));
+    let new = String::from_utf8_lossy(&rotated.stdout).trim().to_owned();
+    assert_ne!(new, old);
+    assert_eq!(
+        cp.get("/devices/rot-1").await["tokenGeneration"],
+        1,
+        "the device stays registered, one generation on"
+    );
+    let printed = drover_on_host(&cp, &cp.token, &["token", "rot-1"]);
+    assert_eq!(String::from_utf8_lossy(&printed.stdout).trim(), new);
+
+    // The agent's open session ends, and its token no longer gets in.
+    drover_tests::eventually(
+        std::time::Duration::from_secs(10),
+        "the old token's session to end",
+        || async { (cp.get("/devices/rot-1").await["online"] == false).then_some(()) },
+    )
+    .await;
+    assert!(
+        drover_tests::agent_ws(&cp, "rot-1", &old).await.is_err(),
+        "the old token opened a session"
+    );
+    agent.kill9();
+    let _agent = drover_tests::AgentProcess::start(&agent_dir, "rot-1", &cp.agent_url, &new, "");
+    cp.wait_for_agents(&["rot-1"]).await;
+    cp.apply_upgrade_run("after-rotate", "rot", 600).await;
+    let run = cp
+        .wait_run_finished("after-rotate", std::time::Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+
+    let entries = audit(&cp, &["--kind", "Device"]);
+    let done = entry(&entries, "operator/admin", "rotate-token", "applied");
+    assert_eq!(done["name"], "rot-1");
+    assert_eq!(done["objects"][0]["result"], "token rotated");
+    entry(&entries, "operator/otto", "rotate-token", "refused");
+    let everything = serde_json::to_string(&entries).expect("json");
+    assert!(!everything.contains(&new) && !everything.contains(&old));
+}

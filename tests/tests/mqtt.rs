@@ -659,3 +659,101 @@ async fn the_broker_reads_what_mqtt_config_wrote_as_its_own_user() {
     );
     assert!(!cp.dir.path().join("elsewhere/drover.passwd").exists());
 }
+
+/// Whether the broker lets `user` in with `password` (its CONNACK).
+async fn logs_in(broker: &Mosquitto, user: &str, password: &str) -> bool {
+    let (_client, mut events) = client(broker, user, user, password).await;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(_)))) => return true,
+            Ok(Ok(_)) => continue,
+            Ok(Err(_)) => return false,
+            Err(_) => panic!("no answer from the broker to {user}'s login"),
+        }
+    }
+}
+
+/// Issue 35, item 4, over MQTT: after `drover token --rotate`, the broker's
+/// files made again (with the control plane up, which says which tokens
+/// were rotated) refuse the device's old password and take the new one;
+/// made while nothing answers, they are said to take every token as never
+/// rotated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_devices_old_broker_password_is_refused_once_the_files_are_made_again() {
+    let (broker, cp) = fleet(&["mq-rot", "mq-other"]);
+    cp.apply_device("mq-rot", &["g"], json!({})).await;
+    let old = cp.broker_password("mq-rot");
+    assert!(
+        logs_in(&broker, "mq-rot", &old).await,
+        "the positive control"
+    );
+    let data = cp.dir.path().join("data");
+    let drover = |args: &[&str]| {
+        std::process::Command::new(drover_tests::bin("drover"))
+            .arg("--data")
+            .arg(&data)
+            .args(["--server", &cp.api, "--token", &cp.token])
+            .args(args)
+            .output()
+            .expect("drover")
+    };
+    let rotated = drover(&["token", "mq-rot", "--rotate"]);
+    assert!(
+        rotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rotated.stderr)
+    );
+    let token = String::from_utf8_lossy(&rotated.stdout).trim().to_owned();
+    let out = broker.dir.path().join("auth").display().to_string();
+    let config = [
+        "mqtt-config",
+        "--control-plane-password",
+        CP_PASSWORD,
+        "--control-plane-user",
+        drover_tests::CP_BROKER_USER,
+        "--control-plane-user",
+        WATCH_USER,
+        "--device",
+        "mq-rot",
+        "--device",
+        "mq-other",
+        "--out",
+        &out,
+    ];
+    let made = drover(&config);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    broker.reload();
+    let new = agent_core::credentials::broker_password(
+        &token,
+        &agent_core::DeviceId::new("mq-rot").expect("id"),
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the old password refused",
+        || async { (!logs_in(&broker, "mq-rot", &old).await).then_some(()) },
+    )
+    .await;
+    assert!(logs_in(&broker, "mq-rot", &new).await, "the new password");
+    assert!(
+        logs_in(&broker, "mq-other", &cp.broker_password("mq-other")).await,
+        "another device is untouched"
+    );
+    // With nothing answering at the server's address: said so.
+    let offline = std::process::Command::new(drover_tests::bin("drover"))
+        .arg("--data")
+        .arg(&data)
+        .args(["--server", "http://127.0.0.1:9", "--token", &cp.token])
+        .args(config)
+        .output()
+        .expect("drover");
+    assert!(offline.status.success());
+    assert!(
+        String::from_utf8_lossy(&offline.stderr).contains("taken as never rotated"),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+}

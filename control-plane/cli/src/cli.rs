@@ -2,13 +2,15 @@
 //! shell completions are generated from the very definitions the binary
 //! parses (tests/tests/docs.rs).
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 mod access;
+mod brokers;
 pub use access::{AuditArgs, OperatorsCommand};
+pub use brokers::{MqttConfigArgs, NatsConfigArgs};
 
 #[derive(Parser)]
 #[command(name = "drover", version, about = "Drover's control plane and CLI")]
@@ -257,9 +259,14 @@ pub enum Command {
     Token {
         device: String,
         /// Print it for a device that is not registered (yet), without
-        /// asking the API.
-        #[arg(long)]
+        /// asking the API (a token never rotated).
+        #[arg(long, conflicts_with = "rotate")]
         unregistered: bool,
+        /// Revoke the device's token and print the next one (an admin's):
+        /// the old one is refused from now on and its WebSocket session
+        /// ends. Over MQTT or NATS, make the broker's files again.
+        #[arg(long)]
+        rotate: bool,
     },
     /// Move a damaged or empty control-plane database aside (DATA/drover.redb);
     /// the next `serve` starts with a new, empty one. Refused while a
@@ -533,64 +540,4 @@ pub enum Output {
     Yaml,
     /// `kind/name` per object, one per line (for scripts).
     Name,
-}
-
-/// `drover nats-config`'s arguments.
-#[derive(Args)]
-pub struct NatsConfigArgs {
-    /// A device to authorize (repeat for each).
-    #[arg(long = "device", required = true)]
-    pub devices: Vec<String>,
-    #[arg(long, default_value = "drover-control-plane")]
-    pub control_plane_user: String,
-    /// The control plane's own NATS password (better given in
-    /// DROVER_NATS_PASSWORD than on the command line).
-    #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
-    pub control_plane_password: String,
-    /// Write the block to this file (replaced whole) for nats-server's
-    /// `include`, instead of printing it: running it again never
-    /// duplicates the block.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Also print, as comments, what each node of a three-node JetStream
-    /// cluster needs and how replicas and agents name the nodes.
-    #[arg(long)]
-    pub cluster: bool,
-    /// Also let each device put its statuses into the status bucket
-    /// itself, as agents did before statuses became requests to the
-    /// control plane. Only while such agents remain: a device that may
-    /// put there can fill the bucket for every device.
-    #[arg(long)]
-    pub allow_direct_status_puts: bool,
-    /// The group the --out file is given (mode 0640), so nats-server
-    /// reads it as its own user: Debian's runs as `nats`. Empty: leave
-    /// the group as it is.
-    #[arg(long, default_value = "nats")]
-    pub group: String,
-}
-
-/// `drover mqtt-config`'s arguments.
-#[derive(Args)]
-pub struct MqttConfigArgs {
-    /// A device to authorize (repeat for each).
-    #[arg(long = "device", required = true)]
-    pub devices: Vec<String>,
-    /// The control plane's broker user; repeat it to give each replica
-    /// its own (the broker makes a client's id its user name, so two
-    /// replicas under one user would push each other off). Each
-    /// replica serves with `--mqtt-user` set to its own.
-    #[arg(long = "control-plane-user", default_value = "drover-control-plane")]
-    pub control_plane_users: Vec<String>,
-    #[arg(long, env = "DROVER_MQTT_PASSWORD", hide_env_values = true)]
-    pub control_plane_password: String,
-    #[arg(long, default_value = transport_mqtt::DEFAULT_PREFIX)]
-    pub prefix: String,
-    /// Where to write drover.passwd and drover.acl (replaced whole).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// The group the files are given (mode 0640), so the broker reads
-    /// them after dropping to its own user: Debian's mosquitto runs as
-    /// `mosquitto`. Empty: leave the group as it is.
-    #[arg(long, default_value = "mosquitto")]
-    pub group: String,
 }

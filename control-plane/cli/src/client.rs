@@ -85,6 +85,21 @@ impl ApiClient {
             .map_err(|e| self.unreachable(e))
     }
 
+    /// Like [`ApiClient::get`], with None when nothing listens at the
+    /// server's address (connection refused): a control plane not started.
+    pub async fn get_if_up<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>> {
+        let url = format!("{}/api/v1{path}", self.base);
+        match self.http.get(&url).bearer_auth(&self.token).send().await {
+            Ok(response) => Ok(Some(serde_json::from_value(Self::check(response).await?)?)),
+            Err(e) if e.is_connect() => Ok(None),
+            Err(e) => Err(self.unreachable(e)),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let response = self.send_get(path).await?;
         Ok(serde_json::from_value(Self::check(response).await?)?)

@@ -224,7 +224,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             out!("moved {} to {}", path.display(), aside.display());
             Ok(0)
         }
-        Command::MqttConfig(args) => cmd::brokers::mqtt_config(&cli, args),
+        Command::MqttConfig(args) => {
+            // A wrong --data is named before anything is asked.
+            drover::auth::require_state(&cli.data)?;
+            let generations = cmd::brokers::generations(client(&cli), args.offline).await?;
+            cmd::brokers::mqtt_config(&cli, args, &generations)
+        }
         Command::IntentKey => {
             drover::auth::require_state(&cli.data)?;
             let signer = drover::auth::IntentSigner::load_or_create(&cli.data)?;
@@ -489,21 +494,43 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let complete = drover::watch::watch(&client(&cli)?, name).await?;
             Ok(if complete { 0 } else { 1 })
         }
-        Command::NatsConfig(args) => cmd::brokers::nats_config(&cli, args),
+        Command::NatsConfig(args) => {
+            // A wrong --data is named before anything is asked.
+            drover::auth::require_state(&cli.data)?;
+            let generations = cmd::brokers::generations(client(&cli), args.offline).await?;
+            cmd::brokers::nats_config(&cli, args, &generations)
+        }
         Command::Config { command } => cmd::config::config(&cli, command),
         Command::Token {
             device,
             unregistered,
+            rotate,
         } => {
             let device = agent_core::DeviceId::new(device.clone())?;
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-            if !unregistered {
+            let mut generation = 0;
+            if *rotate {
+                let answer = client(&cli)?
+                    .post(
+                        &format!("/devices/{device}/rotate-token"),
+                        &serde_json::json!({}),
+                    )
+                    .await?;
+                generation = answer["tokenGeneration"].as_u64().unwrap_or(0);
+                eprintln!(
+                    "device {device}'s token rotated (generation {generation}): the one before is \
+                     refused from now on; put this one in its agent's config (over MQTT or NATS, \
+                     also make the broker's files again with mqtt-config or nats-config)"
+                );
+            } else if !unregistered {
                 let api = client(&cli)?;
                 match api
                     .get_optional::<Value>(&format!("/devices/{device}"))
                     .await
                 {
-                    Ok(Some(_)) => {}
+                    Ok(Some(record)) => {
+                        generation = record["tokenGeneration"].as_u64().unwrap_or(0);
+                    }
                     Ok(None) => bail!(
                         "device {device} is not registered: apply its Device manifest first \
                          (`drover apply -f`), or pass --unregistered"
@@ -514,7 +541,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     ),
                 }
             }
-            out!("{}", secrets.device_token(&device));
+            out!("{}", secrets.device_token_at(&device, generation));
             Ok(0)
         }
         #[cfg(feature = "demo")]

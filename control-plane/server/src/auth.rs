@@ -199,18 +199,36 @@ impl Secrets {
         })
     }
 
-    fn device_message(device: &DeviceId) -> Vec<u8> {
-        format!("drover-device-token:v1:{device}").into_bytes()
+    /// Generation 0 is the token every device had before tokens could be
+    /// rotated; each later one adds its number.
+    fn device_message(device: &DeviceId, generation: u64) -> Vec<u8> {
+        match generation {
+            0 => format!("drover-device-token:v1:{device}").into_bytes(),
+            n => format!("drover-device-token:v1:{device}:{n}").into_bytes(),
+        }
     }
 
+    /// A device's token at generation 0 (never rotated).
     pub fn device_token(&self, device: &DeviceId) -> String {
-        hex(hmac::sign(&self.key, &Self::device_message(device)).as_ref())
+        self.device_token_at(device, 0)
     }
 
-    /// Constant-time check of a device's token.
+    /// A device's token at `generation` (`device_tokens`).
+    pub fn device_token_at(&self, device: &DeviceId, generation: u64) -> String {
+        hex(hmac::sign(&self.key, &Self::device_message(device, generation)).as_ref())
+    }
+
+    /// Constant-time check of a never-rotated device's token.
     pub fn verify_device(&self, device: &DeviceId, token: &str) -> bool {
+        self.verify_device_at(device, 0, token)
+    }
+
+    /// Constant-time check of a device's token at `generation`.
+    pub fn verify_device_at(&self, device: &DeviceId, generation: u64, token: &str) -> bool {
         match unhex(token) {
-            Some(tag) => hmac::verify(&self.key, &Self::device_message(device), &tag).is_ok(),
+            Some(tag) => {
+                hmac::verify(&self.key, &Self::device_message(device, generation), &tag).is_ok()
+            }
             None => false,
         }
     }
@@ -476,6 +494,17 @@ mod tests {
             "A's token must not open B"
         );
         assert!(!secrets.verify_device(&a, "zz"));
+        // A rotated token is another, and the one before it no longer opens.
+        let rotated = secrets.device_token_at(&a, 1);
+        assert_eq!(
+            secrets.device_token_at(&a, 0),
+            token,
+            "generation 0 is today's"
+        );
+        assert_ne!(rotated, token);
+        assert!(secrets.verify_device_at(&a, 1, &rotated));
+        assert!(!secrets.verify_device_at(&a, 1, &token));
+        assert!(!secrets.verify_device_at(&a, 2, &rotated));
         assert!(!secrets.verify_device(&a, ""));
         let op = secrets.operator_token().to_owned();
         assert!(secrets.verify_operator(&op));

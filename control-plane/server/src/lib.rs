@@ -10,6 +10,7 @@ pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod debcontrol;
+pub mod device_tokens;
 pub mod dispatch;
 pub mod engine;
 pub mod http;

@@ -359,7 +359,11 @@ async fn refresh(
         )
     };
     let device = DeviceId::new(device).map_err(|_| refused())?;
-    if !state.secrets.verify_device(&device, bearer(&request)) {
+    let generation = crate::device_tokens::generation(&state.db, &device).await?;
+    if !state
+        .secrets
+        .verify_device_at(&device, generation, bearer(&request))
+    {
         return Err(refused());
     }
     match state.db.get::<DeviceRecord>(&device_key(&device)).await? {

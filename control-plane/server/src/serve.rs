@@ -346,11 +346,42 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         intake_ready,
         shutdown.clone(),
     )));
+    // Devices' token generations: read before the first agent is let in,
+    // then followed; a raised one ends the device's session here.
+    let generations = Arc::new(crate::device_tokens::Generations::default());
+    {
+        let (generations, db, websocket, shutdown) = (
+            generations.clone(),
+            db.clone(),
+            websocket.clone(),
+            shutdown.clone(),
+        );
+        let (loaded_tx, loaded) = tokio::sync::oneshot::channel::<()>();
+        let mut loaded_tx = Some(loaded_tx);
+        tasks.push(tokio::spawn(async move {
+            generations
+                .run(
+                    db,
+                    |device| {
+                        websocket.disconnect(device, "the device's token was rotated");
+                    },
+                    || {
+                        if let Some(tx) = loaded_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    },
+                    shutdown,
+                )
+                .await;
+        }));
+        let _ = loaded.await;
+    }
     let verify = secrets.clone();
+    let known = generations.clone();
     tasks.push(tokio::spawn(websocket.serve(
         agent_listener,
         tls,
-        Arc::new(move |device, token| verify.verify_device(device, token)),
+        Arc::new(move |device, token| verify.verify_device_at(device, known.get(device), token)),
         Admission::new(capacity.agents),
         shutdown.clone(),
     )));

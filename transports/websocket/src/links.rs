@@ -83,6 +83,17 @@ impl WsLinks {
             .len()
     }
 
+    /// Ends `device`'s session here, if it has one, telling the agent why
+    /// (its token was revoked): an error frame, then a close. The agent
+    /// connects again with whatever token it has, and the handshake decides.
+    pub fn disconnect(&self, device: &DeviceId, why: &str) {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(session) = sessions.get(device) {
+            let _ = session.outgoing.send(error_frame(why));
+            let _ = session.outgoing.send(Message::Close(None));
+        }
+    }
+
     /// Accepts agents until `shutdown`. A connection holds one of
     /// `admission`'s pending slots (a few per address) through its TLS and
     /// WebSocket handshakes, each given [`HANDSHAKE_TIMEOUT`], and one of its
@@ -283,7 +294,13 @@ impl WsLinks {
                 }
                 message = queue.recv() => {
                     let Some(message) = message else { return Ok(()) };
+                    let closing = matches!(message, Message::Close(_));
                     sink.send(message).await?;
+                    if closing {
+                        // Closed by the control plane (`disconnect`): nothing
+                        // more is read from this connection.
+                        return Err(SessionError::Protocol("closed by the control plane".into()));
+                    }
                 }
                 Some((outbox_id, answer)) = commits.next(), if !commits.is_empty() => {
                     let answer: Result<Answer, _> = answer;

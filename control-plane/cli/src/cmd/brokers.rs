@@ -5,8 +5,42 @@ use agent_core::out;
 use anyhow::{Context, Result, bail};
 use drover::cli::{Cli, MqttConfigArgs, NatsConfigArgs};
 
+/// Devices' token generations (those rotated), from the control plane: a
+/// broker's password derives from the device's current token. With
+/// `offline`, or when nothing listens at the control plane's address (a
+/// first set-up before `serve`), every token is taken as never rotated,
+/// and said so.
+pub async fn generations(
+    api: Result<drover::client::ApiClient>,
+    offline: bool,
+) -> Result<std::collections::HashMap<String, u64>> {
+    let never = |why: String| {
+        eprintln!(
+            "{why}: every device's token is taken as never rotated; if one was \
+             (`drover token --rotate`), run this again with the control plane up"
+        );
+        Ok(std::collections::HashMap::new())
+    };
+    if offline {
+        return never("--offline".into());
+    }
+    let api = api?;
+    match api
+        .get_if_up::<std::collections::HashMap<String, u64>>("/devices/token-generations")
+        .await
+        .context("cannot read the devices' token generations (pass --offline before the control plane first runs)")?
+    {
+        Some(generations) => Ok(generations),
+        None => never(format!("nothing answers at {}", api.base())),
+    }
+}
+
 /// `drover mqtt-config`.
-pub fn mqtt_config(cli: &Cli, args: &MqttConfigArgs) -> Result<i32> {
+pub fn mqtt_config(
+    cli: &Cli,
+    args: &MqttConfigArgs,
+    generations: &std::collections::HashMap<String, u64>,
+) -> Result<i32> {
     let MqttConfigArgs {
         devices,
         control_plane_users,
@@ -14,12 +48,13 @@ pub fn mqtt_config(cli: &Cli, args: &MqttConfigArgs) -> Result<i32> {
         prefix,
         out,
         group,
+        offline: _,
     } = args;
     if control_plane_password.is_empty() {
         bail!("the control plane's MQTT password is empty");
     }
     let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-    let devices = broker_passwords(&secrets, devices)?;
+    let devices = broker_passwords(&secrets, devices, generations)?;
     let (passwords, acl) = transport_mqtt::server::mosquitto_files(
         &transport_mqtt::Topics::new(prefix),
         &control_plane_users
@@ -60,7 +95,11 @@ pub fn mqtt_config(cli: &Cli, args: &MqttConfigArgs) -> Result<i32> {
 }
 
 /// `drover nats-config`.
-pub fn nats_config(cli: &Cli, args: &NatsConfigArgs) -> Result<i32> {
+pub fn nats_config(
+    cli: &Cli,
+    args: &NatsConfigArgs,
+    generations: &std::collections::HashMap<String, u64>,
+) -> Result<i32> {
     let NatsConfigArgs {
         devices,
         control_plane_user,
@@ -69,9 +108,10 @@ pub fn nats_config(cli: &Cli, args: &NatsConfigArgs) -> Result<i32> {
         cluster,
         allow_direct_status_puts,
         group,
+        offline: _,
     } = args;
     let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-    let devices = broker_passwords(&secrets, devices)?;
+    let devices = broker_passwords(&secrets, devices, generations)?;
     use transport_nats::server::DirectStatusPuts;
     let direct = if *allow_direct_status_puts {
         DirectStatusPuts::Allowed
@@ -181,13 +221,17 @@ fn include_hint(path: &std::path::Path) -> String {
 fn broker_passwords(
     secrets: &drover::auth::Secrets,
     devices: &[String],
+    generations: &std::collections::HashMap<String, u64>,
 ) -> Result<Vec<(agent_core::DeviceId, String)>> {
     devices
         .iter()
         .map(|d| {
             let id = agent_core::DeviceId::new(d.clone())?;
-            let password =
-                agent_core::credentials::broker_password(&secrets.device_token(&id), &id);
+            let generation = generations.get(id.as_str()).copied().unwrap_or(0);
+            let password = agent_core::credentials::broker_password(
+                &secrets.device_token_at(&id, generation),
+                &id,
+            );
             Ok((id, password))
         })
         .collect()

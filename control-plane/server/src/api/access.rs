@@ -77,6 +77,23 @@ pub struct AuditNote {
     pub skip: bool,
 }
 
+/// `response` with a note for the audit log: the one object it changed.
+pub fn noted(response: Response, kind: &str, name: &str, result: &str) -> Response {
+    let mut response = response;
+    response.extensions_mut().insert(AuditNote {
+        objects: vec![AuditObject {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            result: Some(result.to_owned()),
+            digest: None,
+        }],
+        objects_total: 1,
+        body_digest: None,
+        skip: false,
+    });
+    response
+}
+
 /// The bootstrap operator's record as it is before anyone changed it: an
 /// admin whose token is `DATA/operator.token`.
 fn bootstrap_record(now: Timestamp) -> OperatorRecord {

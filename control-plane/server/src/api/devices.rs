@@ -251,7 +251,51 @@ pub(super) async fn get_device(
         .map(|(_, a)| a);
     device["patch"] = patch_summary(assessment.as_ref());
     device["maintainedLabels"] = maintained_labels(assessment.as_ref());
+    device["tokenGeneration"] = crate::device_tokens::generation(&state.db, &id)
+        .await?
+        .into();
     Ok(Json(device))
+}
+
+/// Every device whose token was rotated, with its generation (the others
+/// are at 0): what `nats-config` and `mqtt-config` derive brokers'
+/// passwords from. No token crosses here.
+pub(super) async fn token_generations(
+    State(state): State<ApiState>,
+) -> Result<Json<Value>, ApiError> {
+    let prefix = crate::device_tokens::PREFIX;
+    let stored = state.db.list::<u64>(prefix).await?;
+    Ok(Json(Value::Object(
+        stored
+            .into_iter()
+            .map(|(key, _, generation)| (key[prefix.len()..].to_owned(), generation.into()))
+            .collect(),
+    )))
+}
+
+/// Revokes a device's token and issues the next one (an admin's): its
+/// generation is raised, the token before it is refused from now on on every
+/// replica and its open WebSocket session ends. The new token never crosses
+/// the API: `drover token ID` makes it on the control plane's host.
+pub(super) async fn rotate_device_token(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = registered(&state, id).await?;
+    let generation = state
+        .db
+        .update::<u64, _>(&crate::device_tokens::key(&id), |g| {
+            Some(g.unwrap_or(0) + 1)
+        })
+        .await?
+        .unwrap_or(1);
+    tracing::info!(device = %id, generation, "device token rotated");
+    Ok(super::access::noted(
+        Json(json!({"device": id.to_string(), "tokenGeneration": generation})).into_response(),
+        "Device",
+        id.as_str(),
+        "token rotated",
+    ))
 }
 
 /// The labels the control plane maintains for a device (a selector matches

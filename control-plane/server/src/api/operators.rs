@@ -1,9 +1,9 @@
 //! Operators (`/operators`: list, add, rotate, revoke) and the audit log
 //! (`/audit`: read, filtered, as JSON or JSON lines for a SIEM).
 
-use super::access::{AUDIT_PREFIX, AuditNote, Caller, new_token, valid_name};
+use super::access::{AUDIT_PREFIX, Caller, new_token, noted, valid_name};
 use super::*;
-use crate::records::{AuditObject, AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
+use crate::records::{AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
 use axum::Extension;
 
 fn operator_json(operator: &OperatorRecord) -> Value {
@@ -18,23 +18,6 @@ fn operator_json(operator: &OperatorRecord) -> Value {
         "revokedAt": operator.revoked_at.map(|t| t.to_string()),
         "revokedBy": operator.revoked_by,
     })
-}
-
-/// The operator the route names, with a note for the audit log.
-fn noted(response: Response, kind: &str, name: &str, result: &str) -> Response {
-    let mut response = response;
-    response.extensions_mut().insert(AuditNote {
-        objects: vec![AuditObject {
-            kind: kind.to_owned(),
-            name: name.to_owned(),
-            result: Some(result.to_owned()),
-            digest: None,
-        }],
-        objects_total: 1,
-        body_digest: None,
-        skip: false,
-    });
-    response
 }
 
 pub(super) async fn list_operators(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {

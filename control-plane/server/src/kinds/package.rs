@@ -134,7 +134,12 @@ impl Kind for PackageInstall {
                 .files(&package.secrets)
                 .await
                 .map_err(|e| e.to_string())?;
-            let token = enricher.secrets.device_token(&intent.device_id);
+            let generation = crate::device_tokens::generation(&enricher.db, &intent.device_id)
+                .await
+                .map_err(|e| e.to_string())?;
+            let token = enricher
+                .secrets
+                .device_token_at(&intent.device_id, generation);
             package.sealed = Some(seal(&token, &intent.device_id, intent.job_id, &files)?);
             Ok(())
         })

@@ -1,0 +1,126 @@
+//! Devices' token generations (issue 35): a device's token is the HMAC of
+//! its id (generation 0, the token every device had before) or of its id and
+//! generation, so an admin revokes it and issues a new one by raising the
+//! generation (`device-tokens/ID`, a u64) without re-registering the device.
+//! Every replica keeps the generations in memory from the store's change
+//! feed, because the agents' WebSocket handshake checks a token without
+//! waiting on the store; a raised generation also ends the device's open
+//! session on every replica that holds one.
+
+use crate::db::{Db, DbError};
+use agent_core::DeviceId;
+use std::collections::HashMap;
+use std::sync::RwLock;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// Where a device's token generation is kept (absent: 0).
+pub const PREFIX: &str = "device-tokens/";
+
+pub fn key(device: &DeviceId) -> String {
+    format!("{PREFIX}{device}")
+}
+
+/// A device's token generation from the store (0 when never raised).
+pub async fn generation(db: &Db, device: &DeviceId) -> Result<u64, DbError> {
+    Ok(db.get::<u64>(&key(device)).await?.map_or(0, |(_, g)| g))
+}
+
+/// The generations in memory, as the store has them.
+#[derive(Default)]
+pub struct Generations {
+    /// A std RwLock: held only to read or swap entries, never across an await.
+    known: RwLock<HashMap<DeviceId, u64>>,
+}
+
+impl Generations {
+    /// A device's generation as this replica last heard it.
+    pub fn get(&self, device: &DeviceId) -> u64 {
+        self.known
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(device)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Reads every generation; returns the devices whose generation changed.
+    async fn load(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
+        let stored: HashMap<DeviceId, u64> = db
+            .list::<u64>(PREFIX)
+            .await?
+            .into_iter()
+            .filter_map(|(k, _, g)| Some((DeviceId::new(k[PREFIX.len()..].to_owned()).ok()?, g)))
+            .collect();
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        let changed = stored
+            .iter()
+            .filter(|(d, g)| known.get(*d) != Some(*g))
+            .map(|(d, _)| d.clone())
+            .collect();
+        *known = stored;
+        Ok(changed)
+    }
+
+    /// Loads the generations (then calls `loaded`), then follows the
+    /// store's changes until `shutdown`, telling `raised` each device whose
+    /// generation changed.
+    pub async fn run(
+        &self,
+        db: Db,
+        raised: impl Fn(&DeviceId),
+        mut loaded: impl FnMut(),
+        shutdown: CancellationToken,
+    ) {
+        let mut feed = db.changes();
+        let mut reload = true;
+        loop {
+            if reload {
+                match self.load(&db).await {
+                    Ok(changed) => {
+                        changed.iter().for_each(&raised);
+                        reload = false;
+                        loaded();
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the devices' token generations; trying again");
+                        tokio::select! {
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
+                            _ = shutdown.cancelled() => return,
+                        }
+                    }
+                }
+            }
+            let change = tokio::select! {
+                change = feed.recv() => change,
+                _ = shutdown.cancelled() => return,
+            };
+            match change {
+                Ok(change) => {
+                    let Some(id) = change.key.strip_prefix(PREFIX) else {
+                        continue;
+                    };
+                    let Ok(device) = DeviceId::new(id.to_owned()) else {
+                        continue;
+                    };
+                    match generation(&db, &device).await {
+                        Ok(now) => {
+                            let before = self
+                                .known
+                                .write()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .insert(device.clone(), now);
+                            if before.unwrap_or(0) != now {
+                                raised(&device);
+                            }
+                        }
+                        Err(_) => reload = true,
+                    }
+                }
+                Err(RecvError::Lagged(_)) => reload = true,
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}
