@@ -8,6 +8,7 @@
 
 pub mod alerts;
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod debcontrol;
 pub mod device_tokens;

@@ -23,8 +23,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Where audit entries are kept.
-pub const AUDIT_PREFIX: &str = "audit/";
+pub use crate::audit::AUDIT_PREFIX;
 /// How a named operator's token starts: `drover-op.NAME.SECRET`.
 pub const TOKEN_PREFIX: &str = "drover-op.";
 /// Refused requests without any valid credential recorded per minute, per
@@ -291,24 +290,9 @@ pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<
     (verb, kind, name)
 }
 
-/// Unique keys for this replica's entries, in time order.
-static SEQUENCE: AtomicU64 = AtomicU64::new(0);
-
-/// The key of an entry at `at` written by `replica`: time first, so a
-/// listing is in time order on every replica.
-fn audit_key(at: Timestamp, replica: &str) -> String {
-    let nanos = at.as_nanosecond().max(0);
-    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    format!("{AUDIT_PREFIX}{nanos:020}-{replica}-{n:08}")
-}
-
-/// Writes one audit entry before the request is answered. A store that
-/// refuses it is logged (the change itself is already done).
+/// Writes one audit entry before the request is answered.
 pub async fn record(state: &ApiState, entry: AuditRecord) {
-    let key = audit_key(entry.at, &entry.replica);
-    if let Err(e) = state.db.put(&key, &entry, 0).await {
-        tracing::error!(error = %e, verb = %entry.verb, who = %entry.who, "cannot write the audit log");
-    }
+    crate::audit::write(&state.db, entry).await;
 }
 
 /// Refusals of requests without a valid credential: a token bucket of

@@ -509,6 +509,8 @@ impl Engine {
                 match self.db.put(&run_key(name), &run, 0).await {
                     Ok(_) => {
                         info!(schedule = %schedule.name, run = %name, %tick, "scheduled run created");
+                        crate::audit::scheduled_run(&self.db, &self.id, &schedule.name, name, now)
+                            .await;
                         created.push(name.clone());
                     }
                     // Created already, by another replica or before a restart.

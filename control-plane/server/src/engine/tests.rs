@@ -347,6 +347,19 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
     let created_b = b.schedules(now).await.expect("b");
     assert_eq!(created_a.len() + created_b.len(), 1, "one run per tick");
     assert_eq!(runs().await, vec!["nightly-202612020300"]);
+    // The audit log says the schedule made it, once (issue 35).
+    let audit = db
+        .list::<crate::records::AuditRecord>(crate::audit::AUDIT_PREFIX)
+        .await
+        .expect("audit");
+    let made: Vec<_> = audit
+        .iter()
+        .map(|(_, _, e)| (e.who.as_str(), e.verb.as_str(), e.name.as_deref()))
+        .collect();
+    assert_eq!(
+        made,
+        vec![("schedule/nightly", "create", Some("nightly-202612020300"))]
+    );
     // The run is still planning (active): the next ticks are skipped.
     a.schedules(t("2026-12-04T03:10:00Z")).await.expect("a");
     b.schedules(t("2026-12-04T03:10:00Z")).await.expect("b");
