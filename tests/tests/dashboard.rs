@@ -559,6 +559,21 @@ async fn failed_logins_are_limited_and_logged_and_a_logout_ends_its_session_at_t
         "{log}"
     );
     assert!(log.contains("peer=127.0.0.1"), "{log}");
+    // And in the audit log (issue 35), without the token tried.
+    let audit = cp.get("/audit").await;
+    let refused: Vec<&Value> = audit
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["verb"] == "login" && e["outcome"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 5, "{audit}");
+    assert!(
+        refused
+            .iter()
+            .all(|e| e["peer"] == "127.0.0.1" && e["via"] == "dashboard")
+    );
+    assert!(!audit.to_string().contains("not-the-token"));
     // The CLI's bearer token is not a login and is not limited.
     assert_eq!(cp.get("/taskruns").await, json!([]));
 }
@@ -1145,6 +1160,13 @@ async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
                 && t.contains("applied 200")
                 && t.contains("dashboard")
         },
+    )
+    .await;
+    wait_text(
+        &browser,
+        "[data-who='operator/vera'][data-audit='login']",
+        "vera's dashboard login in the audit log",
+        |t| t.contains("dashboard") && t.contains("applied 200"),
     )
     .await;
     wait_text(

@@ -82,6 +82,29 @@ async fn a_package_deployment_installs_the_verified_deb_and_a_tampered_one_insta
     // The same file again changes nothing.
     let again = drover(&cp, &["packages", "upload", good.to_str().expect("path")]);
     assert!(again.status.success(), "{}", text(&again));
+    // The audit log names each upload, its package and checksum (issue 35).
+    let audit = drover(&cp, &["audit", "--kind", "Package", "-o", "json"]);
+    let audit: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("audit json");
+    let results: Vec<(&str, &str)> = audit
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            assert_eq!(e["verb"], "upload", "{e}");
+            assert_eq!(e["bodyDigest"].as_str().map(str::len), Some(64), "{e}");
+            (
+                e["objects"][0]["name"].as_str().unwrap_or(""),
+                e["objects"][0]["result"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            ("drover-hello_1.2-1_all", "created"),
+            ("drover-hello_1.2-1_all", "unchanged")
+        ]
+    );
     // Another file under the same name, version and architecture is refused.
     let other = tempfile::tempdir().expect("other");
     let impostor = Pkg::new("drover-hello", "1.2-1")

@@ -295,6 +295,34 @@ pub async fn record(state: &ApiState, entry: AuditRecord) {
     crate::audit::write(&state.db, entry).await;
 }
 
+/// A dashboard login's entry: the operator's, or a refused one's.
+pub fn login_entry(
+    state: &ApiState,
+    operator: Option<&OperatorRecord>,
+    peer: std::net::IpAddr,
+    outcome: &str,
+    status: u16,
+) -> AuditRecord {
+    AuditRecord {
+        at: Timestamp::now(),
+        who: operator.map_or_else(|| "unknown".to_owned(), |o| format!("operator/{}", o.name)),
+        role: operator.map(|o| o.role),
+        via: Via::Dashboard.name().to_owned(),
+        peer: Some(peer.to_string()),
+        verb: "login".to_owned(),
+        kind: None,
+        name: None,
+        request: Some("POST /ui/login".to_owned()),
+        body_digest: None,
+        objects: Vec::new(),
+        objects_total: 0,
+        outcome: outcome.to_owned(),
+        status,
+        reason: (operator.is_none()).then(|| "a wrong or revoked operator token".to_owned()),
+        replica: state.replica.clone(),
+    }
+}
+
 /// Refusals of requests without a valid credential: a token bucket of
 /// [`UNKNOWN_REFUSALS_PER_MINUTE`]; those over it are counted and told in
 /// the next entry written.
@@ -321,6 +349,11 @@ impl RefusalBudget {
         }
         *bucket = Some((refilled - 1.0, now));
         Some(self.skipped.swap(0, Ordering::Relaxed))
+    }
+
+    /// Whether to record one more refusal now.
+    pub fn take_one(&self) -> bool {
+        self.take(Instant::now()).is_some()
     }
 }
 

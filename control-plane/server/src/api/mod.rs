@@ -450,19 +450,29 @@ async fn list_secrets(
     Ok(listed("/secrets", &query, items, next))
 }
 
-/// Stores an uploaded .deb (the request body).
+/// Stores an uploaded .deb (the request body); the audit log keeps its id
+/// and SHA-256.
 async fn upload_package(
     State(state): State<ApiState>,
     request: Request,
-) -> Result<(StatusCode, Json<PackageRecord>), ApiError> {
+) -> Result<Response, ApiError> {
     let (record, created) =
         crate::packages::upload(&state.db, &state.data, state.uploads, request.into_body()).await?;
-    let code = if created {
-        StatusCode::CREATED
+    let (code, result) = if created {
+        (StatusCode::CREATED, "created")
     } else {
-        StatusCode::OK
+        (StatusCode::OK, "unchanged")
     };
-    Ok((code, Json(record)))
+    let mut response = access::noted(
+        (code, Json(&record)).into_response(),
+        "Package",
+        &record.id,
+        result,
+    );
+    if let Some(note) = response.extensions_mut().get_mut::<access::AuditNote>() {
+        note.body_digest = Some(record.sha256.clone());
+    }
+    Ok(response)
 }
 
 async fn list_packages(

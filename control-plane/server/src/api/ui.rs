@@ -212,6 +212,13 @@ async fn login(
     let operator = match super::access::operator_of_token(&state, body.token.trim()).await {
         Ok(Some(operator)) => operator,
         Ok(None) => {
+            if state.refusals.take_one() {
+                super::access::record(
+                    &state,
+                    super::access::login_entry(&state, None, peer, "refused", 401),
+                )
+                .await;
+            }
             let used = state.logins.failed(peer, now);
             tracing::warn!(%peer, failures = used.ceil() as u64, "dashboard login with a wrong or revoked operator token");
             return ApiError(
@@ -240,6 +247,11 @@ async fn login(
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookie =
         format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION}{secure}");
+    super::access::record(
+        &state,
+        super::access::login_entry(&state, Some(&operator), peer, "applied", 200),
+    )
+    .await;
     tracing::info!(%peer, operator = %operator.name, "dashboard login");
     (
         [(header::SET_COOKIE, cookie)],
