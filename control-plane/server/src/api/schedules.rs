@@ -13,7 +13,7 @@ pub(super) async fn suspend_schedule(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     Json(body): Json<Suspension>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let key = crate::records::schedule_key(&name);
     let updated = state
         .db
@@ -29,7 +29,13 @@ pub(super) async fn suspend_schedule(
     let Some(schedule) = updated else {
         return Err(not_found(format!("TaskSchedule {name}")));
     };
-    Ok(Json(manifest::render_schedule(&schedule, Timestamp::now())))
+    // The audit log says which way (the route says "suspend" either way).
+    Ok(access::noted(
+        Json(manifest::render_schedule(&schedule, Timestamp::now())).into_response(),
+        "TaskSchedule",
+        &name,
+        if body.suspend { "suspended" } else { "resumed" },
+    ))
 }
 
 pub(super) async fn list_schedules(
