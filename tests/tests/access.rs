@@ -274,6 +274,19 @@ async fn each_role_is_allowed_and_refused_what_it_says_and_the_audit_log_tells_i
         "{}",
         text(&table)
     );
+
+    // The bootstrap token retired: another admin revokes `admin`, and the
+    // file's token is refused saying why.
+    let successor = add(&cp, &cp.token, "root2", "admin");
+    let out = drover(&cp, &successor, &["operators", "revoke", "admin"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = drover(&cp, &cp.token, &["get", "devices"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("DATA/operator.token (the bootstrap admin's) no longer opens the API"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `drover --data DATA ARGS` on the control plane's host, as `token`.

@@ -1077,7 +1077,7 @@ async fn log_in_as(browser: &Client, cp: &ControlPlane, token: &str, who: &str) 
 /// pages have no button that changes something, and its session is refused
 /// a change at the API (403 naming the role) even with the CSRF token; an
 /// operator's pages have them and they work; the audit page lists both;
-/// revoking the operator ends its open session.
+/// revoking the operator ends its open session; an admin's pages have them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
     let cp = ControlPlane::start(&[]);
@@ -1192,4 +1192,14 @@ async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
         .for_element(Locator::Css("#token"))
         .await
         .expect("back at the login page");
+    // An admin (the bootstrap token) sees and may use what an operator may.
+    log_in_as(&browser, &cp, &cp.token, "admin (admin)").await;
+    go(&browser, &cp, "#/schedules").await;
+    wait_text(
+        &browser,
+        "[data-suspend='roles-nightly']",
+        "the Resume button",
+        |t| t == "Resume",
+    )
+    .await;
 }

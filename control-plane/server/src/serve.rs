@@ -296,7 +296,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let agent_addr = agent_listener.local_addr()?;
     let patch_index = Arc::new(crate::patch_index::PatchIndex::new(db.clone()));
     tasks.push(tokio::spawn(patch_index.clone().run(shutdown.clone())));
-    tasks.push(tokio::spawn(crate::api::access::prune_audit(
+    tasks.push(tokio::spawn(crate::audit::prune(
         db.clone(),
         options.audit_retention,
         shutdown.clone(),

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use crate::audit::AUDIT_PREFIX;
 /// How a named operator's token starts: `drover-op.NAME.SECRET`.
@@ -398,7 +398,12 @@ async fn identify(
     }
     // A named token says whose it claims to be (a valid name, so safe to
     // log); the log says so without the token.
-    let reason = match token_name(bearer_of(headers)) {
+    let token = bearer_of(headers);
+    let reason = match token_name(token) {
+        None if state.secrets.verify_operator(token) => format!(
+            "DATA/operator.token (the bootstrap admin's) no longer opens the API: operator \
+             {BOOTSTRAP_OPERATOR} was rotated or revoked; use an admin's own token"
+        ),
         Some(name) => format!(
             "a token naming operator {name} that is not its current one (revoked, rotated or \
              made up)"
@@ -535,46 +540,10 @@ pub async fn require_operator(
     Response::from_parts(parts, body)
 }
 
-/// Deletes audit entries older than `retention`, each hour, on every
-/// replica (a delete another replica made first is no error).
-pub async fn prune_audit(
-    db: crate::db::Db,
-    retention: Duration,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        let cutoff = Timestamp::now()
-            .checked_sub(jiff::SignedDuration::try_from(retention).unwrap_or_default())
-            .unwrap_or(Timestamp::MIN);
-        let cutoff = format!("{AUDIT_PREFIX}{:020}", cutoff.as_nanosecond().max(0));
-        match audit_keys_before(&db, &cutoff).await {
-            Ok(keys) if keys.is_empty() => {}
-            Ok(keys) => match db.delete_all(&keys).await {
-                Ok(n) => tracing::info!(deleted = n, "audit entries past their retention deleted"),
-                Err(e) => tracing::warn!(error = %e, "cannot prune the audit log"),
-            },
-            Err(e) => tracing::warn!(error = %e, "cannot read the audit log to prune it"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
-        }
-    }
-}
-
-async fn audit_keys_before(db: &crate::db::Db, cutoff: &str) -> Result<Vec<String>, DbError> {
-    Ok(db
-        .list::<AuditRecord>(AUDIT_PREFIX)
-        .await?
-        .into_iter()
-        .map(|(key, _, _)| key)
-        .filter(|key| key.as_str() < cutoff)
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn each_route_needs_the_role_its_change_asks_for() {
