@@ -26,10 +26,11 @@ use std::time::Instant;
 pub use crate::audit::AUDIT_PREFIX;
 /// How a named operator's token starts: `drover-op.NAME.SECRET`.
 pub const TOKEN_PREFIX: &str = "drover-op.";
-/// Refused requests without any valid credential recorded per minute, per
-/// replica; the rest are counted in the next one (a flood of wrong tokens
-/// must not fill the store).
-const UNKNOWN_REFUSALS_PER_MINUTE: f64 = 30.0;
+/// Refused requests without a valid credential recorded at once, per
+/// replica, and again per hour: a flood of wrong tokens must not fill the
+/// store (at most 720 a day); those over it are counted in the next entry.
+const UNKNOWN_REFUSALS_BURST: f64 = 30.0;
+const UNKNOWN_REFUSALS_PER_HOUR: f64 = 30.0;
 
 /// How the caller reached the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +325,8 @@ pub fn login_entry(
 }
 
 /// Refusals of requests without a valid credential: a token bucket of
-/// [`UNKNOWN_REFUSALS_PER_MINUTE`]; those over it are counted and told in
+/// [`UNKNOWN_REFUSALS_BURST`], [`UNKNOWN_REFUSALS_PER_HOUR`] back each
+/// hour; those over it are counted and told in
 /// the next entry written.
 #[derive(Default)]
 pub struct RefusalBudget {
@@ -338,10 +340,10 @@ impl RefusalBudget {
     /// skipped before it.
     fn take(&self, now: Instant) -> Option<u64> {
         let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        let (left, at) = bucket.unwrap_or((UNKNOWN_REFUSALS_PER_MINUTE, now));
-        let refilled = (left
-            + now.saturating_duration_since(at).as_secs_f64() * UNKNOWN_REFUSALS_PER_MINUTE / 60.0)
-            .min(UNKNOWN_REFUSALS_PER_MINUTE);
+        let (left, at) = bucket.unwrap_or((UNKNOWN_REFUSALS_BURST, now));
+        let back =
+            now.saturating_duration_since(at).as_secs_f64() * UNKNOWN_REFUSALS_PER_HOUR / 3600.0;
+        let refilled = (left + back).min(UNKNOWN_REFUSALS_BURST);
         if refilled < 1.0 {
             *bucket = Some((refilled, now));
             self.skipped.fetch_add(1, Ordering::Relaxed);
@@ -605,7 +607,7 @@ mod tests {
     }
 
     #[test]
-    fn refusals_without_a_credential_are_recorded_thirty_a_minute() {
+    fn refusals_without_a_credential_are_recorded_thirty_then_thirty_an_hour() {
         let budget = RefusalBudget::default();
         let start = Instant::now();
         for _ in 0..30 {
@@ -613,7 +615,8 @@ mod tests {
         }
         assert_eq!(budget.take(start), None);
         assert_eq!(budget.take(start), None);
-        // Two seconds give one back, which tells of the two skipped.
-        assert_eq!(budget.take(start + Duration::from_secs(2)), Some(2));
+        // Two minutes give one back, which tells of the three skipped.
+        assert_eq!(budget.take(start + Duration::from_secs(60)), None);
+        assert_eq!(budget.take(start + Duration::from_secs(120)), Some(3));
     }
 }
