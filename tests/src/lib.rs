@@ -1144,18 +1144,23 @@ impl ControlPlane {
             .next()
             .expect("pair")
             .to_owned();
+        let csrf = self.session_csrf(&cookie).await;
+        (cookie, csrf)
+    }
+
+    /// The CSRF token of a dashboard session (`cookie` is `drover_session=…`).
+    pub async fn session_csrf(&self, cookie: &str) -> String {
         let session: Value = self
             .http
             .get(format!("{}/ui/session", self.api))
-            .header("cookie", &cookie)
+            .header("cookie", cookie)
             .send()
             .await
             .expect("session")
             .json()
             .await
             .expect("json");
-        let csrf = session["csrf"].as_str().expect("csrf").to_owned();
-        (cookie, csrf)
+        session["csrf"].as_str().expect("csrf").to_owned()
     }
 
     /// Runs the `drover` CLI against this control plane as its operator.

@@ -422,7 +422,7 @@ async fn a_session_cookie_without_its_csrf_token_changes_nothing() {
     assert_eq!(refused.status(), 403);
     let schedule = cp.get("/taskschedules/csrf-nightly").await;
     assert_eq!(schedule["spec"]["suspend"], false, "nothing changed");
-    let csrf = csrf_of(&http, &cp, &session).await;
+    let csrf = cp.session_csrf(&session).await;
     let allowed = http
         .post(&suspend)
         .header("cookie", &session)
@@ -522,7 +522,7 @@ async fn failed_logins_are_limited_and_logged_and_a_logout_ends_its_session_at_t
         .expect("logout");
     assert_eq!(refused.status(), 403);
     assert_eq!(read(one.clone()).await, 200, "still logged in");
-    let csrf = csrf_of(&http, &cp, &one).await;
+    let csrf = cp.session_csrf(&one).await;
     let out = http
         .post(&logout)
         .header("cookie", &one)
@@ -576,20 +576,6 @@ async fn failed_logins_are_limited_and_logged_and_a_logout_ends_its_session_at_t
     assert!(!audit.to_string().contains("not-the-token"));
     // The CLI's bearer token is not a login and is not limited.
     assert_eq!(cp.get("/taskruns").await, json!([]));
-}
-
-/// The CSRF token of a dashboard session (`cookie` is `drover_session=…`).
-async fn csrf_of(http: &reqwest::Client, cp: &ControlPlane, cookie: &str) -> String {
-    let session: Value = http
-        .get(format!("{}/ui/session", cp.api))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .expect("session")
-        .json()
-        .await
-        .expect("json");
-    session["csrf"].as_str().expect("csrf").to_owned()
 }
 
 /// An agent for `device` in its directory under the control plane's.

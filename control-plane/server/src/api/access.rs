@@ -291,11 +291,6 @@ pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<
     (verb, kind, name)
 }
 
-/// Writes one audit entry before the request is answered.
-pub async fn record(state: &ApiState, entry: AuditRecord) {
-    crate::audit::write(&state.db, entry).await;
-}
-
 /// A dashboard login's entry: the operator's, or a refused one's.
 pub fn login_entry(
     state: &ApiState,
@@ -478,7 +473,7 @@ pub async fn require_operator(
                     } else {
                         reason.clone()
                     });
-                    record(&state, refused).await;
+                    crate::audit::write(&state.db, refused).await;
                 }
                 tracing::warn!(peer = peer.as_deref().unwrap_or("?"), %method, %path, "refused: {reason}");
             }
@@ -494,7 +489,7 @@ pub async fn require_operator(
         let mut refused = entry(caller.who(), Some(caller.role), caller.via.name());
         refused.status = StatusCode::FORBIDDEN.as_u16();
         refused.reason = Some(reason.clone());
-        record(&state, refused).await;
+        crate::audit::write(&state.db, refused).await;
         tracing::warn!(operator = %caller.name, %method, %path, "refused: {reason}");
         return ApiError(StatusCode::FORBIDDEN, reason).into_response();
     }
@@ -537,7 +532,7 @@ pub async fn require_operator(
             .and_then(|v| v["error"].as_str().map(str::to_owned));
         axum::body::Body::from(bytes)
     };
-    record(&state, done).await;
+    crate::audit::write(&state.db, done).await;
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, body)
 }

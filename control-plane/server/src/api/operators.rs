@@ -125,6 +125,36 @@ pub(super) async fn add_operator(
     ))
 }
 
+/// Changes operator `name` under a compare-and-set: `change` edits it
+/// (true), leaves it as it is (false), or says why it may not (409). 404
+/// when there is no such operator.
+async fn change_operator(
+    state: &ApiState,
+    name: &str,
+    mut change: impl FnMut(&mut OperatorRecord) -> Result<bool, String>,
+) -> Result<OperatorRecord, ApiError> {
+    let mut refusal = None;
+    let updated = state
+        .db
+        .update::<OperatorRecord, _>(&crate::records::operator_key(name), |current| {
+            let mut operator = current?;
+            refusal = None;
+            match change(&mut operator) {
+                Ok(true) => Some(operator),
+                Ok(false) => None,
+                Err(reason) => {
+                    refusal = Some(reason);
+                    None
+                }
+            }
+        })
+        .await?;
+    if let Some(reason) = refusal {
+        return Err(ApiError(StatusCode::CONFLICT, reason));
+    }
+    updated.ok_or_else(|| not_found(format!("operator {name}")))
+}
+
 /// Gives an operator a new token: the old one, and every dashboard session
 /// made with it, stop working on every replica.
 pub(super) async fn rotate_operator(
@@ -136,30 +166,18 @@ pub(super) async fn rotate_operator(
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
     let digest = state.secrets.operator_digest(&token);
     let now = Timestamp::now();
-    let mut refusal = None;
-    let updated = state
-        .db
-        .update::<OperatorRecord, _>(&crate::records::operator_key(&name), |current| {
-            let mut operator = current?;
-            if operator.revoked_at.is_some() {
-                refusal = Some(format!(
-                    "operator {name} is revoked; `drover operators add {name} --role ROLE` makes it again"
-                ));
-                return None;
-            }
-            refusal = None;
-            operator.token_digest = Some(digest.clone());
-            operator.generation += 1;
-            operator.changed_at = now;
-            Some(operator)
-        })
-        .await?;
-    if let Some(reason) = refusal {
-        return Err(ApiError(StatusCode::CONFLICT, reason));
-    }
-    let Some(operator) = updated else {
-        return Err(not_found(format!("operator {name}")));
-    };
+    let operator = change_operator(&state, &name, |operator| {
+        if operator.revoked_at.is_some() {
+            return Err(format!(
+                "operator {name} is revoked; `drover operators add {name} --role ROLE` makes it again"
+            ));
+        }
+        operator.token_digest = Some(digest.clone());
+        operator.generation += 1;
+        operator.changed_at = now;
+        Ok(true)
+    })
+    .await?;
     tracing::info!(operator = %name, by = %caller.name, "operator token rotated");
     let mut answer = operator_json(&operator);
     answer["token"] = Value::String(token);
@@ -185,34 +203,22 @@ pub(super) async fn revoke_operator(
         .filter(|(_, _, o)| o.role == Role::Admin && o.revoked_at.is_none() && o.name != name)
         .count();
     let now = Timestamp::now();
-    let mut refusal = None;
-    let updated = state
-        .db
-        .update::<OperatorRecord, _>(&crate::records::operator_key(&name), |current| {
-            let mut operator = current?;
-            refusal = None;
-            if operator.revoked_at.is_some() {
-                return None;
-            }
-            if operator.role == Role::Admin && admins_left == 0 {
-                refusal = Some(format!(
-                    "operator {name} is the last admin; add another admin first"
-                ));
-                return None;
-            }
-            operator.revoked_at = Some(now);
-            operator.revoked_by = Some(caller.who());
-            operator.generation += 1;
-            operator.changed_at = now;
-            Some(operator)
-        })
-        .await?;
-    if let Some(reason) = refusal {
-        return Err(ApiError(StatusCode::CONFLICT, reason));
-    }
-    let Some(operator) = updated else {
-        return Err(not_found(format!("operator {name}")));
-    };
+    let operator = change_operator(&state, &name, |operator| {
+        if operator.revoked_at.is_some() {
+            return Ok(false);
+        }
+        if operator.role == Role::Admin && admins_left == 0 {
+            return Err(format!(
+                "operator {name} is the last admin; add another admin first"
+            ));
+        }
+        operator.revoked_at = Some(now);
+        operator.revoked_by = Some(caller.who());
+        operator.generation += 1;
+        operator.changed_at = now;
+        Ok(true)
+    })
+    .await?;
     if name == BOOTSTRAP_OPERATOR {
         tracing::warn!(
             "the bootstrap operator is revoked: DATA/operator.token no longer opens the API"

@@ -213,8 +213,8 @@ async fn login(
         Ok(Some(operator)) => operator,
         Ok(None) => {
             if state.refusals.take_one() {
-                super::access::record(
-                    &state,
+                crate::audit::write(
+                    &state.db,
                     super::access::login_entry(&state, None, peer, "refused", 401),
                 )
                 .await;
@@ -247,8 +247,8 @@ async fn login(
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookie =
         format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION}{secure}");
-    super::access::record(
-        &state,
+    crate::audit::write(
+        &state.db,
         super::access::login_entry(&state, Some(&operator), peer, "applied", 200),
     )
     .await;
