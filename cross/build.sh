@@ -50,8 +50,8 @@ built=()
 for arch in "${archs[@]}"; do
     triple=$(triple_of "$arch")
     if [ ! -d "$here/toolchain/usr/lib/rustlib/$triple" ]; then
-        echo "no standard library for $triple in cross/toolchain (see cross/setup.sh's warnings); skipping $arch" >&2
-        continue
+        echo "no standard library for $triple in cross/toolchain: run cross/setup.sh" >&2
+        exit 1
     fi
     built+=("$arch")
     rm -f "target/debs/drover-agent_${version}_${arch}.deb" "target/debs/drover_${version}_${arch}.deb"
