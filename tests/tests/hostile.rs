@@ -2551,7 +2551,7 @@ async fn a_device_can_neither_fill_nor_roll_up_the_status_bucket() {
         .map(|n| {
             (
                 status_json(&unknown_job(n), "fill-a", &filler),
-                "was never given",
+                "unknown job",
             )
         })
         .collect();

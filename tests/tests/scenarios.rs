@@ -7,6 +7,8 @@
 //! - an agent away when its job is released finds it when it returns;
 //! - a failing canary stops the rollout before anyone else gets anything;
 //! - an agent killed mid-job runs it once and reports it;
+//! - the agent's own patch assessment (a local job the control plane never
+//!   sent) reaches `drover patch-status`;
 //!
 //! and, over the two brokers (NATS JetStream, MQTT):
 //!
@@ -81,6 +83,7 @@ on_every_transport!(
     ["canary", "w1", "w2"]
 );
 on_every_transport!(an_agent_killed_mid_job_runs_the_job_once, ["kill"]);
+on_every_transport!(an_agents_own_assessment_reaches_patch_status, ["assess"]);
 on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
 on_every_broker!(
     a_foreign_intent_is_dropped_and_never_shadows_the_devices_job,
@@ -90,6 +93,67 @@ on_every_broker!(
     an_agent_moves_from_its_token_to_its_broker_password_when_the_broker_does,
     ["mig"]
 );
+
+/// The agent assesses on its own (a `patchAssessmentV1` job it queues
+/// itself, within its offset after the start: at most 15 s with a
+/// two-minute period): the report reaches the control plane over the
+/// transport, and `drover patch-status` counts the device as assessed, not
+/// as never assessed. Over NATS every such status was once refused ("job …
+/// was never given to DEVICE"), as no intent of the control plane's named
+/// it.
+async fn an_agents_own_assessment_reaches_patch_status(fleet: Fleet, devices: Vec<String>) {
+    let cp = &fleet.cp;
+    let device = &devices[0];
+    register(&fleet, &devices).await;
+    let agent = fleet.agent(device, "[assessment]\nevery_minutes = 2\n");
+    cp.wait_for_agents(&names(&devices)).await;
+    let patch_status = || {
+        let out = cp.cli(&["patch-status"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let line = |text: &str, label: &str| -> String {
+        text.lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no '{label}' line in:\n{text}"))
+            .trim_start_matches(label)
+            .trim()
+            .to_owned()
+    };
+    // Before the agent's first assessment the device is never assessed:
+    // the count the assertion below needs to see move.
+    let before = patch_status();
+    assert_eq!(line(&before, "devices:"), "1", "{before}");
+    let assessed = eventually(
+        Duration::from_secs(90),
+        "the agent's own assessment in the device's patch status",
+        || async {
+            let device = cp.get(&format!("/devices/{device}")).await;
+            device["patch"]["assessedAt"].as_str().map(str::to_owned)
+        },
+    )
+    .await;
+    let after = patch_status();
+    assert_eq!(line(&after, "never assessed:"), "0", "{after}");
+    // The report came from the agent's own job, as the agent keeps it.
+    let jobs = agent.jobs();
+    assert!(
+        jobs.as_array()
+            .into_iter()
+            .flatten()
+            .any(|j| j["kind"] == "patchAssessmentV1" && j["state"] == "Succeeded"),
+        "{jobs}"
+    );
+    assert!(
+        !agent.logged("never given"),
+        "the agent was told its own job was never given to it (assessed at {assessed}):\n{}",
+        agent.log()
+    );
+}
 
 /// Registers `devices` in group `fleet`, the first labelled canary.
 async fn register(fleet: &Fleet, devices: &[String]) {

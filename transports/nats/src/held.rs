@@ -127,8 +127,12 @@ impl NatsLinks {
             .ok()
             .and_then(|info| Timestamp::from_nanosecond(info.published.unix_timestamp_nanos()).ok())
             .map_or(now, |held| held.min(now));
+        // Given or not, a held status goes to the delivery core, which
+        // decides (a job it never gave is kept only as a local report).
         let status = match self.check_status(&device, &message.payload).await {
-            Ok(status) => status,
+            Ok(crate::links::Checked::Given(status) | crate::links::Checked::NotGiven(status)) => {
+                status
+            }
             Err(StatusReply::Failed(reason)) => {
                 debug!(device = %device, %reason, "a held status not taken now");
                 let _ = message.ack_with(AckKind::Nak(Some(IDLE))).await;

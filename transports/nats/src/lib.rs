@@ -78,7 +78,8 @@ pub enum StatusReply {
     /// In the status bucket: the agent drops it from its outbox (A4).
     Stored,
     /// Never to be stored (unreadable, too large, another device's, or a job
-    /// this device was never given): the agent logs it and drops it, since
+    /// the control plane does not know and no local report): the agent logs
+    /// it and drops it, since
     /// sending it again cannot help.
     Refused(String),
     /// Not stored now (the bucket could not be reached): sent again later.

@@ -2,7 +2,9 @@
 //! are put into the intent bucket (republished to each device's subject) and
 //! deleted once decided. A status arrives as a request on its device's
 //! status subject; the replica that takes it (a queue group) checks it and
-//! puts it into the status bucket under its job's key, then answers. The
+//! puts it into the status bucket under its job's key, then answers (a
+//! status of a job it was never given, the agent's own assessment, goes to
+//! the delivery core directly, which keeps or refuses it). The
 //! delivery core reads statuses from one watch over that bucket, resumed
 //! after the last position the control plane committed, so a status stored
 //! by a replica that then died is still handed over. Hellos (answered
@@ -44,6 +46,16 @@ pub struct NatsLinks {
     health: HealthCell,
     /// Which backlogs are read: the link has caught up once both are.
     backlog: std::sync::Mutex<Backlog>,
+}
+
+/// A readable status of the device that sent it, by whether the device was
+/// given its job.
+pub(crate) enum Checked {
+    /// The intent bucket has (or had) the job's key: the status goes into
+    /// the status bucket.
+    Given(JobStatus),
+    /// No intent ever named the job: the delivery core decides.
+    NotGiven(JobStatus),
 }
 
 /// A backlog the link reads at its start.
@@ -302,10 +314,12 @@ impl NatsLinks {
     }
 
     /// Checks one status a device sent and puts it into the status bucket
-    /// under its job's key.
+    /// under its job's key; a status of a job the device was not given goes
+    /// to the delivery core instead (see [`Self::hand_to_core`]).
     async fn store_status(&self, device: &DeviceId, payload: &[u8]) -> StatusReply {
         let status = match self.check_status(device, payload).await {
-            Ok(status) => status,
+            Ok(Checked::Given(status)) => status,
+            Ok(Checked::NotGiven(status)) => return self.hand_to_core(device, status).await,
             Err(answer) => return answer,
         };
         match self
@@ -319,16 +333,43 @@ impl NatsLinks {
         }
     }
 
-    /// A status a device sent, if it may be stored: a device may write only
-    /// the keys of jobs it was given (an entry in the intent bucket, a
-    /// deleted one included, proves that), each at most [`MAX_VALUE_BYTES`]
-    /// and one value deep, so it can fill nothing but those keys. Else why
+    /// A status of a job the control plane never gave this device: the
+    /// agent's own patch assessment, or a forgery. It is not put into the
+    /// status bucket, whose keys a device may fill only for jobs it was
+    /// given; it is handed to the delivery core directly, as the WebSocket
+    /// link hands every status, and the core's answer is the device's. The
+    /// core keeps what it knows how to keep (a local assessment's report as
+    /// the device's latest, one record per device) and refuses the rest.
+    async fn hand_to_core(&self, device: &DeviceId, status: JobStatus) -> StatusReply {
+        let (reply, answer) = Reply::channel();
+        let event = Inbound::Status {
+            device: device.clone(),
+            status: Box::new(status),
+            received_at: Timestamp::now(),
+            position: None,
+            reply,
+        };
+        if !self.send(event).await {
+            return StatusReply::Failed("the control plane is stopping".into());
+        }
+        match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+            Ok(Ok(Answer::Stored)) => StatusReply::Stored,
+            Ok(Ok(Answer::Refused(reason))) => StatusReply::Refused(reason),
+            Ok(Ok(Answer::Failed(reason))) => StatusReply::Failed(reason),
+            Ok(Err(_)) | Err(_) => StatusReply::Failed("the control plane did not answer".into()),
+        }
+    }
+
+    /// A status a device sent, if it may be taken: each at most
+    /// [`MAX_VALUE_BYTES`], readable and naming the device that sent it;
+    /// whether the device was given its job (an entry in the intent bucket,
+    /// a deleted one included, proves that) decides where it goes. Else why
     /// not (Refused), or why not now (Failed).
     pub(crate) async fn check_status(
         &self,
         device: &DeviceId,
         payload: &[u8],
-    ) -> Result<JobStatus, StatusReply> {
+    ) -> Result<Checked, StatusReply> {
         if payload.len() > MAX_VALUE_BYTES as usize {
             return Err(StatusReply::Refused(format!(
                 "a status of {} bytes is larger than the {MAX_VALUE_BYTES} bytes allowed",
@@ -344,11 +385,8 @@ impl NatsLinks {
             )));
         }
         match self.buckets.intents.entry(key(device, status.job_id)).await {
-            Ok(Some(_)) => Ok(status),
-            Ok(None) => Err(StatusReply::Refused(format!(
-                "job {} was never given to {device}",
-                status.job_id
-            ))),
+            Ok(Some(_)) => Ok(Checked::Given(status)),
+            Ok(None) => Ok(Checked::NotGiven(status)),
             Err(e) => Err(StatusReply::Failed(format!(
                 "cannot read the intent bucket: {e}"
             ))),
