@@ -661,11 +661,7 @@ impl Mosquitto {
 
     fn signal(&self, signal: &str) {
         let child = self.child.as_ref().expect("mosquitto runs");
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal} mosquitto");
+        signal_process(child.id(), signal);
     }
 
     pub fn restart(&mut self) {
@@ -926,6 +922,17 @@ impl ControlPlane {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOP: the control plane holds its connections but does nothing,
+    /// so what reaches a broker meanwhile stays there for a test to see.
+    pub fn pause(&self) {
+        signal_process(self.child.id(), "-STOP");
+    }
+
+    /// SIGCONT after [`ControlPlane::pause`].
+    pub fn resume(&self) {
+        signal_process(self.child.id(), "-CONT");
+    }
+
     /// Starts it again on the same data (new ports).
     pub fn restart(&mut self) {
         self.kill9();
@@ -1085,18 +1092,44 @@ impl ControlPlane {
 
     /// Waits until every named device has an agent that advertised its capabilities.
     pub async fn wait_for_agents(&self, devices: &[&str]) {
-        eventually(Duration::from_secs(30), "agents to register", || async {
+        // On progress, not a fixed time for all: 30 s for the next device to
+        // register (the first included), so a loaded machine that registers
+        // them slowly is waited for, and one where registration stalls is not.
+        const STALL: Duration = Duration::from_secs(30);
+        let started = Instant::now();
+        let mut progress = Instant::now();
+        let mut most = 0;
+        loop {
             let listed = self.get("/devices").await;
-            let ready = devices.iter().all(|d| {
-                listed.as_array().into_iter().flatten().any(|r| {
-                    r["id"] == *d
-                        && r["agentPresent"] == true
-                        && r["capabilities"].as_array().is_some_and(|c| !c.is_empty())
+            let missing: Vec<&str> = devices
+                .iter()
+                .copied()
+                .filter(|d| {
+                    !listed.as_array().into_iter().flatten().any(|r| {
+                        r["id"] == *d
+                            && r["agentPresent"] == true
+                            && r["capabilities"].as_array().is_some_and(|c| !c.is_empty())
+                    })
                 })
-            });
-            ready.then_some(())
-        })
-        .await
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            let registered = devices.len() - missing.len();
+            if registered > most {
+                most = registered;
+                progress = Instant::now();
+            }
+            assert!(
+                progress.elapsed() < STALL,
+                "agents to register: {registered} of {} after {:.1} s, none more for {} s; \
+                 missing {missing:?}",
+                devices.len(),
+                started.elapsed().as_secs_f64(),
+                STALL.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits for a run to reach a terminal phase and returns it.
@@ -1523,6 +1556,15 @@ impl Drop for AgentProcess {
     }
 }
 
+/// `kill SIGNAL PID`, which must succeed.
+fn signal_process(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
 /// The control plane's user on a broker (`drover nats-config` and
 /// `mqtt-config` name it so by default).
 pub const CP_BROKER_USER: &str = "drover-control-plane";
@@ -1682,8 +1724,12 @@ type Put = (String, Vec<u8>);
 
 /// Every put on the intent bucket's subjects that one NATS connection saw
 /// from the moment it subscribed, in order: what the control plane released,
-/// counted from the broker's side across kills and restarts (a delete, a
-/// withdrawn intent, carries no payload and is not kept).
+/// counted at the broker across kills and restarts, each put the control
+/// plane sent whether or not the stream stored it (a delete, a withdrawn
+/// intent, carries no payload and is not kept). Not counted on the stream
+/// itself: it keeps one message per key (the withdrawal replaces the put),
+/// so a consumer recreated after a node was killed never sees the puts
+/// replaced meanwhile.
 pub struct IntentPuts {
     seen: std::sync::Arc<std::sync::Mutex<Vec<Put>>>,
     task: tokio::task::JoinHandle<()>,
@@ -1737,34 +1783,52 @@ impl IntentPuts {
         keys
     }
 
-    /// Checks one release per device for `job`: each device's key holds
-    /// puts of one and the same signed intent for this job (a put repeated
-    /// after a lost acknowledgement is the same release), and no other key
-    /// was put. Returns how many puts each key saw.
-    pub fn assert_one_release_each(&self, devices: &[&str], job: &str) -> Vec<(String, usize)> {
+    /// Checks one release per device: each device has exactly one key, and
+    /// exactly one put was sent under it (a put sent twice fails, the same
+    /// intent or not). Returns each device's key and its intent.
+    pub fn assert_put_once_each(&self, devices: &[&str]) -> Vec<(String, Value)> {
         let keys = self.per_key();
-        let expected: std::collections::BTreeSet<String> =
-            devices.iter().map(|d| format!("{d}.{job}")).collect();
-        let got: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
-        assert_eq!(got, expected, "the keys the intent bucket was put under");
-        let mut counts = Vec::new();
-        for (key, payloads) in &keys {
-            let distinct: std::collections::BTreeSet<&Vec<u8>> = payloads.iter().collect();
-            assert_eq!(
-                distinct.len(),
-                1,
-                "{key} was released {} different ways: {:?}",
-                distinct.len(),
-                distinct
+        assert_eq!(
+            keys.len(),
+            devices.len(),
+            "one key per device: {:?}",
+            keys.keys().collect::<Vec<_>>()
+        );
+        devices
+            .iter()
+            .map(|device| {
+                let (key, payloads) = keys
                     .iter()
-                    .map(|p| String::from_utf8_lossy(p))
-                    .collect::<Vec<_>>()
+                    .find(|(k, _)| k.starts_with(&format!("{device}.")))
+                    .unwrap_or_else(|| panic!("no intent for {device}: {:?}", keys.keys()));
+                assert_eq!(
+                    payloads.len(),
+                    1,
+                    "{key} was put {} times: {:?}",
+                    payloads.len(),
+                    payloads
+                        .iter()
+                        .map(|p| String::from_utf8_lossy(p))
+                        .collect::<Vec<_>>()
+                );
+                let intent: Value =
+                    serde_json::from_slice(payloads[0].as_slice()).expect("an intent");
+                (key.clone(), intent)
+            })
+            .collect()
+    }
+
+    /// Checks one release per device for `job`: each device's key
+    /// (`<device>.<job>`) was put exactly once, with an intent for this job,
+    /// and no other key was put.
+    pub fn assert_one_release_each(&self, devices: &[&str], job: &str) {
+        for (key, intent) in self.assert_put_once_each(devices) {
+            assert!(
+                key.ends_with(&format!(".{job}")),
+                "{key} is not job {job}'s"
             );
-            let intent: Value = serde_json::from_slice(payloads[0].as_slice()).expect("an intent");
             assert_eq!(intent["jobId"], job, "{intent}");
-            counts.push((key.clone(), payloads.len()));
         }
-        counts
     }
 }
 
