@@ -17,7 +17,8 @@ unit=$(apt_unit)
 check "job 1: apt runs in its own transient unit" test -n "$unit"
 pid=$(systemctl show -p MainPID --value drover-agent)
 systemctl kill --signal=KILL drover-agent
-sleep 2
+gone() { ! kill -0 "$pid" 2>/dev/null; }
+check "job 1: the agent's process is gone" wait_for 30 gone
 check "job 1: apt's unit outlived the agent's cgroup" test "$(systemctl is-active "$unit")" = active
 check "job 1: dpkg is still running" sh -c 'pgrep -x dpkg >/dev/null'
 restarted() {

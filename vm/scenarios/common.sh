@@ -42,6 +42,17 @@ wait_job() { # [count]
     drover-agent jobs
 }
 
+# Waits (at most SECONDS) until COMMAND... succeeds; fails if it never does.
+wait_for() { # seconds command...
+    limit=$1
+    shift
+    for _ in $(seq 1 "$limit"); do
+        "$@" && return 0
+        sleep 1
+    done
+    "$@"
+}
+
 # Waits (at most 120 s) until the agent is connected and has sent every
 # status, so the control plane on the host has what the guest saw.
 wait_sent() {

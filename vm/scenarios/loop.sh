@@ -18,8 +18,16 @@ restarts=$(systemctl show -p NRestarts --value drover-agent)
 echo "the postinst ran $runs times; systemd restarted the agent $restarts times"
 check "the loop was broken after a bounded number of runs" test "$runs" -le 6
 check "each run killed the agent once" test "$restarts" = "$runs"
-sleep 20
+# No more restarts once the job failed: the agent running now is the one
+# that ended the job (its journal has the job's progress to Failed), nothing of apt or dpkg runs that
+# could call the postinst again, and systemd counts no restart since.
+pid=$(systemctl show -p MainPID --value drover-agent)
+ended_by_this_agent() { journalctl _PID="$pid" -o cat | grep 'job progress' | grep -q Failed; }
+no_package_manager() { ! pgrep -x 'apt|apt-get|dpkg' >/dev/null; }
+check "the agent that ended the job is the one running" wait_for 60 ended_by_this_agent
+check "no apt or dpkg runs" wait_for 60 no_package_manager
 check "no more restarts once the job failed" test "$(systemctl show -p NRestarts --value drover-agent)" = "$restarts"
+check "the agent that ended the job is still the one running" test "$(systemctl show -p MainPID --value drover-agent)" = "$pid"
 check "the agent stays up and answers" drover-agent status
 echo DONE
 systemctl poweroff
