@@ -67,7 +67,10 @@ done
 # take the control plane's features of shared crates (clap's colours, more
 # of tokio) and grow by what it never calls.
 started=$SECONDS
-cargo build --release --locked "${agent_targets[@]}" -p drover-agent
+# Cargo's JSON messages are counted (scripts/cargo-tally.py: what the
+# target cache held); cargo renders the diagnostics itself.
+cargo build --release --locked "${agent_targets[@]}" -p drover-agent --message-format=json-render-diagnostics |
+    python3 "$root/scripts/cargo-tally.py" "agents (${built[*]})"
 echo "cross/build.sh: the agent for ${built[*]} took $((SECONDS - started)) s"
 if [ ${#plane_targets[@]} -gt 0 ]; then
     # The workspace profile (fat LTO, one codegen unit): thin LTO over 16
@@ -75,7 +78,8 @@ if [ ${#plane_targets[@]} -gt 0 ]; then
     # arm64, against 7 m 20 s fat after the agent) and made the binary
     # 35 % larger.
     started=$SECONDS
-    cargo build --release --locked "${plane_targets[@]}" -p drover
+    cargo build --release --locked "${plane_targets[@]}" -p drover --message-format=json-render-diagnostics |
+        python3 "$root/scripts/cargo-tally.py" "control plane ($control_plane)"
     echo "cross/build.sh: the control plane for $control_plane took $((SECONDS - started)) s"
 fi
 for arch in "${built[@]}"; do

@@ -19,8 +19,12 @@ mkdir -p "$logs"
 rm -rf "${CARGO_TARGET_DIR:-target}/tmp/hostile-rows"
 
 # Every crate's unit and doc tests but the end-to-end ones, in cargo's order.
-cargo test --workspace --all-features --exclude drover-tests
-cargo test -p drover-tests --all-features --lib
+# (Cargo's JSON messages are counted by scripts/cargo-tally.py, which passes
+# the tests' own output through.)
+cargo test --workspace --all-features --exclude drover-tests --message-format=json-render-diagnostics |
+  python3 scripts/cargo-tally.py "unit tests"
+cargo test -p drover-tests --all-features --lib --message-format=json-render-diagnostics |
+  python3 scripts/cargo-tally.py "the tests' library"
 
 # The end-to-end binaries: built once, then run directly, longest first.
 cargo test -p drover-tests --all-features --tests --no-run --message-format=json \
@@ -33,7 +37,9 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
-' > "$logs/binaries.txt"
+    if m.get("reason") == "compiler-artifact":
+        print(json.dumps({"reason": "compiler-artifact", "fresh": m.get("fresh")}), file=sys.stderr)
+' 2> >(python3 scripts/cargo-tally.py "end-to-end test binaries" >&2) > "$logs/binaries.txt"
 longest_first="nats schedule apt_upgrade package mqtt hostile scenarios demo packages"
 alone="deployment nats_cluster"
 {

@@ -18,6 +18,7 @@
 # counts what ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-cache.sh
 passed=0
 bash cross/test-pin.sh
 passed=$((passed + 1)) # the pinned toolchain's fetch, on a mirror with a stale index

@@ -19,6 +19,7 @@
 # measured time per architecture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/target-cache.sh
 started=$(date +%s)
 arch=amd64
 all=0
@@ -66,9 +67,9 @@ if [ ! -f "$deb" ]; then
     fi
 fi
 # The control plane the hosted scenarios run on this host (vm/host.sh): the
-# release build if there is one, else the cross suite's amd64 build, else
-# the test command's debug build.
-for bin in target/release/drover target/cross/x86_64-unknown-linux-gnu/release/drover target/debug/drover; do
+# cross suite's amd64 build (CI's, built this run), else a release build,
+# else the test command's debug build.
+for bin in target/cross/x86_64-unknown-linux-gnu/release/drover target/release/drover target/debug/drover; do
     if [ -x "$bin" ]; then
         DROVER_BIN=$(pwd)/$bin
         break

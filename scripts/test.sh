@@ -4,6 +4,8 @@
 # as processes, then runs formatting, lints and all tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ./target kept under /var/tmp between clones (see the script).
+. scripts/target-cache.sh
 
 command -v apt-get >/dev/null || { echo "the tests need a Debian-based system (apt-get)"; exit 1; }
 # Host tools of the tests: debootstrap makes the disposable Debian roots,
@@ -36,17 +38,20 @@ if [ -z "$mdbook" ]; then
   mdbook=${CARGO_HOME:-$HOME/.cargo}/bin/mdbook
 fi
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --all-features -- -D warnings
+# Each build's JSON messages go through scripts/cargo-tally.py, which counts
+# what the target cache held (cargo renders the diagnostics itself).
+tally() { python3 scripts/cargo-tally.py "$@"; }
+cargo clippy --workspace --all-targets --all-features --message-format=json-render-diagnostics -- -D warnings | tally clippy
 # The end-to-end tests run drover and drover-agent as processes. First the
 # agent as the .deb ships it (no test hooks), which must refuse every test
 # hook in its config; then the agent the end-to-end tests drive, with hooks.
-cargo build --workspace --bins --features drover/demo
+cargo build --workspace --bins --features drover/demo --message-format=json-render-diagnostics | tally "debug binaries"
 bash scripts/check-no-test-hooks.sh target/debug/drover-agent
 # The packaged drover (built without features) links no test roots.
 if cargo tree -p drover -e normal --prefix none | grep -q '^drover-sandbox '; then
   echo "the drover binary links drover-sandbox without --features demo"; exit 1
 fi
-cargo build -p drover-agent --bins --features testing,sled-store
+cargo build -p drover-agent --bins --features testing,sled-store --message-format=json-render-diagnostics | tally "the agent with test hooks"
 # The cluster tests' nats-server (2.10: see the script).
 DROVER_TEST_CLUSTER_NATS_SERVER=$(bash scripts/fetch-nats-server.sh)
 export DROVER_TEST_CLUSTER_NATS_SERVER
