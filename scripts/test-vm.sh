@@ -15,7 +15,7 @@
 #   bash scripts/test-vm.sh --arch arm64 --only install,power-cut
 #
 # The ARM packages come from the cross suite (cross/build.sh), which this
-# script runs when they are missing. The README lists each scenario's
+# script runs when they are missing. docs/testing.md gives each scenario's
 # measured time per architecture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
