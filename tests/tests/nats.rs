@@ -106,6 +106,41 @@ fn agents_held_first(
         .collect()
 }
 
+/// A connection of `device`'s own (its broker password, its inbox prefix)
+/// beside its agent, and the server's errors to it as they come: a denied
+/// publish or subscription comes back as an asynchronous -ERR
+/// ("Permissions Violation for Publish to \"SUBJECT\""), never as a reply.
+async fn device_keeping_errors(
+    cp: &ControlPlane,
+    url: &str,
+    device: &str,
+) -> (
+    async_nats::Client,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let kept = errors.clone();
+    let client = async_nats::ConnectOptions::with_user_and_password(
+        device.into(),
+        cp.broker_password(device),
+    )
+    .custom_inbox_prefix(format!("_INBOX_{device}"))
+    .event_callback(move |event| {
+        let kept = kept.clone();
+        async move {
+            if let async_nats::Event::ServerError(e) = event {
+                kept.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.to_string());
+            }
+        }
+    })
+    .connect(url)
+    .await
+    .unwrap_or_else(|e| panic!("{device} connects: {e}"));
+    (client, errors)
+}
+
 fn nats_agent(
     cp: &ControlPlane,
     nats_url: &str,
@@ -142,24 +177,7 @@ async fn a_device_cannot_read_anothers_intent_or_write_anothers_status() {
 
     // Device A logs in with its own credentials; the server's errors to it
     // (permissions violations among them) are kept.
-    let violations = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let kept = violations.clone();
-    let token_a = cp.broker_password("dev-a");
-    let client = async_nats::ConnectOptions::with_user_and_password("dev-a".into(), token_a)
-        .custom_inbox_prefix("_INBOX_dev-a")
-        .event_callback(move |event| {
-            let kept = kept.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    kept.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(e.to_string());
-                }
-            }
-        })
-        .connect(nats.url())
-        .await
-        .expect("A connects");
+    let (client, violations) = device_keeping_errors(&cp, &nats.url(), "dev-a").await;
     // A violation names the subject: `Permissions Violation for Publish to
     // "SUBJECT"`; matched up to the subject's start (a consumer's create
     // subject ends in parts async-nats chooses).
@@ -748,24 +766,7 @@ async fn a_device_cannot_create_a_consumer_that_delivers_to_another_device() {
     };
     // The server's answers to A, kept: a denied publish comes back as an
     // asynchronous -ERR, never as the request's reply.
-    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let kept = errors.clone();
-    let token_a = cp.broker_password("shadow-a");
-    let client = async_nats::ConnectOptions::with_user_and_password("shadow-a".into(), token_a)
-        .custom_inbox_prefix("_INBOX_shadow-a")
-        .event_callback(move |event| {
-            let kept = kept.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    kept.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(e.to_string());
-                }
-            }
-        })
-        .connect(nats.url())
-        .await
-        .expect("A connects");
+    let (client, errors) = device_keeping_errors(&cp, &nats.url(), "shadow-a").await;
     let js = async_nats::jetstream::new(client);
     let created = tokio::time::timeout(
         Duration::from_secs(5),
