@@ -1830,6 +1830,35 @@ impl IntentPuts {
             assert_eq!(intent["jobId"], job, "{intent}");
         }
     }
+
+    /// Checks one release per device for `job` where a broker node was
+    /// killed mid-run: each device's key was put with one and the same
+    /// signed intent for this job and no other key was put, but a put may
+    /// have been sent again (its acknowledgement lost with the node: seen
+    /// here, the same intent twice). Returns how many puts each key saw.
+    pub fn assert_one_intent_each(&self, devices: &[&str], job: &str) -> Vec<(String, usize)> {
+        let keys = self.per_key();
+        let expected: std::collections::BTreeSet<String> =
+            devices.iter().map(|d| format!("{d}.{job}")).collect();
+        let got: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
+        assert_eq!(got, expected, "the keys the intent bucket was put under");
+        let mut counts = Vec::new();
+        for (key, payloads) in &keys {
+            let distinct: std::collections::BTreeSet<&Vec<u8>> = payloads.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                1,
+                "{key} was released {} different ways: {:?}",
+                distinct.len(),
+                distinct
+                    .iter()
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>()
+            );
+            counts.push((key.clone(), payloads.len()));
+        }
+        counts
+    }
 }
 
 impl Drop for IntentPuts {

@@ -201,13 +201,18 @@ async fn a_rollout_survives_a_killed_node_and_replica(kill_leader: bool) {
         assert_eq!(target["status"]["jobId"], uid, "{target}");
     }
     // Released once, by the broker's record of every put, kills and
-    // restarts included: each device's key was put exactly once, and no
-    // other key was put.
+    // restarts included: each device's key got one signed intent, and no
+    // other key was put. Not "exactly one put": a put whose acknowledgement
+    // was lost with the killed node is sent again (seen here, cl-1's twice),
+    // and the broker's record cannot tell a resend the stream refused from
+    // one it stored. Each agent ran its job once (above), and the control
+    // plane's records show each target released once.
     for (node, recorded) in puts.iter().enumerate() {
         if node == victim {
             continue;
         }
-        recorded.assert_one_release_each(&names, uid);
+        let counts = recorded.assert_one_intent_each(&names, uid);
+        eprintln!("puts per key seen on n{node}: {counts:?}");
     }
     let released: f64 =
         metric_sum(&cps, "drover_jobs_released_total{kind=\"systemUpgradeV1\"}").await;
