@@ -33,9 +33,12 @@ sha=$(sha256sum "$mirror/$pool/drover-pin-test_1.0-1_armhf.deb" | cut -d' ' -f1)
 echo "stale index" | xz >"$mirror/dists/bookworm-security/main/binary-armhf/Packages.xz"
 printf 'SHA256:\n %s 1 main/binary-armhf/Packages.xz\n' "$(echo other | sha256sum | cut -d' ' -f1)" >"$mirror/dists/bookworm-security/InRelease"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 -m http.server "$port" --bind 127.0.0.1 --directory "$work/mirror" >"$work/http.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/" >/dev/null && break; sleep 0.1; done
+serve() { # the mirror on $port, returned once it answers
+    python3 -m http.server "$port" --bind 127.0.0.1 --directory "$work/mirror" >"$work/http.log" 2>&1 &
+    server=$!
+    for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/" >/dev/null && break; sleep 0.1; done
+}
+serve
 export DROVER_CROSS_MIRRORS="http://127.0.0.1:$port/debian-security"
 lock=$work/test.lock
 pin() { echo "# test" >"$lock"; echo "armhf drover-pin-test $1 $pool/$2 $3 test" >>"$lock"; }
@@ -53,9 +56,7 @@ kill "$server"; wait "$server" 2>/dev/null || true; server=
 bash "$here/fetch-pinned.sh" "$lock" "$cache" 2>"$work/err" >/dev/null && grep -q "cached in" "$work/err" ||
     fail "the cached package was not used without the mirror: $(cat "$work/err")"
 ok "a cached package is used without the mirror"
-python3 -m http.server "$port" --bind 127.0.0.1 --directory "$work/mirror" >"$work/http.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/" >/dev/null && break; sleep 0.1; done
+serve
 
 # 3. A spoilt cached copy is not used: it is fetched again and checked.
 echo spoilt >"$cache/drover-pin-test_1.0-1_armhf.deb"

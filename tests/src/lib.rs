@@ -1806,10 +1806,7 @@ impl IntentPuts {
                     1,
                     "{key} was put {} times: {:?}",
                     payloads.len(),
-                    payloads
-                        .iter()
-                        .map(|p| String::from_utf8_lossy(p))
-                        .collect::<Vec<_>>()
+                    texts(payloads)
                 );
                 let intent: Value =
                     serde_json::from_slice(payloads[0].as_slice()).expect("an intent");
@@ -1850,15 +1847,20 @@ impl IntentPuts {
                 1,
                 "{key} was released {} different ways: {:?}",
                 distinct.len(),
-                distinct
-                    .iter()
-                    .map(|p| String::from_utf8_lossy(p))
-                    .collect::<Vec<_>>()
+                texts(distinct.iter().copied())
             );
             counts.push((key.clone(), payloads.len()));
         }
         counts
     }
+}
+
+/// Payloads as text, for a failure message.
+fn texts<'a>(payloads: impl IntoIterator<Item = &'a Vec<u8>>) -> Vec<String> {
+    payloads
+        .into_iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
 }
 
 impl Drop for IntentPuts {
