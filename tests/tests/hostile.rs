@@ -20,6 +20,9 @@ use tokio_tungstenite::tungstenite::Message;
 
 const API_VERSION: &str = drover_tests::API_VERSION;
 
+#[path = "hostile/misuse.rs"]
+mod misuse;
+
 // ---------------------------------------------------------------- config ---
 
 const GOOD_CONFIG: &str = r#"device_id = "cfg-1"
@@ -2202,6 +2205,7 @@ const TABLES: &[&str] = &[
     "agent link",
     "control-plane files",
     "agent files",
+    "operators' misuse",
 ];
 
 /// The rows that ran, as each table and one-row test recorded them when

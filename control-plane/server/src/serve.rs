@@ -319,7 +319,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         logins: Arc::new(crate::api::ui::LoginLimiter::default()),
         uploads: options.uploads,
         replica: replica_id(&options.data)?,
-        refusals: Arc::new(crate::api::access::RefusalBudget::default()),
+        budgets: Arc::new(crate::audit::AuditBudgets::default()),
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

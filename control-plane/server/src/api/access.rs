@@ -20,18 +20,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 pub use crate::audit::AUDIT_PREFIX;
+use crate::audit::Sort;
 /// How a named operator's token starts: `drover-op.NAME.SECRET`.
 pub const TOKEN_PREFIX: &str = "drover-op.";
-/// Refused requests without a valid credential recorded at once, per
-/// replica, and again per hour: a flood of wrong tokens must not fill the
-/// store (at most 720 a day); those over it are counted in the next entry.
-const UNKNOWN_REFUSALS_BURST: f64 = 30.0;
-const UNKNOWN_REFUSALS_PER_HOUR: f64 = 30.0;
-
 /// How the caller reached the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
@@ -155,6 +149,23 @@ pub fn credential(state: &ApiState, operator: &OperatorRecord) -> String {
         .unwrap_or_else(|| state.secrets.bootstrap_credential())
 }
 
+/// The record of operator `name`, if `token` is the token it was last
+/// issued (revoked or not).
+async fn issued_to(
+    state: &ApiState,
+    name: &str,
+    token: &str,
+) -> Result<Option<OperatorRecord>, ApiError> {
+    let Some((_, record)) = state.db.get::<OperatorRecord>(&operator_key(name)).await? else {
+        return Ok(None);
+    };
+    let issued = record
+        .token_digest
+        .as_deref()
+        .is_some_and(|digest| state.secrets.verify_operator_digest(token, digest));
+    Ok(issued.then_some(record))
+}
+
 /// The operator whose token this is, if it is one and not revoked. A
 /// store that cannot answer is an error (fail closed).
 pub async fn operator_of_token(
@@ -165,14 +176,9 @@ pub async fn operator_of_token(
         return Ok(None);
     }
     if let Some(name) = token_name(token) {
-        let Some((_, record)) = state.db.get::<OperatorRecord>(&operator_key(name)).await? else {
-            return Ok(None);
-        };
-        let matches = record
-            .token_digest
-            .as_deref()
-            .is_some_and(|digest| state.secrets.verify_operator_digest(token, digest));
-        return Ok((matches && record.revoked_at.is_none()).then_some(record));
+        return Ok(issued_to(state, name, token)
+            .await?
+            .filter(|record| record.revoked_at.is_none()));
     }
     if !state.secrets.verify_operator(token) {
         return Ok(None);
@@ -319,39 +325,53 @@ pub fn login_entry(
     }
 }
 
-/// Refusals of requests without a valid credential: a token bucket of
-/// [`UNKNOWN_REFUSALS_BURST`], [`UNKNOWN_REFUSALS_PER_HOUR`] back each
-/// hour; those over it are counted and told in
-/// the next entry written.
-#[derive(Default)]
-pub struct RefusalBudget {
-    /// A std Mutex: held only to count, never across an await.
-    bucket: std::sync::Mutex<Option<(f64, Instant)>>,
-    skipped: AtomicU64,
+/// A request refused before it reached its handler: its answer, and the
+/// verified operator it came from, when one is known (a dashboard session
+/// without its CSRF token; a revoked operator's own token), so the audit log
+/// names them and counts it against their budget, not strangers'.
+pub struct Refused {
+    pub status: StatusCode,
+    pub reason: String,
+    pub operator: Option<String>,
 }
 
-impl RefusalBudget {
-    /// Whether to record one more refusal now; if so, how many were
-    /// skipped before it.
-    fn take(&self, now: Instant) -> Option<u64> {
-        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        let (left, at) = bucket.unwrap_or((UNKNOWN_REFUSALS_BURST, now));
-        let back =
-            now.saturating_duration_since(at).as_secs_f64() * UNKNOWN_REFUSALS_PER_HOUR / 3600.0;
-        let refilled = (left + back).min(UNKNOWN_REFUSALS_BURST);
-        if refilled < 1.0 {
-            *bucket = Some((refilled, now));
-            self.skipped.fetch_add(1, Ordering::Relaxed);
-            return None;
+impl Refused {
+    fn new(status: StatusCode, reason: String, operator: Option<String>) -> Self {
+        Self {
+            status,
+            reason,
+            operator,
         }
-        *bucket = Some((refilled - 1.0, now));
-        Some(self.skipped.swap(0, Ordering::Relaxed))
     }
+}
 
-    /// Whether to record one more refusal now.
-    pub fn take_one(&self) -> bool {
-        self.take(Instant::now()).is_some()
+impl From<ApiError> for Refused {
+    fn from(ApiError(status, reason): ApiError) -> Self {
+        Self::new(status, reason, None)
     }
+}
+
+/// The operator a token that no longer opens the API was really issued to:
+/// a revoked operator's own token (its digest is kept), or the bootstrap
+/// token after admin was rotated or revoked. A made-up token naming an
+/// operator is not one: only the holder of a real token can spend that
+/// operator's refusal budget.
+pub async fn former_operator_of_token(
+    state: &ApiState,
+    token: &str,
+) -> Result<Option<String>, ApiError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if let Some(name) = token_name(token) {
+        return Ok(issued_to(state, name, token)
+            .await?
+            .map(|record| record.name));
+    }
+    Ok(state
+        .secrets
+        .verify_operator(token)
+        .then(|| BOOTSTRAP_OPERATOR.to_owned()))
 }
 
 /// Who made a request, from its bearer token or its dashboard session.
@@ -362,7 +382,7 @@ async fn identify(
     state: &ApiState,
     headers: &HeaderMap,
     method: &Method,
-) -> Result<Caller, ApiError> {
+) -> Result<Caller, Refused> {
     if let Some(operator) = operator_of_token(state, bearer_of(headers)).await? {
         return Ok(Caller {
             name: operator.name,
@@ -385,17 +405,19 @@ async fn identify(
                 via: Via::Dashboard,
             });
         }
-        return Err(ApiError(
+        return Err(Refused::new(
             StatusCode::FORBIDDEN,
             format!(
                 "a dashboard request that changes something needs the session's {} header",
                 super::ui::CSRF_HEADER
             ),
+            Some(operator.name),
         ));
     }
     // A named token says whose it claims to be (a valid name, so safe to
     // log); the log says so without the token.
     let token = bearer_of(headers);
+    let former = former_operator_of_token(state, token).await?;
     let reason = match token_name(token) {
         None if state.secrets.verify_operator(token) => format!(
             "DATA/operator.token (the bootstrap admin's) no longer opens the API: operator \
@@ -409,7 +431,17 @@ async fn identify(
                  dashboard session"
             .to_owned(),
     };
-    Err(ApiError(StatusCode::UNAUTHORIZED, reason))
+    Err(Refused::new(StatusCode::UNAUTHORIZED, reason, former))
+}
+
+/// A refusal's reason, saying how many of the same caller's refusals
+/// before it were over its budget and not recorded.
+fn not_recorded(reason: &str, skipped: u64) -> String {
+    if skipped > 0 {
+        format!("{reason} ({skipped} refusals before this one not recorded)")
+    } else {
+        reason.to_owned()
+    }
 }
 
 /// The API's gate: names the caller, checks its role, runs the request,
@@ -452,7 +484,11 @@ pub async fn require_operator(
     };
     let caller = match identify(&state, request.headers(), &method).await {
         Ok(caller) => caller,
-        Err(ApiError(status, reason)) => {
+        Err(Refused {
+            status,
+            reason,
+            operator,
+        }) => {
             // A wrong token or session is recorded; no credential at all
             // (a page loaded after its session ended) is not.
             let via = if !bearer_of(request.headers()).is_empty() {
@@ -465,14 +501,17 @@ pub async fn require_operator(
             if let Some(via) = via
                 && (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
             {
-                if let Some(skipped) = state.refusals.take(Instant::now()) {
-                    let mut refused = entry("unknown".to_owned(), None, via.name());
+                if let Ok(skipped) =
+                    state
+                        .budgets
+                        .take(Sort::Refusal, operator.as_deref(), Instant::now())
+                {
+                    let who = operator
+                        .as_deref()
+                        .map_or_else(|| "unknown".to_owned(), |name| format!("operator/{name}"));
+                    let mut refused = entry(who, None, via.name());
                     refused.status = status.as_u16();
-                    refused.reason = Some(if skipped > 0 {
-                        format!("{reason} ({skipped} refusals before this one not recorded)")
-                    } else {
-                        reason.clone()
-                    });
+                    refused.reason = Some(not_recorded(&reason, skipped));
                     crate::audit::write(&state.db, refused).await;
                 }
                 tracing::warn!(peer = peer.as_deref().unwrap_or("?"), %method, %path, "refused: {reason}");
@@ -486,12 +525,47 @@ pub async fn require_operator(
             "{verb} needs the {needed} role; operator {} has the {} role",
             caller.name, caller.role
         );
-        let mut refused = entry(caller.who(), Some(caller.role), caller.via.name());
-        refused.status = StatusCode::FORBIDDEN.as_u16();
-        refused.reason = Some(reason.clone());
-        crate::audit::write(&state.db, refused).await;
+        if let Ok(skipped) = state
+            .budgets
+            .take(Sort::Refusal, Some(&caller.name), Instant::now())
+        {
+            let mut refused = entry(caller.who(), Some(caller.role), caller.via.name());
+            refused.status = StatusCode::FORBIDDEN.as_u16();
+            refused.reason = Some(not_recorded(&reason, skipped));
+            crate::audit::write(&state.db, refused).await;
+        }
         tracing::warn!(operator = %caller.name, %method, %path, "refused: {reason}");
         return ApiError(StatusCode::FORBIDDEN, reason).into_response();
+    }
+    // A change is made only when its entry can be written.
+    if !reads
+        && let Err(wait) = state
+            .budgets
+            .take(Sort::Change, Some(&caller.name), Instant::now())
+    {
+        let seconds = wait.as_secs().max(1);
+        let allowance = crate::audit::CHANGES;
+        let reason = format!(
+            "operator {} has made {} changes through this replica within the hour (at most {} \
+             at once, then {} an hour); try again in {seconds} s",
+            caller.name, allowance.burst, allowance.burst, allowance.per_hour
+        );
+        if let Ok(skipped) = state
+            .budgets
+            .take(Sort::Refusal, Some(&caller.name), Instant::now())
+        {
+            let mut refused = entry(caller.who(), Some(caller.role), caller.via.name());
+            refused.status = StatusCode::TOO_MANY_REQUESTS.as_u16();
+            refused.reason = Some(not_recorded(&reason, skipped));
+            crate::audit::write(&state.db, refused).await;
+        }
+        tracing::warn!(operator = %caller.name, %method, %path, "refused: {reason}");
+        let mut response = ApiError(StatusCode::TOO_MANY_REQUESTS, reason).into_response();
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(seconds),
+        );
+        return response;
     }
     request.extensions_mut().insert(caller.clone());
     let response = next.run(request).await;
@@ -520,6 +594,19 @@ pub async fn require_operator(
         done.objects_total = note.objects_total;
         done.body_digest = note.body_digest;
     }
+    // A failure changed nothing: it is recorded within the operator's
+    // refusal budget, like a refusal.
+    let skipped = if status.is_success() {
+        0
+    } else {
+        match state
+            .budgets
+            .take(Sort::Refusal, Some(&caller.name), Instant::now())
+        {
+            Ok(skipped) => skipped,
+            Err(_) => return Response::from_parts(parts, body),
+        }
+    };
     // An error's reason is the body's `error` (a small JSON object).
     let body = if status.is_success() {
         body
@@ -529,7 +616,11 @@ pub async fn require_operator(
             .unwrap_or_default();
         done.reason = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_owned));
+            .and_then(|v| {
+                v["error"]
+                    .as_str()
+                    .map(|reason| not_recorded(reason, skipped))
+            });
         axum::body::Body::from(bytes)
     };
     crate::audit::write(&state.db, done).await;
@@ -540,7 +631,6 @@ pub async fn require_operator(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn each_route_needs_the_role_its_change_asks_for() {
@@ -599,19 +689,5 @@ mod tests {
         assert_eq!(token_name("0123abcd"), None, "the bootstrap token");
         assert!(valid_name("ops-team-2"));
         assert!(!valid_name("-x") && !valid_name("a.b") && !valid_name(""));
-    }
-
-    #[test]
-    fn refusals_without_a_credential_are_recorded_thirty_then_thirty_an_hour() {
-        let budget = RefusalBudget::default();
-        let start = Instant::now();
-        for _ in 0..30 {
-            assert_eq!(budget.take(start), Some(0));
-        }
-        assert_eq!(budget.take(start), None);
-        assert_eq!(budget.take(start), None);
-        // Two minutes give one back, which tells of the three skipped.
-        assert_eq!(budget.take(start + Duration::from_secs(60)), None);
-        assert_eq!(budget.take(start + Duration::from_secs(120)), Some(3));
     }
 }

@@ -138,8 +138,8 @@ pub struct ApiState {
     pub uploads: crate::packages::UploadLimits,
     /// This replica's id, in the audit log's entries.
     pub replica: String,
-    /// Refusals of unknown callers the audit log still takes this minute.
-    pub refusals: Arc<access::RefusalBudget>,
+    /// What each caller may still add to the audit log.
+    pub budgets: Arc<crate::audit::AuditBudgets>,
 }
 
 /// An agent pointed at the operators' API instead of the agents' port: a

@@ -137,9 +137,12 @@ const LOGIN_REFILL: Duration = Duration::from_secs(60);
 const LOGIN_ADDRESSES: usize = 10_000;
 
 /// Failed dashboard logins per client address: a token bucket of
-/// [`LOGIN_ATTEMPTS`], one back per [`LOGIN_REFILL`]. Guessing a 256-bit
-/// token is hopeless anyway; this keeps the log and the CPU quiet and
-/// says who tried.
+/// [`LOGIN_ATTEMPTS`], one back per [`LOGIN_REFILL`]. It slows wrong
+/// tokens only: a right token logs in whatever the address's count (behind
+/// a TLS proxy every operator shares one address, and a stranger's wrong
+/// guesses must not lock them out), and a login that succeeds does not
+/// forgive the address's failures. Guessing a 256-bit token is hopeless
+/// anyway; this keeps the log and the CPU quiet and says who tried.
 #[derive(Default)]
 pub struct LoginLimiter {
     /// A std Mutex: held only to count, never across an await.
@@ -148,7 +151,8 @@ pub struct LoginLimiter {
 }
 
 impl LoginLimiter {
-    /// The wait before `peer` may try again, if it has used its attempts.
+    /// The wait before `peer` may try a wrong token again, if it has used
+    /// its attempts.
     fn wait(&self, peer: std::net::IpAddr, now: std::time::Instant) -> Option<Duration> {
         let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let (used, at) = *failures.get(&peer)?;
@@ -177,11 +181,6 @@ impl LoginLimiter {
         used
     }
 
-    fn succeeded(&self, peer: std::net::IpAddr) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.remove(&peer);
-    }
-
     fn refilled(used: f64, at: std::time::Instant, now: std::time::Instant) -> f64 {
         let back = now.saturating_duration_since(at).as_secs_f64() / LOGIN_REFILL.as_secs_f64();
         (used - back).max(0.0)
@@ -198,26 +197,50 @@ async fn login(
 ) -> Response {
     let peer = peer.ip();
     let now = std::time::Instant::now();
-    if let Some(wait) = state.logins.wait(peer, now) {
-        let seconds = wait.as_secs().max(1);
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(header::RETRY_AFTER, seconds.to_string())],
-            Json(json!({"error": format!(
-                "too many failed logins from {peer}; try again in {seconds} s"
-            )})),
-        )
-            .into_response();
-    }
-    let operator = match super::access::operator_of_token(&state, body.token.trim()).await {
+    let token = body.token.trim();
+    // The token is checked first: a right one logs in whatever wrong ones
+    // were sent from the same address.
+    let operator = match super::access::operator_of_token(&state, token).await {
         Ok(Some(operator)) => operator,
         Ok(None) => {
-            if state.refusals.take_one() {
-                crate::audit::write(
-                    &state.db,
-                    super::access::login_entry(&state, None, peer, "refused", 401),
+            if let Some(wait) = state.logins.wait(peer, now) {
+                let seconds = wait.as_secs().max(1);
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, seconds.to_string())],
+                    Json(json!({"error": format!(
+                        "too many failed logins from {peer}; try again in {seconds} s \
+                         (a right token is let in at once)"
+                    )})),
                 )
-                .await;
+                    .into_response();
+            }
+            // A revoked operator's own token is recorded against that
+            // operator's budget, a stranger's against strangers'.
+            let former = match super::access::former_operator_of_token(&state, token).await {
+                Ok(former) => former,
+                Err(e) => return e.into_response(),
+            };
+            if let Ok(skipped) =
+                state
+                    .budgets
+                    .take(crate::audit::Sort::Refusal, former.as_deref(), now)
+            {
+                let mut entry = super::access::login_entry(&state, None, peer, "refused", 401);
+                if let Some(name) = &former {
+                    entry.who = format!("operator/{name}");
+                    entry.reason = Some(format!(
+                        "operator {name}'s token, which no longer opens the API (revoked or rotated)"
+                    ));
+                }
+                if skipped > 0
+                    && let Some(reason) = &mut entry.reason
+                {
+                    reason.push_str(&format!(
+                        " ({skipped} refusals before this one not recorded)"
+                    ));
+                }
+                crate::audit::write(&state.db, entry).await;
             }
             let used = state.logins.failed(peer, now);
             tracing::warn!(%peer, failures = used.ceil() as u64, "dashboard login with a wrong or revoked operator token");
@@ -231,7 +254,23 @@ async fn login(
         }
         Err(e) => return e.into_response(),
     };
-    state.logins.succeeded(peer);
+    if let Err(wait) = state
+        .budgets
+        .take(crate::audit::Sort::Login, Some(&operator.name), now)
+    {
+        let seconds = wait.as_secs().max(1);
+        let logins = crate::audit::LOGINS;
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, seconds.to_string())],
+            Json(json!({"error": format!(
+                "operator {} logged in {} times within the hour through this replica (at most \
+                 {} at once, then {} an hour); try again in {seconds} s",
+                operator.name, logins.burst, logins.burst, logins.per_hour
+            )})),
+        )
+            .into_response();
+    }
     let credential = super::access::credential(&state, &operator);
     let session = match state.secrets.ui_session(
         Timestamp::now().as_second() + SESSION,
@@ -427,8 +466,6 @@ mod tests {
         );
         limiter.failed(a, later);
         assert!(limiter.wait(a, later).is_some());
-        limiter.succeeded(a);
-        assert_eq!(limiter.wait(a, later), None, "a success forgives");
     }
 
     #[test]
