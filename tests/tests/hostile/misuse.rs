@@ -240,6 +240,110 @@ fn a_csrf_refusal_names_the_sessions_operator<'a>(
     })
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether any four-digit PIN put into `manifest(pin)` gives a digest the
+/// audit log (as a viewer reads it) holds: the manifest's SHA-256 as sent
+/// and as the control plane writes it again.
+async fn pin_found(cp: &ControlPlane, viewer: &str, manifest: fn(&str) -> Value) -> Option<String> {
+    let (status, text) = send(
+        cp,
+        Some(viewer),
+        "GET",
+        "/api/v1/audit?since=1h",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "a viewer reads the audit log: {text}");
+    (0..10_000).map(|n| format!("{n:04}")).find(|pin| {
+        let item = manifest(pin);
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": [item.clone()]});
+        [item.to_string(), list.to_string()]
+            .iter()
+            .any(|sent| text.contains(&sha256_hex(sent.as_bytes())))
+    })
+}
+
+/// Finding 2: a viewer cannot find a Secret's four-digit value from the
+/// audit log by trying all 10,000 (neither the Secret's digest nor the
+/// body's is kept). Positive control: the same search finds the value of
+/// a Device's label, whose manifest's digest is kept.
+fn a_viewer_learns_nothing_of_a_secret_from_the_audit_log<'a>(
+    cp: &'a ControlPlane,
+    people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    fn secret(pin: &str) -> Value {
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Secret",
+               "metadata": {"name": "door"}, "spec": {"data": {"pin": pin}}})
+    }
+    fn labelled(pin: &str) -> Value {
+        device("pin-1", json!({"pin": pin}), json!({}))
+    }
+    Box::pin(async move {
+        assert_eq!(cp.apply(secret("4821")).await["result"], "created");
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": [secret("7310")]});
+        assert_eq!(cp.apply(list).await["kind"], "List");
+        assert_eq!(
+            pin_found(cp, &people.viewer, secret).await,
+            None,
+            "a Secret's value found from the audit log"
+        );
+        cp.apply(labelled("5902")).await;
+        assert_eq!(
+            pin_found(cp, &people.viewer, labelled).await.as_deref(),
+            Some("5902"),
+            "the search finds what a kept digest gives away"
+        );
+    })
+}
+
+/// Finding 4: an operator can neither decommission a device through
+/// `apply` nor bring back one an admin decommissioned. Positive control:
+/// the operator registers and relabels devices, decommissioned ones
+/// included, and the admin decommissions.
+fn only_an_admin_decommissions_through_apply<'a>(
+    cp: &'a ControlPlane,
+    people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        let apply = |token: &'a str, labels: Value, decommissioned: bool| {
+            send(
+                cp,
+                Some(token),
+                "POST",
+                "/api/v1/apply",
+                bytes(device(
+                    "dec-1",
+                    labels,
+                    json!({"decommissioned": decommissioned}),
+                )),
+            )
+        };
+        let (status, text) = apply(&people.operator, json!({}), false).await;
+        assert_eq!(status, 200, "an operator registers a device: {text}");
+        let (status, text) = apply(&people.operator, json!({}), true).await;
+        assert_eq!(status, 403, "an operator decommissions: {text}");
+        assert!(text.contains("needs the admin role"), "{text}");
+        let (status, text) = apply(&cp.token, json!({}), true).await;
+        assert_eq!(status, 200, "the admin decommissions: {text}");
+        let (status, text) = apply(&people.operator, json!({}), false).await;
+        assert_eq!(status, 403, "an operator brings it back: {text}");
+        let (status, text) = apply(&people.operator, json!({"site": "x"}), true).await;
+        assert_eq!(
+            status, 200,
+            "an operator relabels it, decommissioned: {text}"
+        );
+        let stored = cp.get("/devices/dec-1").await;
+        assert_eq!(stored["decommissioned"], true, "{stored}");
+    })
+}
+
 const ROWS: &[(&str, Row)] = &[
     (
         "a viewer cannot flood the audit log",
@@ -256,6 +360,14 @@ const ROWS: &[(&str, Row)] = &[
     (
         "a CSRF refusal names the session's operator",
         a_csrf_refusal_names_the_sessions_operator,
+    ),
+    (
+        "a viewer learns nothing of a Secret from the audit log",
+        a_viewer_learns_nothing_of_a_secret_from_the_audit_log,
+    ),
+    (
+        "only an admin decommissions through apply",
+        only_an_admin_decommissions_through_apply,
     ),
 ];
 

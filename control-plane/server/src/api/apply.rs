@@ -20,11 +20,19 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// log's note: each object, what became of it, and its manifest's digest.
 pub(super) async fn apply(
     State(state): State<ApiState>,
+    axum::Extension(caller): axum::Extension<super::access::Caller>,
     Query(query): Query<ApplyQuery>,
     body: axum::body::Bytes,
 ) -> Response {
     let dry_run = query.dry_run.is_some();
-    let answer = apply_body(&state, query, &body).await;
+    let answer = if dry_run {
+        apply_body(&state, query, &body).await
+    } else {
+        match check_field_roles(&state, &caller, &body).await {
+            Ok(()) => apply_body(&state, query, &body).await,
+            Err(e) => Err(e),
+        }
+    };
     if dry_run {
         let mut response = answer.into_response();
         response.extensions_mut().insert(super::access::AuditNote {
@@ -39,8 +47,88 @@ pub(super) async fn apply(
     response
 }
 
+/// The fields of a manifest whose change needs more than the operator role
+/// that `apply` needs: (kind, field, role). Decommissioning a device, or
+/// bringing one back, is an admin's (the threat model's table), through
+/// `apply` as through any other route.
+pub const FIELD_ROLES: &[(&str, &str, crate::records::Role)] =
+    &[("Device", "spec.decommissioned", crate::records::Role::Admin)];
+
+/// The value a manifest asks for in `field` (`spec.decommissioned`), and
+/// the one stored now; an object not stored yet has the field's default.
+async fn asked_and_stored(
+    state: &ApiState,
+    kind: &str,
+    field: &str,
+    item: &Value,
+) -> Result<Option<(Value, Value)>, ApiError> {
+    match (kind, field) {
+        ("Device", "spec.decommissioned") => {
+            let asked = item["spec"]["decommissioned"].as_bool().unwrap_or(false);
+            let Some(id) = item["metadata"]["name"]
+                .as_str()
+                .and_then(|name| DeviceId::new(name.to_owned()).ok())
+            else {
+                // Not a device id: the manifest is refused as it is parsed.
+                return Ok(None);
+            };
+            let stored = state
+                .db
+                .get::<DeviceRecord>(&device_key(&id))
+                .await?
+                .is_some_and(|(_, device)| device.decommissioned);
+            Ok(Some((json!(asked), json!(stored))))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Refuses (403, before anything is applied) a body whose manifests change
+/// a field [`FIELD_ROLES`] gives to a role the caller does not have.
+async fn check_field_roles(
+    state: &ApiState,
+    caller: &super::access::Caller,
+    body: &[u8],
+) -> Result<(), ApiError> {
+    let items = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => items,
+        Ok(Value::Object(map)) if map.get("kind").and_then(Value::as_str) == Some("List") => map
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        Ok(single) => vec![single],
+        // Refused as it is parsed.
+        Err(_) => return Ok(()),
+    };
+    for item in items.iter().take(MAX_LIST_ITEMS) {
+        let kind = item["kind"].as_str().unwrap_or_default();
+        for (field_kind, field, role) in FIELD_ROLES {
+            if caller.role >= *role || !kind.eq_ignore_ascii_case(field_kind) {
+                continue;
+            }
+            if let Some((asked, stored)) = asked_and_stored(state, field_kind, field, item).await?
+                && asked != stored
+            {
+                return Err(ApiError(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "changing {field} of {field_kind} {} (from {stored} to {asked}) needs the \
+                         {role} role; operator {} has the {} role",
+                        item["metadata"]["name"].as_str().unwrap_or("?"),
+                        caller.name,
+                        caller.role
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the audit log keeps of an apply: each object, what became of it,
-/// and its manifest's digest (the SHA-256 of its JSON as sent).
+/// and its manifest's digest (the SHA-256 of its JSON as sent), but for
+/// Secrets.
 fn apply_note(
     body: &[u8],
     answer: &Result<(StatusCode, Json<Value>), ApiError>,
@@ -55,8 +143,20 @@ fn apply_note(
         Ok(single) => vec![single],
         Err(_) => Vec::new(),
     };
+    // A Secret's manifest holds its values: a plain digest of it is
+    // readable by every viewer and a short value is found from it by
+    // trying them all, so neither a Secret nor a body that holds one (or
+    // that could not be read as manifests) gets a digest.
+    let is_secret = |item: &Value| {
+        item.get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|kind| kind.eq_ignore_ascii_case("Secret"))
+    };
+    let readable = serde_json::from_slice::<Value>(body).is_ok();
+    let holds_secret = !readable || sent.iter().any(is_secret);
     let digest = |index: usize| {
         sent.get(index)
+            .filter(|item| !is_secret(item))
             .and_then(|item| serde_json::to_vec(item).ok())
             .map(|bytes| sha256_hex(&bytes))
     };
@@ -77,11 +177,13 @@ fn apply_note(
                 kind: result["kind"].as_str().unwrap_or("?").to_owned(),
                 name: result["name"].as_str().unwrap_or("?").to_owned(),
                 result: result["result"].as_str().map(str::to_owned),
-                digest: digest(index),
+                digest: (result["kind"] != "Secret")
+                    .then(|| digest(index))
+                    .flatten(),
             })
             .collect(),
         objects_total: objects.len() as u64,
-        body_digest: Some(sha256_hex(body)),
+        body_digest: (!holds_secret).then(|| sha256_hex(body)),
         skip: false,
     }
 }
