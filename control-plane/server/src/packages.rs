@@ -131,12 +131,21 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
-/// Bytes of the files in the package store now (finished packages and
-/// uploads under way).
-async fn store_bytes(dir: &Path) -> u64 {
+/// How an upload's partial file is named in the store's directory.
+const PARTIAL_PREFIX: &str = "upload-";
+
+/// Bytes of the finished packages in the store now (not uploads under way).
+async fn finished_bytes(dir: &Path) -> u64 {
     let mut used = 0;
     if let Ok(mut entries) = tokio::fs::read_dir(dir).await {
         while let Ok(Some(entry)) = entries.next_entry().await {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_PREFIX)
+            {
+                continue;
+            }
             if let Ok(meta) = entry.metadata().await {
                 used += meta.len();
             }
@@ -145,31 +154,137 @@ async fn store_bytes(dir: &Path) -> u64 {
     used
 }
 
+/// The package store's quota as every upload under way shares it: the
+/// bytes of finished packages and the bytes each upload has received so
+/// far, checked and counted under one lock for every chunk, so uploads at
+/// once cannot each find room that only one has. The finished packages
+/// are measured on disk whenever an upload starts with none under way (so
+/// a package deleted, or a file removed by hand, is seen then).
+#[derive(Default)]
+pub struct PackageQuota {
+    /// A std Mutex: held only to count, never across an await.
+    ledger: std::sync::Mutex<Ledger>,
+}
+
+#[derive(Default)]
+struct Ledger {
+    finished: u64,
+    in_flight: u64,
+    uploads: usize,
+}
+
+impl PackageQuota {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts an upload's reservation (none of its bytes yet).
+    async fn begin(self: &Arc<Self>, dir: &Path) -> Reservation {
+        let first = {
+            let mut ledger = self.ledger();
+            ledger.uploads += 1;
+            ledger.uploads == 1
+        };
+        if first {
+            let finished = finished_bytes(dir).await;
+            self.ledger().finished = finished;
+        }
+        Reservation {
+            quota: self.clone(),
+            held: 0,
+        }
+    }
+}
+
+/// The bytes one upload holds of the quota; given back when it is dropped
+/// unless [`Reservation::keep`] made them a finished package's.
+struct Reservation {
+    quota: Arc<PackageQuota>,
+    held: u64,
+}
+
+impl Reservation {
+    /// Takes `bytes` more, if the quota has room: else the bytes in use.
+    fn grow(&mut self, bytes: u64, quota: u64) -> Result<(), u64> {
+        let mut ledger = self.quota.ledger();
+        let used = ledger.finished.saturating_add(ledger.in_flight);
+        if used.saturating_add(bytes) > quota {
+            return Err(used);
+        }
+        ledger.in_flight += bytes;
+        self.held += bytes;
+        Ok(())
+    }
+
+    /// The upload became a package in the store: its bytes are finished.
+    fn keep(mut self) {
+        let mut ledger = self.quota.ledger();
+        ledger.in_flight = ledger.in_flight.saturating_sub(self.held);
+        ledger.finished = ledger.finished.saturating_add(self.held);
+        self.held = 0;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut ledger = self.quota.ledger();
+        ledger.in_flight = ledger.in_flight.saturating_sub(self.held);
+        ledger.uploads = ledger.uploads.saturating_sub(1);
+    }
+}
+
+/// How the store's directory is named to clients and in the audit log:
+/// never the data directory's path.
+const SHOWN_DIR: &str = "DATA/packages";
+
 /// Streams an upload into the store: the file under its checksum, then the
 /// record (create-only: the same file again is a no-op, another file under
 /// the same name, version and architecture is a conflict).
+/// The answers name no path of the control plane's host (dpkg-deb's
+/// message names the partial file): a path is the data directory's, and
+/// the audit log, which every viewer reads, keeps an error's reason.
 pub async fn upload(
     db: &Db,
     data: &Path,
     limits: UploadLimits,
+    quota: &Arc<PackageQuota>,
+    body: Body,
+) -> Result<(PackageRecord, bool), ApiError> {
+    let shown = data.display().to_string();
+    upload_into(db, data, limits, quota, body)
+        .await
+        .map_err(|ApiError(status, message)| {
+            if !message.contains(&shown) {
+                return ApiError(status, message);
+            }
+            tracing::warn!(error = %message, "upload refused");
+            ApiError(status, message.replace(&shown, "DATA"))
+        })
+}
+
+async fn upload_into(
+    db: &Db,
+    data: &Path,
+    limits: UploadLimits,
+    quota: &Arc<PackageQuota>,
     body: Body,
 ) -> Result<(PackageRecord, bool), ApiError> {
     let dir = blob_dir(data);
     tokio::fs::create_dir_all(&dir).await.map_err(|e| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot create {}: {e}", dir.display()),
+            format!("cannot create {SHOWN_DIR}: {e}"),
         )
     })?;
-    let used = store_bytes(&dir).await;
+    let mut reservation = quota.begin(&dir).await;
     let tmp = tempfile::Builder::new()
-        .prefix("upload-")
+        .prefix(PARTIAL_PREFIX)
         .suffix(".deb")
         .tempfile_in(&dir)
         .map_err(|e| {
             ApiError(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot write in {}: {e}", dir.display()),
+                format!("cannot write in {SHOWN_DIR}: {e}"),
             )
         })?;
     let io_error = |e: std::io::Error| {
@@ -209,14 +324,14 @@ pub async fn upload(
                 format!("a package may be at most {MAX_UPLOAD_BYTES} bytes"),
             ));
         }
-        if used.saturating_add(size) > limits.quota {
+        if let Err(used) = reservation.grow(chunk.len() as u64, limits.quota) {
             return Err(ApiError(
                 StatusCode::INSUFFICIENT_STORAGE,
                 format!(
-                    "the package store is full: {used} bytes are stored and its quota is {} bytes \
-                     (drover serve --package-quota); raise the quota or remove packages from {}",
+                    "the package store is full: {used} bytes are stored or being uploaded and its \
+                     quota is {} bytes (drover serve --package-quota); raise the quota or delete \
+                     packages (drover delete package ID)",
                     limits.quota,
-                    dir.display()
                 ),
             ));
         }
@@ -259,6 +374,7 @@ pub async fn upload(
     }
     let path = dir.join(format!("{sha256}.deb"));
     tmp.persist(&path).map_err(|e| io_error(e.error))?;
+    reservation.keep();
     if let Ok(dir) = std::fs::File::open(&dir) {
         let _ = dir.sync_all();
     }

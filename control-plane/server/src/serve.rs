@@ -320,6 +320,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         uploads: options.uploads,
         replica: replica_id(&options.data)?,
         budgets: Arc::new(crate::audit::AuditBudgets::default()),
+        package_quota: Arc::new(crate::packages::PackageQuota::default()),
     });
     if let Some(downloads) = &downloads {
         let router = crate::packages::download_router(crate::packages::DownloadState {

@@ -4,7 +4,7 @@
 //! with its positive control: the same route doing its job for the caller
 //! it is meant for.
 
-use super::{Ran, bytes, device};
+use super::{Ran, bytes, device, handmade_deb};
 use drover_tests::ControlPlane;
 use serde_json::{Value, json};
 use std::future::Future;
@@ -344,6 +344,92 @@ fn only_an_admin_decommissions_through_apply<'a>(
     })
 }
 
+/// `len` bytes no compressor shrinks (xorshift from `seed`).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The package store's quota (50 MiB on this table's control plane).
+const QUOTA_MIB: usize = 50;
+
+/// Findings 3 and 15: four 18 MiB packages uploaded at once under a
+/// 50 MiB quota store at most 50 MiB between them (those past it get 507),
+/// and no answer names the data directory (the quota's message, dpkg-deb's
+/// on a file that is not a package), nor does the audit log. Positive
+/// control: the uploads that fit are stored (201), and the refusal still
+/// says why.
+fn uploads_at_once_share_one_quota_and_name_no_path<'a>(
+    cp: &'a ControlPlane,
+    people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        let debs: Vec<Vec<u8>> = (0..4u8)
+            .map(|i| {
+                let control = format!(
+                    "Package: big{i}\nVersion: 1.0\nArchitecture: all\nMaintainer: T <t@t.invalid>\nDescription: d\n"
+                );
+                handmade_deb(&[
+                    ("./control", control.as_bytes()),
+                    ("./filler", &noise(u64::from(i) + 1, 18 << 20)),
+                ])
+            })
+            .collect();
+        let answers = futures_util::future::join_all(
+            debs.into_iter()
+                .map(|deb| send(cp, Some(&people.operator), "POST", "/api/v1/packages", deb)),
+        )
+        .await;
+        let stored = answers.iter().filter(|(status, _)| *status == 201).count();
+        let full: Vec<&String> = answers
+            .iter()
+            .filter(|(status, _)| *status == 507)
+            .map(|(_, text)| text)
+            .collect();
+        assert_eq!(
+            stored + full.len(),
+            4,
+            "each upload stored or refused for the quota: {answers:?}"
+        );
+        assert!(stored >= 1, "what fits is stored: {answers:?}");
+        let (_, listed) = send(cp, Some(&cp.token), "GET", "/api/v1/packages", Vec::new()).await;
+        let listed: Vec<Value> = serde_json::from_str(&listed).expect("packages");
+        let bytes_stored: u64 = listed.iter().filter_map(|p| p["size"].as_u64()).sum();
+        assert!(
+            bytes_stored <= (QUOTA_MIB as u64) << 20,
+            "{bytes_stored} bytes stored under a {QUOTA_MIB} MiB quota: {answers:?}"
+        );
+        let data = cp.dir.path().display().to_string();
+        for text in &full {
+            assert!(text.contains("the package store is full"), "{text}");
+            assert!(!text.contains(&data), "the data directory in {text}");
+        }
+        let (status, text) = send(
+            cp,
+            Some(&people.operator),
+            "POST",
+            "/api/v1/packages",
+            b"!<arch>\nnot really".to_vec(),
+        )
+        .await;
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("not a Debian package"), "{text}");
+        assert!(!text.contains(&data), "the data directory in {text}");
+        let log = serde_json::to_string(&audit(cp, "&kind=Package").await).expect("json");
+        assert!(
+            !log.contains(&data),
+            "the data directory in the audit log: {log}"
+        );
+    })
+}
+
 const ROWS: &[(&str, Row)] = &[
     (
         "a viewer cannot flood the audit log",
@@ -369,12 +455,17 @@ const ROWS: &[(&str, Row)] = &[
         "only an admin decommissions through apply",
         only_an_admin_decommissions_through_apply,
     ),
+    (
+        "uploads at once share one quota and name no path",
+        uploads_at_once_share_one_quota_and_name_no_path,
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_misuse_table() {
     let mut ran = Ran::new("operators' misuse");
-    let cp = ControlPlane::start(&[]);
+    let quota = format!("{QUOTA_MIB}MiB");
+    let cp = ControlPlane::start(&["--package-quota", &quota]);
     let add = |name: &str, role: &str| {
         let out = cp.cli(&["operators", "add", name, "--role", role]);
         assert!(

@@ -140,6 +140,8 @@ pub struct ApiState {
     pub replica: String,
     /// What each caller may still add to the audit log.
     pub budgets: Arc<crate::audit::AuditBudgets>,
+    /// The package store's quota, shared by the uploads under way.
+    pub package_quota: Arc<crate::packages::PackageQuota>,
 }
 
 /// An agent pointed at the operators' API instead of the agents' port: a
@@ -456,8 +458,14 @@ async fn upload_package(
     State(state): State<ApiState>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (record, created) =
-        crate::packages::upload(&state.db, &state.data, state.uploads, request.into_body()).await?;
+    let (record, created) = crate::packages::upload(
+        &state.db,
+        &state.data,
+        state.uploads,
+        &state.package_quota,
+        request.into_body(),
+    )
+    .await?;
     let (code, result) = if created {
         (StatusCode::CREATED, "created")
     } else {
