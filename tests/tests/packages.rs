@@ -313,6 +313,102 @@ async fn a_broken_download_resumes_and_an_expired_link_is_refreshed() {
         .find(|l| l.contains("download resumed"))
         .unwrap_or_else(|| panic!("no resumed download:\n{log}"));
     assert!(resumed.contains(&half.to_string()), "{resumed}");
+    drop(agent);
+    links_open_only_what_was_given_while_the_token_and_device_last(&cp).await;
+}
+
+/// Issue 53, findings 8 and 9, on the control plane of the test above,
+/// where device r1 was given drover-big_3.0_all: r1 gets a link to it and
+/// the link serves the file (the positive control); r2, registered and
+/// given nothing, gets no link (403); a link r1 got before its token was
+/// rotated is refused, as is one got before it was decommissioned.
+async fn links_open_only_what_was_given_while_the_token_and_device_last(cp: &ControlPlane) {
+    let ready: Value = serde_json::from_str(
+        &std::fs::read_to_string(cp.dir.path().join("ready.json")).expect("ready file"),
+    )
+    .expect("ready json");
+    let base = ready["downloadUrl"].as_str().expect("downloads are on");
+    let http = drover_tests::http_client();
+    let link = |device: &'static str, token: String| {
+        let http = http.clone();
+        let url =
+            format!("{base}/api/agent/v1/packages/drover-big_3.0_all/download-url?device={device}");
+        async move {
+            let response = http
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("refresh");
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap_or_default())
+        }
+    };
+    let fetch = |url: String| {
+        let http = http.clone();
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .expect("download")
+                .status()
+                .as_u16()
+        }
+    };
+    let url_of = |text: &str| -> String {
+        serde_json::from_str::<Value>(text).expect("a link")["url"]
+            .as_str()
+            .expect("url")
+            .to_owned()
+    };
+    let (status, text) = link("r1", cp.device_token("r1")).await;
+    assert_eq!(status, 200, "r1's own package: {text}");
+    let before_rotation = url_of(&text);
+    assert_eq!(
+        fetch(before_rotation.clone()).await,
+        200,
+        "the link serves the file"
+    );
+
+    cp.apply_device("r2", &["other"], json!({})).await;
+    let (status, text) = link("r2", cp.device_token("r2")).await;
+    assert_eq!(status, 403, "a package never given to r2: {text}");
+    assert!(text.contains("was not given to device r2"), "{text}");
+
+    let rotated = std::process::Command::new(drover_tests::bin("drover"))
+        .arg("--data")
+        .arg(cp.dir.path().join("data"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["token", "r1", "--rotate"])
+        .env_remove("DROVER_TOKEN")
+        .output()
+        .expect("drover token --rotate");
+    assert!(
+        rotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rotated.stderr)
+    );
+    let token = String::from_utf8_lossy(&rotated.stdout).trim().to_owned();
+    assert_eq!(
+        fetch(before_rotation).await,
+        403,
+        "a link minted before the token's rotation"
+    );
+    let (status, text) = link("r1", token).await;
+    assert_eq!(status, 200, "the rotated token gets a fresh link: {text}");
+    let before_decommission = url_of(&text);
+    assert_eq!(fetch(before_decommission.clone()).await, 200);
+    cp.apply(
+        json!({"apiVersion": drover_tests::API_VERSION, "kind": "Device",
+        "metadata": {"name": "r1", "labels": {}},
+        "spec": {"groups": ["big"], "decommissioned": true}}),
+    )
+    .await;
+    assert_eq!(
+        fetch(before_decommission).await,
+        403,
+        "a link minted before the device was decommissioned"
+    );
 }
 
 /// `softwarePresent` / `softwareAbsent` with a Debian version comparison,

@@ -233,22 +233,40 @@ impl Secrets {
         }
     }
 
-    fn link_message(package: &str, device: &DeviceId, expires: i64) -> Vec<u8> {
-        format!("drover-download-link:v1:{package}:{device}:{expires}").into_bytes()
+    fn link_message(package: &str, device: &DeviceId, generation: u64, expires: i64) -> Vec<u8> {
+        format!("drover-download-link:v2:{package}:{device}:{generation}:{expires}").into_bytes()
     }
 
-    /// The signature of a download link: one package, one device, until
-    /// `expires` (Unix seconds). Replicas share the key, so any one verifies.
-    pub fn sign_link(&self, package: &str, device: &DeviceId, expires: i64) -> String {
-        hex(hmac::sign(&self.key, &Self::link_message(package, device, expires)).as_ref())
+    /// The signature of a download link: one package, one device at one
+    /// token generation, until `expires` (Unix seconds). Replicas share the
+    /// key, so any one verifies.
+    pub fn sign_link(
+        &self,
+        package: &str,
+        device: &DeviceId,
+        generation: u64,
+        expires: i64,
+    ) -> String {
+        hex(hmac::sign(
+            &self.key,
+            &Self::link_message(package, device, generation, expires),
+        )
+        .as_ref())
     }
 
     /// Constant-time check of a download link's signature.
-    pub fn verify_link(&self, package: &str, device: &DeviceId, expires: i64, sig: &str) -> bool {
+    pub fn verify_link(
+        &self,
+        package: &str,
+        device: &DeviceId,
+        generation: u64,
+        expires: i64,
+        sig: &str,
+    ) -> bool {
         match unhex(sig) {
             Some(tag) => hmac::verify(
                 &self.key,
-                &Self::link_message(package, device, expires),
+                &Self::link_message(package, device, generation, expires),
                 &tag,
             )
             .is_ok(),

@@ -58,14 +58,22 @@ impl Downloads {
         }
     }
 
-    /// A fresh link for `device` to `package`.
-    pub fn link(&self, package: &str, device: &DeviceId, now: Timestamp) -> DownloadLink {
+    /// A fresh link for `device`, whose token is at `generation`, to
+    /// `package`: it stops working when the token is rotated or the device
+    /// decommissioned, whichever comes before it expires.
+    pub fn link(
+        &self,
+        package: &str,
+        device: &DeviceId,
+        generation: u64,
+        now: Timestamp,
+    ) -> DownloadLink {
         let expires_at = now.saturating_add(LINK_LIFETIME).unwrap_or(now);
         let expires = expires_at.as_second();
-        let sig = self.secrets.sign_link(package, device, expires);
+        let sig = self.secrets.sign_link(package, device, generation, expires);
         DownloadLink {
             url: format!(
-                "{}/api/agent/v1/packages/{package}/file?device={device}&expires={expires}&sig={sig}",
+                "{}/api/agent/v1/packages/{package}/file?device={device}&generation={generation}&expires={expires}&sig={sig}",
                 self.base
             ),
             expires_at,
@@ -419,8 +427,32 @@ pub fn download_router(state: DownloadState) -> Router {
 #[derive(Deserialize)]
 struct LinkQuery {
     device: String,
+    #[serde(default)]
+    generation: u64,
     expires: i64,
     sig: String,
+}
+
+/// Whether `package` was given to `device`: one of its jobs, of a run or a
+/// deployment, installs it. A device gets links to those packages only.
+async fn given_to(db: &Db, device: &DeviceId, package: &str) -> Result<bool, DbError> {
+    Ok(db
+        .list::<crate::records::JobDelivery>(&crate::records::device_jobs_prefix(device))
+        .await?
+        .iter()
+        .any(|(_, _, job)| {
+            matches!(&job.intent.kind, agent_core::model::JobKind::PackageInstallV1(p) if p.package == package)
+        }))
+}
+
+/// Whether `device` may still download at `generation`: registered, not
+/// decommissioned, and its token not rotated since.
+async fn device_current(db: &Db, device: &DeviceId, generation: u64) -> Result<bool, DbError> {
+    let live = matches!(
+        db.get::<DeviceRecord>(&device_key(device)).await?,
+        Some((_, record)) if !record.decommissioned
+    );
+    Ok(live && crate::device_tokens::generation(db, device).await? == generation)
 }
 
 async fn download(
@@ -433,7 +465,7 @@ async fn download(
     let device = DeviceId::new(query.device).map_err(|_| refused())?;
     if !state
         .secrets
-        .verify_link(&id, &device, query.expires, &query.sig)
+        .verify_link(&id, &device, query.generation, query.expires, &query.sig)
     {
         return Err(refused());
     }
@@ -442,6 +474,13 @@ async fn download(
             StatusCode::GONE,
             "the link expired; ask for a fresh one".into(),
         ));
+    }
+    // A link outlives neither the device's token nor the device, and opens
+    // only a package given to it.
+    if !device_current(&state.db, &device, query.generation).await?
+        || !given_to(&state.db, &device, &id).await?
+    {
+        return Err(refused());
     }
     let Some((_, package)) = state.db.get::<PackageRecord>(&package_key(&id)).await? else {
         return Err(ApiError(
@@ -482,9 +521,8 @@ async fn refresh(
     {
         return Err(refused());
     }
-    match state.db.get::<DeviceRecord>(&device_key(&device)).await? {
-        Some((_, record)) if !record.decommissioned => {}
-        _ => return Err(refused()),
+    if !device_current(&state.db, &device, generation).await? {
+        return Err(refused());
     }
     if state
         .db
@@ -497,7 +535,18 @@ async fn refresh(
             format!("package {id} not found"),
         ));
     }
-    Ok(Json(state.downloads.link(&id, &device, Timestamp::now())))
+    if !given_to(&state.db, &device, &id).await? {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!("package {id} was not given to device {device}: no job of it installs it"),
+        ));
+    }
+    Ok(Json(state.downloads.link(
+        &id,
+        &device,
+        generation,
+        Timestamp::now(),
+    )))
 }
 
 #[cfg(test)]

@@ -124,17 +124,18 @@ impl Kind for PackageInstall {
             let JobKind::PackageInstallV1(package) = &mut intent.kind else {
                 return Ok(());
             };
+            let generation = crate::device_tokens::generation(&enricher.db, &intent.device_id)
+                .await
+                .map_err(|e| e.to_string())?;
             if let Some(downloads) = &enricher.downloads {
-                package.download = Some(downloads.link(&package.package, &intent.device_id, now));
+                package.download =
+                    Some(downloads.link(&package.package, &intent.device_id, generation, now));
             }
             if package.secrets.is_empty() {
                 return Ok(());
             }
             let files = enricher
                 .files(&package.secrets)
-                .await
-                .map_err(|e| e.to_string())?;
-            let generation = crate::device_tokens::generation(&enricher.db, &intent.device_id)
                 .await
                 .map_err(|e| e.to_string())?;
             let token = enricher
