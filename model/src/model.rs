@@ -346,6 +346,72 @@ pub struct PatchAssessment {
     pub omitted: u32,
 }
 
+/// The longest kernel release an assessment may name, in bytes (Linux's
+/// own `uname -r` is at most 64).
+pub const MAX_KERNEL_RELEASE_BYTES: usize = 256;
+/// The longest reason for a pending reboot, in bytes.
+pub const MAX_REBOOT_REASON_BYTES: usize = 1024;
+/// The longest package name or version in an assessment, in bytes.
+pub const MAX_PENDING_FIELD_BYTES: usize = 256;
+
+impl PatchAssessment {
+    /// Whether the assessment keeps the protocol's bounds: at most
+    /// [`MAX_LISTED_PACKAGES`] pending packages, each name and version at
+    /// most [`MAX_PENDING_FIELD_BYTES`], kernels at most
+    /// [`MAX_KERNEL_RELEASE_BYTES`], the reboot's reason at most
+    /// [`MAX_REBOOT_REASON_BYTES`]. An agent's own never breaks them; the
+    /// control plane keeps none that does.
+    pub fn check(&self) -> Result<(), String> {
+        if self.pending.len() > MAX_LISTED_PACKAGES {
+            return Err(format!(
+                "{} pending packages listed; at most {MAX_LISTED_PACKAGES}",
+                self.pending.len()
+            ));
+        }
+        for (what, text, max) in [
+            (
+                "runningKernel",
+                Some(&self.running_kernel),
+                MAX_KERNEL_RELEASE_BYTES,
+            ),
+            (
+                "newestKernel",
+                self.newest_kernel.as_ref(),
+                MAX_KERNEL_RELEASE_BYTES,
+            ),
+            (
+                "rebootPending",
+                self.reboot_pending.as_ref(),
+                MAX_REBOOT_REASON_BYTES,
+            ),
+        ] {
+            if let Some(text) = text
+                && text.len() > max
+            {
+                return Err(format!("{what} is {} bytes; at most {max}", text.len()));
+            }
+        }
+        for package in &self.pending {
+            let longest = [
+                Some(&package.name),
+                package.from.as_ref(),
+                Some(&package.to),
+            ]
+            .into_iter()
+            .flatten()
+            .map(String::len)
+            .max()
+            .unwrap_or(0);
+            if longest > MAX_PENDING_FIELD_BYTES {
+                return Err(format!(
+                    "a pending package's name or version is {longest} bytes; at most {MAX_PENDING_FIELD_BYTES}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One package a full upgrade would change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -458,6 +524,40 @@ pub struct HeldJob {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_assessment_keeps_the_protocols_bounds_or_says_which() {
+        let package = |name: &str| PendingPackage {
+            name: name.into(),
+            from: Some("1.0".into()),
+            to: "1.1".into(),
+            security: false,
+        };
+        let mut assessment = PatchAssessment {
+            running_kernel: "6.1.0-28-amd64".into(),
+            pending: vec![package("bash"); MAX_LISTED_PACKAGES],
+            ..Default::default()
+        };
+        assert_eq!(assessment.check(), Ok(()));
+        assessment.pending.push(package("one-more"));
+        assert!(
+            assessment
+                .check()
+                .unwrap_err()
+                .contains("301 pending packages")
+        );
+        assessment.pending.truncate(1);
+        assessment.running_kernel = "k".repeat(MAX_KERNEL_RELEASE_BYTES + 1);
+        assert!(
+            assessment
+                .check()
+                .unwrap_err()
+                .contains("runningKernel is 257 bytes")
+        );
+        assessment.running_kernel = "6.1".into();
+        assessment.pending = vec![package(&"p".repeat(MAX_PENDING_FIELD_BYTES + 1))];
+        assert!(assessment.check().unwrap_err().contains("name or version"));
+    }
     use super::*;
 
     #[test]

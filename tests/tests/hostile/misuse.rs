@@ -4,11 +4,14 @@
 //! with its positive control: the same route doing its job for the caller
 //! it is meant for.
 
-use super::{Ran, bytes, device, handmade_deb};
+use super::{Ran, bytes, connect_as, device, handmade_deb, hello};
 use drover_tests::ControlPlane;
+use futures_util::SinkExt;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 /// The cast of this table: tokens of a viewer, an operator and a revoked
 /// operator, made on this table's control plane.
@@ -430,6 +433,96 @@ fn uploads_at_once_share_one_quota_and_name_no_path<'a>(
     })
 }
 
+/// A finished assessment the agent ran on its own, as device `device`
+/// reports it: `pending` packages and the running kernel `kernel`.
+fn own_assessment(device: &str, job: &str, pending: usize, kernel: &str, finished: &str) -> Value {
+    let pending: Vec<Value> = (0..pending)
+        .map(|i| json!({"name": format!("pkg{i}"), "from": "1.0", "to": "1.1", "security": false}))
+        .collect();
+    json!({"jobId": job, "deviceId": device, "attempt": 1, "kind": "patchAssessmentV1",
+           "state": "Succeeded", "steps": [], "error": null,
+           "output": {"assessment": {"upgradable": pending.len(), "security": 0, "keptBack": 0,
+                      "securityArchive": true, "rebootPending": null, "runningKernel": kernel,
+                      "newestKernel": null, "pending": pending, "omitted": 0}},
+           "acceptedAt": "2026-12-01T00:00:00Z", "startedAt": "2026-12-01T00:00:00Z",
+           "finishedAt": finished, "bootId": "b-1",
+           "completionHeartbeatAt": null, "seq": 1})
+}
+
+/// Finding 11: a device's own assessment beyond the protocol's bounds
+/// (1,500 pending packages against 300; a 100 KB kernel release) is not
+/// kept as its assessment. Positive control: the report within the bounds
+/// that follows it on the same connection is kept.
+fn an_assessment_beyond_the_bounds_is_not_kept<'a>(
+    cp: &'a ControlPlane,
+    _people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        let assessment = |device: &'static str| async move {
+            let (status, text) = send(
+                cp,
+                Some(&cp.token),
+                "GET",
+                &format!("/api/v1/devices/{device}/assessment"),
+                Vec::new(),
+            )
+            .await;
+            (status, text)
+        };
+        // Sends the reports, in order, on the device's own connection.
+        let report = |device: &'static str, statuses: Vec<Value>| async move {
+            cp.apply_device(device, &["as"], json!({})).await;
+            let mut ws = connect_as(cp, device, &cp.device_token(device))
+                .await
+                .expect("the device connects");
+            ws.send(hello(device)).await.expect("hello");
+            for (outbox, status) in statuses.into_iter().enumerate() {
+                ws.send(Message::text(
+                    json!({"type": "result", "outboxId": outbox + 1, "status": status}).to_string(),
+                ))
+                .await
+                .expect("result");
+            }
+            ws
+        };
+        let kept = |device: &'static str| async move {
+            drover_tests::within(Duration::from_secs(10), || async {
+                let (status, text) = assessment(device).await;
+                (status == 200).then_some(text)
+            })
+            .await
+            .unwrap_or_else(|| panic!("{device}'s assessment within the bounds is kept"))
+        };
+        const JOBS: [&str; 2] = [
+            "00000000-0000-4000-8000-0000000000a1",
+            "00000000-0000-4000-8000-0000000000a2",
+        ];
+        let long = "k".repeat(100_000);
+        for (device, pending, kernel) in [
+            ("as-many", 1_500, "6.1.0-28-amd64"),
+            ("as-long", 3, long.as_str()),
+        ] {
+            // The report beyond the bounds, then one within them that
+            // finished earlier: kept only if the first was not (a newer
+            // assessment is never replaced by an older one).
+            let _ws = report(
+                device,
+                vec![
+                    own_assessment(device, JOBS[0], pending, kernel, "2026-12-01T00:00:02Z"),
+                    own_assessment(device, JOBS[1], 3, "6.1.0-27-amd64", "2026-12-01T00:00:01Z"),
+                ],
+            )
+            .await;
+            let text = kept(device).await;
+            assert!(
+                text.contains("6.1.0-27-amd64"),
+                "{device}'s assessment beyond the bounds was kept: {}",
+                &text[..text.len().min(300)]
+            );
+        }
+    })
+}
+
 const ROWS: &[(&str, Row)] = &[
     (
         "a viewer cannot flood the audit log",
@@ -458,6 +551,10 @@ const ROWS: &[(&str, Row)] = &[
     (
         "uploads at once share one quota and name no path",
         uploads_at_once_share_one_quota_and_name_no_path,
+    ),
+    (
+        "an assessment beyond the bounds is not kept",
+        an_assessment_beyond_the_bounds_is_not_kept,
     ),
 ];
 

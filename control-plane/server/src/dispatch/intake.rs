@@ -301,6 +301,10 @@ impl Dispatcher {
         if status.state != agent_core::JobState::Succeeded {
             return Ok(Vec::new());
         }
+        if let Err(why) = assessment.check() {
+            warn!(device = %device, job_id = %status.job_id, "an assessment beyond the protocol's bounds is not kept: {why}");
+            return Ok(Vec::new());
+        }
         let key = drover_rules::patch::assessment_key(device);
         let (expected, previous) = match work.assessments.get(&key) {
             Some((expected, previous)) => (*expected, Some(previous.clone())),

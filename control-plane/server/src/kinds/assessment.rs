@@ -29,7 +29,18 @@ impl Kind for PatchAssessment {
         true
     }
 
-    fn on_report(&self, _report: &mut Report<'_>) -> Vec<ReportWrite> {
+    fn on_report(&self, report: &mut Report<'_>) -> Vec<ReportWrite> {
+        // A report beyond the protocol's bounds keeps none of its findings,
+        // with the job nor as the device's assessment, and says why.
+        if let Some(agent_core::JobOutput::Assessment(assessment)) = &report.status.output
+            && let Err(why) = assessment.check()
+        {
+            report.status.output = None;
+            report.status.error = Some(format!(
+                "the assessment was beyond the protocol's bounds and was not kept: {why}"
+            ));
+            return Vec::new();
+        }
         // The delivery core keeps a succeeded report's findings as the
         // device's latest assessment (as for one the agent ran on its own).
         vec![ReportWrite::Assessment]
