@@ -1194,3 +1194,89 @@ async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
     )
     .await;
 }
+
+/// Issue 53, findings 12 and 16. A device's own assessment names a pending
+/// package `evil<U+202E>gpj.exe`: the device page shows the override
+/// escaped as the CLI does (`\u{202e}`), never raw. And the Audit page
+/// holds every entry of the last seven days, a page at a time (it showed
+/// the newest 200): after 260 changes it counts them all and pages to the
+/// oldest. Positive control: the package's row and the newest entries are
+/// there to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_text_is_shown_escaped_and_the_audit_page_holds_seven_days() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("bidi-1", &["fleet"], json!({})).await;
+    let mut ws = drover_tests::agent_ws(&cp, "bidi-1", &cp.device_token("bidi-1"))
+        .await
+        .expect("the device connects");
+    ws.send(Message::text(
+        json!({"type": "hello", "deviceId": "bidi-1", "agentVersion": "hand", "bootId": "b-1",
+               "capabilities": ["systemUpgradeV1"], "jobs": []})
+        .to_string(),
+    ))
+    .await
+    .expect("hello");
+    let status = json!({"jobId": "00000000-0000-4000-8000-0000000000b1", "deviceId": "bidi-1",
+        "attempt": 1, "kind": "patchAssessmentV1", "state": "Succeeded", "steps": [], "error": null,
+        "output": {"assessment": {"upgradable": 1, "security": 0, "keptBack": 0,
+            "securityArchive": true, "rebootPending": null, "runningKernel": "6.1.0-28-amd64",
+            "newestKernel": null, "omitted": 0,
+            "pending": [{"name": "evil\u{202E}gpj.exe", "from": "1.0", "to": "1.1", "security": false}]}},
+        "acceptedAt": "2026-12-01T00:00:00Z", "startedAt": "2026-12-01T00:00:00Z",
+        "finishedAt": "2026-12-01T00:00:01Z", "bootId": "b-1", "completionHeartbeatAt": null, "seq": 1});
+    ws.send(Message::text(
+        json!({"type": "result", "outboxId": 1, "status": status}).to_string(),
+    ))
+    .await
+    .expect("result");
+    eventually(Duration::from_secs(20), "the assessment kept", || async {
+        (cp.get("/devices/bidi-1").await["patch"]["upgradable"] == 1).then_some(())
+    })
+    .await;
+    for i in 0..260 {
+        cp.apply_device("bidi-1", &["fleet"], json!({"n": i.to_string()}))
+            .await;
+    }
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    go(&browser, &cp, "#/devices/bidi-1").await;
+    let row = wait_text(
+        &browser,
+        "tr[data-package^='evil']",
+        "the pending package",
+        |t| t.contains("gpj.exe"),
+    )
+    .await;
+    assert!(
+        row.contains("evil\\u{202e}gpj.exe") && !row.contains('\u{202E}'),
+        "the override shown raw: {row:?}"
+    );
+
+    go(&browser, &cp, "#/audit").await;
+    let count = wait_text(&browser, "#audit-count", "the audit log's count", |t| {
+        t.contains("entries")
+    })
+    .await;
+    let total: usize = count
+        .split(" of ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count: {count}"));
+    assert!(total >= 261, "every entry of the 7 days counted: {count}");
+    assert_eq!(rows(&browser, "tr[data-audit]").await, 50, "a page");
+    // The newest first: the last label's apply.
+    for _ in 0..total.div_ceil(50) - 1 {
+        click(&browser, "#audit-older").await;
+    }
+    wait_text(&browser, "#audit-count", "the oldest page", |t| {
+        t.starts_with(&format!("{}–{total} of {total}", (total - 1) / 50 * 50 + 1))
+    })
+    .await;
+    browser.close().await.expect("close");
+    drop(ws);
+}

@@ -18,6 +18,14 @@ let alertTimer = null;
 
 // --- small helpers ---------------------------------------------------------
 
+// Text a device or an old record supplied, with control and bidirectional
+// characters escaped as the CLI escapes them (\u{202e}), so that nothing
+// reorders what the page shows around it.
+const UNPRINTABLE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+function printable(text) {
+  return text.replace(UNPRINTABLE, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+}
+
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
@@ -28,7 +36,7 @@ function h(tag, attrs, ...children) {
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(printable(String(child))));
   }
   return el;
 }
@@ -633,10 +641,24 @@ function auditObject(e) {
   return e.kind || "–";
 }
 
+const auditQuery = { offset: 0 };
+
 async function auditPage(main) {
-  const entries = await api("/audit?since=7d");
-  // The newest first, the latest 200.
-  const rows = entries.slice(-200).reverse().map((e) =>
+  // Every entry of the last 7 days, newest first, a page at a time.
+  const entries = (await api("/audit?since=7d")).reverse();
+  const total = entries.length;
+  auditQuery.offset = Math.min(auditQuery.offset, Math.max(0, total - 1));
+  const first = total === 0 ? 0 : auditQuery.offset + 1;
+  const last = Math.min(auditQuery.offset + PAGE_SIZE, total);
+  const pager = h(
+    "span",
+    { class: "muted", id: "audit-count" },
+    `${first}–${last} of ${total} entries `,
+    h("button", { type: "button", id: "audit-newer", disabled: auditQuery.offset === 0, onclick: () => { auditQuery.offset = Math.max(0, auditQuery.offset - PAGE_SIZE); refresh(); } }, "‹ Newer"),
+    " ",
+    h("button", { type: "button", id: "audit-older", disabled: last >= total, onclick: () => { auditQuery.offset += PAGE_SIZE; refresh(); } }, "Older ›"),
+  );
+  const rows = entries.slice(auditQuery.offset, auditQuery.offset + PAGE_SIZE).map((e) =>
     h(
       "tr",
       { "data-audit": e.verb, "data-who": e.who, "data-outcome": e.outcome },
@@ -652,7 +674,8 @@ async function auditPage(main) {
   );
   main.replaceChildren(
     h("h2", {}, "Audit log"),
-    h("p", { class: "muted" }, "Every change and every refused request of the last 7 days, newest first (`drover audit` for more)."),
+    h("p", { class: "muted" }, "Every change and every refused request of the last 7 days, newest first (`drover audit` for older ones)."),
+    pager,
     table(["When", "Who", "Via", "From", "Verb", "Object", "Outcome", "Reason"], rows, "Nothing recorded yet."),
   );
 }
