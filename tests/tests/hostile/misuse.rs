@@ -523,6 +523,61 @@ fn an_assessment_beyond_the_bounds_is_not_kept<'a>(
     })
 }
 
+/// Finding 10: a dashboard event stream opened before its operator is
+/// revoked ends when the revoke reaches the control plane. Positive
+/// control: another operator's stream, opened alongside, goes on and
+/// carries the next change.
+fn an_event_stream_ends_with_its_operator<'a>(
+    cp: &'a ControlPlane,
+    people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        let out = cp.cli(&["operators", "add", "evie", "--role", "viewer"]);
+        assert!(out.status.success());
+        let evie = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let open = |cookie: String| async move {
+            let response = drover_tests::http_client()
+                .get(format!("{}/ui/events", cp.api))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .expect("events");
+            assert_eq!(response.status(), 200);
+            response
+        };
+        let (evie_cookie, _) = cp.dashboard_session(&evie).await;
+        let (vera_cookie, _) = cp.dashboard_session(&people.viewer).await;
+        let mut evie_stream = open(evie_cookie).await;
+        let mut vera_stream = open(vera_cookie).await;
+        let out = cp.cli(&["operators", "revoke", "evie"]);
+        assert!(out.status.success());
+        // Evie's stream ends: its body runs out (keep-alives may come first).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let ended = loop {
+            match tokio::time::timeout_at(deadline, evie_stream.chunk()).await {
+                Ok(Ok(None)) | Ok(Err(_)) => break true,
+                Ok(Ok(Some(_))) => continue,
+                Err(_) => break false,
+            }
+        };
+        assert!(ended, "evie's stream went on after the revoke");
+        // Vera's goes on: the next change reaches it.
+        cp.apply_device("ev-1", &["ev"], json!({})).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let seen = loop {
+            match tokio::time::timeout_at(deadline, vera_stream.chunk()).await {
+                Ok(Ok(Some(bytes))) if String::from_utf8_lossy(&bytes).contains("devices") => {
+                    break true;
+                }
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) | Ok(Err(_)) => panic!("vera's stream ended"),
+                Err(_) => break false,
+            }
+        };
+        assert!(seen, "vera's stream carried the device's change");
+    })
+}
+
 const ROWS: &[(&str, Row)] = &[
     (
         "a viewer cannot flood the audit log",
@@ -555,6 +610,10 @@ const ROWS: &[(&str, Row)] = &[
     (
         "an assessment beyond the bounds is not kept",
         an_assessment_beyond_the_bounds_is_not_kept,
+    ),
+    (
+        "an event stream ends with its operator",
+        an_event_stream_ends_with_its_operator,
     ),
 ];
 

@@ -401,37 +401,88 @@ fn topic(key: &str) -> Option<&'static str> {
     })
 }
 
+/// How often an open event stream checks, with nothing else to do, that
+/// the credential it was opened with still opens the API (a session that
+/// expired).
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// Whether the credential a request came with (its bearer token or its
+/// dashboard session) still names an operator: not revoked, rotated or
+/// logged out. A store that cannot answer says no (fail closed).
+async fn still_allowed(state: &ApiState, headers: &HeaderMap) -> bool {
+    if let Ok(Some(_)) =
+        super::access::operator_of_token(state, crate::http::bearer_of(headers)).await
+    {
+        return true;
+    }
+    match session_cookie(headers) {
+        Some(session) => matches!(
+            super::access::operator_of_session(state, session).await,
+            Ok(Some(_))
+        ),
+        None => false,
+    }
+}
+
+/// Whether a change can end what a credential opens: an operator's record
+/// (revoked, rotated) or a session's logout.
+fn ends_credentials(key: &str) -> bool {
+    key.starts_with("operators/") || key.starts_with("ui-logouts/")
+}
+
 /// Server-sent events: `changed` with the topics (runs, deployments,
 /// schedules, devices, jobs, alerts) that changed, at most one event per
 /// 300 ms, from the store's change feed (which on NATS carries every
-/// replica's writes). A page fetches again only what it shows.
-async fn events(State(state): State<ApiState>) -> impl IntoResponse {
+/// replica's writes). A page fetches again only what it shows. The stream
+/// ends as soon as the credential it was opened with no longer opens the
+/// API: checked at every change of an operator or a logout, and every
+/// [`RECHECK`].
+async fn events(State(state): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
     let feed = state.db.changes();
-    let stream = futures_util::stream::unfold(feed, |mut feed| async move {
-        let mut topics = BTreeSet::new();
-        while topics.is_empty() {
-            match feed.recv().await {
-                Ok(change) => topics.extend(topic(&change.key)),
-                Err(RecvError::Lagged(_)) => {
-                    topics.insert("all");
+    let stream = futures_util::stream::unfold(
+        (feed, state, headers),
+        |(mut feed, state, headers)| async move {
+            let mut topics = BTreeSet::new();
+            while topics.is_empty() {
+                let recheck = match tokio::time::timeout(RECHECK, feed.recv()).await {
+                    Ok(Ok(change)) => {
+                        topics.extend(topic(&change.key));
+                        ends_credentials(&change.key)
+                    }
+                    Ok(Err(RecvError::Lagged(_))) => {
+                        topics.insert("all");
+                        true
+                    }
+                    Ok(Err(RecvError::Closed)) => return None,
+                    Err(_) => true,
+                };
+                if recheck && !still_allowed(&state, &headers).await {
+                    return None;
                 }
-                Err(RecvError::Closed) => return None,
             }
-        }
-        let deadline = tokio::time::Instant::now() + GATHER;
-        loop {
-            match tokio::time::timeout_at(deadline, feed.recv()).await {
-                Ok(Ok(change)) => topics.extend(topic(&change.key)),
-                Ok(Err(RecvError::Lagged(_))) => {
-                    topics.insert("all");
+            let deadline = tokio::time::Instant::now() + GATHER;
+            let mut recheck = false;
+            loop {
+                match tokio::time::timeout_at(deadline, feed.recv()).await {
+                    Ok(Ok(change)) => {
+                        topics.extend(topic(&change.key));
+                        recheck |= ends_credentials(&change.key);
+                    }
+                    Ok(Err(RecvError::Lagged(_))) => {
+                        topics.insert("all");
+                        recheck = true;
+                    }
+                    Ok(Err(RecvError::Closed)) | Err(_) => break,
                 }
-                Ok(Err(RecvError::Closed)) | Err(_) => break,
             }
-        }
-        let data = topics.into_iter().collect::<Vec<_>>().join(",");
-        let event = Event::default().event("changed").data(data);
-        Some((Ok::<_, Infallible>(event), feed))
-    });
+            if recheck && !still_allowed(&state, &headers).await {
+                return None;
+            }
+            let data = topics.into_iter().collect::<Vec<_>>().join(",");
+            let event = Event::default().event("changed").data(data);
+            Some((Ok::<_, Infallible>(event), (feed, state, headers)))
+        },
+    );
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
