@@ -578,6 +578,44 @@ fn an_event_stream_ends_with_its_operator<'a>(
     })
 }
 
+/// Finding 14: a secret given as a flag (`--token` here; `--nats-password`
+/// and `--mqtt-password` in the CLI's unit test) is visible to every user
+/// of the host in `ps`; the CLI says so and names the variable to use.
+/// Positive control: the same command with DROVER_TOKEN works and warns
+/// of nothing.
+fn a_secret_on_the_command_line_is_warned_of<'a>(
+    cp: &'a ControlPlane,
+    _people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        let drover = |args: &[&str], token_env: Option<&str>| {
+            let mut command = std::process::Command::new(drover_tests::bin("drover"));
+            command
+                .args(["--server", &cp.api])
+                .args(args)
+                .env_remove("DROVER_TOKEN")
+                .env_remove("DROVER_NATS_PASSWORD");
+            if let Some(token) = token_env {
+                command.env("DROVER_TOKEN", token);
+            }
+            command.output().expect("drover")
+        };
+        let flag = drover(&["--token", &cp.token, "get", "devices"], None);
+        let stderr = String::from_utf8_lossy(&flag.stderr);
+        assert!(flag.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--token was given on the command line")
+                && stderr.contains("DROVER_TOKEN"),
+            "{stderr}"
+        );
+        assert_eq!(stderr.matches("warning").count(), 1, "once: {stderr}");
+        let env = drover(&["get", "devices"], Some(&cp.token));
+        let stderr = String::from_utf8_lossy(&env.stderr);
+        assert!(env.status.success(), "{stderr}");
+        assert!(!stderr.contains("warning"), "{stderr}");
+    })
+}
+
 const ROWS: &[(&str, Row)] = &[
     (
         "a viewer cannot flood the audit log",
@@ -614,6 +652,10 @@ const ROWS: &[(&str, Row)] = &[
     (
         "an event stream ends with its operator",
         an_event_stream_ends_with_its_operator,
+    ),
+    (
+        "a secret on the command line is warned of",
+        a_secret_on_the_command_line_is_warned_of,
     ),
 ];
 
