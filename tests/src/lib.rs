@@ -1196,10 +1196,12 @@ impl ControlPlane {
         session["csrf"].as_str().expect("csrf").to_owned()
     }
 
-    /// Runs the `drover` CLI against this control plane as its operator.
+    /// Runs the `drover` CLI against this control plane as its operator
+    /// (the token in DROVER_TOKEN, as the CLI asks: a flag shows in `ps`).
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(bin("drover"))
-            .args(["--server", &self.api, "--token", &self.token])
+            .args(["--server", &self.api])
+            .env("DROVER_TOKEN", &self.token)
             .args(args)
             .output()
             .expect("run drover")
