@@ -174,7 +174,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         &options.data,
         options.operator_token.clone(),
     )?);
-    crate::api::access::ensure_bootstrap(&db)
+    crate::api::tokens::ensure_bootstrap(&db)
         .await
         .context("cannot store the bootstrap operator")?;
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);

@@ -32,6 +32,7 @@ mod operators;
 mod preview;
 mod runs;
 mod schedules;
+pub mod tokens;
 pub mod ui;
 
 pub use crate::http::{ApiError, bearer, bearer_of};

@@ -1,7 +1,8 @@
 //! Operators (`/operators`: list, add, rotate, revoke) and the audit log
 //! (`/audit`: read, filtered, as JSON or JSON lines for a SIEM).
 
-use super::access::{AUDIT_PREFIX, Caller, new_token, noted, valid_name};
+use super::access::{AUDIT_PREFIX, Caller, noted};
+use super::tokens::{new_token, valid_name};
 use super::*;
 use crate::records::{AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
 use axum::Extension;

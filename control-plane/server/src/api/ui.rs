@@ -105,7 +105,7 @@ pub(super) fn logout_key(session_id: &str) -> String {
 async fn logged_in(state: &ApiState, headers: &HeaderMap) -> bool {
     match session_cookie(headers) {
         Some(session) => matches!(
-            super::access::operator_of_session(state, session).await,
+            super::tokens::operator_of_session(state, session).await,
             Ok(Some(_))
         ),
         None => false,
@@ -200,7 +200,7 @@ async fn login(
     let token = body.token.trim();
     // The token is checked first: a right one logs in whatever wrong ones
     // were sent from the same address.
-    let operator = match super::access::operator_of_token(&state, token).await {
+    let operator = match super::tokens::operator_of_token(&state, token).await {
         Ok(Some(operator)) => operator,
         Ok(None) => {
             if let Some(wait) = state.logins.wait(peer, now) {
@@ -217,7 +217,7 @@ async fn login(
             }
             // A revoked operator's own token is recorded against that
             // operator's budget, a stranger's against strangers'.
-            let former = match super::access::former_operator_of_token(&state, token).await {
+            let former = match super::tokens::former_operator_of_token(&state, token).await {
                 Ok(former) => former,
                 Err(e) => return e.into_response(),
             };
@@ -271,7 +271,7 @@ async fn login(
         )
             .into_response();
     }
-    let credential = super::access::credential(&state, &operator);
+    let credential = super::tokens::credential(&state, &operator);
     let session = match state.secrets.ui_session(
         Timestamp::now().as_second() + SESSION,
         &operator.name,
@@ -314,7 +314,7 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let Some(session) = session_cookie(&headers) else {
         return (clear, Json(json!({"result": "logged out"}))).into_response();
     };
-    match super::access::operator_of_session(&state, session).await {
+    match super::tokens::operator_of_session(&state, session).await {
         Ok(Some(_)) => {}
         Ok(None) => return (clear, Json(json!({"result": "logged out"}))).into_response(),
         Err(e) => return e.into_response(),
@@ -411,13 +411,13 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// logged out. A store that cannot answer says no (fail closed).
 async fn still_allowed(state: &ApiState, headers: &HeaderMap) -> bool {
     if let Ok(Some(_)) =
-        super::access::operator_of_token(state, crate::http::bearer_of(headers)).await
+        super::tokens::operator_of_token(state, crate::http::bearer_of(headers)).await
     {
         return true;
     }
     match session_cookie(headers) {
         Some(session) => matches!(
-            super::access::operator_of_session(state, session).await,
+            super::tokens::operator_of_session(state, session).await,
             Ok(Some(_))
         ),
         None => false,
