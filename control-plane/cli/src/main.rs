@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 mod cmd;
+mod secret_flags;
 
 /// An ordinary error is one line with its whole cause chain, never a
 /// backtrace or a `Caused by:` list.
@@ -32,50 +33,11 @@ fn main() {
 /// (EX_IOERR), as the agent's: a restart opens it again once there is space.
 const EXIT_STORE_FAILED: i32 = 74;
 
-/// The secrets a flag may carry, and the variable that carries each
-/// without showing it to the host's other users.
-const SECRET_FLAGS: &[(&str, &str, &str)] = &[
-    (
-        "token",
-        "--token",
-        "DROVER_TOKEN (or a context's token file)",
-    ),
-    ("nats_password", "--nats-password", "DROVER_NATS_PASSWORD"),
-    ("mqtt_password", "--mqtt-password", "DROVER_MQTT_PASSWORD"),
-];
-
-/// A warning for each secret given as a flag on the command line (the
-/// subcommands' too): every user of the host reads it in `ps` and
-/// /proc/PID/cmdline for as long as the command runs.
-fn secrets_on_command_line(matches: &clap::ArgMatches) -> Vec<String> {
-    let mut warnings = Vec::new();
-    let mut level = Some(matches);
-    while let Some(m) = level {
-        for (id, flag, instead) in SECRET_FLAGS {
-            let given = m.try_get_raw(id).ok().flatten().is_some_and(|_| {
-                m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
-            });
-            if given
-                && !warnings
-                    .iter()
-                    .any(|w: &String| w.starts_with(&format!("{flag} ")))
-            {
-                warnings.push(format!(
-                    "{flag} was given on the command line, where every user of this host can \
-                     read it (ps, /proc/PID/cmdline); set {instead} instead"
-                ));
-            }
-        }
-        level = m.subcommand().map(|(_, sub)| sub);
-    }
-    warnings
-}
-
 fn run() -> Result<i32> {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli =
         <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    for warning in secrets_on_command_line(&matches) {
+    for warning in secret_flags::secrets_on_command_line(&matches) {
         eprintln!("drover: warning: {warning}");
     }
     // A command prints what it did; only `serve` logs as it goes.
@@ -609,35 +571,5 @@ async fn dispatch(cli: Cli) -> Result<i32> {
              run it from a source checkout with `bash scripts/demo.sh`, which builds \
              drover with `--features demo`"
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_secret_given_as_a_flag_is_warned_of_once() {
-        let matches = |args: &[&str]| {
-            <Cli as clap::CommandFactory>::command()
-                .try_get_matches_from(args)
-                .expect("parses")
-        };
-        let warned = secrets_on_command_line(&matches(&[
-            "drover",
-            "--token",
-            "t",
-            "serve",
-            "--nats-url",
-            "nats://127.0.0.1:4222",
-            "--nats-password",
-            "p",
-        ]));
-        assert_eq!(warned.len(), 2, "{warned:?}");
-        assert!(warned[0].starts_with("--token ") && warned[0].contains("DROVER_TOKEN"));
-        assert!(
-            warned[1].starts_with("--nats-password ") && warned[1].contains("DROVER_NATS_PASSWORD")
-        );
-        assert!(secrets_on_command_line(&matches(&["drover", "get", "devices"])).is_empty());
     }
 }
