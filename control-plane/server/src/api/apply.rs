@@ -83,6 +83,21 @@ async fn asked_and_stored(
     }
 }
 
+/// The manifests a body sends, as the audit note and the role check read
+/// them: a JSON array, a List's `items`, or one manifest; `None` when the
+/// body is not JSON.
+fn sent_items(body: &[u8]) -> Option<Vec<Value>> {
+    Some(match serde_json::from_slice::<Value>(body).ok()? {
+        Value::Array(items) => items,
+        Value::Object(map) if map.get("kind").and_then(Value::as_str) == Some("List") => map
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        single => vec![single],
+    })
+}
+
 /// Refuses (403, before anything is applied) a body whose manifests change
 /// a field [`FIELD_ROLES`] gives to a role the caller does not have.
 async fn check_field_roles(
@@ -90,16 +105,9 @@ async fn check_field_roles(
     caller: &super::access::Caller,
     body: &[u8],
 ) -> Result<(), ApiError> {
-    let items = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Array(items)) => items,
-        Ok(Value::Object(map)) if map.get("kind").and_then(Value::as_str) == Some("List") => map
-            .get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default(),
-        Ok(single) => vec![single],
-        // Refused as it is parsed.
-        Err(_) => return Ok(()),
+    // Unreadable: refused as it is parsed.
+    let Some(items) = sent_items(body) else {
+        return Ok(());
     };
     for item in items.iter().take(MAX_LIST_ITEMS) {
         let kind = item["kind"].as_str().unwrap_or_default();
@@ -133,16 +141,7 @@ fn apply_note(
     body: &[u8],
     answer: &Result<(StatusCode, Json<Value>), ApiError>,
 ) -> super::access::AuditNote {
-    let sent: Vec<Value> = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Array(items)) => items,
-        Ok(Value::Object(map)) if map.get("kind").and_then(Value::as_str) == Some("List") => map
-            .get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default(),
-        Ok(single) => vec![single],
-        Err(_) => Vec::new(),
-    };
+    let sent = sent_items(body);
     // A Secret's manifest holds its values: a plain digest of it is
     // readable by every viewer and a short value is found from it by
     // trying them all, so neither a Secret nor a body that holds one (or
@@ -152,8 +151,8 @@ fn apply_note(
             .and_then(Value::as_str)
             .is_some_and(|kind| kind.eq_ignore_ascii_case("Secret"))
     };
-    let readable = serde_json::from_slice::<Value>(body).is_ok();
-    let holds_secret = !readable || sent.iter().any(is_secret);
+    let holds_secret = sent.as_ref().is_none_or(|sent| sent.iter().any(is_secret));
+    let sent = sent.unwrap_or_default();
     let digest = |index: usize| {
         sent.get(index)
             .filter(|item| !is_secret(item))
