@@ -73,7 +73,7 @@ pub fn init(data_dir: &Path, tls_names: &[String], renew_tls: bool) -> Result<In
         let names = with_this_host(tls_names);
         if files.server_cert.exists() && !renew_tls {
             // The same names again: nothing to do.
-            let lacking = drover_server::listen::certificate_lacks(&files.server_cert, &names)?;
+            let lacking = crate::listen::certificate_lacks(&files.server_cert, &names)?;
             if !lacking.is_empty() {
                 bail!(
                     "{} exists already and does not name {}; to make a new CA and server \
@@ -219,9 +219,8 @@ mod tests {
         .expect("the same names again");
         assert!(matches!(same.tls, Some((_, false))));
         assert_eq!(std::fs::read(&files.ca_cert).expect("ca"), ca);
-        let lacking =
-            drover_server::listen::certificate_lacks(&files.server_cert, &with_this_host(&[]))
-                .expect("names");
+        let lacking = crate::listen::certificate_lacks(&files.server_cert, &with_this_host(&[]))
+            .expect("names");
         assert!(lacking.is_empty(), "localhost and 127.0.0.1: {lacking:?}");
 
         // Another name: refused, naming it, unless renewing.

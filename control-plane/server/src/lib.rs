@@ -2,9 +2,10 @@
 //! deployments and schedules (`engine`), the delivery core under every
 //! transport's agent link (`dispatch`), the operators' API (`api`), the
 //! dashboard (`ui`), metrics, credentials and keys (`auth`), packages and
-//! secrets, the HTTP listeners and `serve`, which wires them together. No
-//! wire library is used here: the transports' server sides plug in
-//! through `drover-contract`. It may not know the CLI.
+//! secrets. No wire library is used here: the transports' server sides
+//! plug in through `drover-contract`, and the wiring of transports,
+//! listeners and the store (`drover::serve`) lives in the binary's crate.
+//! It may not know the CLI.
 
 pub mod alerts;
 pub mod api;
@@ -16,14 +17,12 @@ pub mod dispatch;
 pub mod engine;
 pub mod http;
 pub mod kinds;
-pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod packages;
 pub mod patch_index;
 pub mod patch_labels;
 pub mod secrets;
-pub mod serve;
 
 // The rules (control-plane/rules) and the store (control-plane/store),
 // under the paths the server's modules use.

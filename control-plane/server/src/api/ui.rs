@@ -191,7 +191,7 @@ impl LoginLimiter {
 /// are logged with the client's address and limited per address.
 async fn login(
     State(state): State<ApiState>,
-    // The listener (`listen::serve`) puts the client's address on every request.
+    // The listener (`drover::listen::serve`) puts the client's address on every request.
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     Json(body): Json<Login>,
 ) -> Response {

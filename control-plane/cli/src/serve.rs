@@ -2,14 +2,14 @@
 //! links (WebSocket always, NATS JetStream when configured) and the
 //! operators' API, started together and stopped together.
 
-use crate::api::{self, ApiState};
-use crate::auth::Secrets;
-use crate::db::Db;
-use crate::dispatch::{DispatchSettings, Dispatcher, Presence, cursor_key};
-use crate::engine::Engine;
-use crate::store::RedbKv;
 use anyhow::{Context, Result};
 use drover_contract::link::AgentLinks;
+use drover_server::api::{self, ApiState};
+use drover_server::auth::Secrets;
+use drover_server::dispatch::{DispatchSettings, Dispatcher, Presence, cursor_key};
+use drover_server::engine::Engine;
+use drover_store::db::Db;
+use drover_store::store::RedbKv;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -62,7 +62,7 @@ pub struct ServeOptions {
     /// When a device's patch status raises an alert.
     pub patch_alerts: drover_rules::patch::AlertLimits,
     /// The package store's quota and the uploads' stall timeout.
-    pub uploads: crate::packages::UploadLimits,
+    pub uploads: drover_server::packages::UploadLimits,
     /// How long the audit log keeps an entry.
     pub audit_retention: Duration,
 }
@@ -146,7 +146,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
         None => None,
     };
-    crate::auth::ensure_data_dir(&options.data)?;
+    drover_server::auth::ensure_data_dir(&options.data)?;
     let nats_client = match &options.nats {
         Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
         None => None,
@@ -159,7 +159,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
                 transport_nats::kv::NatsKv::open(client.clone(), replicas)
             })
             .await?;
-            Db::new(Arc::new(kv)).observe_commits(crate::metrics::store_commit)
+            Db::new(Arc::new(kv)).observe_commits(drover_server::metrics::store_commit)
         }
         (None, true) => anyhow::bail!("--store nats needs --nats-url"),
         (_, false) => {
@@ -167,14 +167,14 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             let checker = agent_core::dbfile::Checker::this_binary("drover reset-store");
             let kv = RedbKv::open_checked(&path, &checker)?;
             store_failed = kv.io_failed();
-            Db::new(Arc::new(kv)).observe_commits(crate::metrics::store_commit)
+            Db::new(Arc::new(kv)).observe_commits(drover_server::metrics::store_commit)
         }
     };
     let secrets = Arc::new(Secrets::load_or_create(
         &options.data,
         options.operator_token.clone(),
     )?);
-    crate::api::tokens::ensure_bootstrap(&db)
+    drover_server::api::tokens::ensure_bootstrap(&db)
         .await
         .context("cannot store the bootstrap operator")?;
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
@@ -232,7 +232,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
         None => None,
     };
-    let signer = Arc::new(crate::auth::IntentSigner::load_or_create(&options.data)?);
+    let signer = Arc::new(drover_server::auth::IntentSigner::load_or_create(
+        &options.data,
+    )?);
     info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
     let download_listen = options.download_listen.unwrap_or_else(|| {
@@ -262,14 +264,16 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         ),
     }
     let downloads = download_base.clone().map(|base| {
-        Arc::new(crate::packages::Downloads::new(
+        Arc::new(drover_server::packages::Downloads::new(
             secrets.clone(),
             base,
             &options.data,
         ))
     });
-    let vault = Arc::new(crate::secrets::Vault::load_or_create(&options.data)?);
-    let enricher = Arc::new(crate::secrets::Enricher {
+    let vault = Arc::new(drover_server::secrets::Vault::load_or_create(
+        &options.data,
+    )?);
+    let enricher = Arc::new(drover_server::secrets::Enricher {
         db: db.clone(),
         secrets: secrets.clone(),
         vault: vault.clone(),
@@ -294,9 +298,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         .with_context(|| format!("cannot listen on {}", options.agent_listen))?;
     let api_addr = api_listener.local_addr()?;
     let agent_addr = agent_listener.local_addr()?;
-    let patch_index = Arc::new(crate::patch_index::PatchIndex::new(db.clone()));
+    let patch_index = Arc::new(drover_server::patch_index::PatchIndex::new(db.clone()));
     tasks.push(tokio::spawn(patch_index.clone().run(shutdown.clone())));
-    tasks.push(tokio::spawn(crate::audit::prune(
+    tasks.push(tokio::spawn(drover_server::audit::prune(
         db.clone(),
         options.audit_retention,
         shutdown.clone(),
@@ -316,18 +320,19 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
             .unwrap_or(jiff::SignedDuration::MAX),
         patch_alerts: options.patch_alerts,
         secure_cookies: options.api_tls.is_some(),
-        logins: Arc::new(crate::api::ui::LoginLimiter::default()),
+        logins: Arc::new(drover_server::api::ui::LoginLimiter::default()),
         uploads: options.uploads,
         replica: replica_id(&options.data)?,
-        budgets: Arc::new(crate::audit::AuditBudgets::default()),
-        package_quota: Arc::new(crate::packages::PackageQuota::default()),
+        budgets: Arc::new(drover_server::audit::AuditBudgets::default()),
+        package_quota: Arc::new(drover_server::packages::PackageQuota::default()),
     });
     if let Some(downloads) = &downloads {
-        let router = crate::packages::download_router(crate::packages::DownloadState {
-            db: db.clone(),
-            secrets: secrets.clone(),
-            downloads: downloads.clone(),
-        });
+        let router =
+            drover_server::packages::download_router(drover_server::packages::DownloadState {
+                db: db.clone(),
+                secrets: secrets.clone(),
+                downloads: downloads.clone(),
+            });
         tasks.push(tokio::spawn(crate::listen::serve(
             "downloads",
             download_listener,
@@ -349,7 +354,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     )));
     // Devices' token generations: read before the first agent is let in,
     // then followed; a raised one ends the device's session here.
-    let generations = Arc::new(crate::device_tokens::Generations::default());
+    let generations = Arc::new(drover_server::device_tokens::Generations::default());
     {
         let (generations, db, websocket, shutdown) = (
             generations.clone(),
