@@ -228,3 +228,45 @@ fn a_circle_is_found_when_there_is_one() {
         ["a", "b", "c"].into_iter().map(str::to_owned).collect()
     );
 }
+
+/// The crates `cargo tree -e normal` lists for `package` (each once).
+fn normal_tree(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(cargo)
+        .current_dir(&root)
+        .args(["tree", "--offline", "--locked", "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}", "-p", package])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The server knows no transport: the wiring of transports, listeners and
+/// the store lives in the binary's crate, which links all three (the
+/// positive control: the same query finds them there).
+#[test]
+fn the_server_links_no_transport_and_the_binary_wires_them() {
+    let transports = ["transport-websocket", "transport-nats", "transport-mqtt"];
+    let server = normal_tree("drover-server");
+    assert!(server.contains("drover-contract"), "{server:?}");
+    for transport in transports {
+        assert!(
+            !server.contains(transport),
+            "drover-server links {transport}"
+        );
+    }
+    let binary = normal_tree("drover");
+    for transport in transports {
+        assert!(binary.contains(transport), "drover lacks {transport}");
+    }
+}
