@@ -1,7 +1,9 @@
 //! The man pages and shell completions the packages install are generated
 //! from the CLI definitions the binaries parse, and committed under
-//! docs/man and docs/completions (packaging needs no generator then). This
-//! test fails when they are stale; regenerate them with
+//! docs/man and docs/completions (packaging needs no generator then); the
+//! operators' API's OpenAPI document, generated from the API's types, is
+//! kept as docs/openapi.json for clients in other languages. This test
+//! fails when any is stale; regenerate them with
 //! `DROVER_BLESS=1 cargo test -p drover-tests --test docs`.
 
 use clap::CommandFactory;
@@ -55,6 +57,10 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
             files.push((PathBuf::from(format!("completions/{file}")), script));
         }
     }
+    files.push((
+        PathBuf::from("openapi.json"),
+        drover::api::openapi::document().into_bytes(),
+    ));
     files
 }
 

@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const LAYERS: [(&str, &str); 4] = [
+const LAYERS: [(&str, &str); 5] = [
     ("rules", "drover-rules"),
+    ("api", "drover-api"),
     ("store", "drover-store"),
     ("server", "drover-server"),
     ("cli", "drover"),
@@ -268,5 +269,17 @@ fn the_server_links_no_transport_and_the_binary_wires_them() {
     let binary = normal_tree("drover");
     for transport in transports {
         assert!(binary.contains(transport), "drover lacks {transport}");
+    }
+}
+
+/// The API's types are data: they reach serde, jiff and utoipa's derive,
+/// and nothing of Drover's or a runtime's, so a client in any program can
+/// take them.
+#[test]
+fn the_api_types_reach_no_runtime_and_no_drover_crate() {
+    let tree = normal_tree("drover-api");
+    assert!(tree.contains("utoipa"), "{tree:?}");
+    for banned in ["tokio", "axum", "hyper", "reqwest", "redb", "drover-rules", "drover-model"] {
+        assert!(!tree.contains(banned), "drover-api reaches {banned}");
     }
 }

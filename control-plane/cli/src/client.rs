@@ -131,7 +131,12 @@ impl ApiClient {
         Ok(Some(serde_json::from_value(Self::check(response).await?)?))
     }
 
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+    /// POSTs `body` as JSON; the answer read as `T` (a type of `drover-api`).
+    pub async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &(impl serde::Serialize + ?Sized),
+    ) -> Result<T> {
         let url = format!("{}/api/v1{path}", self.base);
         let response = self
             .http
@@ -141,10 +146,11 @@ impl ApiClient {
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
-        Self::check(response).await
+        Ok(serde_json::from_value(Self::check(response).await?)?)
     }
 
-    pub async fn delete(&self, path: &str) -> Result<Value> {
+    /// DELETEs `path`; the answer read as `T` (a type of `drover-api`).
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let url = format!("{}/api/v1{path}", self.base);
         let response = self
             .http
@@ -153,7 +159,7 @@ impl ApiClient {
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
-        Self::check(response).await
+        Ok(serde_json::from_value(Self::check(response).await?)?)
     }
 
     /// POSTs a streamed body of `size` bytes (a package upload), with no
@@ -235,11 +241,13 @@ impl ApiClient {
         }
         match documents.len() {
             0 => bail!("no manifest found"),
-            1 if !path.contains("dryRun") => Ok(vec![self.post(path, &documents[0]).await?]),
+            1 if !path.contains("dryRun") => {
+                Ok(vec![self.post::<Value>(path, &documents[0]).await?])
+            }
             _ => {
                 let list =
                     serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
-                let answer = self.post(path, &list).await?;
+                let answer: Value = self.post(path, &list).await?;
                 Ok(answer
                     .get("items")
                     .and_then(Value::as_array)

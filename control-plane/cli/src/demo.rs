@@ -174,7 +174,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             labels.insert("canary", "true");
         }
         client
-            .post(
+            .post::<Value>(
                 "/apply",
                 &json!({
                     "apiVersion": crate::records::API_VERSION, "kind": "Device",
@@ -251,7 +251,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     );
     wait_for_agents(&client, &devices, dir.path()).await?;
 
-    let result = client
+    let result: Value = client
         .post(
             "/apply",
             &json!({

@@ -251,19 +251,24 @@ fn package_rows(packages: &[Value]) -> Listing {
     }
 }
 
-/// A string field for a table, escaped; "" when absent.
 /// A time the API served (RFC 3339, to the nanosecond) as an operator
 /// reads it: to the second, with how long ago or ahead it is.
 pub fn moment(value: &Value, now: jiff::Timestamp) -> String {
-    let Some(at) = value
+    match value
         .as_str()
         .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-    else {
-        return match value.as_str() {
+    {
+        Some(at) => moment_of(at, now),
+        None => match value.as_str() {
             Some(text) => printable(text),
             None => "-".into(),
-        };
-    };
+        },
+    }
+}
+
+/// A time as an operator reads it: to the second, with how long ago or
+/// ahead it is.
+pub fn moment_of(at: jiff::Timestamp, now: jiff::Timestamp) -> String {
     let whole = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
     if whole > now {
         format!("{whole} (in {})", age(Some(now), whole))
@@ -272,6 +277,7 @@ pub fn moment(value: &Value, now: jiff::Timestamp) -> String {
     }
 }
 
+/// A string field for a table, escaped; "" when absent.
 pub fn shown(value: &Value) -> String {
     printable(value.as_str().unwrap_or(""))
 }

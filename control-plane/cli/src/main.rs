@@ -9,6 +9,7 @@ use drover::cli::{
 use drover::client::ApiClient;
 use drover::get::{shown, structured};
 use drover::serve::{self, ServeOptions};
+use drover_api::changes::Changed;
 use serde_json::Value;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -328,11 +329,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             command: Some(AlertsCommand::Ack { kind, resource }),
             ..
         } => {
+            let request = drover_api::fleet::AckRequest {
+                kind: kind.clone(),
+                resource: resource.clone(),
+            };
             client(&cli)?
-                .post(
-                    "/alerts/ack",
-                    &serde_json::json!({"kind": kind, "resource": resource}),
-                )
+                .post::<drover_api::fleet::AckAnswer>("/alerts/ack", &request)
                 .await?;
             out!(
                 "{} about {} acknowledged",
@@ -345,7 +347,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             command: None,
             output,
         } => {
-            let alerts: Value = client(&cli)?.get("/alerts").await?;
+            let alerts: drover_api::fleet::Alerts = client(&cli)?.get("/alerts").await?;
             if !structured(*output, &alerts)? {
                 cmd::describe::alerts(&alerts);
             }
@@ -412,16 +414,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Deployments {
             command: DeploymentsCommand::AddNewDevices { name },
         } => {
-            let answer = client(&cli)?
+            let answer: Changed = client(&cli)?
                 .post(
                     &format!("/deployments/{name}/add-new-devices"),
                     &Value::Null,
                 )
                 .await?;
-            out!(
-                "deployment/{name} {}",
-                answer["result"].as_str().unwrap_or("?")
-            );
+            out!("deployment/{name} {}", answer.result);
             Ok(0)
         }
         Command::Cancel { resource, name } => {
@@ -429,14 +428,14 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 Cancelable::Taskrun => format!("/taskruns/{name}/cancel"),
                 Cancelable::Deployment => format!("/deployments/{name}/cancel"),
             };
-            let answer = client(&cli)?.post(&path, &Value::Null).await?;
+            let answer: Changed = client(&cli)?.post(&path, &Value::Null).await?;
             let kind = match resource {
                 Cancelable::Taskrun => "taskrun",
                 Cancelable::Deployment => "deployment",
             };
             out!(
                 "{kind}/{name} {}: jobs not started are canceled on their devices, started ones run to their end",
-                answer["result"].as_str().unwrap_or("?")
+                answer.result
             );
             Ok(0)
         }
@@ -444,47 +443,47 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let api = client(&cli)?;
             match resource {
                 Deletable::Taskrun => {
-                    let answer = api.delete(&format!("/taskruns/{name}")).await?;
+                    let answer: Changed = api.delete(&format!("/taskruns/{name}")).await?;
                     out!(
                         "taskrun/{name} deleted with {} job record(s)",
-                        answer["jobs"]
+                        answer.jobs.unwrap_or(0)
                     );
                 }
                 Deletable::Deployment => {
-                    let answer = api.delete(&format!("/deployments/{name}")).await?;
+                    let answer: Changed = api.delete(&format!("/deployments/{name}")).await?;
                     out!(
                         "deployment/{name} deleted with {} job record(s)",
-                        answer["jobs"]
+                        answer.jobs.unwrap_or(0)
                     );
                 }
                 Deletable::Taskschedule => {
-                    api.delete(&format!("/taskschedules/{name}")).await?;
+                    api.delete::<Changed>(&format!("/taskschedules/{name}"))
+                        .await?;
                     out!("taskschedule/{name} deleted (the runs it made stay)");
                 }
                 Deletable::Secret => {
-                    api.delete(&format!("/secrets/{name}")).await?;
+                    api.delete::<Changed>(&format!("/secrets/{name}")).await?;
                     out!("secret/{name} deleted");
                 }
                 Deletable::Package => {
-                    let answer = api.delete(&format!("/packages/{name}")).await?;
+                    let answer: Changed = api.delete(&format!("/packages/{name}")).await?;
                     out!(
                         "package/{name} deleted ({} bytes freed)",
-                        answer["freedBytes"]
+                        answer.freed_bytes.unwrap_or(0)
                     );
                 }
                 Deletable::Device => {
-                    let answer = api.delete(&format!("/devices/{name}")).await?;
+                    let answer: Changed = api.delete(&format!("/devices/{name}")).await?;
                     out!(
                         "device/{name} deleted with {} job record(s)",
-                        answer["jobs"]
+                        answer.jobs.unwrap_or(0)
                     );
-                    if answer["keptForRuns"].as_u64().is_some_and(|n| n > 0) {
+                    if let Some(kept) = answer.kept_for_runs.filter(|&n| n > 0) {
                         out!(
-                            "{} job record(s) stay with their runs' history until those runs are deleted",
-                            answer["keptForRuns"]
+                            "{kept} job record(s) stay with their runs' history until those runs are deleted"
                         );
                     }
-                    if answer["online"] == Value::Bool(true) {
+                    if answer.online == Some(true) {
                         out!(
                             "its agent is connected and will register it again; to keep it out, set `decommissioned: true` in its Device manifest instead"
                         );
@@ -515,13 +514,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let mut generation = 0;
             if *rotate {
-                let answer = client(&cli)?
+                let answer: drover_api::devices::TokenRotated = client(&cli)?
                     .post(
                         &format!("/devices/{device}/rotate-token"),
                         &serde_json::json!({}),
                     )
                     .await?;
-                generation = answer["tokenGeneration"].as_u64().unwrap_or(0);
+                generation = answer.token_generation;
                 eprintln!(
                     "device {device}'s token rotated (generation {generation}): the one before is \
                      refused from now on; put this one in its agent's config (over MQTT or NATS, \

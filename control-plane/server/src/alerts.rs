@@ -16,34 +16,8 @@ pub use crate::records::{AlertRecord, resume_loop};
 use crate::records::{Phase, TaskRunRecord};
 use agent_core::DeviceId;
 use jiff::{SignedDuration, Timestamp};
-use serde::Serialize;
 
-/// One alert as the API lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Alert {
-    /// `critical` or `warning`.
-    pub severity: &'static str,
-    /// CanaryFailed, DeadlineExceeded, DeploymentFailed,
-    /// FailureThresholdReached, DeviceOffline, ResumeLoop, and the patch
-    /// alerts.
-    pub kind: &'static str,
-    /// What it is about: `taskrun/NAME`, `deployment/NAME`, `device/ID`.
-    pub resource: String,
-    pub message: String,
-    /// When its condition began: an acknowledgement holds for this start.
-    pub at: Option<Timestamp>,
-    /// Who acknowledged it and when, while its condition lasts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub acknowledged: Option<Acknowledged>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Acknowledged {
-    pub by: String,
-    pub at: Timestamp,
-}
+pub use drover_api::fleet::{Acknowledged, Alert, Severity};
 
 /// Devices listed one by one among the offline ones; the rest are counted.
 pub const OFFLINE_LISTED: usize = 100;
@@ -64,8 +38,8 @@ pub async fn list(
     let mut alerts = Vec::new();
     for (_, _, run) in db.list::<TaskRunRecord>("runs/").await? {
         let (severity, kind) = match run.status.reason.as_deref() {
-            Some("CanaryFailed") => ("critical", "CanaryFailed"),
-            Some("DeadlineExceeded") => ("warning", "DeadlineExceeded"),
+            Some("CanaryFailed") => (Severity::Critical, "CanaryFailed"),
+            Some("DeadlineExceeded") => (Severity::Warning, "DeadlineExceeded"),
             _ => continue,
         };
         if run.status.phase != Phase::Failed || !recent(run.status.completion_time) {
@@ -73,7 +47,7 @@ pub async fn list(
         }
         alerts.push(Alert {
             severity,
-            kind,
+            kind: kind.into(),
             resource: format!("taskrun/{}", run.name),
             message: run.status.latest_error.clone().unwrap_or_default(),
             at: run.status.completion_time,
@@ -87,8 +61,8 @@ pub async fn list(
             && (!status.phase.is_terminal() || recent(status.completion_time))
         {
             alerts.push(Alert {
-                severity: "critical",
-                kind: "FailureThresholdReached",
+                severity: Severity::Critical,
+                kind: "FailureThresholdReached".into(),
                 resource: format!("deployment/{}", deployment.name),
                 message: status.latest_error.clone().unwrap_or_default(),
                 at: status.threshold_reached_at,
@@ -100,8 +74,8 @@ pub async fn list(
             && matches!(status.reason.as_deref(), Some("TargetsFailed" | "Expired"));
         if failed && recent(status.completion_time) {
             alerts.push(Alert {
-                severity: "warning",
-                kind: "DeploymentFailed",
+                severity: Severity::Warning,
+                kind: "DeploymentFailed".into(),
                 resource: format!("deployment/{}", deployment.name),
                 message: format!(
                     "{}: {}",
@@ -126,11 +100,11 @@ pub async fn list(
         ) {
             alerts.push(Alert {
                 severity: if patch.kind == "SecurityUpdatesWaiting" {
-                    "critical"
+                    Severity::Critical
                 } else {
-                    "warning"
+                    Severity::Warning
                 },
-                kind: patch.kind,
+                kind: patch.kind.into(),
                 resource: format!("device/{id}"),
                 message: patch.message,
                 at: Some(patch.since),
@@ -150,8 +124,8 @@ pub async fn list(
     let offline_count = offline.len();
     for (seen, device) in offline.into_iter().take(OFFLINE_LISTED) {
         alerts.push(Alert {
-            severity: "warning",
-            kind: "DeviceOffline",
+            severity: Severity::Warning,
+            kind: "DeviceOffline".into(),
             resource: format!("device/{device}"),
             message: match seen {
                 Some(seen) => format!("offline since {seen}"),
@@ -166,8 +140,8 @@ pub async fn list(
             continue;
         }
         alerts.push(Alert {
-            severity: "critical",
-            kind: "ResumeLoop",
+            severity: Severity::Critical,
+            kind: "ResumeLoop".into(),
             resource: format!("device/{}", alert.device),
             message: format!(
                 "{}: {}",
@@ -187,7 +161,7 @@ pub async fn list(
         .map(|(_, _, ack)| ((ack.kind.clone(), ack.resource.clone()), ack))
         .collect();
     for alert in &mut alerts {
-        if let Some(ack) = acks.get(&(alert.kind.to_owned(), alert.resource.clone()))
+        if let Some(ack) = acks.get(&(alert.kind.clone(), alert.resource.clone()))
             && ack.instance == alert.at
         {
             alert.acknowledged = Some(Acknowledged {
@@ -200,7 +174,7 @@ pub async fn list(
     alerts.sort_by(|a, b| {
         b.at.cmp(&a.at)
             .then_with(|| a.resource.cmp(&b.resource))
-            .then_with(|| a.kind.cmp(b.kind))
+            .then_with(|| a.kind.cmp(&b.kind))
     });
     Ok((alerts, offline_count))
 }

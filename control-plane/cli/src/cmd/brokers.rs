@@ -26,11 +26,11 @@ pub async fn generations(
     }
     let api = api?;
     match api
-        .get_if_up::<std::collections::HashMap<String, u64>>("/devices/token-generations")
+        .get_if_up::<drover_api::devices::TokenGenerations>("/devices/token-generations")
         .await
         .context("cannot read the devices' token generations (pass --offline before the control plane first runs)")?
     {
-        Some(generations) => Ok(generations),
+        Some(generations) => Ok(generations.into_iter().collect()),
         None => never(format!("nothing answers at {}", api.base())),
     }
 }

@@ -344,9 +344,9 @@ pub fn patch_status(fleet: &Value) {
 
 /// Every alert, a row each: severity, kind, what it is about, since when,
 /// the message, and who acknowledged it (`drover alerts`).
-pub fn alerts(alerts: &Value) {
+pub fn alerts(alerts: &drover_api::fleet::Alerts) {
     let now = jiff::Timestamp::now();
-    let items = alerts["items"].as_array().cloned().unwrap_or_default();
+    let items = &alerts.items;
     if items.is_empty() {
         out!("nothing needs attention");
         return;
@@ -359,31 +359,25 @@ pub fn alerts(alerts: &Value) {
         "ACKNOWLEDGED",
         "WHAT",
     ]);
-    for alert in &items {
-        let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
-        let acknowledged = match alert["acknowledged"]["by"].as_str() {
-            Some(by) => format!(
+    for alert in items {
+        let acknowledged = match &alert.acknowledged {
+            Some(ack) => format!(
                 "{} ({})",
-                printable(by),
-                age(
-                    alert["acknowledged"]["at"]
-                        .as_str()
-                        .and_then(|t| t.parse().ok()),
-                    now
-                ) + " ago"
+                printable(&ack.by),
+                age(Some(ack.at), now) + " ago"
             ),
             None => "-".into(),
         };
         rows.add_row(vec![
-            text(&alert["severity"]),
-            text(&alert["kind"]),
-            text(&alert["resource"]),
-            match alert["at"].as_str() {
-                Some(_) => moment(&alert["at"], now),
+            alert.severity.name().to_owned(),
+            printable(&alert.kind),
+            printable(&alert.resource),
+            match alert.at {
+                Some(at) => drover::get::moment_of(at, now),
                 None => "-".into(),
             },
             acknowledged,
-            text(&alert["message"]),
+            printable(&alert.message),
         ]);
     }
     print_table(&rows);

@@ -8,75 +8,74 @@ use drover::client::ApiClient;
 use drover::get::structured;
 use drover::table::{age, print_table, table};
 use drover::watch::printable;
-use serde_json::{Value, json};
+use drover_api::operators::{AuditEntry, NewOperator, Operator};
+use serde_json::json;
 
-fn text(value: &Value) -> String {
-    value.as_str().map_or_else(|| "-".to_owned(), printable)
-}
-
-fn time(value: &Value) -> Option<jiff::Timestamp> {
-    value.as_str()?.parse().ok()
+fn text(value: Option<&str>) -> String {
+    value.map_or_else(|| "-".to_owned(), printable)
 }
 
 /// Prints a token made for `name`, once, with how to use it.
-fn print_token(answer: &Value, name: &str) {
-    out!("{}", text(&answer["token"]));
+fn print_token(answer: &Operator, name: &str) {
+    out!("{}", text(answer.token.as_deref()));
     eprintln!(
         "that is operator {name}'s token ({}); it is shown once and stored only as a digest. \
          Give it to them for `drover config set-context … --token-file FILE` or the dashboard's login",
-        text(&answer["role"])
+        answer.role.name()
     );
 }
 
 pub async fn operators(api: &ApiClient, command: &OperatorsCommand) -> Result<i32> {
     match command {
         OperatorsCommand::List { output } => {
-            let operators: Value = api.get("/operators").await?;
+            let operators: Vec<Operator> = api.get("/operators").await?;
             if structured(*output, &operators)? {
                 return Ok(0);
             }
             let now = jiff::Timestamp::now();
             let mut shown = table(&["NAME", "ROLE", "TOKEN", "STATE", "CHANGED", "CREATED BY"]);
-            for operator in operators.as_array().into_iter().flatten() {
-                let state = match time(&operator["revokedAt"]) {
+            for operator in &operators {
+                let state = match operator.revoked_at {
                     Some(at) => format!(
                         "revoked {} ago by {}",
                         age(Some(at), now),
-                        text(&operator["revokedBy"])
+                        text(operator.revoked_by.as_deref())
                     ),
                     None => "active".to_owned(),
                 };
-                let token = if operator["bootstrap"] == Value::Bool(true) {
+                let token = if operator.bootstrap {
                     "DATA/operator.token".to_owned()
                 } else {
-                    format!("own (generation {})", operator["generation"])
+                    format!("own (generation {})", operator.generation)
                 };
                 shown.add_row(vec![
-                    text(&operator["name"]),
-                    text(&operator["role"]),
+                    printable(&operator.name),
+                    operator.role.name().to_owned(),
                     token,
                     state,
-                    age(time(&operator["changedAt"]), now),
-                    text(&operator["createdBy"]),
+                    age(Some(operator.changed_at), now),
+                    printable(&operator.created_by),
                 ]);
             }
             print_table(&shown);
         }
         OperatorsCommand::Add { name, role } => {
-            let answer = api
-                .post("/operators", &json!({"name": name, "role": role}))
-                .await?;
+            let new = NewOperator {
+                name: name.clone(),
+                role: role.clone(),
+            };
+            let answer: Operator = api.post("/operators", &new).await?;
             print_token(&answer, name);
         }
         OperatorsCommand::Rotate { name } => {
-            let answer = api
+            let answer: Operator = api
                 .post(&format!("/operators/{name}/rotate"), &json!({}))
                 .await?;
             print_token(&answer, name);
             eprintln!("its old token and its dashboard sessions no longer work");
         }
         OperatorsCommand::Revoke { name } => {
-            api.post(&format!("/operators/{name}/revoke"), &json!({}))
+            api.post::<Operator>(&format!("/operators/{name}/revoke"), &json!({}))
                 .await?;
             out!(
                 "operator/{name} revoked: its token and dashboard sessions are refused on every replica"
@@ -103,10 +102,10 @@ pub async fn audit(api: &ApiClient, args: &AuditArgs) -> Result<i32> {
     } else {
         format!("/audit?{query}")
     };
-    let entries: Value = api.get(&path).await?;
+    let entries: Vec<AuditEntry> = api.get(&path).await?;
     if args.jsonl {
-        for entry in entries.as_array().into_iter().flatten() {
-            out!("{entry}");
+        for entry in &entries {
+            out!("{}", serde_json::to_string(entry)?);
         }
         return Ok(0);
     }
@@ -114,24 +113,23 @@ pub async fn audit(api: &ApiClient, args: &AuditArgs) -> Result<i32> {
         return Ok(0);
     }
     let mut shown = table(&["TIME", "WHO", "VIA", "VERB", "OBJECT", "OUTCOME", "REASON"]);
-    for entry in entries.as_array().into_iter().flatten() {
-        let objects: Vec<String> = entry["objects"]
-            .as_array()
-            .into_iter()
-            .flatten()
+    for entry in &entries {
+        let objects: Vec<String> = entry
+            .objects
+            .iter()
             .map(|o| {
                 format!(
                     "{}/{}{}",
-                    text(&o["kind"]),
-                    text(&o["name"]),
-                    o["result"]
-                        .as_str()
+                    printable(&o.kind),
+                    printable(&o.name),
+                    o.result
+                        .as_deref()
                         .map(|r| format!(" {}", printable(r)))
                         .unwrap_or_default()
                 )
             })
             .collect();
-        let total = entry["objectsTotal"].as_u64().unwrap_or(0) as usize;
+        let total = entry.objects_total as usize;
         let object = if !objects.is_empty() {
             let more = total.saturating_sub(objects.len());
             let more = if more > 0 {
@@ -141,27 +139,24 @@ pub async fn audit(api: &ApiClient, args: &AuditArgs) -> Result<i32> {
             };
             format!("{}{more}", objects.join(", "))
         } else {
-            match (entry["kind"].as_str(), entry["name"].as_str()) {
-                (Some(kind), Some(name)) => format!("{kind}/{}", printable(name)),
-                (Some(kind), None) => kind.to_owned(),
+            match (entry.kind.as_deref(), entry.name.as_deref()) {
+                (Some(kind), Some(name)) => format!("{}/{}", printable(kind), printable(name)),
+                (Some(kind), None) => printable(kind),
                 _ => "-".to_owned(),
             }
         };
-        let when = time(&entry["at"]).map_or_else(
-            || "-".to_owned(),
-            |t| {
-                t.round(jiff::Unit::Second)
-                    .map_or_else(|_| t.to_string(), |t| t.to_string())
-            },
-        );
+        let when = entry
+            .at
+            .round(jiff::Unit::Second)
+            .map_or_else(|_| entry.at.to_string(), |t| t.to_string());
         shown.add_row(vec![
             when,
-            text(&entry["who"]),
-            text(&entry["via"]),
-            text(&entry["verb"]),
+            printable(&entry.who),
+            printable(&entry.via),
+            printable(&entry.verb),
             object,
-            format!("{} {}", text(&entry["outcome"]), entry["status"]),
-            text(&entry["reason"]),
+            format!("{} {}", printable(&entry.outcome), entry.status),
+            text(entry.reason.as_deref()),
         ]);
     }
     print_table(&shown);

@@ -31,7 +31,7 @@ async fn unfinished_deployments_using(
 pub(super) async fn delete_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let key = crate::records::deployment_key(&name);
     let Some((_, deployment)) = state.db.get::<DeploymentRecord>(&key).await? else {
         return Err(not_found(format!("Deployment {name}")));
@@ -62,9 +62,9 @@ pub(super) async fn delete_deployment(
     state.db.delete_all(&target_keys).await?;
     state.db.delete_all(&[key]).await?;
     tracing::info!(deployment = %name, jobs, targets = target_keys.len(), "deployment deleted");
-    Ok(Json(json!({
-        "kind": "Deployment", "name": name, "result": "deleted", "jobs": jobs,
-    })))
+    let mut answer = Changed::new(Kind::Deployment, name, Outcome::Deleted);
+    answer.jobs = Some(jobs as u64);
+    Ok(Json(answer))
 }
 
 /// A schedule: it makes no more runs; the runs it made stay (each is
@@ -72,7 +72,7 @@ pub(super) async fn delete_deployment(
 pub(super) async fn delete_schedule(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let key = crate::records::schedule_key(&name);
     if state
         .db
@@ -84,9 +84,11 @@ pub(super) async fn delete_schedule(
     }
     state.db.delete_all(&[key]).await?;
     tracing::info!(schedule = %name, "schedule deleted");
-    Ok(Json(
-        json!({"kind": "TaskSchedule", "name": name, "result": "deleted"}),
-    ))
+    Ok(Json(Changed::new(
+        Kind::TaskSchedule,
+        name,
+        Outcome::Deleted,
+    )))
 }
 
 /// A Secret no unfinished deployment still needs (its jobs get the
@@ -94,7 +96,7 @@ pub(super) async fn delete_schedule(
 pub(super) async fn delete_secret(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let key = crate::secrets::secret_key(&name);
     if state
         .db
@@ -117,9 +119,7 @@ pub(super) async fn delete_secret(
     }
     state.db.delete_all(&[key]).await?;
     tracing::info!(secret = %name, "secret deleted");
-    Ok(Json(
-        json!({"kind": "Secret", "name": name, "result": "deleted"}),
-    ))
+    Ok(Json(Changed::new(Kind::Secret, name, Outcome::Deleted)))
 }
 
 /// A package no unfinished deployment installs: its record, then its file
@@ -127,7 +127,7 @@ pub(super) async fn delete_secret(
 pub(super) async fn delete_package(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let key = crate::packages::package_key(&id);
     let Some((_, package)) = state.db.get::<PackageRecord>(&key).await? else {
         return Err(not_found(format!("package {id}")));
@@ -158,7 +158,7 @@ pub(super) async fn delete_package(
         }
     }
     tracing::info!(package = %id, freed, "package deleted");
-    Ok(Json(json!({
-        "kind": "Package", "name": id, "result": "deleted", "freedBytes": freed,
-    })))
+    let mut answer = Changed::new(Kind::Package, id, Outcome::Deleted);
+    answer.freed_bytes = Some(freed);
+    Ok(Json(answer))
 }

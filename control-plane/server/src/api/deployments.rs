@@ -196,11 +196,13 @@ pub(super) async fn describe_deployment(
 pub(super) async fn cancel_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Changed>), ApiError> {
     let key = crate::records::deployment_key(&name);
     let (answer, deployment) =
-        cancel::<DeploymentRecord>(&state, "Deployment", &key, &name, |d| &mut d.status.phase)
-            .await?;
+        cancel::<DeploymentRecord>(&state, Kind::Deployment, &key, &name, |d| {
+            &mut d.status.phase
+        })
+        .await?;
     let keys: Vec<String> = targets(&state, deployment.uid)
         .await?
         .into_iter()
@@ -215,7 +217,7 @@ pub(super) async fn cancel_deployment(
 pub(super) async fn add_new_devices(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Changed>), ApiError> {
     let key = crate::records::deployment_key(&name);
     let mut refused = None;
     let updated = state
@@ -242,8 +244,9 @@ pub(super) async fn add_new_devices(
     // The store's change feed brings the request to the engine.
     Ok((
         StatusCode::ACCEPTED,
-        Json(
-            json!({"kind": "Deployment", "name": name, "result": "add-new-devices requested", "request": deployment.add_requests}),
-        ),
+        Json(Changed {
+            request: Some(u64::from(deployment.add_requests)),
+            ..Changed::new(Kind::Deployment, name, Outcome::AddNewDevicesRequested)
+        }),
     ))
 }

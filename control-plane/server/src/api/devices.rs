@@ -262,15 +262,15 @@ pub(super) async fn get_device(
 /// passwords from. No token crosses here.
 pub(super) async fn token_generations(
     State(state): State<ApiState>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<drover_api::devices::TokenGenerations>, ApiError> {
     let prefix = crate::device_tokens::PREFIX;
     let stored = state.db.list::<u64>(prefix).await?;
-    Ok(Json(Value::Object(
+    Ok(Json(
         stored
             .into_iter()
-            .map(|(key, _, generation)| (key[prefix.len()..].to_owned(), generation.into()))
+            .map(|(key, _, generation)| (key[prefix.len()..].to_owned(), generation))
             .collect(),
-    )))
+    ))
 }
 
 /// Revokes a device's token and issues the next one (an admin's): its
@@ -291,7 +291,11 @@ pub(super) async fn rotate_device_token(
         .unwrap_or(1);
     tracing::info!(device = %id, generation, "device token rotated");
     Ok(super::access::noted(
-        Json(json!({"device": id.to_string(), "tokenGeneration": generation})).into_response(),
+        Json(drover_api::devices::TokenRotated {
+            device: id.to_string(),
+            token_generation: generation,
+        })
+        .into_response(),
         "Device",
         id.as_str(),
         "token rotated",
@@ -420,7 +424,7 @@ pub(super) async fn get_assessment(
 pub(super) async fn delete_device(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     let Some((_, device)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
         return Err(not_found(format!("device {id}")));
@@ -470,14 +474,11 @@ pub(super) async fn delete_device(
     keys.push(device_key(&id));
     state.db.delete_all(&keys).await?;
     tracing::info!(device = %id, jobs = job_count, kept = kept.len(), "device deleted");
-    Ok(Json(json!({
-        "kind": "Device",
-        "name": id,
-        "result": "deleted",
-        "jobs": job_count,
-        "keptForRuns": kept.len(),
-        "online": online,
-    })))
+    let mut answer = Changed::new(Kind::Device, id.as_str(), Outcome::Deleted);
+    answer.jobs = Some(job_count as u64);
+    answer.kept_for_runs = Some(kept.len() as u64);
+    answer.online = Some(online);
+    Ok(Json(answer))
 }
 
 /// The packages a device's latest inventory refresh reported.

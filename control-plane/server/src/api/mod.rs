@@ -16,6 +16,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use drover_api::changes::{Changed, Kind, Outcome};
+use drover_api::fleet;
 use drover_contract::link::LinkState;
 use jiff::Timestamp;
 use serde::Deserialize;
@@ -28,6 +30,7 @@ mod apply;
 mod deletes;
 mod deployments;
 mod devices;
+pub mod openapi;
 mod operators;
 mod preview;
 mod runs;
@@ -94,7 +97,12 @@ async fn list_page<T: crate::stored::Record>(
 }
 
 /// A listing's answer: the objects, and the next page's link when there is one.
-fn listed(path: &str, query: &ListQuery, items: Vec<Value>, next: Option<String>) -> Response {
+fn listed<T: serde::Serialize>(
+    path: &str,
+    query: &ListQuery,
+    items: Vec<T>,
+    next: Option<String>,
+) -> Response {
     let mut response = Json(items).into_response();
     if let (Some(next), Some(limit)) = (next, query.limit) {
         let page = form_urlencoded::Serializer::new(String::new())
@@ -143,6 +151,16 @@ pub struct ApiState {
     pub budgets: Arc<crate::audit::AuditBudgets>,
     /// The package store's quota, shared by the uploads under way.
     pub package_quota: Arc<crate::packages::PackageQuota>,
+}
+
+/// The API's OpenAPI document (`openapi.rs`).
+async fn openapi_json() -> Response {
+    static DOCUMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(openapi::document);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        DOCUMENT.as_str(),
+    )
+        .into_response()
 }
 
 /// An agent pointed at the operators' API instead of the agents' port: a
@@ -210,6 +228,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/operators/{name}/revoke", post(revoke_operator))
         .route("/whoami", get(whoami))
         .route("/audit", get(read_audit))
+        .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_operator,
@@ -260,15 +279,20 @@ fn security_headers(mut response: Response, tls: bool) -> Response {
 }
 
 /// Fleet counts, cheap enough to poll.
-async fn summary(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+async fn summary(State(state): State<ApiState>) -> Result<Json<fleet::Summary>, ApiError> {
     let devices = state.db.list::<DeviceRecord>("devices/").await?;
     let present = devices.iter().filter(|(_, _, d)| d.agent_present).count();
-    Ok(Json(json!({
-        "devices": devices.len(),
-        "agentsPresent": present,
-        "connectedHere": state.presence.connected(),
-        "engine": state.engine.stats.json(),
-    })))
+    Ok(Json(fleet::Summary {
+        devices: devices.len() as u64,
+        agents_present: present as u64,
+        connected_here: state
+            .presence
+            .connected()
+            .into_iter()
+            .map(|(transport, count)| (transport.to_owned(), count as u64))
+            .collect(),
+        engine: state.engine.stats.api(),
+    }))
 }
 
 /// The process's metrics, with the gauges a scrape computes: devices by
@@ -362,7 +386,7 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
 }
 
 /// What needs an operator's eye now (see `alerts.rs`).
-async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+async fn list_alerts(State(state): State<ApiState>) -> Result<Json<fleet::Alerts>, ApiError> {
     let now = Timestamp::now();
     let online = |id: &DeviceId, seen: Option<Timestamp>| state.presence.online(id, seen, now);
     let fleet = state.patch_index.current().await?;
@@ -375,18 +399,11 @@ async fn list_alerts(State(state): State<ApiState>) -> Result<Json<Value>, ApiEr
         &online,
     )
     .await?;
-    Ok(Json(json!({
-        "items": alerts,
-        "offlineDevices": offline,
-        "offlineAfterMinutes": state.offline_alert.as_secs() / 60,
-    })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AckRequest {
-    kind: String,
-    resource: String,
+    Ok(Json(fleet::Alerts {
+        items: alerts,
+        offline_devices: offline as u64,
+        offline_after_minutes: u64::try_from(state.offline_alert.as_secs() / 60).unwrap_or(0),
+    }))
 }
 
 /// Acknowledges the alert `kind` about `resource` as it stands now: it is
@@ -395,8 +412,8 @@ struct AckRequest {
 async fn ack_alert(
     State(state): State<ApiState>,
     axum::Extension(caller): axum::Extension<access::Caller>,
-    Json(request): Json<AckRequest>,
-) -> Result<Json<Value>, ApiError> {
+    Json(request): Json<fleet::AckRequest>,
+) -> Result<Json<fleet::AckAnswer>, ApiError> {
     let now = Timestamp::now();
     let online = |id: &DeviceId, seen: Option<Timestamp>| state.presence.online(id, seen, now);
     let fleet = state.patch_index.current().await?;
@@ -432,11 +449,11 @@ async fn ack_alert(
         .update::<crate::records::AlertAck, _>(&key, |_| Some(ack.clone()))
         .await?;
     tracing::info!(kind = %request.kind, resource = %request.resource, %by, "alert acknowledged");
-    Ok(Json(json!({
-        "kind": request.kind,
-        "resource": request.resource,
-        "acknowledged": {"by": by, "at": now.to_string()},
-    })))
+    Ok(Json(fleet::AckAnswer {
+        kind: request.kind,
+        resource: request.resource,
+        acknowledged: fleet::Acknowledged { by, at: now },
+    }))
 }
 
 /// Secrets by name and keys; values never leave the control plane here.
@@ -448,8 +465,12 @@ async fn list_secrets(
         list_page::<crate::secrets::SecretRecord>(&state.db, "secrets/", &query).await?;
     let items = secrets
         .into_iter()
-        .map(|s| json!({"name": s.name, "keys": s.keys, "updatedAt": s.updated_at}))
-        .collect();
+        .map(|s| fleet::SecretSummary {
+            name: s.name,
+            keys: s.keys,
+            updated_at: s.updated_at,
+        })
+        .collect::<Vec<_>>();
     Ok(listed("/secrets", &query, items, next))
 }
 
@@ -489,12 +510,7 @@ async fn list_packages(
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let (packages, next) = list_page::<PackageRecord>(&state.db, "packages/", &query).await?;
-    let items = packages
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(listed("/packages", &query, items, next))
+    Ok(listed("/packages", &query, packages, next))
 }
 
 /// Cancels a run or deployment: it enters `Canceling` and the engine does
@@ -503,11 +519,11 @@ async fn list_packages(
 /// again is harmless; a finished one is refused.
 async fn cancel<T: crate::stored::Record + Clone + Send + Sync + 'static>(
     state: &ApiState,
-    kind: &str,
+    kind: Kind,
     key: &str,
     name: &str,
     phase: fn(&mut T) -> &mut Phase,
-) -> Result<((StatusCode, Json<Value>), T), ApiError> {
+) -> Result<((StatusCode, Json<Changed>), T), ApiError> {
     let mut refused = None;
     let mut already = false;
     let updated = state
@@ -536,16 +552,12 @@ async fn cancel<T: crate::stored::Record + Clone + Send + Sync + 'static>(
         return Err(not_found(format!("{kind} {name}")));
     };
     let result = if already {
-        "already canceling"
+        Outcome::AlreadyCanceling
     } else {
-        "cancel requested"
+        Outcome::CancelRequested
     };
-    tracing::info!(kind, name, result, "cancel");
-    Ok((
-        (
-            StatusCode::ACCEPTED,
-            Json(json!({"kind": kind, "name": name, "result": result, "phase": "Canceling"})),
-        ),
-        record,
-    ))
+    tracing::info!(%kind, name, %result, "cancel");
+    let mut answer = Changed::new(kind, name, result);
+    answer.phase = Some("Canceling".into());
+    Ok(((StatusCode::ACCEPTED, Json(answer)), record))
 }

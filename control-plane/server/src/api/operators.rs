@@ -6,45 +6,55 @@ use super::tokens::{new_token, valid_name};
 use super::*;
 use crate::records::{AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
 use axum::Extension;
+use drover_api::operators as ops;
 
-fn operator_json(operator: &OperatorRecord) -> Value {
-    json!({
-        "name": operator.name,
-        "role": operator.role,
-        "bootstrap": operator.token_digest.is_none(),
-        "generation": operator.generation,
-        "createdAt": operator.created_at.to_string(),
-        "createdBy": operator.created_by,
-        "changedAt": operator.changed_at.to_string(),
-        "revokedAt": operator.revoked_at.map(|t| t.to_string()),
-        "revokedBy": operator.revoked_by,
-    })
+/// A stored role as the API names it.
+pub(super) fn api_role(role: Role) -> ops::Role {
+    match role {
+        Role::Viewer => ops::Role::Viewer,
+        Role::Operator => ops::Role::Operator,
+        Role::Admin => ops::Role::Admin,
+    }
 }
 
-pub(super) async fn list_operators(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+fn operator_answer(operator: &OperatorRecord) -> ops::Operator {
+    ops::Operator {
+        name: operator.name.clone(),
+        role: api_role(operator.role),
+        bootstrap: operator.token_digest.is_none(),
+        generation: operator.generation,
+        created_at: operator.created_at,
+        created_by: operator.created_by.clone(),
+        changed_at: operator.changed_at,
+        revoked_at: operator.revoked_at,
+        revoked_by: operator.revoked_by.clone(),
+        token: None,
+    }
+}
+
+pub(super) async fn list_operators(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<ops::Operator>>, ApiError> {
     let operators = state.db.list::<OperatorRecord>("operators/").await?;
-    Ok(Json(Value::Array(
+    Ok(Json(
         operators
             .iter()
-            .map(|(_, _, operator)| operator_json(operator))
+            .map(|(_, _, operator)| operator_answer(operator))
             .collect(),
-    )))
+    ))
 }
 
 /// Who the caller is: the dashboard shows it and hides what the role
 /// cannot do.
-pub(super) async fn whoami(Extension(caller): Extension<Caller>) -> Json<Value> {
-    Json(json!({
-        "name": caller.name,
-        "role": caller.role,
-        "via": caller.via.name(),
-    }))
-}
-
-#[derive(Deserialize)]
-pub(super) struct NewOperator {
-    name: String,
-    role: String,
+pub(super) async fn whoami(Extension(caller): Extension<Caller>) -> Json<ops::Whoami> {
+    Json(ops::Whoami {
+        name: caller.name,
+        role: api_role(caller.role),
+        via: match caller.via {
+            access::Via::Token => ops::Via::Cli,
+            access::Via::Dashboard => ops::Via::Dashboard,
+        },
+    })
 }
 
 /// Adds an operator and answers its token, once (only its digest is
@@ -54,7 +64,7 @@ pub(super) async fn add_operator(
     Extension(caller): Extension<Caller>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let body: NewOperator = serde_json::from_slice(&body).map_err(|e| {
+    let body: ops::NewOperator = serde_json::from_slice(&body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("the request body is not {{\"name\": NAME, \"role\": ROLE}}: {e}"),
@@ -116,8 +126,10 @@ pub(super) async fn add_operator(
         Err(e) => return Err(e.into()),
     }
     tracing::info!(operator = %body.name, %role, by = %caller.name, "operator added");
-    let mut answer = operator_json(&record);
-    answer["token"] = Value::String(token);
+    let answer = ops::Operator {
+        token: Some(token),
+        ..operator_answer(&record)
+    };
     Ok(noted(
         (StatusCode::CREATED, Json(answer)).into_response(),
         "Operator",
@@ -180,8 +192,10 @@ pub(super) async fn rotate_operator(
     })
     .await?;
     tracing::info!(operator = %name, by = %caller.name, "operator token rotated");
-    let mut answer = operator_json(&operator);
-    answer["token"] = Value::String(token);
+    let answer = ops::Operator {
+        token: Some(token),
+        ..operator_answer(&operator)
+    };
     Ok(noted(
         Json(answer).into_response(),
         "Operator",
@@ -227,7 +241,7 @@ pub(super) async fn revoke_operator(
     }
     tracing::info!(operator = %name, by = %caller.name, "operator revoked");
     Ok(noted(
-        Json(operator_json(&operator)).into_response(),
+        Json(operator_answer(&operator)).into_response(),
         "Operator",
         &name,
         "revoked",
@@ -246,10 +260,34 @@ pub(super) struct AuditQuery {
 }
 
 /// The entry as the API shows it.
-pub(super) fn audit_json(entry: &AuditRecord) -> Value {
-    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
-    value["at"] = Value::String(entry.at.to_string());
-    value
+pub(super) fn audit_entry(entry: &AuditRecord) -> ops::AuditEntry {
+    ops::AuditEntry {
+        at: entry.at,
+        who: entry.who.clone(),
+        role: entry.role.map(api_role),
+        via: entry.via.clone(),
+        peer: entry.peer.clone(),
+        verb: entry.verb.clone(),
+        kind: entry.kind.clone(),
+        name: entry.name.clone(),
+        request: entry.request.clone(),
+        body_digest: entry.body_digest.clone(),
+        objects: entry
+            .objects
+            .iter()
+            .map(|o| ops::AuditObject {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+                result: o.result.clone(),
+                digest: o.digest.clone(),
+            })
+            .collect(),
+        objects_total: entry.objects_total,
+        outcome: entry.outcome.clone(),
+        status: entry.status,
+        reason: entry.reason.clone(),
+        replica: entry.replica.clone(),
+    }
 }
 
 /// When `since` begins: a time, or an age before now.
@@ -304,13 +342,13 @@ pub(super) async fn read_audit(
             })
     });
     match query.format.as_deref() {
-        None | Some("json") => {
-            Ok(Json(Value::Array(shown.map(audit_json).collect())).into_response())
-        }
+        None | Some("json") => Ok(Json(shown.map(audit_entry).collect::<Vec<_>>()).into_response()),
         Some("jsonl") => {
             let mut lines = String::new();
             for entry in shown {
-                lines.push_str(&audit_json(entry).to_string());
+                let line = serde_json::to_string(&audit_entry(entry))
+                    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                lines.push_str(&line);
                 lines.push('\n');
             }
             Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response())

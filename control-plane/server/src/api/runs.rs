@@ -8,7 +8,7 @@ use drover_rules::state::JobView;
 pub(super) async fn delete_run(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Changed>, ApiError> {
     let Some((_, run)) = state.db.get::<TaskRunRecord>(&run_key(&name)).await? else {
         return Err(not_found(format!("TaskRun {name}")));
     };
@@ -31,12 +31,9 @@ pub(super) async fn delete_run(
     }
     let jobs = state.engine.delete_finished_run(&run).await?;
     tracing::info!(run = %name, jobs, "run deleted");
-    Ok(Json(json!({
-        "kind": "TaskRun",
-        "name": name,
-        "result": "deleted",
-        "jobs": jobs,
-    })))
+    let mut answer = Changed::new(Kind::TaskRun, name, Outcome::Deleted);
+    answer.jobs = Some(jobs as u64);
+    Ok(Json(answer))
 }
 
 pub(super) async fn list_runs(
@@ -107,11 +104,12 @@ pub(super) async fn run_targets(
 pub(super) async fn cancel_run(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let (answer, run) = cancel::<TaskRunRecord>(&state, "TaskRun", &run_key(&name), &name, |r| {
-        &mut r.status.phase
-    })
-    .await?;
+) -> Result<(StatusCode, Json<Changed>), ApiError> {
+    let (answer, run) =
+        cancel::<TaskRunRecord>(&state, Kind::TaskRun, &run_key(&name), &name, |r| {
+            &mut r.status.phase
+        })
+        .await?;
     // Every job out is asked before the answer, so a device that comes back
     // right after it gets the order, not the intent; the engine's passes ask
     // any job a pass released meanwhile.

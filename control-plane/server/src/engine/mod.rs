@@ -178,16 +178,16 @@ impl PassStats {
         micros.fetch_add(since.elapsed().as_micros() as u64, Relaxed);
     }
 
-    pub fn json(&self) -> serde_json::Value {
+    pub fn api(&self) -> drover_api::fleet::EngineStats {
         use std::sync::atomic::Ordering::Relaxed;
-        serde_json::json!({
-            "deploymentPasses": self.deployment_passes.load(Relaxed),
-            "deploymentPassSeconds": self.deployment_pass_micros.load(Relaxed) as f64 / 1e6,
-            "deploymentStoreSeconds": self.deployment_store_micros.load(Relaxed) as f64 / 1e6,
-            "runPasses": self.run_passes.load(Relaxed),
-            "runPassSeconds": self.run_pass_micros.load(Relaxed) as f64 / 1e6,
-            "runFullPasses": self.run_full_passes.load(Relaxed),
-        })
+        drover_api::fleet::EngineStats {
+            deployment_passes: self.deployment_passes.load(Relaxed),
+            deployment_pass_seconds: self.deployment_pass_micros.load(Relaxed) as f64 / 1e6,
+            deployment_store_seconds: self.deployment_store_micros.load(Relaxed) as f64 / 1e6,
+            run_passes: self.run_passes.load(Relaxed),
+            run_pass_seconds: self.run_pass_micros.load(Relaxed) as f64 / 1e6,
+            run_full_passes: self.run_full_passes.load(Relaxed),
+        }
     }
 }
 

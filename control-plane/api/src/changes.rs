@@ -1,0 +1,162 @@
+//! What a change answers: the object it touched and what became of it.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The kinds of object the API changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum Kind {
+    TaskRun,
+    Deployment,
+    Device,
+    TaskSchedule,
+    Secret,
+    Package,
+    Operator,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::TaskRun => "TaskRun",
+            Kind::Deployment => "Deployment",
+            Kind::Device => "Device",
+            Kind::TaskSchedule => "TaskSchedule",
+            Kind::Secret => "Secret",
+            Kind::Package => "Package",
+            Kind::Operator => "Operator",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What became of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum Outcome {
+    #[serde(rename = "created")]
+    Created,
+    #[serde(rename = "configured")]
+    Configured,
+    #[serde(rename = "unchanged")]
+    Unchanged,
+    #[serde(rename = "deleted")]
+    Deleted,
+    #[serde(rename = "cancel requested")]
+    CancelRequested,
+    #[serde(rename = "already canceling")]
+    AlreadyCanceling,
+    #[serde(rename = "add-new-devices requested")]
+    AddNewDevicesRequested,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Configured => "configured",
+            Outcome::Unchanged => "unchanged",
+            Outcome::Deleted => "deleted",
+            Outcome::CancelRequested => "cancel requested",
+            Outcome::AlreadyCanceling => "already canceling",
+            Outcome::AddNewDevicesRequested => "add-new-devices requested",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The answer to a change: which object, and what became of it, with what
+/// the change adds to say (the jobs a delete removed, the bytes it freed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Changed {
+    pub kind: Kind,
+    pub name: String,
+    pub result: Outcome,
+    /// The object's uid, when it has one (runs and deployments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The phase a cancel left it in (`Canceling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Job records a delete removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<u64>,
+    /// Job records a device's delete kept, for the runs that still show them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_for_runs: Option<u64>,
+    /// Whether a deleted device's agent was online (it will be refused from now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<bool>,
+    /// Bytes a package's delete freed on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freed_bytes: Option<u64>,
+    /// A Secret's keys (never their values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
+    /// The add-new-devices request's number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<u64>,
+}
+
+impl Changed {
+    /// `kind` `name` became `result`, with nothing more to say.
+    pub fn new(kind: Kind, name: impl Into<String>, result: Outcome) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            result,
+            uid: None,
+            phase: None,
+            jobs: None,
+            kept_for_runs: None,
+            online: None,
+            freed_bytes: None,
+            keys: None,
+            request: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_read_as_the_words_they_are_sent_as() {
+        for outcome in [
+            Outcome::Created,
+            Outcome::Configured,
+            Outcome::Unchanged,
+            Outcome::Deleted,
+            Outcome::CancelRequested,
+            Outcome::AlreadyCanceling,
+            Outcome::AddNewDevicesRequested,
+        ] {
+            let sent = serde_json::to_value(outcome).expect("serialize");
+            assert_eq!(sent, serde_json::json!(outcome.name()));
+            let read: Outcome = serde_json::from_value(sent).expect("deserialize");
+            assert_eq!(read, outcome);
+        }
+    }
+
+    #[test]
+    fn a_change_sends_only_what_it_has() {
+        let mut changed = Changed::new(Kind::Package, "p1", Outcome::Deleted);
+        changed.freed_bytes = Some(4096);
+        let sent = serde_json::to_value(&changed).expect("serialize");
+        assert_eq!(
+            sent,
+            serde_json::json!({"kind": "Package", "name": "p1", "result": "deleted", "freedBytes": 4096})
+        );
+    }
+}
