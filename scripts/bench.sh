@@ -61,7 +61,7 @@ else
     patch=20000,50000
 fi
 # NATS on the nats-server 2.10 the cluster tests run (a cluster needs it:
-# ARCHITECTURE.md, "Operations"), one node and three, in the same run.
+# docs/operations.md), one node and three, in the same run.
 DROVER_NATS_SERVER=$(bash scripts/fetch-nats-server.sh)
 export DROVER_NATS_SERVER
 echo

@@ -3,7 +3,7 @@
 # and prints its path. A JetStream cluster needs nats-server 2.10 or later:
 # on bookworm's 2.9.10 a SIGKILLed node, restarted, took writes before it had
 # rejoined its streams' Raft groups and its copy of a bucket diverged for good
-# (ARCHITECTURE.md, "Operations"). Bookworm has no newer package, so this
+# (docs/operations.md). Bookworm has no newer package, so this
 # takes Debian trixie's build from the Debian archive, checks its SHA-256,
 # and unpacks it under target/ (dpkg-deb -x: nothing is installed on the
 # host). amd64 only; elsewhere it prints the nats-server on PATH.

@@ -11,7 +11,7 @@
 //!   the job id included: `journalctl -u drover-agent -g JOB_ID` finds a
 //!   job's lines. (tracing-journald would put only the bare message in
 //!   `MESSAGE` and every field beside it, where a plain `journalctl -u`
-//!   shows none of them; see ARCHITECTURE.md.)
+//!   shows none of them; see docs/internals/known-gaps.md.)
 //! - `RUST_LOG` takes a level and `target=level` pairs (`info,agent_core=debug`),
 //!   tracing-subscriber's `Targets` filter. Its `EnvFilter` would also match
 //!   spans and fields, but it brings a regex engine and Unicode tables

@@ -230,7 +230,7 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
 /// Starts nats-server with `config` (written to DIR/nats.conf, its log to
 /// DIR/nats.log) and waits until it listens on `port`. The binary is
 /// `$DROVER_NATS_SERVER`, else the one on PATH (`scripts/bench.sh` gives
-/// the 2.10 a cluster needs, see ARCHITECTURE.md "Operations").
+/// the 2.10 a cluster needs, see docs/operations.md).
 fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
     let path = dir.join("nats.conf");
     std::fs::write(&path, config)?;
@@ -720,7 +720,7 @@ pub(crate) async fn wait_for(
 
 /// A data directory for replica `index` beside the first one (DIR/data):
 /// its own database, the first one's `secret.key` and `operator.token`
-/// (ARCHITECTURE.md, "Several replicas").
+/// (docs/internals/control-plane.md, "Several replicas").
 fn replica_dir(dir: &Path, index: usize) -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let replica = dir.join(format!("replica-{index}"));

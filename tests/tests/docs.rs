@@ -126,18 +126,26 @@ fn man_pages_and_completions_match_the_cli() {
 fn every_link_in_the_readme_and_the_book_resolves() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let docs = root.join("docs");
-    let mut pages = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut pages = vec![
+        root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
+        root.join("CHANGELOG.md"),
+    ];
     let mut chapters = Vec::new();
-    for entry in std::fs::read_dir(&docs).expect("docs") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "md") {
-            chapters.push(
-                path.file_name()
-                    .expect("name")
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-            pages.push(path);
+    // The book's chapters: docs/*.md and the design notes and decision
+    // records under docs/internals/ and docs/decisions/.
+    for dir in ["", "internals", "decisions"] {
+        for entry in std::fs::read_dir(docs.join(dir)).expect("docs") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                let name = path.file_name().expect("name").to_string_lossy();
+                chapters.push(if dir.is_empty() {
+                    name.into_owned()
+                } else {
+                    format!("{dir}/{name}")
+                });
+                pages.push(path);
+            }
         }
     }
     let mut broken = Vec::new();

@@ -279,7 +279,15 @@ fn the_server_links_no_transport_and_the_binary_wires_them() {
 fn the_api_types_reach_no_runtime_and_no_drover_crate() {
     let tree = normal_tree("drover-api");
     assert!(tree.contains("utoipa"), "{tree:?}");
-    for banned in ["tokio", "axum", "hyper", "reqwest", "redb", "drover-rules", "drover-model"] {
+    for banned in [
+        "tokio",
+        "axum",
+        "hyper",
+        "reqwest",
+        "redb",
+        "drover-rules",
+        "drover-model",
+    ] {
         assert!(!tree.contains(banned), "drover-api reaches {banned}");
     }
 }

@@ -48,7 +48,7 @@ check "systemd says why" sh -c 'journalctl -u drover-agent --no-pager | grep -q 
 check "the restarted agent answers" drover-agent --config /etc/drover/agent.toml status
 echo "restarts: $(systemctl show -p NRestarts --value drover-agent)"
 # The units' confinement as systemd itself rates it on a running system
-# (the numbers ARCHITECTURE.md's threat model gives; lower is better).
+# (the numbers docs/internals/security.md gives; lower is better).
 exposure() { systemd-analyze security "$1" 2>/dev/null | sed -n 's/.*exposure level for .*: \([0-9.]*\).*/\1/p'; }
 agent_exposure=$(exposure drover-agent.service)
 echo "drover-agent.service exposure: $agent_exposure"

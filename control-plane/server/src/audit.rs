@@ -84,7 +84,8 @@ pub fn bounded(mut entry: AuditRecord) -> AuditRecord {
 /// The most bytes one entry can take as JSON (the API's answer; postcard
 /// in the store is smaller), every field at its bound, every character
 /// four bytes: measured by the test
-/// `an_entry_at_every_bound_fits_max_entry_bytes`, stated in ARCHITECTURE.md.
+/// `an_entry_at_every_bound_fits_max_entry_bytes`, stated in
+/// docs/internals/security.md.
 pub const MAX_ENTRY_BYTES: usize = 128 * 1024;
 /// The most bytes one stored entry without objects (every refusal and
 /// login) can take.
