@@ -127,6 +127,107 @@ impl Changed {
     }
 }
 
+/// `POST /apply`: what became of the one object sent, or of each object
+/// of a List (in the order sent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Applied {
+    List(AppliedList),
+    One(Changed),
+}
+
+impl Applied {
+    /// Each object's answer, in the order sent.
+    pub fn into_items(self) -> Vec<Changed> {
+        match self {
+            Applied::List(list) => list.items,
+            Applied::One(one) => vec![one],
+        }
+    }
+
+    pub fn items(&self) -> Vec<&Changed> {
+        match self {
+            Applied::List(list) => list.items.iter().collect(),
+            Applied::One(one) => vec![one],
+        }
+    }
+}
+
+/// The answers to a List, one per item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AppliedList {
+    pub kind: ListKind,
+    pub items: Vec<Changed>,
+}
+
+/// `List`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum ListKind {
+    List,
+}
+
+/// What `POST /apply` answers: what became of the objects, or with
+/// `dryRun=server` the preview.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ApplyAnswer {
+    Preview(Preview),
+    Applied(Applied),
+}
+
+/// `POST /apply?dryRun=server`: what applying would do, nothing stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preview {
+    /// `server`.
+    pub dry_run: String,
+    pub items: Vec<PreviewItem>,
+}
+
+/// What applying one manifest would do; for a TaskRun and a Deployment,
+/// the targets it would get now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PreviewItem {
+    pub kind: Kind,
+    pub name: String,
+    /// created, configured, unchanged, or `refused: why`.
+    pub result: String,
+    /// How many devices it would target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<u64>,
+    /// The first ten targets' names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<Vec<String>>,
+    /// Devices left out, by why (decommissioned, noAgentYet,
+    /// agentLacksTheKind, noInventoryYet, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excluded: Option<std::collections::BTreeMap<String, u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+impl PreviewItem {
+    pub fn new(kind: Kind, name: impl Into<String>, result: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            result: result.into(),
+            targets: None,
+            canaries: None,
+            first: None,
+            excluded: None,
+            warning: None,
+        }
+    }
+
+    /// A preview that would be refused.
+    pub fn refused(&self) -> bool {
+        self.result.starts_with("refused")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +247,23 @@ mod tests {
             assert_eq!(sent, serde_json::json!(outcome.name()));
             let read: Outcome = serde_json::from_value(sent).expect("deserialize");
             assert_eq!(read, outcome);
+        }
+    }
+
+    #[test]
+    fn an_answer_to_a_list_reads_back_as_a_list_and_one_as_one() {
+        let one = Changed::new(Kind::Device, "pi-1", Outcome::Created);
+        let list = Applied::List(AppliedList {
+            kind: ListKind::List,
+            items: vec![
+                one.clone(),
+                Changed::new(Kind::Secret, "s", Outcome::Unchanged),
+            ],
+        });
+        for applied in [list, Applied::One(one)] {
+            let sent = serde_json::to_string(&applied).expect("serialize");
+            let read: Applied = serde_json::from_str(&sent).expect("deserialize");
+            assert_eq!(read, applied, "{sent}");
         }
     }
 

@@ -11,9 +11,13 @@
 //! Data only: no runtime, no store, no HTTP.
 
 pub mod changes;
+pub mod deployments;
 pub mod devices;
 pub mod fleet;
+pub mod jobs;
 pub mod operators;
+pub mod runs;
+pub mod schedules;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -1,6 +1,8 @@
 //! The CLI's HTTP client for the operators' API.
 
 use anyhow::{Context, Result, bail};
+use drover_api::ErrorBody;
+use drover_api::changes::{Applied, Changed, Preview, PreviewItem};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::Path;
@@ -65,11 +67,10 @@ impl ApiClient {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
-            let message = body
-                .get("error")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .unwrap_or_else(|| body.to_string());
+            let message = match serde_json::from_value::<ErrorBody>(body.clone()) {
+                Ok(answer) => answer.error,
+                Err(_) => body.to_string(),
+            };
             bail!("the control plane answered {status}: {message}");
         }
         Ok(body)
@@ -204,58 +205,60 @@ impl ApiClient {
     }
 
     /// Applies every document of a YAML or JSON text in one request (a
-    /// List when there are several); returns the results.
-    pub async fn apply_text(&self, text: &str) -> Result<Vec<Value>> {
-        self.apply_documents(text, "/apply").await
+    /// List when there are several); returns what became of each.
+    pub async fn apply_text(&self, text: &str) -> Result<Vec<Changed>> {
+        let documents = manifests(text)?;
+        let applied: Applied = match documents.as_slice() {
+            [one] => self.post("/apply", one).await?,
+            _ => self.post("/apply", &list_of(documents)).await?,
+        };
+        Ok(applied.into_items())
     }
 
     /// Checks the documents and previews what applying them would do
     /// (`POST /apply?dryRun=server`); nothing is stored.
-    pub async fn preview_text(&self, text: &str) -> Result<Vec<Value>> {
-        self.apply_documents(text, "/apply?dryRun=server").await
+    pub async fn preview_text(&self, text: &str) -> Result<Vec<PreviewItem>> {
+        let preview: Preview = self
+            .post("/apply?dryRun=server", &list_of(manifests(text)?))
+            .await?;
+        Ok(preview.items)
     }
+}
 
-    async fn apply_documents(&self, text: &str, path: &str) -> Result<Vec<Value>> {
-        const MAX_TEXT: usize = 16 * 1024 * 1024;
-        const MAX_DEPTH: usize = 64;
-        if text.len() > MAX_TEXT {
-            bail!(
-                "the file is {} bytes, over the limit of {MAX_TEXT}",
-                text.len()
-            );
-        }
-        let depth = crate::strict_json::nesting_depth(text);
-        if depth > MAX_DEPTH {
-            bail!("the file nests {depth} levels of [ or {{, over the limit of {MAX_DEPTH}");
-        }
-        let mut documents = Vec::new();
-        for document in serde_yaml_ng::Deserializer::from_str(text) {
-            let value = <Value as serde::Deserialize>::deserialize(document)
-                .context("not valid YAML or JSON")?;
-            match value {
-                Value::Null => {}
-                // What `get KIND -o yaml|json` prints for several: a list.
-                Value::Array(items) => documents.extend(items.into_iter().map(as_manifest)),
-                value => documents.push(as_manifest(value)),
-            }
-        }
-        match documents.len() {
-            0 => bail!("no manifest found"),
-            1 if !path.contains("dryRun") => {
-                Ok(vec![self.post::<Value>(path, &documents[0]).await?])
-            }
-            _ => {
-                let list =
-                    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
-                let answer: Value = self.post(path, &list).await?;
-                Ok(answer
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default())
-            }
+/// The documents of a YAML or JSON text, bounded, each as apply takes it.
+fn manifests(text: &str) -> Result<Vec<Value>> {
+    const MAX_TEXT: usize = 16 * 1024 * 1024;
+    const MAX_DEPTH: usize = 64;
+    if text.len() > MAX_TEXT {
+        bail!(
+            "the file is {} bytes, over the limit of {MAX_TEXT}",
+            text.len()
+        );
+    }
+    let depth = crate::strict_json::nesting_depth(text);
+    if depth > MAX_DEPTH {
+        bail!("the file nests {depth} levels of [ or {{, over the limit of {MAX_DEPTH}");
+    }
+    let mut documents = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = <Value as serde::Deserialize>::deserialize(document)
+            .context("not valid YAML or JSON")?;
+        match value {
+            Value::Null => {}
+            // What `get KIND -o yaml|json` prints for several: a list.
+            Value::Array(items) => documents.extend(items.into_iter().map(as_manifest)),
+            value => documents.push(as_manifest(value)),
         }
     }
+    if documents.is_empty() {
+        bail!("no manifest found");
+    }
+    Ok(documents)
+}
+
+/// Several manifests as one `kind: List`.
+fn list_of(documents: Vec<Value>) -> Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents})
 }
 
 /// How many objects `list` asks for at a time.

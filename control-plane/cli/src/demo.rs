@@ -9,7 +9,9 @@ use agent_core::DeviceId;
 use agent_core::model::JobStatus;
 use agent_core::out;
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use drover_api::jobs::StepState;
+use drover_api::runs::{Phase, RunTargets, TaskRun};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -174,7 +176,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             labels.insert("canary", "true");
         }
         client
-            .post::<Value>(
+            .post::<drover_api::changes::Changed>(
                 "/apply",
                 &json!({
                     "apiVersion": crate::records::API_VERSION, "kind": "Device",
@@ -251,7 +253,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     );
     wait_for_agents(&client, &devices, dir.path()).await?;
 
-    let result: Value = client
+    let result: drover_api::changes::Changed = client
         .post(
             "/apply",
             &json!({
@@ -264,24 +266,32 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         .await?;
     out!(
         "taskrun {RUN} applied (uid {})",
-        result["uid"].as_str().unwrap_or("?")
+        result.uid.as_deref().unwrap_or("?")
     );
     let complete = follow(&client, RUN).await?;
 
-    let run: Value = client.get(&format!("/taskruns/{RUN}")).await?;
+    let run: TaskRun = client.get(&format!("/taskruns/{RUN}")).await?;
     out!(
         "\nfinal status of {RUN}:\n{}",
-        serde_json::to_string_pretty(&run["status"])?
+        serde_json::to_string_pretty(&run.status)?
     );
-    let targets: Value = client.get(&format!("/taskruns/{RUN}/targets")).await?;
+    let targets: RunTargets = client.get(&format!("/taskruns/{RUN}/targets")).await?;
     out!("\nsteps on each device:");
-    for item in targets["items"].as_array().into_iter().flatten() {
-        match serde_json::from_value::<JobStatus>(item["status"].clone()) {
-            Ok(status) => out!(
+    for item in targets.items {
+        // The agent's own report of a job, from the API's copy of its
+        // status (the same fields the agent sent).
+        let status = item
+            .status
+            .map(serde_json::to_value)
+            .transpose()?
+            .map(serde_json::from_value::<JobStatus>)
+            .transpose();
+        match status {
+            Ok(Some(status)) => out!(
                 "{}",
                 agent_core::report::format_job(&status).trim_end_matches('\n')
             ),
-            Err(_) => out!("{}: no status", item["device"].as_str().unwrap_or("?")),
+            _ => out!("{}: no status", item.device),
         }
     }
     for (device, sandbox) in devices.iter().zip(&sandboxes) {
@@ -350,7 +360,7 @@ fn check_sandbox_tools() -> Result<()> {
 async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let listed: Vec<crate::records::DeviceRecord> = client
+        let listed: Vec<drover_api::devices::Device> = client
             .list("/devices")
             .await?
             .into_iter()
@@ -359,7 +369,7 @@ async fn wait_for_agents(client: &ApiClient, devices: &[String], dir: &Path) -> 
         let ready = devices.iter().all(|d| {
             listed
                 .iter()
-                .any(|r| r.id.as_str() == d && r.agent_present && !r.capabilities.is_empty())
+                .any(|r| &r.id == d && r.agent_present && !r.capabilities.is_empty())
         });
         if ready {
             out!(
@@ -383,54 +393,49 @@ async fn follow(client: &ApiClient, name: &str) -> Result<bool> {
     let start = Instant::now();
     let stamp = || format!("[{:>6.1}s]", start.elapsed().as_secs_f64());
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
-    let mut last_phase = String::new();
+    let mut last_phase = None;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let run: Value = client.get(&format!("/taskruns/{name}")).await?;
-        let status = &run["status"];
-        let phase = status["phase"].as_str().unwrap_or("?").to_owned();
-        let targets: Value = client.get(&format!("/taskruns/{name}/targets")).await?;
-        for item in targets["items"].as_array().into_iter().flatten() {
-            let device = item["device"].as_str().unwrap_or("?").to_owned();
-            let canary = if item["canary"].as_bool() == Some(true) {
-                " (canary)"
-            } else {
-                ""
-            };
+        let run: TaskRun = client.get(&format!("/taskruns/{name}")).await?;
+        let status = &run.status;
+        let targets: RunTargets = client.get(&format!("/taskruns/{name}/targets")).await?;
+        for item in targets.items {
+            let canary = if item.canary { " (canary)" } else { "" };
             // The state the API names (as `describe` and the dashboard do),
             // with the step a running job is at.
-            let state = item["state"].as_str().unwrap_or("?");
-            if state == "notReleased" {
+            if item.state == "notReleased" {
                 continue;
             }
-            let step = item["status"]["steps"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|s| s["state"] == "Running")
-                .and_then(|s| s["name"].as_str());
+            let step = item.status.as_ref().and_then(|status| {
+                status
+                    .steps
+                    .iter()
+                    .find(|s| s.state == StepState::Running)
+                    .map(|s| s.name.clone())
+            });
             let state = match step {
-                Some(step) if state == "running" => format!("running step {step}"),
-                _ => state.to_owned(),
+                Some(step) if item.state == "running" => format!("running step {step}"),
+                _ => item.state.clone(),
             };
-            if seen.get(&device) != Some(&state) {
-                out!("{} {device}{canary}: {state}", stamp());
-                seen.insert(device, state);
+            if seen.get(&item.device) != Some(&state) {
+                out!("{} {}{canary}: {state}", stamp(), item.device);
+                seen.insert(item.device, state);
             }
         }
-        if phase != last_phase {
+        if last_phase != Some(status.phase) {
             out!(
-                "{} run {name}: {phase} ({} targets, {} canary, {} succeeded, {} failed)",
+                "{} run {name}: {} ({} targets, {} canary, {} succeeded, {} failed)",
                 stamp(),
-                status["targets"],
-                status["canaries"],
-                status["succeeded"],
-                status["failed"]
+                status.phase.name(),
+                status.targets,
+                status.canaries,
+                status.succeeded,
+                status.failed
             );
-            last_phase = phase.clone();
+            last_phase = Some(status.phase);
         }
-        if phase == "Complete" || phase == "Failed" {
-            return Ok(phase == "Complete");
+        if status.phase.is_terminal() {
+            return Ok(status.phase == Phase::Complete);
         }
         if Instant::now() > deadline {
             bail!("run {name} did not finish within 10 minutes");

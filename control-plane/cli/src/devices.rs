@@ -1,28 +1,12 @@
 //! Devices as `drover get devices` shows them: the API's listing read
-//! (`ListedDevice`), its table (the patch columns in `-o wide`), and each
-//! device as the Device manifest that registers it for `-o json|yaml`.
+//! (`drover_api::devices::Device`), its table (the patch columns in `-o
+//! wide`), and each device as the Device manifest that registers it for
+//! `-o json|yaml`.
 
-use crate::records::DeviceRecord;
-use crate::table::{Listing, Row, age, number};
+use crate::table::{Listing, Row, age};
 use crate::watch::printable;
+use drover_api::devices::{Device, PatchSummary};
 use serde_json::Value;
-
-/// A device as `GET /devices` lists it.
-#[derive(serde::Deserialize, serde::Serialize)]
-pub struct ListedDevice {
-    #[serde(flatten)]
-    pub record: DeviceRecord,
-    /// Connected and heard from lately (absent from older servers).
-    #[serde(default)]
-    pub online: bool,
-    /// Its latest patch assessment's summary (null before the first one;
-    /// absent from older servers).
-    #[serde(default)]
-    pub patch: Value,
-    /// The labels the control plane maintains (`drover.io/…`).
-    #[serde(default, rename = "maintainedLabels")]
-    pub maintained_labels: std::collections::BTreeMap<String, String>,
-}
 
 /// A device as the API lists it, turned into the Device manifest that
 /// registers it (name, labels, groups, time zone, decommissioned), with
@@ -56,7 +40,7 @@ pub fn device_manifest(device: &Value) -> Value {
     })
 }
 
-pub(crate) fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
+pub(crate) fn device_rows(devices: &[Device], wide: bool) -> Listing {
     let now = jiff::Timestamp::now();
     let mut headers = vec![
         "DEVICE",
@@ -81,19 +65,17 @@ pub(crate) fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
         ]);
     }
     let mut rows = Vec::new();
-    for listed in devices {
-        let d = &listed.record;
+    for d in devices {
         let groups: Vec<&str> = d.groups.iter().map(String::as_str).collect();
         let labels: Vec<String> = d
             .labels
             .iter()
-            .chain(&listed.maintained_labels)
+            .chain(d.maintained_labels.iter().flatten())
             .map(|(k, v)| printable(&format!("{k}={v}")))
             .collect();
-        let state = d.state(listed.online);
         let mut row = vec![
-            d.id.to_string(),
-            state.to_owned(),
+            printable(&d.id),
+            printable(&d.state),
             age(d.last_seen.max(d.last_heartbeat), now),
             printable(d.agent_version.as_deref().unwrap_or("-")),
             printable(&groups.join(",")),
@@ -110,10 +92,10 @@ pub(crate) fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
             ] {
                 row.push(printable(extra.as_deref().unwrap_or("-")));
             }
-            row.extend(patch_cells(&listed.patch, now));
+            row.extend(patch_cells(d.patch.as_ref(), now));
         }
         rows.push(Row {
-            key: d.id.to_string(),
+            key: d.id.clone(),
             cells: row,
         });
     }
@@ -130,26 +112,23 @@ pub(crate) fn device_rows(devices: &[ListedDevice], wide: bool) -> Listing {
 /// with no security archive among its sources), how long the oldest pending
 /// security update has waited, and whether a reboot is pending; "-" before
 /// its first assessment.
-fn patch_cells(patch: &Value, now: jiff::Timestamp) -> [String; 4] {
-    if patch.is_null() {
+fn patch_cells(patch: Option<&PatchSummary>, now: jiff::Timestamp) -> [String; 4] {
+    let Some(patch) = patch else {
         return ["-".into(), "-".into(), "-".into(), "-".into()];
-    }
-    let security = if patch["securityArchive"] == false {
-        "n/a".to_owned()
-    } else {
-        number(&patch["security"])
     };
-    let oldest = patch["oldestSecuritySince"]
-        .as_str()
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let security = if patch.security_archive {
+        patch.security.to_string()
+    } else {
+        "n/a".to_owned()
+    };
     [
-        number(&patch["upgradable"]),
+        patch.upgradable.to_string(),
         security,
-        match oldest {
-            Some(_) => age(oldest, now),
+        match patch.oldest_security_since {
+            Some(oldest) => age(Some(oldest), now),
             None => "-".into(),
         },
-        if patch["rebootPending"].is_string() {
+        if patch.reboot_pending.is_some() {
             "yes"
         } else {
             "no"

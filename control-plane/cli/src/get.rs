@@ -5,11 +5,14 @@
 
 use crate::cli::{Output, Resource};
 use crate::client::ApiClient;
-use crate::devices::{ListedDevice, device_manifest, device_rows};
+use crate::devices::{device_manifest, device_rows};
 pub use crate::table::{Listing, Row, age, number, print_table, table};
 use crate::watch::printable;
 use agent_core::out;
 use anyhow::{Result, bail};
+use drover_api::deployments::Deployment;
+use drover_api::runs::TaskRun;
+use drover_api::schedules::{Cadence, Package, TaskSchedule};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -70,21 +73,27 @@ async fn fetch(
         Resource::Devices => {
             let devices = objects
                 .iter()
-                .map(|d| Ok(serde_json::from_value::<ListedDevice>(d.clone())?))
+                .map(|d| {
+                    Ok(serde_json::from_value::<drover_api::devices::Device>(
+                        d.clone(),
+                    )?)
+                })
                 .collect::<Result<Vec<_>>>()?;
             device_rows(&devices, wide)
         }
-        Resource::Taskruns => run_rows(&objects),
-        Resource::Taskschedules => schedule_rows(&objects),
-        Resource::Deployments => deployment_rows(&objects),
-        Resource::Packages => package_rows(&objects),
+        Resource::Taskruns => run_rows(&typed::<TaskRun>(&objects)?),
+        Resource::Taskschedules => schedule_rows(&typed::<TaskSchedule>(&objects)?),
+        Resource::Deployments => deployment_rows(&typed::<Deployment>(&objects)?),
+        Resource::Packages => package_rows(&typed::<Package>(&objects)?),
     };
     if let (Resource::Taskruns, [run]) = (resource, objects.as_slice())
         && name.is_some()
     {
-        listing.note = run["status"]["latestError"]
-            .as_str()
-            .map(|error| format!("latest error: {}", printable(error)));
+        let run: TaskRun = serde_json::from_value(run.clone())?;
+        listing.note = run
+            .status
+            .latest_error
+            .map(|error| format!("latest error: {}", printable(&error)));
     }
     // What -o json|yaml prints is what apply -f takes back: a device as
     // the manifest that registers it.
@@ -102,6 +111,14 @@ async fn fetch(
         objects: keyed,
         listing,
     })
+}
+
+/// The objects of a listing read as the API's type for their kind.
+fn typed<T: serde::de::DeserializeOwned>(objects: &[Value]) -> Result<Vec<T>> {
+    objects
+        .iter()
+        .map(|o| Ok(serde_json::from_value(o.clone())?))
+        .collect()
 }
 
 /// `drover get`: once, or with `watch` until interrupted.
@@ -148,11 +165,11 @@ pub fn print_listing(listing: &Listing) {
     }
 }
 
-pub fn print_runs(runs: &[Value]) {
+pub fn print_runs(runs: &[TaskRun]) {
     print_listing(&run_rows(runs));
 }
 
-pub fn print_deployments(deployments: &[Value]) {
+pub fn print_deployments(deployments: &[Deployment]) {
     print_listing(&deployment_rows(deployments));
 }
 
@@ -226,19 +243,19 @@ impl Watcher {
     }
 }
 
-fn package_rows(packages: &[Value]) -> Listing {
+fn package_rows(packages: &[Package]) -> Listing {
     let now = jiff::Timestamp::now();
     let rows = packages
         .iter()
         .map(|p| {
-            let id = shown(&p["id"]);
+            let id = printable(&p.id);
             Row {
                 key: id.clone(),
                 cells: vec![
                     id,
-                    number(&p["size"]),
-                    shown(&p["sha256"]),
-                    moment(&p["uploadedAt"], now),
+                    p.size.to_string(),
+                    printable(&p.sha256),
+                    moment_of(p.uploaded_at, now),
                 ],
             }
         })
@@ -282,7 +299,7 @@ pub fn shown(value: &Value) -> String {
     printable(value.as_str().unwrap_or(""))
 }
 
-fn schedule_rows(schedules: &[Value]) -> Listing {
+fn schedule_rows(schedules: &[TaskSchedule]) -> Listing {
     let headers = vec![
         "NAME",
         "SCHEDULE (UTC)",
@@ -293,43 +310,30 @@ fn schedule_rows(schedules: &[Value]) -> Listing {
         "SKIPPED",
     ];
     let mut rows = Vec::new();
-    let time = |v: &Value| {
-        v.as_str()
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            .map(|t| t.strftime("%Y-%m-%d %H:%M").to_string())
+    let time = |t: Option<jiff::Timestamp>| {
+        t.map(|t| t.strftime("%Y-%m-%d %H:%M").to_string())
             .unwrap_or_else(|| "-".into())
     };
     for schedule in schedules {
-        let cadence = &schedule["spec"]["schedule"];
-        let cadence = match cadence.as_object().and_then(|m| m.iter().next()) {
-            Some((form, Value::String(value))) => format!("{form} {value}"),
-            Some((form, Value::Object(fields))) => format!(
-                "{form} {}",
-                fields
-                    .values()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
-            _ => "?".into(),
+        // The form's name and its fields, as the manifest writes them.
+        let cadence = match &schedule.spec.schedule {
+            Cadence::Daily(at) => format!("daily {at}"),
+            Cadence::Weekly { day, at } => format!("weekly {at} {day}"),
+            Cadence::Yearly { date, at } => format!("yearly {at} {date}"),
+            Cadence::Cron(expression) => format!("cron {expression}"),
         };
-        let status = &schedule["status"];
-        let name = printable(schedule["metadata"]["name"].as_str().unwrap_or("?"));
+        let status = &schedule.status;
+        let name = printable(&schedule.metadata.name);
         rows.push(Row {
             key: name.clone(),
             cells: vec![
                 name,
                 printable(&cadence),
-                if schedule["spec"]["suspend"] == true {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_owned(),
-                time(&status["lastTick"]),
-                time(&status["nextTick"]),
-                printable(status["activeRun"].as_str().unwrap_or("-")),
-                status["skippedTicks"].as_u64().unwrap_or(0).to_string(),
+                if schedule.spec.suspend { "yes" } else { "no" }.to_owned(),
+                time(status.last_tick),
+                time(status.next_tick),
+                printable(status.active_run.as_deref().unwrap_or("-")),
+                status.skipped_ticks.to_string(),
             ],
         });
     }
@@ -341,7 +345,7 @@ fn schedule_rows(schedules: &[Value]) -> Listing {
     }
 }
 
-fn run_rows(runs: &[Value]) -> Listing {
+fn run_rows(runs: &[TaskRun]) -> Listing {
     let headers = vec![
         "NAME",
         "PHASE",
@@ -353,18 +357,18 @@ fn run_rows(runs: &[Value]) -> Listing {
     ];
     let mut rows = Vec::new();
     for run in runs {
-        let s = &run["status"];
-        let name = printable(run["metadata"]["name"].as_str().unwrap_or("?"));
+        let s = &run.status;
+        let name = printable(&run.metadata.name);
         rows.push(Row {
             key: name.clone(),
             cells: vec![
                 name,
-                printable(s["phase"].as_str().unwrap_or("?")),
-                number(&s["targets"]),
-                number(&s["released"]),
-                number(&s["succeeded"]),
-                number(&s["failed"]),
-                printable(s["reason"].as_str().unwrap_or("")),
+                s.phase.name().to_owned(),
+                s.targets.to_string(),
+                s.released.to_string(),
+                s.succeeded.to_string(),
+                s.failed.to_string(),
+                printable(s.reason.as_deref().unwrap_or("")),
             ],
         });
     }
@@ -376,7 +380,7 @@ fn run_rows(runs: &[Value]) -> Listing {
     }
 }
 
-fn deployment_rows(deployments: &[Value]) -> Listing {
+fn deployment_rows(deployments: &[Deployment]) -> Listing {
     let headers = vec![
         "NAME",
         "PHASE",
@@ -393,25 +397,25 @@ fn deployment_rows(deployments: &[Value]) -> Listing {
     ];
     let mut rows = Vec::new();
     for deployment in deployments {
-        let s = &deployment["status"];
+        let s = &deployment.status;
         let mut row = vec![
-            printable(deployment["metadata"]["name"].as_str().unwrap_or("?")),
-            printable(s["phase"].as_str().unwrap_or("?")),
+            printable(&deployment.metadata.name),
+            s.phase.name().to_owned(),
         ];
         for count in [
-            "targets",
-            "excludedCount",
-            "pending",
-            "queued",
-            "running",
-            "succeeded",
-            "failed",
-            "expired",
-            "canceled",
+            s.targets,
+            s.excluded_count,
+            s.pending,
+            s.queued,
+            s.running,
+            s.succeeded,
+            s.failed,
+            s.expired,
+            s.canceled,
         ] {
-            row.push(number(&s[count]));
+            row.push(count.to_string());
         }
-        row.push(printable(s["reason"].as_str().unwrap_or("")));
+        row.push(printable(s.reason.as_deref().unwrap_or("")));
         rows.push(Row {
             key: row[0].clone(),
             cells: row,

@@ -7,7 +7,7 @@ use drover::cli::{
     PackagesCommand, RunsCommand, StoreKind,
 };
 use drover::client::ApiClient;
-use drover::get::{shown, structured};
+use drover::get::structured;
 use drover::serve::{self, ServeOptions};
 use drover_api::changes::Changed;
 use serde_json::Value;
@@ -193,9 +193,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             for result in client(&cli)?.apply_text(&text).await? {
                 out!(
                     "{}/{} {}",
-                    result["kind"].as_str().unwrap_or("?").to_lowercase(),
-                    result["name"].as_str().unwrap_or("?"),
-                    result["result"].as_str().unwrap_or("?")
+                    result.kind.name().to_lowercase(),
+                    drover::watch::printable(&result.name),
+                    result.result
                 );
             }
             Ok(0)
@@ -300,20 +300,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             output,
         } => {
             let api = client(&cli)?;
-            let run: Value = api.get(&format!("/taskruns/{name}")).await?;
+            let run: drover_api::runs::TaskRun = api.get(&format!("/taskruns/{name}")).await?;
             let mut targets = Vec::new();
             loop {
-                let page: Value = api
+                let page: drover_api::runs::RunTargets = api
                     .get(&format!(
                         "/taskruns/{name}/targets?offset={}&limit=1000",
                         targets.len()
                     ))
                     .await?;
-                let items = page["items"].as_array().cloned().unwrap_or_default();
-                let total = page["total"].as_u64().unwrap_or(0) as usize;
-                let empty = items.is_empty();
-                targets.extend(items);
-                if empty || targets.len() >= total {
+                let empty = page.items.is_empty();
+                targets.extend(page.items);
+                if empty || targets.len() as u64 >= page.total {
                     break;
                 }
             }
@@ -356,7 +354,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Operators { command } => cmd::operators::operators(&client(&cli)?, command).await,
         Command::Audit(args) => cmd::operators::audit(&client(&cli)?, args).await,
         Command::PatchStatus { output } => {
-            let fleet: Value = client(&cli)?.get("/patch-status").await?;
+            let fleet: drover_api::devices::PatchStatus =
+                client(&cli)?.get("/patch-status").await?;
             if !structured(*output, &fleet)? {
                 cmd::describe::patch_status(&fleet);
             }
@@ -368,9 +367,10 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             output,
         } => {
             let api = client(&cli)?;
-            let device: Value = api.get(&format!("/devices/{name}")).await?;
-            let jobs: Value = api.get(&format!("/devices/{name}/jobs")).await?;
-            let assessment: Option<Value> = api
+            let device: drover_api::devices::Device = api.get(&format!("/devices/{name}")).await?;
+            let jobs: drover_api::devices::DeviceJobs =
+                api.get(&format!("/devices/{name}/jobs")).await?;
+            let assessment: Option<drover_api::devices::Assessment> = api
                 .get_optional(&format!("/devices/{name}/assessment"))
                 .await?;
             if !structured(
@@ -386,7 +386,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             name,
             output,
         } => {
-            let described: Value = client(&cli)?
+            let described: drover_api::deployments::DeploymentDescription = client(&cli)?
                 .get(&format!("/deployments/{name}/describe"))
                 .await?;
             if !structured(*output, &described)? {
@@ -405,9 +405,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let answer = drover::upload::upload(&client(&cli)?, file, stall).await?;
             out!(
                 "package {} ({} bytes, sha256 {}) is in the store",
-                shown(&answer["id"]),
-                answer["size"],
-                shown(&answer["sha256"])
+                drover::watch::printable(&answer.id),
+                answer.size,
+                drover::watch::printable(&answer.sha256)
             );
             Ok(0)
         }
@@ -529,11 +529,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else if !unregistered {
                 let api = client(&cli)?;
                 match api
-                    .get_optional::<Value>(&format!("/devices/{device}"))
+                    .get_optional::<drover_api::devices::Device>(&format!("/devices/{device}"))
                     .await
                 {
                     Ok(Some(record)) => {
-                        generation = record["tokenGeneration"].as_u64().unwrap_or(0);
+                        generation = record.token_generation.unwrap_or(0);
                     }
                     Ok(None) => bail!(
                         "device {device} is not registered: apply its Device manifest first \

@@ -6,9 +6,9 @@
 
 use crate::client::ApiClient;
 use anyhow::{Context, Result, anyhow, bail};
+use drover_api::schedules::Package;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +32,7 @@ enum Failed {
 }
 
 /// Uploads `file` to `POST /api/v1/packages`; returns the stored record.
-pub async fn upload(client: &ApiClient, file: &Path, stall: Duration) -> Result<Value> {
+pub async fn upload(client: &ApiClient, file: &Path, stall: Duration) -> Result<Package> {
     let size = tokio::fs::metadata(file)
         .await
         .with_context(|| format!("cannot read {}", file.display()))?
@@ -89,7 +89,7 @@ async fn once(
     size: u64,
     stall: Duration,
     bar: &ProgressBar,
-) -> Result<Value, Failed> {
+) -> Result<Package, Failed> {
     let opened = tokio::fs::File::open(file)
         .await
         .with_context(|| format!("cannot read {}", file.display()))
@@ -132,7 +132,9 @@ async fn once(
     let response = response.map_err(|e| Failed::Broke(client.unreachable(e)))?;
     let status = response.status();
     match ApiClient::check(response).await {
-        Ok(answer) => Ok(answer),
+        Ok(answer) => serde_json::from_value(answer)
+            .context("the control plane's answer is not a package")
+            .map_err(Failed::Answered),
         // The control plane cut a stalled upload off, or is restarting.
         Err(e)
             if status == reqwest::StatusCode::REQUEST_TIMEOUT

@@ -5,6 +5,8 @@
 use crate::client::ApiClient;
 use agent_core::out;
 use anyhow::Result;
+use drover_api::deployments::Deployment;
+use drover_api::runs::{Phase, TaskRun};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use std::time::Duration;
@@ -54,37 +56,48 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
     let mut last_line = String::new();
     let mut counting = false;
     loop {
-        let resource: Value = client.get(&path).await?;
-        let status = &resource["status"];
-        let count = |k: &str| status[k].as_u64().unwrap_or(0);
-        let phase = status["phase"].as_str().unwrap_or("?");
-        let targets = count("targets");
-        let (ended, message) = if deployment {
+        let (phase, targets, ended, message, reason, latest_error) = if deployment {
+            let d: Deployment = client.get(&path).await?;
+            let s = d.status;
+            let phase = s.phase;
             (
-                count("succeeded") + count("failed") + count("expired") + count("canceled"),
+                phase,
+                s.targets,
+                s.succeeded + s.failed + s.expired + s.canceled,
                 format!(
-                    "{phase}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired, {} canceled",
-                    count("pending"),
-                    count("waitingRetry"),
-                    count("queued"),
-                    count("running"),
-                    count("succeeded"),
-                    count("failed"),
-                    count("expired"),
-                    count("canceled")
+                    "{}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired, {} canceled",
+                    phase.name(),
+                    s.pending,
+                    s.waiting_retry,
+                    s.queued,
+                    s.running,
+                    s.succeeded,
+                    s.failed,
+                    s.expired,
+                    s.canceled
                 ),
+                reason_of(s.reason.as_deref(), s.reason_text.as_deref()),
+                s.latest_error,
             )
         } else {
+            let run: TaskRun = client.get(&path).await?;
+            let s = run.status;
             (
-                count("succeeded") + count("failed"),
+                s.phase,
+                s.targets,
+                s.succeeded + s.failed,
                 format!(
-                    "{phase}: {} released, {} succeeded, {} failed",
-                    count("released"),
-                    count("succeeded"),
-                    count("failed")
+                    "{}: {} released, {} succeeded, {} failed",
+                    s.phase.name(),
+                    s.released,
+                    s.succeeded,
+                    s.failed
                 ),
+                reason_of(s.reason.as_deref(), s.reason_text.as_deref()),
+                s.latest_error,
             )
         };
+        let (targets, ended) = (u64::from(targets), u64::from(ended));
         if lines {
             let line = if targets == 0 {
                 format!("{name} {message}")
@@ -104,15 +117,15 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
             bar.set_position(ended);
             bar.set_message(message);
         }
-        if phase == "Complete" || phase == "Failed" {
+        if phase.is_terminal() {
             bar.finish();
-            if let Some(reason) = reason(status) {
+            if let Some(reason) = reason {
                 out!("reason: {reason}");
             }
-            if let Some(error) = status["latestError"].as_str() {
-                out!("latest error: {}", printable(error));
+            if let Some(error) = latest_error {
+                out!("latest error: {}", printable(&error));
             }
-            return Ok(phase == "Complete");
+            return Ok(phase == Phase::Complete);
         }
         bar.tick();
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -136,9 +149,9 @@ pub fn printable(text: &str) -> String {
 /// A run's or deployment's reason as the API gives it: the sentence with
 /// the code beside it, or the code alone when this control plane has no
 /// sentence for it.
-pub fn reason(status: &Value) -> Option<String> {
-    let code = status["reason"].as_str()?;
-    Some(match status["reasonText"].as_str() {
+pub fn reason_of(code: Option<&str>, text: Option<&str>) -> Option<String> {
+    let code = code?;
+    Some(match text {
         Some(text) => format!("{} ({})", printable(text), printable(code)),
         None => printable(code),
     })

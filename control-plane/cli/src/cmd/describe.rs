@@ -1,22 +1,26 @@
 //! `drover describe`'s text for a run and a deployment.
 
 use agent_core::out;
-use drover::get::{age, moment, print_deployments, print_runs, print_table, table};
+use drover::get::{age, moment_of, print_deployments, print_runs, print_table, table};
 use drover::watch::printable;
-use serde_json::Value;
+use drover::watch::reason_of;
+use drover_api::deployments::DeploymentDescription;
+use drover_api::devices::{Assessment, Device, DeviceJobs, PatchStatus};
+use drover_api::jobs::JobOutput;
+use drover_api::runs::{RunTarget, TaskRun};
 
 /// A task run's counts, then one row per target: whether it is the canary,
 /// its job's state (as the API names it), the step it is at (or ended in) and the error.
-pub fn run(run: &Value, targets: &[Value]) {
+pub fn run(run: &TaskRun, targets: &[RunTarget]) {
     print_runs(std::slice::from_ref(run));
-    let status = &run["status"];
-    if let Some(reason) = drover::watch::reason(status) {
+    let status = &run.status;
+    if let Some(reason) = reason_of(status.reason.as_deref(), status.reason_text.as_deref()) {
         out!("reason: {reason}");
     }
-    if let Some(owner) = run["metadata"]["ownerReferences"][0]["name"].as_str() {
+    if let Some(owner) = run.metadata.owner_references.iter().flatten().next() {
         out!(
             "made by: TaskSchedule {} (deleted by its history limits once newer runs finish)",
-            printable(owner)
+            printable(&owner.name)
         );
     }
     out!("");
@@ -25,41 +29,30 @@ pub fn run(run: &Value, targets: &[Value]) {
     ]);
     let now = jiff::Timestamp::now();
     for target in targets {
-        let job = &target["status"];
+        let job = target.status.as_ref();
         // The state the API computed (the dashboard and the metrics show
         // the same name).
-        let mut state = target["state"].as_str().unwrap_or("?").to_owned();
-        if target["afterRunEnded"] == true {
+        let mut state = target.state.clone();
+        if target.after_run_ended {
             state.push_str(" (after the run ended)");
         }
-        let steps = job["steps"].as_array().cloned().unwrap_or_default();
-        let step = steps
-            .iter()
-            .rev()
-            .find(|s| s["startedAt"].is_string())
-            .map(|s| {
-                format!(
-                    "{} ({})",
-                    s["name"].as_str().unwrap_or("?"),
-                    s["state"].as_str().unwrap_or("?")
-                )
-            })
+        let step = job
+            .and_then(|job| job.steps.iter().rev().find(|s| s.started_at.is_some()))
+            .map(|s| format!("{} ({})", s.name, s.state.name()))
             .unwrap_or_else(|| "-".into());
-        let updated = ["finishedAt", "startedAt", "acceptedAt"]
-            .iter()
-            .find_map(|k| job[*k].as_str())
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        let updated =
+            job.and_then(|job| job.finished_at.or(job.started_at).or(Some(job.accepted_at)));
         rows.add_row(vec![
-            printable(target["device"].as_str().unwrap_or("?")),
-            if target["canary"] == true { "yes" } else { "" }.to_owned(),
+            printable(&target.device),
+            if target.canary { "yes" } else { "" }.to_owned(),
             printable(&state),
             printable(&step),
             match updated {
                 Some(_) => format!("{} ago", age(updated, now)),
                 None => "-".into(),
             },
-            printable(target["resultText"].as_str().unwrap_or("-")),
-            printable(job["error"].as_str().unwrap_or("")),
+            printable(target.result_text.as_deref().unwrap_or("-")),
+            printable(job.and_then(|job| job.error.as_deref()).unwrap_or("")),
         ]);
     }
     print_table(&rows);
@@ -67,25 +60,14 @@ pub fn run(run: &Value, targets: &[Value]) {
 
 /// A device: what it is, its latest jobs with what each did, and the
 /// packages its last successful upgrade changed.
-pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
+pub fn device(device: &Device, jobs: &DeviceJobs, assessment: Option<&Assessment>) {
     let now = jiff::Timestamp::now();
-    let text = |v: &Value| printable(v.as_str().unwrap_or("-"));
-    out!("device:      {}", text(&device["id"]));
-    out!(
-        "online:      {}",
-        if device["online"] == true {
-            "yes"
-        } else {
-            "no"
-        }
-    );
-    out!("last seen:   {}", moment(&device["lastSeen"], now));
-    let groups: Vec<String> = device["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect();
+    let text = |v: Option<&str>| printable(v.unwrap_or("-"));
+    let when = |at: Option<jiff::Timestamp>| at.map_or_else(|| "-".into(), |at| moment_of(at, now));
+    out!("device:      {}", printable(&device.id));
+    out!("online:      {}", if device.online { "yes" } else { "no" });
+    out!("last seen:   {}", when(device.last_seen));
+    let groups: Vec<String> = device.groups.iter().map(|g| printable(g)).collect();
     out!(
         "groups:      {}",
         if groups.is_empty() {
@@ -94,11 +76,10 @@ pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
             groups.join(", ")
         }
     );
-    let labels: Vec<String> = device["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{}={}", printable(k), text(v)))
+    let labels: Vec<String> = device
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{}={}", printable(k), printable(v)))
         .collect();
     out!(
         "labels:      {}",
@@ -108,238 +89,213 @@ pub fn device(device: &Value, jobs: &Value, assessment: Option<&Value>) {
             labels.join(", ")
         }
     );
-    out!("time zone:   {}", text(&device["timeZone"]));
+    out!("time zone:   {}", text(device.time_zone.as_deref()));
     out!("");
     match assessment {
         None => out!("patch status: not assessed yet"),
         Some(a) => {
+            let s = &a.summary;
             out!(
                 "patch status: {} (assessed {})",
-                text(&a["summary"]),
-                moment(&a["assessedAt"], now)
+                printable(&s.summary),
+                moment_of(s.assessed_at, now)
             );
-            if let Some(reason) = a["rebootPending"].as_str() {
+            if let Some(reason) = &s.reboot_pending {
                 out!("reboot:       pending: {}", printable(reason));
             }
             out!(
                 "kernel:       {} running{}",
-                text(&a["runningKernel"]),
-                match a["newestKernel"].as_str() {
+                printable(&s.running_kernel),
+                match &s.newest_kernel {
                     Some(newest) => format!(", {} installed", printable(newest)),
                     None => String::new(),
                 }
             );
-            let pending = a["pending"].as_array().cloned().unwrap_or_default();
-            if !pending.is_empty() {
+            if !a.pending.is_empty() {
                 out!("");
                 let mut rows = table(&["PENDING", "FROM", "TO", "SECURITY", "WAITING"]);
-                for p in &pending {
-                    let since = p["since"]
-                        .as_str()
-                        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                for p in &a.pending {
                     rows.add_row(vec![
-                        text(&p["name"]),
-                        text(&p["from"]),
-                        text(&p["to"]),
-                        if p["security"] == true { "yes" } else { "" }.to_owned(),
-                        match since {
-                            Some(_) => age(since, now),
+                        printable(&p.name),
+                        text(p.from.as_deref()),
+                        printable(&p.to),
+                        if p.security { "yes" } else { "" }.to_owned(),
+                        match p.since {
+                            Some(since) => age(Some(since), now),
                             None => "-".into(),
                         },
                     ]);
                 }
                 print_table(&rows);
-                if a["omitted"].as_u64().is_some_and(|n| n > 0) {
-                    out!("({} more not listed)", a["omitted"]);
+                if a.omitted > 0 {
+                    out!("({} more not listed)", a.omitted);
                 }
             }
         }
     }
     out!("");
-    let items = jobs["items"].as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
+    if jobs.items.is_empty() {
         out!("no jobs");
         return;
     }
     let mut rows = table(&["JOB", "KIND", "RUN", "STATE", "FINISHED", "RESULT"]);
-    for job in &items {
-        let id = job["job"].as_str().unwrap_or("?");
+    for job in &jobs.items {
         rows.add_row(vec![
-            printable(id.get(..8).unwrap_or(id)),
-            text(&job["kind"]),
-            text(&job["run"]),
-            text(&job["state"]),
-            match job["finishedAt"].as_str() {
-                Some(_) => moment(&job["finishedAt"], now),
-                None => "-".into(),
-            },
-            text(&job["resultText"]),
+            printable(job.job.get(..8).unwrap_or(&job.job)),
+            printable(&job.kind),
+            text(job.run.as_deref()),
+            printable(&job.state),
+            when(job.finished_at),
+            text(job.result_text.as_deref()),
         ]);
     }
     print_table(&rows);
     // The last upgrade that succeeded (the API finds it among all the
     // device's jobs): when, and its packages, one a line.
-    let job = &jobs["lastUpgrade"];
-    if job.is_object() {
-        let upgrade = &job["output"]["upgrade"];
-        let id = job["job"].as_str().unwrap_or("?");
+    if let Some(job) = &jobs.last_upgrade {
         out!("");
         out!(
             "last upgrade: {} (job {}): {}",
-            moment(&job["finishedAt"], now),
-            printable(id.get(..8).unwrap_or(id)),
-            text(&job["resultText"])
+            when(job.finished_at),
+            printable(job.job.get(..8).unwrap_or(&job.job)),
+            text(job.result_text.as_deref())
         );
-        for (key, label) in [("upgraded", "upgraded"), ("installed", "new")] {
-            for change in upgrade[key].as_array().into_iter().flatten() {
-                out!(
-                    "  {label:<9} {} {} → {}",
-                    text(&change["name"]),
-                    text(&change["from"]),
-                    text(&change["to"])
-                );
+        if let Some(JobOutput::Upgrade(upgrade)) = &job.output {
+            for (changes, label) in [(&upgrade.upgraded, "upgraded"), (&upgrade.installed, "new")] {
+                for change in changes {
+                    out!(
+                        "  {label:<9} {} {} → {}",
+                        printable(&change.name),
+                        text(change.from.as_deref()),
+                        printable(&change.to)
+                    );
+                }
+            }
+            for name in &upgrade.removed {
+                out!("  removed   {}", printable(name));
+            }
+            for name in &upgrade.kept_back {
+                out!("  kept back {}", printable(name));
+            }
+            if upgrade.reboot_required {
+                out!("  the device rebooted for it");
             }
         }
-        for name in upgrade["removed"].as_array().into_iter().flatten() {
-            out!("  removed   {}", text(name));
-        }
-        for name in upgrade["keptBack"].as_array().into_iter().flatten() {
-            out!("  kept back {}", text(name));
-        }
-        if upgrade["rebootRequired"] == true {
-            out!("  the device rebooted for it");
-        }
     }
 }
 
-/// A served count of seconds in words ("1 hour 30 minutes").
-fn words(seconds: &Value) -> String {
-    match seconds.as_u64() {
-        Some(seconds) => drover_rules::reasons::duration(seconds),
-        None => "-".into(),
-    }
+/// A count of seconds in words ("1 hour 30 minutes").
+fn words(seconds: u64) -> String {
+    drover_rules::reasons::duration(seconds)
 }
 
-pub fn deployment(described: &Value) {
+pub fn deployment(described: &DeploymentDescription) {
     let now = jiff::Timestamp::now();
-    let deployment = &described["deployment"];
+    let deployment = &described.deployment;
     print_deployments(std::slice::from_ref(deployment));
-    let spec = &deployment["spec"];
-    let status = &deployment["status"];
+    let spec = &deployment.spec;
+    let status = &deployment.status;
     out!("");
     out!(
         "max concurrency {}, retries {} (backoff {}, doubling), deadline {}",
-        spec["maxConcurrency"],
-        spec["retries"],
-        words(&spec["retryBackoffSeconds"]),
-        words(&spec["deadlineSeconds"])
+        spec.max_concurrency,
+        spec.retries,
+        words(spec.retry_backoff_seconds),
+        words(spec.deadline_seconds)
     );
-    let threshold = &spec["failureThreshold"];
-    let limit = match (threshold["failed"].as_u64(), threshold["percent"].as_u64()) {
-        (Some(n), _) => Some(format!("{n} targets ended failed")),
-        (_, Some(p)) => Some(format!("{p}% of the ended targets failed")),
+    let threshold = spec.failure_threshold.as_ref();
+    let limit = match threshold.map(|t| (t.failed, t.percent)) {
+        Some((Some(n), _)) => Some(format!("{n} targets ended failed")),
+        Some((_, Some(p))) => Some(format!("{p}% of the ended targets failed")),
         _ => None,
     };
-    match (limit, threshold["minEnded"].as_u64().filter(|n| *n > 0)) {
+    match (
+        limit,
+        threshold.and_then(|t| t.min_ended).filter(|n| *n > 0),
+    ) {
         (Some(limit), Some(min)) => out!("stops when {limit}, once {min} have ended"),
         (Some(limit), None) => out!("stops when {limit}"),
         (None, _) => out!("no failure threshold: it runs to the end however many fail"),
     }
-    if status["failureThresholdReachedAt"].is_string() {
-        out!(
-            "  reached {}: nothing more is released",
-            moment(&status["failureThresholdReachedAt"], now)
-        );
+    if let Some(at) = status.failure_threshold_reached_at {
+        out!("  reached {}: nothing more is released", moment_of(at, now));
     }
-    if let Some(rate) = spec["maxReleasesPerMinute"].as_u64() {
+    if let Some(rate) = spec.max_releases_per_minute {
         out!("at most {rate} releases a minute");
     }
-    match spec["maintenanceWindow"].as_object() {
+    match &spec.maintenance_window {
         Some(window) => {
             out!(
                 "maintenance window {}-{} in each site's time zone (default {})",
-                window["start"].as_str().unwrap_or("?"),
-                window["end"].as_str().unwrap_or("?"),
-                window["timeZone"].as_str().unwrap_or("?")
+                printable(&window.start),
+                printable(&window.end),
+                printable(&window.time_zone)
             );
-            for zone in described["windows"].as_array().into_iter().flatten() {
+            for zone in &described.windows {
                 out!(
                     "  {:<32} {:>6} targets  local {}  {}",
-                    zone["timeZone"].as_str().unwrap_or("?"),
-                    zone["targets"],
-                    zone["localTime"].as_str().unwrap_or("?"),
-                    if zone["open"] == true {
-                        "open"
-                    } else {
-                        "closed"
-                    }
+                    printable(&zone.time_zone),
+                    zone.targets,
+                    zone.local_time,
+                    if zone.open { "open" } else { "closed" }
                 );
             }
         }
         None => out!("no maintenance window: targets are released at any time"),
     }
-    if let Some(reason) = drover::watch::reason(status) {
+    if let Some(reason) = reason_of(status.reason.as_deref(), status.reason_text.as_deref()) {
         out!("reason: {reason}");
     }
-    if let Some(error) = status["latestError"].as_str() {
+    if let Some(error) = &status.latest_error {
         out!("latest error: {}", printable(error));
     }
-    let errors = described["latestErrors"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if !errors.is_empty() {
+    if !described.latest_errors.is_empty() {
         out!("errors:");
-        for e in errors {
+        for e in &described.latest_errors {
             out!(
                 "  {:<24} attempt {:<3} {}",
-                e["device"].as_str().unwrap_or("?"),
-                e["attempt"],
-                printable(e["error"].as_str().unwrap_or(""))
+                printable(&e.device),
+                e.attempt,
+                printable(&e.error)
             );
         }
     }
-    let waiting = described["waitingRetry"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if !waiting.is_empty() {
+    if !described.waiting_retry.is_empty() {
         out!(
             "waiting for a retry ({} in all):",
-            described["waitingRetryTotal"]
+            described.waiting_retry_total
         );
-        for w in waiting {
+        for w in &described.waiting_retry {
             out!(
                 "  {:<24} attempt {:<3} at {}",
-                w["device"].as_str().unwrap_or("?"),
-                w["attempt"].as_u64().unwrap_or(0) + 1,
-                moment(&w["nextAttemptAt"], now)
+                printable(&w.device),
+                w.attempt + 1,
+                moment_of(w.next_attempt_at, now)
             );
         }
     }
 }
 
 /// The fleet's patch status, a line per state (`drover patch-status`).
-pub fn patch_status(fleet: &Value) {
-    let n = |key: &str| drover::get::number(&fleet[key]);
-    out!("devices:                     {}", n("devices"));
-    out!("up to date:                  {}", n("upToDate"));
-    out!("with updates pending:        {}", n("withUpdates"));
+pub fn patch_status(fleet: &PatchStatus) {
+    out!("devices:                     {}", fleet.devices);
+    out!("up to date:                  {}", fleet.up_to_date);
+    out!("with updates pending:        {}", fleet.with_updates);
     out!(
         "with security updates:       {}  (the oldest waiting under 1 day: {}, 1-7 days: {}, over 7 days: {})",
-        n("withSecurityUpdates"),
-        n("securityUnder1Day"),
-        n("security1To7Days"),
-        n("securityOver7Days")
+        fleet.with_security_updates,
+        fleet.security_under_1_day,
+        fleet.security_1_to_7_days,
+        fleet.security_over_7_days
     );
-    out!("no security archive:         {}", n("noSecurityArchive"));
-    out!("reboot pending:              {}", n("rebootPending"));
+    out!("no security archive:         {}", fleet.no_security_archive);
+    out!("reboot pending:              {}", fleet.reboot_pending);
     out!(
         "not assessed for {} hours:    {}",
-        n("staleAfterHours"),
-        n("stale")
+        fleet.stale_after_hours,
+        fleet.stale
     );
-    out!("never assessed:              {}", n("neverAssessed"));
+    out!("never assessed:              {}", fleet.never_assessed);
 }
 
 /// Every alert, a row each: severity, kind, what it is about, since when,

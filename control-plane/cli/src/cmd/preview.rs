@@ -3,29 +3,23 @@
 
 use agent_core::out;
 use drover::watch::printable;
-use serde_json::Value;
+use drover_api::changes::PreviewItem;
 
 /// Prints the previews; true when one would be refused.
-pub fn print(previews: &[Value]) -> bool {
+pub fn print(previews: &[PreviewItem]) -> bool {
     let mut refused = false;
     for item in previews {
-        let text = |v: &Value| printable(v.as_str().unwrap_or("?"));
-        let result = text(&item["result"]);
-        refused |= result.starts_with("refused");
+        refused |= item.refused();
         out!(
-            "{}/{} would be {result} (dry run)",
-            text(&item["kind"]).to_lowercase(),
-            text(&item["name"])
+            "{}/{} would be {} (dry run)",
+            item.kind.name().to_lowercase(),
+            printable(&item.name),
+            printable(&item.result)
         );
-        if let Some(count) = item["targets"].as_u64() {
-            let first: Vec<String> = item["first"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(text)
-                .collect();
+        if let Some(count) = item.targets {
+            let first: Vec<String> = item.first.iter().flatten().map(|n| printable(n)).collect();
             let more = count.saturating_sub(first.len() as u64);
-            let canaries = item["canaries"].as_u64().unwrap_or(0);
+            let canaries = item.canaries.unwrap_or(0);
             out!(
                 "  targets: {count}{}{}{}",
                 if canaries > 0 {
@@ -44,9 +38,9 @@ pub fn print(previews: &[Value]) -> bool {
                     String::new()
                 }
             );
-            let excluded: Vec<String> = item["excluded"]
-                .as_object()
-                .into_iter()
+            let excluded: Vec<String> = item
+                .excluded
+                .iter()
                 .flatten()
                 .map(|(why, n)| format!("{} {}", n, words(why)))
                 .collect();
@@ -54,7 +48,7 @@ pub fn print(previews: &[Value]) -> bool {
                 out!("  left out: {}", excluded.join(", "));
             }
         }
-        if let Some(warning) = item["warning"].as_str() {
+        if let Some(warning) = &item.warning {
             out!("  warning: {}", printable(warning));
         }
     }

@@ -2,6 +2,9 @@
 //! updated; package references resolved.
 
 use super::*;
+use drover_api::changes::{
+    Applied, AppliedList, ApplyAnswer as Answer, Changed, Kind, ListKind, Outcome,
+};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -139,7 +142,7 @@ async fn check_field_roles(
 /// Secrets.
 fn apply_note(
     body: &[u8],
-    answer: &Result<(StatusCode, Json<Value>), ApiError>,
+    answer: &Result<(StatusCode, Json<Answer>), ApiError>,
 ) -> super::access::AuditNote {
     let sent = sent_items(body);
     // A Secret's manifest holds its values: a plain digest of it is
@@ -160,12 +163,8 @@ fn apply_note(
             .map(|bytes| sha256_hex(&bytes))
     };
     let objects = match answer {
-        Ok((_, Json(result))) if result["kind"] == "List" => result["items"]
-            .as_array()
-            .map(|items| items.iter().collect::<Vec<_>>())
-            .unwrap_or_default(),
-        Ok((_, Json(result))) => vec![result],
-        Err(_) => Vec::new(),
+        Ok((_, Json(Answer::Applied(applied)))) => applied.items(),
+        Ok((_, Json(Answer::Preview(_)))) | Err(_) => Vec::new(),
     };
     super::access::AuditNote {
         objects: objects
@@ -173,10 +172,10 @@ fn apply_note(
             .take(crate::records::AUDIT_OBJECTS)
             .enumerate()
             .map(|(index, result)| crate::records::AuditObject {
-                kind: result["kind"].as_str().unwrap_or("?").to_owned(),
-                name: result["name"].as_str().unwrap_or("?").to_owned(),
-                result: result["result"].as_str().map(str::to_owned),
-                digest: (result["kind"] != "Secret")
+                kind: result.kind.name().to_owned(),
+                name: result.name.clone(),
+                result: Some(result.result.name().to_owned()),
+                digest: (result.kind != Kind::Secret)
                     .then(|| digest(index))
                     .flatten(),
             })
@@ -191,7 +190,7 @@ async fn apply_body(
     state: &ApiState,
     query: ApplyQuery,
     body: &[u8],
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Answer>), ApiError> {
     let body = crate::strict_json::parse(body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
@@ -220,7 +219,7 @@ async fn apply_body(
                 ));
             }
             let preview = super::preview::preview(state, items).await?;
-            return Ok((StatusCode::OK, Json(preview)));
+            return Ok((StatusCode::OK, Json(Answer::Preview(preview))));
         }
         Some(other) => {
             return Err(ApiError(
@@ -242,7 +241,10 @@ async fn apply_body(
                 }
             }
         }
-        single => return apply_one(state, single).await,
+        single => {
+            let (code, one) = apply_one(state, single).await?;
+            return Ok((code, Json(Answer::Applied(Applied::One(one)))));
+        }
     };
     if items.len() > MAX_LIST_ITEMS {
         return Err(ApiError(
@@ -261,27 +263,22 @@ async fn apply_body(
     let mut results = Vec::with_capacity(items.len());
     for (index, (item, manifest)) in items.into_iter().zip(&manifests).enumerate() {
         if matches!(manifest, Manifest::Device { .. }) {
-            results.push(device_results.next().unwrap_or(Value::Null));
+            if let Some(result) = device_results.next() {
+                results.push(result);
+            }
             continue;
         }
         let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
         let kind = item["kind"].as_str().unwrap_or("?").to_owned();
         match apply_one(state, item).await {
-            Ok((_, Json(result))) => results.push(result),
+            Ok((_, result)) => results.push(result),
             // Stop at the first failure and say what is applied: the items
             // before it, and every device (they went in first, together).
             Err(ApiError(code, error)) => {
                 results.extend(device_results);
                 let applied: Vec<String> = results
                     .iter()
-                    .map(|r| {
-                        format!(
-                            "{}/{} {}",
-                            r["kind"].as_str().unwrap_or("?"),
-                            r["name"].as_str().unwrap_or("?"),
-                            r["result"].as_str().unwrap_or("?")
-                        )
-                    })
+                    .map(|r| format!("{}/{} {}", r.kind, r.name, r.result))
                     .collect();
                 let applied = if applied.is_empty() {
                     "nothing was applied".to_owned()
@@ -299,7 +296,10 @@ async fn apply_body(
     }
     Ok((
         StatusCode::OK,
-        Json(json!({"kind": "List", "items": results})),
+        Json(Answer::Applied(Applied::List(AppliedList {
+            kind: ListKind::List,
+            items: results,
+        }))),
     ))
 }
 
@@ -323,8 +323,8 @@ pub(super) fn device_unchanged(
 pub(super) async fn apply_devices(
     state: &ApiState,
     manifests: &[&Manifest],
-) -> Result<Vec<Value>, ApiError> {
-    let mut results: Vec<Value> = vec![Value::Null; manifests.len()];
+) -> Result<Vec<Changed>, ApiError> {
+    let mut results: Vec<Option<Changed>> = vec![None; manifests.len()];
     let mut todo: Vec<usize> = (0..manifests.len()).collect();
     for _ in 0..10 {
         if todo.is_empty() {
@@ -343,8 +343,7 @@ pub(super) async fn apply_devices(
                 current.unwrap_or_else(|| (0, DeviceRecord::new(id.clone())));
             if expected != 0 && device_unchanged(&device, labels, spec) {
                 // Nothing to write: said so, as for every other kind.
-                results[index] =
-                    json!({"kind": "Device", "name": id.to_string(), "result": "unchanged"});
+                results[index] = Some(Changed::new(Kind::Device, id.as_str(), Outcome::Unchanged));
                 continue;
             }
             created.push(expected == 0);
@@ -372,9 +371,12 @@ pub(super) async fn apply_devices(
             };
             match outcome {
                 Ok(_) => {
-                    let result = if created { "created" } else { "configured" };
-                    results[*index] =
-                        json!({"kind": "Device", "name": id.to_string(), "result": result});
+                    let result = if created {
+                        Outcome::Created
+                    } else {
+                        Outcome::Configured
+                    };
+                    results[*index] = Some(Changed::new(Kind::Device, id.as_str(), result));
                 }
                 Err(e) if e.is_conflict() => again.push(*index),
                 Err(e) => return Err(DbError::from(e).into()),
@@ -389,13 +391,13 @@ pub(super) async fn apply_devices(
         ));
     }
     state.engine_wake.notify_one();
-    Ok(results)
+    Ok(results.into_iter().flatten().collect())
 }
 
 pub(super) async fn apply_one(
     state: &ApiState,
     body: Value,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Changed), ApiError> {
     let manifest =
         manifest::parse(body).map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     match manifest {
@@ -408,15 +410,16 @@ pub(super) async fn apply_one(
                 status: RunStatus::planning(),
                 owner: None,
             };
-            let created =
-                create_immutable(state, "TaskRun", &run_key(&name), run, |r| (r.uid, &r.spec))
-                    .await?;
+            let created = create_immutable(state, Kind::TaskRun, &run_key(&name), run, |r| {
+                (r.uid, &r.spec)
+            })
+            .await?;
             state.engine_wake.notify_one();
             Ok(created)
         }
         Manifest::TaskSchedule { name, spec } => {
             let key = crate::records::schedule_key(&name);
-            let mut result = "configured";
+            let mut result = Outcome::Configured;
             state
                 .db
                 .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
@@ -425,14 +428,14 @@ pub(super) async fn apply_one(
                         // the runs it made never do.
                         Some(mut existing) => {
                             if existing.spec == spec {
-                                result = "unchanged";
+                                result = Outcome::Unchanged;
                                 return None;
                             }
                             existing.spec = spec.clone();
                             existing
                         }
                         None => {
-                            result = "created";
+                            result = Outcome::Created;
                             crate::schedule::TaskScheduleRecord {
                                 name: name.clone(),
                                 created_at: Timestamp::now(),
@@ -444,15 +447,12 @@ pub(super) async fn apply_one(
                 })
                 .await?;
             state.engine_wake.notify_one();
-            let code = if result == "created" {
+            let code = if result == Outcome::Created {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
-            Ok((
-                code,
-                Json(json!({"kind": "TaskSchedule", "name": name, "result": result})),
-            ))
+            Ok((code, Changed::new(Kind::TaskSchedule, name, result)))
         }
         Manifest::Deployment { name, mut spec } => {
             if let Some(kind) = crate::kinds::kind(spec.job.name()) {
@@ -478,7 +478,10 @@ pub(super) async fn apply_one(
             };
             // The store's change feed brings it to the engine.
             let key = crate::records::deployment_key(&name);
-            create_immutable(state, "Deployment", &key, deployment, |d| (d.uid, &d.spec)).await
+            create_immutable(state, Kind::Deployment, &key, deployment, |d| {
+                (d.uid, &d.spec)
+            })
+            .await
         }
         Manifest::Secret { name, data } => {
             let record = state
@@ -494,12 +497,17 @@ pub(super) async fn apply_one(
                     Some(record.clone())
                 })
                 .await?;
-            let result = if created { "created" } else { "configured" };
+            let result = if created {
+                Outcome::Created
+            } else {
+                Outcome::Configured
+            };
             Ok((
                 StatusCode::OK,
-                Json(
-                    json!({"kind": "Secret", "name": name, "result": result, "keys": record.keys}),
-                ),
+                Changed {
+                    keys: Some(record.keys.clone()),
+                    ..Changed::new(Kind::Secret, name, result)
+                },
             ))
         }
         Manifest::Device { id, labels, spec } => {
@@ -518,10 +526,14 @@ pub(super) async fn apply_one(
                 .await?;
             // Group changes matter to runs waiting to release (revocation).
             state.engine_wake.notify_one();
-            let result = if created { "created" } else { "configured" };
+            let result = if created {
+                Outcome::Created
+            } else {
+                Outcome::Configured
+            };
             Ok((
                 StatusCode::OK,
-                Json(json!({"kind": "Device", "name": id.to_string(), "result": result})),
+                Changed::new(Kind::Device, id.as_str(), result),
             ))
         }
     }
@@ -532,11 +544,11 @@ pub(super) async fn apply_one(
 /// `identity` gives a record's uid and spec.
 pub(super) async fn create_immutable<T, S>(
     state: &ApiState,
-    kind: &str,
+    kind: Kind,
     key: &str,
     new: T,
     identity: impl Fn(&T) -> (JobId, &S),
-) -> Result<(StatusCode, Json<Value>), ApiError>
+) -> Result<(StatusCode, Changed), ApiError>
 where
     T: crate::stored::Record,
     S: PartialEq,
@@ -547,9 +559,10 @@ where
         if spec == identity(&new).1 {
             return Ok((
                 StatusCode::OK,
-                Json(
-                    json!({"kind": kind, "name": name, "result": "unchanged", "uid": uid.to_string()}),
-                ),
+                Changed {
+                    uid: Some(uid.to_string()),
+                    ..Changed::new(kind, name, Outcome::Unchanged)
+                },
             ));
         }
         return Err(ApiError(
@@ -569,8 +582,9 @@ where
     }
     Ok((
         StatusCode::CREATED,
-        Json(
-            json!({"kind": kind, "name": name, "result": "created", "uid": identity(&new).0.to_string()}),
-        ),
+        Changed {
+            uid: Some(identity(&new).0.to_string()),
+            ..Changed::new(kind, name, Outcome::Created)
+        },
     ))
 }

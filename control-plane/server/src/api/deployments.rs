@@ -1,8 +1,10 @@
 //! Deployments: listing, one deployment, its targets page and description,
 //! canceling, adding newly matching devices.
 
+use super::convert;
 use super::*;
 use crate::deployment::TargetState;
+use drover_api::deployments as api;
 
 pub(super) async fn deployment(state: &ApiState, name: &str) -> Result<DeploymentRecord, ApiError> {
     match state
@@ -32,20 +34,15 @@ pub(super) async fn list_deployments(
 ) -> Result<Response, ApiError> {
     let (deployments, next) =
         list_page::<DeploymentRecord>(&state.db, "deployments/", &query).await?;
-    let items = deployments
-        .iter()
-        .map(manifest::render_deployment)
-        .collect();
+    let items: Vec<api::Deployment> = deployments.iter().map(convert::deployment).collect();
     Ok(listed("/deployments", &query, items, next))
 }
 
 pub(super) async fn get_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(manifest::render_deployment(
-        &deployment(&state, &name).await?,
-    )))
+) -> Result<Json<api::Deployment>, ApiError> {
+    Ok(Json(convert::deployment(&deployment(&state, &name).await?)))
 }
 
 /// A target's state as an operator reads it (the rules' [`TargetState`]).
@@ -73,7 +70,7 @@ pub(super) async fn deployment_targets(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     Query(page): Query<TargetPage>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::DeploymentTargets>, ApiError> {
     let wanted = match page.state.as_deref() {
         None => None,
         Some(name) => Some(TargetState::from_name(name).ok_or_else(|| {
@@ -107,25 +104,30 @@ pub(super) async fn deployment_targets(
         if total <= page.offset || items.len() >= limit {
             continue;
         }
-        items.push(json!({
-            "device": target.device,
-            "state": target_state.name(),
-            "stateLabel": target_state.label(),
-            "attempt": target.attempt,
-            "job": target.job.map(|j| j.to_string()),
-            "timeZone": target.time_zone,
-            "releasedAt": target.released_at.map(|t| t.to_string()),
-            "nextAttemptAt": target.next_attempt_at.map(|t| t.to_string()),
-            "lastError": target.last_error,
-            "delivery": job.as_ref().map(|j| &j.delivery),
-            "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
-            "status": job.as_ref().and_then(|j| j.status.as_ref()),
-            "resultText": result_text(job.as_ref()),
-        }));
+        items.push(api::DeploymentTarget {
+            device: target.device.to_string(),
+            state: target_state.name().to_owned(),
+            state_label: target_state.label().to_owned(),
+            attempt: target.attempt,
+            job: target.job.map(|j| j.to_string()),
+            time_zone: target.time_zone.clone(),
+            released_at: target.released_at,
+            next_attempt_at: target.next_attempt_at,
+            last_error: target.last_error.clone(),
+            delivery: job.as_ref().map(|j| convert::delivery(&j.delivery)),
+            created_at: job.as_ref().map(|j| j.created_at),
+            status: job
+                .as_ref()
+                .and_then(|j| j.status.as_ref())
+                .map(convert::job_status),
+            result_text: result_text(job.as_ref()),
+        });
     }
-    Ok(Json(
-        json!({"total": total, "offset": page.offset, "items": items}),
-    ))
+    Ok(Json(api::DeploymentTargets {
+        total: total as u64,
+        offset: page.offset as u64,
+        items,
+    }))
 }
 
 /// What an operator needs to judge a deployment: its counts, whether each
@@ -133,7 +135,7 @@ pub(super) async fn deployment_targets(
 pub(super) async fn describe_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::DeploymentDescription>, ApiError> {
     let deployment = deployment(&state, &name).await?;
     let targets = targets(&state, deployment.uid).await?;
     let now = Timestamp::now();
@@ -151,8 +153,11 @@ pub(super) async fn describe_deployment(
             *zones.entry(zone).or_default() += 1;
         }
         if let Some(error) = &target.last_error {
-            errors
-                .push(json!({"device": target.device, "attempt": target.attempt, "error": error}));
+            errors.push(api::TargetError {
+                device: target.device.to_string(),
+                attempt: target.attempt,
+                error: error.clone(),
+            });
         }
         if target.end.is_none()
             && target.job.is_none()
@@ -163,34 +168,38 @@ pub(super) async fn describe_deployment(
         }
     }
     waiting.sort_by_key(|(at, _)| *at);
-    let windows: Vec<Value> = match &deployment.spec.maintenance_window {
+    let windows: Vec<api::WindowNow> = match &deployment.spec.maintenance_window {
         None => Vec::new(),
         Some(window) => zones
             .iter()
             .take(100)
             .map(|(zone, count)| {
                 let tz = crate::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
-                json!({
-                    "timeZone": zone,
-                    "targets": count,
-                    "localTime": tz.to_datetime(now).strftime("%Y-%m-%d %H:%M").to_string(),
-                    "open": window.contains(&tz, now),
-                })
+                api::WindowNow {
+                    time_zone: zone.clone(),
+                    targets: *count as u64,
+                    local_time: tz.to_datetime(now).strftime("%Y-%m-%d %H:%M").to_string(),
+                    open: window.contains(&tz, now),
+                }
             })
             .collect(),
     };
-    Ok(Json(json!({
-        "deployment": manifest::render_deployment(&deployment),
-        "windows": windows,
-        "latestErrors": errors.into_iter().take(10).collect::<Vec<_>>(),
-        "waitingRetry": waiting.iter().take(20).map(|(at, t)| json!({
-            "device": t.device,
-            "attempt": t.attempt,
-            "nextAttemptAt": at.to_string(),
-            "lastError": t.last_error,
-        })).collect::<Vec<_>>(),
-        "waitingRetryTotal": waiting.len(),
-    })))
+    Ok(Json(api::DeploymentDescription {
+        deployment: convert::deployment(&deployment),
+        windows,
+        latest_errors: errors.into_iter().take(10).collect(),
+        waiting_retry: waiting
+            .iter()
+            .take(20)
+            .map(|(at, t)| api::WaitingRetry {
+                device: t.device.to_string(),
+                attempt: t.attempt,
+                next_attempt_at: *at,
+                last_error: t.last_error.clone(),
+            })
+            .collect(),
+        waiting_retry_total: waiting.len() as u64,
+    }))
 }
 
 pub(super) async fn cancel_deployment(

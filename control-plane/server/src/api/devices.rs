@@ -1,9 +1,12 @@
 //! The devices: listing (whole and paged), one device, its inventory, and
 //! deleting one.
 
+use super::convert;
 use super::*;
 use agent_core::model::{JobKind, JobState};
+use drover_api::devices as api;
 use drover_rules::patch::DeviceAssessment;
+use std::collections::BTreeMap;
 
 #[derive(Deserialize)]
 pub(super) struct DevicePage {
@@ -26,7 +29,7 @@ pub(super) struct DevicePage {
 pub(super) async fn device_page(
     State(state): State<ApiState>,
     Query(page): Query<DevicePage>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::DevicePage>, ApiError> {
     let now = Timestamp::now();
     let q = page.q.trim().to_lowercase();
     let wanted = page.state.as_deref().map(|s| s.replace('_', " "));
@@ -85,27 +88,27 @@ pub(super) async fn device_page(
                         .map(|step| step.name.clone())
                 });
                 let phase = drover_rules::state::JobPhase::of_job(job);
-                json!({
-                    "run": job.run,
-                    "kind": job.intent.kind.name(),
-                    "state": phase.name(),
-                    "stateLabel": phase.label(),
-                    "step": step,
-                })
+                api::CurrentJob {
+                    run: job.run.clone(),
+                    kind: job.intent.kind.name().to_owned(),
+                    state: phase.name().to_owned(),
+                    state_label: phase.label().to_owned(),
+                    step,
+                }
             })
         });
-        let mut item = serde_json::to_value(&device)
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        item["state"] = json!(device_state);
-        item["currentJob"] = current.unwrap_or(Value::Null);
-        item["patch"] = patch_summary(assessment_of(&state.db, &device.id).await?.as_ref());
-        items.push(item);
+        let assessment = assessment_of(&state.db, &device.id).await?;
+        items.push(api::Device {
+            current_job: current,
+            patch: assessment.as_ref().map(convert::patch_summary),
+            ..convert::device(&device, *device_state == "online")
+        });
     }
-    Ok(Json(json!({
-        "total": matching.len(),
-        "offset": page.offset,
-        "items": items,
-    })))
+    Ok(Json(api::DevicePage {
+        total: matching.len() as u64,
+        offset: page.offset as u64,
+        items,
+    }))
 }
 
 pub(super) fn device_matches(device: &DeviceRecord, q: &str) -> bool {
@@ -148,12 +151,11 @@ pub(super) async fn list_devices(
             Some(_) => assessment_of(&state.db, &stored.id).await?,
             None => assessments.remove(&stored.id),
         };
-        let mut device = serde_json::to_value(with_presence(&state, stored))
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        device["online"] = Value::Bool(online);
-        device["patch"] = patch_summary(assessment.as_ref());
-        device["maintainedLabels"] = maintained_labels(assessment.as_ref());
-        listed.push(device);
+        listed.push(api::Device {
+            patch: assessment.as_ref().map(convert::patch_summary),
+            maintained_labels: Some(maintained_labels(assessment.as_ref())),
+            ..convert::device(&with_presence(&state, stored), online)
+        });
     }
     Ok(super::listed("/devices", &query, listed, next))
 }
@@ -178,14 +180,14 @@ async fn registered(state: &ApiState, id: String) -> Result<DeviceId, ApiError> 
 pub(super) async fn device_jobs(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::DeviceJobs>, ApiError> {
     let id = registered(&state, id).await?;
     let mut jobs = state
         .db
         .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
         .await?;
     jobs.sort_by_key(|j| std::cmp::Reverse(j.2.created_at));
-    let items: Vec<Value> = jobs
+    let items: Vec<api::DeviceJob> = jobs
         .iter()
         .take(50)
         .map(|(_, _, job)| job_row(job))
@@ -203,37 +205,39 @@ pub(super) async fn device_jobs(
         })
         .max_by_key(|(finished, _)| *finished)
         .map(|(_, job)| job_row(job));
-    Ok(Json(json!({
-        "device": id,
-        "total": jobs.len(),
-        "items": items,
-        "lastUpgrade": last_upgrade,
-    })))
+    Ok(Json(api::DeviceJobs {
+        device: id.to_string(),
+        total: jobs.len() as u64,
+        items,
+        last_upgrade,
+    }))
 }
 
 /// One of a device's jobs as its history lists it.
-fn job_row(job: &JobDelivery) -> Value {
+fn job_row(job: &JobDelivery) -> api::DeviceJob {
     let phase = drover_rules::state::JobPhase::of_job(job);
     let status = job.status.as_ref();
-    json!({
-        "job": job.intent.job_id.to_string(),
-        "kind": job.intent.kind.name(),
-        "run": job.run,
-        "state": phase.name(),
-        "stateLabel": phase.label(),
-        "createdAt": job.created_at.to_string(),
-        "finishedAt": status.and_then(|s| s.finished_at.map(|t| t.to_string())),
-        "error": status.and_then(|s| s.error.clone()),
-        "resultText": super::result_text(Some(job)),
-        "output": status.and_then(|s| s.output.as_ref()),
-    })
+    api::DeviceJob {
+        job: job.intent.job_id.to_string(),
+        kind: job.intent.kind.name().to_owned(),
+        run: job.run.clone(),
+        state: phase.name().to_owned(),
+        state_label: phase.label().to_owned(),
+        created_at: job.created_at,
+        finished_at: status.and_then(|s| s.finished_at),
+        error: status.and_then(|s| s.error.clone()),
+        result_text: super::result_text(Some(job)),
+        output: status
+            .and_then(|s| s.output.as_ref())
+            .map(convert::job_output),
+    }
 }
 
 /// One device as the list shows it (with `online`).
 pub(super) async fn get_device(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::Device>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     let Some((_, stored)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
         return Err(not_found(format!("device {id}")));
@@ -241,20 +245,17 @@ pub(super) async fn get_device(
     let online = state
         .presence
         .online(&stored.id, stored.last_seen, Timestamp::now());
-    let mut device = serde_json::to_value(with_presence(&state, stored))
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    device["online"] = Value::Bool(online);
     let assessment = state
         .db
         .get::<DeviceAssessment>(&drover_rules::patch::assessment_key(&id))
         .await?
         .map(|(_, a)| a);
-    device["patch"] = patch_summary(assessment.as_ref());
-    device["maintainedLabels"] = maintained_labels(assessment.as_ref());
-    device["tokenGeneration"] = crate::device_tokens::generation(&state.db, &id)
-        .await?
-        .into();
-    Ok(Json(device))
+    Ok(Json(api::Device {
+        patch: assessment.as_ref().map(convert::patch_summary),
+        maintained_labels: Some(maintained_labels(assessment.as_ref())),
+        token_generation: Some(crate::device_tokens::generation(&state.db, &id).await?),
+        ..convert::device(&with_presence(&state, stored), online)
+    }))
 }
 
 /// Every device whose token was rotated, with its generation (the others
@@ -304,15 +305,15 @@ pub(super) async fn rotate_device_token(
 
 /// The labels the control plane maintains for a device (a selector matches
 /// them; a manifest cannot set them), from its latest assessment.
-fn maintained_labels(assessment: Option<&DeviceAssessment>) -> Value {
+fn maintained_labels(assessment: Option<&DeviceAssessment>) -> BTreeMap<String, String> {
     assessment
         .map(|a| {
             a.maintained_labels()
                 .iter()
-                .map(|(k, v)| ((*k).to_owned(), json!(v)))
-                .collect::<serde_json::Map<_, _>>()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
         })
-        .map_or_else(|| json!({}), Value::Object)
+        .unwrap_or_default()
 }
 
 /// Every device's latest assessment, by device.
@@ -355,33 +356,13 @@ pub(super) async fn fleet_patch_status(
     Ok(fleet)
 }
 
-pub(super) async fn patch_status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn patch_status(
+    State(state): State<ApiState>,
+) -> Result<Json<api::PatchStatus>, ApiError> {
     let fleet = fleet_patch_status(&state, Timestamp::now()).await?;
-    let mut value = serde_json::to_value(&fleet)
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    value["staleAfterHours"] = json!(drover_rules::patch::STALE_AFTER.as_secs() / 3600);
-    Ok(Json(value))
-}
-
-/// A device's patch status in a listing: the counts of its latest
-/// assessment, when it was received, and since when the oldest pending
-/// security update has waited; null before its first assessment.
-fn patch_summary(assessment: Option<&DeviceAssessment>) -> Value {
-    let Some(a) = assessment else {
-        return Value::Null;
-    };
-    json!({
-        "assessedAt": a.received_at.to_string(),
-        "upgradable": a.assessment.upgradable,
-        "security": a.assessment.security,
-        "keptBack": a.assessment.kept_back,
-        "securityArchive": a.assessment.security_archive,
-        "rebootPending": a.assessment.reboot_pending,
-        "runningKernel": a.assessment.running_kernel,
-        "newestKernel": a.assessment.newest_kernel,
-        "oldestSecuritySince": a.oldest_security().map(|t| t.to_string()),
-        "summary": drover_rules::outcome::assessment_line(&a.assessment),
-    })
+    let stale_after_hours =
+        u64::try_from(drover_rules::patch::STALE_AFTER.as_secs() / 3600).unwrap_or(0);
+    Ok(Json(convert::patch_status(&fleet, stale_after_hours)))
 }
 
 /// A device's latest patch assessment whole: the summary's fields and the
@@ -389,7 +370,7 @@ fn patch_summary(assessment: Option<&DeviceAssessment>) -> Value {
 pub(super) async fn get_assessment(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::Assessment>, ApiError> {
     let id = registered(&state, id).await?;
     let Some((_, a)) = state
         .db
@@ -400,20 +381,22 @@ pub(super) async fn get_assessment(
             "an assessment of device {id} (none has reached the control plane yet)"
         )));
     };
-    let mut value = patch_summary(Some(&a));
-    value["pending"] = a
-        .assessment
-        .pending
-        .iter()
-        .map(|p| {
-            json!({
-                "name": p.name, "from": p.from, "to": p.to, "security": p.security,
-                "since": a.security_since.get(&p.name).map(|t| t.to_string()),
+    Ok(Json(api::Assessment {
+        summary: convert::patch_summary(&a),
+        pending: a
+            .assessment
+            .pending
+            .iter()
+            .map(|p| api::Pending {
+                name: p.name.clone(),
+                from: p.from.clone(),
+                to: p.to.clone(),
+                security: p.security,
+                since: a.security_since.get(&p.name).copied(),
             })
-        })
-        .collect();
-    value["omitted"] = json!(a.assessment.omitted);
-    Ok(Json(value))
+            .collect(),
+        omitted: a.assessment.omitted,
+    }))
 }
 
 /// Removes a device from the registry with its inventory and its finished
@@ -485,14 +468,19 @@ pub(super) async fn delete_device(
 pub(super) async fn get_inventory(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<crate::deployment::DeviceInventory>, ApiError> {
+) -> Result<Json<api::DeviceInventory>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     match state
         .db
         .get::<crate::deployment::DeviceInventory>(&crate::deployment::inventory_key(&id))
         .await?
     {
-        Some((_, inventory)) => Ok(Json(inventory)),
+        Some((_, inventory)) => Ok(Json(api::DeviceInventory {
+            device: inventory.device.to_string(),
+            collected_at: inventory.collected_at,
+            packages: inventory.packages,
+            truncated: inventory.truncated,
+        })),
         None => Err(not_found(format!(
             "an inventory of device {id} (run an inventoryRefreshV1 job on it)"
         ))),

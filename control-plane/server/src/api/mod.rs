@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 
 pub mod access;
 mod apply;
+pub(crate) mod convert;
 mod deletes;
 mod deployments;
 mod devices;
@@ -494,7 +495,7 @@ async fn upload_package(
         (StatusCode::OK, "unchanged")
     };
     let mut response = access::noted(
-        (code, Json(&record)).into_response(),
+        (code, Json(convert::package(&record))).into_response(),
         "Package",
         &record.id,
         result,
@@ -510,7 +511,8 @@ async fn list_packages(
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let (packages, next) = list_page::<PackageRecord>(&state.db, "packages/", &query).await?;
-    Ok(listed("/packages", &query, packages, next))
+    let items: Vec<_> = packages.iter().map(convert::package).collect();
+    Ok(listed("/packages", &query, items, next))
 }
 
 /// Cancels a run or deployment: it enters `Canceling` and the engine does

@@ -7,11 +7,12 @@
 //!
 //! The functions here are descriptions only (utoipa reads its `path`
 //! attributes from functions); the handlers live beside their resources.
-//! An answer still typed `Object` is one not yet given its own type.
+//! `apply`'s request body (manifests, parsed strictly by kind) is the one
+//! body still described as `Object`.
 
 #![allow(dead_code)]
 
-use drover_api::{ErrorBody, changes, devices, fleet, operators};
+use drover_api::{ErrorBody, changes, deployments, devices, fleet, operators, runs, schedules};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -104,7 +105,8 @@ fn list_alerts() {}
 fn ack_alert() {}
 
 #[utoipa::path(get, path = "/devices", tag = "devices", params(ListParams), responses(
-    (status = 200, description = "Every device with its state and patch summary", body = Object)))]
+    (status = 200, description = "Every device with its state and patch summary",
+     body = Vec<devices::Device>)))]
 fn list_devices() {}
 
 #[utoipa::path(get, path = "/devices/page", tag = "devices", params(
@@ -112,7 +114,8 @@ fn list_devices() {}
         ("q" = Option<String>, Query, description = "Matches the id, a group, a label, the OS or the agent's version"),
         ("state" = Option<String>, Query, description = "online, offline, never_connected, decommissioned"),
         ("patch" = Option<String>, Query, description = "A patch state")),
-    responses((status = 200, description = "One filtered page of the fleet", body = Object)))]
+    responses((status = 200, description = "One filtered page of the fleet", body = devices::DevicePage),
+              (status = 400, body = ErrorBody)))]
 fn device_page() {}
 
 #[utoipa::path(get, path = "/devices/token-generations", tag = "devices", responses(
@@ -121,7 +124,7 @@ fn device_page() {}
 fn token_generations() {}
 
 #[utoipa::path(get, path = "/devices/{id}", tag = "devices", params(("id" = String, Path)),
-    responses((status = 200, description = "One device", body = Object),
+    responses((status = 200, description = "One device", body = devices::Device),
               (status = 404, body = ErrorBody)))]
 fn get_device() {}
 
@@ -131,17 +134,19 @@ fn get_device() {}
 fn delete_device() {}
 
 #[utoipa::path(get, path = "/devices/{id}/inventory", tag = "devices", params(("id" = String, Path)),
-    responses((status = 200, description = "The installed packages last reported", body = Object),
+    responses((status = 200, description = "The installed packages last reported",
+               body = devices::DeviceInventory),
               (status = 404, body = ErrorBody)))]
 fn get_inventory() {}
 
 #[utoipa::path(get, path = "/devices/{id}/jobs", tag = "devices", params(("id" = String, Path)),
-    responses((status = 200, description = "The device's jobs", body = Object),
+    responses((status = 200, description = "The device's latest jobs", body = devices::DeviceJobs),
               (status = 404, body = ErrorBody)))]
 fn device_jobs() {}
 
 #[utoipa::path(get, path = "/devices/{id}/assessment", tag = "devices", params(("id" = String, Path)),
-    responses((status = 200, description = "The device's last patch assessment", body = Object),
+    responses((status = 200, description = "The device's last patch assessment",
+               body = devices::Assessment),
               (status = 404, body = ErrorBody)))]
 fn get_assessment() {}
 
@@ -152,23 +157,24 @@ fn get_assessment() {}
 fn rotate_device_token() {}
 
 #[utoipa::path(get, path = "/patch-status", tag = "devices", responses(
-    (status = 200, description = "The fleet's patch status", body = Object)))]
+    (status = 200, description = "The fleet's patch status", body = devices::PatchStatus)))]
 fn patch_status() {}
 
 #[utoipa::path(post, path = "/apply", tag = "apply",
     params(("dryRun" = Option<String>, Query, description = "`server`: check and preview only")),
     request_body(content = Object, description = "A manifest, an array of them, or a List"),
-    responses((status = 200, description = "What became of each object", body = Object),
-              (status = 201, description = "Created", body = Object),
+    responses((status = 200, description = "What became of each object; with dryRun=server, \
+               a preview of what applying would do", body = changes::ApplyAnswer),
+              (status = 201, description = "Created (one object sent)", body = changes::Applied),
               (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
 fn apply() {}
 
 #[utoipa::path(get, path = "/taskschedules", tag = "schedules", params(ListParams), responses(
-    (status = 200, description = "Every schedule", body = Object)))]
+    (status = 200, description = "Every schedule", body = Vec<schedules::TaskSchedule>)))]
 fn list_schedules() {}
 
 #[utoipa::path(get, path = "/taskschedules/{name}", tag = "schedules", params(("name" = String, Path)),
-    responses((status = 200, description = "One schedule", body = Object),
+    responses((status = 200, description = "One schedule", body = schedules::TaskSchedule),
               (status = 404, body = ErrorBody)))]
 fn get_schedule() {}
 
@@ -178,17 +184,17 @@ fn get_schedule() {}
 fn delete_schedule() {}
 
 #[utoipa::path(post, path = "/taskschedules/{name}/suspend", tag = "schedules", params(("name" = String, Path)),
-    request_body(content = Object, description = "`{\"suspend\": true|false}`"),
-    responses((status = 200, description = "The schedule as it is now", body = Object),
+    request_body = schedules::Suspension,
+    responses((status = 200, description = "The schedule as it is now", body = schedules::TaskSchedule),
               (status = 404, body = ErrorBody)))]
 fn suspend_schedule() {}
 
 #[utoipa::path(get, path = "/taskruns", tag = "runs", params(ListParams), responses(
-    (status = 200, description = "Every run", body = Object)))]
+    (status = 200, description = "Every run", body = Vec<runs::TaskRun>)))]
 fn list_runs() {}
 
 #[utoipa::path(get, path = "/taskruns/{name}", tag = "runs", params(("name" = String, Path)),
-    responses((status = 200, description = "One run", body = Object),
+    responses((status = 200, description = "One run", body = runs::TaskRun),
               (status = 404, body = ErrorBody)))]
 fn get_run() {}
 
@@ -199,7 +205,8 @@ fn delete_run() {}
 
 #[utoipa::path(get, path = "/taskruns/{name}/targets", tag = "runs",
     params(("name" = String, Path), PageParams),
-    responses((status = 200, description = "One page of the run's frozen plan", body = Object),
+    responses((status = 200, description = "One page of the run's frozen plan",
+               body = runs::RunTargets),
               (status = 404, body = ErrorBody)))]
 fn run_targets() {}
 
@@ -209,11 +216,11 @@ fn run_targets() {}
 fn cancel_run() {}
 
 #[utoipa::path(get, path = "/deployments", tag = "deployments", params(ListParams), responses(
-    (status = 200, description = "Every deployment", body = Object)))]
+    (status = 200, description = "Every deployment", body = Vec<deployments::Deployment>)))]
 fn list_deployments() {}
 
 #[utoipa::path(get, path = "/deployments/{name}", tag = "deployments", params(("name" = String, Path)),
-    responses((status = 200, description = "One deployment", body = Object),
+    responses((status = 200, description = "One deployment", body = deployments::Deployment),
               (status = 404, body = ErrorBody)))]
 fn get_deployment() {}
 
@@ -225,12 +232,15 @@ fn delete_deployment() {}
 #[utoipa::path(get, path = "/deployments/{name}/targets", tag = "deployments",
     params(("name" = String, Path), PageParams,
            ("state" = Option<String>, Query, description = "Only targets in this state")),
-    responses((status = 200, description = "One page of the deployment's targets", body = Object),
+    responses((status = 200, description = "One page of the deployment's targets",
+               body = deployments::DeploymentTargets),
+              (status = 400, body = ErrorBody),
               (status = 404, body = ErrorBody)))]
 fn deployment_targets() {}
 
 #[utoipa::path(get, path = "/deployments/{name}/describe", tag = "deployments", params(("name" = String, Path)),
-    responses((status = 200, description = "The deployment's counts, failures and retries", body = Object),
+    responses((status = 200, description = "The deployment's counts, windows, failures and retries",
+               body = deployments::DeploymentDescription),
               (status = 404, body = ErrorBody)))]
 fn describe_deployment() {}
 
@@ -245,13 +255,13 @@ fn add_new_devices() {}
 fn cancel_deployment() {}
 
 #[utoipa::path(get, path = "/packages", tag = "packages", params(ListParams), responses(
-    (status = 200, description = "Every package", body = Object)))]
+    (status = 200, description = "Every package", body = Vec<schedules::Package>)))]
 fn list_packages() {}
 
 #[utoipa::path(post, path = "/packages", tag = "packages",
     request_body(content = Vec<u8>, content_type = "application/vnd.debian.binary-package"),
-    responses((status = 201, description = "Stored", body = Object),
-              (status = 200, description = "Already stored", body = Object),
+    responses((status = 201, description = "Stored", body = schedules::Package),
+              (status = 200, description = "Already stored", body = schedules::Package),
               (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
 fn upload_package() {}
 

@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::deployment::{Selection, Targeting};
+use drover_api::changes::{Kind, Preview, PreviewItem};
 use drover_rules::placement;
 use std::collections::{BTreeMap, HashMap};
 
@@ -15,13 +16,29 @@ const FIRST: usize = 10;
 
 /// The targets a preview shows: how many, the first names, and who is left
 /// out and why.
-fn targets_value(targets: &[(DeviceId, bool)], excluded: BTreeMap<&'static str, u32>) -> Value {
-    json!({
-        "targets": targets.len(),
-        "canaries": targets.iter().filter(|(_, canary)| *canary).count(),
-        "first": targets.iter().take(FIRST).map(|(d, _)| d.to_string()).collect::<Vec<_>>(),
-        "excluded": excluded,
-    })
+fn with_targets(
+    item: PreviewItem,
+    targets: &[(DeviceId, bool)],
+    excluded: BTreeMap<&'static str, u32>,
+) -> PreviewItem {
+    PreviewItem {
+        targets: Some(targets.len() as u64),
+        canaries: Some(targets.iter().filter(|(_, canary)| *canary).count() as u64),
+        first: Some(
+            targets
+                .iter()
+                .take(FIRST)
+                .map(|(d, _)| d.to_string())
+                .collect(),
+        ),
+        excluded: Some(
+            excluded
+                .into_iter()
+                .map(|(why, n)| (why.to_owned(), n))
+                .collect(),
+        ),
+        ..item
+    }
 }
 
 /// Every manifest of a List parsed, or the first one's problem by its index.
@@ -78,7 +95,7 @@ pub(super) async fn unknown_devices(
     }))
 }
 
-pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value, ApiError> {
+pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Preview, ApiError> {
     let manifests = parse_all(&items)?;
     // As placement sees them: with the labels the control plane maintains.
     let devices = crate::patch_labels::placed_devices(&state.db).await?;
@@ -112,14 +129,18 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                         Err(left) => *excluded.entry(left.name()).or_insert(0) += 1,
                     }
                 }
-                let mut value = json!({"kind": "TaskRun", "name": name, "result": result});
-                extend(&mut value, targets_value(&plan, excluded));
+                let mut item = with_targets(
+                    PreviewItem::new(Kind::TaskRun, name, result),
+                    &plan,
+                    excluded,
+                );
                 if plan.is_empty() {
-                    value["warning"] = json!(
+                    item.warning = Some(
                         "no authorized device with an agent matches: the run would fail at once (NoTargets)"
+                            .into(),
                     );
                 }
-                value
+                item
             }
             Manifest::Deployment { name, mut spec } => {
                 if let Some(kind) = crate::kinds::kind(spec.job.name()) {
@@ -173,9 +194,11 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                         Selection::NotSelected => {}
                     }
                 }
-                let mut value = json!({"kind": "Deployment", "name": name, "result": result});
-                extend(&mut value, targets_value(&chosen, excluded));
-                value
+                with_targets(
+                    PreviewItem::new(Kind::Deployment, name, result),
+                    &chosen,
+                    excluded,
+                )
             }
             Manifest::Device { id, labels, spec } => {
                 let result = match stored.get(&id) {
@@ -183,7 +206,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                     Some(_) => "configured",
                     None => "created",
                 };
-                json!({"kind": "Device", "name": id, "result": result})
+                PreviewItem::new(Kind::Device, id.as_str(), result)
             }
             Manifest::TaskSchedule { name, spec } => {
                 let result = match state
@@ -195,7 +218,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                     Some(_) => "configured",
                     None => "created",
                 };
-                json!({"kind": "TaskSchedule", "name": name, "result": result})
+                PreviewItem::new(Kind::TaskSchedule, name, result)
             }
             Manifest::Secret { name, .. } => {
                 secrets_before.push(name.clone());
@@ -204,16 +227,16 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Value
                     .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(&name))
                     .await?
                     .is_some();
-                json!({"kind": "Secret", "name": name,
-                       "result": if exists { "configured" } else { "created" }})
+                PreviewItem::new(
+                    Kind::Secret,
+                    name,
+                    if exists { "configured" } else { "created" },
+                )
             }
         });
     }
-    Ok(json!({"dryRun": "server", "items": results}))
-}
-
-fn extend(value: &mut Value, more: Value) {
-    if let (Some(value), Value::Object(more)) = (value.as_object_mut(), more) {
-        value.extend(more);
-    }
+    Ok(Preview {
+        dry_run: "server".into(),
+        items: results,
+    })
 }

@@ -1,6 +1,8 @@
 //! TaskRuns: listing, one run, its targets page, canceling and deleting.
 
+use super::convert;
 use super::*;
+use drover_api::runs as api;
 use drover_rules::state::JobView;
 
 /// Deletes a finished task run: its record, its frozen plan and its jobs'
@@ -41,16 +43,16 @@ pub(super) async fn list_runs(
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let (runs, next) = list_page::<TaskRunRecord>(&state.db, "runs/", &query).await?;
-    let items = runs.iter().map(manifest::render_run).collect();
+    let items: Vec<api::TaskRun> = runs.iter().map(convert::task_run).collect();
     Ok(listed("/taskruns", &query, items, next))
 }
 
 pub(super) async fn get_run(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::TaskRun>, ApiError> {
     match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
-        Some((_, run)) => Ok(Json(manifest::render_run(&run))),
+        Some((_, run)) => Ok(Json(convert::task_run(&run))),
         None => Err(not_found(format!("TaskRun {name}"))),
     }
 }
@@ -67,7 +69,7 @@ pub(super) async fn run_targets(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     Query(page): Query<Page>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::RunTargets>, ApiError> {
     let Some((_, run)) = state.db.get::<TaskRunRecord>(&run_key(&name)).await? else {
         return Err(not_found(format!("TaskRun {name}")));
     };
@@ -81,24 +83,28 @@ pub(super) async fn run_targets(
             .await?
             .map(|(_, j)| j);
         let view = JobView::of_target(job.as_ref(), run.status.completion_time);
-        let mut item = json!({
-            "device": target.device,
-            "canary": target.canary,
-            "released": job.is_some(),
-            "delivery": job.as_ref().map(|j| &j.delivery),
-            "createdAt": job.as_ref().map(|j| j.created_at.to_string()),
-            "cancelRequestedAt": job.as_ref().and_then(|j| j.cancel_requested_at.map(|t| t.to_string())),
-            "status": job.as_ref().and_then(|j| j.status.as_ref()),
-            "resultText": result_text(job.as_ref()),
+        items.push(api::RunTarget {
+            device: target.device.to_string(),
+            canary: target.canary,
+            released: job.is_some(),
+            delivery: job.as_ref().map(|j| convert::delivery(&j.delivery)),
+            created_at: job.as_ref().map(|j| j.created_at),
+            cancel_requested_at: job.as_ref().and_then(|j| j.cancel_requested_at),
+            status: job
+                .as_ref()
+                .and_then(|j| j.status.as_ref())
+                .map(convert::job_status),
+            result_text: result_text(job.as_ref()),
+            state: view.phase.name().to_owned(),
+            state_label: view.label(),
+            after_run_ended: view.after_run_ended,
         });
-        if let (Some(item), Value::Object(fields)) = (item.as_object_mut(), view.fields()) {
-            item.extend(fields);
-        }
-        items.push(item);
     }
-    Ok(Json(
-        json!({"total": plan.len(), "offset": page.offset, "items": items}),
-    ))
+    Ok(Json(api::RunTargets {
+        total: plan.len() as u64,
+        offset: page.offset as u64,
+        items,
+    }))
 }
 
 pub(super) async fn cancel_run(

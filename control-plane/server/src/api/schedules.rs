@@ -2,17 +2,12 @@
 
 use super::*;
 
-#[derive(Deserialize)]
-pub(super) struct Suspension {
-    suspend: bool,
-}
-
 /// Suspends a schedule (no new runs; ticks meanwhile are not owed) or
 /// resumes it. Its runs are left as they are.
 pub(super) async fn suspend_schedule(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-    Json(body): Json<Suspension>,
+    Json(body): Json<drover_api::schedules::Suspension>,
 ) -> Result<Response, ApiError> {
     let key = crate::records::schedule_key(&name);
     let updated = state
@@ -31,7 +26,7 @@ pub(super) async fn suspend_schedule(
     };
     // The audit log says which way (the route says "suspend" either way).
     Ok(access::noted(
-        Json(manifest::render_schedule(&schedule, Timestamp::now())).into_response(),
+        Json(convert::task_schedule(&schedule, Timestamp::now())).into_response(),
         "TaskSchedule",
         &name,
         if body.suspend { "suspended" } else { "resumed" },
@@ -45,9 +40,9 @@ pub(super) async fn list_schedules(
     let now = Timestamp::now();
     let (schedules, next) =
         list_page::<crate::schedule::TaskScheduleRecord>(&state.db, "schedules/", &query).await?;
-    let items = schedules
+    let items: Vec<_> = schedules
         .iter()
-        .map(|s| manifest::render_schedule(s, now))
+        .map(|s| convert::task_schedule(s, now))
         .collect();
     Ok(listed("/taskschedules", &query, items, next))
 }
@@ -55,13 +50,13 @@ pub(super) async fn list_schedules(
 pub(super) async fn get_schedule(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<drover_api::schedules::TaskSchedule>, ApiError> {
     match state
         .db
         .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
         .await?
     {
-        Some((_, schedule)) => Ok(Json(manifest::render_schedule(&schedule, Timestamp::now()))),
+        Some((_, schedule)) => Ok(Json(convert::task_schedule(&schedule, Timestamp::now()))),
         None => Err(not_found(format!("TaskSchedule {name}"))),
     }
 }

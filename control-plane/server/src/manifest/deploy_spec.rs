@@ -129,7 +129,7 @@ pub(super) struct WireVersionCmp {
     version: String,
 }
 
-pub(super) fn render_software(
+pub(crate) fn render_software(
     conditions: &[crate::deployment::SoftwareCondition],
 ) -> serde_json::Value {
     conditions
@@ -381,99 +381,5 @@ pub(super) fn parse_deployment_spec(
         deadline_seconds: wire.deadline_seconds,
         failure_threshold,
         max_releases_per_minute: wire.max_releases_per_minute,
-    })
-}
-
-/// A deployment's spec as an operator wrote it.
-pub(super) fn render_deployment_spec(
-    spec: &crate::deployment::DeploymentSpec,
-) -> serde_json::Value {
-    use crate::deployment::Targeting;
-    let targets = match &spec.targets {
-        Targeting::All => serde_json::json!({"all": true}),
-        Targeting::Devices(devices) => serde_json::json!({ "devices": devices }),
-        Targeting::Filter(filter) => {
-            let mut rendered = serde_json::json!({
-                "matchLabels": filter.match_labels,
-                "groups": filter.groups,
-            });
-            if !filter.software_present.is_empty() {
-                rendered["softwarePresent"] = render_software(&filter.software_present);
-            }
-            if !filter.software_absent.is_empty() {
-                rendered["softwareAbsent"] = render_software(&filter.software_absent);
-            }
-            serde_json::json!({ "filter": rendered })
-        }
-    };
-    let mut rendered = serde_json::json!({
-        "targets": targets,
-        "maxConcurrency": spec.max_concurrency,
-        "retries": spec.retries,
-        "retryBackoffSeconds": spec.retry_backoff_seconds,
-        "deadlineSeconds": spec.deadline_seconds,
-    });
-    rendered[spec.job.name()] = match crate::kinds::kind(spec.job.name()) {
-        Some(kind) => kind.render_deployment_job(&spec.job),
-        None => serde_json::json!({}),
-    };
-    if let Some(threshold) = &spec.failure_threshold {
-        use crate::deployment::FailureLimit;
-        let mut written = match threshold.limit {
-            FailureLimit::Failed(n) => serde_json::json!({ "failed": n }),
-            FailureLimit::Percent(p) => serde_json::json!({ "percent": p }),
-        };
-        if threshold.min_ended > 0 || matches!(threshold.limit, FailureLimit::Percent(_)) {
-            written["minEnded"] = threshold.min_ended.into();
-        }
-        rendered["failureThreshold"] = written;
-    }
-    if let Some(rate) = spec.max_releases_per_minute {
-        rendered["maxReleasesPerMinute"] = rate.into();
-    }
-    if let Some(window) = &spec.maintenance_window {
-        rendered["maintenanceWindow"] = serde_json::json!({
-            "start": crate::deployment::format_minute(window.start_minute),
-            "end": crate::deployment::format_minute(window.end_minute),
-            "timeZone": window.time_zone,
-        });
-    }
-    rendered
-}
-
-/// A deployment as the API shows it: the manifest with its status.
-pub fn render_deployment(deployment: &crate::deployment::DeploymentRecord) -> serde_json::Value {
-    let status = &deployment.status;
-    serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "Deployment",
-        "metadata": {
-            "name": deployment.name,
-            "uid": deployment.uid.to_string(),
-            "creationTimestamp": deployment.created_at.to_string(),
-        },
-        "spec": render_deployment_spec(&deployment.spec),
-        "status": {
-            "phase": status.phase,
-            "reason": status.reason,
-            "reasonText": status.reason.as_deref().and_then(drover_rules::reasons::sentence),
-            "targets": status.targets,
-            "excludedCount": status.excluded,
-            "pending": status.counts.pending,
-            "waitingRetry": status.counts.waiting_retry,
-            "queued": status.counts.queued,
-            "running": status.counts.running,
-            "succeeded": status.counts.succeeded,
-            "failed": status.counts.failed,
-            "expired": status.counts.expired,
-            "canceled": status.counts.canceled,
-            "startTime": status.start_time.map(|t| t.to_string()),
-            "completionTime": status.completion_time.map(|t| t.to_string()),
-            "nextRetryAt": status.next_retry_at.map(|t| t.to_string()),
-            "latestError": status.latest_error,
-            "addNewDevicesRequests": deployment.add_requests,
-            "addNewDevicesHandled": status.add_requests_handled,
-            "failureThresholdReachedAt": status.threshold_reached_at.map(|t| t.to_string()),
-        },
     })
 }

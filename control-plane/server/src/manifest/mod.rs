@@ -2,7 +2,7 @@
 //! the fleet-tasks seed shows it, and a Device carrying groups and labels.
 //! Unknown fields are refused, so a typo never widens a rollout.
 
-use crate::records::{API_VERSION, TargetSelector, TaskRunRecord, TaskRunSpec};
+use crate::records::{API_VERSION, TargetSelector, TaskRunSpec};
 use agent_core::DeviceId;
 use agent_core::model::Empty;
 use serde::{Deserialize, Serialize};
@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 
 mod deploy_spec;
 
+pub use deploy_spec::MAX_RETRY_BACKOFF_SECONDS;
+pub(crate) use deploy_spec::render_software;
 use deploy_spec::*;
-pub use deploy_spec::{MAX_RETRY_BACKOFF_SECONDS, render_deployment};
 
 /// Longest deadline a run may ask for: 30 days.
 pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
@@ -439,71 +440,6 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule, Deployment, Device and Secret"
         )),
     }
-}
-
-/// A run as the API shows it: the manifest with its status.
-pub fn render_run(run: &TaskRunRecord) -> serde_json::Value {
-    let mut rendered = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "TaskRun",
-        "metadata": {
-            "name": run.name,
-            "uid": run.uid.to_string(),
-            "creationTimestamp": run.created_at.to_string(),
-        },
-        "spec": run.spec,
-        "status": run.status,
-    });
-    // Kubernetes' word for who made an object: here, the schedule whose
-    // history limits will delete the run.
-    if let Some(owner) = &run.owner {
-        rendered["metadata"]["ownerReferences"] =
-            serde_json::json!([{"kind": "TaskSchedule", "name": owner}]);
-    }
-    // The reason in words beside its code (`drover_rules::reasons`).
-    rendered["status"]["reasonText"] = serde_json::json!(
-        run.status
-            .reason
-            .as_deref()
-            .and_then(drover_rules::reasons::sentence)
-    );
-    rendered
-}
-
-/// A schedule as the API shows it, with its next tick.
-pub fn render_schedule(
-    schedule: &crate::schedule::TaskScheduleRecord,
-    now: jiff::Timestamp,
-) -> serde_json::Value {
-    let next = schedule
-        .spec
-        .schedule
-        .compile()
-        .ok()
-        .filter(|_| !schedule.spec.suspend)
-        .and_then(|ticks| ticks.next_after(now.max(schedule.status.last_tick.unwrap_or(now))));
-    serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "TaskSchedule",
-        "metadata": {
-            "name": schedule.name,
-            "creationTimestamp": schedule.created_at.to_string(),
-        },
-        "spec": {
-            "schedule": schedule.spec.schedule,
-            "suspend": schedule.spec.suspend,
-            "template": {"spec": schedule.spec.template},
-            "successfulRunsHistoryLimit": schedule.spec.successful_runs_history_limit,
-            "failedRunsHistoryLimit": schedule.spec.failed_runs_history_limit,
-        },
-        "status": {
-            "lastTick": schedule.status.last_tick.map(|t| t.to_string()),
-            "nextTick": next.map(|t| t.to_string()),
-            "lastRun": schedule.status.last_run,
-            "activeRun": schedule.status.active_run,
-            "skippedTicks": schedule.status.skipped,
-        },
-    })
 }
 
 #[cfg(test)]

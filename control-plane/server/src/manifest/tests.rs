@@ -104,7 +104,8 @@ fn deployments_parse_and_render_back() {
         add_requests: 0,
         status: crate::deployment::DeploymentStatus::planning(),
     };
-    let rendered = render_deployment(&record);
+    let rendered =
+        serde_json::to_value(crate::api::convert::deployment(&record)).expect("serializes");
     assert_eq!(
         rendered["spec"],
         deployment()["spec"],
@@ -122,7 +123,10 @@ fn deployments_parse_and_render_back() {
         panic!("a deployment")
     };
     let record = crate::deployment::DeploymentRecord { spec, ..record };
-    assert_eq!(render_deployment(&record)["spec"], with_software["spec"]);
+    assert_eq!(
+        serde_json::to_value(crate::api::convert::deployment(&record)).expect("serializes")["spec"],
+        with_software["spec"]
+    );
 
     // A failure threshold and a release rate read back as written.
     for threshold in [
@@ -142,7 +146,7 @@ fn deployments_parse_and_render_back() {
             ..record.clone()
         };
         assert_eq!(
-            render_deployment(&record)["spec"],
+            serde_json::to_value(crate::api::convert::deployment(&record)).expect("serializes")["spec"],
             safe["spec"],
             "{threshold}"
         );
@@ -462,7 +466,11 @@ fn schedules_take_history_limits_and_render_them_back() {
         spec: set,
         status: Default::default(),
     };
-    let rendered = render_schedule(&record, record.created_at);
+    let rendered = serde_json::to_value(crate::api::convert::task_schedule(
+        &record,
+        record.created_at,
+    ))
+    .expect("serializes");
     assert_eq!(rendered["spec"]["successfulRunsHistoryLimit"], 10);
     assert_eq!(rendered["spec"]["failedRunsHistoryLimit"], 0);
     let err = schedule(serde_json::json!({"failedRunsHistoryLimit": 5000})).expect_err("refused");
@@ -490,13 +498,13 @@ fn a_scheduled_run_names_its_schedule_and_a_hand_made_one_does_not() {
         owner: None,
     };
     assert!(
-        render_run(&run)["metadata"]
+        rendered_run(&run)["metadata"]
             .get("ownerReferences")
             .is_none()
     );
     run.owner = Some("nightly".into());
     assert_eq!(
-        render_run(&run)["metadata"]["ownerReferences"],
+        rendered_run(&run)["metadata"]["ownerReferences"],
         serde_json::json!([{"kind": "TaskSchedule", "name": "nightly"}])
     );
     // An operator cannot claim a schedule's run as one.
@@ -507,4 +515,9 @@ fn a_scheduled_run_names_its_schedule_and_a_hand_made_one_does_not() {
         },
         Err("unknown field `ownerReferences`"),
     );
+}
+
+/// A run as the API shows it, as JSON.
+fn rendered_run(run: &crate::records::TaskRunRecord) -> serde_json::Value {
+    serde_json::to_value(crate::api::convert::task_run(run)).expect("a run serializes")
 }
