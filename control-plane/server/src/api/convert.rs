@@ -226,6 +226,13 @@ pub(super) fn delivery(delivery: &crate::records::Delivery) -> runs::Delivery {
     }
 }
 
+/// A reason's code in words (`drover_rules::reasons`), when there are some.
+fn reason_text(reason: Option<&str>) -> Option<String> {
+    reason
+        .and_then(drover_rules::reasons::sentence)
+        .map(str::to_owned)
+}
+
 /// A run's spec as an operator wrote it.
 pub(crate) fn task_run_spec(spec: &crate::records::TaskRunSpec) -> runs::TaskRunSpec {
     runs::TaskRunSpec {
@@ -275,11 +282,7 @@ pub(crate) fn task_run(run: &crate::records::TaskRunRecord) -> runs::TaskRun {
         status: runs::TaskRunStatus {
             phase: phase(status.phase),
             reason: status.reason.clone(),
-            reason_text: status
-                .reason
-                .as_deref()
-                .and_then(drover_rules::reasons::sentence)
-                .map(str::to_owned),
+            reason_text: reason_text(status.reason.as_deref()),
             targets: status.targets,
             canaries: status.canaries,
             released: status.released,
@@ -375,11 +378,7 @@ pub(crate) fn deployment(
         status: deployments::DeploymentStatus {
             phase: phase(status.phase),
             reason: status.reason.clone(),
-            reason_text: status
-                .reason
-                .as_deref()
-                .and_then(drover_rules::reasons::sentence)
-                .map(str::to_owned),
+            reason_text: reason_text(status.reason.as_deref()),
             targets: status.targets,
             excluded_count: status.excluded,
             pending: counts.pending,
