@@ -10,8 +10,8 @@
 //! over the jobs the agent keeps; the loop that applies it lives with the
 //! binary.
 
-use crate::DeviceId;
-use crate::model::JobStatus;
+use drover_model::DeviceId;
+use drover_model::model::JobStatus;
 use jiff::{SignedDuration, Timestamp};
 
 /// The kinds whose end makes an assessment due at once.
@@ -75,7 +75,7 @@ pub fn next_due(jobs: &[JobStatus], started: Timestamp, schedule: &Schedule) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::JobState;
+    use drover_model::model::JobState;
 
     fn t(text: &str) -> Timestamp {
         text.parse().expect("time")
@@ -83,7 +83,7 @@ mod tests {
 
     fn job(kind: &str, state: JobState, finished: Option<&str>) -> JobStatus {
         JobStatus {
-            job_id: crate::JobId::random(),
+            job_id: drover_model::JobId::random(),
             device_id: DeviceId::new("pi-1").expect("id"),
             attempt: 1,
             kind: kind.into(),

@@ -1,8 +1,8 @@
 //! Step chains: a job kind is a list of named, idempotent steps. A step
 //! returns what should happen next; the executor records it durably and acts.
 
-use crate::ids::JobId;
-use crate::model::{JobKind, JobOutput};
+use drover_model::ids::JobId;
+use drover_model::model::{JobKind, JobOutput};
 use jiff::Timestamp;
 use std::future::Future;
 use std::pin::Pin;

@@ -5,14 +5,14 @@
 use crate::chain::{Chain, StepContext, StepOutcome};
 use crate::clock::{self, ControlPlaneClock};
 use crate::facts::{self, FactSources};
-use crate::ids::{DeviceId, JobId};
 use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
-use crate::model::JobKind;
-use crate::model::{Heartbeat, HeldJob, JobState, JobStatus};
-use crate::signing::TrustedKeys;
 use crate::store::{JobRecord, Origin, OutboxEntry, Store, StoreError};
-use crate::wire::{IntentError, parse_intent_value};
-use crate::{Intent, model::StepState};
+use drover_model::ids::{DeviceId, JobId};
+use drover_model::model::JobKind;
+use drover_model::model::{Heartbeat, HeldJob, JobState, JobStatus};
+use drover_model::signing::TrustedKeys;
+use drover_model::wire::{IntentError, parse_intent_value};
+use drover_model::{Intent, model::StepState};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -228,7 +228,7 @@ impl Agent {
         let size = serde_json::to_vec(&value)
             .map(|b| b.len())
             .unwrap_or(usize::MAX);
-        if size > crate::wire::MAX_INTENT_BYTES {
+        if size > drover_model::wire::MAX_INTENT_BYTES {
             return self.admit(Err(IntentError {
                 job_id: None,
                 device_id: None,
@@ -236,11 +236,11 @@ impl Agent {
                 attempt: 0,
                 reason: format!(
                     "intent is {size} bytes, over the limit of {}",
-                    crate::wire::MAX_INTENT_BYTES
+                    drover_model::wire::MAX_INTENT_BYTES
                 ),
             }));
         }
-        if crate::wire::is_cancel_order(&value) {
+        if drover_model::wire::is_cancel_order(&value) {
             return self.cancel_signed(value);
         }
         match self.settings.trusted_keys.verify(&value) {
@@ -400,14 +400,15 @@ impl Agent {
             })
         };
         let named = value
-            .get(crate::wire::CANCEL_FIELD)
+            .get(drover_model::wire::CANCEL_FIELD)
             .and_then(|v| v.as_str())
             .and_then(|s| s.parse::<JobId>().ok());
         if let Err(problem) = self.settings.trusted_keys.verify(&value) {
             warn!(job_id = ?named, %problem, "cancel order ignored: its signature does not hold");
             return Err(unusable(named, format!("cancel order ignored: {problem}")));
         }
-        let order = crate::wire::parse_cancel_order(value).map_err(AdmitError::Unreadable)?;
+        let order =
+            drover_model::wire::parse_cancel_order(value).map_err(AdmitError::Unreadable)?;
         if order.device_id != self.settings.device_id {
             return Err(unusable(
                 Some(order.cancel_job),

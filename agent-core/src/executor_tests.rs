@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::chain::BoxFuture;
-use crate::model::JobKind;
 use crate::store::RedbStore;
+use drover_model::model::JobKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -212,8 +212,8 @@ fn signing_key() -> (ring::signature::Ed25519KeyPair, TrustedKeys) {
     let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
         .expect("generate");
     let key = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("parse");
-    let trusted =
-        TrustedKeys::from_hex(&[crate::signing::hex(key.public_key().as_ref())]).expect("trusted");
+    let trusted = TrustedKeys::from_hex(&[drover_model::signing::hex(key.public_key().as_ref())])
+        .expect("trusted");
     (key, trusted)
 }
 
@@ -221,9 +221,9 @@ fn signed(
     key: &ring::signature::Ed25519KeyPair,
     mut value: serde_json::Value,
 ) -> serde_json::Value {
-    let message = crate::signing::canonical(&value).expect("object");
-    value[crate::signing::SIGNATURE_FIELD] =
-        serde_json::Value::String(crate::signing::hex(key.sign(&message).as_ref()));
+    let message = drover_model::signing::canonical(&value).expect("object");
+    value[drover_model::signing::SIGNATURE_FIELD] =
+        serde_json::Value::String(drover_model::signing::hex(key.sign(&message).as_ref()));
     value
 }
 

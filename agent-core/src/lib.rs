@@ -1,4 +1,4 @@
-//! Drover's device-side core: the job model shared with the control plane, the
+//! Drover's device-side core (the job model it runs is `drover-model`): the
 //! durable job store, the sequential executor that runs step chains, boot
 //! tracking and the local status socket. It does no network I/O: transports
 //! turn bytes into calls on [`executor::Agent`].
@@ -22,15 +22,6 @@ pub mod store;
 mod store_fixtures;
 #[cfg(feature = "sled-store")]
 pub mod store_sled;
-
-// The job model lives in `drover-model` (shared with the control plane's
-// pure rules, which must not reach tokio); these keep its old paths.
-pub use drover_model::{MAX_ERROR_BYTES, MAX_STEPS, bounded};
-pub use drover_model::{credentials, ids, model, sealed, signing, wire};
-pub use ids::{DeviceId, IdError, JobId};
-pub use model::{
-    Heartbeat, Intent, JobKind, JobOutput, JobState, JobStatus, StepRecord, StepState,
-};
 
 /// `println!` for command-line tools: ends the process quietly when stdout
 /// was closed (a pager, `head` or `grep -q` went away) instead of panicking

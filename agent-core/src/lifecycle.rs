@@ -3,11 +3,11 @@
 //! executor persists what these return and then performs the next action.
 
 use crate::chain::StepOutcome;
-use crate::ids::DeviceId;
-use crate::model::{Intent, JobState, JobStatus, StepRecord, StepState};
 use crate::store::{JobRecord, Origin};
-use crate::wire::{CancelOrder, IntentError};
-use crate::{MAX_ERROR_BYTES, bounded};
+use drover_model::ids::DeviceId;
+use drover_model::model::{Intent, JobState, JobStatus, StepRecord, StepState};
+use drover_model::wire::{CancelOrder, IntentError};
+use drover_model::{MAX_ERROR_BYTES, bounded};
 use jiff::Timestamp;
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ pub fn admit(
     }))
 }
 
-fn new_status(ctx: &AdmitContext<'_>, job_id: crate::JobId, attempt: u32) -> JobStatus {
+fn new_status(ctx: &AdmitContext<'_>, job_id: drover_model::JobId, attempt: u32) -> JobStatus {
     JobStatus {
         job_id,
         device_id: ctx.device_id.clone(),

@@ -2,8 +2,8 @@
 //! expected state, persist, next).
 
 use super::*;
-use crate::JobId;
-use crate::model::JobKind;
+use drover_model::JobId;
+use drover_model::model::JobKind;
 
 const STEPS: &[&str] = &["preflight", "work", "reboot", "confirm"];
 const LIMITS: Limits = Limits { max_resumes: 3 };

@@ -1,7 +1,7 @@
 //! Plain-text rendering of a job's status with its steps, shared by
 //! `drover-agent jobs` and the control plane's CLI so both read the same.
 
-use crate::model::{JobOutput, JobStatus};
+use drover_model::model::{JobOutput, JobStatus};
 use std::fmt::Write;
 
 /// A job, its latest error, one line per step, and what it found.
@@ -60,7 +60,10 @@ pub fn format_job(job: &JobStatus) -> String {
             );
         }
         Some(JobOutput::Inventory(inv))
-        | Some(JobOutput::Software(crate::model::SoftwareInventory { inventory: inv, .. })) => {
+        | Some(JobOutput::Software(drover_model::model::SoftwareInventory {
+            inventory: inv,
+            ..
+        })) => {
             let _ = writeln!(
                 out,
                 "  inventory: {} {} kernel {}, {} packages, {} MiB memory",

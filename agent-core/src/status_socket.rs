@@ -2,9 +2,9 @@
 //! JSON response per line, mode 0660 so only root and the agent's group can
 //! ask. `drover-agent status` and `drover-agent jobs` are its clients.
 
-use crate::JobId;
 use crate::executor::{Agent, AgentInfo};
-use crate::model::{JobKind, JobStatus};
+use drover_model::JobId;
+use drover_model::model::{JobKind, JobStatus};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -3,8 +3,8 @@
 //! durability (fsync) before the caller acts on it or reports it (A4).
 
 use crate::dbfile::{self, Checker};
-use crate::ids::JobId;
-use crate::model::{Intent, JobStatus};
+use drover_model::ids::JobId;
+use drover_model::model::{Intent, JobStatus};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -39,7 +39,7 @@ impl JobRecord {
     /// so the refused copy was not its intent. A signed cancel's record does
     /// not: the control plane withdrew that job.
     pub fn gives_way(&self) -> bool {
-        self.intent.is_none() && self.status.state == crate::model::JobState::Rejected
+        self.intent.is_none() && self.status.state == drover_model::model::JobState::Rejected
     }
 }
 
@@ -59,7 +59,7 @@ pub struct OutboxEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSummary {
     pub job_id: JobId,
-    pub state: crate::model::JobState,
+    pub state: drover_model::model::JobState,
     pub arrival: u64,
 }
 
@@ -431,8 +431,8 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::DeviceId;
-    use crate::model::{JobState, JobStatus};
+    use drover_model::ids::DeviceId;
+    use drover_model::model::{JobState, JobStatus};
 
     pub(crate) fn status(state: JobState) -> JobStatus {
         JobStatus {

@@ -8,17 +8,17 @@
 //! decoding: never rewrite a fixture of a layout that has shipped.
 //! `DROVER_BLESS=1` writes a fixture only where none exists yet.
 
-use crate::ids::{DeviceId, JobId};
-use crate::model::{
-    DiskUsage, DownloadLink, Empty, InstalledPackage, Intent, Inventory, JobKind, JobOutput,
-    JobState, JobStatus, PackageChange, PackageInstall, SoftwareInventory, StepRecord, StepState,
-    UpgradeOutput,
-};
-use crate::sealed::SealedBox;
 use crate::store::{
     JobRecord, Origin, decode_job, decode_status, decode_summary, encode_job, encode_status,
     encode_summary,
 };
+use drover_model::ids::{DeviceId, JobId};
+use drover_model::model::{
+    DiskUsage, DownloadLink, Empty, InstalledPackage, Intent, Inventory, JobKind, JobOutput,
+    JobState, JobStatus, PackageChange, PackageInstall, SoftwareInventory, StepRecord, StepState,
+    UpgradeOutput,
+};
+use drover_model::sealed::SealedBox;
 use jiff::Timestamp;
 use std::path::PathBuf;
 

@@ -10,11 +10,11 @@
 //!
 //! [`RedbStore`]: crate::store::RedbStore
 
-use crate::ids::JobId;
 use crate::store::{
     JobRecord, JobSummary, OutboxEntry, Store, StoreError, decode_job, decode_status,
     decode_summary, doomed, encode_job, encode_status, encode_summary,
 };
+use drover_model::ids::JobId;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::path::Path;

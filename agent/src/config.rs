@@ -396,7 +396,7 @@ impl Config {
             }
         }
         let config: Config = toml::from_str(text).map_err(|e| one_line(text, &e))?;
-        agent_core::DeviceId::new(config.device_id.clone())?;
+        drover_model::DeviceId::new(config.device_id.clone())?;
         bounded(
             "transport.heartbeat_seconds",
             config.transport.heartbeat_seconds(),
@@ -445,7 +445,7 @@ impl Config {
         if config.intent_public_keys.len() > 2 {
             bail!("intent_public_keys takes one key, or two while a key is rolled over");
         }
-        agent_core::signing::TrustedKeys::from_hex(&config.intent_public_keys)
+        drover_model::signing::TrustedKeys::from_hex(&config.intent_public_keys)
             .map_err(|e| anyhow::anyhow!("intent_public_keys: {e}"))?;
         Ok(config)
     }

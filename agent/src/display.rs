@@ -1,8 +1,8 @@
 //! Human-readable output of `status` and `jobs`.
 
 use agent_core::executor::AgentInfo;
-use agent_core::model::JobStatus;
 use agent_core::out;
+use drover_model::model::JobStatus;
 
 pub fn print_status(info: &AgentInfo) {
     out!("device:        {}", info.device_id);

@@ -121,7 +121,7 @@ fn run_cli() -> Result<()> {
                     // control plane keeps one session per device), so ask it.
                     Some(info) => out!("{}", running_link(&info.link)?),
                     None => {
-                        let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
+                        let device_id = drover_model::DeviceId::new(config.device_id.clone())?;
                         transport_websocket::tls::install_default_provider();
                         out!("{}", runtime.block_on(probe(&config, &device_id))?);
                     }
@@ -211,7 +211,7 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
         for (done, step) in printed.iter_mut().zip(&job.steps) {
             let finished = matches!(
                 step.state,
-                agent_core::StepState::Done | agent_core::StepState::Failed
+                drover_model::StepState::Done | drover_model::StepState::Failed
             );
             if finished && !*done {
                 *done = true;
@@ -231,7 +231,7 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
         match job.state {
             state if state.is_terminal() => {
                 out!("job {job_id}: {state:?}");
-                if let Some(agent_core::JobOutput::Assessment(_)) = &job.output {
+                if let Some(drover_model::JobOutput::Assessment(_)) = &job.output {
                     // What the assessment found, as `drover-agent jobs` shows it.
                     let text = agent_core::report::format_job(&job);
                     for line in text.lines().skip_while(|l| !l.contains("assessment:")) {
@@ -240,13 +240,13 @@ async fn local_upgrade(socket: &Path, request: Request) -> Result<bool> {
                 }
                 if let Some(error) = &job.error {
                     out!("error: {error}");
-                    if state == agent_core::JobState::Failed && job.kind == "systemUpgradeV1" {
+                    if state == drover_model::JobState::Failed && job.kind == "systemUpgradeV1" {
                         out!("continue it with: drover-agent upgrade --resume {job_id}");
                     }
                 }
-                return Ok(state == agent_core::JobState::Succeeded);
+                return Ok(state == drover_model::JobState::Succeeded);
             }
-            agent_core::JobState::AwaitingReboot => {
+            drover_model::JobState::AwaitingReboot => {
                 out!("job {job_id}: the device is rebooting; the job is confirmed once it is back");
                 return Ok(true);
             }
@@ -273,7 +273,7 @@ async fn assess_on_schedule(agent: Arc<Agent>, every_minutes: u32, shutdown: Can
         if let Some(due) = agent_core::assessments::next_due(&jobs, started, &schedule)
             && due <= agent_core::clock::now()
         {
-            match agent.admit_local(agent_core::JobKind::patch_assessment()) {
+            match agent.admit_local(drover_model::JobKind::patch_assessment()) {
                 Ok(reply) => info!(job_id = %reply.status.job_id, "patch assessment queued"),
                 Err(e) => tracing::warn!(error = %e, "cannot queue a patch assessment"),
             }
@@ -350,7 +350,7 @@ impl std::error::Error for ConfigProblem {}
 fn configured(config_path: &Path) -> Result<Config> {
     let checked = || -> Result<Config> {
         let config = Config::load(config_path)?;
-        agent_core::DeviceId::new(config.device_id.clone())?;
+        drover_model::DeviceId::new(config.device_id.clone())?;
         config.transport.read_token()?;
         config.transport.check()?;
         Ok(config)
@@ -365,7 +365,7 @@ fn configured(config_path: &Path) -> Result<Config> {
 
 async fn run(config_path: &Path) -> Result<()> {
     let config = configured(config_path)?;
-    let device_id = agent_core::DeviceId::new(config.device_id.clone())?;
+    let device_id = drover_model::DeviceId::new(config.device_id.clone())?;
     #[cfg(feature = "testing")]
     let boot_id_path = config.boot_id_path.clone();
     #[cfg(not(feature = "testing"))]
@@ -443,7 +443,7 @@ async fn run(config_path: &Path) -> Result<()> {
         },
         test_hold: None,
         test_job_budget: None,
-        trusted_keys: agent_core::signing::TrustedKeys::from_hex(&config.intent_public_keys)
+        trusted_keys: drover_model::signing::TrustedKeys::from_hex(&config.intent_public_keys)
             .map_err(|e| anyhow::anyhow!(e))?,
     };
     #[cfg(feature = "testing")]
@@ -613,7 +613,7 @@ enum Link {
     Mqtt(transport_mqtt::agent::AgentSettings),
 }
 
-fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: String) -> Link {
+fn link_settings(config: &Config, device_id: &drover_model::DeviceId, token: String) -> Link {
     match &config.transport {
         Transport::Websocket {
             server_url,
@@ -649,7 +649,7 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                     connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
                     replicas: 1,
                 },
-                passwords: agent_core::credentials::BrokerPasswords::new(&token, device_id),
+                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
                 heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
             };
@@ -672,7 +672,7 @@ fn link_settings(config: &Config, device_id: &agent_core::DeviceId, token: Strin
                     prefix: prefix.clone(),
                     keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
                 },
-                passwords: agent_core::credentials::BrokerPasswords::new(&token, device_id),
+                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
                 heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                 backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
             };
@@ -715,7 +715,7 @@ fn let_in(url: &str, warning: Option<&str>) -> String {
 
 /// `check --connect`: reaches the control plane (or broker) and is let in
 /// with this device's token, or says why not.
-async fn probe(config: &Config, device_id: &agent_core::DeviceId) -> Result<String> {
+async fn probe(config: &Config, device_id: &drover_model::DeviceId) -> Result<String> {
     let token = config.transport.read_token()?;
     match link_settings(config, device_id, token) {
         Link::Websocket(settings) => {

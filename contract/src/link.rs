@@ -5,8 +5,8 @@
 //! to the store: a transport confirms a status to the agent no sooner (A4).
 
 use crate::BoxFuture;
-use agent_core::model::{Heartbeat, HeldJob, Intent, JobStatus};
-use agent_core::{DeviceId, JobId};
+use drover_model::model::{Heartbeat, HeldJob, Intent, JobStatus};
+use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
 
@@ -258,7 +258,7 @@ pub trait AgentLinks: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Delivered, LinkError>>;
 
     /// Delivers the control plane's signed order to cancel a job
-    /// (`agent_core::wire::CancelOrder`). A broker keeps it in the intent's
+    /// (`drover_model::wire::CancelOrder`). A broker keeps it in the intent's
     /// place, so an agent that was away reads the order, never the intent.
     fn cancel<'a>(
         &'a self,

@@ -10,8 +10,8 @@
 use crate::procstat::{self, Usage};
 use crate::summary::Spread;
 use crate::{Behaviour, SimAgent, Stats, device_ids};
-use agent_core::DeviceId;
 use anyhow::{Context, Result, bail};
+use drover_model::DeviceId;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -304,7 +304,7 @@ fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
     tokens
         .iter()
         .map(|(device, token)| {
-            let password = agent_core::credentials::broker_password(token, device);
+            let password = drover_model::credentials::broker_password(token, device);
             (device.clone(), password)
         })
         .collect()
@@ -500,7 +500,7 @@ pub async fn register(api_base: &str, token: &str, devices: &[DeviceId]) -> Resu
         let items: Vec<Value> = chunk
             .iter()
             .map(|d| {
-                json!({"apiVersion": drover::records::API_VERSION, "kind": "Device",
+                json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Device",
                        "metadata": {"name": d.as_str()}, "spec": {"groups": ["bench"]}})
             })
             .collect();
@@ -774,7 +774,7 @@ async fn engine_stats(apis: &[Api]) -> Result<Vec<Value>> {
 /// Runs the benchmark for one fleet size.
 pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> {
     let dir = tempfile::Builder::new().prefix("drover-bench-").tempdir()?;
-    let secrets = drover::auth::Secrets::load_or_create(&dir.path().join("data"), None)?;
+    let secrets = drover_server::auth::Secrets::load_or_create(&dir.path().join("data"), None)?;
     let ids = device_ids("bench-", devices);
     let tokens: Vec<(DeviceId, String)> = ids
         .iter()
@@ -893,14 +893,14 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let run = format!("bench-{devices}");
     let (manifest, path, work) = match options.deployment_concurrency {
         None => (
-            json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
+            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
                    "metadata": {"name": run},
                    "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
             format!("/taskruns/{run}"),
             "TaskRun".to_owned(),
         ),
         Some(concurrency) => (
-            json!({"apiVersion": drover::records::API_VERSION, "kind": "Deployment",
+            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Deployment",
                    "metadata": {"name": run},
                    "spec": {"targets": {"filter": {"groups": ["bench"]}}, "systemUpgradeV1": {},
                             "maxConcurrency": concurrency, "deadlineSeconds": 3600}}),

@@ -8,8 +8,8 @@
 
 use crate::bench::{self, Api, Process, Transport};
 use crate::procstat::{self, Memory};
-use agent_core::DeviceId;
 use anyhow::{Context, Result, bail};
+use drover_model::DeviceId;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -107,7 +107,7 @@ async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f64, f64, usi
         let name = format!("latency-{n}");
         api.post(
             "/apply",
-            &json!({"apiVersion": drover::records::API_VERSION, "kind": "Deployment",
+            &json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Deployment",
                     "metadata": {"name": name},
                     "spec": {"targets": {"filter": {"groups": ["bench"]}}, "inventoryRefreshV1": {},
                              "maxConcurrency": 1, "deadlineSeconds": 600}}),
@@ -210,8 +210,8 @@ pub async fn measure_agent(
         .prefix("drover-footprint-")
         .tempdir()?;
     let data = dir.path().join("data");
-    let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
-    let key = drover::auth::IntentSigner::load_or_create(&data)?.public_key();
+    let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
+    let key = drover_server::auth::IntentSigner::load_or_create(&data)?.public_key();
     let device = DeviceId::new("footprint-1")?;
     let token = secrets.device_token(&device);
     let tokens = vec![(device.clone(), token.clone())];
@@ -284,7 +284,7 @@ pub async fn measure_agent(
         let name = format!("footprint-{n}");
         api.post(
             "/apply",
-            &json!({"apiVersion": drover::records::API_VERSION, "kind": "TaskRun",
+            &json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
                     "metadata": {"name": name},
                     "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}),
         )

@@ -16,8 +16,8 @@ pub mod procstat;
 pub mod summary;
 pub mod ws;
 
-use agent_core::model::{Heartbeat, HeldJob, Intent, JobState, JobStatus, StepRecord, StepState};
-use agent_core::{DeviceId, JobId};
+use drover_model::model::{Heartbeat, HeldJob, Intent, JobState, JobStatus, StepRecord, StepState};
+use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -245,7 +245,7 @@ mod tests {
         let intent = Intent {
             job_id: JobId::random(),
             device_id: device,
-            kind: agent_core::JobKind::system_upgrade(),
+            kind: drover_model::JobKind::system_upgrade(),
             attempt: 1,
             created_at: Timestamp::now(),
             expires_at: Timestamp::now(),

@@ -165,7 +165,7 @@ fn main() -> Result<()> {
                 heartbeat_seconds,
                 statuses_per_job,
             } => {
-                let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
+                let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
                 let tokens: Vec<_> = device_id_range(&prefix, first, devices)
                     .into_iter()
                     .map(|d| {

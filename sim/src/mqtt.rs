@@ -4,7 +4,7 @@
 //! (the broker's PUBACK confirms them) and heartbeats.
 
 use crate::SimAgent;
-use agent_core::wire::parse_intent_bytes;
+use drover_model::wire::parse_intent_bytes;
 use rumqttc::{Event, Incoming, Outgoing, QoS};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -39,7 +39,7 @@ async fn session(
     let settings = MqttSettings {
         url: url.to_owned(),
         user: agent.device.to_string(),
-        password: agent_core::credentials::broker_password(token, &agent.device),
+        password: drover_model::credentials::broker_password(token, &agent.device),
         ca_file: None,
         prefix: transport_mqtt::DEFAULT_PREFIX.to_owned(),
         keep_alive: Duration::from_secs(60),

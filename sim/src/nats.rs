@@ -5,7 +5,7 @@
 
 use crate::SimAgent;
 use agent_core::backoff::{Backoff, DEFAULT_BACKOFF_MAX as BACKOFF_MAX};
-use agent_core::wire::parse_intent_bytes;
+use drover_model::wire::parse_intent_bytes;
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,7 +49,7 @@ async fn session(
     let connected = Arc::new(AtomicBool::new(false));
     let client = async_nats::ConnectOptions::with_user_and_password(
         agent.device.to_string(),
-        agent_core::credentials::broker_password(token, &agent.device),
+        drover_model::credentials::broker_password(token, &agent.device),
     )
     .custom_inbox_prefix(inbox_prefix(&agent.device))
     .connection_timeout(CONNECT_TIMEOUT)

@@ -24,11 +24,11 @@ use crate::bench::{self, Api};
 use crate::procstat::{self, Usage};
 use crate::summary::Spread;
 use crate::ws::{Target, open};
-use agent_core::model::{
+use anyhow::{Context, Result, bail};
+use drover_model::model::{
     JobOutput, JobState, JobStatus, PatchAssessment, PendingPackage, StepRecord, StepState,
 };
-use agent_core::{DeviceId, JobId};
-use anyhow::{Context, Result, bail};
+use drover_model::{DeviceId, JobId};
 use futures_util::{SinkExt, StreamExt};
 use jiff::Timestamp;
 use std::path::{Path, PathBuf};
@@ -284,7 +284,7 @@ pub(crate) async fn timed(api: &Api, path: &str, queries: usize) -> Result<Sprea
 pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     let dir = tempfile::Builder::new().prefix("drover-patch-").tempdir()?;
     let data = dir.path().join("data");
-    let secrets = drover::auth::Secrets::load_or_create(&data, None)?;
+    let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
     let ids = crate::device_ids("patch-", options.devices);
     let tokens: Vec<(DeviceId, String)> = ids
         .iter()
@@ -397,7 +397,7 @@ mod tests {
         assert!(all.iter().any(|a| a.reboot_pending.is_some()));
         for a in &all {
             assert_eq!(a.pending.len(), a.upgradable as usize);
-            assert!(a.pending.len() <= agent_core::model::MAX_LISTED_PACKAGES);
+            assert!(a.pending.len() <= drover_model::model::MAX_LISTED_PACKAGES);
             assert_eq!(
                 a.pending.iter().filter(|p| p.security).count(),
                 a.security as usize

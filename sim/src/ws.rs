@@ -5,7 +5,7 @@
 //! address's ephemeral ports.
 
 use crate::SimAgent;
-use agent_core::wire::parse_intent_value;
+use drover_model::wire::parse_intent_value;
 use futures_util::{SinkExt, StreamExt};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -44,7 +44,7 @@ fn source(index: usize) -> SocketAddr {
 pub(crate) async fn open(
     target: Target,
     index: usize,
-    device: &agent_core::DeviceId,
+    device: &drover_model::DeviceId,
     token: &str,
 ) -> anyhow::Result<WebSocketStream<TcpStream>> {
     let socket = TcpSocket::new_v4()?;

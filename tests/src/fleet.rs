@@ -201,7 +201,7 @@ impl Fleet {
         match &mut self.broker {
             Broker::None => panic!("a WebSocket fleet has no broker"),
             Broker::Nats(nats) => {
-                let id = agent_core::DeviceId::new(device).expect("id");
+                let id = drover_model::DeviceId::new(device).expect("id");
                 let old = transport_nats::server::authorization_config(
                     (CP_BROKER_USER, FLEET_PASSWORD),
                     &[(id, token)],

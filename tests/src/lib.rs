@@ -30,12 +30,12 @@ pub fn sign_intent(mut intent: Value) -> Value {
 
 /// Signs an intent in place with the key `pkcs8_hex`.
 pub fn sign_intent_with(intent: &mut Value, pkcs8_hex: &str) {
-    let bytes = agent_core::signing::unhex(pkcs8_hex).expect("hex key");
+    let bytes = drover_model::signing::unhex(pkcs8_hex).expect("hex key");
     let key = ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).expect("PKCS#8 key");
-    let message = agent_core::signing::canonical(intent).expect("an intent object");
+    let message = drover_model::signing::canonical(intent).expect("an intent object");
     let signature = key.sign(&message);
-    intent[agent_core::signing::SIGNATURE_FIELD] =
-        Value::String(agent_core::signing::hex(signature.as_ref()));
+    intent[drover_model::signing::SIGNATURE_FIELD] =
+        Value::String(drover_model::signing::hex(signature.as_ref()));
 }
 
 /// An HTTP client (reqwest needs this process's rustls provider set first).
@@ -965,8 +965,8 @@ impl ControlPlane {
     /// token as its agent derives it: what a raw broker client of the
     /// tests logs in with.
     pub fn broker_password(&self, device: &str) -> String {
-        let id = agent_core::DeviceId::new(device).expect("device id");
-        agent_core::credentials::broker_password(&self.device_token(device), &id)
+        let id = drover_model::DeviceId::new(device).expect("device id");
+        drover_model::credentials::broker_password(&self.device_token(device), &id)
     }
 
     pub async fn apply(&self, manifest: Value) -> Value {

@@ -59,7 +59,7 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     }
     files.push((
         PathBuf::from("openapi.json"),
-        drover::api::openapi::document().into_bytes(),
+        drover_server::api::openapi::document().into_bytes(),
     ));
     files
 }

@@ -1403,7 +1403,7 @@ fn other_key() -> String {
     // A key the agent does not trust, made fresh.
     let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
         .expect("key");
-    agent_core::signing::hex(pkcs8.as_ref())
+    drover_model::signing::hex(pkcs8.as_ref())
 }
 
 /// (what, the intent (built from a fresh job id), how the agent answers:
@@ -2802,16 +2802,16 @@ async fn a_broker_password_opens_only_the_broker() {
 
     // A box sealed to the device opens with its token and not with the
     // password.
-    let device = agent_core::DeviceId::new("pw-a").expect("id");
-    let job = agent_core::JobId::random();
-    let files = [agent_core::sealed::SecretFile {
+    let device = drover_model::DeviceId::new("pw-a").expect("id");
+    let job = drover_model::JobId::random();
+    let files = [drover_model::sealed::SecretFile {
         secret: "wifi".into(),
         key: "psk".into(),
         value: "hunter2".into(),
     }];
-    let sealed = agent_core::sealed::seal(&token, &device, job, &files).expect("seal");
-    assert!(agent_core::sealed::open(&token, &device, job, &sealed).is_ok());
-    assert!(agent_core::sealed::open(&password, &device, job, &sealed).is_err());
+    let sealed = drover_model::sealed::seal(&token, &device, job, &files).expect("seal");
+    assert!(drover_model::sealed::open(&token, &device, job, &sealed).is_ok());
+    assert!(drover_model::sealed::open(&password, &device, job, &sealed).is_err());
     Ran::one("a_broker_password_opens_only_the_broker");
 }
 

@@ -529,7 +529,7 @@ async fn a_link_stuck_on_its_core_calls_itself_stalled_and_loses_nothing() {
         let heartbeat = json!({"offline": true, "deviceId": format!("dev-{i}")});
         device
             .publish(
-                topics.heartbeat(&agent_core::DeviceId::new(format!("dev-{i}")).expect("id")),
+                topics.heartbeat(&drover_model::DeviceId::new(format!("dev-{i}")).expect("id")),
                 rumqttc::QoS::AtLeastOnce,
                 false,
                 heartbeat.to_string(),
@@ -727,9 +727,9 @@ async fn a_rotated_devices_old_broker_password_is_refused_once_the_files_are_mad
         String::from_utf8_lossy(&made.stderr)
     );
     broker.reload();
-    let new = agent_core::credentials::broker_password(
+    let new = drover_model::credentials::broker_password(
         &token,
-        &agent_core::DeviceId::new("mq-rot").expect("id"),
+        &drover_model::DeviceId::new("mq-rot").expect("id"),
     );
     eventually(
         Duration::from_secs(10),

@@ -897,7 +897,7 @@ async fn a_broker_cannot_start_a_job_and_hellos_are_answered_only_in_the_devices
     let mut resigned = forged(other_key);
     let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
         .expect("key");
-    drover_tests::sign_intent_with(&mut resigned, &agent_core::signing::hex(pkcs8.as_ref()));
+    drover_tests::sign_intent_with(&mut resigned, &drover_model::signing::hex(pkcs8.as_ref()));
     intents
         .put(format!("br-1.{other_key}"), resigned.to_string().into())
         .await

@@ -105,7 +105,7 @@ pub enum Command {
         /// The most the package store (the uploaded .debs in --data) may
         /// hold, e.g. 20GiB or 500MiB; an upload that would pass it is
         /// refused (507) and nothing of it is kept.
-        #[arg(long, default_value = "20GiB", value_parser = crate::packages::parse_size)]
+        #[arg(long, default_value = "20GiB", value_parser = drover_server::packages::parse_size)]
         package_quota: u64,
         /// An upload that sends no bytes for this many seconds is cut off
         /// (408); a slow upload that keeps moving is never cut off.

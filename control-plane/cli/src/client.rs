@@ -235,7 +235,7 @@ fn manifests(text: &str) -> Result<Vec<Value>> {
             text.len()
         );
     }
-    let depth = crate::strict_json::nesting_depth(text);
+    let depth = drover_rules::strict_json::nesting_depth(text);
     if depth > MAX_DEPTH {
         bail!("the file nests {depth} levels of [ or {{, over the limit of {MAX_DEPTH}");
     }

@@ -5,12 +5,12 @@
 
 use crate::client::ApiClient;
 use crate::serve::{self, ServeOptions};
-use agent_core::DeviceId;
-use agent_core::model::JobStatus;
 use agent_core::out;
 use anyhow::{Context, Result, bail};
 use drover_api::jobs::StepState;
 use drover_api::runs::{Phase, RunTargets, TaskRun};
+use drover_model::DeviceId;
+use drover_model::model::JobStatus;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -150,7 +150,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
                 security_after: jiff::SignedDuration::from_hours(7 * 24),
                 reboot_after: jiff::SignedDuration::from_hours(24),
             },
-            uploads: crate::packages::UploadLimits::default(),
+            uploads: drover_server::packages::UploadLimits::default(),
             audit_retention: std::time::Duration::from_secs(400 * 86_400),
         },
         shutdown.clone(),
@@ -179,7 +179,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             .post::<drover_api::changes::Changed>(
                 "/apply",
                 &json!({
-                    "apiVersion": crate::records::API_VERSION, "kind": "Device",
+                    "apiVersion": drover_rules::records::API_VERSION, "kind": "Device",
                     "metadata": {"name": device, "labels": labels},
                     "spec": {"groups": [GROUP]}
                 }),
@@ -214,7 +214,8 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         Vec::new()
     };
     let intent_key =
-        crate::auth::IntentSigner::load_or_create(&dir.path().join("control-plane"))?.public_key();
+        drover_server::auth::IntentSigner::load_or_create(&dir.path().join("control-plane"))?
+            .public_key();
     let mut agents = Agents(Vec::new());
     for (i, device) in devices.iter().enumerate() {
         let agent_dir = dir.path().join("agents").join(device);
@@ -257,7 +258,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
         .post(
             "/apply",
             &json!({
-                "apiVersion": crate::records::API_VERSION, "kind": "TaskRun",
+                "apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
                 "metadata": {"name": RUN},
                 "spec": {"allowedGroups": [GROUP], "targetSelector": {"matchLabels": {}},
                          "deadlineSeconds": 600, "systemUpgradeV1": {}}

@@ -32,7 +32,7 @@ pub fn device_manifest(device: &Value) -> Value {
         spec["decommissioned"] = Value::Bool(true);
     }
     serde_json::json!({
-        "apiVersion": crate::records::API_VERSION,
+        "apiVersion": drover_rules::records::API_VERSION,
         "kind": "Device",
         "metadata": {"name": id, "labels": labels},
         "spec": spec,

@@ -10,8 +10,8 @@
 //! CA and served as the server's own is what rustls refuses with
 //! `CaUsedAsEndEntity`.
 
-use crate::auth::{IntentSigner, Secrets, write_file, write_secret};
 use anyhow::{Context, Result, bail};
+use drover_server::auth::{IntentSigner, Secrets, write_file, write_secret};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,

@@ -140,7 +140,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                             i64::try_from(*reboot_alert_hours).unwrap_or(i64::MAX / 3600),
                         ),
                     },
-                    uploads: drover::packages::UploadLimits {
+                    uploads: drover_server::packages::UploadLimits {
                         quota: *package_quota,
                         stall: Duration::from_secs(*upload_stall_seconds),
                     },
@@ -232,13 +232,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::MqttConfig(args) => {
             // A wrong --data is named before anything is asked.
-            drover::auth::require_state(&cli.data)?;
+            drover_server::auth::require_state(&cli.data)?;
             let generations = cmd::brokers::generations(client(&cli), args.offline).await?;
             cmd::brokers::mqtt_config(&cli, args, &generations)
         }
         Command::IntentKey => {
-            drover::auth::require_state(&cli.data)?;
-            let signer = drover::auth::IntentSigner::load_or_create(&cli.data)?;
+            drover_server::auth::require_state(&cli.data)?;
+            let signer = drover_server::auth::IntentSigner::load_or_create(&cli.data)?;
             out!("{}", signer.public_key());
             Ok(0)
         }
@@ -500,7 +500,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::NatsConfig(args) => {
             // A wrong --data is named before anything is asked.
-            drover::auth::require_state(&cli.data)?;
+            drover_server::auth::require_state(&cli.data)?;
             let generations = cmd::brokers::generations(client(&cli), args.offline).await?;
             cmd::brokers::nats_config(&cli, args, &generations)
         }
@@ -510,8 +510,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             unregistered,
             rotate,
         } => {
-            let device = agent_core::DeviceId::new(device.clone())?;
-            let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
+            let device = drover_model::DeviceId::new(device.clone())?;
+            let secrets =
+                drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
             let mut generation = 0;
             if *rotate {
                 let answer: drover_api::devices::TokenRotated = client(&cli)?

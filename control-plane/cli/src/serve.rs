@@ -513,7 +513,7 @@ fn replica_id(data: &std::path::Path) -> Result<String> {
     {
         return Ok(id.trim().to_owned());
     }
-    let id = agent_core::JobId::random().to_string()[..8].to_owned();
+    let id = drover_model::JobId::random().to_string()[..8].to_owned();
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, &id).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;

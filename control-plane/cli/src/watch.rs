@@ -137,7 +137,7 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
 pub fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
-            if c.is_control() || crate::dispatch::is_bidi_override(c) {
+            if c.is_control() || drover_rules::clean::is_bidi_override(c) {
                 c.escape_unicode().collect::<Vec<char>>()
             } else {
                 vec![c]

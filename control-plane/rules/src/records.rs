@@ -284,7 +284,7 @@ pub fn device_jobs_prefix(device: &DeviceId) -> String {
 }
 
 // The records of packages, secrets and alerts: their logic stays with
-// the server (packages.rs, secrets.rs, alerts.rs), which re-exports them.
+// the server (packages.rs, secrets.rs, alerts.rs).
 
 /// A package in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,14 +10,14 @@
 //! delivery core when that status arrives (`alerts/<device>/<job>`, created
 //! once), since finding it later would mean reading every job.
 
-use crate::db::{Db, DbError};
-use crate::deployment::DeploymentRecord;
-pub use crate::records::{AlertRecord, resume_loop};
-use crate::records::{Phase, TaskRunRecord};
-use agent_core::DeviceId;
+use drover_model::DeviceId;
+use drover_rules::deployment::DeploymentRecord;
+use drover_rules::records::AlertRecord;
+use drover_rules::records::{Phase, TaskRunRecord};
+use drover_store::db::{Db, DbError};
 use jiff::{SignedDuration, Timestamp};
 
-pub use drover_api::fleet::{Acknowledged, Alert, Severity};
+use drover_api::fleet::{Acknowledged, Alert, Severity};
 
 /// Devices listed one by one among the offline ones; the rest are counted.
 pub const OFFLINE_LISTED: usize = 100;
@@ -154,8 +154,8 @@ pub async fn list(
     }
     // An acknowledgement holds for the alert whose condition began when it
     // was given; a condition that cleared and returned is an alert again.
-    let acks: std::collections::HashMap<(String, String), crate::records::AlertAck> = db
-        .list::<crate::records::AlertAck>("acks/")
+    let acks: std::collections::HashMap<(String, String), drover_rules::records::AlertAck> = db
+        .list::<drover_rules::records::AlertAck>("acks/")
         .await?
         .into_iter()
         .map(|(_, _, ack)| ((ack.kind.clone(), ack.resource.clone()), ack))

@@ -2,8 +2,8 @@
 //! by the API's gate (`api::access`) for every change and refusal, and by
 //! the engine for what it does on its own (a schedule's runs).
 
-use crate::db::Db;
-use crate::records::AuditRecord;
+use drover_rules::records::AuditRecord;
+use drover_store::db::Db;
 use jiff::Timestamp;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,7 +53,7 @@ fn clip_opt(text: &mut Option<String>, max: usize) {
 }
 
 /// The entry as it is stored: every field a caller can make long cut to
-/// its bound, at most [`AUDIT_OBJECTS`](crate::records::AUDIT_OBJECTS)
+/// its bound, at most [`AUDIT_OBJECTS`](drover_rules::records::AUDIT_OBJECTS)
 /// objects, so no entry exceeds [`MAX_ENTRY_BYTES`].
 pub fn bounded(mut entry: AuditRecord) -> AuditRecord {
     for name in [
@@ -71,7 +71,7 @@ pub fn bounded(mut entry: AuditRecord) -> AuditRecord {
     clip_opt(&mut entry.body_digest, 64);
     clip_opt(&mut entry.request, REQUEST_CHARS);
     clip_opt(&mut entry.reason, REASON_CHARS);
-    entry.objects.truncate(crate::records::AUDIT_OBJECTS);
+    entry.objects.truncate(drover_rules::records::AUDIT_OBJECTS);
     for object in &mut entry.objects {
         clip(&mut object.kind, WORD_CHARS);
         clip(&mut object.name, OBJECT_NAME_CHARS);
@@ -226,7 +226,7 @@ pub async fn prune_once(
     db: &Db,
     retention: std::time::Duration,
     now: Timestamp,
-) -> Result<usize, crate::db::DbError> {
+) -> Result<usize, drover_store::db::DbError> {
     let cutoff = now
         .checked_sub(jiff::SignedDuration::try_from(retention).unwrap_or_default())
         .unwrap_or(Timestamp::MIN);
@@ -290,7 +290,7 @@ pub async fn scheduled_run(db: &Db, replica: &str, schedule: &str, run: &str, at
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{AUDIT_OBJECTS, AuditObject};
+    use drover_rules::records::{AUDIT_OBJECTS, AuditObject};
     use std::time::{Duration, Instant};
 
     /// Every field as long as a caller could make it, of four-byte characters.
@@ -305,7 +305,7 @@ mod tests {
         AuditRecord {
             at: Timestamp::now(),
             who: long.clone(),
-            role: Some(crate::records::Role::Admin),
+            role: Some(drover_rules::records::Role::Admin),
             via: long.clone(),
             peer: Some(long.clone()),
             verb: long.clone(),
@@ -348,7 +348,7 @@ mod tests {
         let small = AuditRecord {
             at: Timestamp::now(),
             who: "operator/otto".into(),
-            role: Some(crate::records::Role::Operator),
+            role: Some(drover_rules::records::Role::Operator),
             via: "cli".into(),
             peer: Some("127.0.0.1".into()),
             verb: "apply".into(),
@@ -414,7 +414,9 @@ mod tests {
 
     #[tokio::test]
     async fn entries_past_their_retention_are_deleted_and_the_rest_kept() {
-        let db = Db::new(std::sync::Arc::new(crate::store::mem::MemKv::default()));
+        let db = Db::new(std::sync::Arc::new(
+            drover_store::store::mem::MemKv::default(),
+        ));
         let now: Timestamp = "2026-12-04T12:00:00Z".parse().expect("time");
         let day = jiff::SignedDuration::from_hours(24);
         for days in [400, 2, 0] {

@@ -4,8 +4,8 @@
 //! the data directory, created on first start with mode 0600. Named
 //! operators' tokens are stored as their HMAC (`operators.rs`).
 
-use agent_core::DeviceId;
 use anyhow::{Context, Result};
+use drover_model::DeviceId;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use std::io::Write;
@@ -28,7 +28,7 @@ pub struct UiSession<'a> {
     tag: &'a str,
 }
 
-use agent_core::signing::{hex, unhex};
+use drover_model::signing::{hex, unhex};
 
 pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
@@ -151,15 +151,15 @@ impl IntentSigner {
     }
 
     /// The intent as JSON with its signature.
-    pub fn sign(&self, intent: &agent_core::Intent) -> serde_json::Value {
+    pub fn sign(&self, intent: &drover_model::Intent) -> serde_json::Value {
         self.sign_value(serde_json::to_value(intent).unwrap_or(serde_json::Value::Null))
     }
 
     /// A JSON object (an intent, a cancel order) with its signature.
     pub fn sign_value(&self, mut value: serde_json::Value) -> serde_json::Value {
-        if let Some(message) = agent_core::signing::canonical(&value) {
+        if let Some(message) = drover_model::signing::canonical(&value) {
             let signature = self.key.sign(&message);
-            value[agent_core::signing::SIGNATURE_FIELD] =
+            value[drover_model::signing::SIGNATURE_FIELD] =
                 serde_json::Value::String(hex(signature.as_ref()));
         }
         value

@@ -7,8 +7,8 @@
 //! waiting on the store; a raised generation also ends the device's open
 //! session on every replica that holds one.
 
-use crate::db::{Db, DbError};
-use agent_core::DeviceId;
+use drover_model::DeviceId;
+use drover_store::db::{Db, DbError};
 use std::collections::HashMap;
 use std::sync::RwLock;
 use tokio::sync::broadcast::error::RecvError;

@@ -2,11 +2,11 @@
 //! package uploads and downloads): the error answer and the bearer token.
 //! It knows nothing of them.
 
-use crate::db::DbError;
 use axum::Json;
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use drover_store::db::DbError;
 
 pub struct ApiError(pub StatusCode, pub String);
 

@@ -23,8 +23,3 @@ pub mod packages;
 pub mod patch_index;
 pub mod patch_labels;
 pub mod secrets;
-
-// The rules (control-plane/rules) and the store (control-plane/store),
-// under the paths the server's modules use.
-pub use drover_rules::{delivery, deployment, placement, records, rollout, schedule, strict_json};
-pub use drover_store::{db, store, stored};

@@ -15,18 +15,18 @@
 //! with its device token for a fresh one.
 
 use crate::auth::Secrets;
-use crate::db::{Db, DbError};
 use crate::http::{ApiError, bearer};
-use crate::records::{DeviceRecord, device_key};
-pub use crate::records::{PackageRecord, package_key};
-use agent_core::model::{DownloadLink, package_id};
-use agent_core::{DeviceId, signing::hex};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
+use drover_model::model::{DownloadLink, package_id};
+use drover_model::{DeviceId, signing::hex};
+use drover_rules::records::{DeviceRecord, device_key};
+use drover_rules::records::{PackageRecord, package_key};
+use drover_store::db::{Db, DbError};
 use futures_util::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
@@ -87,7 +87,7 @@ pub fn blob_dir(data: &Path) -> PathBuf {
 }
 
 /// Largest upload accepted.
-pub const MAX_UPLOAD_BYTES: u64 = agent_core::model::MAX_PACKAGE_BYTES;
+pub const MAX_UPLOAD_BYTES: u64 = drover_model::model::MAX_PACKAGE_BYTES;
 
 /// How much of the package store uploads may fill, and how long an upload
 /// may send nothing before it is cut off (`serve --package-quota`,
@@ -437,11 +437,11 @@ struct LinkQuery {
 /// deployment, installs it. A device gets links to those packages only.
 async fn given_to(db: &Db, device: &DeviceId, package: &str) -> Result<bool, DbError> {
     Ok(db
-        .list::<crate::records::JobDelivery>(&crate::records::device_jobs_prefix(device))
+        .list::<drover_rules::records::JobDelivery>(&drover_rules::records::device_jobs_prefix(device))
         .await?
         .iter()
         .any(|(_, _, job)| {
-            matches!(&job.intent.kind, agent_core::model::JobKind::PackageInstallV1(p) if p.package == package)
+            matches!(&job.intent.kind, drover_model::model::JobKind::PackageInstallV1(p) if p.package == package)
         }))
 }
 

@@ -8,11 +8,11 @@
 //! sees every write committed before it was asked; one asked before the
 //! first load is done reads the store as before.
 
-use crate::db::{Db, DbError};
-use crate::records::DeviceRecord;
-use crate::store::Change;
-use agent_core::DeviceId;
+use drover_contract::kv::Change;
+use drover_model::DeviceId;
 use drover_rules::patch::DeviceAssessment;
+use drover_rules::records::DeviceRecord;
+use drover_store::db::{Db, DbError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use tokio::sync::broadcast;
@@ -214,7 +214,7 @@ mod tests {
             device: device.clone(),
             finished_at: t("2026-12-01T10:00:00Z"),
             received_at: t("2026-12-01T10:00:01Z"),
-            assessment: agent_core::model::PatchAssessment {
+            assessment: drover_model::model::PatchAssessment {
                 upgradable: 3,
                 security: 2,
                 kept_back: 0,
@@ -222,7 +222,7 @@ mod tests {
                 reboot_pending: Some("/run/reboot-required".into()),
                 running_kernel: "6.1.0-50-amd64".into(),
                 newest_kernel: None,
-                pending: vec![agent_core::model::PendingPackage {
+                pending: vec![drover_model::model::PendingPackage {
                     name: "openssl".into(),
                     from: Some("1".into()),
                     to: "2".into(),
@@ -268,10 +268,10 @@ mod tests {
     /// overflowed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_index_follows_the_store_and_answers_after_every_write() {
-        use crate::records::device_key;
+        use drover_rules::records::device_key;
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::new(Arc::new(
-            crate::store::RedbKv::open(&dir.path().join("drover.redb")).expect("store"),
+            drover_store::store::RedbKv::open(&dir.path().join("drover.redb")).expect("store"),
         ));
         let index = Arc::new(PatchIndex::new(db.clone()));
         let shutdown = CancellationToken::new();
@@ -299,7 +299,7 @@ mod tests {
             device: a.clone(),
             finished_at: Timestamp::UNIX_EPOCH,
             received_at: Timestamp::UNIX_EPOCH,
-            assessment: agent_core::model::PatchAssessment {
+            assessment: drover_model::model::PatchAssessment {
                 upgradable: 1,
                 security: 0,
                 kept_back: 0,
@@ -332,7 +332,7 @@ mod tests {
             .await
             .expect("get")
             .expect("a");
-        db.commit(vec![crate::store::Op::Delete {
+        db.commit(vec![drover_contract::kv::Op::Delete {
             key: device_key(&a),
             expected: revision,
         }])
@@ -347,11 +347,11 @@ mod tests {
                 .contains_key(&a)
         );
         // More changes than the feed holds: loaded again, none lost.
-        let many = crate::store::CHANGE_FEED + 10;
+        let many = drover_store::store::CHANGE_FEED + 10;
         let mut ops = Vec::new();
         for i in 0..many {
             let d = device(&format!("n{i}"));
-            ops.push(crate::store::Op::Put {
+            ops.push(drover_contract::kv::Op::Put {
                 key: device_key(&d.id),
                 value: Db::encode(&d).expect("encode"),
                 expected: 0,

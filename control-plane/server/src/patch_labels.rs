@@ -6,9 +6,9 @@
 //! Only the copies placement reads carry them; stored device records and
 //! manifests never do.
 
-use crate::db::{Db, DbError};
-use crate::records::DeviceRecord;
 use drover_rules::patch::DeviceAssessment;
+use drover_rules::records::DeviceRecord;
+use drover_store::db::{Db, DbError};
 use std::collections::HashMap;
 
 /// Every registered device, with its maintained labels.

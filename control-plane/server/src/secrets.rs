@@ -5,16 +5,16 @@
 //! data directory, shared by replicas like `secret.key`), its name as
 //! associated data. The API never returns a value. A package job names its
 //! secrets; at every delivery the enricher opens them and seals their files
-//! to the device and job (`agent_core::sealed`), and adds a fresh download
+//! to the device and job (`drover_model::sealed`), and adds a fresh download
 //! link. Neither is ever written to the store.
 
 use crate::auth::{Secrets, random_hex, read_or_create};
-use crate::db::{Db, DbError};
 use crate::packages::Downloads;
-pub use crate::records::{SecretRecord, secret_key};
-use agent_core::sealed::{SecretFile, open_with, parse_nonce, seal_with};
-use agent_core::signing::{hex, unhex};
 use anyhow::Context;
+use drover_model::sealed::{SecretFile, open_with, parse_nonce, seal_with};
+use drover_model::signing::{hex, unhex};
+use drover_rules::records::{SecretRecord, secret_key};
+use drover_store::db::{Db, DbError};
 use jiff::Timestamp;
 use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
 use std::collections::BTreeMap;

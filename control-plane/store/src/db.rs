@@ -2,8 +2,8 @@
 //! compare-and-set and the change feed.
 
 use crate::records::{Delivery, JobDelivery};
-use crate::store::{Change, KvError, KvStore, Op, OpResults};
 use crate::stored::Record;
+use drover_contract::kv::{Change, KvError, KvStore, Op, OpResults};
 use jiff::Timestamp;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 
 use agent_core::dbfile::Checker;
 use drover_contract::BoxFuture;
-pub use drover_contract::kv::{Change, Entry, KvError, KvStore, Op, OpResults};
+use drover_contract::kv::{Change, Entry, KvError, KvStore, Op, OpResults};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;

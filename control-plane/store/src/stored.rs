@@ -6,7 +6,7 @@
 //! fails the tests instead of silently changing the stored format.
 
 use crate::records::{Delivery, DeviceRecord, JobDelivery, PlanHeader, PlanTarget, TaskRunRecord};
-use agent_core::model::{Intent, JobStatus};
+use drover_model::model::{Intent, JobStatus};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -61,7 +61,7 @@ enum StoredDevice {
 /// Frozen: the layout written before V2. Never change it.
 #[derive(Serialize, Deserialize)]
 struct DeviceV1 {
-    id: agent_core::DeviceId,
+    id: drover_model::DeviceId,
     groups: std::collections::BTreeSet<String>,
     labels: std::collections::BTreeMap<String, String>,
     time_zone: Option<String>,
@@ -119,10 +119,10 @@ enum StoredAssessment {
 /// Frozen: the layout written before V2. Never change it.
 #[derive(Serialize, Deserialize)]
 struct AssessmentV1 {
-    device: agent_core::DeviceId,
+    device: drover_model::DeviceId,
     finished_at: Timestamp,
     received_at: Timestamp,
-    assessment: agent_core::model::PatchAssessment,
+    assessment: drover_model::model::PatchAssessment,
     security_since: std::collections::BTreeMap<String, Timestamp>,
 }
 
@@ -164,7 +164,7 @@ enum StoredRun {
 #[derive(Serialize, Deserialize)]
 struct RunV1 {
     name: String,
-    uid: agent_core::JobId,
+    uid: drover_model::JobId,
     created_at: Timestamp,
     spec: crate::records::TaskRunSpec,
     status: crate::records::RunStatus,
@@ -258,7 +258,7 @@ enum StoredDeployment {
 #[derive(Serialize, Deserialize)]
 struct DeploymentV3 {
     name: String,
-    uid: agent_core::JobId,
+    uid: drover_model::JobId,
     created_at: Timestamp,
     spec: DeploymentSpecV2,
     add_requests: u32,
@@ -334,7 +334,7 @@ impl From<DeploymentStatusV2> for crate::deployment::DeploymentStatus {
 #[derive(Serialize, Deserialize)]
 struct DeploymentV2 {
     name: String,
-    uid: agent_core::JobId,
+    uid: drover_model::JobId,
     created_at: Timestamp,
     spec: DeploymentSpecV2,
     add_requests: u32,
@@ -401,7 +401,7 @@ impl From<DeploymentStatusV1> for crate::deployment::DeploymentStatus {
 #[derive(Serialize, Deserialize)]
 struct DeploymentV1 {
     name: String,
-    uid: agent_core::JobId,
+    uid: drover_model::JobId,
     created_at: Timestamp,
     spec: DeploymentSpecV1,
     add_requests: u32,
@@ -422,7 +422,7 @@ struct DeploymentSpecV1 {
 #[derive(Serialize, Deserialize)]
 enum TargetingV1 {
     All,
-    Devices(Vec<agent_core::DeviceId>),
+    Devices(Vec<drover_model::DeviceId>),
     Filter(DeviceFilterV1),
 }
 
@@ -548,7 +548,7 @@ impl Record for JobDelivery {
     fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
         Ok(match postcard::from_bytes(bytes)? {
             // V1 never recorded when the control plane received a result;
-            // such a record is judged as before (see engine::outcome_of).
+            // such a record is judged as before (see the server's engine::runs::outcome_of).
             StoredJob::V1(v1) => JobDelivery {
                 intent: v1.intent,
                 run: v1.run,
@@ -606,7 +606,7 @@ mod tests {
         assert_eq!(job.run.as_deref(), Some("upgrade-kitchen"));
         assert!(matches!(job.delivery, Delivery::Acked { .. }));
         let status = job.status.clone().expect("status");
-        assert_eq!(status.state, agent_core::JobState::Succeeded);
+        assert_eq!(status.state, drover_model::JobState::Succeeded);
         assert_eq!(status.seq, 7);
         assert_eq!(status.steps[0].name, "preflight");
         assert_eq!(job.terminal_received_at, None, "V1 had no receive time");

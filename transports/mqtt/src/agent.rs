@@ -11,9 +11,9 @@
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
-use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
-use agent_core::wire::intent_json;
+use drover_model::credentials::BrokerPasswords;
+use drover_model::wire::intent_json;
 use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS, SubscribeFilter};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

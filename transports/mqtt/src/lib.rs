@@ -22,8 +22,8 @@ pub mod agent;
 #[cfg(feature = "server")]
 pub mod server;
 
-use agent_core::model::HeldJob;
-use agent_core::{DeviceId, JobId};
+use drover_model::model::HeldJob;
+use drover_model::{DeviceId, JobId};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};

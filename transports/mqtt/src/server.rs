@@ -10,14 +10,14 @@
 //! every undecided intent is sent again: the store is the truth.
 
 use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
-use agent_core::model::{Heartbeat, Intent, JobStatus};
-use agent_core::{DeviceId, JobId};
 use base64::Engine;
 use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, HealthCell, Inbound, LinkError,
     LinkHealth, Reply,
 };
+use drover_model::model::{Heartbeat, Intent, JobStatus};
+use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS, SubscribeFilter};
 use std::sync::Arc;

@@ -14,11 +14,11 @@ use crate::{
 };
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
-use agent_core::credentials::BrokerPasswords;
 use agent_core::executor::{AdmitError, Agent};
-use agent_core::model::JobStatus;
-use agent_core::wire::intent_json;
 use async_nats::jetstream;
+use drover_model::credentials::BrokerPasswords;
+use drover_model::model::JobStatus;
+use drover_model::wire::intent_json;
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -181,8 +181,8 @@ enum Handed {
 /// A held status the delivery core has, and its answer to come.
 struct Waiting {
     message: async_nats::jetstream::Message,
-    device: agent_core::DeviceId,
-    job_id: agent_core::JobId,
+    device: drover_model::DeviceId,
+    job_id: drover_model::JobId,
     received_at: Timestamp,
     answer: tokio::sync::oneshot::Receiver<Answer>,
 }

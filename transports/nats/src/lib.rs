@@ -30,7 +30,7 @@ pub mod links;
 #[cfg(feature = "server")]
 pub mod server;
 
-use agent_core::{DeviceId, JobId};
+use drover_model::{DeviceId, JobId};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -98,7 +98,7 @@ pub struct Hello {
     pub agent_version: String,
     pub boot_id: String,
     pub capabilities: Vec<String>,
-    pub jobs: Vec<agent_core::model::HeldJob>,
+    pub jobs: Vec<drover_model::model::HeldJob>,
 }
 
 /// The control plane's answer to a hello: its clock, by which the agent

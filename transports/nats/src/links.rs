@@ -16,13 +16,13 @@ use crate::{
     HEARTBEAT_PREFIX, HELLO_PREFIX, HELLO_QUEUE, Hello, HelloReply, MAX_VALUE_BYTES, STATUS_PREFIX,
     StatusReply, inbox_prefix, key, parse_key,
 };
-use agent_core::model::{Heartbeat, Intent, JobStatus};
-use agent_core::{DeviceId, JobId};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, HealthCell, Inbound, LinkError, LinkHealth,
     LinkState, Reply,
 };
+use drover_model::model::{Heartbeat, Intent, JobStatus};
+use drover_model::{DeviceId, JobId};
 use futures_util::StreamExt;
 use jiff::Timestamp;
 use std::sync::Arc;

@@ -8,8 +8,8 @@ use crate::{
     INTENT_REPUBLISH_PREFIX, NatsError, NatsSettings, STATUS_BUCKET, connect_options, held_subject,
     hello_subject, inbox_prefix, key_subject, status_subject, stream_name,
 };
-use agent_core::DeviceId;
 use async_nats::jetstream::{self, kv, stream};
+use drover_model::DeviceId;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]

@@ -397,6 +397,6 @@ fn acknowledged(result: Result<AdmitReply, AdmitError>, what: &str) -> AgentMess
 
 fn error_reply(message: String) -> AgentMessage {
     AgentMessage::Error {
-        message: agent_core::bounded(message, agent_core::MAX_ERROR_BYTES),
+        message: drover_model::bounded(message, drover_model::MAX_ERROR_BYTES),
     }
 }

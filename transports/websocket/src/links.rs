@@ -11,12 +11,12 @@
 use crate::protocol::{AgentMessage, DecodeError, ServerMessage};
 use crate::server::{Io, accept};
 use crate::{MAX_FRAME_BYTES, MAX_MESSAGE_BYTES};
-use agent_core::model::Intent;
-use agent_core::{DeviceId, JobId};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
+use drover_model::model::Intent;
+use drover_model::{DeviceId, JobId};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
 use jiff::Timestamp;
@@ -479,7 +479,7 @@ impl AgentLinks for WsLinks {
 fn error_frame(message: &str) -> Message {
     Message::text(
         ServerMessage::Error {
-            message: agent_core::bounded(message, MAX_MESSAGE_BYTES / 2),
+            message: drover_model::bounded(message, MAX_MESSAGE_BYTES / 2),
         }
         .encode(),
     )

@@ -5,8 +5,8 @@
 //! durable outbox (A4); until then the agent re-sends it on every connection.
 
 use crate::MAX_MESSAGE_BYTES;
-use agent_core::model::{Heartbeat, HeldJob, JobStatus};
-use agent_core::{DeviceId, JobId};
+use drover_model::model::{Heartbeat, HeldJob, JobStatus};
+use drover_model::{DeviceId, JobId};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,11 +215,11 @@ mod tests {
                                 .unwrap_or_else(|e| panic!("{heading}: {e}\n{text}"));
                             match &message {
                                 ServerMessage::Job { intent, .. } => {
-                                    agent_core::wire::parse_intent_value(intent.clone())
+                                    drover_model::wire::parse_intent_value(intent.clone())
                                         .unwrap_or_else(|e| panic!("{heading}: {e}"));
                                 }
                                 ServerMessage::Cancel { order } => {
-                                    agent_core::wire::parse_cancel_order(order.clone())
+                                    drover_model::wire::parse_cancel_order(order.clone())
                                         .unwrap_or_else(|e| panic!("{heading}: {e}"));
                                 }
                                 _ => {}

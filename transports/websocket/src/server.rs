@@ -3,7 +3,7 @@
 //! caller's `authorize` decides. What happens after it is [`crate::links`].
 
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
-use agent_core::DeviceId;
+use drover_model::DeviceId;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};

@@ -18,7 +18,7 @@ use crate::command::run_bounded;
 use crate::upgrade::{CHILD_CALL_LIMIT, SystemUpgrade};
 use crate::{AptSettings, kernel};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
-use agent_core::model::{JobOutput, MAX_LISTED_PACKAGES, PatchAssessment, PendingPackage};
+use drover_model::model::{JobOutput, MAX_LISTED_PACKAGES, PatchAssessment, PendingPackage};
 use std::time::Duration;
 use tracing::info;
 

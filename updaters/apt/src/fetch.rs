@@ -3,7 +3,7 @@
 //! request, bounded by the package's size; and the refresh of an expired
 //! link. The file's checksum is checked by the caller, not here.
 
-use agent_core::model::DownloadLink;
+use drover_model::model::DownloadLink;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::{Request, StatusCode, Uri};

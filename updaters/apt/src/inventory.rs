@@ -5,7 +5,7 @@ use crate::AptSettings;
 use crate::command::run_bounded;
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
 use agent_core::facts::{FactSources, debian_architecture};
-use agent_core::model::{
+use drover_model::model::{
     DiskUsage, InstalledPackage, Inventory, JobOutput, MAX_INVENTORY_PACKAGE_BYTES,
     MAX_INVENTORY_PACKAGES, PACKAGE_JSON_OVERHEAD, SoftwareInventory,
 };

@@ -9,7 +9,7 @@ use crate::fetch::{FetchError, Fetcher, sha256_file};
 use crate::upgrade::{APT_CHANGE_OPTIONS, call_failed, call_id, elapsed, lock_message};
 use crate::{AptSettings, Mode, SystemUpgrade, run_bounded};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
-use agent_core::model::{JobKind, JobOutput, PackageChange, PackageInstall, UpgradeOutput};
+use drover_model::model::{JobKind, JobOutput, PackageChange, PackageInstall, UpgradeOutput};
 use std::path::PathBuf;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -133,7 +133,7 @@ impl PackageInstaller {
     /// `/etc/drover/secrets/<secret>/<key>` in the root, before the install
     /// (a package's maintainer scripts may read them).
     fn write_secrets(&self, ctx: &StepContext<'_>, package: &PackageInstall) -> Result<(), String> {
-        use agent_core::sealed::{is_secret_name, open};
+        use drover_model::sealed::{is_secret_name, open};
         if package.secrets.is_empty() {
             return Ok(());
         }
@@ -152,7 +152,7 @@ impl PackageInstaller {
             .as_deref()
             .ok_or("this agent has no device token to open secrets with")?;
         let device =
-            agent_core::DeviceId::new(fetcher.device_id.clone()).map_err(|e| e.to_string())?;
+            drover_model::DeviceId::new(fetcher.device_id.clone()).map_err(|e| e.to_string())?;
         let files = open(token, &device, ctx.job_id, sealed)?;
         let base = self.settings().system_root().join(SECRETS_DIR);
         for file in &files {

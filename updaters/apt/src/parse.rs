@@ -1,7 +1,7 @@
 //! Reading what apt says it did or would do. apt's simulation lines
 //! (`Inst`, `Remv`) and its "kept back" list are stable under `LC_ALL=C`.
 
-use agent_core::model::{MAX_LISTED_PACKAGES, PackageChange, UpgradeOutput};
+use drover_model::model::{MAX_LISTED_PACKAGES, PackageChange, UpgradeOutput};
 
 /// A report being filled in, bounded to [`MAX_LISTED_PACKAGES`] names.
 struct Report {

@@ -9,7 +9,7 @@ use crate::command::run_bounded;
 use crate::parse::{parse_simulation, parse_upgrade_run};
 use crate::{AptSettings, Mode, apt_available, dpkg, kernel};
 use agent_core::chain::{BoxFuture, Chain, StepContext, StepOutcome};
-use agent_core::model::{JobOutput, PackageChange, UpgradeOutput};
+use drover_model::model::{JobOutput, PackageChange, UpgradeOutput};
 use jiff::Timestamp;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -555,7 +555,7 @@ mod tests {
     fn a_call_lost_again_and_again_fails_its_step_as_a_loop() {
         let mut output = None;
         let mut ctx = StepContext {
-            job_id: agent_core::JobId::random(),
+            job_id: drover_model::JobId::random(),
             step: "full-upgrade",
             kind: None,
             started_at: Timestamp::now(),

@@ -1,9 +1,9 @@
 //! The chains against this machine's real apt and dpkg, in modes that change
 //! nothing: `apt-get -s full-upgrade` and the inventory.
 
-use agent_core::JobId;
 use agent_core::chain::{Chain, StepContext, StepOutcome};
-use agent_core::model::JobOutput;
+use drover_model::JobId;
+use drover_model::model::JobOutput;
 use std::path::Path;
 use updater_apt::{AptSettings, InventoryRefresh, Mode, SystemUpgrade};
 

@@ -53,7 +53,7 @@ pub fn mqtt_config(
     if control_plane_password.is_empty() {
         bail!("the control plane's MQTT password is empty");
     }
-    let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
+    let secrets = drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
     let devices = broker_passwords(&secrets, devices, generations)?;
     let (passwords, acl) = transport_mqtt::server::mosquitto_files(
         &transport_mqtt::Topics::new(prefix),
@@ -110,7 +110,7 @@ pub fn nats_config(
         group,
         offline: _,
     } = args;
-    let secrets = drover::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
+    let secrets = drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
     let devices = broker_passwords(&secrets, devices, generations)?;
     use transport_nats::server::DirectStatusPuts;
     let direct = if *allow_direct_status_puts {
@@ -219,16 +219,16 @@ fn include_hint(path: &std::path::Path) -> String {
 /// token for that purpose alone, so a broker's files hold no token (which
 /// would log in over WebSocket and open the device's sealed secrets).
 fn broker_passwords(
-    secrets: &drover::auth::Secrets,
+    secrets: &drover_server::auth::Secrets,
     devices: &[String],
     generations: &std::collections::HashMap<String, u64>,
-) -> Result<Vec<(agent_core::DeviceId, String)>> {
+) -> Result<Vec<(drover_model::DeviceId, String)>> {
     devices
         .iter()
         .map(|d| {
-            let id = agent_core::DeviceId::new(d.clone())?;
+            let id = drover_model::DeviceId::new(d.clone())?;
             let generation = generations.get(id.as_str()).copied().unwrap_or(0);
-            let password = agent_core::credentials::broker_password(
+            let password = drover_model::credentials::broker_password(
                 &secrets.device_token_at(&id, generation),
                 &id,
             );

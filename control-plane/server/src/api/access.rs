@@ -10,13 +10,13 @@
 
 use super::ApiState;
 use crate::http::{ApiError, bearer_of};
-use crate::records::{
-    AUDIT_OBJECTS, AuditObject, AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role,
-};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use drover_rules::records::{
+    AUDIT_OBJECTS, AuditObject, AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role,
+};
 use jiff::Timestamp;
 use std::net::SocketAddr;
 use std::time::Instant;

@@ -14,7 +14,7 @@ pub(super) struct ApplyQuery {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    agent_core::signing::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+    drover_model::signing::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// Applies one manifest, a JSON array of them, or a `kind: List` with
@@ -54,8 +54,11 @@ pub(super) async fn apply(
 /// that `apply` needs: (kind, field, role). Decommissioning a device, or
 /// bringing one back, is an admin's (the threat model's table), through
 /// `apply` as through any other route.
-pub const FIELD_ROLES: &[(&str, &str, crate::records::Role)] =
-    &[("Device", "spec.decommissioned", crate::records::Role::Admin)];
+pub const FIELD_ROLES: &[(&str, &str, drover_rules::records::Role)] = &[(
+    "Device",
+    "spec.decommissioned",
+    drover_rules::records::Role::Admin,
+)];
 
 /// The value a manifest asks for in `field` (`spec.decommissioned`), and
 /// the one stored now; an object not stored yet has the field's default.
@@ -169,9 +172,9 @@ fn apply_note(
     super::access::AuditNote {
         objects: objects
             .iter()
-            .take(crate::records::AUDIT_OBJECTS)
+            .take(drover_rules::records::AUDIT_OBJECTS)
             .enumerate()
-            .map(|(index, result)| crate::records::AuditObject {
+            .map(|(index, result)| drover_rules::records::AuditObject {
                 kind: result.kind.name().to_owned(),
                 name: result.name.clone(),
                 result: Some(result.result.name().to_owned()),
@@ -191,7 +194,7 @@ async fn apply_body(
     query: ApplyQuery,
     body: &[u8],
 ) -> Result<(StatusCode, Json<Answer>), ApiError> {
-    let body = crate::strict_json::parse(body).map_err(|e| {
+    let body = drover_rules::strict_json::parse(body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("the request body is not acceptable JSON: {e}"),
@@ -352,7 +355,7 @@ pub(super) async fn apply_devices(
             device.labels = labels.clone();
             device.time_zone = spec.time_zone.clone();
             device.decommissioned = spec.decommissioned;
-            ops.push(crate::store::Op::Put {
+            ops.push(drover_contract::kv::Op::Put {
                 key: device_key(id),
                 value: Db::encode(&device)?,
                 expected,
@@ -418,11 +421,11 @@ pub(super) async fn apply_one(
             Ok(created)
         }
         Manifest::TaskSchedule { name, spec } => {
-            let key = crate::records::schedule_key(&name);
+            let key = drover_rules::records::schedule_key(&name);
             let mut result = Outcome::Configured;
             state
                 .db
-                .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+                .update::<drover_rules::schedule::TaskScheduleRecord, _>(&key, |current| {
                     Some(match current {
                         // The schedule may change (suspend, cadence, template);
                         // the runs it made never do.
@@ -436,7 +439,7 @@ pub(super) async fn apply_one(
                         }
                         None => {
                             result = Outcome::Created;
-                            crate::schedule::TaskScheduleRecord {
+                            drover_rules::schedule::TaskScheduleRecord {
                                 name: name.clone(),
                                 created_at: Timestamp::now(),
                                 spec: spec.clone(),
@@ -474,10 +477,10 @@ pub(super) async fn apply_one(
                 created_at: Timestamp::now(),
                 spec,
                 add_requests: 0,
-                status: crate::deployment::DeploymentStatus::planning(),
+                status: drover_rules::deployment::DeploymentStatus::planning(),
             };
             // The store's change feed brings it to the engine.
-            let key = crate::records::deployment_key(&name);
+            let key = drover_rules::records::deployment_key(&name);
             create_immutable(state, Kind::Deployment, &key, deployment, |d| {
                 (d.uid, &d.spec)
             })
@@ -488,11 +491,11 @@ pub(super) async fn apply_one(
                 .vault
                 .seal(&name, &data)
                 .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-            let key = crate::secrets::secret_key(&name);
+            let key = drover_rules::records::secret_key(&name);
             let mut created = false;
             state
                 .db
-                .update::<crate::secrets::SecretRecord, _>(&key, |current| {
+                .update::<drover_rules::records::SecretRecord, _>(&key, |current| {
                     created = current.is_none();
                     Some(record.clone())
                 })
@@ -550,7 +553,7 @@ pub(super) async fn create_immutable<T, S>(
     identity: impl Fn(&T) -> (JobId, &S),
 ) -> Result<(StatusCode, Changed), ApiError>
 where
-    T: crate::stored::Record,
+    T: drover_store::stored::Record,
     S: PartialEq,
 {
     let name = key.split_once('/').map_or(key, |(_, n)| n);

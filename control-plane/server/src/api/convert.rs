@@ -2,10 +2,10 @@
 //! function per type, field by field, so a field renamed on either side
 //! fails to compile here instead of changing an answer unnoticed.
 
-use crate::records::DeviceRecord;
-use agent_core::model;
 use drover_api::{deployments, devices, jobs, runs};
+use drover_model::model;
 use drover_rules::patch::{DeviceAssessment, FleetPatchStatus};
+use drover_rules::records::DeviceRecord;
 
 pub(super) fn job_state(state: model::JobState) -> jobs::JobState {
     use model::JobState as S;
@@ -205,8 +205,8 @@ pub(super) fn patch_status(
     }
 }
 
-pub(crate) fn phase(phase: crate::records::Phase) -> runs::Phase {
-    use crate::records::Phase as P;
+pub(crate) fn phase(phase: drover_rules::records::Phase) -> runs::Phase {
+    use drover_rules::records::Phase as P;
     match phase {
         P::Planning => runs::Phase::Planning,
         P::Running => runs::Phase::Running,
@@ -216,8 +216,8 @@ pub(crate) fn phase(phase: crate::records::Phase) -> runs::Phase {
     }
 }
 
-pub(super) fn delivery(delivery: &crate::records::Delivery) -> runs::Delivery {
-    use crate::records::Delivery as D;
+pub(super) fn delivery(delivery: &drover_rules::records::Delivery) -> runs::Delivery {
+    use drover_rules::records::Delivery as D;
     match *delivery {
         D::Created => runs::Delivery::Created,
         D::Sent { at } => runs::Delivery::Sent { at },
@@ -234,7 +234,7 @@ fn reason_text(reason: Option<&str>) -> Option<String> {
 }
 
 /// A run's spec as an operator wrote it.
-pub(crate) fn task_run_spec(spec: &crate::records::TaskRunSpec) -> runs::TaskRunSpec {
+pub(crate) fn task_run_spec(spec: &drover_rules::records::TaskRunSpec) -> runs::TaskRunSpec {
     runs::TaskRunSpec {
         allowed_groups: spec.allowed_groups.clone(),
         target_selector: runs::TargetSelector {
@@ -246,7 +246,7 @@ pub(crate) fn task_run_spec(spec: &crate::records::TaskRunSpec) -> runs::TaskRun
 }
 
 /// A package in the store.
-pub(super) fn package(p: &crate::records::PackageRecord) -> drover_api::schedules::Package {
+pub(super) fn package(p: &drover_rules::records::PackageRecord) -> drover_api::schedules::Package {
     drover_api::schedules::Package {
         id: p.id.clone(),
         name: p.name.clone(),
@@ -260,10 +260,10 @@ pub(super) fn package(p: &crate::records::PackageRecord) -> drover_api::schedule
 
 /// A run as the API shows it: its manifest, with its status and the
 /// reason in words beside its code.
-pub(crate) fn task_run(run: &crate::records::TaskRunRecord) -> runs::TaskRun {
+pub(crate) fn task_run(run: &drover_rules::records::TaskRunRecord) -> runs::TaskRun {
     let status = &run.status;
     runs::TaskRun {
-        api_version: crate::records::API_VERSION.to_owned(),
+        api_version: drover_rules::records::API_VERSION.to_owned(),
         kind: "TaskRun".to_owned(),
         metadata: runs::ObjectMeta {
             name: run.name.clone(),
@@ -297,8 +297,8 @@ pub(crate) fn task_run(run: &crate::records::TaskRunRecord) -> runs::TaskRun {
 }
 
 /// A deployment's spec as an operator wrote it (what `apply` takes back).
-fn deployment_spec(spec: &crate::deployment::DeploymentSpec) -> deployments::DeploymentSpec {
-    use crate::deployment::{FailureLimit, Targeting};
+fn deployment_spec(spec: &drover_rules::deployment::DeploymentSpec) -> deployments::DeploymentSpec {
+    use drover_rules::deployment::{FailureLimit, Targeting};
     let targets = match &spec.targets {
         Targeting::All => deployments::Targets {
             all: Some(true),
@@ -350,8 +350,8 @@ fn deployment_spec(spec: &crate::deployment::DeploymentSpec) -> deployments::Dep
         max_releases_per_minute: spec.max_releases_per_minute,
         maintenance_window: spec.maintenance_window.as_ref().map(|window| {
             deployments::MaintenanceWindow {
-                start: crate::deployment::format_minute(window.start_minute),
-                end: crate::deployment::format_minute(window.end_minute),
+                start: drover_rules::deployment::format_minute(window.start_minute),
+                end: drover_rules::deployment::format_minute(window.end_minute),
                 time_zone: window.time_zone.clone(),
             }
         }),
@@ -361,12 +361,12 @@ fn deployment_spec(spec: &crate::deployment::DeploymentSpec) -> deployments::Dep
 
 /// A deployment as the API shows it: the manifest with its status.
 pub(crate) fn deployment(
-    deployment: &crate::deployment::DeploymentRecord,
+    deployment: &drover_rules::deployment::DeploymentRecord,
 ) -> deployments::Deployment {
     let status = &deployment.status;
     let counts = &status.counts;
     deployments::Deployment {
-        api_version: crate::records::API_VERSION.to_owned(),
+        api_version: drover_rules::records::API_VERSION.to_owned(),
         kind: "Deployment".to_owned(),
         metadata: runs::ObjectMeta {
             name: deployment.name.clone(),
@@ -402,11 +402,11 @@ pub(crate) fn deployment(
 
 /// A schedule as the API shows it, with its next tick.
 pub(crate) fn task_schedule(
-    schedule: &crate::schedule::TaskScheduleRecord,
+    schedule: &drover_rules::schedule::TaskScheduleRecord,
     now: jiff::Timestamp,
 ) -> drover_api::schedules::TaskSchedule {
-    use crate::schedule::Cadence;
     use drover_api::schedules as api;
+    use drover_rules::schedule::Cadence;
     let next = schedule
         .spec
         .schedule
@@ -427,7 +427,7 @@ pub(crate) fn task_schedule(
         Cadence::Cron(expression) => api::Cadence::Cron(expression.clone()),
     };
     api::TaskSchedule {
-        api_version: crate::records::API_VERSION.to_owned(),
+        api_version: drover_rules::records::API_VERSION.to_owned(),
         kind: "TaskSchedule".to_owned(),
         metadata: drover_api::runs::ObjectMeta {
             name: schedule.name.clone(),

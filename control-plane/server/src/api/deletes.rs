@@ -5,7 +5,7 @@
 //! the record last).
 
 use super::*;
-use crate::deployment::DeploymentJob;
+use drover_rules::deployment::DeploymentJob;
 
 fn conflict(message: String) -> ApiError {
     ApiError(StatusCode::CONFLICT, message)
@@ -32,7 +32,7 @@ pub(super) async fn delete_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<Json<Changed>, ApiError> {
-    let key = crate::records::deployment_key(&name);
+    let key = drover_rules::records::deployment_key(&name);
     let Some((_, deployment)) = state.db.get::<DeploymentRecord>(&key).await? else {
         return Err(not_found(format!("Deployment {name}")));
     };
@@ -45,14 +45,17 @@ pub(super) async fn delete_deployment(
     }
     let targets = state
         .db
-        .list::<TargetRecord>(&crate::records::targets_prefix(deployment.uid))
+        .list::<TargetRecord>(&drover_rules::records::targets_prefix(deployment.uid))
         .await?;
     let job_keys: Vec<String> = targets
         .iter()
         .flat_map(|(_, _, target)| {
             (1..=target.attempt).map(|attempt| {
-                let job =
-                    crate::deployment::attempt_job_id(deployment.uid, &target.device, attempt);
+                let job = drover_rules::deployment::attempt_job_id(
+                    deployment.uid,
+                    &target.device,
+                    attempt,
+                );
                 job_key(&target.device, job)
             })
         })
@@ -73,10 +76,10 @@ pub(super) async fn delete_schedule(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<Json<Changed>, ApiError> {
-    let key = crate::records::schedule_key(&name);
+    let key = drover_rules::records::schedule_key(&name);
     if state
         .db
-        .get::<crate::schedule::TaskScheduleRecord>(&key)
+        .get::<drover_rules::schedule::TaskScheduleRecord>(&key)
         .await?
         .is_none()
     {
@@ -97,10 +100,10 @@ pub(super) async fn delete_secret(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<Json<Changed>, ApiError> {
-    let key = crate::secrets::secret_key(&name);
+    let key = drover_rules::records::secret_key(&name);
     if state
         .db
-        .get::<crate::secrets::SecretRecord>(&key)
+        .get::<drover_rules::records::SecretRecord>(&key)
         .await?
         .is_none()
     {
@@ -128,7 +131,7 @@ pub(super) async fn delete_package(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<Changed>, ApiError> {
-    let key = crate::packages::package_key(&id);
+    let key = drover_rules::records::package_key(&id);
     let Some((_, package)) = state.db.get::<PackageRecord>(&key).await? else {
         return Err(not_found(format!("package {id}")));
     };

@@ -3,13 +3,13 @@
 
 use super::convert;
 use super::*;
-use crate::deployment::TargetState;
 use drover_api::deployments as api;
+use drover_rules::deployment::TargetState;
 
 pub(super) async fn deployment(state: &ApiState, name: &str) -> Result<DeploymentRecord, ApiError> {
     match state
         .db
-        .get::<DeploymentRecord>(&crate::records::deployment_key(name))
+        .get::<DeploymentRecord>(&drover_rules::records::deployment_key(name))
         .await?
     {
         Some((_, deployment)) => Ok(deployment),
@@ -24,7 +24,7 @@ async fn targets(
 ) -> Result<Vec<(String, u64, TargetRecord)>, ApiError> {
     Ok(state
         .db
-        .list::<TargetRecord>(&crate::records::targets_prefix(uid))
+        .list::<TargetRecord>(&drover_rules::records::targets_prefix(uid))
         .await?)
 }
 
@@ -51,7 +51,7 @@ pub(super) fn target_state(
     job: Option<&JobDelivery>,
     now: Timestamp,
 ) -> TargetState {
-    let observed = job.map(|j| crate::deployment::observe(j, now));
+    let observed = job.map(|j| drover_rules::deployment::observe(j, now));
     TargetState::of(target, observed.as_ref(), now)
 }
 
@@ -174,7 +174,8 @@ pub(super) async fn describe_deployment(
             .iter()
             .take(100)
             .map(|(zone, count)| {
-                let tz = crate::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
+                let tz =
+                    drover_rules::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
                 api::WindowNow {
                     time_zone: zone.clone(),
                     targets: *count as u64,
@@ -206,7 +207,7 @@ pub(super) async fn cancel_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<Changed>), ApiError> {
-    let key = crate::records::deployment_key(&name);
+    let key = drover_rules::records::deployment_key(&name);
     let (answer, deployment) =
         cancel::<DeploymentRecord>(&state, Kind::Deployment, &key, &name, |d| {
             &mut d.status.phase
@@ -227,7 +228,7 @@ pub(super) async fn add_new_devices(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<Changed>), ApiError> {
-    let key = crate::records::deployment_key(&name);
+    let key = drover_rules::records::deployment_key(&name);
     let mut refused = None;
     let updated = state
         .db

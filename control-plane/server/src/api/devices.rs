@@ -3,8 +3,8 @@
 
 use super::convert;
 use super::*;
-use agent_core::model::{JobKind, JobState};
 use drover_api::devices as api;
+use drover_model::model::{JobKind, JobState};
 use drover_rules::patch::DeviceAssessment;
 use std::collections::BTreeMap;
 
@@ -75,16 +75,19 @@ pub(super) async fn device_page(
         let device = with_presence(&state, stored.as_ref().clone());
         let jobs = state
             .db
-            .list::<JobDelivery>(&crate::records::device_jobs_prefix(&device.id))
+            .list::<JobDelivery>(&drover_rules::records::device_jobs_prefix(&device.id))
             .await?;
         let current = jobs.iter().find_map(|(_, _, job)| {
             let decided = job.status.as_ref().is_some_and(|s| s.state.is_terminal())
-                || matches!(job.delivery, crate::records::Delivery::Expired { .. });
+                || matches!(
+                    job.delivery,
+                    drover_rules::records::Delivery::Expired { .. }
+                );
             (!decided).then(|| {
                 let step = job.status.as_ref().and_then(|s| {
                     s.steps
                         .iter()
-                        .rfind(|step| step.state != agent_core::StepState::Pending)
+                        .rfind(|step| step.state != drover_model::StepState::Pending)
                         .map(|step| step.name.clone())
                 });
                 let phase = drover_rules::state::JobPhase::of_job(job);
@@ -184,7 +187,7 @@ pub(super) async fn device_jobs(
     let id = registered(&state, id).await?;
     let mut jobs = state
         .db
-        .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
+        .list::<JobDelivery>(&drover_rules::records::device_jobs_prefix(&id))
         .await?;
     jobs.sort_by_key(|j| std::cmp::Reverse(j.2.created_at));
     let items: Vec<api::DeviceJob> = jobs
@@ -319,7 +322,7 @@ fn maintained_labels(assessment: Option<&DeviceAssessment>) -> BTreeMap<String, 
 /// Every device's latest assessment, by device.
 /// A device's latest assessment, if one came.
 async fn assessment_of(
-    db: &crate::db::Db,
+    db: &drover_store::db::Db,
     id: &DeviceId,
 ) -> Result<Option<DeviceAssessment>, ApiError> {
     Ok(db
@@ -329,7 +332,7 @@ async fn assessment_of(
 }
 
 async fn assessments_by_device(
-    db: &crate::db::Db,
+    db: &drover_store::db::Db,
 ) -> Result<std::collections::HashMap<DeviceId, DeviceAssessment>, ApiError> {
     Ok(db
         .list::<DeviceAssessment>("assessments/")
@@ -414,13 +417,16 @@ pub(super) async fn delete_device(
     };
     let jobs = state
         .db
-        .list::<JobDelivery>(&crate::records::device_jobs_prefix(&id))
+        .list::<JobDelivery>(&drover_rules::records::device_jobs_prefix(&id))
         .await?;
     let undecided: Vec<String> = jobs
         .iter()
         .filter(|(_, _, job)| {
             !job.status.as_ref().is_some_and(|s| s.state.is_terminal())
-                && !matches!(job.delivery, crate::records::Delivery::Expired { .. })
+                && !matches!(
+                    job.delivery,
+                    drover_rules::records::Delivery::Expired { .. }
+                )
         })
         .map(|(_, _, job)| {
             job.run
@@ -448,11 +454,11 @@ pub(super) async fn delete_device(
     let (kept, deleted): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(_, _, job)| {
         job.run
             .as_deref()
-            .is_some_and(|run| !crate::records::is_deployment_run(run))
+            .is_some_and(|run| !drover_rules::records::is_deployment_run(run))
     });
     let mut keys: Vec<String> = deleted.into_iter().map(|(key, _, _)| key).collect();
     let job_count = keys.len();
-    keys.push(crate::deployment::inventory_key(&id));
+    keys.push(drover_rules::deployment::inventory_key(&id));
     keys.push(drover_rules::patch::assessment_key(&id));
     keys.push(device_key(&id));
     state.db.delete_all(&keys).await?;
@@ -472,7 +478,9 @@ pub(super) async fn get_inventory(
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     match state
         .db
-        .get::<crate::deployment::DeviceInventory>(&crate::deployment::inventory_key(&id))
+        .get::<drover_rules::deployment::DeviceInventory>(&drover_rules::deployment::inventory_key(
+            &id,
+        ))
         .await?
     {
         Some((_, inventory)) => Ok(Json(api::DeviceInventory {

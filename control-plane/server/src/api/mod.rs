@@ -1,16 +1,9 @@
 //! The operators' HTTP/JSON API under `/api/v1`, behind a bearer token.
 
 use crate::auth::Secrets;
-use crate::db::{Db, DbError};
-use crate::deployment::{DeploymentRecord, TargetRecord};
 use crate::dispatch::Presence;
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest};
-use crate::packages::PackageRecord;
-use crate::records::{
-    DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key, run_key,
-};
-use agent_core::{DeviceId, JobId};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +12,13 @@ use axum::{Json, Router};
 use drover_api::changes::{Changed, Kind, Outcome};
 use drover_api::fleet;
 use drover_contract::link::LinkState;
+use drover_model::{DeviceId, JobId};
+use drover_rules::deployment::{DeploymentRecord, TargetRecord};
+use drover_rules::records::PackageRecord;
+use drover_rules::records::{
+    DeviceRecord, JobDelivery, Phase, RunStatus, TaskRunRecord, device_key, job_key, run_key,
+};
+use drover_store::db::{Db, DbError};
 use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -39,9 +39,9 @@ mod schedules;
 pub mod tokens;
 pub mod ui;
 
-pub use crate::http::{ApiError, bearer, bearer_of};
+use crate::http::ApiError;
 
-pub use access::require_operator;
+use access::require_operator;
 use apply::*;
 use deletes::*;
 use deployments::*;
@@ -71,7 +71,7 @@ pub(super) struct ListQuery {
 
 /// One page of records under `prefix`, and the name the next page
 /// continues after when more follow.
-async fn list_page<T: crate::stored::Record>(
+async fn list_page<T: drover_store::stored::Record>(
     db: &Db,
     prefix: &str,
     query: &ListQuery,
@@ -437,17 +437,17 @@ async fn ack_alert(
         )));
     };
     let by = format!("{} ({})", caller.who(), caller.via.name());
-    let ack = crate::records::AlertAck {
+    let ack = drover_rules::records::AlertAck {
         kind: request.kind.clone(),
         resource: request.resource.clone(),
         instance: alert.at,
         by: by.clone(),
         at: now,
     };
-    let key = crate::records::ack_key(&request.kind, &request.resource);
+    let key = drover_rules::records::ack_key(&request.kind, &request.resource);
     state
         .db
-        .update::<crate::records::AlertAck, _>(&key, |_| Some(ack.clone()))
+        .update::<drover_rules::records::AlertAck, _>(&key, |_| Some(ack.clone()))
         .await?;
     tracing::info!(kind = %request.kind, resource = %request.resource, %by, "alert acknowledged");
     Ok(Json(fleet::AckAnswer {
@@ -463,7 +463,7 @@ async fn list_secrets(
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let (secrets, next) =
-        list_page::<crate::secrets::SecretRecord>(&state.db, "secrets/", &query).await?;
+        list_page::<drover_rules::records::SecretRecord>(&state.db, "secrets/", &query).await?;
     let items = secrets
         .into_iter()
         .map(|s| fleet::SecretSummary {
@@ -519,7 +519,7 @@ async fn list_packages(
 /// the rest (releases nothing more, asks every job that is out to cancel,
 /// ends it Failed with reason `Canceled` once they are decided). Asking
 /// again is harmless; a finished one is refused.
-async fn cancel<T: crate::stored::Record + Clone + Send + Sync + 'static>(
+async fn cancel<T: drover_store::stored::Record + Clone + Send + Sync + 'static>(
     state: &ApiState,
     kind: Kind,
     key: &str,

@@ -4,9 +4,9 @@
 use super::access::{AUDIT_PREFIX, Caller, noted};
 use super::tokens::{new_token, valid_name};
 use super::*;
-use crate::records::{AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
 use axum::Extension;
 use drover_api::operators as ops;
+use drover_rules::records::{AuditRecord, BOOTSTRAP_OPERATOR, OperatorRecord, Role};
 
 /// A stored role as the API names it.
 pub(super) fn api_role(role: Role) -> ops::Role {
@@ -90,7 +90,7 @@ pub(super) async fn add_operator(
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
     let digest = state.secrets.operator_digest(&token);
     let now = Timestamp::now();
-    let key = crate::records::operator_key(&body.name);
+    let key = drover_rules::records::operator_key(&body.name);
     let (expected, generation) = match state.db.get::<OperatorRecord>(&key).await? {
         None => (0, 0),
         Some((revision, old)) if old.revoked_at.is_some() => (revision, old.generation + 1),
@@ -117,7 +117,7 @@ pub(super) async fn add_operator(
     };
     match state.db.put(&key, &record, expected).await {
         Ok(_) => {}
-        Err(crate::db::DbError::Kv(e)) if e.is_conflict() => {
+        Err(drover_store::db::DbError::Kv(e)) if e.is_conflict() => {
             return Err(ApiError(
                 StatusCode::CONFLICT,
                 format!("operator {} changed meanwhile; try again", body.name),
@@ -149,7 +149,7 @@ async fn change_operator(
     let mut refusal = None;
     let updated = state
         .db
-        .update::<OperatorRecord, _>(&crate::records::operator_key(name), |current| {
+        .update::<OperatorRecord, _>(&drover_rules::records::operator_key(name), |current| {
             let mut operator = current?;
             refusal = None;
             match change(&mut operator) {

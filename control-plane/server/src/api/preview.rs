@@ -6,8 +6,8 @@
 //! immutable run fails at once with NoTargets.
 
 use super::*;
-use crate::deployment::{Selection, Targeting};
 use drover_api::changes::{Kind, Preview, PreviewItem};
+use drover_rules::deployment::{Selection, Targeting};
 use drover_rules::placement;
 use std::collections::{BTreeMap, HashMap};
 
@@ -60,7 +60,7 @@ pub(super) fn parse_all(items: &[Value]) -> Result<Vec<Manifest>, ApiError> {
 /// The devices a Deployment names that are not registered (a typo such as
 /// `devices: [pi-kichen]`), at most ten of them, or None.
 pub(super) async fn unknown_devices(
-    db: &crate::db::Db,
+    db: &drover_store::db::Db,
     targets: &Targeting,
 ) -> Result<Option<String>, ApiError> {
     let Targeting::Devices(named) = targets else {
@@ -154,7 +154,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 let unknown = unknown_devices(&state.db, &spec.targets).await?;
                 let result = match state
                     .db
-                    .get::<DeploymentRecord>(&crate::records::deployment_key(&name))
+                    .get::<DeploymentRecord>(&drover_rules::records::deployment_key(&name))
                     .await?
                 {
                     _ if unknown.is_some() => format!("refused: {}", unknown.unwrap_or_default()),
@@ -164,11 +164,11 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     }
                     None => "created".into(),
                 };
-                let inventories: HashMap<DeviceId, crate::deployment::DeviceInventory> =
+                let inventories: HashMap<DeviceId, drover_rules::deployment::DeviceInventory> =
                     match &spec.targets {
                         Targeting::Filter(filter) if filter.needs_inventory() => state
                             .db
-                            .list::<crate::deployment::DeviceInventory>("inventory/")
+                            .list::<drover_rules::deployment::DeviceInventory>("inventory/")
                             .await?
                             .into_iter()
                             .map(|(_, _, i)| (i.device.clone(), i))
@@ -179,7 +179,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 let mut excluded = BTreeMap::new();
                 for device in &devices {
                     let inventory = inventories.get(&device.id);
-                    match crate::deployment::select(&spec.targets, device, inventory) {
+                    match drover_rules::deployment::select(&spec.targets, device, inventory) {
                         Selection::Target => chosen.push((device.id.clone(), false)),
                         Selection::Excluded => {
                             let why = if device.decommissioned {
@@ -211,7 +211,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
             Manifest::TaskSchedule { name, spec } => {
                 let result = match state
                     .db
-                    .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
+                    .get::<drover_rules::schedule::TaskScheduleRecord>(&drover_rules::records::schedule_key(&name))
                     .await?
                 {
                     Some((_, existing)) if existing.spec == spec => "unchanged",
@@ -224,7 +224,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 secrets_before.push(name.clone());
                 let exists = state
                     .db
-                    .get::<crate::secrets::SecretRecord>(&crate::secrets::secret_key(&name))
+                    .get::<drover_rules::records::SecretRecord>(&drover_rules::records::secret_key(&name))
                     .await?
                     .is_some();
                 PreviewItem::new(

@@ -9,10 +9,10 @@ pub(super) async fn suspend_schedule(
     Path(name): Path<String>,
     Json(body): Json<drover_api::schedules::Suspension>,
 ) -> Result<Response, ApiError> {
-    let key = crate::records::schedule_key(&name);
+    let key = drover_rules::records::schedule_key(&name);
     let updated = state
         .db
-        .update::<crate::schedule::TaskScheduleRecord, _>(&key, |current| {
+        .update::<drover_rules::schedule::TaskScheduleRecord, _>(&key, |current| {
             let mut schedule = current?;
             if schedule.spec.suspend == body.suspend {
                 return None;
@@ -39,7 +39,8 @@ pub(super) async fn list_schedules(
 ) -> Result<Response, ApiError> {
     let now = Timestamp::now();
     let (schedules, next) =
-        list_page::<crate::schedule::TaskScheduleRecord>(&state.db, "schedules/", &query).await?;
+        list_page::<drover_rules::schedule::TaskScheduleRecord>(&state.db, "schedules/", &query)
+            .await?;
     let items: Vec<_> = schedules
         .iter()
         .map(|s| convert::task_schedule(s, now))
@@ -53,7 +54,9 @@ pub(super) async fn get_schedule(
 ) -> Result<Json<drover_api::schedules::TaskSchedule>, ApiError> {
     match state
         .db
-        .get::<crate::schedule::TaskScheduleRecord>(&crate::records::schedule_key(&name))
+        .get::<drover_rules::schedule::TaskScheduleRecord>(&drover_rules::records::schedule_key(
+            &name,
+        ))
         .await?
     {
         Some((_, schedule)) => Ok(Json(convert::task_schedule(&schedule, Timestamp::now()))),

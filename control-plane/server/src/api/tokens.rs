@@ -5,9 +5,9 @@
 //! dashboard's login and event stream (`ui`) ask here.
 
 use super::ApiState;
-use crate::db::DbError;
 use crate::http::ApiError;
-use crate::records::{BOOTSTRAP_OPERATOR, OperatorRecord, Role, operator_key};
+use drover_rules::records::{BOOTSTRAP_OPERATOR, OperatorRecord, Role, operator_key};
+use drover_store::db::DbError;
 use jiff::Timestamp;
 
 /// How a named operator's token starts: `drover-op.NAME.SECRET`.
@@ -31,7 +31,7 @@ fn bootstrap_record(now: Timestamp) -> OperatorRecord {
 
 /// Stores the bootstrap operator once (every replica may try; the first
 /// one's record stays), so the operators list shows it from the start.
-pub async fn ensure_bootstrap(db: &crate::db::Db) -> Result<(), DbError> {
+pub async fn ensure_bootstrap(db: &drover_store::db::Db) -> Result<(), DbError> {
     let record = bootstrap_record(Timestamp::now());
     match db.put(&operator_key(BOOTSTRAP_OPERATOR), &record, 0).await {
         Ok(_) => Ok(()),

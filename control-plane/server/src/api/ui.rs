@@ -339,7 +339,7 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     match state.db.put(&logout_key(&id), &expires, 0).await {
         Ok(_) => {}
         // Logged out already (another tab, another replica).
-        Err(crate::db::DbError::Kv(e)) if e.is_conflict() => {}
+        Err(drover_store::db::DbError::Kv(e)) if e.is_conflict() => {}
         Err(e) => {
             return ApiError(
                 StatusCode::SERVICE_UNAVAILABLE,

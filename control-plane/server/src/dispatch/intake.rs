@@ -293,12 +293,12 @@ impl Dispatcher {
         received_at: Timestamp,
         work: &mut Work,
     ) -> Result<Vec<String>, DbError> {
-        let (Some(agent_core::JobOutput::Assessment(assessment)), Some(finished_at)) =
+        let (Some(drover_model::JobOutput::Assessment(assessment)), Some(finished_at)) =
             (&status.output, status.finished_at)
         else {
             return Ok(Vec::new());
         };
-        if status.state != agent_core::JobState::Succeeded {
+        if status.state != drover_model::JobState::Succeeded {
             return Ok(Vec::new());
         }
         if let Err(why) = assessment.check() {
@@ -388,7 +388,7 @@ impl Dispatcher {
                 Vec::new(),
             ));
         }
-        if status.state == agent_core::JobState::Rejected
+        if status.state == drover_model::JobState::Rejected
             && status.kind == agent_core::executor::UNVERIFIED_KIND
         {
             // The device refused an intent whose signature did not hold: not
@@ -485,12 +485,12 @@ impl Dispatcher {
         for write in writes {
             match write {
                 crate::kinds::ReportWrite::Inventory(inventory) => {
-                    let inventory_key = crate::deployment::inventory_key(device);
+                    let inventory_key = drover_rules::deployment::inventory_key(device);
                     let expected = match work.inventories.get(&inventory_key) {
                         Some((expected, _)) => *expected,
                         None => self
                             .db
-                            .get::<crate::deployment::DeviceInventory>(&inventory_key)
+                            .get::<drover_rules::deployment::DeviceInventory>(&inventory_key)
                             .await?
                             .map_or(0, |(revision, _)| revision),
                     };

@@ -14,16 +14,16 @@
 //! stored time is older than [`PRESENCE_PERSIST`].
 
 use crate::auth::IntentSigner;
-use crate::db::{Db, DbError};
-use crate::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
-use crate::records::{Delivery, DeviceRecord, JobDelivery, device_key};
-use crate::store::{Change, Op};
-use agent_core::DeviceId;
-use agent_core::model::{Heartbeat, Intent, JobState, JobStatus};
+use drover_contract::kv::{Change, Op};
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
+use drover_model::DeviceId;
+use drover_model::model::{Heartbeat, Intent, JobState, JobStatus};
+use drover_rules::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
+use drover_rules::records::{Delivery, DeviceRecord, JobDelivery, device_key};
 use drover_rules::state::JobPhase;
+use drover_store::db::{Db, DbError};
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -41,7 +41,6 @@ mod outbound;
 mod presence;
 
 use clean::{MAX_REPORTED, bounded_status, check_reported, check_text};
-pub use clean::{is_bidi_override, printable};
 pub use presence::{Live, ONLINE_WINDOW, Presence};
 
 /// A stored last-seen time older than this is written again.
@@ -108,12 +107,12 @@ struct Work {
     jobs: HashMap<String, (u64, JobDelivery)>,
     devices: HashMap<String, (u64, DeviceRecord)>,
     /// Installed packages from inventory results (`inventory/<device>`).
-    inventories: HashMap<String, (u64, crate::deployment::DeviceInventory)>,
+    inventories: HashMap<String, (u64, drover_rules::deployment::DeviceInventory)>,
     /// Each device's latest patch assessment (`assessments/<device>`).
     assessments: HashMap<String, (u64, drover_rules::patch::DeviceAssessment)>,
     cursors: HashMap<&'static str, u64>,
     /// Alerts this batch raises, created once (a conflict means it exists).
-    alerts: Vec<(String, crate::alerts::AlertRecord)>,
+    alerts: Vec<(String, drover_rules::records::AlertRecord)>,
     /// Brokers whose backlog is handed over once this batch is committed.
     caught_up: Vec<&'static str>,
     /// Per event: its reply, its answer, the keys it wrote, its effects.
@@ -129,8 +128,8 @@ struct EventOutcome {
     retry: Option<Event>,
 }
 
-pub fn job_key(device: &DeviceId, job: agent_core::JobId) -> String {
-    crate::records::job_key(device, job)
+pub fn job_key(device: &DeviceId, job: drover_model::JobId) -> String {
+    drover_rules::records::job_key(device, job)
 }
 
 pub struct Dispatcher {
@@ -563,7 +562,7 @@ pub fn cursor_key(transport: &str) -> String {
     format!("cursors/{transport}")
 }
 
-fn parse_job_key(key: &str) -> Option<(DeviceId, agent_core::JobId)> {
+fn parse_job_key(key: &str) -> Option<(DeviceId, drover_model::JobId)> {
     let mut parts = key.strip_prefix("jobs/")?.splitn(2, '/');
     let device = DeviceId::new(parts.next()?).ok()?;
     let job = parts.next()?.parse().ok()?;

@@ -49,7 +49,7 @@ impl Dispatcher {
                 job.last_attempt = Some(self.clock.now());
                 let device = job.intent.device_id.clone();
                 let order = serde_json::json!({
-                    agent_core::wire::CANCEL_FIELD: job.intent.job_id,
+                    drover_model::wire::CANCEL_FIELD: job.intent.job_id,
                     "deviceId": device,
                     "attempt": job.intent.attempt,
                 });

@@ -1,7 +1,7 @@
 //! What this replica knows of each device's connection, shared with the
 //! API and the engine.
 
-use agent_core::DeviceId;
+use drover_model::DeviceId;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::HashMap;
 use std::sync::Mutex;

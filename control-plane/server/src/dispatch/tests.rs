@@ -5,10 +5,10 @@
 //! a broker or a wall-clock wait.
 
 use super::*;
-use crate::store::mem::MemKv;
-use agent_core::JobId;
-use agent_core::model::JobKind;
 use drover_contract::link::{AgentHello, Delivered, LinkError, Reply};
+use drover_model::JobId;
+use drover_model::model::JobKind;
+use drover_store::store::mem::MemKv;
 use std::sync::Mutex;
 
 const TRANSPORT: &str = "fake";
@@ -214,11 +214,11 @@ impl Core {
     }
 
     /// A status of `job` in `state`, as an agent sends it.
-    fn status(&self, job: JobId, state: agent_core::JobState) -> Inbound {
+    fn status(&self, job: JobId, state: drover_model::JobState) -> Inbound {
         let now = self.clock.now();
         Inbound::Status {
             device: device(),
-            status: Box::new(agent_core::JobStatus {
+            status: Box::new(drover_model::JobStatus {
                 job_id: job,
                 device_id: device(),
                 attempt: 1,
@@ -363,7 +363,7 @@ async fn a_hello_without_the_job_gets_it_again_and_a_hello_holding_it_acknowledg
     assert_eq!(core.link.taken().len(), 1);
     core.presence
         .simulate_seen(&device(), core.clock.now(), true);
-    let hello = |held: Vec<agent_core::model::HeldJob>| Inbound::Hello {
+    let hello = |held: Vec<drover_model::model::HeldJob>| Inbound::Hello {
         device: device(),
         hello: Box::new(AgentHello {
             agent_version: "test".into(),
@@ -378,9 +378,9 @@ async fn a_hello_without_the_job_gets_it_again_and_a_hello_holding_it_acknowledg
     core.event(hello(Vec::new())).await;
     assert_eq!(core.link.taken(), vec![Out::Intent(job, start() + secs(1))]);
     // Back again, holding it: acknowledged, nothing sent.
-    core.event(hello(vec![agent_core::model::HeldJob {
+    core.event(hello(vec![drover_model::model::HeldJob {
         job_id: job,
-        state: agent_core::JobState::Accepted,
+        state: drover_model::JobState::Accepted,
     }]))
     .await;
     assert_eq!(core.link.taken(), vec![]);
@@ -409,7 +409,7 @@ async fn a_broker_that_lost_its_state_gets_every_undecided_intent_again_but_no_d
     })
     .await;
     // The third ends: its status is stored and its intent withdrawn.
-    core.event(core.status(three, agent_core::JobState::Succeeded))
+    core.event(core.status(three, drover_model::JobState::Succeeded))
         .await;
     assert_eq!(core.link.taken(), vec![Out::Withdraw(three)]);
     assert!(!core.dispatcher.open.contains_key(&third), "decided");

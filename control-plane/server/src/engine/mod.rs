@@ -7,12 +7,12 @@
 //! connection. Every write is a compare-and-set, so a pass that loses a race
 //! simply leaves the work to the next pass.
 
-use crate::db::{Db, DbError};
 use crate::dispatch::{Presence, Released};
-use crate::records::{JobDelivery, Phase, PlanTarget, TaskRunRecord, run_key};
-use crate::rollout;
-use crate::schedule::TaskScheduleRecord;
-use agent_core::{DeviceId, JobId};
+use drover_model::{DeviceId, JobId};
+use drover_rules::records::{JobDelivery, Phase, PlanTarget, TaskRunRecord, run_key};
+use drover_rules::rollout;
+use drover_rules::schedule::TaskScheduleRecord;
+use drover_store::db::{Db, DbError};
 use jiff::Timestamp;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -36,8 +36,6 @@ const PLAN_CLAIM_TTL: jiff::SignedDuration = jiff::SignedDuration::from_secs(60)
 mod deployments;
 mod runs;
 
-pub use deployments::observe;
-pub use runs::outcome_of;
 use runs::{Seen, seen_of};
 
 /// Ticks between two passes over every deployment in view (30 s at the
@@ -194,7 +192,7 @@ impl PassStats {
 impl Engine {
     pub fn new(db: Db, wake: Arc<Notify>, released: Option<Released>) -> Self {
         Self {
-            id: agent_core::JobId::random().to_string(),
+            id: drover_model::JobId::random().to_string(),
             db,
             wake,
             released,
@@ -314,7 +312,7 @@ impl Engine {
     /// Updates the views from changed keys; collects the runs to pass over.
     async fn route(
         &self,
-        changes: Vec<crate::store::Change>,
+        changes: Vec<drover_contract::kv::Change>,
         dirty: &mut HashSet<String>,
     ) -> Result<(), DbError> {
         for change in &changes {
@@ -496,14 +494,14 @@ impl Engine {
                     .is_some_and(|(_, run)| !run.status.phase.is_terminal()),
                 None => false,
             };
-            let decision = crate::schedule::decide(&schedule, &ticks, active, now);
+            let decision = drover_rules::schedule::decide(&schedule, &ticks, active, now);
             if let Some((name, tick)) = &decision.create {
                 let run = TaskRunRecord {
                     name: name.clone(),
                     uid: JobId::random(),
                     created_at: now,
                     spec: schedule.spec.template.clone(),
-                    status: crate::records::RunStatus::planning(),
+                    status: drover_rules::records::RunStatus::planning(),
                     owner: Some(schedule.name.clone()),
                 };
                 match self.db.put(&run_key(name), &run, 0).await {
@@ -542,13 +540,13 @@ impl Engine {
     ) -> Result<(), DbError> {
         let seen = finished
             .iter()
-            .map(|run| crate::schedule::Finished {
+            .map(|run| drover_rules::schedule::Finished {
                 name: run.name.clone(),
                 created_at: run.created_at,
                 succeeded: run.status.phase == Phase::Complete,
             })
             .collect();
-        let past = crate::schedule::past_history(&schedule.spec, seen);
+        let past = drover_rules::schedule::past_history(&schedule.spec, seen);
         for run in finished.iter().filter(|run| past.contains(&run.name)) {
             let jobs = self.delete_finished_run(run).await?;
             info!(schedule = %schedule.name, run = %run.name, jobs, "run past the schedule's history limit deleted");
@@ -588,7 +586,7 @@ impl Engine {
     /// Without `read_feed` the feed lags: the changes stay unread this turn.
     pub(crate) async fn turn(
         &self,
-        feed: &mut broadcast::Receiver<crate::store::Change>,
+        feed: &mut broadcast::Receiver<drover_contract::kv::Change>,
         turn: u64,
         read_feed: bool,
         now: Timestamp,

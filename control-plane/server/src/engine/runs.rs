@@ -3,17 +3,17 @@
 //! deadline on the control plane's clock, and keeps the run's status.
 
 use super::{Engine, JOB_TIMEOUT_SECONDS, PLAN_CLAIM_TTL, RunView};
-use crate::db::{Db, DbError};
-use crate::deployment::Lease;
-use crate::placement;
-use crate::records::{
+use drover_contract::kv::Op;
+use drover_model::model::{Intent, JobKind, JobState};
+use drover_model::{JobId, MAX_ERROR_BYTES, bounded};
+use drover_rules::deployment::Lease;
+use drover_rules::placement;
+use drover_rules::records::{
     Delivery, DeviceRecord, JobDelivery, PLAN_CHUNK, Phase, PlanHeader, PlanTarget, TaskRunRecord,
     device_key, job_key, plan_header_key, plan_key, run_key, run_lease_key,
 };
-use crate::rollout::{self, Finish, Outcome, TargetView};
-use crate::store::Op;
-use agent_core::model::{Intent, JobKind, JobState};
-use agent_core::{JobId, MAX_ERROR_BYTES, bounded};
+use drover_rules::rollout::{self, Finish, Outcome, TargetView};
+use drover_store::db::{Db, DbError};
 use jiff::{SignedDuration, Timestamp};
 use std::collections::HashSet;
 use tracing::{debug, info};
@@ -158,7 +158,7 @@ impl Engine {
         let mut plan_keys: Vec<String> = (0..run.status.plan_chunks)
             .map(|index| plan_key(run.uid, index))
             .collect();
-        plan_keys.push(crate::records::plan_header_key(run.uid));
+        plan_keys.push(drover_rules::records::plan_header_key(run.uid));
         plan_keys.push(run_lease_key(run.uid));
         self.db.delete_all(&plan_keys).await?;
         self.db.delete_all(&[run_key(&run.name)]).await?;
@@ -572,7 +572,9 @@ pub(super) fn judge(view: &RunView, deadline: Timestamp) -> (Vec<TargetView>, Op
 /// What a target's job means for the run. Success counts only when the
 /// control plane received it (the result with its completion heartbeat, A6)
 /// by the deadline, on the control plane's own clock (A12); the device's
-/// clock never decides. A late success is a failure.
-pub fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
+/// clock never decides. A late success is a failure. (The run pass
+/// judges its views the same way, through `judged`.)
+#[cfg(test)]
+pub(super) fn outcome_of(job: Option<JobDelivery>, deadline: Timestamp) -> Outcome {
     judged(&seen_of(job), deadline)
 }

@@ -2,15 +2,16 @@
 //! run record, and two engines (replicas) over one store agree on one plan
 //! and release each device once.
 
+use super::runs::outcome_of;
 use super::*;
-use crate::records::{
+use drover_model::model::Empty;
+use drover_model::model::{Intent, JobKind, JobState};
+use drover_rules::records::{
     Delivery, DeviceRecord, PLAN_CHUNK, PlanHeader, RunStatus, TargetSelector, TaskRunSpec,
     device_key, plan_header_key, plan_key,
 };
-use crate::rollout::Outcome;
-use crate::store::mem::MemKv;
-use agent_core::model::Empty;
-use agent_core::model::{Intent, JobKind, JobState};
+use drover_rules::rollout::Outcome;
+use drover_store::store::mem::MemKv;
 
 async fn db_with_devices(count: usize, canaries: usize) -> Db {
     let db = Db::new(Arc::new(MemKv::default()));
@@ -171,12 +172,14 @@ async fn a_stale_claim_of_a_dead_planner_is_taken_over() {
 /// A store whose device listing fails, as an unreachable group source would.
 struct DevicesUnreadable(MemKv);
 
-impl crate::store::KvStore for DevicesUnreadable {
+impl drover_contract::kv::KvStore for DevicesUnreadable {
     fn get<'a>(
         &'a self,
         key: &'a str,
-    ) -> drover_contract::BoxFuture<'a, Result<Option<crate::store::Entry>, crate::store::KvError>>
-    {
+    ) -> drover_contract::BoxFuture<
+        'a,
+        Result<Option<drover_contract::kv::Entry>, drover_contract::kv::KvError>,
+    > {
         self.0.get(key)
     }
     fn list<'a>(
@@ -184,23 +187,27 @@ impl crate::store::KvStore for DevicesUnreadable {
         prefix: &'a str,
     ) -> drover_contract::BoxFuture<
         'a,
-        Result<Vec<(String, crate::store::Entry)>, crate::store::KvError>,
+        Result<Vec<(String, drover_contract::kv::Entry)>, drover_contract::kv::KvError>,
     > {
         if prefix == "devices/" {
             return Box::pin(async {
-                Err(crate::store::KvError::Db("group source unavailable".into()))
+                Err(drover_contract::kv::KvError::Db(
+                    "group source unavailable".into(),
+                ))
             });
         }
         self.0.list(prefix)
     }
     fn commit(
         &self,
-        ops: Vec<crate::store::Op>,
-    ) -> drover_contract::BoxFuture<'_, Result<crate::store::OpResults, crate::store::KvError>>
-    {
+        ops: Vec<drover_contract::kv::Op>,
+    ) -> drover_contract::BoxFuture<
+        '_,
+        Result<drover_contract::kv::OpResults, drover_contract::kv::KvError>,
+    > {
         self.0.commit(ops)
     }
-    fn changes(&self) -> tokio::sync::broadcast::Receiver<crate::store::Change> {
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<drover_contract::kv::Change> {
         self.0.changes()
     }
 }
@@ -246,7 +253,7 @@ fn success_is_judged_by_the_control_planes_receive_time() {
             },
             run: Some("r".into()),
             delivery: Delivery::Acked { at: t(1) },
-            status: Some(agent_core::JobStatus {
+            status: Some(drover_model::JobStatus {
                 job_id,
                 device_id: device,
                 attempt: 1,
@@ -301,8 +308,8 @@ async fn run_names(db: &Db) -> Vec<String> {
 
 /// A daily 03:00 schedule named nightly over the fleet group, created at
 /// `created`, keeping `ok` completed and `failed` failed runs.
-fn nightly(created: &str, ok: u32, failed: u32) -> crate::schedule::TaskScheduleRecord {
-    use crate::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
+fn nightly(created: &str, ok: u32, failed: u32) -> drover_rules::schedule::TaskScheduleRecord {
+    use drover_rules::schedule::{Cadence, ScheduleSpec, TaskScheduleRecord};
     TaskScheduleRecord {
         name: "nightly".into(),
         created_at: created.parse().expect("time"),
@@ -326,17 +333,21 @@ fn nightly(created: &str, ok: u32, failed: u32) -> crate::schedule::TaskSchedule
 /// skipped ticks while it is active, one catch-up after a long downtime.
 #[tokio::test]
 async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
-    use crate::schedule::TaskScheduleRecord;
+    use drover_rules::schedule::TaskScheduleRecord;
     let t = |text: &str| text.parse::<Timestamp>().expect("time");
     let db = Db::new(Arc::new(MemKv::default()));
     let schedule = nightly("2026-12-02T00:00:00Z", 3, 1);
-    db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
-        .await
-        .expect("schedule");
+    db.put(
+        &drover_rules::records::schedule_key("nightly"),
+        &schedule,
+        0,
+    )
+    .await
+    .expect("schedule");
     let (a, b) = (engine(&db), engine(&db));
     let runs = || run_names(&db);
     let status = || async {
-        db.get::<TaskScheduleRecord>(&crate::records::schedule_key("nightly"))
+        db.get::<TaskScheduleRecord>(&drover_rules::records::schedule_key("nightly"))
             .await
             .expect("get")
             .expect("schedule")
@@ -351,7 +362,7 @@ async fn two_replicas_create_one_run_per_tick_and_catch_up_once() {
     assert_eq!(runs().await, vec!["nightly-202612020300"]);
     // The audit log says the schedule made it, once (issue 35).
     let audit = db
-        .list::<crate::records::AuditRecord>(crate::audit::AUDIT_PREFIX)
+        .list::<drover_rules::records::AuditRecord>(crate::audit::AUDIT_PREFIX)
         .await
         .expect("audit");
     let made: Vec<_> = audit
@@ -402,9 +413,13 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
     let t = |text: &str| text.parse::<Timestamp>().expect("time");
     let db = Db::new(Arc::new(MemKv::default()));
     let schedule = nightly("2026-12-01T00:00:00Z", 2, 1);
-    db.put(&crate::records::schedule_key("nightly"), &schedule, 0)
-        .await
-        .expect("schedule");
+    db.put(
+        &drover_rules::records::schedule_key("nightly"),
+        &schedule,
+        0,
+    )
+    .await
+    .expect("schedule");
     // A finished run applied by hand: not the schedule's to delete.
     let mut by_hand = new_run(&db, "nightly-by-hand").await;
     let revision = db
@@ -449,7 +464,7 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
             .expect("finish");
         db.put(
             &plan_key(run.uid, 0),
-            &vec![crate::records::PlanTarget {
+            &vec![drover_rules::records::PlanTarget {
                 device: DeviceId::new("dev-00000").expect("id"),
                 canary: false,
             }],
@@ -474,13 +489,15 @@ async fn schedules_delete_finished_runs_past_their_history_limits() {
         ]
     );
     // The deleted runs' plans went with them.
-    let plans = db.list::<Vec<crate::records::PlanTarget>>("plans/").await;
+    let plans = db
+        .list::<Vec<drover_rules::records::PlanTarget>>("plans/")
+        .await;
     let chunks = plans.map(|p| p.len()).unwrap_or(0);
     assert_eq!(chunks, 3, "the plans of the three finished runs kept");
 }
 
 /// Changes a stored record as another writer would (compare-and-set).
-async fn change<T: crate::stored::Record + Clone>(
+async fn change<T: drover_store::stored::Record + Clone>(
     db: &Db,
     key: &str,
     mut edit: impl FnMut(&mut T),
@@ -497,7 +514,7 @@ async fn change<T: crate::stored::Record + Clone>(
 /// Run passes `engine` made while routing what its feed holds now.
 async fn passes_for(
     engine: &Engine,
-    feed: &mut broadcast::Receiver<crate::store::Change>,
+    feed: &mut broadcast::Receiver<drover_contract::kv::Change>,
     turn: u64,
 ) -> u64 {
     use std::sync::atomic::Ordering::Relaxed;
@@ -595,25 +612,29 @@ async fn settle(
     at: Timestamp,
 ) {
     let device = DeviceId::new(device).expect("id");
-    change::<JobDelivery>(db, &crate::records::job_key(&device, run.uid), |job| {
-        job.status = Some(agent_core::JobStatus {
-            job_id: run.uid,
-            device_id: device.clone(),
-            attempt: 1,
-            kind: "systemUpgradeV1".into(),
-            state,
-            steps: Vec::new(),
-            error: error.map(str::to_owned),
-            output: None,
-            accepted_at: at,
-            started_at: Some(at),
-            finished_at: Some(at),
-            boot_id: "b".into(),
-            completion_heartbeat_at: Some(at),
-            seq: 3,
-        });
-        job.terminal_received_at = Some(at);
-    })
+    change::<JobDelivery>(
+        db,
+        &drover_rules::records::job_key(&device, run.uid),
+        |job| {
+            job.status = Some(drover_model::JobStatus {
+                job_id: run.uid,
+                device_id: device.clone(),
+                attempt: 1,
+                kind: "systemUpgradeV1".into(),
+                state,
+                steps: Vec::new(),
+                error: error.map(str::to_owned),
+                output: None,
+                accepted_at: at,
+                started_at: Some(at),
+                finished_at: Some(at),
+                boot_id: "b".into(),
+                completion_heartbeat_at: Some(at),
+                seq: 3,
+            });
+            job.terminal_received_at = Some(at);
+        },
+    )
     .await;
 }
 
@@ -629,7 +650,7 @@ async fn one_replica_passes_over_a_run_until_its_lease_runs_out() {
     let run = plan_and_release(&a, &db, "leased", t0).await;
     assert_eq!(run.status.released, 2, "the canaries");
     let lease = || async {
-        db.get::<crate::deployment::Lease>(&crate::records::run_lease_key(run.uid))
+        db.get::<drover_rules::deployment::Lease>(&drover_rules::records::run_lease_key(run.uid))
             .await
             .expect("get")
             .expect("a lease")
@@ -686,9 +707,9 @@ async fn a_replica_that_stops_gives_its_runs_leases_back() {
         shutdown.clone(),
     ));
     let uid = eventually_released(&db, "handed", 2).await;
-    let key = crate::records::run_lease_key(uid);
+    let key = drover_rules::records::run_lease_key(uid);
     let lease = || async {
-        db.get::<crate::deployment::Lease>(&key)
+        db.get::<drover_rules::deployment::Lease>(&key)
             .await
             .expect("get")
             .expect("a lease")

@@ -32,7 +32,7 @@ impl Kind for PatchAssessment {
     fn on_report(&self, report: &mut Report<'_>) -> Vec<ReportWrite> {
         // A report beyond the protocol's bounds keeps none of its findings,
         // with the job nor as the device's assessment, and says why.
-        if let Some(agent_core::JobOutput::Assessment(assessment)) = &report.status.output
+        if let Some(drover_model::JobOutput::Assessment(assessment)) = &report.status.output
             && let Err(why) = assessment.check()
         {
             report.status.output = None;

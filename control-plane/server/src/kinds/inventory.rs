@@ -23,10 +23,10 @@ impl Kind for InventoryRefresh {
     }
 
     fn on_report(&self, report: &mut Report<'_>) -> Vec<ReportWrite> {
-        let Some(agent_core::JobOutput::Software(software)) = &mut report.status.output else {
+        let Some(drover_model::JobOutput::Software(software)) = &mut report.status.output else {
             return Vec::new();
         };
-        if report.status.state != agent_core::JobState::Succeeded {
+        if report.status.state != drover_model::JobState::Succeeded {
             return Vec::new();
         }
         let packages = std::mem::take(&mut software.packages);

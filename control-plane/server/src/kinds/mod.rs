@@ -19,12 +19,12 @@ mod inventory;
 mod package;
 mod upgrade;
 
-use crate::db::Db;
 use crate::http::ApiError;
-use crate::records::{AlertRecord, JobDelivery};
 use crate::secrets::Enricher;
-use agent_core::{DeviceId, Intent, JobStatus};
+use drover_model::{DeviceId, Intent, JobStatus};
 use drover_rules::deployment::{DeploymentJob, DeviceInventory};
+use drover_rules::records::{AlertRecord, JobDelivery};
+use drover_store::db::Db;
 use jiff::Timestamp;
 use std::future::Future;
 use std::pin::Pin;
@@ -140,10 +140,10 @@ pub fn kind(name: &str) -> Option<&'static dyn Kind> {
     KINDS.iter().copied().find(|k| k.name() == name)
 }
 
-/// A kind whose section is `{}`: parsed as [`agent_core::model::Empty`], so
+/// A kind whose section is `{}`: parsed as [`drover_model::model::Empty`], so
 /// a peer cannot smuggle options into it.
 pub(crate) fn empty_section(name: &str, section: serde_json::Value, problems: &mut Vec<String>) {
-    if let Err(e) = serde_json::from_value::<agent_core::model::Empty>(section) {
+    if let Err(e) = serde_json::from_value::<drover_model::model::Empty>(section) {
         problems.push(format!("spec.{name}: {e}"));
     }
 }
@@ -181,14 +181,15 @@ pub fn on_report(report: &mut Report<'_>) -> Vec<ReportWrite> {
         None => Vec::new(),
     };
     // A job failed because the agent kept stopping while it ran (A10).
-    if report.status.state == agent_core::JobState::Failed
+    if report.status.state == drover_model::JobState::Failed
         && let Some(error) = report
             .status
             .error
             .as_deref()
             .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
     {
-        let (key, alert) = crate::records::resume_loop(report.device, report.job, error, report.at);
+        let (key, alert) =
+            drover_rules::records::resume_loop(report.device, report.job, error, report.at);
         writes.push(ReportWrite::Alert(key, alert));
     }
     writes
@@ -197,7 +198,7 @@ pub fn on_report(report: &mut Report<'_>) -> Vec<ReportWrite> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_core::model::JobKind;
+    use drover_model::model::JobKind;
 
     #[test]
     fn every_kind_of_the_job_model_is_registered_once_under_its_wire_name() {
@@ -248,8 +249,8 @@ mod tests {
     fn job(kind: JobKind) -> JobDelivery {
         let at: Timestamp = "2027-01-04T10:00:00Z".parse().expect("time");
         JobDelivery {
-            intent: agent_core::Intent {
-                job_id: agent_core::JobId::random(),
+            intent: drover_model::Intent {
+                job_id: drover_model::JobId::random(),
                 device_id: DeviceId::new("k-1").expect("id"),
                 kind,
                 attempt: 1,
@@ -258,7 +259,7 @@ mod tests {
                 timeout_seconds: 60,
             },
             run: Some("r".into()),
-            delivery: crate::records::Delivery::Created,
+            delivery: drover_rules::records::Delivery::Created,
             status: None,
             created_at: at,
             terminal_received_at: None,
@@ -266,7 +267,7 @@ mod tests {
         }
     }
 
-    fn status(job: &JobDelivery, state: agent_core::JobState) -> JobStatus {
+    fn status(job: &JobDelivery, state: drover_model::JobState) -> JobStatus {
         JobStatus {
             job_id: job.intent.job_id,
             device_id: job.intent.device_id.clone(),
@@ -287,8 +288,8 @@ mod tests {
 
     #[test]
     fn an_inventorys_packages_go_to_the_device_record_and_a_resume_loop_raises_an_alert() {
-        use agent_core::JobState;
-        use agent_core::model::{InstalledPackage, JobOutput, SoftwareInventory};
+        use drover_model::JobState;
+        use drover_model::model::{InstalledPackage, JobOutput, SoftwareInventory};
         let device = DeviceId::new("k-1").expect("id");
         let at: Timestamp = "2027-01-04T10:05:00Z".parse().expect("time");
 

@@ -7,13 +7,14 @@
 
 use super::{Apply, Kind, Step};
 use crate::http::ApiError;
-use crate::packages::PackageRecord;
-use crate::secrets::{Enricher, SecretRecord, secret_key};
-use agent_core::Intent;
-use agent_core::model::{JobKind, MAX_JOB_SECRETS, PackageInstall as Install};
-use agent_core::sealed::{is_secret_name, seal};
+use crate::secrets::Enricher;
 use axum::http::StatusCode;
+use drover_model::Intent;
+use drover_model::model::{JobKind, MAX_JOB_SECRETS, PackageInstall as Install};
+use drover_model::sealed::{is_secret_name, seal};
 use drover_rules::deployment::DeploymentJob;
+use drover_rules::records::PackageRecord;
+use drover_rules::records::{SecretRecord, secret_key};
 use jiff::Timestamp;
 use serde::Deserialize;
 
@@ -159,7 +160,7 @@ async fn resolve(apply: Apply<'_>, wanted: &Install) -> Result<Install, ApiError
                 .into(),
         ));
     }
-    let key = crate::packages::package_key(&wanted.package);
+    let key = drover_rules::records::package_key(&wanted.package);
     let Some((_, stored)) = apply.db.get::<PackageRecord>(&key).await? else {
         return Err(bad(format!(
             "package {} is not in the package store; upload it with `drover packages upload FILE.deb`",

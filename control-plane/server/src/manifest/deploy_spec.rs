@@ -42,8 +42,8 @@ pub(super) struct WireFailureThreshold {
 fn failure_threshold(
     wire: WireFailureThreshold,
     problems: &mut Vec<String>,
-) -> Option<crate::deployment::FailureThreshold> {
-    use crate::deployment::{FailureLimit, FailureThreshold, MAX_TARGETS};
+) -> Option<drover_rules::deployment::FailureThreshold> {
+    use drover_rules::deployment::{FailureLimit, FailureThreshold, MAX_TARGETS};
     let max = MAX_TARGETS as u32;
     let limit = match (wire.failed, wire.percent) {
         (Some(n), None) if (1..=max).contains(&n) => FailureLimit::Failed(n),
@@ -85,7 +85,7 @@ fn failure_threshold(
 }
 
 /// Most releases an operator may allow per minute: as many as targets.
-const MAX_RELEASES_PER_MINUTE: u32 = crate::deployment::MAX_TARGETS as u32;
+const MAX_RELEASES_PER_MINUTE: u32 = drover_rules::deployment::MAX_TARGETS as u32;
 
 pub(super) fn default_backoff() -> u64 {
     300
@@ -130,7 +130,7 @@ pub(super) struct WireVersionCmp {
 }
 
 pub(crate) fn render_software(
-    conditions: &[crate::deployment::SoftwareCondition],
+    conditions: &[drover_rules::deployment::SoftwareCondition],
 ) -> serde_json::Value {
     conditions
         .iter()
@@ -150,8 +150,8 @@ pub(super) fn software_conditions(
     field: &str,
     wire: Vec<WireSoftware>,
     problems: &mut Vec<String>,
-) -> Vec<crate::deployment::SoftwareCondition> {
-    use crate::deployment::{SoftwareCondition, VersionCmp, VersionOp};
+) -> Vec<drover_rules::deployment::SoftwareCondition> {
+    use drover_rules::deployment::{SoftwareCondition, VersionCmp, VersionOp};
     if wire.len() > MAX_SOFTWARE_CONDITIONS {
         problems.push(format!(
             "{field}: at most {MAX_SOFTWARE_CONDITIONS} conditions"
@@ -159,7 +159,7 @@ pub(super) fn software_conditions(
     }
     let mut conditions = Vec::new();
     for condition in wire.into_iter().take(MAX_SOFTWARE_CONDITIONS) {
-        if !agent_core::model::is_package_name(&condition.name) {
+        if !drover_model::model::is_package_name(&condition.name) {
             problems.push(format!(
                 "{field}: {:?} is not a Debian package name",
                 condition.name
@@ -175,7 +175,7 @@ pub(super) fn software_conditions(
                         cmp.op
                     ));
                 }
-                if !agent_core::model::is_version(&cmp.version) {
+                if !drover_model::model::is_version(&cmp.version) {
                     problems.push(format!(
                         "{field}: versionCmp.version {:?} is not a Debian version",
                         cmp.version
@@ -209,8 +209,8 @@ pub const MAX_RETRY_BACKOFF_SECONDS: u64 = 24 * 3600;
 
 pub(super) fn parse_deployment_spec(
     mut value: serde_json::Value,
-) -> Result<crate::deployment::DeploymentSpec, String> {
-    use crate::deployment::{
+) -> Result<drover_rules::deployment::DeploymentSpec, String> {
+    use drover_rules::deployment::{
         DeploymentJob, DeploymentSpec, DeviceFilter, MAX_RETRIES, MAX_TARGETS, Targeting, Window,
     };
     // Every registered kind's section (a `null` one is absent).
@@ -340,8 +340,8 @@ pub(super) fn parse_deployment_spec(
     let maintenance_window = match wire.maintenance_window {
         None => None,
         Some(window) => {
-            let start = crate::deployment::parse_minute(&window.start);
-            let end = crate::deployment::parse_minute(&window.end);
+            let start = drover_rules::deployment::parse_minute(&window.start);
+            let end = drover_rules::deployment::parse_minute(&window.end);
             let zone = window.time_zone.unwrap_or_else(|| "UTC".into());
             if start.is_none() || end.is_none() {
                 problems.push(format!(
@@ -355,7 +355,7 @@ pub(super) fn parse_deployment_spec(
                         .into(),
                 );
             }
-            if crate::deployment::time_zone(&zone).is_none() {
+            if drover_rules::deployment::time_zone(&zone).is_none() {
                 problems.push(format!(
                     "spec.maintenanceWindow.timeZone {:?} is not in this machine's time zone database",
                     shorten(&zone)

@@ -2,9 +2,9 @@
 //! the fleet-tasks seed shows it, and a Device carrying groups and labels.
 //! Unknown fields are refused, so a typo never widens a rollout.
 
-use crate::records::{API_VERSION, TargetSelector, TaskRunSpec};
-use agent_core::DeviceId;
-use agent_core::model::Empty;
+use drover_model::DeviceId;
+use drover_model::model::Empty;
+use drover_rules::records::{API_VERSION, TargetSelector, TaskRunSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -30,11 +30,11 @@ pub enum Manifest {
     },
     TaskSchedule {
         name: String,
-        spec: crate::schedule::ScheduleSpec,
+        spec: drover_rules::schedule::ScheduleSpec,
     },
     Deployment {
         name: String,
-        spec: crate::deployment::DeploymentSpec,
+        spec: drover_rules::deployment::DeploymentSpec,
     },
     /// Files a job may carry to a device (by reference; sealed at rest).
     Secret {
@@ -195,7 +195,7 @@ pub const MAX_SCHEDULE_NAME: usize = 50;
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WireSchedule {
-    schedule: crate::schedule::Cadence,
+    schedule: drover_rules::schedule::Cadence,
     #[serde(default)]
     suspend: bool,
     template: WireTemplate,
@@ -310,30 +310,30 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             let template = parse_run_spec(wire.template.spec, "spec.template.spec")?;
             let limit = |field: &str, value: Option<u32>, default: u32| {
                 let value = value.unwrap_or(default);
-                if value > crate::schedule::MAX_HISTORY {
+                if value > drover_rules::schedule::MAX_HISTORY {
                     return Err(format!(
                         "spec.{field} {value} is more than {} (older runs are deleted as newer ones finish; \
                          keep their results elsewhere if you need more)",
-                        crate::schedule::MAX_HISTORY
+                        drover_rules::schedule::MAX_HISTORY
                     ));
                 }
                 Ok(value)
             };
             Ok(Manifest::TaskSchedule {
                 name: raw.metadata.name,
-                spec: crate::schedule::ScheduleSpec {
+                spec: drover_rules::schedule::ScheduleSpec {
                     schedule: wire.schedule,
                     suspend: wire.suspend,
                     template,
                     successful_runs_history_limit: limit(
                         "successfulRunsHistoryLimit",
                         wire.successful_runs_history_limit,
-                        crate::schedule::DEFAULT_SUCCESSFUL_HISTORY,
+                        drover_rules::schedule::DEFAULT_SUCCESSFUL_HISTORY,
                     )?,
                     failed_runs_history_limit: limit(
                         "failedRunsHistoryLimit",
                         wire.failed_runs_history_limit,
-                        crate::schedule::DEFAULT_FAILED_HISTORY,
+                        drover_rules::schedule::DEFAULT_FAILED_HISTORY,
                     )?,
                 },
             })
@@ -386,7 +386,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                     shorten(zone)
                 ));
             } else if let Some(zone) = &spec.time_zone
-                && crate::deployment::time_zone(zone).is_none()
+                && drover_rules::deployment::time_zone(zone).is_none()
             {
                 problems.push(format!(
                     "spec.timeZone {zone:?} is not in this machine's time zone database (tzdata)"
@@ -402,7 +402,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
             })
         }
         "Secret" => {
-            if !agent_core::sealed::is_secret_name(&raw.metadata.name) {
+            if !drover_model::sealed::is_secret_name(&raw.metadata.name) {
                 return Err(format!(
                     "metadata.name {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot",
                     shorten(&raw.metadata.name)
@@ -415,7 +415,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 problems.push(format!("spec.data must hold 1 to {MAX_SECRET_KEYS} keys"));
             }
             for (key, value) in &wire.data {
-                if !agent_core::sealed::is_secret_name(key) {
+                if !drover_model::sealed::is_secret_name(key) {
                     problems.push(format!(
                         "spec.data key {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot (it is a file name on the device)",
                         shorten(key)

@@ -96,13 +96,13 @@ fn deployments_parse_and_render_back() {
     assert_eq!(name, "night-upgrade");
     let window = spec.maintenance_window.clone().expect("window");
     assert_eq!((window.start_minute, window.end_minute), (22 * 60, 5 * 60));
-    let record = crate::deployment::DeploymentRecord {
+    let record = drover_rules::deployment::DeploymentRecord {
         name,
-        uid: agent_core::JobId::random(),
+        uid: drover_model::JobId::random(),
         created_at: jiff::Timestamp::UNIX_EPOCH,
         spec,
         add_requests: 0,
-        status: crate::deployment::DeploymentStatus::planning(),
+        status: drover_rules::deployment::DeploymentStatus::planning(),
     };
     let rendered =
         serde_json::to_value(crate::api::convert::deployment(&record)).expect("serializes");
@@ -122,7 +122,7 @@ fn deployments_parse_and_render_back() {
     let Manifest::Deployment { spec, .. } = parse(with_software.clone()).expect("parses") else {
         panic!("a deployment")
     };
-    let record = crate::deployment::DeploymentRecord { spec, ..record };
+    let record = drover_rules::deployment::DeploymentRecord { spec, ..record };
     assert_eq!(
         serde_json::to_value(crate::api::convert::deployment(&record)).expect("serializes")["spec"],
         with_software["spec"]
@@ -141,7 +141,7 @@ fn deployments_parse_and_render_back() {
             panic!("a deployment")
         };
         assert!(spec.failure_threshold.is_some() && spec.max_releases_per_minute == Some(50));
-        let record = crate::deployment::DeploymentRecord {
+        let record = drover_rules::deployment::DeploymentRecord {
             spec,
             ..record.clone()
         };
@@ -460,7 +460,7 @@ fn schedules_take_history_limits_and_render_them_back() {
         ),
         (10, 0)
     );
-    let record = crate::schedule::TaskScheduleRecord {
+    let record = drover_rules::schedule::TaskScheduleRecord {
         name: "nightly".into(),
         created_at: "2026-12-01T00:00:00Z".parse().expect("time"),
         spec: set,
@@ -489,12 +489,12 @@ fn a_scheduled_run_names_its_schedule_and_a_hand_made_one_does_not() {
     else {
         panic!("a run")
     };
-    let mut run = crate::records::TaskRunRecord {
+    let mut run = drover_rules::records::TaskRunRecord {
         name,
-        uid: agent_core::JobId::random(),
+        uid: drover_model::JobId::random(),
         created_at: "2026-12-01T00:00:00Z".parse().expect("time"),
         spec,
-        status: crate::records::RunStatus::planning(),
+        status: drover_rules::records::RunStatus::planning(),
         owner: None,
     };
     assert!(
@@ -518,6 +518,6 @@ fn a_scheduled_run_names_its_schedule_and_a_hand_made_one_does_not() {
 }
 
 /// A run as the API shows it, as JSON.
-fn rendered_run(run: &crate::records::TaskRunRecord) -> serde_json::Value {
+fn rendered_run(run: &drover_rules::records::TaskRunRecord) -> serde_json::Value {
     serde_json::to_value(crate::api::convert::task_run(run)).expect("a run serializes")
 }

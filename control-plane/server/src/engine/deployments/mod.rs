@@ -16,15 +16,15 @@
 //! creates the same job, once.
 
 use super::Engine;
-use crate::db::{Db, DbError};
-use crate::deployment::{
+use drover_contract::kv::Op;
+use drover_model::DeviceId;
+use drover_model::model::Intent;
+use drover_rules::deployment::{
     self, Adds, Decision, DeploymentRecord, DeploymentStatus, Lease, MAX_TARGETS, Selection,
     TargetInput, TargetRecord, next_status,
 };
-use crate::records::{Delivery, JobDelivery, Phase, deployment_key, job_key, target_key};
-use crate::store::Op;
-use agent_core::DeviceId;
-use agent_core::model::Intent;
+use drover_rules::records::{Delivery, JobDelivery, Phase, deployment_key, job_key, target_key};
+use drover_store::db::{Db, DbError};
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::{info, warn};
@@ -40,7 +40,6 @@ const LEASE_RENEW_BEFORE: SignedDuration = SignedDuration::from_secs(10);
 /// Target records written per commit when a deployment starts.
 const TARGET_CHUNK: usize = 1000;
 
-pub use crate::deployment::observe;
 use views::DeploymentView;
 pub(super) use views::DeploymentViews;
 
@@ -556,7 +555,7 @@ fn pass_ops(
                 expires_at: record.facts().deadline(),
                 timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
             },
-            run: Some(crate::records::deployment_run(&name)),
+            run: Some(drover_rules::records::deployment_run(&name)),
             delivery: Delivery::Created,
             status: None,
             created_at: now,

@@ -23,15 +23,15 @@
 //! any 60 seconds, on either replica, and reaches the limit.
 
 use super::*;
-use crate::deployment::{
+use crate::dispatch::Presence;
+use drover_model::JobId;
+use drover_model::model::{JobState, JobStatus, StepRecord};
+use drover_rules::deployment::{
     Counts, DeploymentJob, DeploymentSpec, DeploymentStatus, DeviceFilter, FailureLimit,
     FailureThreshold, RATE_WINDOW, TargetEnd, Targeting, Window, attempt_job_id, time_zone,
 };
-use crate::dispatch::Presence;
-use crate::records::{DeviceRecord, device_key, targets_prefix};
-use crate::store::RedbKv;
-use agent_core::JobId;
-use agent_core::model::{JobState, JobStatus, StepRecord};
+use drover_rules::records::{DeviceRecord, device_key, targets_prefix};
+use drover_store::store::RedbKv;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};

@@ -3,14 +3,14 @@
 //! their current jobs are doing, and when a pass is next due.
 
 use super::DIRTY;
-use crate::db::DbError;
-use crate::deployment::{self, DeploymentRecord, Observed, TargetRecord, observe};
 use crate::engine::Engine;
-use crate::records::{
+use drover_contract::kv::Change;
+use drover_model::{DeviceId, JobId};
+use drover_rules::deployment::{self, DeploymentRecord, Observed, TargetRecord, observe};
+use drover_rules::records::{
     Delivery, DeviceRecord, JobDelivery, Phase, device_key, job_key, targets_prefix,
 };
-use crate::store::Change;
-use agent_core::{DeviceId, JobId};
+use drover_store::db::DbError;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::info;
@@ -394,7 +394,7 @@ impl Engine {
     ) -> Result<Option<Timestamp>, DbError> {
         let jobs = self
             .db
-            .list::<JobDelivery>(&crate::records::device_jobs_prefix(device))
+            .list::<JobDelivery>(&drover_rules::records::device_jobs_prefix(device))
             .await?;
         let Some(created) = jobs
             .iter()
