@@ -291,3 +291,50 @@ fn the_api_types_reach_no_runtime_and_no_drover_crate() {
         assert!(!tree.contains(banned), "drover-api reaches {banned}");
     }
 }
+
+/// `pub use` lines of `text` that re-export another workspace crate's item
+/// (`pub use drover_rules::records;`): `crates` are the crates' names as
+/// paths spell them (`drover_rules`).
+fn reexports(text: &str, crates: &[String]) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| {
+            line.strip_prefix("pub use ").is_some_and(|path| {
+                crates
+                    .iter()
+                    .any(|c| path.starts_with(&format!("{c}::")) || path == format!("{c};"))
+            })
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Names show where code lives: no crate of the workspace re-exports
+/// another's items under its own paths (the old-path re-exports that hid
+/// the layers when reading: `crate::records` in the server for
+/// `drover_rules::records`), so each use names the crate it comes from.
+#[test]
+fn no_crate_re_exports_another_crates_items() {
+    let crates = workspace_crates();
+    let idents: Vec<String> = crates.keys().map(|n| n.replace('-', "_")).collect();
+    // The reading finds one when there is one (a positive control).
+    assert_eq!(
+        reexports(
+            "pub use drover_rules::records;\npub use self::x::Y;",
+            &idents
+        ),
+        vec!["pub use drover_rules::records;".to_owned()]
+    );
+    let mut found = Vec::new();
+    for (name, dir) in &crates {
+        let mut files = Vec::new();
+        rust_files(&dir.join("src"), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("read source");
+            for line in reexports(&text, &idents) {
+                found.push(format!("{name}: {}: {line}", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "re-exports of another crate: {found:#?}");
+}
