@@ -53,11 +53,20 @@ fn top_module(src: &Path, path: &Path) -> Option<String> {
     (name != "lib" && name != "main").then(|| name.to_owned())
 }
 
-/// `crate::NAME` references in `text`.
+/// `crate::NAME` references in `text`'s code (comments left out: a doc
+/// link to another module is no dependency on it).
 fn crate_refs(text: &str) -> BTreeSet<String> {
     let mut refs = BTreeSet::new();
-    for (at, _) in text.match_indices("crate::") {
-        let name: String = text[at + "crate::".len()..]
+    let code: String = text
+        .lines()
+        .map(|line| match line.trim_start().starts_with("//") {
+            true => "",
+            false => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (at, _) in code.match_indices("crate::") {
+        let name: String = code[at + "crate::".len()..]
             .chars()
             .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
             .collect();
@@ -440,7 +449,6 @@ const NOT_YET: &[&str] = &[
     "sim/src/bench.rs: measure",
     "transports/mqtt/src/server.rs: on_publish",
     "drover-sim: bench, patch, summary",
-    "transport-websocket: links, server",
 ];
 
 /// Small files and short functions in every crate of the workspace: no
