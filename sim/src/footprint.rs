@@ -6,7 +6,7 @@
 //! runs in simulate mode (`apt-get -s`, changes nothing on this machine).
 //! It prints figures; it asserts nothing.
 
-use crate::bench::{self, Api, Process, Transport};
+use crate::harness::{self, Api, Process, Transport};
 use crate::procstat::{self, Memory};
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
@@ -177,7 +177,7 @@ fn agent_config(
 /// Waits until the agent runs nothing and has nothing queued (asked
 /// through its status socket, as `drover-agent status --json` does).
 async fn agent_idle(agent: &Path, socket: &Path) -> Result<()> {
-    bench::wait_for(
+    harness::wait_for(
         "the agent to be idle",
         Duration::from_secs(300),
         async || {
@@ -216,15 +216,15 @@ pub async fn measure_agent(
     let token = secrets.device_token(&device);
     let tokens = vec![(device.clone(), token.clone())];
     let broker = match transport {
-        Transport::Nats => Some(bench::start_nats(dir.path(), &tokens)?),
-        Transport::Mqtt => Some(bench::start_mosquitto(dir.path(), &tokens)?),
+        Transport::Nats => Some(harness::start_nats(dir.path(), &tokens)?),
+        Transport::Mqtt => Some(harness::start_mosquitto(dir.path(), &tokens)?),
         Transport::Websocket => None,
     };
     let broker_url = broker.as_ref().map(|(_, url)| url.clone());
-    let (_cp, api_base, agent_addr) = bench::start_drover(
+    let (_cp, api_base, agent_addr) = harness::start_drover(
         &options.drover,
         dir.path(),
-        bench::Serve {
+        harness::Serve {
             transport,
             broker_url: broker_url.as_deref(),
             nats_replicas: 1,
@@ -234,11 +234,11 @@ pub async fn measure_agent(
     let api = Api {
         base: format!("http://{api_base}"),
         token: secrets.operator_token().to_owned(),
-        http: bench::http_builder()
+        http: harness::http_builder()
             .timeout(Duration::from_secs(60))
             .build()?,
     };
-    bench::register(&api.base, &api.token, std::slice::from_ref(&device)).await?;
+    harness::register(&api.base, &api.token, std::slice::from_ref(&device)).await?;
     let url = broker_url.unwrap_or(agent_addr);
     let config = dir.path().join("agent.toml");
     std::fs::write(
@@ -259,7 +259,7 @@ pub async fn measure_agent(
             .with_context(|| format!("cannot start {}", agent_path.display()))?,
     );
     let pid = agent.0.id();
-    bench::wait_for(
+    harness::wait_for(
         "the agent to connect",
         Duration::from_secs(60),
         async || {
@@ -289,7 +289,7 @@ pub async fn measure_agent(
                     "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}),
         )
         .await?;
-        bench::wait_for("a job to complete", Duration::from_secs(300), async || {
+        harness::wait_for("a job to complete", Duration::from_secs(300), async || {
             let run = api.get(&format!("/taskruns/{name}")).await?;
             match run["status"]["phase"].as_str() {
                 Some("Complete") => Ok(true),
@@ -396,7 +396,7 @@ pub async fn measure_mender(idle: Duration) -> Result<Option<MenderFigures>> {
     let config = dir.path().join("mender.conf");
     std::fs::write(
         &config,
-        json!({"ServerURL": format!("https://127.0.0.1:{}", bench::free_port()?),
+        json!({"ServerURL": format!("https://127.0.0.1:{}", harness::free_port()?),
                "RootfsPartA": "/dev/null", "RootfsPartB": "/dev/null",
                "UpdatePollIntervalSeconds": 1800, "InventoryPollIntervalSeconds": 28800,
                "RetryPollIntervalSeconds": 300})

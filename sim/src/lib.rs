@@ -9,10 +9,12 @@
 
 pub mod bench;
 pub mod footprint;
+pub mod harness;
 pub mod mqtt;
 pub mod nats;
 pub mod patch;
 pub mod procstat;
+pub mod spread;
 pub mod summary;
 pub mod ws;
 

@@ -3,8 +3,9 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use drover_sim::bench::{self, BenchOptions, Transport};
+use drover_sim::bench::{self, BenchOptions};
 use drover_sim::footprint::{self, FootprintOptions};
+use drover_sim::harness::Transport;
 use drover_sim::patch::{self, PatchOptions};
 use drover_sim::{Behaviour, device_id_range};
 use std::path::{Path, PathBuf};

@@ -20,9 +20,9 @@
 //! the first page of 500 devices `drover get devices` asks for.
 //! It prints figures; it asserts nothing about time.
 
-use crate::bench::{self, Api};
+use crate::harness::{self, Api, timed};
 use crate::procstat::{self, Usage};
-use crate::summary::Spread;
+use crate::spread::Spread;
 use crate::ws::{Target, open};
 use anyhow::{Context, Result, bail};
 use drover_model::model::{
@@ -270,17 +270,6 @@ fn size_of(dir: &Path) -> u64 {
     total
 }
 
-/// `queries` requests to `path` one after another; their times in ms.
-pub(crate) async fn timed(api: &Api, path: &str, queries: usize) -> Result<Spread> {
-    let mut times = Vec::new();
-    for _ in 0..queries.max(1) {
-        let started = Instant::now();
-        api.get(path).await?;
-        times.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    Spread::of(times).context("no request timed")
-}
-
 pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     let dir = tempfile::Builder::new().prefix("drover-patch-").tempdir()?;
     let data = dir.path().join("data");
@@ -290,11 +279,11 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
         .iter()
         .map(|d| (d.clone(), secrets.device_token(d)))
         .collect();
-    let (cp, api_base, agent_addr) = bench::start_drover(
+    let (cp, api_base, agent_addr) = harness::start_drover(
         &options.drover,
         dir.path(),
-        bench::Serve {
-            transport: bench::Transport::Websocket,
+        harness::Serve {
+            transport: harness::Transport::Websocket,
             broker_url: None,
             nats_replicas: 1,
             store_on_nats: false,
@@ -304,11 +293,11 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     let api = Api {
         base: format!("http://{api_base}"),
         token: secrets.operator_token().to_owned(),
-        http: bench::http_builder()
+        http: harness::http_builder()
             .timeout(Duration::from_secs(300))
             .build()?,
     };
-    bench::register(&api.base, &api.token, &ids).await?;
+    harness::register(&api.base, &api.token, &ids).await?;
     let target = Target {
         addr: agent_addr.parse().context("agent address")?,
     };
@@ -318,7 +307,7 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
     // First connections (each device's record learns its agent), then
     // pass 1: connections alone, as pass 2 makes them, to be subtracted.
     pass(target, &tokens, options.batch, false).await?;
-    bench::wait_for(
+    harness::wait_for(
         "every device's hello",
         Duration::from_secs(300),
         async || {

@@ -2,48 +2,135 @@
 //! its minimum and maximum, how many runs completed, and how loaded the
 //! machine was, so a figure in docs/benchmarks.md is one a stranger can reproduce.
 
-use crate::bench::Figures;
+use crate::harness::Transport;
+use crate::spread::Spread;
 
-/// Median, minimum and maximum of some measurements (NaN ignored).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
-    pub min: f64,
-    pub median: f64,
-    pub max: f64,
+/// One row of the benchmark's table.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub devices: usize,
+    pub transport: Transport,
+    /// Control-plane replicas (1: the embedded store).
+    pub replicas: usize,
+    pub connect_seconds: f64,
+    pub run_seconds: f64,
+    /// The control planes' CPU time during the run, all replicas together.
+    pub cpu_ms_per_device: f64,
+    /// The brokers' CPU time during the run, every node together (none
+    /// over WebSocket on the embedded store).
+    pub broker_cpu_ms_per_device: Option<f64>,
+    /// Growth of the control planes' RSS, all replicas together, once the
+    /// agents connected.
+    pub idle_rss_kib_per_device: f64,
+    /// Control planes' and brokers' writes during the run.
+    pub written_kib_per_device: f64,
+    pub complete: bool,
+    /// Each replica's RSS with every agent connected.
+    pub control_plane_rss_mib: Vec<u64>,
+    /// Each broker process's RSS after the run (three for a cluster).
+    pub broker_rss_mib: Vec<u64>,
+    pub cluster: bool,
+    /// "TaskRun", or "Deployment (N at once)".
+    pub work: String,
+    /// Passes over the run or deployment, and the time they took in all.
+    pub passes: u64,
+    pub pass_seconds: f64,
+    /// Of the pass time, waiting for the store's commits (deployments only).
+    pub store_seconds: Option<f64>,
+    /// The one-minute load average when the run was applied and when it ended.
+    pub load: (f64, f64),
+    /// The operator's views on the first replica once the run ended, every
+    /// agent still connected: each asked [`VIEW_QUERIES`] times.
+    pub views_ms: Vec<(&'static str, Spread)>,
 }
 
-impl Spread {
-    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
-        let mut values: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
-        if values.is_empty() {
-            return None;
-        }
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        let median = if n % 2 == 1 {
-            values[n / 2]
-        } else {
-            (values[n / 2 - 1] + values[n / 2]) / 2.0
+/// The operator's views the benchmark times: `drover get devices`' first
+/// page, the dashboard's fleet page, the alerts and the patch summary.
+pub const VIEWS: [(&str, &str); 4] = [
+    ("get devices", "/devices?limit=500"),
+    ("fleet page", "/devices/page?offset=0&limit=50&q="),
+    ("alerts", "/alerts"),
+    ("patch summary", "/patch-status"),
+];
+
+/// Requests timed per view.
+pub const VIEW_QUERIES: usize = 10;
+
+impl Figures {
+    /// The transport column's words.
+    pub fn transport_label(&self) -> String {
+        let transport = match (self.transport, self.cluster, self.replicas > 1) {
+            (Transport::Websocket, _, false) => "WebSocket",
+            (Transport::Websocket, false, true) => "WebSocket, JetStream store",
+            (Transport::Websocket, true, true) => "WebSocket, JetStream store on 3 nodes (R3)",
+            (Transport::Nats, false, _) => "NATS",
+            (Transport::Nats, true, _) => "NATS, 3-node cluster (R3)",
+            (Transport::Mqtt, _, _) => "MQTT",
         };
-        Some(Self {
-            min: values[0],
-            median,
-            max: values[n - 1],
-        })
+        if self.replicas > 1 {
+            format!("{transport}, {} replicas", self.replicas)
+        } else {
+            transport.to_owned()
+        }
     }
 
-    /// `median (min–max)`, or the one value when all are the same.
-    pub fn show(&self, decimals: usize) -> String {
-        let (min, median, max) = (
-            format!("{:.*}", decimals, self.min),
-            format!("{:.*}", decimals, self.median),
-            format!("{:.*}", decimals, self.max),
-        );
-        if min == max {
-            median
-        } else {
-            format!("{median} ({min}–{max})")
-        }
+    /// One run's figures on one line (stderr, beside the table's medians).
+    pub fn row(&self) -> String {
+        let list = |values: &[u64]| {
+            if values.is_empty() {
+                "-".to_owned()
+            } else {
+                values
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            }
+        };
+        format!(
+            "| {} | {} | {} | {:.1} | {}{:.1} | {:.2} | {} | {:.1} | {:.1} | {} | {} | {} | {:.2} ({:.1} %) | {} |",
+            self.devices,
+            self.transport_label(),
+            self.work,
+            self.connect_seconds,
+            if self.complete {
+                ""
+            } else {
+                "not complete after "
+            },
+            self.run_seconds,
+            self.cpu_ms_per_device,
+            self.broker_cpu_ms_per_device
+                .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
+            self.idle_rss_kib_per_device,
+            self.written_kib_per_device,
+            list(&self.control_plane_rss_mib),
+            list(&self.broker_rss_mib),
+            self.passes,
+            self.pass_seconds,
+            if self.run_seconds > 0.0 {
+                100.0 * self.pass_seconds / self.run_seconds
+            } else {
+                0.0
+            },
+            self.store_seconds
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}")),
+        ) + &format!(
+            " views (ms, median (min–max) of {VIEW_QUERIES}): {}",
+            self.views_ms
+                .iter()
+                .map(|(name, spread)| format!("{name} {}", spread.show(1)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// The slowest view by its median: its name and median.
+    pub fn slowest_view(&self) -> Option<(&'static str, f64)> {
+        self.views_ms
+            .iter()
+            .map(|(name, spread)| (*name, spread.median))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
 

@@ -1,0 +1,386 @@
+//! What a measurement drives: the processes it starts (nats-server, a
+//! NATS cluster, mosquitto, `drover serve`) and stops, the operators' API
+//! it calls, and the waits and timings around them. Shared by the fleet
+//! benchmark, the patch benchmark and the footprint measurement.
+
+use crate::spread::Spread;
+use anyhow::{Context, Result, bail};
+use drover_model::DeviceId;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Websocket,
+    Nats,
+    Mqtt,
+}
+
+pub(crate) struct Process(pub(crate) Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+const CP_USER: &str = "drover-control-plane";
+const CP_PASSWORD: &str = "bench-secret";
+
+/// Starts nats-server with JetStream and one user per device.
+pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+    let port = free_port()?;
+    let auth = transport_nats::server::authorization_config(
+        (CP_USER, CP_PASSWORD),
+        &broker_passwords(tokens),
+        transport_nats::server::DirectStatusPuts::Denied,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let config = format!(
+        "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
+         jetstream {{ store_dir: {:?} }}\n{auth}",
+        dir.join("js").display().to_string()
+    );
+    let process = spawn_nats(dir, &config, port)?;
+    Ok((process, format!("nats://127.0.0.1:{port}")))
+}
+
+/// Starts nats-server with `config` (written to DIR/nats.conf, its log to
+/// DIR/nats.log) and waits until it listens on `port`. The binary is
+/// `$DROVER_NATS_SERVER`, else the one on PATH (`scripts/bench.sh` gives
+/// the 2.10 a cluster needs, see docs/operations.md).
+fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
+    let path = dir.join("nats.conf");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join("nats.log"))?;
+    let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
+    let child = Command::new(binary)
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start nats-server (apt-get install nats-server)")?;
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "nats-server did not start; see {}",
+                dir.join("nats.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(process)
+}
+
+/// Starts three nats-server nodes as one JetStream cluster (routes on
+/// loopback, one store directory each); returns them and their client URLs.
+pub(crate) fn start_nats_cluster(
+    dir: &Path,
+    tokens: &[(DeviceId, String)],
+) -> Result<(Vec<Process>, Vec<String>)> {
+    let auth = transport_nats::server::authorization_config(
+        (CP_USER, CP_PASSWORD),
+        &broker_passwords(tokens),
+        transport_nats::server::DirectStatusPuts::Denied,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let others: Vec<String> = (0..3)
+            .filter(|j| *j != i)
+            .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
+            .collect();
+        let node = dir.join(format!("n{i}"));
+        std::fs::create_dir_all(&node)?;
+        let config = format!(
+            "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
+             jetstream {{ store_dir: {:?} }}\n\
+             cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
+            ports[i],
+            node.join("js").display().to_string(),
+            routes[i],
+            others.join(", ")
+        );
+        nodes.push(spawn_nats(&node, &config, ports[i])?);
+    }
+    let urls = ports
+        .iter()
+        .map(|port| format!("nats://127.0.0.1:{port}"))
+        .collect();
+    Ok((nodes, urls))
+}
+
+/// Each device with the broker password its agent derives from its token,
+/// as `drover nats-config` and `drover mqtt-config` write them.
+fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
+    tokens
+        .iter()
+        .map(|(device, token)| {
+            let password = drover_model::credentials::broker_password(token, device);
+            (device.clone(), password)
+        })
+        .collect()
+}
+
+/// Starts mosquitto with one password and ACL entry per device.
+pub(crate) fn start_mosquitto(
+    dir: &Path,
+    tokens: &[(DeviceId, String)],
+) -> Result<(Process, String)> {
+    let port = free_port()?;
+    let (passwords, acl) = transport_mqtt::server::mosquitto_files(
+        &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
+        &[CP_USER],
+        CP_PASSWORD,
+        &broker_passwords(tokens),
+    );
+    std::fs::write(dir.join("drover.passwd"), passwords)?;
+    std::fs::write(dir.join("drover.acl"), acl)?;
+    let config = format!(
+        "user root\nlistener {port} 127.0.0.1\n{}\nmax_connections -1\n{}\n\
+         persistence false\nper_listener_settings false\nallow_anonymous false\n\
+         password_file {}\nacl_file {}\n",
+        transport_mqtt::Topics::listener_settings(),
+        transport_mqtt::Topics::broker_settings(),
+        dir.join("drover.passwd").display(),
+        dir.join("drover.acl").display()
+    );
+    let path = dir.join("mosquitto.conf");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join("mosquitto.log"))?;
+    let child = Command::new("mosquitto")
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start mosquitto (apt-get install mosquitto)")?;
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "mosquitto did not start; see {}",
+                dir.join("mosquitto.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((process, format!("mqtt://127.0.0.1:{port}")))
+}
+
+/// How `drover serve` keeps its state and reaches its agents' broker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Serve<'a> {
+    pub(crate) transport: Transport,
+    /// The broker (NATS or MQTT) the agents use, or the JetStream store's.
+    pub(crate) broker_url: Option<&'a str>,
+    /// Each bucket's replicas (3 on a three-node cluster).
+    pub(crate) nats_replicas: usize,
+    /// On the JetStream store (`--store nats`, several replicas) instead of
+    /// the embedded one.
+    pub(crate) store_on_nats: bool,
+}
+
+/// `drover serve` with its data in DIR/data; returns the process, API and agent addresses.
+pub(crate) fn start_drover(
+    drover: &Path,
+    dir: &Path,
+    serve: Serve<'_>,
+) -> Result<(Process, String, String)> {
+    let ready = dir.join("ready.json");
+    let log = std::fs::File::create(dir.join("drover.log"))?;
+    let mut command = Command::new(drover);
+    command
+        .arg("--data")
+        .arg(dir.join("data"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    let nats = serve.transport == Transport::Nats || serve.store_on_nats;
+    match serve.broker_url {
+        Some(url) if nats => {
+            command.args([
+                "--nats-url",
+                url,
+                "--nats-user",
+                CP_USER,
+                "--nats-password",
+                CP_PASSWORD,
+                "--nats-replicas",
+                &serve.nats_replicas.to_string(),
+            ]);
+            if serve.store_on_nats {
+                command.args(["--store", "nats"]);
+            }
+        }
+        Some(url) if serve.transport == Transport::Mqtt => {
+            command.args([
+                "--mqtt-url",
+                url,
+                "--mqtt-user",
+                CP_USER,
+                "--mqtt-password",
+                CP_PASSWORD,
+            ]);
+        }
+        _ => {}
+    }
+    let process = Process(
+        command
+            .spawn()
+            .with_context(|| format!("cannot start {}", drover.display()))?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addresses: Value = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            break serde_json::from_str(&text)?;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "drover serve did not start; see {}",
+                dir.join("drover.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let field = |name: &str| -> Result<String> {
+        Ok(addresses[name]
+            .as_str()
+            .context("ready file without addresses")?
+            .to_owned())
+    };
+    Ok((process, field("api")?, field("agents")?))
+}
+
+pub(crate) struct Api {
+    pub(crate) base: String,
+    pub(crate) token: String,
+    pub(crate) http: reqwest::Client,
+}
+
+impl Api {
+    pub(crate) async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let response = self
+            .http
+            .post(format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{path} answered {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> Result<Value> {
+        Ok(self
+            .http
+            .get(format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+}
+
+/// Registers every device, as Lists of at most 20,000 Device manifests (the
+/// most one request may carry).
+pub async fn register(api_base: &str, token: &str, devices: &[DeviceId]) -> Result<()> {
+    let api = Api {
+        base: api_base.to_owned(),
+        token: token.to_owned(),
+        http: http_builder().timeout(Duration::from_secs(300)).build()?,
+    };
+    for chunk in devices.chunks(20_000) {
+        let items: Vec<Value> = chunk
+            .iter()
+            .map(|d| {
+                json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Device",
+                       "metadata": {"name": d.as_str()}, "spec": {"groups": ["bench"]}})
+            })
+            .collect();
+        api.post(
+            "/apply",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl AsyncFnMut() -> Result<bool>,
+) -> Result<f64> {
+    let start = Instant::now();
+    loop {
+        if ready().await? {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `queries` requests to `path` one after another; their times in ms.
+pub(crate) async fn timed(api: &Api, path: &str, queries: usize) -> Result<Spread> {
+    let mut times = Vec::new();
+    for _ in 0..queries.max(1) {
+        let started = Instant::now();
+        api.get(path).await?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Spread::of(times).context("no request timed")
+}
+
+/// reqwest's builder, after setting this process's rustls provider (reqwest
+/// is built without aws-lc and looks one up).
+pub(crate) fn http_builder() -> reqwest::ClientBuilder {
+    transport_websocket::tls::install_default_provider();
+    reqwest::Client::builder()
+}
