@@ -434,7 +434,6 @@ const NOT_YET: &[&str] = &[
     "agent-core/src/lifecycle.rs: decide",
     "control-plane/cli/src/demo.rs: run",
     "control-plane/cli/src/serve.rs: start",
-    "control-plane/cli/src/main.rs: dispatch",
     "agent/src/main.rs: run",
     "control-plane/rules/src/deployment/decide.rs: pass",
     "control-plane/server/src/manifest/deploy_spec.rs: parse_deployment_spec",
