@@ -5,25 +5,21 @@ use agent_core::out;
 
 mod config;
 mod display;
+mod link;
+mod wiring;
 
-use agent_core::executor::{Agent, Settings};
-use agent_core::facts::FactSources;
-use agent_core::lifecycle::Limits;
+use agent_core::executor::Agent;
 use agent_core::status_socket::{self, Request, Response};
 use agent_core::store::RedbStore;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use config::{Config, DEFAULT_SOCKET, StoreKind, Transport, UpdaterMode};
+use config::{Config, DEFAULT_SOCKET, Transport};
 use drover_agent::cli::{Cli, Command};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use updater_apt::{
-    AptSettings, Fetcher, InventoryRefresh, Launcher, Mode, PackageInstaller, PatchAssessor,
-    SystemUpgrade,
-};
 
 /// An ordinary error is one line with its whole cause chain (systemd's
 /// journal shows it as the unit's last line), never a `Caused by:` list.
@@ -119,11 +115,11 @@ fn run_cli() -> Result<()> {
                     // second under the same identity would push it off (an
                     // MQTT broker makes a client's id its user name, the
                     // control plane keeps one session per device), so ask it.
-                    Some(info) => out!("{}", running_link(&info.link)?),
+                    Some(info) => out!("{}", link::running_link(&info.link)?),
                     None => {
                         let device_id = drover_model::DeviceId::new(config.device_id.clone())?;
                         transport_websocket::tls::install_default_provider();
-                        out!("{}", runtime.block_on(probe(&config, &device_id))?);
+                        out!("{}", runtime.block_on(link::probe(&config, &device_id))?);
                     }
                 }
             }
@@ -385,70 +381,7 @@ async fn run(config_path: &Path) -> Result<()> {
                 )
             })?;
     }
-    let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
-    let store: Arc<dyn agent_core::store::Store> = match config.store {
-        StoreKind::Redb => Arc::new(RedbStore::open_checked(
-            &config.state_dir.join("agent.redb"),
-            &checker,
-        )?),
-        #[cfg(feature = "sled-store")]
-        StoreKind::Sled => Arc::new(agent_core::store_sled::SledStore::open(
-            &config.state_dir.join("agent.sled"),
-        )?),
-        #[cfg(not(feature = "sled-store"))]
-        StoreKind::Sled => anyhow::bail!(
-            "the config asks for store = \"sled\", but this drover-agent was built without \
-             the sled store (cargo feature sled-store); remove the key to use redb"
-        ),
-    };
-    let apt = AptSettings {
-        mode: match config.updater.mode {
-            UpdaterMode::Simulate => Mode::Simulate,
-            UpdaterMode::Upgrade => Mode::Upgrade,
-        },
-        root: config.updater.root.clone(),
-        min_free_bytes: config.updater.min_free_mib * 1024 * 1024,
-        min_free_boot_bytes: config.updater.min_free_boot_mib * 1024 * 1024,
-        #[cfg(feature = "testing")]
-        kernel_release_path: config.kernel_release_path.clone(),
-        #[cfg(not(feature = "testing"))]
-        kernel_release_path: std::path::PathBuf::from(updater_apt::kernel::RELEASE_PATH),
-        calls_dir: config.state_dir.join("calls"),
-        launcher: Launcher::detect(),
-    };
-    let ca_file = config.download_ca_file();
-    let fetcher = Fetcher {
-        // Without a readable CA file only http:// links to loopback work;
-        // an https:// job then fails saying so.
-        tls: transport_websocket::tls::client_config(&ca_file).ok(),
-        device_id: device_id.to_string(),
-        token: config.transport.read_token().ok(),
-    };
-    let chains: Vec<Arc<dyn agent_core::chain::Chain>> = vec![
-        Arc::new(SystemUpgrade::new(apt.clone())),
-        Arc::new(PackageInstaller::new(apt.clone(), Some(fetcher))),
-        Arc::new(InventoryRefresh::new(apt.clone())),
-        Arc::new(PatchAssessor::new(apt.clone())),
-    ];
-    let settings = Settings {
-        device_id: device_id.clone(),
-        boot_id: boot_id.clone(),
-        agent_version: agent_version(Path::new(PACKAGE_VERSION_FILE)),
-        limits: Limits {
-            max_resumes: config.limits.max_resumes,
-        },
-        keep_jobs: config.limits.keep_jobs,
-        facts: FactSources {
-            root: apt.system_root(),
-        },
-        test_hold: None,
-        test_job_budget: None,
-        trusted_keys: drover_model::signing::TrustedKeys::from_hex(&config.intent_public_keys)
-            .map_err(|e| anyhow::anyhow!(e))?,
-    };
-    #[cfg(feature = "testing")]
-    let settings = test_hooks(settings, config.testing.as_ref());
-    let agent = Agent::new(settings, store, chains);
+    let agent = wiring::agent(&config, &device_id, &boot_id)?;
     info!(device = %device_id, boot_id = %boot_id, "drover-agent starting");
 
     let shutdown = CancellationToken::new();
@@ -476,23 +409,11 @@ async fn run(config_path: &Path) -> Result<()> {
         shutdown.clone(),
     ));
     let token = config.transport.read_token()?;
-    let transport = match link_settings(&config, &device_id, token) {
-        Link::Websocket(settings) => tokio::spawn(transport_websocket::client::run(
-            settings,
-            agent.clone(),
-            shutdown.clone(),
-        )),
-        Link::Nats(settings) => tokio::spawn(transport_nats::agent::run(
-            settings,
-            agent.clone(),
-            shutdown.clone(),
-        )),
-        Link::Mqtt(settings) => tokio::spawn(transport_mqtt::agent::run(
-            settings,
-            agent.clone(),
-            shutdown.clone(),
-        )),
-    };
+    let transport = link::spawn(
+        link::link_settings(&config, &device_id, token),
+        agent.clone(),
+        shutdown.clone(),
+    );
 
     // Tell systemd we are up (a no-op without NOTIFY_SOCKET), then keep its
     // watchdog fed while the agent can still read its own store.
@@ -520,36 +441,6 @@ async fn run(config_path: &Path) -> Result<()> {
         std::process::exit(code);
     }
     Ok(())
-}
-
-/// Applies the config's `[testing]` table (only in a build with test hooks).
-#[cfg(feature = "testing")]
-fn test_hooks(mut settings: Settings, testing: Option<&config::Testing>) -> Settings {
-    let Some(testing) = testing else {
-        return settings;
-    };
-    if let (Some(step), Some(hold), Some(reached)) = (
-        &testing.hold_before_step,
-        &testing.hold_file,
-        &testing.reached_file,
-    ) {
-        settings.test_hold = Some(agent_core::executor::TestHold {
-            step: step.clone(),
-            hold: hold.clone(),
-            reached: reached.clone(),
-        });
-    }
-    if testing.clock_offset_seconds != 0 {
-        tracing::warn!(
-            seconds = testing.clock_offset_seconds,
-            "test hook: the device's clock is skewed"
-        );
-        agent_core::clock::set_test_offset(jiff::SignedDuration::from_secs(
-            testing.clock_offset_seconds,
-        ));
-    }
-    settings.test_job_budget = testing.job_budget_seconds.map(Duration::from_secs);
-    settings
 }
 
 /// The exit status that asks systemd to start the new binary.
@@ -604,141 +495,6 @@ fn group_id(name: &str) -> Option<u32> {
         let mut fields = line.split(':');
         (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
     })
-}
-
-/// How the agent reaches the control plane, from its config.
-enum Link {
-    Websocket(transport_websocket::client::ClientSettings),
-    Nats(transport_nats::agent::AgentSettings),
-    Mqtt(transport_mqtt::agent::AgentSettings),
-}
-
-fn link_settings(config: &Config, device_id: &drover_model::DeviceId, token: String) -> Link {
-    match &config.transport {
-        Transport::Websocket {
-            server_url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_websocket::client::ClientSettings {
-                server_url: server_url.clone(),
-                token,
-                ca_file: ca_file.clone(),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_initial: Duration::from_millis(500),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-                connect_timeout: Duration::from_secs(10),
-            };
-            Link::Websocket(settings)
-        }
-        Transport::Nats {
-            url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_nats::agent::AgentSettings {
-                nats: transport_nats::NatsSettings {
-                    url: url.clone(),
-                    user: Some(device_id.to_string()),
-                    password: None,
-                    ca_file: ca_file.clone(),
-                    connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
-                    replicas: 1,
-                },
-                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-            };
-            Link::Nats(settings)
-        }
-        Transport::Mqtt {
-            url,
-            ca_file,
-            prefix,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_mqtt::agent::AgentSettings {
-                mqtt: transport_mqtt::MqttSettings {
-                    url: url.clone(),
-                    user: device_id.to_string(),
-                    password: String::new(),
-                    ca_file: ca_file.clone(),
-                    prefix: prefix.clone(),
-                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
-                },
-                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-            };
-            Link::Mqtt(settings)
-        }
-    }
-}
-
-/// `check --connect` while the agent runs: its own link, as it reports it;
-/// an error when it is not connected.
-fn running_link(link: &agent_core::executor::LinkState) -> Result<String> {
-    let contact = link
-        .last_contact
-        .map(|t| format!(", last contact {}", t.strftime("%Y-%m-%d %H:%M:%S UTC")))
-        .unwrap_or_default();
-    if link.connected {
-        Ok(format!(
-            "the running agent is connected over {}{contact}",
-            link.transport
-        ))
-    } else {
-        bail!(
-            "the running agent is not connected over {}{contact}: {}",
-            link.transport,
-            link.last_error
-                .as_deref()
-                .unwrap_or("no error reported yet")
-        )
-    }
-}
-
-/// What `check --connect` prints when let in; `warning` when the broker
-/// took the token rather than the derived password.
-fn let_in(url: &str, warning: Option<&str>) -> String {
-    match warning {
-        None => format!("connected to {url} and let in"),
-        Some(warning) => format!("connected to {url} and let in, but {warning}"),
-    }
-}
-
-/// `check --connect`: reaches the control plane (or broker) and is let in
-/// with this device's token, or says why not.
-async fn probe(config: &Config, device_id: &drover_model::DeviceId) -> Result<String> {
-    let token = config.transport.read_token()?;
-    match link_settings(config, device_id, token) {
-        Link::Websocket(settings) => {
-            transport_websocket::client::probe(&settings, device_id.as_str()).await?;
-            Ok(let_in(&settings.server_url, None))
-        }
-        Link::Nats(settings) => {
-            let using_token = transport_nats::agent::probe(&settings).await?;
-            Ok(let_in(
-                &settings.nats.url,
-                using_token.then_some(transport_nats::agent::USING_TOKEN),
-            ))
-        }
-        Link::Mqtt(settings) => {
-            let using_token = transport_mqtt::agent::probe(&settings, device_id.as_str())
-                .await
-                .map_err(|e| anyhow::anyhow!(e))?;
-            Ok(let_in(
-                &settings.mqtt.url,
-                using_token.then_some(transport_mqtt::agent::USING_TOKEN),
-            ))
-        }
-    }
 }
 
 #[cfg(test)]

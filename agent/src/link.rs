@@ -1,0 +1,161 @@
+//! The agent's link to the control plane: which transport the config
+//! chooses, with its settings, the task that runs it, and `check`'s probe
+//! of it.
+
+use crate::config::{Config, Transport};
+use agent_core::executor::Agent;
+use anyhow::{Result, bail};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How the agent reaches the control plane, from its config.
+pub(crate) enum Link {
+    Websocket(transport_websocket::client::ClientSettings),
+    Nats(transport_nats::agent::AgentSettings),
+    Mqtt(transport_mqtt::agent::AgentSettings),
+}
+
+pub(crate) fn link_settings(
+    config: &Config,
+    device_id: &drover_model::DeviceId,
+    token: String,
+) -> Link {
+    match &config.transport {
+        Transport::Websocket {
+            server_url,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_websocket::client::ClientSettings {
+                server_url: server_url.clone(),
+                token,
+                ca_file: ca_file.clone(),
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_initial: Duration::from_millis(500),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+                connect_timeout: Duration::from_secs(10),
+            };
+            Link::Websocket(settings)
+        }
+        Transport::Nats {
+            url,
+            ca_file,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_nats::agent::AgentSettings {
+                nats: transport_nats::NatsSettings {
+                    url: url.clone(),
+                    user: Some(device_id.to_string()),
+                    password: None,
+                    ca_file: ca_file.clone(),
+                    connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
+                    replicas: 1,
+                },
+                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            Link::Nats(settings)
+        }
+        Transport::Mqtt {
+            url,
+            ca_file,
+            prefix,
+            heartbeat_seconds,
+            backoff_max_seconds,
+            ..
+        } => {
+            let settings = transport_mqtt::agent::AgentSettings {
+                mqtt: transport_mqtt::MqttSettings {
+                    url: url.clone(),
+                    user: device_id.to_string(),
+                    password: String::new(),
+                    ca_file: ca_file.clone(),
+                    prefix: prefix.clone(),
+                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
+                },
+                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
+                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+            };
+            Link::Mqtt(settings)
+        }
+    }
+}
+
+/// `check --connect` while the agent runs: its own link, as it reports it;
+/// an error when it is not connected.
+pub(crate) fn running_link(link: &agent_core::executor::LinkState) -> Result<String> {
+    let contact = link
+        .last_contact
+        .map(|t| format!(", last contact {}", t.strftime("%Y-%m-%d %H:%M:%S UTC")))
+        .unwrap_or_default();
+    if link.connected {
+        Ok(format!(
+            "the running agent is connected over {}{contact}",
+            link.transport
+        ))
+    } else {
+        bail!(
+            "the running agent is not connected over {}{contact}: {}",
+            link.transport,
+            link.last_error
+                .as_deref()
+                .unwrap_or("no error reported yet")
+        )
+    }
+}
+
+/// What `check --connect` prints when let in; `warning` when the broker
+/// took the token rather than the derived password.
+fn let_in(url: &str, warning: Option<&str>) -> String {
+    match warning {
+        None => format!("connected to {url} and let in"),
+        Some(warning) => format!("connected to {url} and let in, but {warning}"),
+    }
+}
+
+/// `check --connect`: reaches the control plane (or broker) and is let in
+/// with this device's token, or says why not.
+pub(crate) async fn probe(config: &Config, device_id: &drover_model::DeviceId) -> Result<String> {
+    let token = config.transport.read_token()?;
+    match link_settings(config, device_id, token) {
+        Link::Websocket(settings) => {
+            transport_websocket::client::probe(&settings, device_id.as_str()).await?;
+            Ok(let_in(&settings.server_url, None))
+        }
+        Link::Nats(settings) => {
+            let using_token = transport_nats::agent::probe(&settings).await?;
+            Ok(let_in(
+                &settings.nats.url,
+                using_token.then_some(transport_nats::agent::USING_TOKEN),
+            ))
+        }
+        Link::Mqtt(settings) => {
+            let using_token = transport_mqtt::agent::probe(&settings, device_id.as_str())
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            Ok(let_in(
+                &settings.mqtt.url,
+                using_token.then_some(transport_mqtt::agent::USING_TOKEN),
+            ))
+        }
+    }
+}
+
+/// Runs the agent's side of `link` until shutdown.
+pub(crate) fn spawn(link: Link, agent: Arc<Agent>, shutdown: CancellationToken) -> JoinHandle<()> {
+    match link {
+        Link::Websocket(settings) => {
+            tokio::spawn(transport_websocket::client::run(settings, agent, shutdown))
+        }
+        Link::Nats(settings) => tokio::spawn(transport_nats::agent::run(settings, agent, shutdown)),
+        Link::Mqtt(settings) => tokio::spawn(transport_mqtt::agent::run(settings, agent, shutdown)),
+    }
+}
