@@ -522,6 +522,19 @@ pub struct HeldJob {
     pub state: JobState,
 }
 
+/// An agent's hello, the first thing it says on every connection, over
+/// every transport: who it is, which kinds of job it runs and which jobs it
+/// still holds, so both sides resynchronise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    pub device_id: DeviceId,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub capabilities: Vec<String>,
+    pub jobs: Vec<HeldJob>,
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -153,7 +153,7 @@ pub(crate) fn start_mosquitto(
     tokens: &[(DeviceId, String)],
 ) -> Result<(Process, String)> {
     let port = free_port()?;
-    let (passwords, acl) = transport_mqtt::server::mosquitto_files(
+    let (passwords, acl) = transport_mqtt::mosquitto::mosquitto_files(
         &transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX),
         &[CP_USER],
         CP_PASSWORD,

@@ -4,13 +4,14 @@
 //! (the broker's PUBACK confirms them) and heartbeats.
 
 use crate::SimAgent;
+use drover_model::model::Hello;
 use drover_model::wire::parse_intent_bytes;
 use rumqttc::{Event, Incoming, Outgoing, QoS};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use transport_mqtt::{Hello, MqttSettings, Topic, Topics};
+use transport_mqtt::{MqttSettings, Topic, Topics};
 
 /// Plays one agent until `shutdown`.
 pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: CancellationToken) {

@@ -5,6 +5,7 @@
 
 use crate::SimAgent;
 use agent_core::backoff::{Backoff, DEFAULT_BACKOFF_MAX as BACKOFF_MAX};
+use drover_model::model::Hello;
 use drover_model::wire::parse_intent_bytes;
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use transport_nats::agent::{
     CONNECT_TIMEOUT, RECONNECT_INITIAL, Sent, reconnect_delays, send_status,
 };
 use transport_nats::{
-    Hello, HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
+    HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
 
 /// Plays one agent until `shutdown`; async-nats reconnects by itself, and

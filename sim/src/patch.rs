@@ -189,13 +189,13 @@ async fn visit(
     assess: bool,
 ) -> Result<()> {
     let (mut sink, mut stream) = open(target, index, device, token).await?.split();
-    let hello = AgentMessage::Hello {
+    let hello = AgentMessage::Hello(drover_model::model::Hello {
         device_id: device.clone(),
         agent_version: "sim".into(),
         boot_id: "patch-bench".into(),
         capabilities: vec!["patchAssessmentV1".into()],
         jobs: Vec::new(),
-    };
+    });
     sink.send(Message::text(hello.encode())).await?;
     if assess {
         let result = AgentMessage::Result {

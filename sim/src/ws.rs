@@ -95,13 +95,13 @@ async fn session(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let (mut sink, mut stream) = open(target, index, &agent.device, token).await?.split();
-    let hello = AgentMessage::Hello {
+    let hello = AgentMessage::Hello(drover_model::model::Hello {
         device_id: agent.device.clone(),
         agent_version: "sim".into(),
         boot_id: agent.boot_id.clone(),
         capabilities: SimAgent::capabilities(),
         jobs: agent.held(),
-    };
+    });
     sink.send(Message::text(hello.encode())).await?;
     agent.stats.connected.fetch_add(1, Ordering::Relaxed);
     let result = async {

@@ -217,7 +217,7 @@ impl Fleet {
                 let old: String = current
                     .lines()
                     .map(|line| match line.starts_with(&prefix) {
-                        true => transport_mqtt::server::password_line(device, &token),
+                        true => transport_mqtt::mosquitto::password_line(device, &token),
                         false => line.to_owned(),
                     })
                     .map(|line| format!("{line}\n"))

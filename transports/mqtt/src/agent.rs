@@ -8,11 +8,12 @@
 //! treats duplicates as no-ops), and the broker's retained messages keep
 //! the intents.
 
-use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
+use crate::{Control, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use drover_model::credentials::BrokerPasswords;
+use drover_model::model::Hello;
 use drover_model::wire::intent_json;
 use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS, SubscribeFilter};
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -20,9 +20,10 @@
 
 pub mod agent;
 #[cfg(feature = "server")]
+pub mod mosquitto;
+#[cfg(feature = "server")]
 pub mod server;
 
-use drover_model::model::HeldJob;
 use drover_model::{DeviceId, JobId};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -165,17 +166,6 @@ impl Topics {
         };
         Some(topic)
     }
-}
-
-/// An agent's hello over MQTT.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Hello {
-    pub device_id: DeviceId,
-    pub agent_version: String,
-    pub boot_id: String,
-    pub capabilities: Vec<String>,
-    pub jobs: Vec<HeldJob>,
 }
 
 /// What the control plane tells one agent: its clock (A12), or why its

@@ -1,5 +1,5 @@
-//! The control plane's end over MQTT as an agent link, and the mosquitto
-//! configuration that confines each device to its own topics.
+//! The control plane's end over MQTT as an agent link (mosquitto's files,
+//! which confine each device to its own topics, are `crate::mosquitto`).
 //!
 //! The control plane keeps one persistent session (clean session off) and
 //! acknowledges what it receives to the broker only once the delivery core
@@ -9,14 +9,13 @@
 //! comes back without the session (mosquitto loses what it had not saved),
 //! every undecided intent is sent again: the store is the truth.
 
-use crate::{Control, Hello, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
-use base64::Engine;
+use crate::{Control, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, HealthCell, Inbound, LinkError,
     LinkHealth, Reply,
 };
-use drover_model::model::{Heartbeat, Intent, JobStatus};
+use drover_model::model::{Heartbeat, Hello, Intent, JobStatus};
 use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS, SubscribeFilter};
@@ -300,95 +299,23 @@ impl MqttLinks {
                 self.ack_soon(publish);
                 return true;
             }
-            Some(Topic::Status(device, job)) => {
-                match serde_json::from_slice::<JobStatus>(&publish.payload) {
-                    Ok(status) if status.job_id == job => {
-                        let terminal = status.state.is_terminal();
-                        let (reply, answer) = Reply::channel();
-                        (
-                            Inbound::Status {
-                                device,
-                                status: Box::new(status),
-                                received_at: Timestamp::now(),
-                                position: None,
-                                reply,
-                            },
-                            Some((answer, terminal)),
-                        )
-                    }
-                    Ok(_) => {
-                        warn!(topic = %publish.topic, "status names another job than its topic; dropped");
-                        self.clear_soon(publish.topic.clone());
-                        self.ack_soon(publish);
-                        return true;
-                    }
-                    Err(e) => {
-                        warn!(topic = %publish.topic, error = %e, "unreadable status dropped");
-                        self.clear_soon(publish.topic.clone());
-                        self.ack_soon(publish);
-                        return true;
-                    }
-                }
-            }
-            Some(Topic::Hello(device)) => match serde_json::from_slice::<Hello>(&publish.payload) {
-                Ok(hello) if hello.device_id == device => {
-                    let (reply, answer) = Reply::channel();
-                    let links = self.clone();
-                    let control = self.topics.control(&device);
-                    let event = Inbound::Hello {
-                        device,
-                        hello: Box::new(AgentHello {
-                            agent_version: hello.agent_version,
-                            boot_id: hello.boot_id,
-                            capabilities: hello.capabilities,
-                            held: hello.jobs,
-                        }),
-                        reply,
-                    };
-                    if !self.send(event).await {
-                        return false;
-                    }
-                    tokio::spawn(async move {
-                        let error = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-                            Ok(Ok(Answer::Stored)) => None,
-                            Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Some(e),
-                            Ok(Err(_)) | Err(_) => Some("the control plane did not answer".into()),
-                        };
-                        links.control(&control, error).await;
-                        links.ack(&publish).await;
-                    });
-                    return true;
-                }
-                _ => {
-                    warn!(topic = %publish.topic, "unusable hello ignored");
+            Some(Topic::Status(device, job)) => match status_event(device, job, &publish) {
+                Some((event, answer)) => (event, Some(answer)),
+                None => {
+                    self.clear_soon(publish.topic.clone());
                     self.ack_soon(publish);
                     return true;
                 }
             },
-            Some(Topic::Heartbeat(device)) => {
-                if let Ok(offline) = serde_json::from_slice::<Offline>(&publish.payload)
-                    && offline.offline
-                    && offline.device_id == device
-                {
-                    (Inbound::Gone { device }, None)
-                } else {
-                    match serde_json::from_slice::<Heartbeat>(&publish.payload) {
-                        Ok(heartbeat) if heartbeat.device_id == device => (
-                            Inbound::Heartbeat {
-                                device,
-                                heartbeat: Box::new(heartbeat),
-                                reply: Reply::none(),
-                            },
-                            None,
-                        ),
-                        _ => {
-                            debug!(topic = %publish.topic, "unusable heartbeat ignored");
-                            self.ack_soon(publish);
-                            return true;
-                        }
-                    }
+            Some(Topic::Hello(device)) => return self.on_hello(device, publish).await,
+            Some(Topic::Heartbeat(device)) => match heartbeat_event(device, &publish.payload) {
+                Some(event) => (event, None),
+                None => {
+                    debug!(topic = %publish.topic, "unusable heartbeat ignored");
+                    self.ack_soon(publish);
+                    return true;
                 }
-            }
+            },
             _ => {
                 debug!(topic = %publish.topic, "message on an unexpected topic ignored");
                 self.ack_soon(publish);
@@ -427,6 +354,47 @@ impl MqttLinks {
             None => self.ack_soon(publish),
         }
         true
+    }
+
+    /// A hello: handed to the delivery core, then answered on the device's
+    /// control topic and acknowledged to the broker once decided (false:
+    /// the delivery core has stopped).
+    async fn on_hello(self: &Arc<Self>, device: DeviceId, publish: Publish) -> bool {
+        match serde_json::from_slice::<Hello>(&publish.payload) {
+            Ok(hello) if hello.device_id == device => {
+                let (reply, answer) = Reply::channel();
+                let links = self.clone();
+                let control = self.topics.control(&device);
+                let event = Inbound::Hello {
+                    device,
+                    hello: Box::new(AgentHello {
+                        agent_version: hello.agent_version,
+                        boot_id: hello.boot_id,
+                        capabilities: hello.capabilities,
+                        held: hello.jobs,
+                    }),
+                    reply,
+                };
+                if !self.send(event).await {
+                    return false;
+                }
+                tokio::spawn(async move {
+                    let error = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                        Ok(Ok(Answer::Stored)) => None,
+                        Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Some(e),
+                        Ok(Err(_)) | Err(_) => Some("the control plane did not answer".into()),
+                    };
+                    links.control(&control, error).await;
+                    links.ack(&publish).await;
+                });
+                true
+            }
+            _ => {
+                warn!(topic = %publish.topic, "unusable hello ignored");
+                self.ack_soon(publish);
+                true
+            }
+        }
     }
 
     /// Clears a retained status topic from the loop, without waiting there.
@@ -551,100 +519,55 @@ impl AgentLinks for MqttLinks {
     }
 }
 
-/// A mosquitto password-file line (`user:$7$…`, PBKDF2-SHA512 as
-/// `mosquitto_passwd` writes it).
-pub fn password_line(user: &str, password: &str) -> String {
-    use ring::rand::SecureRandom;
-    let mut salt = [0u8; 12];
-    let _ = ring::rand::SystemRandom::new().fill(&mut salt);
-    password_line_with_salt(user, password, &salt)
+/// A status as the delivery core takes it, with the receiver of its answer
+/// and whether it is terminal; None (logged) when it is unreadable or
+/// names another job than its topic.
+fn status_event(
+    device: DeviceId,
+    job: JobId,
+    publish: &Publish,
+) -> Option<(Inbound, (tokio::sync::oneshot::Receiver<Answer>, bool))> {
+    match serde_json::from_slice::<JobStatus>(&publish.payload) {
+        Ok(status) if status.job_id == job => {
+            let terminal = status.state.is_terminal();
+            let (reply, answer) = Reply::channel();
+            Some((
+                Inbound::Status {
+                    device,
+                    status: Box::new(status),
+                    received_at: Timestamp::now(),
+                    position: None,
+                    reply,
+                },
+                (answer, terminal),
+            ))
+        }
+        Ok(_) => {
+            warn!(topic = %publish.topic, "status names another job than its topic; dropped");
+            None
+        }
+        Err(e) => {
+            warn!(topic = %publish.topic, error = %e, "unreadable status dropped");
+            None
+        }
+    }
 }
 
-const PBKDF2_ITERATIONS: u32 = 101;
-const PBKDF2_ROUNDS: std::num::NonZeroU32 =
-    std::num::NonZeroU32::MIN.saturating_add(PBKDF2_ITERATIONS - 1);
-
-fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let salt_text = b64.encode(salt);
-    let mut hash = [0u8; 64];
-    ring::pbkdf2::derive(
-        ring::pbkdf2::PBKDF2_HMAC_SHA512,
-        PBKDF2_ROUNDS,
-        salt,
-        password.as_bytes(),
-        &mut hash,
-    );
-    format!(
-        "{user}:$7${PBKDF2_ITERATIONS}${salt_text}${}",
-        b64.encode(hash)
-    )
-}
-
-/// The two files mosquitto needs: a password file (each control-plane
-/// user, one per replica, and each device, whose password is the one its
-/// agent derives from its Drover token) and an ACL file (the control plane may use every topic under the
-/// prefix; a device only its own).
-pub fn mosquitto_files(
-    topics: &Topics,
-    control_plane_users: &[&str],
-    control_plane_password: &str,
-    devices: &[(DeviceId, String)],
-) -> (String, String) {
-    let mut passwords = String::new();
-    for user in control_plane_users {
-        passwords.push_str(&password_line(user, control_plane_password));
-        passwords.push('\n');
+/// A heartbeat, or an agent's last will saying it went offline, as the
+/// delivery core takes it; None when it is neither or names another device.
+fn heartbeat_event(device: DeviceId, payload: &[u8]) -> Option<Inbound> {
+    if let Ok(offline) = serde_json::from_slice::<Offline>(payload)
+        && offline.offline
+        && offline.device_id == device
+    {
+        return Some(Inbound::Gone { device });
     }
-    for (device, token) in devices {
-        passwords.push_str(&password_line(device.as_str(), token));
-        passwords.push('\n');
-    }
-    let mut acl = format!(
-        "# Drover: each device uses only its own topics under {prefix}/ (%u is its id);\n\
-         # the control plane uses every topic there.\n",
-        prefix = topics.prefix()
-    );
-    for line in topics.device_acl() {
-        acl.push_str(&line);
-        acl.push('\n');
-    }
-    for user in control_plane_users {
-        acl.push_str(&format!(
-            "\nuser {user}\ntopic readwrite {prefix}/#\n",
-            prefix = topics.prefix(),
-        ));
-    }
-    (passwords, acl)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A line `mosquitto_passwd -b` wrote for alice / secret.
-    #[test]
-    fn password_lines_match_mosquitto_passwd() {
-        let written = "alice:$7$101$PuzFpRoTA1iiEgXb$jom039GI8t9bNssLaNrlht1LstvzZaQiBDe5vHrwbN/G9FQKQguhhb8RakEgk10FOZF1Y7pEEGeY2H8aJu+lwQ==";
-        let salt = base64::engine::general_purpose::STANDARD
-            .decode("PuzFpRoTA1iiEgXb")
-            .expect("salt");
-        assert_eq!(password_line_with_salt("alice", "secret", &salt), written);
-        assert!(password_line("bob", "x").starts_with("bob:$7$101$"));
-    }
-
-    #[test]
-    fn a_device_is_confined_to_its_own_topics() {
-        let topics = Topics::new("drover/v1");
-        let device = DeviceId::new("dev-a").expect("id");
-        let (passwords, acl) =
-            mosquitto_files(&topics, &["cp", "cp-2"], "pw", &[(device, "tok".into())]);
-        assert!(passwords.lines().any(|l| l.starts_with("dev-a:$7$")));
-        assert!(acl.contains("pattern read drover/v1/devices/%u/intents/+"));
-        assert!(acl.contains("pattern write drover/v1/devices/%u/status/+"));
-        assert!(!acl.contains("pattern readwrite"));
-        assert!(acl.contains("\nuser cp\ntopic readwrite drover/v1/#\n"));
-        assert!(acl.ends_with("\nuser cp-2\ntopic readwrite drover/v1/#\n"));
-        assert!(passwords.lines().any(|l| l.starts_with("cp-2:$7$")));
+    match serde_json::from_slice::<Heartbeat>(payload) {
+        Ok(heartbeat) if heartbeat.device_id == device => Some(Inbound::Heartbeat {
+            device,
+            heartbeat: Box::new(heartbeat),
+            reply: Reply::none(),
+        }),
+        _ => None,
     }
 }

@@ -8,7 +8,7 @@
 //! connection is retried by the link's supervisor with the same rule.
 
 use crate::{
-    HEARTBEAT_PREFIX, Hello, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
+    HEARTBEAT_PREFIX, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
     NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, held_subject,
     hello_subject, inbox_prefix, key, key_subject, status_subject,
 };
@@ -17,7 +17,7 @@ use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use async_nats::jetstream;
 use drover_model::credentials::BrokerPasswords;
-use drover_model::model::JobStatus;
+use drover_model::model::{Hello, JobStatus};
 use drover_model::wire::intent_json;
 use futures_util::StreamExt;
 use std::sync::Arc;

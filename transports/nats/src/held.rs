@@ -8,7 +8,8 @@
 //! it. A replica that dies before that leaves it to another after the
 //! acknowledgement wait.
 
-use crate::links::{NatsLinks, device_of};
+use crate::links::NatsLinks;
+use crate::subjects::device_of;
 use crate::{HELD_CONSUMER, StatusReply};
 use async_nats::jetstream::{AckKind, consumer::pull};
 use drover_contract::link::{Answer, Inbound, Reply};

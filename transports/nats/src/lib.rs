@@ -29,6 +29,8 @@ pub mod kv;
 pub mod links;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
+mod subjects;
 
 use drover_model::{DeviceId, JobId};
 use std::path::PathBuf;
@@ -88,17 +90,6 @@ pub enum StatusReply {
 
 pub fn status_subject(device: &DeviceId) -> String {
     format!("{STATUS_PREFIX}.{device}")
-}
-
-/// An agent's hello over NATS: who it is and which jobs it holds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Hello {
-    pub device_id: DeviceId,
-    pub agent_version: String,
-    pub boot_id: String,
-    pub capabilities: Vec<String>,
-    pub jobs: Vec<drover_model::model::HeldJob>,
 }
 
 /// The control plane's answer to a hello: its clock, by which the agent

@@ -7,6 +7,7 @@ use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
+use drover_model::model::Hello;
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -267,13 +268,13 @@ async fn connect_and_serve(
         l.last_error = None;
     });
     let (mut sink, mut stream) = ws.split();
-    let hello = AgentMessage::Hello {
+    let hello = AgentMessage::Hello(Hello {
         device_id: agent.device_id().clone(),
         agent_version: agent.agent_version().to_owned(),
         boot_id: agent.boot_id().to_owned(),
         capabilities: agent.capabilities(),
         jobs: agent.held_jobs()?,
-    };
+    });
     sink.send(Message::text(hello.encode())).await?;
     let mut sent_this_connection: HashSet<u64> = HashSet::new();
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);

@@ -15,7 +15,7 @@ use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
-use drover_model::model::Intent;
+use drover_model::model::{Hello, Intent};
 use drover_model::{DeviceId, JobId};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
@@ -227,13 +227,13 @@ impl WsLinks {
             .map_err(|_| SessionError::Protocol("no hello within 10 s".into()))?;
         let hello = match hello {
             Some(Ok(Message::Text(text))) => match AgentMessage::decode(text.as_str()) {
-                Ok(AgentMessage::Hello {
+                Ok(AgentMessage::Hello(Hello {
                     device_id,
                     agent_version,
                     boot_id,
                     capabilities,
                     jobs,
-                }) => {
+                })) => {
                     if &device_id != device {
                         let message = format!(
                             "hello names device {device_id}, but the token is for {device}"
@@ -361,7 +361,7 @@ impl WsLinks {
             }
         };
         match message {
-            AgentMessage::Hello { .. } => Ok(Incoming::Reply(ServerMessage::Error {
+            AgentMessage::Hello(_) => Ok(Incoming::Reply(ServerMessage::Error {
                 message: "hello is only valid as the first message".into(),
             })),
             AgentMessage::Ack { job_id } => {

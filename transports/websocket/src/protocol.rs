@@ -5,8 +5,8 @@
 //! durable outbox (A4); until then the agent re-sends it on every connection.
 
 use crate::MAX_MESSAGE_BYTES;
-use drover_model::model::{Heartbeat, HeldJob, JobStatus};
-use drover_model::{DeviceId, JobId};
+use drover_model::JobId;
+use drover_model::model::{Heartbeat, Hello, JobStatus};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,14 +17,9 @@ use serde::{Deserialize, Serialize};
 )]
 pub enum AgentMessage {
     /// First message on every connection: who the agent is and which jobs it
-    /// still holds, so both sides resynchronise.
-    Hello {
-        device_id: DeviceId,
-        agent_version: String,
-        boot_id: String,
-        capabilities: Vec<String>,
-        jobs: Vec<HeldJob>,
-    },
+    /// still holds, so both sides resynchronise (the hello every transport
+    /// sends, its fields beside `type`).
+    Hello(Hello),
     /// The job is durably recorded on the device (accepted, duplicate or refused).
     Ack {
         job_id: JobId,

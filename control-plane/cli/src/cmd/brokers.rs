@@ -55,7 +55,7 @@ pub fn mqtt_config(
     }
     let secrets = drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
     let devices = broker_passwords(&secrets, devices, generations)?;
-    let (passwords, acl) = transport_mqtt::server::mosquitto_files(
+    let (passwords, acl) = transport_mqtt::mosquitto::mosquitto_files(
         &transport_mqtt::Topics::new(prefix),
         &control_plane_users
             .iter()
