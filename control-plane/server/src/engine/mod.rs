@@ -132,6 +132,20 @@ struct Views {
     by_uid: HashMap<JobId, String>,
 }
 
+/// Work an engine pass owes, gathered between passes from the change
+/// feed, the ticks and arriving devices.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Todo {
+    /// A run, by name.
+    Run(String),
+    /// The runs still planning (they have no view yet) and the schedules.
+    PlanningRuns,
+    /// A deployment, by name.
+    Deployment(String),
+    /// The deployments still materialising their targets.
+    PlanningDeployments,
+}
+
 pub struct Engine {
     /// This process's planner id, for plan claims.
     id: String,
@@ -242,7 +256,7 @@ impl Engine {
         let mut tick = tokio::time::interval(interval);
         let mut ticks = 0u64;
         let mut full = true;
-        let mut dirty: HashSet<String> = HashSet::new();
+        let mut dirty: HashSet<Todo> = HashSet::new();
         let presence = self.presence.clone();
         let arrived = async || match &presence {
             Some(presence) => presence.arrived().await,
@@ -263,12 +277,12 @@ impl Engine {
             tokio::select! {
                 _ = tick.tick() => {
                     // Deadlines: every unfinished run is looked at.
-                    dirty.extend(self.views.lock().await.runs.keys().cloned());
-                    dirty.insert(String::new());
+                    dirty.extend(self.views.lock().await.runs.keys().cloned().map(Todo::Run));
+                    dirty.insert(Todo::PlanningRuns);
                     ticks += 1;
                     if ticks.is_multiple_of(DEPLOYMENT_TICKS) {
                         dirty.extend(self.viewed_deployments().await);
-                        dirty.insert(deployments::DIRTY_PLANNING.to_owned());
+                        dirty.insert(Todo::PlanningDeployments);
                     } else {
                         dirty.extend(self.due_deployments(now).await);
                     }
@@ -313,7 +327,7 @@ impl Engine {
     async fn route(
         &self,
         changes: Vec<drover_contract::kv::Change>,
-        dirty: &mut HashSet<String>,
+        dirty: &mut HashSet<Todo>,
     ) -> Result<(), DbError> {
         for change in &changes {
             if ["deployments/", "targets/", "jobs/", "devices/"]
@@ -339,9 +353,9 @@ impl Engine {
                 {
                     continue;
                 }
-                dirty.insert(name.to_owned());
+                dirty.insert(Todo::Run(name.to_owned()));
             } else if change.key.starts_with("schedules/") {
-                dirty.insert(String::new());
+                dirty.insert(Todo::PlanningRuns);
             } else if change.key.starts_with("devices/") {
                 devices_changed = true;
             } else if let Some(rest) = change.key.strip_prefix("jobs/") {
@@ -363,7 +377,7 @@ impl Engine {
                 };
                 if let Some(&index) = view.index.get(&device) {
                     view.set(index, seen_of(job.map(|(_, j)| j)));
-                    dirty.insert(name);
+                    dirty.insert(Todo::Run(name));
                 }
             }
         }
@@ -376,9 +390,9 @@ impl Engine {
                     .runs
                     .iter()
                     .filter(|(_, view)| view.releasing())
-                    .map(|(name, _)| name.clone()),
+                    .map(|(name, _)| Todo::Run(name.clone())),
             );
-            dirty.insert(String::new());
+            dirty.insert(Todo::PlanningRuns);
         }
         Ok(())
     }
@@ -389,7 +403,7 @@ impl Engine {
         if let Err(e) = self.schedules(now).await {
             warn!(error = %e, "cannot look at the schedules; trying again on the next pass");
         }
-        let mut names: HashSet<String> = {
+        let mut names: HashSet<Todo> = {
             let mut views = self.views.lock().await;
             *views = Views::default();
             self.db
@@ -397,25 +411,31 @@ impl Engine {
                 .await?
                 .into_iter()
                 .filter(|(_, _, run)| !run.status.phase.is_terminal())
-                .map(|(_, _, run)| run.name)
+                .map(|(_, _, run)| Todo::Run(run.name))
                 .collect()
         };
         names.extend(self.all_deployments().await?);
         self.pass(names, now).await
     }
 
-    /// Passes over the named runs; the empty name stands for runs still
-    /// planning, whose views do not exist yet.
-    async fn pass(&self, mut names: HashSet<String>, now: Timestamp) -> Result<(), DbError> {
-        if names.remove(deployments::DIRTY_PLANNING) {
-            names.extend(self.planning_deployments().await?);
+    /// Does the work owed: the deployments first, then the runs.
+    async fn pass(&self, mut todo: HashSet<Todo>, now: Timestamp) -> Result<(), DbError> {
+        if todo.remove(&Todo::PlanningDeployments) {
+            todo.extend(self.planning_deployments().await?);
         }
-        let deployment_names: Vec<String> = names
-            .iter()
-            .filter_map(|n| n.strip_prefix(deployments::DIRTY).map(str::to_owned))
-            .filter(|n| !n.is_empty())
-            .collect();
-        names.retain(|n| !n.starts_with(deployments::DIRTY));
+        let mut deployment_names = Vec::new();
+        let mut names = HashSet::new();
+        let mut planning_runs = false;
+        for item in todo {
+            match item {
+                Todo::Deployment(name) => deployment_names.push(name),
+                Todo::Run(name) => {
+                    names.insert(name);
+                }
+                Todo::PlanningRuns => planning_runs = true,
+                Todo::PlanningDeployments => {}
+            }
+        }
         for name in deployment_names {
             let since = std::time::Instant::now();
             if let Err(e) = self.pass_deployment(&name, now).await {
@@ -431,7 +451,7 @@ impl Engine {
                 since,
             );
         }
-        if names.remove("") {
+        if planning_runs {
             if let Err(e) = self.schedules(now).await {
                 warn!(error = %e, "cannot look at the schedules; trying again on the next pass");
             }
@@ -612,7 +632,7 @@ impl Engine {
         dirty.extend(self.due_deployments(now).await);
         if turn.is_multiple_of(DEPLOYMENT_TICKS) {
             dirty.extend(self.viewed_deployments().await);
-            dirty.insert(deployments::DIRTY_PLANNING.to_owned());
+            dirty.insert(Todo::PlanningDeployments);
         }
         self.pass(dirty, now).await
     }

@@ -29,10 +29,6 @@ use jiff::{SignedDuration, Timestamp};
 use std::collections::{HashMap, HashSet};
 use tracing::{info, warn};
 
-/// Prefix of a deployment's name in the engine's set of dirty work.
-pub(super) const DIRTY: &str = "deployment:";
-/// The dirty-set entry for deployments still materialising.
-pub(super) const DIRTY_PLANNING: &str = "deployment:";
 /// How long a pass may hold a deployment before another replica takes over.
 const LEASE: SignedDuration = SignedDuration::from_secs(30);
 /// A held lease is renewed (a commit of its own) once less than this is left.

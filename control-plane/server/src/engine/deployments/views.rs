@@ -2,8 +2,8 @@
 //! passes and updated from the store's change feed: its targets, what
 //! their current jobs are doing, and when a pass is next due.
 
-use super::DIRTY;
 use crate::engine::Engine;
+use crate::engine::Todo;
 use drover_contract::kv::Change;
 use drover_model::{DeviceId, JobId};
 use drover_rules::deployment::{self, DeploymentRecord, Observed, TargetRecord, observe};
@@ -184,7 +184,7 @@ impl Engine {
     pub(in crate::engine) async fn route_deployment(
         &self,
         change: &Change,
-        dirty: &mut HashSet<String>,
+        dirty: &mut HashSet<Todo>,
     ) -> Result<(), DbError> {
         let key = change.key.as_str();
         let mut views = self.deployments.lock().await;
@@ -192,7 +192,7 @@ impl Engine {
             if let Some(view) = views.by_name.get_mut(name) {
                 view.routed = view.routed.max(change.revision);
             }
-            dirty.insert(format!("{DIRTY}{name}"));
+            dirty.insert(Todo::Deployment(name.to_string()));
             return Ok(());
         }
         if let Some(rest) = key.strip_prefix("targets/") {
@@ -213,14 +213,14 @@ impl Engine {
                 Some(&index) => {
                     if let Some((revision, record)) = self.db.get::<TargetRecord>(key).await? {
                         views.set_target(&name, index, record, revision);
-                        dirty.insert(format!("{DIRTY}{name}"));
+                        dirty.insert(Todo::Deployment(name.to_string()));
                     }
                 }
                 None => {
                     // Added by another replica ("add new devices").
                     if let Some((revision, record)) = self.db.get::<TargetRecord>(key).await? {
                         views.add_target(&name, record, revision, None);
-                        dirty.insert(format!("{DIRTY}{name}"));
+                        dirty.insert(Todo::Deployment(name.to_string()));
                     }
                 }
             }
@@ -237,7 +237,7 @@ impl Engine {
             let record = self.db.get::<JobDelivery>(key).await?;
             if let Some(view) = views.by_name.get_mut(&name) {
                 view.jobs[index] = record.map(|(_, j)| observe(&j, Timestamp::now()));
-                dirty.insert(format!("{DIRTY}{name}"));
+                dirty.insert(Todo::Deployment(name.to_string()));
             }
         } else if let Some(device) = key.strip_prefix("devices/") {
             let Ok(device) = DeviceId::new(device) else {
@@ -256,7 +256,7 @@ impl Engine {
                     view.last_seen[index] = seen;
                     view.zones[index] = zone.clone();
                     if view.targets[index].job.is_none() && view.targets[index].end.is_none() {
-                        dirty.insert(format!("{DIRTY}{name}"));
+                        dirty.insert(Todo::Deployment(name.to_string()));
                     }
                 }
             }
@@ -265,7 +265,7 @@ impl Engine {
     }
 
     /// Every unfinished deployment, views forgotten (a full pass).
-    pub(in crate::engine) async fn all_deployments(&self) -> Result<Vec<String>, DbError> {
+    pub(in crate::engine) async fn all_deployments(&self) -> Result<Vec<Todo>, DbError> {
         *self.deployments.lock().await = DeploymentViews::default();
         Ok(self
             .db
@@ -273,33 +273,33 @@ impl Engine {
             .await?
             .into_iter()
             .filter(|(_, _, d)| !d.status.phase.is_terminal())
-            .map(|(_, _, d)| format!("{DIRTY}{}", d.name))
+            .map(|(_, _, d)| Todo::Deployment(d.name))
             .collect())
     }
 
     /// The deployments in view, to pass over on a tick.
-    pub(in crate::engine) async fn viewed_deployments(&self) -> Vec<String> {
+    pub(in crate::engine) async fn viewed_deployments(&self) -> Vec<Todo> {
         let views = self.deployments.lock().await;
         views
             .by_name
             .keys()
-            .map(|name| format!("{DIRTY}{name}"))
+            .map(|name| Todo::Deployment(name.clone()))
             .collect()
     }
 
     /// Deployments in view whose next due moment has come.
-    pub(in crate::engine) async fn due_deployments(&self, now: Timestamp) -> Vec<String> {
+    pub(in crate::engine) async fn due_deployments(&self, now: Timestamp) -> Vec<Todo> {
         let views = self.deployments.lock().await;
         views
             .by_name
             .iter()
             .filter(|(_, view)| view.next_due.is_some_and(|due| due <= now))
-            .map(|(name, _)| format!("{DIRTY}{name}"))
+            .map(|(name, _)| Todo::Deployment(name.clone()))
             .collect()
     }
 
     /// Deployments with a pending target on a device that just arrived.
-    pub(in crate::engine) async fn deployments_of(&self, devices: &[DeviceId]) -> Vec<String> {
+    pub(in crate::engine) async fn deployments_of(&self, devices: &[DeviceId]) -> Vec<Todo> {
         let views = self.deployments.lock().await;
         let mut names = HashSet::new();
         for device in devices {
@@ -309,7 +309,7 @@ impl Engine {
                     && view.targets[index].job.is_none()
                     && view.targets[index].end.is_none()
                 {
-                    names.insert(format!("{DIRTY}{name}"));
+                    names.insert(Todo::Deployment(name.clone()));
                 }
             }
         }
@@ -317,14 +317,14 @@ impl Engine {
     }
 
     /// Deployments still materialising (no view exists for them yet).
-    pub(in crate::engine) async fn planning_deployments(&self) -> Result<Vec<String>, DbError> {
+    pub(in crate::engine) async fn planning_deployments(&self) -> Result<Vec<Todo>, DbError> {
         Ok(self
             .db
             .list::<DeploymentRecord>("deployments/")
             .await?
             .into_iter()
             .filter(|(_, _, d)| d.status.phase == Phase::Planning)
-            .map(|(_, _, d)| format!("{DIRTY}{}", d.name))
+            .map(|(_, _, d)| Todo::Deployment(d.name))
             .collect())
     }
 
