@@ -156,7 +156,7 @@ impl Transport {
             } => {
                 let (host, _, tls) = transport_mqtt::parse_url(url)
                     .map_err(|e| anyhow::anyhow!("transport: {e}"))?;
-                if !tls && !transport_websocket::tls::is_loopback(&host) {
+                if !tls && !drover_net::tls::is_loopback(&host) {
                     bail!(
                         "transport.url {url:?}: refusing plain mqtt:// to {host}, which is not a loopback address; use mqtts://"
                     );
@@ -180,9 +180,9 @@ impl Transport {
                 // As over WebSocket and MQTT: a token never crosses a
                 // network in clear. A ca_file makes every connection TLS.
                 if ca_file.is_none()
-                    && let Some(plain) = addresses.iter().find(|a| {
-                        !a.tls_required() && !transport_websocket::tls::is_loopback(a.host())
-                    })
+                    && let Some(plain) = addresses
+                        .iter()
+                        .find(|a| !a.tls_required() && !drover_net::tls::is_loopback(a.host()))
                 {
                     bail!(
                         "transport.url {url:?}: refusing plain nats:// to {}, which is not a loopback address; \
@@ -355,7 +355,7 @@ fn default_kernel_release_path() -> PathBuf {
     PathBuf::from(updater_apt::kernel::RELEASE_PATH)
 }
 fn default_ca_file() -> PathBuf {
-    PathBuf::from(transport_websocket::tls::SYSTEM_CA_BUNDLE)
+    PathBuf::from(drover_net::tls::SYSTEM_CA_BUNDLE)
 }
 fn default_heartbeat() -> u64 {
     30

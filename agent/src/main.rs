@@ -118,7 +118,7 @@ fn run_cli() -> Result<()> {
                     Some(info) => out!("{}", link::running_link(&info.link)?),
                     None => {
                         let device_id = drover_model::DeviceId::new(config.device_id.clone())?;
-                        transport_websocket::tls::install_default_provider();
+                        drover_net::tls::install_default_provider();
                         out!("{}", runtime.block_on(link::probe(&config, &device_id))?);
                     }
                 }

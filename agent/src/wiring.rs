@@ -56,7 +56,7 @@ pub(crate) fn agent(
     let fetcher = Fetcher {
         // Without a readable CA file only http:// links to loopback work;
         // an https:// job then fails saying so.
-        tls: transport_websocket::tls::client_config(&ca_file).ok(),
+        tls: drover_net::tls::client_config(&ca_file).ok(),
         device_id: device_id.to_string(),
         token: config.transport.read_token().ok(),
     };

@@ -381,6 +381,6 @@ pub(crate) async fn timed(api: &Api, path: &str, queries: usize) -> Result<Sprea
 /// reqwest's builder, after setting this process's rustls provider (reqwest
 /// is built without aws-lc and looks one up).
 pub(crate) fn http_builder() -> reqwest::ClientBuilder {
-    transport_websocket::tls::install_default_provider();
+    drover_net::tls::install_default_provider();
     reqwest::Client::builder()
 }

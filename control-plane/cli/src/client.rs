@@ -3,11 +3,11 @@
 use anyhow::{Context, Result, bail};
 use drover_api::ErrorBody;
 use drover_api::changes::{Applied, Changed, Preview, PreviewItem};
+use drover_net::tls::{SYSTEM_CA_BUNDLE, is_loopback};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
-use transport_websocket::tls::{SYSTEM_CA_BUNDLE, is_loopback};
 
 pub struct ApiClient {
     base: String,
@@ -24,12 +24,12 @@ impl ApiClient {
         let url = reqwest::Url::parse(base)
             .with_context(|| format!("the control plane's address {base:?} is not a URL"))?;
         let host = url.host_str().unwrap_or("");
-        transport_websocket::tls::install_default_provider();
+        drover_net::tls::install_default_provider();
         let builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
         let builder = match url.scheme() {
             "https" => {
                 let ca = ca_file.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
-                let tls = transport_websocket::tls::client_config(ca)?;
+                let tls = drover_net::tls::client_config(ca)?;
                 builder
                     .https_only(true)
                     .tls_backend_preconfigured(rustls::ClientConfig::clone(&tls))

@@ -7,6 +7,7 @@
 //! mid-upload ends too. Idle or half-sent sockets exhaust only their own
 //! address's slots.
 
+use drover_net::admission::{Admission, Established};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,7 +18,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
-use transport_websocket::admission::{Admission, Established};
 
 /// Time a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,7 +33,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub async fn serve(
     what: &'static str,
     listener: TcpListener,
-    tls: Option<transport_websocket::tls::Acceptor>,
+    tls: Option<drover_net::tls::Acceptor>,
     router: axum::Router,
     admission: Arc<Admission>,
     shutdown: CancellationToken,
@@ -53,17 +53,16 @@ pub async fn serve(
         );
         connections.spawn(async move {
             let _ = tcp.set_nodelay(true);
-            let established =
-                |pending: transport_websocket::admission::Pending| match pending.establish() {
-                    Ok(slot) => Some(slot),
-                    Err(why) => {
-                        let refused = admission.refused();
-                        if refused.is_power_of_two() {
-                            warn!(%peer, refused, reason = %why, "{what}: connection closed");
-                        }
-                        None
+            let established = |pending: drover_net::admission::Pending| match pending.establish() {
+                Ok(slot) => Some(slot),
+                Err(why) => {
+                    let refused = admission.refused();
+                    if refused.is_power_of_two() {
+                        warn!(%peer, refused, reason = %why, "{what}: connection closed");
                     }
-                };
+                    None
+                }
+            };
             match tls {
                 Some(acceptor) => {
                     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))

@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result};
 use drover_contract::link::AgentLinks;
+use drover_net::admission::{Admission, Limits};
 use drover_server::api::{self, ApiState};
 use drover_server::auth::Secrets;
 use drover_server::dispatch::{DispatchSettings, Dispatcher, Presence, cursor_key};
@@ -19,7 +20,6 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use transport_websocket::admission::{Admission, Limits};
 use transport_websocket::links::WsLinks;
 
 /// Inbound events waiting for the delivery core; a full queue slows the
@@ -523,8 +523,8 @@ fn replica_id(data: &std::path::Path) -> Result<String> {
 fn tokio_rustls_acceptor(
     cert: &std::path::Path,
     key: &std::path::Path,
-) -> Result<transport_websocket::tls::Acceptor> {
-    Ok(transport_websocket::tls::acceptor(cert, key)?)
+) -> Result<drover_net::tls::Acceptor> {
+    Ok(drover_net::tls::acceptor(cert, key)?)
 }
 
 #[cfg(test)]

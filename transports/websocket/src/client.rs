@@ -3,11 +3,11 @@
 //! connection drops, and reconnect with capped, jittered backoff.
 
 use crate::protocol::{AgentMessage, ServerMessage};
-use crate::tls::{client_config, is_loopback};
 use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use drover_model::model::Hello;
+use drover_net::tls::{client_config, is_loopback};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -55,7 +55,7 @@ pub enum ClientError {
     #[error("connecting to {0} timed out")]
     ConnectTimeout(String),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] drover_net::tls::TlsError),
     #[error("TLS handshake failed: {0}{hint}", hint = tls_hint(.0))]
     TlsHandshake(std::io::Error),
     #[error(

@@ -1,19 +1,16 @@
 //! Drover's WebSocket job protocol (the jobs seed), both ends of its wire
 //! contract in one place: the message shapes ([`protocol`]), the agent's
-//! client loop ([`client`]), TLS set-up ([`tls`]) and, behind the `server`
-//! feature, the control plane's handshake ([`server`]) and its agent link
-//! ([`links`]). docs/protocol.md
+//! client loop ([`client`]) and, behind the `server` feature, the control
+//! plane's handshake ([`server`]) and its agent link ([`links`]). TLS and
+//! connection admission are `drover-net`'s. docs/protocol.md
 //! describes the protocol for other implementations.
 
-#[cfg(feature = "server")]
-pub mod admission;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod links;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;
-pub mod tls;
 
 /// The path agents connect to; the device id follows it.
 pub const AGENT_PATH_PREFIX: &str = "/agent/v1/ws/";

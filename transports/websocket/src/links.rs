@@ -105,7 +105,7 @@ impl WsLinks {
         listener: TcpListener,
         tls: Option<tokio_rustls::TlsAcceptor>,
         authorize: Authorize,
-        admission: Arc<crate::admission::Admission>,
+        admission: Arc<drover_net::admission::Admission>,
         shutdown: CancellationToken,
     ) {
         while let Some((tcp, peer, pending)) =
