@@ -436,7 +436,6 @@ const NOT_YET: &[&str] = &[
     "control-plane/server/src/manifest/mod.rs: parse",
     "control-plane/server/src/engine/deployments/mod.rs: advance_deployment",
     "control-plane/server/src/api/access.rs: require_operator",
-    "control-plane/server/src/alerts.rs: list",
     "control-plane/server/src/dispatch/intake.rs: commit",
     "sim/src/footprint.rs: measure_agent",
     "sim/src/main.rs: main",

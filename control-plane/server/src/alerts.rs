@@ -35,58 +35,7 @@ pub async fn list(
     online: &(dyn Fn(&DeviceId, Option<Timestamp>) -> bool + Sync),
 ) -> Result<(Vec<Alert>, usize), DbError> {
     let recent = |at: Option<Timestamp>| at.is_none_or(|at| now.duration_since(at) < KEPT);
-    let mut alerts = Vec::new();
-    for (_, _, run) in db.list::<TaskRunRecord>("runs/").await? {
-        let (severity, kind) = match run.status.reason.as_deref() {
-            Some("CanaryFailed") => (Severity::Critical, "CanaryFailed"),
-            Some("DeadlineExceeded") => (Severity::Warning, "DeadlineExceeded"),
-            _ => continue,
-        };
-        if run.status.phase != Phase::Failed || !recent(run.status.completion_time) {
-            continue;
-        }
-        alerts.push(Alert {
-            severity,
-            kind: kind.into(),
-            resource: format!("taskrun/{}", run.name),
-            message: run.status.latest_error.clone().unwrap_or_default(),
-            at: run.status.completion_time,
-            acknowledged: None,
-        });
-    }
-    for (_, _, deployment) in db.list::<DeploymentRecord>("deployments/").await? {
-        let status = &deployment.status;
-        // Raised the moment the rollout stops, while its last jobs finish.
-        if status.threshold_reached_at.is_some()
-            && (!status.phase.is_terminal() || recent(status.completion_time))
-        {
-            alerts.push(Alert {
-                severity: Severity::Critical,
-                kind: "FailureThresholdReached".into(),
-                resource: format!("deployment/{}", deployment.name),
-                message: status.latest_error.clone().unwrap_or_default(),
-                at: status.threshold_reached_at,
-                acknowledged: None,
-            });
-            continue;
-        }
-        let failed = status.phase == Phase::Failed
-            && matches!(status.reason.as_deref(), Some("TargetsFailed" | "Expired"));
-        if failed && recent(status.completion_time) {
-            alerts.push(Alert {
-                severity: Severity::Warning,
-                kind: "DeploymentFailed".into(),
-                resource: format!("deployment/{}", deployment.name),
-                message: format!(
-                    "{}: {}",
-                    status.reason.as_deref().unwrap_or(""),
-                    status.latest_error.as_deref().unwrap_or("")
-                ),
-                at: status.completion_time,
-                acknowledged: None,
-            });
-        }
-    }
+    let mut alerts = ended_alerts(db, &recent).await?;
     let mut offline = Vec::new();
     for (id, device) in &fleet.devices {
         if device.decommissioned || !device.agent_present {
@@ -177,4 +126,66 @@ pub async fn list(
             .then_with(|| a.kind.cmp(&b.kind))
     });
     Ok((alerts, offline_count))
+}
+
+/// The alerts of runs and deployments: a failed canary or a run past its
+/// deadline, a deployment that failed or stopped at its failure threshold
+/// (`recent` says whether an end is recent enough to show).
+async fn ended_alerts(
+    db: &Db,
+    recent: &impl Fn(Option<Timestamp>) -> bool,
+) -> Result<Vec<Alert>, DbError> {
+    let mut alerts = Vec::new();
+    for (_, _, run) in db.list::<TaskRunRecord>("runs/").await? {
+        let (severity, kind) = match run.status.reason.as_deref() {
+            Some("CanaryFailed") => (Severity::Critical, "CanaryFailed"),
+            Some("DeadlineExceeded") => (Severity::Warning, "DeadlineExceeded"),
+            _ => continue,
+        };
+        if run.status.phase != Phase::Failed || !recent(run.status.completion_time) {
+            continue;
+        }
+        alerts.push(Alert {
+            severity,
+            kind: kind.into(),
+            resource: format!("taskrun/{}", run.name),
+            message: run.status.latest_error.clone().unwrap_or_default(),
+            at: run.status.completion_time,
+            acknowledged: None,
+        });
+    }
+    for (_, _, deployment) in db.list::<DeploymentRecord>("deployments/").await? {
+        let status = &deployment.status;
+        // Raised the moment the rollout stops, while its last jobs finish.
+        if status.threshold_reached_at.is_some()
+            && (!status.phase.is_terminal() || recent(status.completion_time))
+        {
+            alerts.push(Alert {
+                severity: Severity::Critical,
+                kind: "FailureThresholdReached".into(),
+                resource: format!("deployment/{}", deployment.name),
+                message: status.latest_error.clone().unwrap_or_default(),
+                at: status.threshold_reached_at,
+                acknowledged: None,
+            });
+            continue;
+        }
+        let failed = status.phase == Phase::Failed
+            && matches!(status.reason.as_deref(), Some("TargetsFailed" | "Expired"));
+        if failed && recent(status.completion_time) {
+            alerts.push(Alert {
+                severity: Severity::Warning,
+                kind: "DeploymentFailed".into(),
+                resource: format!("deployment/{}", deployment.name),
+                message: format!(
+                    "{}: {}",
+                    status.reason.as_deref().unwrap_or(""),
+                    status.latest_error.as_deref().unwrap_or("")
+                ),
+                at: status.completion_time,
+                acknowledged: None,
+            });
+        }
+    }
+    Ok(alerts)
 }
