@@ -20,6 +20,19 @@ pub struct AgentHello {
     pub held: Vec<HeldJob>,
 }
 
+impl From<drover_model::model::Hello> for AgentHello {
+    /// The hello an agent sent, less the device it names (the transport
+    /// checked that against the device it authenticated).
+    fn from(hello: drover_model::model::Hello) -> Self {
+        Self {
+            agent_version: hello.agent_version,
+            boot_id: hello.boot_id,
+            capabilities: hello.capabilities,
+            held: hello.jobs,
+        }
+    }
+}
+
 /// Something that came in over a transport. The device is the one the
 /// transport authenticated, never one a message names.
 #[derive(Debug)]

@@ -367,12 +367,7 @@ impl MqttLinks {
                 let control = self.topics.control(&device);
                 let event = Inbound::Hello {
                     device,
-                    hello: Box::new(AgentHello {
-                        agent_version: hello.agent_version,
-                        boot_id: hello.boot_id,
-                        capabilities: hello.capabilities,
-                        held: hello.jobs,
-                    }),
+                    hello: Box::new(AgentHello::from(hello)),
                     reply,
                 };
                 if !self.send(event).await {

@@ -239,12 +239,7 @@ impl NatsLinks {
                     let (reply, answer) = Reply::channel();
                     let event = Inbound::Hello {
                         device: device.clone(),
-                        hello: Box::new(AgentHello {
-                            agent_version: hello.agent_version,
-                            boot_id: hello.boot_id,
-                            capabilities: hello.capabilities,
-                            held: hello.jobs,
-                        }),
+                        hello: Box::new(AgentHello::from(hello)),
                         reply,
                     };
                     if !self.send(event).await {

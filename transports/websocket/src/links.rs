@@ -15,7 +15,7 @@ use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
-use drover_model::model::{Hello, Intent};
+use drover_model::model::Intent;
 use drover_model::{DeviceId, JobId};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
@@ -227,26 +227,16 @@ impl WsLinks {
             .map_err(|_| SessionError::Protocol("no hello within 10 s".into()))?;
         let hello = match hello {
             Some(Ok(Message::Text(text))) => match AgentMessage::decode(text.as_str()) {
-                Ok(AgentMessage::Hello(Hello {
-                    device_id,
-                    agent_version,
-                    boot_id,
-                    capabilities,
-                    jobs,
-                })) => {
-                    if &device_id != device {
+                Ok(AgentMessage::Hello(hello)) => {
+                    let device_id = &hello.device_id;
+                    if device_id != device {
                         let message = format!(
                             "hello names device {device_id}, but the token is for {device}"
                         );
                         let _ = sink.send(error_frame(&message)).await;
                         return Err(SessionError::Protocol(message));
                     }
-                    AgentHello {
-                        agent_version,
-                        boot_id,
-                        capabilities,
-                        held: jobs,
-                    }
+                    AgentHello::from(hello)
                 }
                 Ok(_) => {
                     let _ = sink
