@@ -375,7 +375,21 @@ async fn a_duplicate_intent_put_by_hand_does_not_run_twice() {
 async fn an_agent_that_lost_its_broker_tries_again_after_its_backoff_not_at_once() {
     let (mut nats, mut cp) = fleet(&["away-1"], None);
     cp.apply_device("away-1", &["fleet"], json!({})).await;
-    let agent = nats_agent(&cp, &nats.url(), "away-1", None, "");
+    // The other tests' agents cap their backoff at 2 s; this one at 8 s, so
+    // that its first three delays double: 0.5-1 s, 1-2 s, 2-4 s.
+    let transport = format!(
+        "kind = \"nats\"\nurl = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 8\n",
+        drover_tests::toml_string(&nats.url()),
+        drover_tests::toml_string(&cp.device_token("away-1")),
+    );
+    let agent = AgentProcess::start_full(
+        &cp.dir.path().join("away-1"),
+        "away-1",
+        &transport,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "",
+    );
     cp.wait_for_agents(&["away-1"]).await;
     cp.kill9();
     nats.kill9();
@@ -396,12 +410,20 @@ async fn an_agent_that_lost_its_broker_tries_again_after_its_backoff_not_at_once
         attempts.push(lost.elapsed());
         drop(stream);
     }
-    // Backoff 0.5-1 s, then 1-2 s, then 2-4 s: the third attempt comes
-    // 3.5 s after the loss at the earliest (async-nats alone: ~10 ms).
-    assert!(
-        attempts[0] >= Duration::from_millis(400) && attempts[2] >= Duration::from_millis(3000),
-        "the agent's attempts after the broker went away: {attempts:?}"
-    );
+    // Each wait is at least half its ceiling (0.5, 1 and 2 s; async-nats
+    // alone waits 0, 2 and 4 ms), less a tenth for the clock of a busy
+    // machine: the gaps between attempts, not only their sum, must grow.
+    let gaps = [
+        attempts[0],
+        attempts[1] - attempts[0],
+        attempts[2] - attempts[1],
+    ];
+    for (gap, floor) in gaps.iter().zip([450, 900, 1800]) {
+        assert!(
+            *gap >= Duration::from_millis(floor),
+            "the agent's attempts after the broker went away: {attempts:?} (gaps {gaps:?})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
