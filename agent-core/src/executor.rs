@@ -7,6 +7,7 @@ use crate::clock::{self, ControlPlaneClock};
 use crate::facts::{self, FactSources};
 use crate::lifecycle::{self, Admission, AdmitContext, Event, Limits, Next, Persist};
 use crate::store::{JobRecord, Origin, OutboxEntry, Store, StoreError};
+use drover_model::failure::Failure;
 use drover_model::ids::{DeviceId, JobId};
 use drover_model::model::JobKind;
 use drover_model::model::{Heartbeat, HeldJob, JobState, JobStatus};
@@ -52,11 +53,6 @@ pub struct Settings {
     /// The control-plane keys whose signature a fleet intent must carry (A11).
     pub trusted_keys: TrustedKeys,
 }
-
-/// The kind a refusal of an intent whose signature does not hold is reported
-/// under: its fields are not the control plane's, so none is repeated, and
-/// the control plane never lets such a refusal decide a job.
-pub const UNVERIFIED_KIND: &str = "unverified";
 
 /// What a transport tells the agent about its link, for `status`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -238,6 +234,7 @@ impl Agent {
                     "intent is {size} bytes, over the limit of {}",
                     drover_model::wire::MAX_INTENT_BYTES
                 ),
+                failure: Failure::Malformed,
             }));
         }
         if drover_model::wire::is_cancel_order(&value) {
@@ -253,12 +250,17 @@ impl Agent {
                         kind: None,
                         attempt: intent.attempt,
                         reason: String::new(),
+                        failure: Failure::SignatureRefused,
                     },
                     Err(error) => error,
                 };
                 warn!(job_id = ?error.job_id, %problem, "intent refused: its signature does not hold");
-                error.kind = Some(UNVERIFIED_KIND.into());
+                // Its fields are not the control plane's, so no kind is
+                // repeated; the kind named is the one older control planes
+                // know the refusal by.
+                error.kind = Some(drover_model::failure::UNVERIFIED_KIND.into());
                 error.reason = problem.to_string();
+                error.failure = Failure::SignatureRefused;
                 self.admit(Err(error))
             }
         }
@@ -397,6 +399,7 @@ impl Agent {
                 kind: None,
                 attempt: 0,
                 reason,
+                failure: Failure::Malformed,
             })
         };
         let named = value

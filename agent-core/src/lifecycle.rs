@@ -4,6 +4,7 @@
 
 use crate::chain::StepOutcome;
 use crate::store::{JobRecord, Origin};
+use drover_model::failure::{Failure, RESUME_LOOP_TEXT};
 use drover_model::ids::DeviceId;
 use drover_model::model::{Intent, JobState, JobStatus, StepRecord, StepState};
 use drover_model::wire::{CancelOrder, IntentError};
@@ -37,10 +38,6 @@ pub enum Admission {
     Refused(JobRecord),
 }
 
-/// Names a job failed because the agent kept stopping while it ran (A10);
-/// the control plane raises an alert on a status whose error holds it.
-pub const RESUME_LOOP: &str = "a crash or reboot loop";
-
 /// Upper bound of unfinished jobs an agent holds; beyond it an intent is
 /// refused with a reason, so a flood cannot grow the queue without bound.
 pub const MAX_UNFINISHED: usize = 64;
@@ -73,6 +70,7 @@ pub fn admit(
                 "intent is for device {other}, this agent is {}; dropped without recording it",
                 ctx.device_id
             ),
+            failure: Failure::OtherDevice,
         });
     }
     // A recorded refusal never shadows a valid intent of the same id: the
@@ -91,7 +89,12 @@ pub fn admit(
             };
             let mut status = new_status(ctx, job_id, error.attempt);
             status.kind = error.kind.clone().unwrap_or_else(|| "unknown".into());
-            return Ok(Admission::Refused(refuse(status, &error.reason, ctx)));
+            return Ok(Admission::Refused(refuse(
+                status,
+                &error.reason,
+                error.failure,
+                ctx,
+            )));
         }
     };
     let mut status = new_status(ctx, intent.job_id, intent.attempt);
@@ -103,14 +106,24 @@ pub fn admit(
         let reason = format!(
             "this agent's queue is full ({MAX_UNFINISHED} unfinished jobs); send it again later"
         );
-        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+        return Ok(Admission::Refused(refuse(
+            status,
+            &reason,
+            Failure::QueueFull,
+            ctx,
+        )));
     }
     let Some(steps) = ctx.steps else {
         let reason = format!(
             "this agent does not support job kind {}",
             intent.kind.name()
         );
-        return Ok(Admission::Refused(refuse(status, &reason, ctx)));
+        return Ok(Admission::Refused(refuse(
+            status,
+            &reason,
+            Failure::UnknownKind,
+            ctx,
+        )));
     };
     status.steps = steps.iter().map(|s| StepRecord::pending(s)).collect();
     if ctx.control_plane_now >= intent.expires_at {
@@ -149,12 +162,19 @@ fn new_status(ctx: &AdmitContext<'_>, job_id: drover_model::JobId, attempt: u32)
         boot_id: ctx.boot_id.to_owned(),
         completion_heartbeat_at: None,
         seq: 1,
+        failure: None,
     }
 }
 
-fn refuse(mut status: JobStatus, reason: &str, ctx: &AdmitContext<'_>) -> JobRecord {
+fn refuse(
+    mut status: JobStatus,
+    reason: &str,
+    failure: Failure,
+    ctx: &AdmitContext<'_>,
+) -> JobRecord {
     status.state = JobState::Rejected;
     status.error = Some(bounded(reason, MAX_ERROR_BYTES));
+    status.failure = Some(failure);
     status.finished_at = Some(ctx.now);
     ended_without_intent(status, ctx)
 }
@@ -394,6 +414,7 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
                     finish(&mut record, Failed, now);
                     let message = format!("step {} failed: {error}", step_name(&record, index));
                     record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
+                    record.status.failure = Some(Failure::StepFailed);
                     (record, Persist::Report, Next::Stop)
                 }
             }
@@ -474,8 +495,9 @@ fn give_up(mut record: JobRecord, now: Timestamp) -> (JobRecord, Persist, Next) 
     finish(&mut record, JobState::Failed, now);
     record.status.error = Some(format!(
         "job was picked up again {resumes} times after the agent stopped while it ran \
-         ({RESUME_LOOP}); giving up instead of looping"
+         ({RESUME_LOOP_TEXT}); giving up instead of looping"
     ));
+    record.status.failure = Some(Failure::ResumeLoop);
     (record, Persist::Report, Next::Stop)
 }
 

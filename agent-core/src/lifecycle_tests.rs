@@ -86,7 +86,8 @@ fn check(events: Vec<Event>, expected: (JobState, Persist, Next)) -> JobRecord {
     record
 }
 
-/// (name, parsed intent, busy, steps of the kind, error fragment, expected state)
+/// (name, parsed intent, busy, steps of the kind, error fragment, expected
+/// state, expected failure)
 type AdmissionCase = (
     &'static str,
     Result<Intent, IntentError>,
@@ -94,6 +95,7 @@ type AdmissionCase = (
     Option<&'static [&'static str]>,
     &'static str,
     JobState,
+    Option<Failure>,
 );
 
 #[test]
@@ -108,6 +110,7 @@ fn admission_table() {
             Some(STEPS),
             "",
             JobState::Accepted,
+            None,
         ),
         (
             "busy agent queues",
@@ -116,6 +119,7 @@ fn admission_table() {
             Some(STEPS),
             "",
             JobState::Waiting,
+            None,
         ),
         (
             "expired on arrival",
@@ -124,6 +128,7 @@ fn admission_table() {
             Some(STEPS),
             "expired",
             JobState::Expired,
+            None,
         ),
         (
             "kind without a chain",
@@ -132,6 +137,7 @@ fn admission_table() {
             None,
             "does not support",
             JobState::Rejected,
+            Some(Failure::UnknownKind),
         ),
         (
             "unknown kind with a job id",
@@ -141,20 +147,23 @@ fn admission_table() {
                 kind: Some("containerV1".into()),
                 attempt: 1,
                 reason: "unknown job kind \"containerV1\"".into(),
+                failure: Failure::UnknownKind,
             }),
             false,
             Some(STEPS),
             "unknown job kind",
             JobState::Rejected,
+            Some(Failure::UnknownKind),
         ),
     ];
-    for (name, parsed, busy, steps, error, state) in cases {
+    for (name, parsed, busy, steps, error, state, failure) in cases {
         let got = admit(None, parsed, &ctx(&me, busy, steps)).expect(name);
         let record = match got {
             Admission::New(r) | Admission::Refused(r) => r,
             Admission::Duplicate(_) => panic!("{name}: unexpected duplicate"),
         };
         assert_eq!(record.status.state, state, "{name}");
+        assert_eq!(record.status.failure, failure, "{name}");
         let got_error = record.status.error.unwrap_or_default();
         assert!(got_error.contains(error), "{name}: {got_error}");
     }
@@ -176,6 +185,7 @@ fn a_known_job_id_is_a_duplicate_and_an_unreadable_one_is_an_error() {
         kind: None,
         attempt: 0,
         reason: "not json".into(),
+        failure: Failure::Malformed,
     };
     assert!(admit(None, Err(unreadable), &ctx(&me, false, Some(STEPS))).is_err());
 }
@@ -228,6 +238,7 @@ fn an_intent_for_another_device_is_dropped_and_never_recorded() {
         kind: Some("containerV1".into()),
         attempt: 1,
         reason: "unknown job kind".into(),
+        failure: Failure::UnknownKind,
     };
     assert!(admit(None, Err(malformed_foreign), &ctx(&me, false, Some(STEPS))).is_err());
 }
@@ -244,6 +255,7 @@ fn a_recorded_refusal_never_shadows_a_valid_intent_of_the_same_id() {
             kind: Some("containerV1".into()),
             attempt: 1,
             reason: "unknown job kind \"containerV1\"".into(),
+            failure: Failure::UnknownKind,
         }),
         &ctx(&me, false, Some(STEPS)),
     ) {
@@ -257,6 +269,7 @@ fn a_recorded_refusal_never_shadows_a_valid_intent_of_the_same_id() {
         kind: None,
         attempt: 1,
         reason: "malformed".into(),
+        failure: Failure::Malformed,
     };
     assert!(matches!(
         admit(
@@ -369,13 +382,14 @@ fn transition_table() {
             },
         ),
     );
-    check(
+    let failed = check(
         vec![
             pick(20, "boot-a"),
             finished(21, StepOutcome::Fail("disk full".into())),
         ],
         (Failed, Persist::Report, Next::Stop),
     );
+    assert_eq!(failed.status.failure, Some(Failure::StepFailed));
     // A crash while a step ran: the same step runs again, earlier ones do not.
     check(
         vec![
@@ -442,12 +456,14 @@ fn the_loop_breaker_fails_a_job_resumed_too_often() {
     );
     events.push(pick(100, "boot-a"));
     let record = check(events, (JobState::Failed, Persist::Report, Next::Stop));
+    assert_eq!(record.status.failure, Some(Failure::ResumeLoop));
+    // The text older control planes recognise the loop by.
     assert!(
         record
             .status
             .error
             .unwrap_or_default()
-            .contains("crash or reboot loop")
+            .contains(drover_model::failure::RESUME_LOOP_TEXT)
     );
 }
 

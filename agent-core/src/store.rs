@@ -4,6 +4,7 @@
 
 use crate::dbfile::{self, Checker};
 use drover_model::ids::JobId;
+use drover_model::layout::JobStatusV1;
 use drover_model::model::{Intent, JobStatus};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -79,15 +80,43 @@ enum StoredSummary {
 }
 
 /// Records on disk are versioned enums: postcard writes the variant index
-/// first, which is the schema version byte.
+/// first, which is the schema version byte. V1 until statuses carried their
+/// failure, V2 since.
 #[derive(Serialize, Deserialize)]
 enum StoredJob {
-    V1(JobRecord),
+    V1(JobRecordV1),
+    V2(JobRecord),
 }
 
+/// Frozen: a job's record as V1 wrote it. Never change it.
+#[derive(Serialize, Deserialize)]
+struct JobRecordV1 {
+    intent: Option<Intent>,
+    status: JobStatusV1,
+    origin: Origin,
+    arrival: u64,
+    resumes: u32,
+    reboot_from_boot: Option<String>,
+}
+
+impl From<JobRecordV1> for JobRecord {
+    fn from(v1: JobRecordV1) -> Self {
+        JobRecord {
+            intent: v1.intent,
+            status: v1.status.into(),
+            origin: v1.origin,
+            arrival: v1.arrival,
+            resumes: v1.resumes,
+            reboot_from_boot: v1.reboot_from_boot,
+        }
+    }
+}
+
+/// A status in the outbox: V1 and V2 as for [`StoredJob`].
 #[derive(Serialize, Deserialize)]
 enum StoredStatus {
-    V1(JobStatus),
+    V1(JobStatusV1),
+    V2(JobStatus),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,16 +247,17 @@ impl RedbStore {
 /// The store this build of the agent uses unless its config names another.
 pub const STORE_NAME: &str = "redb";
 
-/// Version 1 of any stored record, borrowed for encoding: postcard writes
-/// the variant index and then the value, the same bytes as `StoredJob::V1`
-/// and its siblings, without cloning the record first.
+/// A stored record's layout version, borrowed for encoding: postcard
+/// writes the variant index and then the value, the same bytes as
+/// `StoredJob::V2` and its siblings, without cloning the record first.
 #[derive(Serialize)]
-enum V1<'a, T> {
+enum Layout<'a, T> {
     V1(&'a T),
+    V2(&'a T),
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-    Ok(postcard::to_stdvec(&V1::V1(value))?)
+fn encode<T: Serialize>(value: Layout<'_, T>) -> Result<Vec<u8>, StoreError> {
+    Ok(postcard::to_stdvec(&value)?)
 }
 
 fn decode<S: serde::de::DeserializeOwned>(
@@ -238,16 +268,18 @@ fn decode<S: serde::de::DeserializeOwned>(
 }
 
 pub(crate) fn encode_job(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
-    encode(record)
+    encode(Layout::V2(record))
 }
 
 pub(crate) fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
-    let StoredJob::V1(record) = decode(bytes, "job")?;
-    Ok(record)
+    Ok(match decode(bytes, "job")? {
+        StoredJob::V1(v1) => v1.into(),
+        StoredJob::V2(record) => record,
+    })
 }
 
 pub(crate) fn encode_summary(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
-    encode(&record.summary())
+    encode(Layout::V1(&record.summary()))
 }
 
 pub(crate) fn decode_summary(bytes: &[u8]) -> Result<JobSummary, StoreError> {
@@ -256,12 +288,14 @@ pub(crate) fn decode_summary(bytes: &[u8]) -> Result<JobSummary, StoreError> {
 }
 
 pub(crate) fn encode_status(status: &JobStatus) -> Result<Vec<u8>, StoreError> {
-    encode(status)
+    encode(Layout::V2(status))
 }
 
 pub(crate) fn decode_status(bytes: &[u8]) -> Result<JobStatus, StoreError> {
-    let StoredStatus::V1(status) = decode(bytes, "outbox")?;
-    Ok(status)
+    Ok(match decode(bytes, "outbox")? {
+        StoredStatus::V1(v1) => v1.into(),
+        StoredStatus::V2(status) => status,
+    })
 }
 
 /// The jobs `prune` removes: the oldest terminal ones beyond `keep` whose
@@ -450,6 +484,7 @@ mod tests {
             boot_id: "boot-a".into(),
             completion_heartbeat_at: None,
             seq: 1,
+            failure: None,
         }
     }
 
@@ -605,11 +640,11 @@ mod tests {
         let job = record(JobState::Running, 3);
         assert_eq!(
             encode_job(&job).expect("encode"),
-            postcard::to_stdvec(&StoredJob::V1(job.clone())).expect("postcard")
+            postcard::to_stdvec(&StoredJob::V2(job.clone())).expect("postcard")
         );
         assert_eq!(
             encode_status(&job.status).expect("encode"),
-            postcard::to_stdvec(&StoredStatus::V1(job.status.clone())).expect("postcard")
+            postcard::to_stdvec(&StoredStatus::V2(job.status.clone())).expect("postcard")
         );
         assert_eq!(
             decode_summary(&encode_summary(&job).expect("encode")).expect("decode"),

@@ -1,17 +1,18 @@
-//! Byte fixtures of the agent's stored records (issue 29 item 6), like
-//! the control plane's: the bytes in `fixtures/` were written by this
-//! layout (V1, the one every released .deb has written so far). Each must
-//! decode to the record it was made from after any change, and today's
-//! code must still write the same bytes: a field added, removed or
-//! reordered without a new layout version fails here. When a layout
-//! changes, add a `V2` variant and a fixture for it, and keep the V1 one
-//! decoding: never rewrite a fixture of a layout that has shipped.
-//! `DROVER_BLESS=1` writes a fixture only where none exists yet.
+//! Byte fixtures of the agent's stored records, like the control plane's:
+//! the bytes in `fixtures/` were written by each layout (V1 until statuses
+//! carried their failure, V2 since). Each must decode to the record it was
+//! made from after any change, and today's code must still write the bytes
+//! of the newest: a field added, removed or reordered without a new layout
+//! version fails here. When a layout changes, add the next variant and a
+//! fixture for it, and keep the old ones decoding: never rewrite a fixture
+//! of a layout that has shipped. `DROVER_BLESS=1` writes a fixture only
+//! where none exists yet.
 
 use crate::store::{
     JobRecord, Origin, decode_job, decode_status, decode_summary, encode_job, encode_status,
     encode_summary,
 };
+use drover_model::failure::{Failure, RESUME_LOOP_TEXT};
 use drover_model::ids::{DeviceId, JobId};
 use drover_model::model::{
     DiskUsage, DownloadLink, Empty, InstalledPackage, Intent, Inventory, JobKind, JobOutput,
@@ -71,6 +72,7 @@ fn status(job: JobId, kind: &str, state: JobState, output: Option<JobOutput>) ->
         boot_id: "5f0c7a4e-boot".into(),
         completion_heartbeat_at: Some(at("2026-11-30T12:01:30Z")),
         seq: 7,
+        failure: None,
     }
 }
 
@@ -207,20 +209,30 @@ fn fixture(name: &str, written_now: &[u8]) -> Vec<u8> {
         .collect()
 }
 
+/// An upgrade given up on after a reboot loop: its failure is a fact in V2
+/// and, in V1, only the text of its error.
+fn looping_record() -> JobRecord {
+    let mut record = upgrade_record();
+    record.status.state = JobState::Failed;
+    record.status.output = None;
+    record.status.error = Some(format!(
+        "job was picked up again 4 times after the agent stopped while it ran \
+         ({RESUME_LOOP_TEXT}); giving up instead of looping"
+    ));
+    record.status.failure = Some(Failure::ResumeLoop);
+    record.resumes = 4;
+    record
+}
+
 #[test]
-fn the_agents_job_records_written_by_layout_v1_still_decode_and_are_still_written_alike() {
+fn the_agents_job_records_written_by_layout_v1_still_decode() {
     for (name, record) in [
         ("job_upgrade_v1", upgrade_record()),
         ("job_package_v1", package_record()),
     ] {
-        let now = encode_job(&record).expect("encode");
-        let old = fixture(name, &now);
+        let old = fixture(name, &[]);
         assert_eq!(old[0], 0, "{name}: the version byte of V1");
         assert_eq!(decode_job(&old).expect("V1 decodes"), record, "{name}");
-        assert_eq!(
-            now, old,
-            "{name}: the job record's layout changed without a new version"
-        );
         let summary = encode_summary(&record).expect("encode");
         let old = fixture(&format!("{name}_summary"), &summary);
         assert_eq!(
@@ -233,13 +245,43 @@ fn the_agents_job_records_written_by_layout_v1_still_decode_and_are_still_writte
 }
 
 #[test]
-fn an_outbox_status_written_by_layout_v1_still_decodes_and_is_still_written_alike() {
-    let status = inventory_status();
-    let now = encode_status(&status).expect("encode");
-    let old = fixture("outbox_status_v1", &now);
-    assert_eq!(decode_status(&old).expect("V1 decodes"), status);
-    assert_eq!(
-        now, old,
-        "the outbox status's layout changed without a new version"
-    );
+fn the_agents_job_records_written_by_layout_v2_still_decode_and_are_still_written_alike() {
+    for (name, record) in [
+        ("job_upgrade_v2", upgrade_record()),
+        ("job_package_v2", package_record()),
+        ("job_looping_v2", looping_record()),
+    ] {
+        let now = encode_job(&record).expect("encode");
+        let old = fixture(name, &now);
+        assert_eq!(old[0], 1, "{name}: the version byte of V2");
+        assert_eq!(decode_job(&old).expect("V2 decodes"), record, "{name}");
+        assert_eq!(
+            now, old,
+            "{name}: the job record's layout changed without a new version"
+        );
+    }
+}
+
+#[test]
+fn an_outbox_status_written_by_layout_v1_still_decodes() {
+    let old = fixture("outbox_status_v1", &[]);
+    assert_eq!(old[0], 0, "the version byte of V1");
+    assert_eq!(decode_status(&old).expect("V1 decodes"), inventory_status());
+}
+
+#[test]
+fn an_outbox_status_written_by_layout_v2_still_decodes_and_is_still_written_alike() {
+    for (name, status) in [
+        ("outbox_status_v2", inventory_status()),
+        ("outbox_looping_v2", looping_record().status),
+    ] {
+        let now = encode_status(&status).expect("encode");
+        let old = fixture(name, &now);
+        assert_eq!(old[0], 1, "{name}: the version byte of V2");
+        assert_eq!(decode_status(&old).expect("V2 decodes"), status, "{name}");
+        assert_eq!(
+            now, old,
+            "{name}: the outbox status's layout changed without a new version"
+        );
+    }
 }

@@ -5,7 +5,9 @@
 //! so the control plane's rules crate can depend on it without a runtime.
 
 pub mod credentials;
+pub mod failure;
 pub mod ids;
+pub mod layout;
 pub mod model;
 pub mod sealed;
 pub mod signing;

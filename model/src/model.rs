@@ -300,6 +300,37 @@ pub struct JobStatus {
     /// The first heartbeat after the updater completed (A6).
     pub completion_heartbeat_at: Option<Timestamp>,
     pub seq: u64,
+    /// Why a Failed or Rejected job ended so, as a fact to act on (the
+    /// error says it to a person). Absent from an agent older than the
+    /// field: [`JobStatus::failure`] reads its older signals. (Always
+    /// written, null when none: the stores' postcard has no missing fields.)
+    #[serde(default)]
+    pub failure: Option<crate::failure::Failure>,
+}
+
+impl JobStatus {
+    /// Why the job failed or was refused: the field, or for a status from
+    /// an agent older than it, the signals such an agent sent (the text of
+    /// its error, the kind it named).
+    pub fn failure(&self) -> Option<crate::failure::Failure> {
+        if self.failure.is_some() {
+            return self.failure;
+        }
+        match self.state {
+            JobState::Rejected if self.kind == crate::failure::UNVERIFIED_KIND => {
+                Some(crate::failure::Failure::SignatureRefused)
+            }
+            JobState::Failed
+                if self
+                    .error
+                    .as_deref()
+                    .is_some_and(|e| e.contains(crate::failure::RESUME_LOOP_TEXT)) =>
+            {
+                Some(crate::failure::Failure::ResumeLoop)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// What a finished job found or did.

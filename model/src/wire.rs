@@ -2,6 +2,7 @@
 //! when it cannot be done. Every transport uses this, so an unknown kind or a
 //! malformed field is answered the same way whichever wire carried it (A7).
 
+use crate::failure::Failure;
 use crate::ids::{DeviceId, JobId};
 use crate::model::{Intent, JobKind};
 use jiff::Timestamp;
@@ -20,6 +21,8 @@ pub struct IntentError {
     pub kind: Option<String>,
     pub attempt: u32,
     pub reason: String,
+    /// The reason as a fact, for the Rejected status that records it.
+    pub failure: Failure,
 }
 
 /// The wire shape before validation: the kind stays raw JSON so an unknown
@@ -82,6 +85,7 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
         kind,
         attempt: wire.attempt,
         reason,
+        failure: Failure::Malformed,
     };
     let device_id = DeviceId::new(wire.device_id.clone())
         .map_err(|e| fail(None, None, format!("malformed intent: {e}")))?;
@@ -100,15 +104,18 @@ pub fn parse_intent_value(value: serde_json::Value) -> Result<Intent, IntentErro
         Ok(kind) => kind,
         Err(e) => {
             let known = JobKind::NAMES;
-            let reason = if known.contains(&kind_name.as_str()) {
-                format!("invalid parameters for job kind {kind_name}: {e}")
-            } else {
-                format!(
-                    "unknown job kind {kind_name:?}; this agent knows {}",
-                    known.join(", ")
-                )
-            };
-            return Err(fail(Some(kind_name), Some(device_id), reason));
+            if known.contains(&kind_name.as_str()) {
+                let reason = format!("invalid parameters for job kind {kind_name}: {e}");
+                return Err(fail(Some(kind_name), Some(device_id), reason));
+            }
+            let reason = format!(
+                "unknown job kind {kind_name:?}; this agent knows {}",
+                known.join(", ")
+            );
+            return Err(IntentError {
+                failure: Failure::UnknownKind,
+                ..fail(Some(kind_name), Some(device_id), reason)
+            });
         }
     };
     if let JobKind::PackageInstallV1(package) = &kind
@@ -166,6 +173,7 @@ fn refusal(job_id: Option<JobId>, reason: String) -> IntentError {
         kind: None,
         attempt: 0,
         reason,
+        failure: Failure::Malformed,
     }
 }
 
@@ -225,7 +233,14 @@ mod tests {
         let err = parse_intent_bytes(intent_json(r#"{"nope":{}}"#).as_bytes()).unwrap_err();
         assert_eq!(err.job_id.map(|j| j.to_string()), Some(JOB.to_string()));
         assert_eq!(err.kind.as_deref(), Some("nope"));
+        assert_eq!(err.failure, Failure::UnknownKind);
+        let err = parse_intent_bytes(
+            intent_json(r#"{"systemUpgradeV1":{"packages":["evil"]}}"#).as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(err.failure, Failure::Malformed, "a known kind, bad fields");
         let err = parse_intent_bytes(br#"{"jobId":"x"}"#).unwrap_err();
         assert_eq!(err.job_id, None);
+        assert_eq!(err.failure, Failure::Malformed);
     }
 }

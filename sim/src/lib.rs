@@ -148,6 +148,7 @@ impl SimAgent {
             boot_id: self.boot_id.clone(),
             completion_heartbeat_at: None,
             seq: 1,
+            failure: None,
         };
         let total = self.behaviour.statuses_per_job.max(1);
         for index in 0..total {

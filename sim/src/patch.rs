@@ -176,6 +176,7 @@ fn report(device: &DeviceId, index: usize) -> JobStatus {
         boot_id: "patch-bench".into(),
         completion_heartbeat_at: Some(now),
         seq: 3,
+        failure: None,
     }
 }
 

@@ -151,6 +151,9 @@ async fn a_job_in_a_crash_loop_fails_with_a_clear_reason() {
     assert_eq!(run["status"]["phase"], "Failed", "{run}");
     let error = run["status"]["latestError"].as_str().unwrap_or("");
     assert!(error.contains("crash or reboot loop"), "{error}");
+    // The loop is a fact on the status too, which the alert follows.
+    let targets = cp.targets("loop-run").await;
+    assert_eq!(targets[0]["status"]["failure"], "resumeLoop", "{targets:?}");
     assert!(!reached.exists(), "the step did not run a fourth time");
     // The dashboard's alerts name the device stuck in the loop and, once
     // its agent is gone, the device offline.

@@ -1630,7 +1630,11 @@ async fn agent_link_table() {
         .as_array()
         .expect("jobs")
         .iter()
-        .filter(|j| j["kind"] == "unverified" && j["state"] == "Rejected")
+        .filter(|j| {
+            j["kind"] == "unverified"
+                && j["state"] == "Rejected"
+                && j["failure"] == "signatureRefused"
+        })
         .count();
     assert_eq!(unverified, 5, "{jobs}");
     // A valid job still runs, and the agent is alive.

@@ -79,6 +79,34 @@ pub struct JobStatus {
     pub completion_heartbeat_at: Option<Timestamp>,
     /// Grows with every change.
     pub seq: u64,
+    /// Why a Failed or Rejected job ended so; absent when it did not, or
+    /// when its agent is older than the field and said nothing the control
+    /// plane could read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// Why a job failed or was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Failure {
+    /// One of the job's steps failed; its error says why.
+    StepFailed,
+    /// The agent stopped while the job ran more often than its limit.
+    ResumeLoop,
+    /// The intent's signature did not hold on the device.
+    SignatureRefused,
+    /// The intent could not be read, or its parameters were invalid.
+    Malformed,
+    /// The agent does not know, or does not run, the job's kind.
+    UnknownKind,
+    /// The agent's queue of unfinished jobs was full.
+    QueueFull,
+    /// The intent named another device.
+    OtherDevice,
+    /// A reason this control plane does not know, from a newer agent.
+    #[serde(other)]
+    Other,
 }
 
 /// What a finished job found or did: one of these, by its name.

@@ -219,7 +219,7 @@ pub enum Delivery {
 }
 
 /// One job for one device: its intent, delivery state and latest status.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobDelivery {
     pub intent: Intent,

@@ -290,6 +290,7 @@ mod tests {
             boot_id: "b".into(),
             completion_heartbeat_at: None,
             seq: 1,
+            failure: None,
         });
         JobDelivery {
             intent,

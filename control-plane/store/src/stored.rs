@@ -6,7 +6,8 @@
 //! fails the tests instead of silently changing the stored format.
 
 use crate::records::{Delivery, DeviceRecord, JobDelivery, PlanHeader, PlanTarget, TaskRunRecord};
-use drover_model::model::{Intent, JobStatus};
+use drover_model::layout::JobStatusV1;
+use drover_model::model::Intent;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -491,12 +492,13 @@ impl Record for crate::deployment::DeploymentRecord {
 
 /// A job record as stored: V1 until the control plane recorded its own
 /// receive time of the terminal status (A12), V2 until an operator could
-/// cancel a job, V3 since.
+/// cancel a job, V3 until statuses carried their failure, V4 since.
 #[derive(Serialize, Deserialize)]
 enum StoredJob {
     V1(JobV1),
     V2(JobV2),
     V3(JobV3),
+    V4(JobDelivery),
 }
 
 /// Frozen: the layout written before V2. Never change it.
@@ -505,7 +507,7 @@ struct JobV1 {
     intent: Intent,
     run: Option<String>,
     delivery: Delivery,
-    status: Option<JobStatus>,
+    status: Option<JobStatusV1>,
     created_at: Timestamp,
 }
 
@@ -515,34 +517,29 @@ struct JobV2 {
     intent: Intent,
     run: Option<String>,
     delivery: Delivery,
-    status: Option<JobStatus>,
+    status: Option<JobStatusV1>,
     created_at: Timestamp,
     terminal_received_at: Option<Timestamp>,
 }
 
-/// Frozen once a V4 exists.
+/// Frozen: the layout written before V4. Never change it.
 #[derive(Serialize, Deserialize)]
 struct JobV3 {
     intent: Intent,
     run: Option<String>,
     delivery: Delivery,
-    status: Option<JobStatus>,
+    status: Option<JobStatusV1>,
     created_at: Timestamp,
     terminal_received_at: Option<Timestamp>,
     cancel_requested_at: Option<Timestamp>,
 }
 
 impl Record for JobDelivery {
+    /// V4 is the record itself, whose status is the wire's type: a change
+    /// to either changes these bytes, and `a_v4_job_record_decodes_and_is_still_written_alike`
+    /// fails until the change adds V5 and freezes V4's shape.
     fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredJob::V3(JobV3 {
-            intent: self.intent.clone(),
-            run: self.run.clone(),
-            delivery: self.delivery.clone(),
-            status: self.status.clone(),
-            created_at: self.created_at,
-            terminal_received_at: self.terminal_received_at,
-            cancel_requested_at: self.cancel_requested_at,
-        }))
+        postcard::to_stdvec(&StoredJob::V4(self.clone()))
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
@@ -553,7 +550,7 @@ impl Record for JobDelivery {
                 intent: v1.intent,
                 run: v1.run,
                 delivery: v1.delivery,
-                status: v1.status,
+                status: v1.status.map(Into::into),
                 created_at: v1.created_at,
                 terminal_received_at: None,
                 cancel_requested_at: None,
@@ -562,7 +559,7 @@ impl Record for JobDelivery {
                 intent: v2.intent,
                 run: v2.run,
                 delivery: v2.delivery,
-                status: v2.status,
+                status: v2.status.map(Into::into),
                 created_at: v2.created_at,
                 terminal_received_at: v2.terminal_received_at,
                 cancel_requested_at: None,
@@ -571,11 +568,12 @@ impl Record for JobDelivery {
                 intent: v3.intent,
                 run: v3.run,
                 delivery: v3.delivery,
-                status: v3.status,
+                status: v3.status.map(Into::into),
                 created_at: v3.created_at,
                 terminal_received_at: v3.terminal_received_at,
                 cancel_requested_at: v3.cancel_requested_at,
             },
+            StoredJob::V4(v4) => v4,
         })
     }
 }
@@ -610,10 +608,10 @@ mod tests {
         assert_eq!(status.seq, 7);
         assert_eq!(status.steps[0].name, "preflight");
         assert_eq!(job.terminal_received_at, None, "V1 had no receive time");
-        // Written back, it is V3 and reads back the same.
+        // Written back, it is V4 and reads back the same.
         let again = job.to_bytes().expect("encode");
-        assert_eq!(again[0], 2, "the version byte of V3");
-        assert_eq!(JobDelivery::from_bytes(&again).expect("V3 decodes"), job);
+        assert_eq!(again[0], 3, "the version byte of V4");
+        assert_eq!(JobDelivery::from_bytes(&again).expect("V4 decodes"), job);
     }
 
     /// Bytes written by the control plane before cancel existed (layout V2).
@@ -632,9 +630,87 @@ mod tests {
         canceled.cancel_requested_at = Some("2026-11-30T12:30:00Z".parse().expect("time"));
         let again = canceled.to_bytes().expect("encode");
         assert_eq!(
-            JobDelivery::from_bytes(&again).expect("V3 decodes"),
+            JobDelivery::from_bytes(&again).expect("V4 decodes"),
             canceled
         );
+    }
+
+    /// Reads a fixture; `DROVER_BLESS=1` writes it first when it is missing
+    /// (never over one that exists: a shipped layout's bytes never change).
+    fn fixture(name: &str, written_now: &[u8]) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/fixtures")
+            .join(format!("{name}.hex"));
+        if !path.exists() && std::env::var_os("DROVER_BLESS").is_some() {
+            let text: String = written_now.iter().map(|b| format!("{b:02x}")).collect();
+            std::fs::write(&path, text + "\n").expect("write fixture");
+        }
+        hex(&std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (DROVER_BLESS=1 writes it)", path.display())))
+    }
+
+    /// A job given up on after a reboot loop, as V4 writes it (its status
+    /// carries its failure), and as V3 wrote it (only the error's text).
+    fn looping_job() -> JobDelivery {
+        let mut job =
+            JobDelivery::from_bytes(&hex(include_str!("fixtures/job_v2.hex"))).expect("V2 decodes");
+        let status = job.status.as_mut().expect("status");
+        status.state = drover_model::JobState::Failed;
+        status.output = None;
+        status.error = Some(format!(
+            "job was picked up again 4 times ({}); giving up",
+            drover_model::failure::RESUME_LOOP_TEXT
+        ));
+        status.failure = Some(drover_model::failure::Failure::ResumeLoop);
+        job.cancel_requested_at = Some("2026-11-30T12:30:00Z".parse().expect("time"));
+        job
+    }
+
+    #[test]
+    fn a_v4_job_record_decodes_and_is_still_written_alike() {
+        let job = looping_job();
+        let now = job.to_bytes().expect("encode");
+        let old = fixture("job_v4", &now);
+        assert_eq!(old[0], 3, "the version byte of V4");
+        assert_eq!(JobDelivery::from_bytes(&old).expect("V4 decodes"), job);
+        assert_eq!(
+            now, old,
+            "the job record's layout changed without a new version"
+        );
+    }
+
+    /// A V3 record kept no failure: a looping job's is read from its error.
+    #[test]
+    fn a_v3_job_records_failure_is_read_from_its_error() {
+        let job = looping_job();
+        let status = job.status.clone().expect("status");
+        let v3 = StoredJob::V3(JobV3 {
+            intent: job.intent.clone(),
+            run: job.run.clone(),
+            delivery: job.delivery.clone(),
+            status: Some(JobStatusV1 {
+                job_id: status.job_id,
+                device_id: status.device_id,
+                attempt: status.attempt,
+                kind: status.kind,
+                state: status.state,
+                steps: status.steps,
+                error: status.error,
+                output: status.output,
+                accepted_at: status.accepted_at,
+                started_at: status.started_at,
+                finished_at: status.finished_at,
+                boot_id: status.boot_id,
+                completion_heartbeat_at: status.completion_heartbeat_at,
+                seq: status.seq,
+            }),
+            created_at: job.created_at,
+            terminal_received_at: job.terminal_received_at,
+            cancel_requested_at: job.cancel_requested_at,
+        });
+        let bytes = postcard::to_stdvec(&v3).expect("encode V3");
+        assert_eq!(bytes[0], 2, "the version byte of V3");
+        assert_eq!(JobDelivery::from_bytes(&bytes).expect("V3 decodes"), job);
     }
 
     /// Bytes of the records with one layout so far, written by this
@@ -668,7 +744,11 @@ mod tests {
                 .expect("alert V1");
         assert_eq!(alert.device.as_str(), "pi-kitchen");
         assert_eq!(alert.run.as_deref(), Some("upgrade-kitchen"));
-        assert!(alert.message.contains(agent_core::lifecycle::RESUME_LOOP));
+        assert!(
+            alert
+                .message
+                .contains(drover_model::failure::RESUME_LOOP_TEXT)
+        );
         let schedule = crate::schedule::TaskScheduleRecord::from_bytes(&hex(include_str!(
             "fixtures/schedule_v1.hex"
         )))

@@ -32,6 +32,20 @@ fn step_state(state: model::StepState) -> jobs::StepState {
     }
 }
 
+fn failure(failure: drover_model::failure::Failure) -> jobs::Failure {
+    use drover_model::failure::Failure as F;
+    match failure {
+        F::StepFailed => jobs::Failure::StepFailed,
+        F::ResumeLoop => jobs::Failure::ResumeLoop,
+        F::SignatureRefused => jobs::Failure::SignatureRefused,
+        F::Malformed => jobs::Failure::Malformed,
+        F::UnknownKind => jobs::Failure::UnknownKind,
+        F::QueueFull => jobs::Failure::QueueFull,
+        F::OtherDevice => jobs::Failure::OtherDevice,
+        F::Other => jobs::Failure::Other,
+    }
+}
+
 pub(super) fn job_status(status: &model::JobStatus) -> jobs::JobStatus {
     jobs::JobStatus {
         job_id: status.job_id.to_string(),
@@ -59,6 +73,7 @@ pub(super) fn job_status(status: &model::JobStatus) -> jobs::JobStatus {
         boot_id: status.boot_id.clone(),
         completion_heartbeat_at: status.completion_heartbeat_at,
         seq: status.seq,
+        failure: status.failure().map(failure),
     }
 }
 

@@ -388,9 +388,7 @@ impl Dispatcher {
                 Vec::new(),
             ));
         }
-        if status.state == drover_model::JobState::Rejected
-            && status.kind == agent_core::executor::UNVERIFIED_KIND
-        {
+        if status.failure() == Some(drover_model::failure::Failure::SignatureRefused) {
             // The device refused an intent whose signature did not hold: not
             // the control plane's intent, so it decides nothing; a device
             // that refuses the genuine ones has the wrong key pinned.

@@ -233,6 +233,7 @@ impl Core {
                 boot_id: "boot-1".into(),
                 completion_heartbeat_at: None,
                 seq: 1,
+                failure: None,
             }),
             received_at: now,
             position: None,

@@ -268,6 +268,7 @@ fn success_is_judged_by_the_control_planes_receive_time() {
                 boot_id: "b".into(),
                 completion_heartbeat_at: Some(t(device_done)),
                 seq: 3,
+                failure: None,
             }),
             created_at: t(0),
             terminal_received_at: received.map(t),
@@ -631,6 +632,7 @@ async fn settle(
                 boot_id: "b".into(),
                 completion_heartbeat_at: Some(at),
                 seq: 3,
+                failure: None,
             });
             job.terminal_received_at = Some(at);
         },

@@ -182,12 +182,9 @@ pub fn on_report(report: &mut Report<'_>) -> Vec<ReportWrite> {
     };
     // A job failed because the agent kept stopping while it ran (A10).
     if report.status.state == drover_model::JobState::Failed
-        && let Some(error) = report
-            .status
-            .error
-            .as_deref()
-            .filter(|e| e.contains(agent_core::lifecycle::RESUME_LOOP))
+        && report.status.failure() == Some(drover_model::failure::Failure::ResumeLoop)
     {
+        let error = report.status.error.as_deref().unwrap_or_default();
         let (key, alert) =
             drover_rules::records::resume_loop(report.device, report.job, error, report.at);
         writes.push(ReportWrite::Alert(key, alert));
@@ -283,6 +280,7 @@ mod tests {
             boot_id: "b".into(),
             completion_heartbeat_at: None,
             seq: 1,
+            failure: None,
         }
     }
 
@@ -327,6 +325,7 @@ mod tests {
 
         let upgrade = job(JobKind::system_upgrade());
         let mut failed = status(&upgrade, JobState::Failed);
+        failed.failure = Some(drover_model::failure::Failure::StepFailed);
         assert!(
             on_report(&mut Report {
                 device: &device,
@@ -334,21 +333,30 @@ mod tests {
                 status: &mut failed,
                 at
             })
-            .is_empty()
+            .is_empty(),
+            "a failed step raises no alert"
         );
-        failed.error = Some(format!(
+        // The loop as this agent says it (the fact), and as an agent older
+        // than the fact said it (the text of its error).
+        let mut typed = status(&upgrade, JobState::Failed);
+        typed.failure = Some(drover_model::failure::Failure::ResumeLoop);
+        typed.error = Some("picked up again 4 times; giving up".into());
+        let mut older = status(&upgrade, JobState::Failed);
+        older.error = Some(format!(
             "the agent stopped: {}",
-            agent_core::lifecycle::RESUME_LOOP
+            drover_model::failure::RESUME_LOOP_TEXT
         ));
-        let writes = on_report(&mut Report {
-            device: &device,
-            job: &upgrade,
-            status: &mut failed,
-            at,
-        });
-        assert!(
-            matches!(writes.as_slice(), [ReportWrite::Alert(key, _)] if key.starts_with("alerts/k-1/")),
-            "{writes:?}"
-        );
+        for mut looping in [typed, older] {
+            let writes = on_report(&mut Report {
+                device: &device,
+                job: &upgrade,
+                status: &mut looping,
+                at,
+            });
+            assert!(
+                matches!(writes.as_slice(), [ReportWrite::Alert(key, _)] if key.starts_with("alerts/k-1/")),
+                "{looping:?}: {writes:?}"
+            );
+        }
     }
 }

@@ -125,6 +125,7 @@ fn status(intent: &Intent, state: JobState, now: Timestamp, seq: u64) -> JobStat
         boot_id: "sim".into(),
         completion_heartbeat_at: (state == JobState::Succeeded).then_some(now),
         seq,
+        failure: None,
     }
 }
 
