@@ -6,6 +6,7 @@
 //! `initial`, not after `max`.
 
 use crate::executor::Agent;
+use drover_model::transport::Transport;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -33,12 +34,12 @@ pub enum SessionEnd {
 pub struct Supervisor {
     backoff: Backoff,
     started: tokio::time::Instant,
-    transport: &'static str,
+    transport: Transport,
 }
 
 impl Supervisor {
-    pub fn new(agent: &Agent, transport: &'static str, backoff: Backoff) -> Self {
-        agent.update_link(|l| l.transport = transport.into());
+    pub fn new(agent: &Agent, transport: Transport, backoff: Backoff) -> Self {
+        agent.update_link(|l| l.transport = Some(transport));
         Self {
             backoff,
             started: tokio::time::Instant::now(),
@@ -84,7 +85,7 @@ impl Supervisor {
         };
         tracing::debug!(
             ?delay,
-            transport = self.transport,
+            transport = %self.transport,
             "reconnecting after a delay"
         );
         tokio::select! {

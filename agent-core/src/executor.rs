@@ -58,7 +58,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LinkState {
-    pub transport: String,
+    /// None until a link starts.
+    pub transport: Option<drover_model::transport::Transport>,
     pub connected: bool,
     pub last_contact: Option<Timestamp>,
     pub last_error: Option<String>,

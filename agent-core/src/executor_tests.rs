@@ -315,14 +315,16 @@ async fn a_signed_cancel_order_cancels_queued_and_unreceived_jobs_and_nothing_el
 #[tokio::test]
 async fn the_supervisor_keeps_the_link_state_and_one_reset_rule_for_every_transport() {
     use crate::backoff::{Backoff, SessionEnd, Supervisor};
+    use drover_model::transport::Transport;
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(RedbStore::open(&dir.path().join("a.redb")).expect("open"));
     let agent = Agent::new(settings(dir.path(), None), store, Vec::new());
     let shutdown = tokio_util::sync::CancellationToken::new();
     let ms = Duration::from_millis;
-    let mut supervisor = Supervisor::new(&agent, "test", Backoff::new(ms(1), ms(4)));
     let link = || agent.info().expect("info").link;
-    assert_eq!(link().transport, "test");
+    assert_eq!(link().transport, None, "no link started yet");
+    let mut supervisor = Supervisor::new(&agent, Transport::Mqtt, Backoff::new(ms(1), ms(4)));
+    assert_eq!(link().transport, Some(Transport::Mqtt));
     agent.update_link(|l| l.connected = true);
 
     // Another credential to try: at once, the link untouched.

@@ -12,11 +12,7 @@ pub fn print_status(info: &AgentInfo) {
     let link = &info.link;
     out!(
         "link:          {} {}{}",
-        if link.transport.is_empty() {
-            "-"
-        } else {
-            &link.transport
-        },
+        link.transport.map_or("-", |t| t.as_str()),
         if link.connected {
             "connected"
         } else {

@@ -99,12 +99,12 @@ pub(crate) fn running_link(link: &agent_core::executor::LinkState) -> Result<Str
     if link.connected {
         Ok(format!(
             "the running agent is connected over {}{contact}",
-            link.transport
+            link.transport.map_or("no transport", |t| t.as_str())
         ))
     } else {
         bail!(
             "the running agent is not connected over {}{contact}: {}",
-            link.transport,
+            link.transport.map_or("any transport", |t| t.as_str()),
             link.last_error
                 .as_deref()
                 .unwrap_or("no error reported yet")

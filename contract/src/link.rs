@@ -6,6 +6,7 @@
 
 use crate::BoxFuture;
 use drover_model::model::{Heartbeat, HeldJob, Intent, JobStatus};
+use drover_model::transport::Transport;
 use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
@@ -77,7 +78,7 @@ pub enum Inbound {
 /// One inbound event and the transport it came over.
 #[derive(Debug)]
 pub struct Event {
-    pub transport: &'static str,
+    pub transport: Transport,
     pub inbound: Inbound,
 }
 
@@ -246,14 +247,14 @@ impl HealthCell {
 #[derive(Debug, thiserror::Error)]
 #[error("{transport}: {reason}")]
 pub struct LinkError {
-    pub transport: &'static str,
+    pub transport: Transport,
     pub reason: String,
 }
 
 /// One transport's server side.
 pub trait AgentLinks: Send + Sync + 'static {
-    /// The transport's name (`websocket`, `nats`, `mqtt`), as devices record it.
-    fn transport(&self) -> &'static str;
+    /// The transport, whose name devices record.
+    fn transport(&self) -> Transport;
 
     /// True when a broker holds intents for devices (NATS, MQTT): any
     /// replica reaches any device, so only one should deliver. False when

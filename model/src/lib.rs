@@ -11,6 +11,7 @@ pub mod layout;
 pub mod model;
 pub mod sealed;
 pub mod signing;
+pub mod transport;
 pub mod wire;
 
 pub use ids::{DeviceId, IdError, JobId};

@@ -42,7 +42,7 @@ pub const MAX_MESSAGE_BYTES: usize = 192 * 1024;
 /// whatever is over [`MAX_MESSAGE_BYTES`] is then dropped (see the server).
 #[cfg(feature = "server")]
 pub const SERVER_READ_LIMIT: usize = 268_435_455;
-pub const TRANSPORT: &str = "mqtt";
+pub const TRANSPORT: drover_model::transport::Transport = drover_model::transport::Transport::Mqtt;
 
 /// The topics of one prefix.
 #[derive(Debug, Clone)]

@@ -464,7 +464,7 @@ impl MqttLinks {
 }
 
 impl AgentLinks for MqttLinks {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> drover_model::transport::Transport {
         TRANSPORT
     }
 

@@ -143,7 +143,7 @@ pub async fn probe(settings: &AgentSettings) -> Result<bool, NatsError> {
 pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     let backoff = Backoff::new(RECONNECT_INITIAL, settings.backoff_max);
     let mut passwords = settings.passwords.clone();
-    let mut supervisor = Supervisor::new(&agent, "nats", backoff);
+    let mut supervisor = Supervisor::new(&agent, drover_model::transport::Transport::Nats, backoff);
     loop {
         supervisor.start();
         let end = {

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-pub const TRANSPORT: &str = "nats";
+pub const TRANSPORT: drover_model::transport::Transport = drover_model::transport::Transport::Nats;
 /// How long a hello waits for the delivery core.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Status requests checked and stored at once; more wait in the
@@ -444,7 +444,7 @@ impl NatsLinks {
 }
 
 impl AgentLinks for NatsLinks {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> drover_model::transport::Transport {
         TRANSPORT
     }
 

@@ -125,7 +125,11 @@ pub fn tls_advice(text: &str, ca: &str, url: &str) -> String {
 /// Runs the agent's connection until `shutdown`.
 pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: CancellationToken) {
     let backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
-    let mut supervisor = Supervisor::new(&agent, "websocket", backoff);
+    let mut supervisor = Supervisor::new(
+        &agent,
+        drover_model::transport::Transport::WebSocket,
+        backoff,
+    );
     loop {
         supervisor.start();
         let end = match connect_and_serve(&settings, &agent, &shutdown).await {

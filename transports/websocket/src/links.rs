@@ -32,7 +32,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-pub const TRANSPORT: &str = "websocket";
+pub const TRANSPORT: drover_model::transport::Transport =
+    drover_model::transport::Transport::WebSocket;
 /// How long a new connection may take for its TLS and WebSocket handshakes.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new connection may take to say hello.
@@ -423,7 +424,7 @@ impl WsLinks {
 }
 
 impl AgentLinks for WsLinks {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> drover_model::transport::Transport {
         TRANSPORT
     }
 

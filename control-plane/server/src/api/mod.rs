@@ -290,7 +290,7 @@ async fn summary(State(state): State<ApiState>) -> Result<Json<fleet::Summary>, 
             .presence
             .connected()
             .into_iter()
-            .map(|(transport, count)| (transport.to_owned(), count as u64))
+            .map(|(transport, count)| (transport.as_str().to_owned(), count as u64))
             .collect(),
         engine: state.engine.stats.api(),
     }))
@@ -331,7 +331,7 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let metrics = crate::metrics::metrics();
     for link in &state.links {
         let health = link.health();
-        let labels = vec![("transport", link.transport().to_owned())];
+        let labels = vec![("transport", link.transport().as_str().to_owned())];
         metrics
             .link_up
             .get_or_create(&labels)
@@ -376,7 +376,7 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     for (transport, count) in state.presence.connected() {
         metrics
             .agents
-            .get_or_create(&vec![("transport", transport.into())])
+            .get_or_create(&vec![("transport", transport.as_str().into())])
             .set(count as i64);
     }
     Ok((

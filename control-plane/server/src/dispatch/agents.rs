@@ -3,6 +3,7 @@
 //! open anything.
 
 use super::*;
+use drover_model::transport::Transport;
 
 impl Dispatcher {
     /// A decommissioned device's credentials open nothing any more.
@@ -69,7 +70,7 @@ impl Dispatcher {
 
     pub(super) async fn hello(
         &mut self,
-        transport: &'static str,
+        transport: Transport,
         device: &DeviceId,
         hello: &AgentHello,
         work: &mut Work,
@@ -97,7 +98,7 @@ impl Dispatcher {
                 record.agent_version = Some(hello.agent_version.clone());
                 record.boot_id = Some(hello.boot_id.clone());
                 record.capabilities = hello.capabilities.clone();
-                record.transport = Some(transport.to_owned());
+                record.transport = Some(transport.as_str().to_owned());
             })
             .await?;
         // Resync: jobs it holds are acknowledged; jobs sent but not held
@@ -124,13 +125,13 @@ impl Dispatcher {
             }
         }
         self.presence.arrive(device);
-        info!(device = %device, transport, held = hello.held.len(), "agent connected");
+        info!(device = %device, %transport, held = hello.held.len(), "agent connected");
         Ok((Answer::Stored, keys, effects))
     }
 
     pub(super) async fn heartbeat(
         &mut self,
-        transport: &'static str,
+        transport: Transport,
         device: &DeviceId,
         heartbeat: &Heartbeat,
         work: &mut Work,
@@ -178,7 +179,7 @@ impl Dispatcher {
                 record.agent_version = Some(heartbeat.agent_version.clone());
                 record.os_release = Some(heartbeat.os_release.clone());
                 record.architecture = Some(heartbeat.architecture.clone());
-                record.transport = Some(transport.to_owned());
+                record.transport = Some(transport.as_str().to_owned());
                 if record
                     .last_heartbeat
                     .is_none_or(|at| now.duration_since(at) >= PRESENCE_PERSIST)

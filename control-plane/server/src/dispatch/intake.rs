@@ -178,7 +178,7 @@ impl Dispatcher {
             self.commit_cursors(&work.cursors).await;
         }
         for transport in work.caught_up {
-            if self.behind.remove(transport) && self.behind.is_empty() {
+            if self.behind.remove(&transport) && self.behind.is_empty() {
                 info!("every broker's backlog of statuses is committed");
                 self.caught_up.send_replace(true);
             }

@@ -20,6 +20,7 @@ use drover_contract::link::{
 };
 use drover_model::DeviceId;
 use drover_model::model::{Heartbeat, Intent, JobState, JobStatus};
+use drover_model::transport::Transport;
 use drover_rules::delivery::{self, Cancel, DeliveryEvent, Effect, JobFacts};
 use drover_rules::records::{Delivery, DeviceRecord, JobDelivery, device_key};
 use drover_rules::state::JobPhase;
@@ -110,11 +111,11 @@ struct Work {
     inventories: HashMap<String, (u64, drover_rules::deployment::DeviceInventory)>,
     /// Each device's latest patch assessment (`assessments/<device>`).
     assessments: HashMap<String, (u64, drover_rules::patch::DeviceAssessment)>,
-    cursors: HashMap<&'static str, u64>,
+    cursors: HashMap<Transport, u64>,
     /// Alerts this batch raises, created once (a conflict means it exists).
     alerts: Vec<(String, drover_rules::records::AlertRecord)>,
     /// Brokers whose backlog is handed over once this batch is committed.
-    caught_up: Vec<&'static str>,
+    caught_up: Vec<Transport>,
     /// Per event: its reply, its answer, the keys it wrote, its effects.
     outcomes: Vec<EventOutcome>,
 }
@@ -134,7 +135,7 @@ pub fn job_key(device: &DeviceId, job: drover_model::JobId) -> String {
 
 pub struct Dispatcher {
     db: Db,
-    links: HashMap<&'static str, Arc<dyn AgentLinks>>,
+    links: HashMap<Transport, Arc<dyn AgentLinks>>,
     settings: DispatchSettings,
     open: HashMap<String, OpenJob>,
     by_device: HashMap<DeviceId, HashSet<String>>,
@@ -142,9 +143,9 @@ pub struct Dispatcher {
     devices: HashMap<DeviceId, (u64, DeviceRecord)>,
     presence: Arc<Presence>,
     /// Broker links that have not handed over their backlog yet.
-    behind: HashSet<&'static str>,
+    behind: HashSet<Transport>,
     caught_up: watch::Sender<bool>,
-    in_flight: JoinSet<(Flight, &'static str, Result<Delivered, LinkError>)>,
+    in_flight: JoinSet<(Flight, Transport, Result<Delivered, LinkError>)>,
     queued: VecDeque<String>,
     /// The keys in `queued`, so a key is queued once.
     queued_keys: HashSet<String>,
@@ -191,7 +192,7 @@ impl Dispatcher {
         caught_up: watch::Sender<bool>,
         signer: Arc<IntentSigner>,
     ) -> Self {
-        let behind: HashSet<&'static str> = links
+        let behind: HashSet<Transport> = links
             .iter()
             .filter(|l| l.brokered())
             .map(|l| l.transport())
@@ -418,7 +419,7 @@ impl Dispatcher {
 
     /// Every undecided job of a device reached over `transport` is sent
     /// again (its broker lost what it kept).
-    async fn resend(&mut self, transport: &'static str) -> Vec<(String, Effect)> {
+    async fn resend(&mut self, transport: Transport) -> Vec<(String, Effect)> {
         let keys: Vec<String> = self.open.keys().cloned().collect();
         let mut effects = Vec::new();
         for key in keys {
@@ -440,7 +441,7 @@ impl Dispatcher {
             }
         }
         info!(
-            transport,
+            %transport,
             jobs = effects.len(),
             "the broker lost its state; sending undecided intents again"
         );
@@ -558,7 +559,7 @@ fn put_reply(event: &mut Event, reply: Option<Reply>) {
 }
 
 /// Where a transport's replay position is kept: every status up to it is committed.
-pub fn cursor_key(transport: &str) -> String {
+pub fn cursor_key(transport: Transport) -> String {
     format!("cursors/{transport}")
 }
 

@@ -3,6 +3,7 @@
 //! and expires.
 
 use super::*;
+use drover_model::transport::Transport;
 
 impl Dispatcher {
     pub(super) fn link_for_key(&self, key: &str) -> Option<Arc<dyn AgentLinks>> {
@@ -14,13 +15,14 @@ impl Dispatcher {
     /// here, else the one it last spoke over.
     pub(super) fn link_for(&self, device: &DeviceId) -> Option<Arc<dyn AgentLinks>> {
         let transport = match self.presence.get(device) {
-            Some(live) if live.connected => Some(live.transport.to_owned()),
+            Some(live) if live.connected => Some(live.transport),
+            // The record keeps the transport's name.
             _ => self
                 .devices
                 .get(device)
-                .and_then(|(_, d)| d.transport.clone()),
+                .and_then(|(_, d)| d.transport.as_deref()?.parse().ok()),
         }?;
-        self.links.get(transport.as_str()).cloned()
+        self.links.get(&transport).cloned()
     }
 
     pub(super) fn effect(&mut self, key: String, effect: Effect) {
@@ -118,7 +120,7 @@ impl Dispatcher {
     pub(super) fn delivered(
         &mut self,
         flight: Flight,
-        transport: &'static str,
+        transport: Transport,
         result: Result<Delivered, LinkError>,
     ) {
         let key = match flight {
@@ -154,11 +156,11 @@ impl Dispatcher {
         let key = key.as_str();
         let (undo, failed) = match result {
             Ok(Delivered::Sent) => {
-                debug!(key, transport, "intent delivered");
+                debug!(key, %transport, "intent delivered");
                 (false, false)
             }
             Ok(Delivered::NotConnected) => {
-                debug!(key, transport, "device not connected here");
+                debug!(key, %transport, "device not connected here");
                 (true, false)
             }
             Err(e) => {
@@ -241,10 +243,10 @@ impl Dispatcher {
     }
 
     /// Moves the brokers' status cursors forward (never back).
-    pub(super) async fn commit_cursors(&self, cursors: &HashMap<&'static str, u64>) {
+    pub(super) async fn commit_cursors(&self, cursors: &HashMap<Transport, u64>) {
         let mut ops = Vec::new();
         for (transport, position) in cursors {
-            let key = cursor_key(transport);
+            let key = cursor_key(*transport);
             match self.db.get::<u64>(&key).await {
                 Ok(current) => {
                     let (expected, stored) = current.unwrap_or((0, 0));

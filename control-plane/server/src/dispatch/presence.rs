@@ -2,6 +2,7 @@
 //! API and the engine.
 
 use drover_model::DeviceId;
+use drover_model::transport::Transport;
 use jiff::{SignedDuration, Timestamp};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,7 +10,7 @@ use std::sync::Mutex;
 /// What this replica knows of a device's connection right now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Live {
-    pub transport: &'static str,
+    pub transport: Transport,
     pub connected: bool,
     pub last_seen: Timestamp,
     pub last_heartbeat: Option<Timestamp>,
@@ -60,8 +61,9 @@ impl Presence {
     #[cfg(test)]
     pub(crate) fn simulate_seen(&self, device: &DeviceId, at: Timestamp, arrived: bool) {
         self.update(device, |_| {
+            // Any transport: no link of a test that plays the fleet sends.
             Some(Live {
-                transport: "simulated",
+                transport: Transport::WebSocket,
                 connected: true,
                 last_seen: at,
                 last_heartbeat: Some(at),
@@ -117,7 +119,7 @@ impl Presence {
     }
 
     /// Devices connected to this replica, per transport.
-    pub fn connected(&self) -> HashMap<&'static str, usize> {
+    pub fn connected(&self) -> HashMap<Transport, usize> {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         let mut counts = HashMap::new();
         for entry in live.values().filter(|l| l.connected) {

@@ -11,7 +11,7 @@ use drover_model::model::JobKind;
 use drover_store::store::mem::MemKv;
 use std::sync::Mutex;
 
-const TRANSPORT: &str = "fake";
+const TRANSPORT: drover_model::transport::Transport = drover_model::transport::Transport::WebSocket;
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A clock the test moves.
@@ -61,7 +61,7 @@ impl FakeLinks {
 }
 
 impl AgentLinks for FakeLinks {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> drover_model::transport::Transport {
         TRANSPORT
     }
 
@@ -125,7 +125,7 @@ impl Core {
         let keys = tempfile::tempdir().expect("tempdir");
         let signer = Arc::new(IntentSigner::load_or_create(keys.path()).expect("intent key"));
         let mut record = DeviceRecord::new(device());
-        record.transport = Some(TRANSPORT.into());
+        record.transport = Some(TRANSPORT.as_str().into());
         record.agent_present = true;
         db.put(&device_key(&device()), &record, 0)
             .await
