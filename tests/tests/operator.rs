@@ -198,6 +198,25 @@ async fn init_makes_tls_that_agents_trust_and_check_connect_names_a_wrong_token(
         text(&out)
     );
 
+    // check --connect trusting another CA: the handshake's reason and what
+    // to do about it, read from rustls's error (not from its text).
+    let stranger = drover_tests::localhost_cert(&agent_dir);
+    let untrusting = agent_dir.join("untrusting.toml");
+    write_config(
+        &untrusting,
+        "tls-1",
+        &agent_dir.join("untrusting-state"),
+        &websocket(&url, &"0".repeat(64), &stranger.cert_path),
+    );
+    let out = check_connect(&untrusting);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("TLS handshake failed")
+            && text(&out).contains("the agent's ca_file does not hold the CA"),
+        "{}",
+        text(&out)
+    );
+
     // The right token, checked before the agent starts, as the README says.
     let good = agent_dir.join("good.toml");
     std::fs::write(

@@ -194,7 +194,7 @@ impl ApiClient {
             source = cause.source();
         }
         let advice = transport_websocket::client::tls_advice(
-            &chain,
+            drover_net::certificate::certificate_problem(&e),
             "--ca-file (or the context's ca-file)",
             "--server",
         );

@@ -7,6 +7,7 @@ use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use drover_model::model::Hello;
+use drover_net::certificate::{CertificateProblem, certificate_problem};
 use drover_net::tls::{client_config, is_loopback};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashSet;
@@ -95,30 +96,39 @@ impl ClientError {
 }
 
 /// What to do about the TLS errors an agent meets first.
-pub fn tls_hint(e: &dyn std::fmt::Display) -> String {
-    tls_advice(&e.to_string(), "the agent's ca_file", "the agent's URL")
+pub fn tls_hint(e: &std::io::Error) -> String {
+    tls_advice(
+        certificate_problem(e),
+        "the agent's ca_file",
+        "the agent's URL",
+    )
 }
 
-/// What to do about a TLS error, whoever met it: the agent (its ca_file)
-/// or the CLI (--ca-file). `ca` names the setting that holds the CA, `url`
-/// where the host name came from. Empty when there is nothing to add.
-pub fn tls_advice(text: &str, ca: &str, url: &str) -> String {
-    if text.contains("CaUsedAsEndEntity") {
-        "; the server presents a CA certificate as its own: make a CA and a server certificate \
-         signed by it with `drover init --tls-name HOST`, serve that, and trust the CA \
-         (tls/ca.pem)"
-            .into()
-    } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
-        format!("; {ca} does not hold the CA that signed the server's certificate (tls/ca.pem)")
-    } else if text.contains("NotValidForName") {
-        format!(
+/// What to do about a server certificate this end would not trust,
+/// whoever met it: the agent (its ca_file) or the CLI (--ca-file). `ca`
+/// names the setting that holds the CA, `url` where the host name came
+/// from. Empty when there is nothing to add.
+pub fn tls_advice(problem: Option<CertificateProblem>, ca: &str, url: &str) -> String {
+    match problem {
+        Some(CertificateProblem::CaAsServer) => {
+            "; the server presents a CA certificate as its own: make a CA and a server \
+             certificate signed by it with `drover init --tls-name HOST`, serve that, and trust \
+             the CA (tls/ca.pem)"
+                .into()
+        }
+        Some(CertificateProblem::UnknownIssuer) => {
+            format!("; {ca} does not hold the CA that signed the server's certificate (tls/ca.pem)")
+        }
+        Some(CertificateProblem::WrongName) => format!(
             "; the server's certificate does not name the host in {url} (see --tls-name of \
              `drover init`)"
-        )
-    } else if text.contains("Expired") {
-        "; the server's certificate has expired, or this machine's clock is wrong".into()
-    } else {
-        String::new()
+        ),
+        Some(CertificateProblem::OutsideValidity) => {
+            "; the server's certificate has expired or is not valid yet, or this machine's \
+             clock is wrong"
+                .into()
+        }
+        None => String::new(),
     }
 }
 
