@@ -125,6 +125,9 @@ pub enum StoreError {
     File(#[from] dbfile::DbFileError),
     #[error("agent database error: {0}")]
     Db(String),
+    /// The store's file system refused a read or write (full, or failing).
+    #[error("agent database error: {0}")]
+    Io(String),
     #[error("corrupt record in the agent database ({what}): {source}")]
     Corrupt {
         what: &'static str,
@@ -139,14 +142,22 @@ impl StoreError {
     /// The store's file system refused a write (full, or failing). redb then
     /// refuses every write until the database is opened again.
     pub fn is_io(&self) -> bool {
-        matches!(self, StoreError::Db(message) if message.contains("I/O error"))
+        matches!(self, StoreError::Io(_))
     }
 }
 
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
-            fn from(e: $t) -> Self { StoreError::Db(e.to_string()) }
+            fn from(e: $t) -> Self {
+                // redb's I/O error, and every error after the first.
+                match redb::Error::from(e) {
+                    e @ (redb::Error::Io(_) | redb::Error::PreviousIo) => {
+                        StoreError::Io(e.to_string())
+                    }
+                    e => StoreError::Db(e.to_string()),
+                }
+            }
         }
     )*};
 }

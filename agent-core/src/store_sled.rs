@@ -29,7 +29,7 @@ pub struct SledStore {
 
 fn db_err(e: sled::Error) -> StoreError {
     match e {
-        sled::Error::Io(io) => StoreError::Db(format!("I/O error: {io}")),
+        sled::Error::Io(io) => StoreError::Io(format!("I/O error: {io}")),
         other => StoreError::Db(other.to_string()),
     }
 }

@@ -57,11 +57,20 @@ pub enum KvError {
     Open { path: String, reason: String },
     #[error("control-plane store error: {0}")]
     Db(String),
+    /// The store's file system refused a read or write (full, or failing).
+    #[error("control-plane store error: {0}")]
+    Io(String),
 }
 
 impl KvError {
     pub fn is_conflict(&self) -> bool {
         matches!(self, KvError::Conflict { .. })
+    }
+
+    /// Whether the store's file system failed it: the embedded store then
+    /// refuses every write until it is opened again.
+    pub fn is_io(&self) -> bool {
+        matches!(self, KvError::Io(_))
     }
 }
 

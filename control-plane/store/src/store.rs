@@ -16,7 +16,15 @@ use tokio::sync::{Notify, broadcast, oneshot};
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreFailure {
-            fn from(e: $t) -> Self { StoreFailure(KvError::Db(e.to_string())) }
+            fn from(e: $t) -> Self {
+                // redb's I/O error, and every error after the first.
+                match redb::Error::from(e) {
+                    e @ (redb::Error::Io(_) | redb::Error::PreviousIo) => {
+                        StoreFailure(KvError::Io(e.to_string()))
+                    }
+                    e => StoreFailure(KvError::Db(e.to_string())),
+                }
+            }
         }
     )*};
 }
@@ -171,8 +179,7 @@ fn write_loop(
                 for request in batch {
                     let _ = request.done.send(Err(e.clone()));
                 }
-                // redb's I/O errors (and every one after the first) say so.
-                if e.to_string().contains("I/O error") {
+                if e.is_io() {
                     tracing::error!(error = %e, "the store's file system refused a write");
                     io_failed.notify_one();
                 }
