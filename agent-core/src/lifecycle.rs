@@ -265,29 +265,14 @@ pub fn transition(record: JobRecord, event: Event, limits: Limits) -> (JobRecord
     (record, persist, next)
 }
 
-fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Persist, Next) {
+/// The table: which event, in which state, leads where. Each row that
+/// does more than stop is a function below.
+fn decide(record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Persist, Next) {
     use JobState::*;
     let state = record.status.state;
     match (state, event) {
         (Failed, Event::Resume { now }) if record.origin == Origin::Local => {
-            let Some(index) = record
-                .status
-                .steps
-                .iter()
-                .position(|s| s.state == StepState::Failed)
-            else {
-                return (record, Persist::Nothing, Next::Stop);
-            };
-            let step = &mut record.status.steps[index];
-            step.state = StepState::Running;
-            // A new durable start: the step's own deadlines count from here.
-            step.started_at = Some(now);
-            step.error = None;
-            record.status.state = Running;
-            record.status.error = None;
-            record.status.finished_at = None;
-            record.resumes = 0;
-            (record, Persist::Report, Next::RunStep(index))
+            resume_failed(record, now)
         }
         (Succeeded | Failed | Expired | Rejected | Canceled, _) => {
             (record, Persist::Nothing, Next::Stop)
@@ -299,78 +284,10 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
                 control_plane_now,
                 ..
             },
-        ) => {
-            let expired = record
-                .intent
-                .as_ref()
-                .is_some_and(|intent| control_plane_now >= intent.expires_at);
-            if expired {
-                let expires_at = record.intent.as_ref().map(|i| i.expires_at);
-                finish(&mut record, Expired, now);
-                record.status.error = expires_at
-                    .map(|at| format!("intent expired at {at} while it waited in the queue"));
-                return (record, Persist::Report, Next::Stop);
-            }
-            record.status.state = Running;
-            record.status.started_at = Some(now);
-            match start_step(&mut record, 0, now) {
-                Some(index) => (record, Persist::Report, Next::RunStep(index)),
-                None => {
-                    succeed(&mut record, now);
-                    (record, Persist::Report, Next::Stop)
-                }
-            }
-        }
-        (Running, Event::Pick { now, .. }) => {
-            record.resumes += 1;
-            if record.resumes > limits.max_resumes {
-                return give_up(record, now);
-            }
-            let index = current_step(&record);
-            match index {
-                Some(index) => {
-                    start_step(&mut record, index, now);
-                    // Visible in `drover-agent jobs` until the step ends.
-                    record.status.steps[index].error = Some(format!(
-                        "the agent stopped while this step ran; resumed ({} of at most {})",
-                        record.resumes, limits.max_resumes
-                    ));
-                    (record, Persist::Save, Next::RunStep(index))
-                }
-                None => {
-                    succeed(&mut record, now);
-                    (record, Persist::Report, Next::Stop)
-                }
-            }
-        }
+        ) => start(record, now, control_plane_now),
+        (Running, Event::Pick { now, .. }) => pick_up_again(record, now, limits),
         (AwaitingReboot, Event::Pick { now, boot_id, .. }) => {
-            let rebooted = record
-                .reboot_from_boot
-                .as_deref()
-                .is_some_and(|before| before != boot_id);
-            if !rebooted {
-                // The agent restarted but the device did not: ask again.
-                record.resumes += 1;
-                if record.resumes > limits.max_resumes {
-                    return give_up(record, now);
-                }
-                return (record, Persist::Save, Next::Reboot);
-            }
-            record.reboot_from_boot = None;
-            record.status.state = Running;
-            record.status.boot_id = boot_id;
-            let Some(index) = current_step(&record) else {
-                succeed(&mut record, now);
-                return (record, Persist::Report, Next::Stop);
-            };
-            complete_step(&mut record, index, now);
-            match start_step(&mut record, index + 1, now) {
-                Some(next) => (record, Persist::Report, Next::RunStep(next)),
-                None => {
-                    succeed(&mut record, now);
-                    (record, Persist::Report, Next::Stop)
-                }
-            }
+            after_reboot(record, now, boot_id, limits)
         }
         (
             Running,
@@ -379,47 +296,9 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
                 boot_id,
                 outcome,
             },
-        ) => {
-            let Some(index) = current_step(&record) else {
-                succeed(&mut record, now);
-                return (record, Persist::Report, Next::Stop);
-            };
-            record.status.steps[index].tries += 1;
-            match outcome {
-                StepOutcome::Done => {
-                    complete_step(&mut record, index, now);
-                    match start_step(&mut record, index + 1, now) {
-                        Some(next) => (record, Persist::Report, Next::RunStep(next)),
-                        None => {
-                            succeed(&mut record, now);
-                            (record, Persist::Report, Next::Stop)
-                        }
-                    }
-                }
-                StepOutcome::RetryAfter { after, reason } => {
-                    record.status.steps[index].error = Some(bounded(reason, MAX_ERROR_BYTES));
-                    (record, Persist::Save, Next::RetryStep { index, after })
-                }
-                StepOutcome::Reboot => {
-                    record.status.state = AwaitingReboot;
-                    record.reboot_from_boot = Some(boot_id);
-                    (record, Persist::Report, Next::Reboot)
-                }
-                StepOutcome::Fail(error) => {
-                    let error = bounded(error, MAX_ERROR_BYTES);
-                    let step = &mut record.status.steps[index];
-                    step.state = StepState::Failed;
-                    step.seconds = seconds_since(step.started_at, now);
-                    step.error = Some(error.clone());
-                    finish(&mut record, Failed, now);
-                    let message = format!("step {} failed: {error}", step_name(&record, index));
-                    record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
-                    record.status.failure = Some(Failure::StepFailed);
-                    (record, Persist::Report, Next::Stop)
-                }
-            }
-        }
+        ) => step_finished(record, now, boot_id, outcome),
         (Accepted | Waiting, Event::Cancel { now }) => {
+            let mut record = record;
             finish(&mut record, Canceled, now);
             record.status.error = Some("canceled before it started".into());
             (record, Persist::Report, Next::Stop)
@@ -433,6 +312,171 @@ fn decide(mut record: JobRecord, event: Event, limits: Limits) -> (JobRecord, Pe
         // Only a failed job can be resumed.
         (Accepted | Waiting | Running | AwaitingReboot, Event::Resume { .. }) => {
             (record, Persist::Nothing, Next::Stop)
+        }
+    }
+}
+
+/// A failed local job resumes from its failed step.
+fn resume_failed(mut record: JobRecord, now: Timestamp) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let Some(index) = record
+        .status
+        .steps
+        .iter()
+        .position(|s| s.state == StepState::Failed)
+    else {
+        return (record, Persist::Nothing, Next::Stop);
+    };
+    let step = &mut record.status.steps[index];
+    step.state = StepState::Running;
+    // A new durable start: the step's own deadlines count from here.
+    step.started_at = Some(now);
+    step.error = None;
+    record.status.state = Running;
+    record.status.error = None;
+    record.status.finished_at = None;
+    record.resumes = 0;
+    (record, Persist::Report, Next::RunStep(index))
+}
+
+/// A queued job is taken up: it starts, unless its intent expired.
+fn start(
+    mut record: JobRecord,
+    now: Timestamp,
+    control_plane_now: Timestamp,
+) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let expired = record
+        .intent
+        .as_ref()
+        .is_some_and(|intent| control_plane_now >= intent.expires_at);
+    if expired {
+        let expires_at = record.intent.as_ref().map(|i| i.expires_at);
+        finish(&mut record, Expired, now);
+        record.status.error =
+            expires_at.map(|at| format!("intent expired at {at} while it waited in the queue"));
+        return (record, Persist::Report, Next::Stop);
+    }
+    record.status.state = Running;
+    record.status.started_at = Some(now);
+    match start_step(&mut record, 0, now) {
+        Some(index) => (record, Persist::Report, Next::RunStep(index)),
+        None => {
+            succeed(&mut record, now);
+            (record, Persist::Report, Next::Stop)
+        }
+    }
+}
+
+/// A running job is taken up again after the agent stopped while it ran.
+fn pick_up_again(
+    mut record: JobRecord,
+    now: Timestamp,
+    limits: Limits,
+) -> (JobRecord, Persist, Next) {
+    record.resumes += 1;
+    if record.resumes > limits.max_resumes {
+        return give_up(record, now);
+    }
+    let index = current_step(&record);
+    match index {
+        Some(index) => {
+            start_step(&mut record, index, now);
+            // Visible in `drover-agent jobs` until the step ends.
+            record.status.steps[index].error = Some(format!(
+                "the agent stopped while this step ran; resumed ({} of at most {})",
+                record.resumes, limits.max_resumes
+            ));
+            (record, Persist::Save, Next::RunStep(index))
+        }
+        None => {
+            succeed(&mut record, now);
+            (record, Persist::Report, Next::Stop)
+        }
+    }
+}
+
+/// A job that asked for a reboot is taken up again: after one, or not.
+fn after_reboot(
+    mut record: JobRecord,
+    now: Timestamp,
+    boot_id: String,
+    limits: Limits,
+) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let rebooted = record
+        .reboot_from_boot
+        .as_deref()
+        .is_some_and(|before| before != boot_id);
+    if !rebooted {
+        // The agent restarted but the device did not: ask again.
+        record.resumes += 1;
+        if record.resumes > limits.max_resumes {
+            return give_up(record, now);
+        }
+        return (record, Persist::Save, Next::Reboot);
+    }
+    record.reboot_from_boot = None;
+    record.status.state = Running;
+    record.status.boot_id = boot_id;
+    let Some(index) = current_step(&record) else {
+        succeed(&mut record, now);
+        return (record, Persist::Report, Next::Stop);
+    };
+    complete_step(&mut record, index, now);
+    match start_step(&mut record, index + 1, now) {
+        Some(next) => (record, Persist::Report, Next::RunStep(next)),
+        None => {
+            succeed(&mut record, now);
+            (record, Persist::Report, Next::Stop)
+        }
+    }
+}
+
+/// The running step ended with `outcome`.
+fn step_finished(
+    mut record: JobRecord,
+    now: Timestamp,
+    boot_id: String,
+    outcome: StepOutcome,
+) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let Some(index) = current_step(&record) else {
+        succeed(&mut record, now);
+        return (record, Persist::Report, Next::Stop);
+    };
+    record.status.steps[index].tries += 1;
+    match outcome {
+        StepOutcome::Done => {
+            complete_step(&mut record, index, now);
+            match start_step(&mut record, index + 1, now) {
+                Some(next) => (record, Persist::Report, Next::RunStep(next)),
+                None => {
+                    succeed(&mut record, now);
+                    (record, Persist::Report, Next::Stop)
+                }
+            }
+        }
+        StepOutcome::RetryAfter { after, reason } => {
+            record.status.steps[index].error = Some(bounded(reason, MAX_ERROR_BYTES));
+            (record, Persist::Save, Next::RetryStep { index, after })
+        }
+        StepOutcome::Reboot => {
+            record.status.state = AwaitingReboot;
+            record.reboot_from_boot = Some(boot_id);
+            (record, Persist::Report, Next::Reboot)
+        }
+        StepOutcome::Fail(error) => {
+            let error = bounded(error, MAX_ERROR_BYTES);
+            let step = &mut record.status.steps[index];
+            step.state = StepState::Failed;
+            step.seconds = seconds_since(step.started_at, now);
+            step.error = Some(error.clone());
+            finish(&mut record, Failed, now);
+            let message = format!("step {} failed: {error}", step_name(&record, index));
+            record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
+            record.status.failure = Some(Failure::StepFailed);
+            (record, Persist::Report, Next::Stop)
         }
     }
 }
