@@ -395,9 +395,20 @@ pub async fn require_operator(
     if reads {
         return response;
     }
+    let done = entry(caller.who(), Some(caller.role), caller.via.name());
+    audited(&state, &caller.name, done, response).await
+}
+
+/// A change's response, once its audit entry is written: its outcome, its
+/// objects, and a failure's reason within the operator's refusal budget.
+async fn audited(
+    state: &ApiState,
+    operator: &str,
+    mut done: AuditRecord,
+    response: Response,
+) -> Response {
     let (mut parts, body) = response.into_parts();
     let status = parts.status;
-    let mut done = entry(caller.who(), Some(caller.role), caller.via.name());
     done.status = status.as_u16();
     done.outcome = if status.is_success() {
         "applied"
@@ -424,7 +435,7 @@ pub async fn require_operator(
     } else {
         match state
             .budgets
-            .take(Sort::Refusal, Some(&caller.name), Instant::now())
+            .take(Sort::Refusal, Some(operator), Instant::now())
         {
             Ok(skipped) => skipped,
             Err(_) => return Response::from_parts(parts, body),
