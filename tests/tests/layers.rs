@@ -433,7 +433,6 @@ const NOT_YET: &[&str] = &[
     "control-plane/server/src/manifest/deploy_spec.rs: parse_deployment_spec",
     "control-plane/server/src/manifest/mod.rs: parse",
     "control-plane/server/src/engine/deployments/mod.rs: advance_deployment",
-    "control-plane/server/src/dispatch/intake.rs: commit",
     "sim/src/footprint.rs: measure_agent",
     "sim/src/main.rs: main",
     "sim/src/bench.rs: measure",

@@ -50,69 +50,7 @@ impl Dispatcher {
     /// Commits a batch's writes, then answers its events and runs their
     /// effects. Returns the events to apply again (their keys lost a race).
     pub(super) async fn commit(&mut self, work: Work, last_round: bool) -> Vec<Event> {
-        let mut ops = Vec::new();
-        let mut written: Vec<Written> = Vec::new();
-        for (key, (expected, job)) in &work.jobs {
-            match Db::encode(job) {
-                Ok(value) => {
-                    ops.push(Op::Put {
-                        key: key.clone(),
-                        value,
-                        expected: *expected,
-                    });
-                    written.push((key.clone(), Some(job.clone()), None));
-                }
-                Err(e) => warn!(key, error = %e, "cannot encode a job record"),
-            }
-        }
-        for (key, (expected, device)) in &work.devices {
-            match Db::encode(device) {
-                Ok(value) => {
-                    ops.push(Op::Put {
-                        key: key.clone(),
-                        value,
-                        expected: *expected,
-                    });
-                    written.push((key.clone(), None, Some((device.id.clone(), device.clone()))));
-                }
-                Err(e) => warn!(key, error = %e, "cannot encode a device record"),
-            }
-        }
-        // What reports write beside their jobs: devices' inventories and
-        // latest assessments.
-        let beside = work
-            .inventories
-            .iter()
-            .map(|(key, (expected, inventory))| (key, *expected, Db::encode(inventory)))
-            .chain(
-                work.assessments
-                    .iter()
-                    .map(|(key, (expected, assessment))| (key, *expected, Db::encode(assessment))),
-            );
-        for (key, expected, encoded) in beside {
-            match encoded {
-                Ok(value) => {
-                    ops.push(Op::Put {
-                        key: key.clone(),
-                        value,
-                        expected,
-                    });
-                    written.push((key.clone(), None, None));
-                }
-                Err(e) => warn!(key, error = %e, "cannot encode a report's record"),
-            }
-        }
-        // After every op whose result is read below: an alert that exists
-        // already (create-only) is no lost write.
-        for (key, alert) in &work.alerts {
-            if let Ok(value) = Db::encode(alert) {
-                ops.push(Op::Put {
-                    key: key.clone(),
-                    value,
-                    expected: 0,
-                });
-            }
-        }
+        let (ops, written) = writes_of(&work);
         let results = if ops.is_empty() {
             Ok(Vec::new())
         } else {
@@ -514,4 +452,73 @@ impl Dispatcher {
         let effects = effects.into_iter().map(|e| (key.clone(), e)).collect();
         Ok((Answer::Stored, keys, effects))
     }
+}
+
+/// The ops that commit a batch's writes, and what each put of a job or a
+/// device wrote, in the order of their results.
+fn writes_of(work: &Work) -> (Vec<Op>, Vec<Written>) {
+    let mut ops = Vec::new();
+    let mut written: Vec<Written> = Vec::new();
+    for (key, (expected, job)) in &work.jobs {
+        match Db::encode(job) {
+            Ok(value) => {
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value,
+                    expected: *expected,
+                });
+                written.push((key.clone(), Some(job.clone()), None));
+            }
+            Err(e) => warn!(key, error = %e, "cannot encode a job record"),
+        }
+    }
+    for (key, (expected, device)) in &work.devices {
+        match Db::encode(device) {
+            Ok(value) => {
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value,
+                    expected: *expected,
+                });
+                written.push((key.clone(), None, Some((device.id.clone(), device.clone()))));
+            }
+            Err(e) => warn!(key, error = %e, "cannot encode a device record"),
+        }
+    }
+    // What reports write beside their jobs: devices' inventories and
+    // latest assessments.
+    let beside = work
+        .inventories
+        .iter()
+        .map(|(key, (expected, inventory))| (key, *expected, Db::encode(inventory)))
+        .chain(
+            work.assessments
+                .iter()
+                .map(|(key, (expected, assessment))| (key, *expected, Db::encode(assessment))),
+        );
+    for (key, expected, encoded) in beside {
+        match encoded {
+            Ok(value) => {
+                ops.push(Op::Put {
+                    key: key.clone(),
+                    value,
+                    expected,
+                });
+                written.push((key.clone(), None, None));
+            }
+            Err(e) => warn!(key, error = %e, "cannot encode a report's record"),
+        }
+    }
+    // After every op whose result is read below: an alert that exists
+    // already (create-only) is no lost write.
+    for (key, alert) in &work.alerts {
+        if let Ok(value) = Db::encode(alert) {
+            ops.push(Op::Put {
+                key: key.clone(),
+                value,
+                expected: 0,
+            });
+        }
+    }
+    (ops, written)
 }
