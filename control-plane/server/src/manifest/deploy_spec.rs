@@ -210,9 +210,7 @@ pub const MAX_RETRY_BACKOFF_SECONDS: u64 = 24 * 3600;
 pub(super) fn parse_deployment_spec(
     mut value: serde_json::Value,
 ) -> Result<drover_rules::deployment::DeploymentSpec, String> {
-    use drover_rules::deployment::{
-        DeploymentJob, DeploymentSpec, DeviceFilter, MAX_RETRIES, MAX_TARGETS, Targeting, Window,
-    };
+    use drover_rules::deployment::{DeploymentJob, DeploymentSpec, MAX_RETRIES, MAX_TARGETS};
     // Every registered kind's section (a `null` one is absent).
     let mut jobs = Vec::new();
     if let Some(spec) = value.as_object_mut() {
@@ -227,78 +225,7 @@ pub(super) fn parse_deployment_spec(
     let wire: WireDeploymentSpec =
         serde_json::from_value(value).map_err(|e| format!("invalid Deployment spec: {e}"))?;
     let mut problems = Vec::new();
-    let chosen = [
-        wire.targets.all,
-        wire.targets.devices.is_some(),
-        wire.targets.filter.is_some(),
-    ]
-    .iter()
-    .filter(|c| **c)
-    .count();
-    let targets = if chosen != 1 {
-        problems.push(
-            "spec.targets needs exactly one of `all: true`, `devices: [...]` or `filter: {...}`"
-                .into(),
-        );
-        Targeting::All
-    } else if let Some(devices) = wire.targets.devices {
-        if devices.is_empty() || devices.len() > MAX_TARGETS {
-            problems.push(format!(
-                "spec.targets.devices lists 1 to {MAX_TARGETS} devices"
-            ));
-        }
-        let mut ids = Vec::with_capacity(devices.len());
-        let mut seen = std::collections::HashSet::new();
-        for device in devices {
-            match DeviceId::new(device.clone()) {
-                Ok(id) if seen.insert(id.clone()) => ids.push(id),
-                Ok(_) => problems.push(format!(
-                    "spec.targets.devices lists {} twice",
-                    shorten(&device)
-                )),
-                Err(e) => problems.push(format!("spec.targets.devices: {e}")),
-            }
-            if problems.len() > 10 {
-                break;
-            }
-        }
-        Targeting::Devices(ids)
-    } else if let Some(filter) = wire.targets.filter {
-        check_labels(
-            "spec.targets.filter.matchLabels",
-            &filter.match_labels,
-            &mut problems,
-        );
-        check_groups("spec.targets.filter.groups", &filter.groups, &mut problems);
-        if filter.match_labels.is_empty()
-            && filter.groups.is_empty()
-            && filter.software_present.is_empty()
-            && filter.software_absent.is_empty()
-        {
-            problems.push(
-                "spec.targets.filter is empty; give matchLabels, groups or software conditions, or say `all: true`"
-                    .into(),
-            );
-        }
-        let software_present = software_conditions(
-            "spec.targets.filter.softwarePresent",
-            filter.software_present,
-            &mut problems,
-        );
-        let software_absent = software_conditions(
-            "spec.targets.filter.softwareAbsent",
-            filter.software_absent,
-            &mut problems,
-        );
-        Targeting::Filter(DeviceFilter {
-            match_labels: filter.match_labels,
-            groups: filter.groups,
-            software_present,
-            software_absent,
-        })
-    } else {
-        Targeting::All
-    };
+    let targets = targeting(wire.targets, &mut problems);
     let job = match <[_; 1]>::try_from(jobs) {
         Ok([(kind, section)]) => kind.deployment_job(section, &mut problems),
         Err(_) => {
@@ -337,7 +264,112 @@ pub(super) fn parse_deployment_spec(
             "spec.maxReleasesPerMinute must be between 1 and {MAX_RELEASES_PER_MINUTE}"
         ));
     }
-    let maintenance_window = match wire.maintenance_window {
+    let maintenance_window = maintenance_window(wire.maintenance_window, &mut problems);
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(DeploymentSpec {
+        targets,
+        job,
+        max_concurrency: wire.max_concurrency,
+        maintenance_window,
+        retries: wire.retries,
+        retry_backoff_seconds: wire.retry_backoff_seconds,
+        deadline_seconds: wire.deadline_seconds,
+        failure_threshold,
+        max_releases_per_minute: wire.max_releases_per_minute,
+    })
+}
+
+/// Which devices a Deployment targets: exactly one of all, a list of
+/// devices (each once) or a filter that says something.
+fn targeting(
+    targets: WireTargets,
+    problems: &mut Vec<String>,
+) -> drover_rules::deployment::Targeting {
+    use drover_rules::deployment::{DeviceFilter, MAX_TARGETS, Targeting};
+    let chosen = [
+        targets.all,
+        targets.devices.is_some(),
+        targets.filter.is_some(),
+    ]
+    .iter()
+    .filter(|c| **c)
+    .count();
+    if chosen != 1 {
+        problems.push(
+            "spec.targets needs exactly one of `all: true`, `devices: [...]` or `filter: {...}`"
+                .into(),
+        );
+        Targeting::All
+    } else if let Some(devices) = targets.devices {
+        if devices.is_empty() || devices.len() > MAX_TARGETS {
+            problems.push(format!(
+                "spec.targets.devices lists 1 to {MAX_TARGETS} devices"
+            ));
+        }
+        let mut ids = Vec::with_capacity(devices.len());
+        let mut seen = std::collections::HashSet::new();
+        for device in devices {
+            match DeviceId::new(device.clone()) {
+                Ok(id) if seen.insert(id.clone()) => ids.push(id),
+                Ok(_) => problems.push(format!(
+                    "spec.targets.devices lists {} twice",
+                    shorten(&device)
+                )),
+                Err(e) => problems.push(format!("spec.targets.devices: {e}")),
+            }
+            if problems.len() > 10 {
+                break;
+            }
+        }
+        Targeting::Devices(ids)
+    } else if let Some(filter) = targets.filter {
+        check_labels(
+            "spec.targets.filter.matchLabels",
+            &filter.match_labels,
+            problems,
+        );
+        check_groups("spec.targets.filter.groups", &filter.groups, problems);
+        if filter.match_labels.is_empty()
+            && filter.groups.is_empty()
+            && filter.software_present.is_empty()
+            && filter.software_absent.is_empty()
+        {
+            problems.push(
+                "spec.targets.filter is empty; give matchLabels, groups or software conditions, or say `all: true`"
+                    .into(),
+            );
+        }
+        let software_present = software_conditions(
+            "spec.targets.filter.softwarePresent",
+            filter.software_present,
+            problems,
+        );
+        let software_absent = software_conditions(
+            "spec.targets.filter.softwareAbsent",
+            filter.software_absent,
+            problems,
+        );
+        Targeting::Filter(DeviceFilter {
+            match_labels: filter.match_labels,
+            groups: filter.groups,
+            software_present,
+            software_absent,
+        })
+    } else {
+        Targeting::All
+    }
+}
+
+/// A Deployment's maintenance window: HH:MM to HH:MM, not empty, in a time
+/// zone this machine knows (UTC unless given).
+fn maintenance_window(
+    window: Option<WireWindow>,
+    problems: &mut Vec<String>,
+) -> Option<drover_rules::deployment::Window> {
+    use drover_rules::deployment::Window;
+    match window {
         None => None,
         Some(window) => {
             let start = drover_rules::deployment::parse_minute(&window.start);
@@ -367,19 +399,5 @@ pub(super) fn parse_deployment_spec(
                 time_zone: zone,
             })
         }
-    };
-    if !problems.is_empty() {
-        return Err(problems.join("; "));
     }
-    Ok(DeploymentSpec {
-        targets,
-        job,
-        max_concurrency: wire.max_concurrency,
-        maintenance_window,
-        retries: wire.retries,
-        retry_backoff_seconds: wire.retry_backoff_seconds,
-        deadline_seconds: wire.deadline_seconds,
-        failure_threshold,
-        max_releases_per_minute: wire.max_releases_per_minute,
-    })
 }

@@ -288,56 +288,7 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 spec,
             })
         }
-        "TaskSchedule" => {
-            if !valid_name(&raw.metadata.name) || raw.metadata.name.len() > MAX_SCHEDULE_NAME {
-                return Err(format!(
-                    "metadata.name {:?} must be 1 to {MAX_SCHEDULE_NAME} of [a-z0-9-], starting and ending alphanumeric \
-                     (its runs are named <schedule>-<YYYYMMDDHHMM>)",
-                    raw.metadata.name
-                ));
-            }
-            if contains_key(&raw.spec, "timeZone") {
-                return Err(
-                    "schedules are always UTC: a time zone cannot be set (remove timeZone and give the times in UTC)"
-                        .into(),
-                );
-            }
-            let wire: WireSchedule = serde_json::from_value(raw.spec)
-                .map_err(|e| format!("invalid TaskSchedule spec: {e}"))?;
-            wire.schedule
-                .compile()
-                .map_err(|e| format!("spec.schedule: {e}"))?;
-            let template = parse_run_spec(wire.template.spec, "spec.template.spec")?;
-            let limit = |field: &str, value: Option<u32>, default: u32| {
-                let value = value.unwrap_or(default);
-                if value > drover_rules::schedule::MAX_HISTORY {
-                    return Err(format!(
-                        "spec.{field} {value} is more than {} (older runs are deleted as newer ones finish; \
-                         keep their results elsewhere if you need more)",
-                        drover_rules::schedule::MAX_HISTORY
-                    ));
-                }
-                Ok(value)
-            };
-            Ok(Manifest::TaskSchedule {
-                name: raw.metadata.name,
-                spec: drover_rules::schedule::ScheduleSpec {
-                    schedule: wire.schedule,
-                    suspend: wire.suspend,
-                    template,
-                    successful_runs_history_limit: limit(
-                        "successfulRunsHistoryLimit",
-                        wire.successful_runs_history_limit,
-                        drover_rules::schedule::DEFAULT_SUCCESSFUL_HISTORY,
-                    )?,
-                    failed_runs_history_limit: limit(
-                        "failedRunsHistoryLimit",
-                        wire.failed_runs_history_limit,
-                        drover_rules::schedule::DEFAULT_FAILED_HISTORY,
-                    )?,
-                },
-            })
-        }
+        "TaskSchedule" => parse_schedule(raw),
         "Deployment" => {
             if !valid_name(&raw.metadata.name) {
                 return Err(format!(
@@ -351,95 +302,155 @@ pub fn parse(value: serde_json::Value) -> Result<Manifest, String> {
                 spec,
             })
         }
-        "Device" => {
-            let id = DeviceId::new(raw.metadata.name).map_err(|e| e.to_string())?;
-            let spec: DeviceSpec = serde_json::from_value(raw.spec)
-                .map_err(|e| format!("invalid Device spec: {e}"))?;
-            if raw.metadata.labels.contains_key("device-id") {
-                return Err("label device-id is implicit and cannot be set".into());
-            }
-            let mut problems = Vec::new();
-            check_labels("metadata.labels", &raw.metadata.labels, &mut problems);
-            if let Some(key) = raw
-                .metadata
-                .labels
-                .keys()
-                .find(|k| k.starts_with(drover_rules::patch::MAINTAINED_PREFIX))
-            {
-                problems.push(format!(
-                    "metadata.labels: {:?} is the control plane's: labels under {} are maintained \
-                     from each device's patch assessments and cannot be set",
-                    shorten(key),
-                    drover_rules::patch::MAINTAINED_PREFIX
-                ));
-            }
-            check_groups("spec.groups", &spec.groups, &mut problems);
-            if let Some(zone) = &spec.time_zone
-                && (zone.is_empty()
-                    || zone.len() > 64
-                    || !zone.bytes().all(|b| {
-                        b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'+')
-                    }))
-            {
-                problems.push(format!(
-                    "spec.timeZone {:?} is not an IANA time zone name (such as Europe/Sofia)",
-                    shorten(zone)
-                ));
-            } else if let Some(zone) = &spec.time_zone
-                && drover_rules::deployment::time_zone(zone).is_none()
-            {
-                problems.push(format!(
-                    "spec.timeZone {zone:?} is not in this machine's time zone database (tzdata)"
-                ));
-            }
-            if !problems.is_empty() {
-                return Err(problems.join("; "));
-            }
-            Ok(Manifest::Device {
-                id,
-                labels: raw.metadata.labels,
-                spec,
-            })
-        }
-        "Secret" => {
-            if !drover_model::sealed::is_secret_name(&raw.metadata.name) {
-                return Err(format!(
-                    "metadata.name {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot",
-                    shorten(&raw.metadata.name)
-                ));
-            }
-            let wire: WireSecret = serde_json::from_value(raw.spec)
-                .map_err(|e| format!("invalid Secret spec (spec.data: {{key: value}}): {e}"))?;
-            let mut problems = Vec::new();
-            if wire.data.is_empty() || wire.data.len() > MAX_SECRET_KEYS {
-                problems.push(format!("spec.data must hold 1 to {MAX_SECRET_KEYS} keys"));
-            }
-            for (key, value) in &wire.data {
-                if !drover_model::sealed::is_secret_name(key) {
-                    problems.push(format!(
-                        "spec.data key {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot (it is a file name on the device)",
-                        shorten(key)
-                    ));
-                }
-                if value.len() > MAX_SECRET_VALUE {
-                    problems.push(format!(
-                        "spec.data.{key} is {} bytes, over the limit of {MAX_SECRET_VALUE}",
-                        value.len()
-                    ));
-                }
-            }
-            if !problems.is_empty() {
-                return Err(problems.join("; "));
-            }
-            Ok(Manifest::Secret {
-                name: raw.metadata.name,
-                data: wire.data,
-            })
-        }
+        "Device" => parse_device(raw),
+        "Secret" => parse_secret(raw),
         other => Err(format!(
             "unknown kind {other:?}; this control plane serves TaskRun, TaskSchedule, Deployment, Device and Secret"
         )),
     }
+}
+
+/// A TaskSchedule: its name short enough for its runs' names, UTC only, its
+/// template a run's spec and its history limits bounded.
+fn parse_schedule(raw: Raw) -> Result<Manifest, String> {
+    if !valid_name(&raw.metadata.name) || raw.metadata.name.len() > MAX_SCHEDULE_NAME {
+        return Err(format!(
+            "metadata.name {:?} must be 1 to {MAX_SCHEDULE_NAME} of [a-z0-9-], starting and ending alphanumeric \
+             (its runs are named <schedule>-<YYYYMMDDHHMM>)",
+            raw.metadata.name
+        ));
+    }
+    if contains_key(&raw.spec, "timeZone") {
+        return Err(
+            "schedules are always UTC: a time zone cannot be set (remove timeZone and give the times in UTC)"
+                .into(),
+        );
+    }
+    let wire: WireSchedule =
+        serde_json::from_value(raw.spec).map_err(|e| format!("invalid TaskSchedule spec: {e}"))?;
+    wire.schedule
+        .compile()
+        .map_err(|e| format!("spec.schedule: {e}"))?;
+    let template = parse_run_spec(wire.template.spec, "spec.template.spec")?;
+    let limit = |field: &str, value: Option<u32>, default: u32| {
+        let value = value.unwrap_or(default);
+        if value > drover_rules::schedule::MAX_HISTORY {
+            return Err(format!(
+                "spec.{field} {value} is more than {} (older runs are deleted as newer ones finish; \
+                 keep their results elsewhere if you need more)",
+                drover_rules::schedule::MAX_HISTORY
+            ));
+        }
+        Ok(value)
+    };
+    Ok(Manifest::TaskSchedule {
+        name: raw.metadata.name,
+        spec: drover_rules::schedule::ScheduleSpec {
+            schedule: wire.schedule,
+            suspend: wire.suspend,
+            template,
+            successful_runs_history_limit: limit(
+                "successfulRunsHistoryLimit",
+                wire.successful_runs_history_limit,
+                drover_rules::schedule::DEFAULT_SUCCESSFUL_HISTORY,
+            )?,
+            failed_runs_history_limit: limit(
+                "failedRunsHistoryLimit",
+                wire.failed_runs_history_limit,
+                drover_rules::schedule::DEFAULT_FAILED_HISTORY,
+            )?,
+        },
+    })
+}
+
+/// A Device: its labels and groups, none of the control plane's labels, and
+/// a time zone this machine knows.
+fn parse_device(raw: Raw) -> Result<Manifest, String> {
+    let id = DeviceId::new(raw.metadata.name).map_err(|e| e.to_string())?;
+    let spec: DeviceSpec =
+        serde_json::from_value(raw.spec).map_err(|e| format!("invalid Device spec: {e}"))?;
+    if raw.metadata.labels.contains_key("device-id") {
+        return Err("label device-id is implicit and cannot be set".into());
+    }
+    let mut problems = Vec::new();
+    check_labels("metadata.labels", &raw.metadata.labels, &mut problems);
+    if let Some(key) = raw
+        .metadata
+        .labels
+        .keys()
+        .find(|k| k.starts_with(drover_rules::patch::MAINTAINED_PREFIX))
+    {
+        problems.push(format!(
+            "metadata.labels: {:?} is the control plane's: labels under {} are maintained \
+             from each device's patch assessments and cannot be set",
+            shorten(key),
+            drover_rules::patch::MAINTAINED_PREFIX
+        ));
+    }
+    check_groups("spec.groups", &spec.groups, &mut problems);
+    if let Some(zone) = &spec.time_zone
+        && (zone.is_empty()
+            || zone.len() > 64
+            || !zone
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'+')))
+    {
+        problems.push(format!(
+            "spec.timeZone {:?} is not an IANA time zone name (such as Europe/Sofia)",
+            shorten(zone)
+        ));
+    } else if let Some(zone) = &spec.time_zone
+        && drover_rules::deployment::time_zone(zone).is_none()
+    {
+        problems.push(format!(
+            "spec.timeZone {zone:?} is not in this machine's time zone database (tzdata)"
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(Manifest::Device {
+        id,
+        labels: raw.metadata.labels,
+        spec,
+    })
+}
+
+/// A Secret: names that are file names on the device, and bounded values.
+fn parse_secret(raw: Raw) -> Result<Manifest, String> {
+    if !drover_model::sealed::is_secret_name(&raw.metadata.name) {
+        return Err(format!(
+            "metadata.name {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot",
+            shorten(&raw.metadata.name)
+        ));
+    }
+    let wire: WireSecret = serde_json::from_value(raw.spec)
+        .map_err(|e| format!("invalid Secret spec (spec.data: {{key: value}}): {e}"))?;
+    let mut problems = Vec::new();
+    if wire.data.is_empty() || wire.data.len() > MAX_SECRET_KEYS {
+        problems.push(format!("spec.data must hold 1 to {MAX_SECRET_KEYS} keys"));
+    }
+    for (key, value) in &wire.data {
+        if !drover_model::sealed::is_secret_name(key) {
+            problems.push(format!(
+                "spec.data key {:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot (it is a file name on the device)",
+                shorten(key)
+            ));
+        }
+        if value.len() > MAX_SECRET_VALUE {
+            problems.push(format!(
+                "spec.data.{key} is {} bytes, over the limit of {MAX_SECRET_VALUE}",
+                value.len()
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(Manifest::Secret {
+        name: raw.metadata.name,
+        data: wire.data,
+    })
 }
 
 #[cfg(test)]
