@@ -430,7 +430,6 @@ const NOT_YET: &[&str] = &[
     "control-plane/cli/src/demo.rs: run",
     "control-plane/cli/src/serve.rs: start",
     "control-plane/rules/src/deployment/decide.rs: pass",
-    "control-plane/server/src/engine/deployments/mod.rs: advance_deployment",
     "sim/src/footprint.rs: measure_agent",
     "sim/src/main.rs: main",
     "sim/src/bench.rs: measure",

@@ -298,25 +298,7 @@ impl Engine {
         let Some(view) = views.by_name.get(&name) else {
             return Ok(());
         };
-        let inputs: Vec<TargetInput> = view
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(i, target)| TargetInput {
-                record: target,
-                job: if target.end.is_none() {
-                    target.job.and(view.jobs[i].clone())
-                } else {
-                    None
-                },
-                // Only a pending target's device needs asking.
-                online: target.job.is_none()
-                    && target.end.is_none()
-                    && self.online(&target.device, view.last_seen[i], now),
-                time_zone: view.zones[i].as_deref(),
-                waiting_since: waiting.get(&i).copied(),
-            })
-            .collect();
+        let inputs = self.target_inputs(view, &waiting, now);
         let decision = deployment::decide(&record.facts(), &inputs, now);
         drop(inputs);
         if !decision.cancel.is_empty()
@@ -349,26 +331,8 @@ impl Engine {
             }
             return Ok(());
         }
-        // The lease: kept across passes while this replica passes, so a
-        // pass is one commit (the work and the record together); taken or
-        // renewed with a commit of its own only when missing or running out.
-        let held = record
-            .status
-            .lease
-            .clone()
-            .filter(|lease| lease.holder == self.id && lease.until > now + LEASE_RENEW_BEFORE);
-        let (leased, lease) = match held {
-            Some(lease) => (revision, lease),
-            None => match self.lease(revision, &record, now).await? {
-                Some(leased) => (
-                    leased,
-                    Lease {
-                        holder: self.id.clone(),
-                        until: now + LEASE,
-                    },
-                ),
-                None => return Ok(()),
-            },
+        let Some((leased, lease)) = self.pass_lease(revision, &record, now).await? else {
+            return Ok(());
         };
         if let Some(view) = views.by_name.get_mut(&name) {
             view.routed = view.routed.max(leased);
@@ -383,51 +347,17 @@ impl Engine {
 
         let kind = record.spec.job.kind().name().to_owned();
         let ended = (status.phase, status.reason.clone());
-        let (ops, job_keys) = pass_ops(record, status, leased, &decision, &adds, view, now)?;
+        let (ops, job_keys) =
+            writes::pass_ops(record, status, leased, &decision, &adds, view, now)?;
         let results = self.store_wait(self.db.commit(ops)).await?;
-        let mut results = results.into_iter();
-        let mut released_keys = Vec::new();
-        for key in job_keys {
-            match results.next() {
-                Some(Ok(_)) => released_keys.push(key),
-                // Released already (by a pass whose lease ran out, or before
-                // a crash): the delivery core has it from the store; sending
-                // it again would deliver it twice.
-                Some(Err(e)) if e.is_conflict() => {}
-                Some(Err(e)) => return Err(e.into()),
-                None => break,
-            }
-        }
-        let mut stale = false;
-        for (index, target) in decision.changes {
-            match results.next() {
-                Some(Ok(revision)) => views.set_target(&name, index, target, revision),
-                Some(Err(e)) if e.is_conflict() => stale = true,
-                Some(Err(e)) => return Err(e.into()),
-                None => break,
-            }
-        }
-        for (target, seen) in adds {
-            match results.next() {
-                Some(Ok(revision)) => {
-                    views.add_target(&name, target, revision, seen);
-                }
-                Some(Err(e)) if e.is_conflict() => stale = true,
-                Some(Err(e)) => return Err(e.into()),
-                None => break,
-            }
-        }
-        match results.next() {
-            Some(Ok(revision)) => {
-                if let Some(view) = views.by_name.get_mut(&name) {
-                    view.routed = view.routed.max(revision);
-                }
-            }
-            // The lease ran out and another replica went on.
-            Some(Err(e)) if e.is_conflict() => stale = true,
-            Some(Err(e)) => return Err(e.into()),
-            None => {}
-        }
+        let (released_keys, stale) = writes::apply_pass_results(
+            &mut views,
+            &name,
+            results,
+            job_keys,
+            decision.changes,
+            adds,
+        )?;
         if let Some(view) = views.by_name.get_mut(&name) {
             view.next_due = next_due;
         }
@@ -455,6 +385,64 @@ impl Engine {
             info!(deployment = %name, phase = ?phase, reason = ?reason, "deployment finished");
         }
         Ok(())
+    }
+
+    /// The lease: kept across passes while this replica passes, so a
+    /// pass is one commit (the work and the record together); taken or
+    /// renewed with a commit of its own only when missing or running out.
+    /// None when another replica holds it.
+    async fn pass_lease(
+        &self,
+        revision: u64,
+        record: &DeploymentRecord,
+        now: Timestamp,
+    ) -> Result<Option<(u64, Lease)>, DbError> {
+        let held = record
+            .status
+            .lease
+            .clone()
+            .filter(|lease| lease.holder == self.id && lease.until > now + LEASE_RENEW_BEFORE);
+        Ok(match held {
+            Some(lease) => Some((revision, lease)),
+            None => self.lease(revision, record, now).await?.map(|leased| {
+                (
+                    leased,
+                    Lease {
+                        holder: self.id.clone(),
+                        until: now + LEASE,
+                    },
+                )
+            }),
+        })
+    }
+
+    /// What `decide` reads of each target: its record, its job while one
+    /// is out, whether its device is online (asked only for a pending
+    /// target), its site's time zone and since when its job waits.
+    fn target_inputs<'v>(
+        &self,
+        view: &'v DeploymentView,
+        waiting: &HashMap<usize, Timestamp>,
+        now: Timestamp,
+    ) -> Vec<TargetInput<'v>> {
+        view.targets
+            .iter()
+            .enumerate()
+            .map(|(i, target)| TargetInput {
+                record: target,
+                job: if target.end.is_none() {
+                    target.job.and(view.jobs[i].clone())
+                } else {
+                    None
+                },
+                // Only a pending target's device needs asking.
+                online: target.job.is_none()
+                    && target.end.is_none()
+                    && self.online(&target.device, view.last_seen[i], now),
+                time_zone: view.zones[i].as_deref(),
+                waiting_since: waiting.get(&i).copied(),
+            })
+            .collect()
     }
 
     /// "Add new devices": the devices the filter selects now that are not
@@ -512,84 +500,7 @@ fn next_due(
         .min()
 }
 
-/// One pass's writes, in one commit: the jobs released first, then the
-/// targets that name them (a crash in between leaves a job the next pass
-/// releases again under the same id), the new targets, and last the
-/// deployment's record with `status`, under the lease (`leased`): it fails
-/// only if the lease was lost, and then the next pass starts from the
-/// store again. Also the released jobs' keys, in the order of their writes.
-fn pass_ops(
-    record: DeploymentRecord,
-    status: DeploymentStatus,
-    leased: u64,
-    decision: &Decision,
-    adds: &[(TargetRecord, Option<Timestamp>)],
-    view: &DeploymentView,
-    now: Timestamp,
-) -> Result<(Vec<Op>, Vec<String>), DbError> {
-    let name = record.name.clone();
-    let mut ops = Vec::new();
-    let mut job_keys = Vec::new();
-    for &index in &decision.released {
-        // `decide` lists every released target among the changes, with
-        // its job: one that is not is skipped, never released half-made.
-        let Some((target, job_id)) = decision
-            .changes
-            .iter()
-            .find(|(i, _)| *i == index)
-            .and_then(|(_, t)| Some((t, t.job?)))
-        else {
-            continue;
-        };
-        let job = JobDelivery {
-            intent: Intent {
-                job_id,
-                device_id: target.device.clone(),
-                kind: record.spec.job.kind(),
-                attempt: target.attempt,
-                created_at: now,
-                expires_at: record.facts().deadline(),
-                timeout_seconds: deployment::JOB_TIMEOUT_SECONDS,
-            },
-            run: Some(drover_rules::records::deployment_run(&name)),
-            delivery: Delivery::Created,
-            status: None,
-            created_at: now,
-            terminal_received_at: None,
-            cancel_requested_at: None,
-        };
-        let key = job_key(&target.device, job_id);
-        ops.push(Op::Put {
-            key: key.clone(),
-            value: Db::encode(&job)?,
-            expected: 0,
-        });
-        job_keys.push(key);
-    }
-    for (index, target) in &decision.changes {
-        ops.push(Op::Put {
-            key: target_key(record.uid, &target.device),
-            value: Db::encode(target)?,
-            expected: view.revisions[*index],
-        });
-    }
-    for (target, _) in adds {
-        ops.push(Op::Put {
-            key: target_key(record.uid, &target.device),
-            value: Db::encode(target)?,
-            expected: 0,
-        });
-    }
-    let mut done = record;
-    done.status = status;
-    ops.push(Op::Put {
-        key: deployment_key(&name),
-        value: Db::encode(&done)?,
-        expected: leased,
-    });
-    Ok((ops, job_keys))
-}
-
 #[cfg(test)]
 mod sim_tests;
 mod views;
+mod writes;
