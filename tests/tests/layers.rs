@@ -429,7 +429,6 @@ const NOT_YET: &[&str] = &[
     "tests/src/lib.rs",
     "control-plane/cli/src/demo.rs: run",
     "control-plane/cli/src/serve.rs: start",
-    "control-plane/rules/src/deployment/decide.rs: pass",
     "sim/src/footprint.rs: measure_agent",
     "sim/src/main.rs: main",
     "sim/src/bench.rs: measure",

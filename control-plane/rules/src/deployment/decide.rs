@@ -57,128 +57,18 @@ fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decis
     // The targets this pass changes, sparse: a pass costs what changed.
     let mut records: std::collections::BTreeMap<usize, TargetRecord> = Default::default();
 
-    let fail = |record: &mut TargetRecord, at: Timestamp, error: String| {
-        record.last_error = Some(bounded(error, MAX_ERROR_BYTES));
-        record.job = None;
-        record.released_at = None;
-        record.running_since = None;
-        if record.attempt <= spec.retries && !expired && !facts.canceling {
-            record.next_attempt_at = Some(at + backoff(spec, record.attempt));
-        } else {
-            record.end = Some(TargetEnd::Failed { at });
-        }
+    let observing = Observing {
+        facts,
+        now,
+        expired,
+        timeout,
     };
-
     for (index, target) in targets.iter().enumerate() {
         let record = target.record;
         if record.end.is_some() {
             continue;
         }
-        // Cloned only when this target changes: a pass costs what changed.
-        let mut changed: Option<TargetRecord> = None;
-        match (&record.job, &target.job) {
-            (Some(_), Some(Observed::Succeeded { at })) => {
-                let next = changed.insert(record.clone());
-                next.end = Some(TargetEnd::Succeeded { at: *at });
-                next.next_attempt_at = None;
-            }
-            (Some(_), Some(Observed::Failed { at, error })) => {
-                let next = changed.insert(record.clone());
-                fail(next, *at, error.clone());
-                decision.latest_error = latest_error(next);
-            }
-            (Some(_), Some(Observed::Canceled { at })) => {
-                let next = changed.insert(record.clone());
-                next.job = None;
-                next.released_at = None;
-                next.running_since = None;
-                next.end = Some(TargetEnd::Canceled { at: *at });
-                next.last_error = Some("canceled on the device before it started".into());
-            }
-            (Some(_), Some(Observed::Running)) if facts.canceling => {
-                // A started job is never interrupted (A3); the order is sent
-                // all the same, and its end decides the target.
-                decision.cancel.push(index);
-                if record.running_since.is_none() {
-                    changed.insert(record.clone()).running_since = Some(now);
-                }
-                active += 1;
-            }
-            (Some(_), Some(Observed::Running)) => match record.running_since {
-                None => {
-                    changed.insert(record.clone()).running_since = Some(now);
-                    active += 1;
-                }
-                Some(since) if now >= since + timeout => {
-                    let error = timed_out(&format!(
-                        "still running {}s after it started",
-                        now.duration_since(since).as_secs()
-                    ));
-                    let next = changed.insert(record.clone());
-                    fail(next, now, error);
-                    decision.latest_error = latest_error(next);
-                }
-                Some(_) => active += 1,
-            },
-            // Acknowledged, not started, and its clock ran out: the
-            // device took it and never started it (the seed's job timeout,
-            // counted from when it could have started).
-            (Some(_), Some(Observed::Queued { acked: Some(_) }))
-                if !expired
-                    && !facts.canceling
-                    && target
-                        .waiting_since
-                        .is_some_and(|since| now >= since + timeout) =>
-            {
-                let since = target.waiting_since.unwrap_or(now);
-                let error = timed_out(&format!(
-                    "acknowledged by the device and not started {}s after it could have",
-                    now.duration_since(since).as_secs()
-                ));
-                let next = changed.insert(record.clone());
-                fail(next, now, error);
-                decision.latest_error = latest_error(next);
-            }
-            // Out and not started (or its record is not readable yet).
-            (Some(_), Some(Observed::Queued { .. }) | None) => {
-                if expired {
-                    // The agent that holds it is told to cancel it, as an
-                    // operator's cancel would: it would expire there too
-                    // (its intent expires with the deployment), but only
-                    // when it reached the head of the queue.
-                    decision.cancel.push(index);
-                    let next = changed.insert(record.clone());
-                    next.job = None;
-                    next.end = Some(TargetEnd::Expired { at: now });
-                    next.last_error =
-                        Some("the deployment expired before the device started the job".into());
-                } else {
-                    if facts.canceling {
-                        decision.cancel.push(index);
-                    }
-                    active += 1;
-                }
-            }
-            (None, _) => {
-                if facts.canceling {
-                    let next = changed.insert(record.clone());
-                    next.end = Some(TargetEnd::Canceled { at: now });
-                    next.next_attempt_at = None;
-                    next.last_error = Some(record.last_error.clone().unwrap_or_else(|| {
-                        "canceled by an operator before it was released".into()
-                    }));
-                } else if expired {
-                    let next = changed.insert(record.clone());
-                    next.end = Some(TargetEnd::Expired { at: now });
-                    next.last_error =
-                        Some(record.last_error.clone().unwrap_or_else(|| {
-                            "the deployment expired before it was released".into()
-                        }));
-                } else {
-                    pending.push(index);
-                }
-            }
-        }
+        let changed = observing.target(index, target, &mut decision, &mut active, &mut pending);
         if let Some(next) = changed
             && next != *record
         {
@@ -285,6 +175,156 @@ fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decis
     decision.finished = c.total() == c.succeeded + c.failed + c.expired + c.canceled;
     decision.changes = records.into_iter().collect();
     decision
+}
+
+/// What a pass knows while it observes each target.
+struct Observing<'a> {
+    facts: &'a Facts<'a>,
+    now: Timestamp,
+    /// The deployment's deadline has passed.
+    expired: bool,
+    /// How long a job may run, or wait acknowledged, before it fails.
+    timeout: SignedDuration,
+}
+
+impl Observing<'_> {
+    /// What became of one unfinished target since the last pass: its new
+    /// record when it changes; a running or queued one counts as `active`,
+    /// one not released yet joins `pending`.
+    fn target(
+        &self,
+        index: usize,
+        target: &TargetInput<'_>,
+        decision: &mut Decision,
+        active: &mut u32,
+        pending: &mut Vec<usize>,
+    ) -> Option<TargetRecord> {
+        let Observing {
+            facts,
+            now,
+            expired,
+            timeout,
+        } = *self;
+        let spec = facts.spec;
+        let record = target.record;
+        let fail = |record: &mut TargetRecord, at: Timestamp, error: String| {
+            record.last_error = Some(bounded(error, MAX_ERROR_BYTES));
+            record.job = None;
+            record.released_at = None;
+            record.running_since = None;
+            if record.attempt <= spec.retries && !expired && !facts.canceling {
+                record.next_attempt_at = Some(at + backoff(spec, record.attempt));
+            } else {
+                record.end = Some(TargetEnd::Failed { at });
+            }
+        };
+        // Cloned only when this target changes: a pass costs what changed.
+        let mut changed: Option<TargetRecord> = None;
+        match (&record.job, &target.job) {
+            (Some(_), Some(Observed::Succeeded { at })) => {
+                let next = changed.insert(record.clone());
+                next.end = Some(TargetEnd::Succeeded { at: *at });
+                next.next_attempt_at = None;
+            }
+            (Some(_), Some(Observed::Failed { at, error })) => {
+                let next = changed.insert(record.clone());
+                fail(next, *at, error.clone());
+                decision.latest_error = latest_error(next);
+            }
+            (Some(_), Some(Observed::Canceled { at })) => {
+                let next = changed.insert(record.clone());
+                next.job = None;
+                next.released_at = None;
+                next.running_since = None;
+                next.end = Some(TargetEnd::Canceled { at: *at });
+                next.last_error = Some("canceled on the device before it started".into());
+            }
+            (Some(_), Some(Observed::Running)) if facts.canceling => {
+                // A started job is never interrupted (A3); the order is sent
+                // all the same, and its end decides the target.
+                decision.cancel.push(index);
+                if record.running_since.is_none() {
+                    changed.insert(record.clone()).running_since = Some(now);
+                }
+                *active += 1;
+            }
+            (Some(_), Some(Observed::Running)) => match record.running_since {
+                None => {
+                    changed.insert(record.clone()).running_since = Some(now);
+                    *active += 1;
+                }
+                Some(since) if now >= since + timeout => {
+                    let error = timed_out(&format!(
+                        "still running {}s after it started",
+                        now.duration_since(since).as_secs()
+                    ));
+                    let next = changed.insert(record.clone());
+                    fail(next, now, error);
+                    decision.latest_error = latest_error(next);
+                }
+                Some(_) => *active += 1,
+            },
+            // Acknowledged, not started, and its clock ran out: the
+            // device took it and never started it (the seed's job timeout,
+            // counted from when it could have started).
+            (Some(_), Some(Observed::Queued { acked: Some(_) }))
+                if !expired
+                    && !facts.canceling
+                    && target
+                        .waiting_since
+                        .is_some_and(|since| now >= since + timeout) =>
+            {
+                let since = target.waiting_since.unwrap_or(now);
+                let error = timed_out(&format!(
+                    "acknowledged by the device and not started {}s after it could have",
+                    now.duration_since(since).as_secs()
+                ));
+                let next = changed.insert(record.clone());
+                fail(next, now, error);
+                decision.latest_error = latest_error(next);
+            }
+            // Out and not started (or its record is not readable yet).
+            (Some(_), Some(Observed::Queued { .. }) | None) => {
+                if expired {
+                    // The agent that holds it is told to cancel it, as an
+                    // operator's cancel would: it would expire there too
+                    // (its intent expires with the deployment), but only
+                    // when it reached the head of the queue.
+                    decision.cancel.push(index);
+                    let next = changed.insert(record.clone());
+                    next.job = None;
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some("the deployment expired before the device started the job".into());
+                } else {
+                    if facts.canceling {
+                        decision.cancel.push(index);
+                    }
+                    *active += 1;
+                }
+            }
+            (None, _) => {
+                if facts.canceling {
+                    let next = changed.insert(record.clone());
+                    next.end = Some(TargetEnd::Canceled { at: now });
+                    next.next_attempt_at = None;
+                    next.last_error = Some(record.last_error.clone().unwrap_or_else(|| {
+                        "canceled by an operator before it was released".into()
+                    }));
+                } else if expired {
+                    let next = changed.insert(record.clone());
+                    next.end = Some(TargetEnd::Expired { at: now });
+                    next.last_error =
+                        Some(record.last_error.clone().unwrap_or_else(|| {
+                            "the deployment expired before it was released".into()
+                        }));
+                } else {
+                    pending.push(index);
+                }
+            }
+        }
+        changed
+    }
 }
 
 /// A target's error as the deployment's latest: prefixed with its device.
