@@ -72,58 +72,8 @@ pub struct ServeOptions {
 /// firewall rules stay the same across restarts.
 pub const DOWNLOAD_PORT: u16 = 7182;
 
-/// The base of download links when none is given: the listen address when
-/// agents can reach it as it is; for a wildcard address, the first DNS name
-/// of the agents' TLS certificate (the name agents already trust and
-/// reach the control plane by). None when neither says where agents reach.
-fn download_base(
-    listen: SocketAddr,
-    agent_cert: Option<&std::path::Path>,
-) -> Result<Option<String>> {
-    if !listen.ip().is_unspecified() {
-        let scheme = if agent_cert.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        return Ok(Some(format!("{scheme}://{listen}")));
-    }
-    let Some(cert) = agent_cert else {
-        return Ok(None);
-    };
-    let name = crate::listen::certificate_dns_names(cert)?
-        .into_iter()
-        .find(|name| !name.starts_with('*'));
-    Ok(name.map(|name| format!("https://{name}:{}", listen.port())))
-}
-
-/// How long `serve` waits for JetStream to take its buckets: a cluster's
-/// nodes and the control plane may start in any order, and JetStream
-/// answers only once its nodes have elected a meta leader.
-const JETSTREAM_READY: Duration = Duration::from_secs(120);
-
-/// Runs `attempt` until it succeeds or [`JETSTREAM_READY`] has passed,
-/// logging why it waits.
-async fn until_jetstream_ready<T, E, F, Fut>(what: &str, mut attempt: F) -> Result<T>
-where
-    E: std::fmt::Display + Send + Sync + 'static,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, E>>,
-{
-    let started = std::time::Instant::now();
-    loop {
-        match attempt().await {
-            Ok(value) => return Ok(value),
-            Err(e) if started.elapsed() < JETSTREAM_READY => {
-                warn!(error = %e, "JetStream cannot take {what} yet; trying again in 1 s");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => {
-                anyhow::bail!("JetStream did not take {what} within {JETSTREAM_READY:?}: {e}")
-            }
-        }
-    }
-}
+#[path = "serve_wiring.rs"]
+mod wiring;
 
 /// A started control plane.
 pub struct Started {
@@ -142,34 +92,13 @@ pub struct Started {
 pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result<Started> {
     check_api_listen(&options)?;
     let capacity = Capacity::from_open_file_limit(options.max_agent_connections);
-    let api_tls = match &options.api_tls {
-        Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
-        None => None,
-    };
+    let api_tls = wiring::acceptor(options.api_tls.as_ref())?;
     drover_server::auth::ensure_data_dir(&options.data)?;
     let nats_client = match &options.nats {
         Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
         None => None,
     };
-    let mut store_failed = Arc::new(tokio::sync::Notify::new());
-    let db = match (&nats_client, options.store_on_nats) {
-        (Some(client), true) => {
-            let replicas = options.nats.as_ref().map_or(1, |n| n.replicas);
-            let kv = until_jetstream_ready("the control plane's bucket", || {
-                transport_nats::kv::NatsKv::open(client.clone(), replicas)
-            })
-            .await?;
-            Db::new(Arc::new(kv)).observe_commits(drover_server::metrics::store_commit)
-        }
-        (None, true) => anyhow::bail!("--store nats needs --nats-url"),
-        (_, false) => {
-            let path = options.data.join("drover.redb");
-            let checker = agent_core::dbfile::Checker::this_binary("drover reset-store");
-            let kv = RedbKv::open_checked(&path, &checker)?;
-            store_failed = kv.io_failed();
-            Db::new(Arc::new(kv)).observe_commits(drover_server::metrics::store_commit)
-        }
-    };
+    let (db, store_failed) = wiring::open_store(&options, nats_client.as_ref()).await?;
     let secrets = Arc::new(Secrets::load_or_create(
         &options.data,
         options.operator_token.clone(),
@@ -181,95 +110,33 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let (released_tx, released) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
     let presence = Arc::new(Presence::default());
-    let engine =
-        Engine::new(db.clone(), wake.clone(), Some(released_tx)).with_presence(presence.clone());
-    // The embedded store is opened by one process at a time.
-    let engine = Arc::new(if options.store_on_nats {
-        engine
-    } else {
-        engine.alone()
-    });
+    let engine = wiring::engine(&options, &db, &wake, released_tx, &presence);
 
     let websocket = WsLinks::new(events_tx.clone());
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];
     let mut tasks = Vec::new();
-    if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
-        let buckets = until_jetstream_ready("the intent and status buckets", || {
-            transport_nats::server::ensure_buckets(
-                client.clone(),
-                transport_nats::server::BucketLimits {
-                    replicas: nats.replicas,
-                    ..Default::default()
-                },
-            )
-        })
-        .await?;
-        let resume_after = db
-            .get::<u64>(&cursor_key(transport_nats::links::TRANSPORT))
-            .await?
-            .map(|(_, position)| position)
-            .unwrap_or(0);
-        let link = transport_nats::links::NatsLinks::new(buckets, events_tx.clone());
-        links.push(link.clone());
-        info!(url = %nats.url, resume_after, "serving agents over NATS JetStream");
-        tasks.push(tokio::spawn(link.run(resume_after, shutdown.clone())));
-    }
-    if let Some(mqtt) = &options.mqtt {
-        // A stable client id per data directory: the broker keeps this
-        // replica's session (and what it has not acknowledged) across restarts.
-        let id = replica_id(&options.data)?;
-        let (link, event_loop) = transport_mqtt::server::MqttLinks::new(
-            mqtt,
-            &format!("drover-cp-{id}"),
-            options.mqtt_request_queue,
-            events_tx.clone(),
-        )?;
-        links.push(link.clone());
-        info!(url = %mqtt.url, prefix = %mqtt.prefix, "serving agents over MQTT");
-        tasks.push(tokio::spawn(link.run(event_loop, shutdown.clone())));
-    }
-    let tls = match &options.agent_tls {
-        Some((cert, key)) => Some(tokio_rustls_acceptor(cert, key)?),
-        None => None,
-    };
+    wiring::broker_links(
+        &options,
+        nats_client,
+        &db,
+        &events_tx,
+        &shutdown,
+        &mut links,
+        &mut tasks,
+    )
+    .await?;
+    let tls = wiring::acceptor(options.agent_tls.as_ref())?;
     let signer = Arc::new(drover_server::auth::IntentSigner::load_or_create(
         &options.data,
     )?);
     info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
-    let download_listen = options.download_listen.unwrap_or_else(|| {
-        let port = match options.agent_listen.port() {
-            0 => 0,
-            _ => DOWNLOAD_PORT,
-        };
-        SocketAddr::new(options.agent_listen.ip(), port)
-    });
-    let download_listener = TcpListener::bind(download_listen).await.with_context(|| {
-        format!("cannot listen for package downloads on {download_listen} (--download-listen)")
-    })?;
-    let download_addr = download_listener.local_addr()?;
-    let download_base = match &options.download_url {
-        Some(url) => Some(url.clone()),
-        None => download_base(
-            download_addr,
-            options.agent_tls.as_ref().map(|(cert, _)| cert.as_path()),
-        )?,
-    };
-    match &download_base {
-        Some(base) => info!(listen = %download_addr, links = %base, "package downloads served"),
-        None => warn!(
-            listen = %download_addr,
-            "package downloads are off: agents reach this wildcard address by a name this control plane does not know; pass --download-url https://HOST:{}",
-            download_addr.port()
-        ),
-    }
-    let downloads = download_base.clone().map(|base| {
-        Arc::new(drover_server::packages::Downloads::new(
-            secrets.clone(),
-            base,
-            &options.data,
-        ))
-    });
+    let wiring::DownloadsServed {
+        listener: download_listener,
+        addr: download_addr,
+        base: download_base,
+        downloads,
+    } = wiring::downloads(&options, &secrets).await?;
     let vault = Arc::new(drover_server::secrets::Vault::load_or_create(
         &options.data,
     )?);
@@ -290,21 +157,10 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         signer,
     )
     .with_enricher(enricher);
-    let api_listener = TcpListener::bind(options.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.listen))?;
-    let agent_listener = TcpListener::bind(options.agent_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.agent_listen))?;
+    let (api_listener, agent_listener) = wiring::bind(&options).await?;
     let api_addr = api_listener.local_addr()?;
     let agent_addr = agent_listener.local_addr()?;
-    let patch_index = Arc::new(drover_server::patch_index::PatchIndex::new(db.clone()));
-    tasks.push(tokio::spawn(patch_index.clone().run(shutdown.clone())));
-    tasks.push(tokio::spawn(drover_server::audit::prune(
-        db.clone(),
-        options.audit_retention,
-        shutdown.clone(),
-    )));
+    let patch_index = wiring::upkeep(&options, &db, &shutdown, &mut tasks);
     let router = api::router(ApiState {
         links,
         db: db.clone(),
@@ -327,20 +183,15 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         package_quota: Arc::new(drover_server::packages::PackageQuota::default()),
     });
     if let Some(downloads) = &downloads {
-        let router =
-            drover_server::packages::download_router(drover_server::packages::DownloadState {
-                db: db.clone(),
-                secrets: secrets.clone(),
-                downloads: downloads.clone(),
-            });
-        tasks.push(tokio::spawn(crate::listen::serve(
-            "downloads",
+        tasks.push(wiring::serve_downloads(
             download_listener,
             tls.clone(),
-            router,
-            Admission::new(capacity.downloads),
+            &db,
+            &secrets,
+            downloads,
+            capacity,
             shutdown.clone(),
-        )));
+        ));
     }
     tasks.push(tokio::spawn(dispatcher.run(
         events,
@@ -352,45 +203,18 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         intake_ready,
         shutdown.clone(),
     )));
-    // Devices' token generations: read before the first agent is let in,
-    // then followed; a raised one ends the device's session here.
-    let generations = Arc::new(drover_server::device_tokens::Generations::default());
-    {
-        let (generations, db, websocket, shutdown) = (
-            generations.clone(),
-            db.clone(),
-            websocket.clone(),
-            shutdown.clone(),
-        );
-        let (loaded_tx, loaded) = tokio::sync::oneshot::channel::<()>();
-        let mut loaded_tx = Some(loaded_tx);
-        tasks.push(tokio::spawn(async move {
-            generations
-                .run(
-                    db,
-                    |device| {
-                        websocket.disconnect(device, "the device's token was rotated");
-                    },
-                    || {
-                        if let Some(tx) = loaded_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    },
-                    shutdown,
-                )
-                .await;
-        }));
-        let _ = loaded.await;
-    }
-    let verify = secrets.clone();
-    let known = generations.clone();
-    tasks.push(tokio::spawn(websocket.serve(
+    let (generations, follower) =
+        wiring::follow_generations(db.clone(), websocket.clone(), shutdown.clone()).await;
+    tasks.push(follower);
+    tasks.push(wiring::serve_agents(
+        websocket,
         agent_listener,
         tls,
-        Arc::new(move |device, token| verify.verify_device_at(device, known.get(device), token)),
-        Admission::new(capacity.agents),
+        &secrets,
+        &generations,
+        capacity,
         shutdown.clone(),
-    )));
+    ));
     tasks.push(tokio::spawn(crate::listen::serve(
         "API",
         api_listener,
@@ -399,17 +223,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         Admission::new(capacity.api),
         shutdown.clone(),
     )));
-    info!(
-        api = %api_addr,
-        api_tls = options.api_tls.is_some(),
-        agents = %agent_addr,
-        data = %options.data.display(),
-        open_files = capacity.open_files,
-        agent_connections = capacity.agents.established,
-        api_connections = capacity.api.established,
-        download_connections = capacity.downloads.established,
-        "drover control plane serving (connection caps sized from the open-file limit)"
-    );
+    wiring::log_serving(&options, api_addr, agent_addr, capacity);
     Ok(Started {
         api_addr,
         agent_addr,
