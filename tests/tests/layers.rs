@@ -427,7 +427,6 @@ fn production_files(dir: &Path) -> Vec<PathBuf> {
 /// shrinks.
 const NOT_YET: &[&str] = &[
     "tests/src/lib.rs",
-    "control-plane/cli/src/demo.rs: run",
     "sim/src/footprint.rs: measure_agent",
     "sim/src/main.rs: main",
     "sim/src/bench.rs: measure",

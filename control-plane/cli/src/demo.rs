@@ -127,35 +127,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     let dir = tempfile::Builder::new().prefix("drover-demo-").tempdir()?;
     out!("demo directory: {}", dir.path().display());
     let shutdown = CancellationToken::new();
-    let started = serve::start(
-        ServeOptions {
-            data: dir.path().join("control-plane"),
-            listen: "127.0.0.1:0".parse()?,
-            agent_listen: "127.0.0.1:0".parse()?,
-            agent_tls: None,
-            api_tls: None,
-            api_allow_plaintext: false,
-            ack_timeout: Duration::from_secs(60),
-            pass_interval: Duration::from_millis(250),
-            operator_token: None,
-            nats: None,
-            store_on_nats: false,
-            max_agent_connections: 1000,
-            mqtt: None,
-            mqtt_request_queue: transport_mqtt::server::REQUEST_QUEUE,
-            download_listen: None,
-            download_url: None,
-            offline_alert: Duration::from_secs(3600),
-            patch_alerts: drover_rules::patch::AlertLimits {
-                security_after: jiff::SignedDuration::from_hours(7 * 24),
-                reboot_after: jiff::SignedDuration::from_hours(24),
-            },
-            uploads: drover_server::packages::UploadLimits::default(),
-            audit_retention: std::time::Duration::from_secs(400 * 86_400),
-        },
-        shutdown.clone(),
-    )
-    .await?;
+    let started = serve::start(demo_serve_options(dir.path())?, shutdown.clone()).await?;
     out!(
         "control plane: API http://{}, agents ws://{}",
         started.api_addr,
@@ -170,84 +142,25 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     let devices: Vec<String> = (1..=options.agents)
         .map(|i| format!("device-{i}"))
         .collect();
-    for (i, device) in devices.iter().enumerate() {
-        let mut labels = BTreeMap::new();
-        if i == 0 {
-            labels.insert("canary", "true");
-        }
-        client
-            .post::<drover_api::changes::Changed>(
-                "/apply",
-                &json!({
-                    "apiVersion": drover_rules::records::API_VERSION, "kind": "Device",
-                    "metadata": {"name": device, "labels": labels},
-                    "spec": {"groups": [GROUP]}
-                }),
-            )
-            .await?;
-    }
+    register(&client, &devices).await?;
     out!(
         "devices: {} in group {GROUP:?}; {} labelled canary=true",
         devices.join(", "),
         devices[0]
     );
 
-    let sandboxes = if options.upgrade {
-        out!(
-            "preparing {} disposable Debian roots (debootstrap the first time, about a minute; cached in {})",
-            devices.len(),
-            drover_sandbox::cache_dir().display()
-        );
-        tokio::task::block_in_place(|| {
-            devices
-                .iter()
-                .map(|_| {
-                    let sandbox = drover_sandbox::Sandbox::new();
-                    sandbox.publish(&demo_packages("1.0"));
-                    sandbox.install(&["drover-demo-tool", "drover-demo-conf"]);
-                    sandbox.publish(&demo_packages("2.0"));
-                    sandbox
-                })
-                .collect::<Vec<_>>()
-        })
-    } else {
-        Vec::new()
-    };
+    let sandboxes = sandboxes(options.upgrade, &devices);
     let intent_key =
         drover_server::auth::IntentSigner::load_or_create(&dir.path().join("control-plane"))?
             .public_key();
-    let mut agents = Agents(Vec::new());
-    for (i, device) in devices.iter().enumerate() {
-        let agent_dir = dir.path().join("agents").join(device);
-        std::fs::create_dir_all(&agent_dir)?;
-        let token = started
-            .secrets
-            .device_token(&DeviceId::new(device.clone())?);
-        let config = agent_dir.join("agent.toml");
-        let root = sandboxes.get(i).map(|s| s.root.as_path());
-        std::fs::write(
-            &config,
-            agent_config(
-                &agent_dir,
-                device,
-                &started.agent_addr.to_string(),
-                &token,
-                &intent_key,
-                root,
-            ),
-        )?;
-        let log = std::fs::File::create(agent_dir.join("agent.log"))?;
-        let child = Command::new(&agent_bin)
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", agent_bin.display()))?;
-        agents.0.push(child);
-    }
+    let agents = start_agents(
+        dir.path(),
+        &devices,
+        &started,
+        &agent_bin,
+        &intent_key,
+        &sandboxes,
+    )?;
     out!(
         "agents: {} drover-agent processes started (simulate mode)",
         devices.len()
@@ -271,6 +184,152 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
     );
     let complete = follow(&client, RUN).await?;
 
+    report(&client, &devices, &sandboxes).await?;
+    drop(agents);
+    shutdown.cancel();
+    for task in started.tasks {
+        let _ = task.await;
+    }
+    if options.keep {
+        let kept = dir.keep();
+        out!("kept the demo directory {}", kept.display());
+    }
+    out!(
+        "\nrun {RUN} is {}",
+        if complete { "Complete" } else { "not Complete" }
+    );
+    Ok(complete)
+}
+
+/// The control plane the demo serves: on loopback, in `dir`, passing
+/// often so the run moves quickly.
+fn demo_serve_options(dir: &Path) -> Result<ServeOptions> {
+    Ok(ServeOptions {
+        data: dir.join("control-plane"),
+        listen: "127.0.0.1:0".parse()?,
+        agent_listen: "127.0.0.1:0".parse()?,
+        agent_tls: None,
+        api_tls: None,
+        api_allow_plaintext: false,
+        ack_timeout: Duration::from_secs(60),
+        pass_interval: Duration::from_millis(250),
+        operator_token: None,
+        nats: None,
+        store_on_nats: false,
+        max_agent_connections: 1000,
+        mqtt: None,
+        mqtt_request_queue: transport_mqtt::server::REQUEST_QUEUE,
+        download_listen: None,
+        download_url: None,
+        offline_alert: Duration::from_secs(3600),
+        patch_alerts: drover_rules::patch::AlertLimits {
+            security_after: jiff::SignedDuration::from_hours(7 * 24),
+            reboot_after: jiff::SignedDuration::from_hours(24),
+        },
+        uploads: drover_server::packages::UploadLimits::default(),
+        audit_retention: std::time::Duration::from_secs(400 * 86_400),
+    })
+}
+
+/// The demo's devices, in its group; the first labelled canary.
+async fn register(client: &ApiClient, devices: &[String]) -> Result<()> {
+    for (i, device) in devices.iter().enumerate() {
+        let mut labels = BTreeMap::new();
+        if i == 0 {
+            labels.insert("canary", "true");
+        }
+        client
+            .post::<drover_api::changes::Changed>(
+                "/apply",
+                &json!({
+                    "apiVersion": drover_rules::records::API_VERSION, "kind": "Device",
+                    "metadata": {"name": device, "labels": labels},
+                    "spec": {"groups": [GROUP]}
+                }),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// One disposable Debian root per device for the upgrade demo (none
+/// otherwise), with the demo's packages 1.0 installed and 2.0 published.
+fn sandboxes(upgrade: bool, devices: &[String]) -> Vec<drover_sandbox::Sandbox> {
+    if upgrade {
+        out!(
+            "preparing {} disposable Debian roots (debootstrap the first time, about a minute; cached in {})",
+            devices.len(),
+            drover_sandbox::cache_dir().display()
+        );
+        tokio::task::block_in_place(|| {
+            devices
+                .iter()
+                .map(|_| {
+                    let sandbox = drover_sandbox::Sandbox::new();
+                    sandbox.publish(&demo_packages("1.0"));
+                    sandbox.install(&["drover-demo-tool", "drover-demo-conf"]);
+                    sandbox.publish(&demo_packages("2.0"));
+                    sandbox
+                })
+                .collect::<Vec<_>>()
+        })
+    } else {
+        Vec::new()
+    }
+}
+
+/// One agent process per device, in simulate mode (on its root, for the
+/// upgrade demo).
+fn start_agents(
+    dir: &Path,
+    devices: &[String],
+    started: &serve::Started,
+    agent_bin: &Path,
+    intent_key: &str,
+    sandboxes: &[drover_sandbox::Sandbox],
+) -> Result<Agents> {
+    let mut agents = Agents(Vec::new());
+    for (i, device) in devices.iter().enumerate() {
+        let agent_dir = dir.join("agents").join(device);
+        std::fs::create_dir_all(&agent_dir)?;
+        let token = started
+            .secrets
+            .device_token(&DeviceId::new(device.clone())?);
+        let config = agent_dir.join("agent.toml");
+        let root = sandboxes.get(i).map(|s| s.root.as_path());
+        std::fs::write(
+            &config,
+            agent_config(
+                &agent_dir,
+                device,
+                &started.agent_addr.to_string(),
+                &token,
+                intent_key,
+                root,
+            ),
+        )?;
+        let log = std::fs::File::create(agent_dir.join("agent.log"))?;
+        let child = Command::new(agent_bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", agent_bin.display()))?;
+        agents.0.push(child);
+    }
+    Ok(agents)
+}
+
+/// The run's final status, each device's steps and, for the upgrade demo,
+/// the packages each root now has.
+async fn report(
+    client: &ApiClient,
+    devices: &[String],
+    sandboxes: &[drover_sandbox::Sandbox],
+) -> Result<()> {
     let run: TaskRun = client.get(&format!("/taskruns/{RUN}")).await?;
     out!(
         "\nfinal status of {RUN}:\n{}",
@@ -295,7 +354,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             _ => out!("{}: no status", item.device),
         }
     }
-    for (device, sandbox) in devices.iter().zip(&sandboxes) {
+    for (device, sandbox) in devices.iter().zip(sandboxes) {
         let versions: Vec<String> = ["drover-demo-tool", "drover-demo-conf"]
             .iter()
             .map(|p| {
@@ -307,20 +366,7 @@ pub async fn run(options: DemoOptions) -> Result<bool> {
             .collect();
         out!("{device} root now has: {}", versions.join(", "));
     }
-    drop(agents);
-    shutdown.cancel();
-    for task in started.tasks {
-        let _ = task.await;
-    }
-    if options.keep {
-        let kept = dir.keep();
-        out!("kept the demo directory {}", kept.display());
-    }
-    out!(
-        "\nrun {RUN} is {}",
-        if complete { "Complete" } else { "not Complete" }
-    );
-    Ok(complete)
+    Ok(())
 }
 
 /// The packages of the upgrade demo: a tool and a conffile, 1.0 then 2.0.
