@@ -2,7 +2,7 @@
 //! the fleet benchmark (`bench`), which prints a table of figures.
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use drover_sim::bench::{self, BenchOptions};
 use drover_sim::footprint::{self, FootprintOptions};
 use drover_sim::harness::Transport;
@@ -26,126 +26,138 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Play N agents (devices PREFIX00000…) until interrupted.
-    Agents {
-        #[arg(long, value_enum, default_value_t = Transport::Websocket)]
-        transport: Transport,
-        /// ws://HOST:PORT of `drover serve --agent-listen`, or nats://HOST:PORT;
-        /// several, comma-separated (replicas, a cluster's nodes), spread
-        /// device number N to the (N mod count)th.
-        #[arg(long)]
-        url: String,
-        /// The control plane's data directory, whose secret.key makes the device tokens.
-        #[arg(long)]
-        data: PathBuf,
-        #[arg(long, default_value_t = 100)]
-        devices: usize,
-        #[arg(long, default_value = "sim-")]
-        prefix: String,
-        /// The number of the first device (PREFIX plus five digits): one
-        /// process's share of a fleet played by several.
-        #[arg(long, default_value_t = 0)]
-        first: usize,
-        #[arg(long, default_value_t = 30)]
-        heartbeat_seconds: u64,
-        #[arg(long, default_value_t = 7)]
-        statuses_per_job: usize,
-    },
+    Agents(AgentsArgs),
     /// Measure the real agent's memory, threads, disk writes (idle and per
     /// job) and binary size, per transport, beside Debian's mender-client
     /// daemon when it is installed; prints a Markdown table.
-    Footprint {
-        /// The drover-agent binary (default: next to this one).
-        #[arg(long)]
-        agent: Option<PathBuf>,
-        /// Another agent build to measure beside it over the first transport
-        /// (idle and per-job figures), as LABEL=PATH: the agent built with
-        /// another store, say.
-        #[arg(long)]
-        variant: Vec<String>,
-        /// The drover binary (default: next to this one).
-        #[arg(long)]
-        drover: Option<PathBuf>,
-        #[arg(
-            long,
-            value_enum,
-            value_delimiter = ',',
-            default_value = "websocket,nats,mqtt"
-        )]
-        transports: Vec<Transport>,
-        #[arg(long, default_value_t = 60)]
-        idle_seconds: u64,
-        #[arg(long, default_value_t = 3)]
-        jobs: usize,
-        /// One-job Deployments released in turn per transport to measure
-        /// intent → accepted (p50/p99); 0 skips it.
-        #[arg(long, default_value_t = 1000)]
-        latency_jobs: usize,
-        /// Cross-built agents to size too, as ARCH=PATH (stripped with ARCH's strip).
-        #[arg(long)]
-        cross: Vec<String>,
-    },
+    Footprint(FootprintArgs),
     /// Measure what a fleet's assessments cost the control plane (CPU,
     /// store growth, bytes written per assessment) and how fast it answers
     /// the patch views (patch-status, the fleet page, the alerts) with
     /// every device assessed; prints a Markdown table.
-    Patch {
-        /// Fleet sizes, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "20000")]
-        devices: Vec<usize>,
-        /// The drover binary (default: next to this one).
-        #[arg(long)]
-        drover: Option<PathBuf>,
-        /// Devices connected at once.
-        #[arg(long, default_value_t = 500)]
-        batch: usize,
-        /// Requests timed per view.
-        #[arg(long, default_value_t = 20)]
-        queries: usize,
-        /// Runs of each size: each figure's median with its minimum and maximum.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        #[arg(long)]
-        keep: bool,
-    },
+    Patch(PatchArgs),
     /// Measure apply → Complete, CPU, memory and disk writes of `drover serve`
     /// for each fleet size; prints a Markdown table.
-    Bench {
-        /// Fleet sizes, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
-        devices: Vec<usize>,
-        #[arg(long, value_enum, default_value_t = Transport::Websocket)]
-        transport: Transport,
-        /// The drover binary (default: next to this one).
-        #[arg(long)]
-        drover: Option<PathBuf>,
-        #[arg(long, default_value_t = 7)]
-        statuses_per_job: usize,
-        #[arg(long, default_value_t = 600)]
-        run_timeout_seconds: u64,
-        #[arg(long)]
-        keep: bool,
-        /// Apply a Deployment over the whole fleet with this maxConcurrency
-        /// instead of a TaskRun.
-        #[arg(long)]
-        deployment_concurrency: Option<u32>,
-        /// With --transport nats: three nodes as one JetStream cluster, every
-        /// bucket with three replicas, the agents spread over the nodes.
-        #[arg(long)]
-        nats_cluster: bool,
-        /// Runs of each row: the table shows each figure's median with its
-        /// minimum and maximum (each run's own row goes to stderr).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// With --transport websocket: this many `drover serve` replicas on
-        /// one JetStream store (`--store nats`; its three nodes with
-        /// --nats-cluster), each holding its share of the agents.
-        #[arg(long, default_value_t = 1)]
-        replicas: usize,
-        /// Simulator processes playing the agents (0: this one up to 15,000
-        /// agents, else one per 15,000, as a process may hold 20,000 files).
-        #[arg(long, default_value_t = 0)]
-        agent_processes: usize,
-    },
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct AgentsArgs {
+    #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+    transport: Transport,
+    /// ws://HOST:PORT of `drover serve --agent-listen`, or nats://HOST:PORT;
+    /// several, comma-separated (replicas, a cluster's nodes), spread
+    /// device number N to the (N mod count)th.
+    #[arg(long)]
+    url: String,
+    /// The control plane's data directory, whose secret.key makes the device tokens.
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    devices: usize,
+    #[arg(long, default_value = "sim-")]
+    prefix: String,
+    /// The number of the first device (PREFIX plus five digits): one
+    /// process's share of a fleet played by several.
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    #[arg(long, default_value_t = 30)]
+    heartbeat_seconds: u64,
+    #[arg(long, default_value_t = 7)]
+    statuses_per_job: usize,
+}
+
+#[derive(Args)]
+struct FootprintArgs {
+    /// The drover-agent binary (default: next to this one).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Another agent build to measure beside it over the first transport
+    /// (idle and per-job figures), as LABEL=PATH: the agent built with
+    /// another store, say.
+    #[arg(long)]
+    variant: Vec<String>,
+    /// The drover binary (default: next to this one).
+    #[arg(long)]
+    drover: Option<PathBuf>,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "websocket,nats,mqtt"
+    )]
+    transports: Vec<Transport>,
+    #[arg(long, default_value_t = 60)]
+    idle_seconds: u64,
+    #[arg(long, default_value_t = 3)]
+    jobs: usize,
+    /// One-job Deployments released in turn per transport to measure
+    /// intent → accepted (p50/p99); 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    latency_jobs: usize,
+    /// Cross-built agents to size too, as ARCH=PATH (stripped with ARCH's strip).
+    #[arg(long)]
+    cross: Vec<String>,
+}
+
+#[derive(Args)]
+struct PatchArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "20000")]
+    devices: Vec<usize>,
+    /// The drover binary (default: next to this one).
+    #[arg(long)]
+    drover: Option<PathBuf>,
+    /// Devices connected at once.
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Requests timed per view.
+    #[arg(long, default_value_t = 20)]
+    queries: usize,
+    /// Runs of each size: each figure's median with its minimum and maximum.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    devices: Vec<usize>,
+    #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+    transport: Transport,
+    /// The drover binary (default: next to this one).
+    #[arg(long)]
+    drover: Option<PathBuf>,
+    #[arg(long, default_value_t = 7)]
+    statuses_per_job: usize,
+    #[arg(long, default_value_t = 600)]
+    run_timeout_seconds: u64,
+    #[arg(long)]
+    keep: bool,
+    /// Apply a Deployment over the whole fleet with this maxConcurrency
+    /// instead of a TaskRun.
+    #[arg(long)]
+    deployment_concurrency: Option<u32>,
+    /// With --transport nats: three nodes as one JetStream cluster, every
+    /// bucket with three replicas, the agents spread over the nodes.
+    #[arg(long)]
+    nats_cluster: bool,
+    /// Runs of each row: the table shows each figure's median with its
+    /// minimum and maximum (each run's own row goes to stderr).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// With --transport websocket: this many `drover serve` replicas on
+    /// one JetStream store (`--store nats`; its three nodes with
+    /// --nats-cluster), each holding its share of the agents.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Simulator processes playing the agents (0: this one up to 15,000
+    /// agents, else one per 15,000, as a process may hold 20,000 files).
+    #[arg(long, default_value_t = 0)]
+    agent_processes: usize,
 }
 
 fn main() -> Result<()> {
@@ -156,190 +168,210 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Agents {
-                transport,
-                url,
-                data,
-                devices,
-                prefix,
-                first,
-                heartbeat_seconds,
-                statuses_per_job,
-            } => {
-                let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
-                let tokens: Vec<_> = device_id_range(&prefix, first, devices)
-                    .into_iter()
-                    .map(|d| {
-                        let token = secrets.device_token(&d);
-                        (d, token)
-                    })
-                    .collect();
-                let shutdown = CancellationToken::new();
-                let behaviour = Behaviour {
-                    heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
-                    statuses_per_job,
-                };
-                let stats = bench::spawn_agents(transport, &url, first, &tokens, behaviour, &shutdown)?;
-                let mut report = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    tokio::select! {
-                        _ = report.tick() => eprintln!("{}", stats.snapshot()),
-                        _ = agent_core::shutdown::wait_for_signal() => break,
-                    }
-                }
-                shutdown.cancel();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                eprintln!("{}", stats.snapshot());
-                Ok(())
-            }
-            Command::Footprint {
-                agent,
-                variant,
-                drover,
-                transports,
-                idle_seconds,
-                jobs,
-                latency_jobs,
-                cross,
-            } => {
-                let mut builds = vec![(
-                    agent_core::store::STORE_NAME.to_owned(),
-                    beside_this(agent, "drover-agent")?,
-                )];
-                for entry in variant {
-                    let (label, path) = entry
-                        .split_once('=')
-                        .context("--variant takes LABEL=PATH")?;
-                    builds.push((label.to_owned(), PathBuf::from(path)));
-                }
-                let options = FootprintOptions {
-                    agents: builds.clone(),
-                    drover: beside_this(drover, "drover")?,
-                    transports: transports.clone(),
-                    idle: Duration::from_secs(idle_seconds),
-                    jobs,
-                    latency_jobs,
-                };
-                let mut agents = Vec::new();
-                for transport in &transports {
-                    eprintln!("measuring the agent over {transport:?} ({idle_seconds} s idle, {jobs} jobs, {latency_jobs} acceptances)");
-                    agents.push(
-                        footprint::measure_agent(&options, &builds[0], *transport, latency_jobs)
-                            .await?,
-                    );
-                }
-                for build in &builds[1..] {
-                    let transport = transports[0];
-                    eprintln!("measuring the {} agent over {transport:?}", build.0);
-                    agents.push(footprint::measure_agent(&options, build, transport, 0).await?);
-                }
-                eprintln!("measuring mender-client ({idle_seconds} s idle)");
-                let mender = footprint::measure_mender(options.idle).await?;
-                let mut sizes = vec![(
-                    "amd64".to_owned(),
-                    footprint::stripped_size(&builds[0].1, "strip")?,
-                )];
-                for (label, path) in &builds[1..] {
-                    sizes.push((format!("amd64, {label}"), footprint::stripped_size(path, "strip")?));
-                }
-                for entry in cross {
-                    let (arch, path) = entry
-                        .split_once('=')
-                        .context("--cross takes ARCH=PATH")?;
-                    let strip = match arch {
-                        "arm64" => "aarch64-linux-gnu-strip",
-                        "armhf" => "arm-linux-gnueabihf-strip",
-                        other => anyhow::bail!("no strip known for {other}"),
-                    };
-                    sizes.push((arch.to_owned(), footprint::stripped_size(Path::new(path), strip)?));
-                }
-                footprint::print(&agents, mender.as_ref(), &sizes);
-                Ok(())
-            }
-            Command::Patch {
-                devices,
-                drover,
-                batch,
-                queries,
-                runs,
-                keep,
-            } => {
-                let drover = beside_this(drover, "drover")?;
-                println!("{}", drover_sim::patch::header());
-                for size in devices {
-                    let options = PatchOptions {
-                        devices: size,
-                        drover: drover.clone(),
-                        batch,
-                        queries,
-                        keep,
-                    };
-                    let mut figures = Vec::new();
-                    for run in 1..=runs.max(1) {
-                        match patch::measure(&options).await {
-                            Ok(one) => {
-                                eprintln!("run {run} of {runs}: {}", patch::run_line(&one));
-                                figures.push(one);
-                            }
-                            Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
-                        }
-                    }
-                    match patch::row(&figures) {
-                        Some(row) => println!("{row}"),
-                        None => println!("| {size} | every run failed (see stderr) | | | | | | | | |"),
-                    }
-                }
-                Ok(())
-            }
-            Command::Bench {
-                devices,
-                transport,
-                drover,
-                statuses_per_job,
-                run_timeout_seconds,
-                keep,
-                deployment_concurrency,
-                nats_cluster,
-                runs,
-                replicas,
-                agent_processes,
-            } => {
-                let drover = beside_this(drover, "drover")?;
-                let options = BenchOptions {
-                    sizes: devices.clone(),
-                    transport,
-                    drover,
-                    statuses_per_job,
-                    run_timeout: Duration::from_secs(run_timeout_seconds),
-                    keep,
-                    deployment_concurrency,
-                    nats_cluster,
-                    replicas,
-                    agent_processes,
-                };
-                println!("{}", drover_sim::summary::header());
-                for size in devices {
-                    let mut figures = Vec::new();
-                    for run in 1..=runs.max(1) {
-                        match bench::measure(&options, size).await {
-                            Ok(one) => {
-                                eprintln!("run {run} of {runs}: {}", one.row());
-                                figures.push(one);
-                            }
-                            Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
-                        }
-                    }
-                    match drover_sim::summary::row(&figures) {
-                        Some(row) => println!("{row}"),
-                        None => println!(
-                            "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | | | |"
-                        ),
-                    }
-                }
-                Ok(())
-            }
+            Command::Agents(args) => agents(args).await,
+            Command::Footprint(args) => footprint_cmd(args).await,
+            Command::Patch(args) => patch_cmd(args).await,
+            Command::Bench(args) => bench_cmd(args).await,
         }
     })
+}
+
+/// `agents`: plays the devices until interrupted, printing their counts.
+async fn agents(args: AgentsArgs) -> Result<()> {
+    let AgentsArgs {
+        transport,
+        url,
+        data,
+        devices,
+        prefix,
+        first,
+        heartbeat_seconds,
+        statuses_per_job,
+    } = args;
+    let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
+    let tokens: Vec<_> = device_id_range(&prefix, first, devices)
+        .into_iter()
+        .map(|d| {
+            let token = secrets.device_token(&d);
+            (d, token)
+        })
+        .collect();
+    let shutdown = CancellationToken::new();
+    let behaviour = Behaviour {
+        heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
+        statuses_per_job,
+    };
+    let stats = bench::spawn_agents(transport, &url, first, &tokens, behaviour, &shutdown)?;
+    let mut report = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = report.tick() => eprintln!("{}", stats.snapshot()),
+            _ = agent_core::shutdown::wait_for_signal() => break,
+        }
+    }
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    eprintln!("{}", stats.snapshot());
+    Ok(())
+}
+
+/// `footprint`: measures the agent per transport (and its variants), mender-client and the binaries' sizes.
+async fn footprint_cmd(args: FootprintArgs) -> Result<()> {
+    let FootprintArgs {
+        agent,
+        variant,
+        drover,
+        transports,
+        idle_seconds,
+        jobs,
+        latency_jobs,
+        cross,
+    } = args;
+    let mut builds = vec![(
+        agent_core::store::STORE_NAME.to_owned(),
+        beside_this(agent, "drover-agent")?,
+    )];
+    for entry in variant {
+        let (label, path) = entry
+            .split_once('=')
+            .context("--variant takes LABEL=PATH")?;
+        builds.push((label.to_owned(), PathBuf::from(path)));
+    }
+    let options = FootprintOptions {
+        agents: builds.clone(),
+        drover: beside_this(drover, "drover")?,
+        transports: transports.clone(),
+        idle: Duration::from_secs(idle_seconds),
+        jobs,
+        latency_jobs,
+    };
+    let mut agents = Vec::new();
+    for transport in &transports {
+        eprintln!(
+            "measuring the agent over {transport:?} ({idle_seconds} s idle, {jobs} jobs, {latency_jobs} acceptances)"
+        );
+        agents
+            .push(footprint::measure_agent(&options, &builds[0], *transport, latency_jobs).await?);
+    }
+    for build in &builds[1..] {
+        let transport = transports[0];
+        eprintln!("measuring the {} agent over {transport:?}", build.0);
+        agents.push(footprint::measure_agent(&options, build, transport, 0).await?);
+    }
+    eprintln!("measuring mender-client ({idle_seconds} s idle)");
+    let mender = footprint::measure_mender(options.idle).await?;
+    let mut sizes = vec![(
+        "amd64".to_owned(),
+        footprint::stripped_size(&builds[0].1, "strip")?,
+    )];
+    for (label, path) in &builds[1..] {
+        sizes.push((
+            format!("amd64, {label}"),
+            footprint::stripped_size(path, "strip")?,
+        ));
+    }
+    for entry in cross {
+        let (arch, path) = entry.split_once('=').context("--cross takes ARCH=PATH")?;
+        let strip = match arch {
+            "arm64" => "aarch64-linux-gnu-strip",
+            "armhf" => "arm-linux-gnueabihf-strip",
+            other => anyhow::bail!("no strip known for {other}"),
+        };
+        sizes.push((
+            arch.to_owned(),
+            footprint::stripped_size(Path::new(path), strip)?,
+        ));
+    }
+    footprint::print(&agents, mender.as_ref(), &sizes);
+    Ok(())
+}
+
+/// `patch`: measures a fleet's assessments and the patch views per fleet size.
+async fn patch_cmd(args: PatchArgs) -> Result<()> {
+    let PatchArgs {
+        devices,
+        drover,
+        batch,
+        queries,
+        runs,
+        keep,
+    } = args;
+    let drover = beside_this(drover, "drover")?;
+    println!("{}", drover_sim::patch::header());
+    for size in devices {
+        let options = PatchOptions {
+            devices: size,
+            drover: drover.clone(),
+            batch,
+            queries,
+            keep,
+        };
+        let mut figures = Vec::new();
+        for run in 1..=runs.max(1) {
+            match patch::measure(&options).await {
+                Ok(one) => {
+                    eprintln!("run {run} of {runs}: {}", patch::run_line(&one));
+                    figures.push(one);
+                }
+                Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
+            }
+        }
+        match patch::row(&figures) {
+            Some(row) => println!("{row}"),
+            None => println!("| {size} | every run failed (see stderr) | | | | | | | | |"),
+        }
+    }
+    Ok(())
+}
+
+/// `bench`: measures a run (or Deployment) over each fleet size.
+async fn bench_cmd(args: BenchArgs) -> Result<()> {
+    let BenchArgs {
+        devices,
+        transport,
+        drover,
+        statuses_per_job,
+        run_timeout_seconds,
+        keep,
+        deployment_concurrency,
+        nats_cluster,
+        runs,
+        replicas,
+        agent_processes,
+    } = args;
+    let drover = beside_this(drover, "drover")?;
+    let options = BenchOptions {
+        sizes: devices.clone(),
+        transport,
+        drover,
+        statuses_per_job,
+        run_timeout: Duration::from_secs(run_timeout_seconds),
+        keep,
+        deployment_concurrency,
+        nats_cluster,
+        replicas,
+        agent_processes,
+    };
+    println!("{}", drover_sim::summary::header());
+    for size in devices {
+        let mut figures = Vec::new();
+        for run in 1..=runs.max(1) {
+            match bench::measure(&options, size).await {
+                Ok(one) => {
+                    eprintln!("run {run} of {runs}: {}", one.row());
+                    figures.push(one);
+                }
+                Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
+            }
+        }
+        match drover_sim::summary::row(&figures) {
+            Some(row) => println!("{row}"),
+            None => println!(
+                "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | | | |"
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// `explicit`, else the binary NAME in this one's directory.

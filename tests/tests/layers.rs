@@ -428,7 +428,6 @@ fn production_files(dir: &Path) -> Vec<PathBuf> {
 const NOT_YET: &[&str] = &[
     "tests/src/lib.rs",
     "sim/src/footprint.rs: measure_agent",
-    "sim/src/main.rs: main",
     "sim/src/bench.rs: measure",
 ];
 
