@@ -305,25 +305,13 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         bail!("several replicas are measured with WebSocket or NATS agents");
     }
     let cluster = options.nats_cluster && (options.transport == Transport::Nats || store_on_nats);
-    let broker: Option<(Vec<Process>, String)> = match options.transport {
-        Transport::Nats | Transport::Websocket if cluster => {
-            let (nodes, urls) = start_nats_cluster(dir.path(), &tokens)?;
-            Some((nodes, urls.join(",")))
-        }
-        Transport::Nats => {
-            let (process, url) = start_nats(dir.path(), &tokens)?;
-            Some((vec![process], url))
-        }
-        Transport::Websocket if store_on_nats => {
-            let (process, url) = start_nats(dir.path(), &tokens)?;
-            Some((vec![process], url))
-        }
-        Transport::Mqtt => {
-            let (process, url) = start_mosquitto(dir.path(), &tokens)?;
-            Some((vec![process], url))
-        }
-        Transport::Websocket => None,
-    };
+    let broker = start_broker(
+        options.transport,
+        dir.path(),
+        &tokens,
+        cluster,
+        store_on_nats,
+    )?;
     let broker_url = broker.as_ref().map(|(_, url)| url.clone());
     let serve = Serve {
         transport: options.transport,
@@ -366,33 +354,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         (Some(url), Transport::Nats | Transport::Mqtt) => url.clone(),
         _ => agent_addrs.join(","),
     };
-    let processes = match options.agent_processes {
-        0 => devices.div_ceil(AGENTS_PER_PROCESS),
-        n => n,
-    };
-    let mut fleet = if processes <= 1 && options.agent_processes == 0 {
-        let behaviour = Behaviour {
-            statuses_per_job: options.statuses_per_job,
-            ..Behaviour::default()
-        };
-        Fleet::Here(spawn_agents(
-            options.transport,
-            &agent_url,
-            0,
-            &tokens,
-            behaviour,
-            &shutdown,
-        )?)
-    } else {
-        Fleet::Elsewhere(AgentProcesses::start(
-            dir.path(),
-            options.transport,
-            &agent_url,
-            devices,
-            processes,
-            options.statuses_per_job,
-        )?)
-    };
+    let mut fleet = start_fleet(options, dir.path(), &agent_url, &tokens, &shutdown)?;
     let connect_seconds = wait_for(
         "every simulated agent to be registered",
         Duration::from_secs(600),
@@ -410,52 +372,14 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let idle = usages(&cps)?;
 
     let run = format!("bench-{devices}");
-    let (manifest, path, work) = match options.deployment_concurrency {
-        None => (
-            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
-                   "metadata": {"name": run},
-                   "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
-            format!("/taskruns/{run}"),
-            "TaskRun".to_owned(),
-        ),
-        Some(concurrency) => (
-            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Deployment",
-                   "metadata": {"name": run},
-                   "spec": {"targets": {"filter": {"groups": ["bench"]}}, "systemUpgradeV1": {},
-                            "maxConcurrency": concurrency, "deadlineSeconds": 3600}}),
-            format!("/deployments/{run}"),
-            format!("Deployment ({concurrency} at once)"),
-        ),
-    };
+    let (manifest, path, work) = work_manifest(&run, options.deployment_concurrency);
     let engines_before = engine_stats(&apis).await?;
     let start = usages(&cps)?;
     let brokers_start = usages(&brokers)?;
     let load_before = procstat::load_average().unwrap_or(f64::NAN);
     let started = Instant::now();
     api.post("/apply", &manifest).await?;
-    let mut complete = false;
-    loop {
-        let status = api.get(&path).await?;
-        let phase = status["status"]["phase"].as_str().unwrap_or("");
-        if phase == "Complete" {
-            complete = true;
-            break;
-        }
-        if phase == "Failed" {
-            eprintln!("{work} failed: {}", status["status"]);
-            break;
-        }
-        if started.elapsed() > options.run_timeout {
-            eprintln!(
-                "{work} not complete after {:?}: {}; agents: {}",
-                options.run_timeout,
-                status["status"],
-                fleet.snapshot()
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let complete = wait_complete(api, &path, &work, options.run_timeout, started, &fleet).await?;
     let run_seconds = started.elapsed().as_secs_f64();
     let end = usages(&cps)?;
     let brokers_end = usages(&brokers)?;
@@ -466,23 +390,11 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     }
     // Every replica's engine: whichever held the lease made the passes.
     let engines_after = engine_stats(&apis).await?;
-    let (passes_key, seconds_key) = if options.deployment_concurrency.is_some() {
-        ("deploymentPasses", "deploymentPassSeconds")
-    } else {
-        ("runPasses", "runPassSeconds")
-    };
-    let grown = |key: &str| -> f64 {
-        engines_before
-            .iter()
-            .zip(&engines_after)
-            .map(|(b, a)| a[key].as_f64().unwrap_or(0.0) - b[key].as_f64().unwrap_or(0.0))
-            .sum()
-    };
-    let passes = grown(passes_key).round() as u64;
-    let pass_seconds = grown(seconds_key);
-    let store_seconds = options
-        .deployment_concurrency
-        .map(|_| grown("deploymentStoreSeconds"));
+    let (passes, pass_seconds, store_seconds) = pass_figures(
+        &engines_before,
+        &engines_after,
+        options.deployment_concurrency.is_some(),
+    );
     let broker_rss: Vec<u64> = brokers_end
         .iter()
         .map(|u| u.rss_bytes / (1024 * 1024))
@@ -526,6 +438,154 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         load: (load_before, load_after),
         views_ms,
     })
+}
+
+/// The broker the agents (or the replicas' store) need: one nats-server,
+/// a three-node cluster, or mosquitto; none for WebSocket on one replica.
+fn start_broker(
+    transport: Transport,
+    dir: &Path,
+    tokens: &[(DeviceId, String)],
+    cluster: bool,
+    store_on_nats: bool,
+) -> Result<Option<(Vec<Process>, String)>> {
+    Ok(match transport {
+        Transport::Nats | Transport::Websocket if cluster => {
+            let (nodes, urls) = start_nats_cluster(dir, tokens)?;
+            Some((nodes, urls.join(",")))
+        }
+        Transport::Nats => {
+            let (process, url) = start_nats(dir, tokens)?;
+            Some((vec![process], url))
+        }
+        Transport::Websocket if store_on_nats => {
+            let (process, url) = start_nats(dir, tokens)?;
+            Some((vec![process], url))
+        }
+        Transport::Mqtt => {
+            let (process, url) = start_mosquitto(dir, tokens)?;
+            Some((vec![process], url))
+        }
+        Transport::Websocket => None,
+    })
+}
+
+/// The simulated agents: in this process up to [`AGENTS_PER_PROCESS`]
+/// (unless told otherwise), else spread over simulator processes.
+fn start_fleet(
+    options: &BenchOptions,
+    dir: &Path,
+    agent_url: &str,
+    tokens: &[(DeviceId, String)],
+    shutdown: &CancellationToken,
+) -> Result<Fleet> {
+    let processes = match options.agent_processes {
+        0 => tokens.len().div_ceil(AGENTS_PER_PROCESS),
+        n => n,
+    };
+    Ok(if processes <= 1 && options.agent_processes == 0 {
+        let behaviour = Behaviour {
+            statuses_per_job: options.statuses_per_job,
+            ..Behaviour::default()
+        };
+        Fleet::Here(spawn_agents(
+            options.transport,
+            agent_url,
+            0,
+            tokens,
+            behaviour,
+            shutdown,
+        )?)
+    } else {
+        Fleet::Elsewhere(AgentProcesses::start(
+            dir,
+            options.transport,
+            agent_url,
+            tokens.len(),
+            processes,
+            options.statuses_per_job,
+        )?)
+    })
+}
+
+/// What the benchmark applies over the fleet: a TaskRun, or a Deployment
+/// with this concurrency; with the path that shows it and its name in the
+/// table.
+fn work_manifest(run: &str, deployment_concurrency: Option<u32>) -> (Value, String, String) {
+    match deployment_concurrency {
+        None => (
+            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
+                   "metadata": {"name": run},
+                   "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 3600, "systemUpgradeV1": {}}}),
+            format!("/taskruns/{run}"),
+            "TaskRun".to_owned(),
+        ),
+        Some(concurrency) => (
+            json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "Deployment",
+                   "metadata": {"name": run},
+                   "spec": {"targets": {"filter": {"groups": ["bench"]}}, "systemUpgradeV1": {},
+                            "maxConcurrency": concurrency, "deadlineSeconds": 3600}}),
+            format!("/deployments/{run}"),
+            format!("Deployment ({concurrency} at once)"),
+        ),
+    }
+}
+
+/// Waits until the work is Complete (true), Failed, or past `timeout`.
+async fn wait_complete(
+    api: &Api,
+    path: &str,
+    work: &str,
+    timeout: Duration,
+    started: Instant,
+    fleet: &Fleet,
+) -> Result<bool> {
+    let mut complete = false;
+    loop {
+        let status = api.get(path).await?;
+        let phase = status["status"]["phase"].as_str().unwrap_or("");
+        if phase == "Complete" {
+            complete = true;
+            break;
+        }
+        if phase == "Failed" {
+            eprintln!("{work} failed: {}", status["status"]);
+            break;
+        }
+        if started.elapsed() > timeout {
+            eprintln!(
+                "{work} not complete after {:?}: {}; agents: {}",
+                timeout,
+                status["status"],
+                fleet.snapshot()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(complete)
+}
+
+/// The engines' passes over the work, their seconds, and (for a
+/// Deployment) the seconds they spent in the store: grown across every
+/// replica, since whichever held the lease made the passes.
+fn pass_figures(before: &[Value], after: &[Value], deployment: bool) -> (u64, f64, Option<f64>) {
+    let (passes_key, seconds_key) = if deployment {
+        ("deploymentPasses", "deploymentPassSeconds")
+    } else {
+        ("runPasses", "runPassSeconds")
+    };
+    let grown = |key: &str| -> f64 {
+        before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| a[key].as_f64().unwrap_or(0.0) - b[key].as_f64().unwrap_or(0.0))
+            .sum()
+    };
+    let passes = grown(passes_key).round() as u64;
+    let pass_seconds = grown(seconds_key);
+    let store_seconds = deployment.then(|| grown("deploymentStoreSeconds"));
+    (passes, pass_seconds, store_seconds)
 }
 
 #[cfg(test)]
