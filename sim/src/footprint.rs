@@ -280,28 +280,7 @@ pub async fn measure_agent(
     let before = written(pid)?;
     let own_before = own_written(pid)?;
     let started = Instant::now();
-    for n in 0..options.jobs {
-        let name = format!("footprint-{n}");
-        api.post(
-            "/apply",
-            &json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
-                    "metadata": {"name": name},
-                    "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}),
-        )
-        .await?;
-        harness::wait_for("a job to complete", Duration::from_secs(300), async || {
-            let run = api.get(&format!("/taskruns/{name}")).await?;
-            match run["status"]["phase"].as_str() {
-                Some("Complete") => Ok(true),
-                Some("Failed" | "DeadlineExceeded") => bail!("{name} ended: {}", run["status"]),
-                _ => Ok(false),
-            }
-        })
-        .await?;
-        // The assessment the agent makes after every upgrade is part of
-        // the job's cost on the device.
-        agent_idle(agent_path, &dir.path().join("agent.sock")).await?;
-    }
+    upgrade_jobs(&api, agent_path, dir.path(), options.jobs).await?;
     let seconds_per_job = started.elapsed().as_secs_f64() / options.jobs.max(1) as f64;
     let written_per_job = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
     let own_written_per_job =
@@ -309,35 +288,8 @@ pub async fn measure_agent(
     let peak_rss_kib = procstat::memory(pid)
         .context("the agent ended")?
         .peak_rss_kib;
-    // Assessments alone (issue 31), through the agent's status socket as
-    // `drover-agent assess` sends them.
-    let assess = || -> Result<()> {
-        let out = Command::new(agent_path)
-            .arg("assess")
-            .arg("--socket")
-            .arg(dir.path().join("agent.sock"))
-            .stdin(Stdio::null())
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "drover-agent assess failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
-    };
-    let before = written(pid)?;
-    let own_before = own_written(pid)?;
-    let started = Instant::now();
-    for _ in 0..options.jobs {
-        assess()?;
-    }
-    let seconds_per_assessment = started.elapsed().as_secs_f64() / options.jobs.max(1) as f64;
-    agent_idle(agent_path, &dir.path().join("agent.sock")).await?;
-    let written_per_assessment = written(pid)?.saturating_sub(before) / options.jobs.max(1) as u64;
-    let own_written_per_assessment =
-        own_written(pid)?.saturating_sub(own_before) / options.jobs.max(1) as u64;
+    let (seconds_per_assessment, written_per_assessment, own_written_per_assessment) =
+        assessments(agent_path, dir.path(), pid, options.jobs).await?;
     let accept_ms = accept_latency(&api, latency_jobs).await?;
     // The acceptance jobs are inventory refreshes: their statuses carry the
     // package list, the largest thing the agent handles.
@@ -366,6 +318,78 @@ pub async fn measure_agent(
         peak_rss_kib,
         inventory_peak_rss_kib,
     })
+}
+
+/// `jobs` full upgrades, one TaskRun each, each awaited to Complete and to
+/// the agent's idleness after it (the assessment that follows an upgrade).
+async fn upgrade_jobs(api: &Api, agent_path: &Path, dir: &Path, jobs: usize) -> Result<()> {
+    for n in 0..jobs {
+        let name = format!("footprint-{n}");
+        api.post(
+            "/apply",
+            &json!({"apiVersion": drover_rules::records::API_VERSION, "kind": "TaskRun",
+                    "metadata": {"name": name},
+                    "spec": {"allowedGroups": ["bench"], "deadlineSeconds": 600, "systemUpgradeV1": {}}}),
+        )
+        .await?;
+        harness::wait_for("a job to complete", Duration::from_secs(300), async || {
+            let run = api.get(&format!("/taskruns/{name}")).await?;
+            match run["status"]["phase"].as_str() {
+                Some("Complete") => Ok(true),
+                Some("Failed" | "DeadlineExceeded") => bail!("{name} ended: {}", run["status"]),
+                _ => Ok(false),
+            }
+        })
+        .await?;
+        // The assessment the agent makes after every upgrade is part of
+        // the job's cost on the device.
+        agent_idle(agent_path, &dir.join("agent.sock")).await?;
+    }
+    Ok(())
+}
+
+/// `jobs` assessments alone: the seconds each took, and the bytes written
+/// per assessment by the agent and its children, and by the agent alone.
+async fn assessments(
+    agent_path: &Path,
+    dir: &Path,
+    pid: u32,
+    jobs: usize,
+) -> Result<(f64, u64, u64)> {
+    // Assessments alone (issue 31), through the agent's status socket as
+    // `drover-agent assess` sends them.
+    let assess = || -> Result<()> {
+        let out = Command::new(agent_path)
+            .arg("assess")
+            .arg("--socket")
+            .arg(dir.join("agent.sock"))
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "drover-agent assess failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    let before = written(pid)?;
+    let own_before = own_written(pid)?;
+    let started = Instant::now();
+    for _ in 0..jobs {
+        assess()?;
+    }
+    let seconds_per_assessment = started.elapsed().as_secs_f64() / jobs.max(1) as f64;
+    agent_idle(agent_path, &dir.join("agent.sock")).await?;
+    let written_per_assessment = written(pid)?.saturating_sub(before) / jobs.max(1) as u64;
+    let own_written_per_assessment =
+        own_written(pid)?.saturating_sub(own_before) / jobs.max(1) as u64;
+    Ok((
+        seconds_per_assessment,
+        written_per_assessment,
+        own_written_per_assessment,
+    ))
 }
 
 pub const MENDER: &str = "/usr/bin/mender";
