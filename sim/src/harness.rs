@@ -57,7 +57,7 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
     .map_err(anyhow::Error::msg)?;
     let config = format!(
         "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
-         jetstream {{ store_dir: {:?} }}\n{auth}",
+         jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n{auth}",
         dir.join("js").display().to_string()
     );
     let process = spawn_nats(dir, &config, port)?;
@@ -119,7 +119,7 @@ pub(crate) fn start_nats_cluster(
         std::fs::create_dir_all(&node)?;
         let config = format!(
             "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
-             jetstream {{ store_dir: {:?} }}\n\
+             jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n\
              cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
             ports[i],
             node.join("js").display().to_string(),

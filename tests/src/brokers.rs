@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// What the tests' nats-servers may store, whatever the disk's free space.
+pub const JETSTREAM_MAX_FILE_STORE: &str = "64G";
+
 /// `nats-server -js` as a process with its own store directory and config.
 pub struct NatsServer {
     child: Option<Child>,
@@ -55,8 +58,12 @@ impl NatsServer {
     }
 
     fn write_config(&self, extra: &str) {
+        // JetStream's own limit, given: left to itself it is three quarters
+        // of the disk's free space at start, and a machine with 3 GB free
+        // refuses the buckets' reservations (1 GiB each) the tests never
+        // fill.
         let text = format!(
-            "listen: \"127.0.0.1:{}\"\njetstream {{ store_dir: {} }}\n{extra}\n",
+            "listen: \"127.0.0.1:{}\"\njetstream {{ store_dir: {}, max_file_store: {JETSTREAM_MAX_FILE_STORE} }}\n{extra}\n",
             self.port,
             toml_string(&self.dir.path().join("js").display().to_string())
         );

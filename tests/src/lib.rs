@@ -13,7 +13,9 @@ mod faults;
 pub mod fleet;
 pub mod script;
 pub use agent::AgentProcess;
-pub use brokers::{Mosquitto, NatsCluster, NatsServer, cluster_nats_server};
+pub use brokers::{
+    JETSTREAM_MAX_FILE_STORE, Mosquitto, NatsCluster, NatsServer, cluster_nats_server,
+};
 pub use control_plane::{ControlPlane, agent_ws};
 pub use faults::{IntentPuts, SmallDisk};
 use std::path::{Path, PathBuf};

@@ -1062,8 +1062,9 @@ async fn debians_nats_server_reads_what_nats_config_wrote_as_its_own_user() {
     std::fs::write(
         &config,
         format!(
-            "host: 127.0.0.1\nport: {port}\njetstream {{ store_dir: {:?} }}\ninclude nats-server.d/drover.conf\n",
-            js.join("jetstream").display().to_string()
+            "host: 127.0.0.1\nport: {port}\njetstream {{ store_dir: {:?}, max_file_store: {} }}\ninclude nats-server.d/drover.conf\n",
+            js.join("jetstream").display().to_string(),
+            drover_tests::JETSTREAM_MAX_FILE_STORE
         ),
     )
     .expect("config");
