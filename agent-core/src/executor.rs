@@ -52,6 +52,8 @@ pub struct Settings {
     pub test_job_budget: Option<Duration>,
     /// The control-plane keys whose signature a fleet intent must carry (A11).
     pub trusted_keys: TrustedKeys,
+    /// The device's own key (None in tests that need none).
+    pub device_key: Option<Arc<crate::identity::DeviceKey>>,
 }
 
 /// What a transport tells the agent about its link, for `status`.
@@ -77,6 +79,9 @@ pub struct AgentInfo {
     pub current_job: Option<JobStatus>,
     pub queued_jobs: usize,
     pub outbox_pending: usize,
+    /// The device's own public key (hex), its identity to the control plane.
+    #[serde(default)]
+    pub public_key: Option<String>,
 }
 
 /// How an intent was answered.
@@ -562,6 +567,11 @@ impl Agent {
             current_job,
             queued_jobs,
             outbox_pending: self.store.outbox(usize::MAX)?.len(),
+            public_key: self
+                .settings
+                .device_key
+                .as_ref()
+                .map(|k| k.public_key_hex()),
         })
     }
 

@@ -48,6 +48,7 @@ fn settings(dir: &std::path::Path, hold: Option<TestHold>) -> Settings {
         test_hold: hold,
         test_job_budget: None,
         trusted_keys: Default::default(),
+        device_key: None,
     }
 }
 

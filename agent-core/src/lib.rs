@@ -12,6 +12,7 @@ pub mod confirm;
 pub mod dbfile;
 pub mod executor;
 pub mod facts;
+pub mod identity;
 pub mod lifecycle;
 pub mod logging;
 pub mod report;

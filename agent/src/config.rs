@@ -11,6 +11,9 @@ pub const DEFAULT_SOCKET: &str = "/run/drover-agent/status.sock";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The device's id, or a template of it made on this machine: `{serial}`
+    /// (the device tree's serial number), `{machine-id}` and `{hostname}`
+    /// are replaced (`pi-{serial}`), so one image serves every device.
     pub device_id: String,
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
@@ -30,6 +33,11 @@ pub struct Config {
     #[cfg(feature = "testing")]
     #[serde(default = "default_kernel_release_path")]
     pub kernel_release_path: PathBuf,
+    /// Test hook: the stand-in for `/` where a `device_id` template's facts
+    /// (serial number, machine id, host name) are read.
+    #[cfg(feature = "testing")]
+    #[serde(default)]
+    pub identity_root: Option<PathBuf>,
     /// The control plane's Ed25519 public keys (hex), one or two (two while a
     /// key is rolled over): a fleet intent must be signed by one of them.
     /// `drover intent-key` prints the current one.
@@ -59,7 +67,12 @@ pub enum StoreKind {
 
 /// Keys only an agent built with its `testing` feature accepts; a release
 /// agent (the .deb) refuses them by name.
-const TEST_HOOK_KEYS: &[&str] = &["testing", "boot_id_path", "kernel_release_path"];
+const TEST_HOOK_KEYS: &[&str] = &[
+    "testing",
+    "boot_id_path",
+    "kernel_release_path",
+    "identity_root",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -395,8 +408,19 @@ impl Config {
                 );
             }
         }
-        let config: Config = toml::from_str(text).map_err(|e| one_line(text, &e))?;
-        drover_model::DeviceId::new(config.device_id.clone())?;
+        let mut config: Config = toml::from_str(text).map_err(|e| one_line(text, &e))?;
+        // A template (`pi-{serial}`) becomes this machine's id here.
+        #[cfg(feature = "testing")]
+        let sources = config
+            .identity_root
+            .as_deref()
+            .map(agent_core::identity::Sources::under)
+            .unwrap_or_default();
+        #[cfg(not(feature = "testing"))]
+        let sources = agent_core::identity::Sources::default();
+        config.device_id = agent_core::identity::device_id(&config.device_id, &sources)?
+            .as_str()
+            .to_owned();
         bounded(
             "transport.heartbeat_seconds",
             config.transport.heartbeat_seconds(),
@@ -495,6 +519,28 @@ mode = "simulate"
         let config = Config::parse(GOOD).expect("parses");
         assert_eq!(config.limits.max_resumes, 5);
         assert_eq!(config.status_socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    /// One config for many devices: the id is made on the machine (here a
+    /// stand-in root with a Raspberry Pi's serial number).
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_device_id_template_is_made_on_the_machine() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let serial = root.path().join("proc/device-tree/serial-number");
+        std::fs::create_dir_all(serial.parent().expect("parent")).expect("dirs");
+        std::fs::write(&serial, b"10000000CAFE0042\0").expect("serial");
+        let text = GOOD.replace("device_id = \"device-1\"", "device_id = \"pi-{serial}\"");
+        let with_root = format!(
+            "identity_root = {:?}\n{text}",
+            root.path().display().to_string()
+        );
+        let config = Config::parse(&with_root).expect("parses");
+        assert_eq!(config.device_id, "pi-10000000cafe0042");
+        // No serial number: the config says why instead of starting.
+        std::fs::remove_file(&serial).expect("rm");
+        let error = format!("{:#}", Config::parse(&with_root).expect_err("no serial"));
+        assert!(error.contains("needs {serial}"), "{error}");
     }
 
     #[test]

@@ -9,6 +9,9 @@ pub fn print_status(info: &AgentInfo) {
     out!("agent:         {}", info.agent_version);
     out!("boot id:       {}", info.boot_id);
     out!("capabilities:  {}", info.capabilities.join(", "));
+    if let Some(key) = &info.public_key {
+        out!("device key:    {key}");
+    }
     let link = &info.link;
     out!(
         "link:          {} {}{}",

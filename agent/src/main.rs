@@ -381,8 +381,12 @@ async fn run(config_path: &Path) -> Result<()> {
                 )
             })?;
     }
-    let agent = wiring::agent(&config, &device_id, &boot_id)?;
-    info!(device = %device_id, boot_id = %boot_id, "drover-agent starting");
+    let device_key = std::sync::Arc::new(agent_core::identity::DeviceKey::load_or_create(
+        &config.state_dir,
+    )?);
+    let public_key = device_key.public_key_hex();
+    let agent = wiring::agent(&config, &device_id, &boot_id, device_key)?;
+    info!(device = %device_id, boot_id = %boot_id, %public_key, "drover-agent starting");
 
     let shutdown = CancellationToken::new();
     if let Some(parent) = config.status_socket.parent() {

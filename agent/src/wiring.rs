@@ -20,6 +20,7 @@ pub(crate) fn agent(
     config: &Config,
     device_id: &drover_model::DeviceId,
     boot_id: &str,
+    device_key: Arc<agent_core::identity::DeviceKey>,
 ) -> Result<Arc<Agent>> {
     let checker = agent_core::dbfile::Checker::this_binary("drover-agent reset-store");
     let store: Arc<dyn agent_core::store::Store> = match config.store {
@@ -81,6 +82,7 @@ pub(crate) fn agent(
         test_job_budget: None,
         trusted_keys: drover_model::signing::TrustedKeys::from_hex(&config.intent_public_keys)
             .map_err(|e| anyhow::anyhow!(e))?,
+        device_key: Some(device_key),
     };
     #[cfg(feature = "testing")]
     let settings = test_hooks(settings, config.testing.as_ref());

@@ -211,6 +211,23 @@ async fn the_seed_taskrun_completes_on_five_agents_canary_first(
         assert_eq!(jobs[0]["state"], "Succeeded", "{jobs}");
         assert_eq!(agent.status()["link"]["transport"], fleet.transport());
     }
+    // Each device made its own key at first start: private to the agent,
+    // its public half shown by `status`, and no two alike.
+    let mut keys = std::collections::BTreeSet::new();
+    for agent in &agents {
+        let status = agent.status();
+        let key = status["publicKey"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{status}"
+        );
+        keys.insert(key);
+        use std::os::unix::fs::PermissionsExt;
+        let file = agent.dir.join("state").join("device.key");
+        let mode = std::fs::metadata(&file).expect("device.key").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", file.display());
+    }
+    assert_eq!(keys.len(), agents.len(), "one key per device");
 
     // A decided job's intent leaves its broker; over NATS its status stays
     // in the status bucket under the seed's key.
