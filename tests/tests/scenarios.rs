@@ -224,7 +224,10 @@ async fn the_seed_taskrun_completes_on_five_agents_canary_first(
         keys.insert(key);
         use std::os::unix::fs::PermissionsExt;
         let file = agent.dir.join("state").join("device.key");
-        let mode = std::fs::metadata(&file).expect("device.key").permissions().mode();
+        let mode = std::fs::metadata(&file)
+            .expect("device.key")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "{}", file.display());
     }
     assert_eq!(keys.len(), agents.len(), "one key per device");
