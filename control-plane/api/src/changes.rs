@@ -190,8 +190,11 @@ pub struct Preview {
 pub struct PreviewItem {
     pub kind: Kind,
     pub name: String,
-    /// created, configured, unchanged, or `refused: why`.
-    pub result: String,
+    /// What applying it would do.
+    pub result: PreviewResult,
+    /// Why it would be refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// How many devices it would target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<u64>,
@@ -208,12 +211,35 @@ pub struct PreviewItem {
     pub warning: Option<String>,
 }
 
+/// What applying a manifest would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PreviewResult {
+    Created,
+    Configured,
+    Unchanged,
+    /// Refused; the item's reason says why.
+    Refused,
+}
+
+impl PreviewResult {
+    pub fn name(self) -> &'static str {
+        match self {
+            PreviewResult::Created => "created",
+            PreviewResult::Configured => "configured",
+            PreviewResult::Unchanged => "unchanged",
+            PreviewResult::Refused => "refused",
+        }
+    }
+}
+
 impl PreviewItem {
-    pub fn new(kind: Kind, name: impl Into<String>, result: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, name: impl Into<String>, result: PreviewResult) -> Self {
         Self {
             kind,
             name: name.into(),
-            result: result.into(),
+            result,
+            reason: None,
             targets: None,
             canaries: None,
             first: None,
@@ -222,15 +248,46 @@ impl PreviewItem {
         }
     }
 
+    /// A preview that would be refused, and why.
+    pub fn refusal(kind: Kind, name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            reason: Some(reason.into()),
+            ..Self::new(kind, name, PreviewResult::Refused)
+        }
+    }
+
     /// A preview that would be refused.
     pub fn refused(&self) -> bool {
-        self.result.starts_with("refused")
+        self.result == PreviewResult::Refused
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal's reason travels beside its result, not inside it.
+    #[test]
+    fn a_refused_preview_says_why_beside_its_result() {
+        let refused = PreviewItem::refusal(Kind::Deployment, "d", "names pi-kichen");
+        let json = serde_json::to_value(&refused).expect("json");
+        assert_eq!(json["result"], "refused");
+        assert_eq!(json["reason"], "names pi-kichen");
+        assert!(refused.refused());
+        let created = PreviewItem::new(Kind::TaskRun, "r", PreviewResult::Created);
+        let json = serde_json::to_value(&created).expect("json");
+        assert_eq!(json["result"], "created");
+        assert!(json.get("reason").is_none());
+        assert!(!created.refused());
+        for result in [
+            PreviewResult::Created,
+            PreviewResult::Configured,
+            PreviewResult::Unchanged,
+            PreviewResult::Refused,
+        ] {
+            assert_eq!(serde_json::to_value(result).expect("json"), result.name());
+        }
+    }
 
     #[test]
     fn outcomes_read_as_the_words_they_are_sent_as() {

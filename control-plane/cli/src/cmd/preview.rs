@@ -11,10 +11,14 @@ pub fn print(previews: &[PreviewItem]) -> bool {
     for item in previews {
         refused |= item.refused();
         out!(
-            "{}/{} would be {} (dry run)",
+            "{}/{} would be {}{} (dry run)",
             item.kind.name().to_lowercase(),
             printable(&item.name),
-            printable(&item.result)
+            item.result.name(),
+            item.reason
+                .as_deref()
+                .map(|why| format!(": {}", printable(why)))
+                .unwrap_or_default()
         );
         if let Some(count) = item.targets {
             let first: Vec<String> = item.first.iter().flatten().map(|n| printable(n)).collect();

@@ -6,7 +6,7 @@
 //! immutable run fails at once with NoTargets.
 
 use super::*;
-use drover_api::changes::{Kind, Preview, PreviewItem};
+use drover_api::changes::{Kind, Preview, PreviewItem, PreviewResult};
 use drover_rules::deployment::{Selection, Targeting};
 use drover_rules::placement;
 use std::collections::{BTreeMap, HashMap};
@@ -113,10 +113,13 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
     for manifest in manifests {
         results.push(match manifest {
             Manifest::TaskRun { name, spec } => {
-                let result = match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
-                    Some((_, run)) if run.spec == spec => "unchanged",
-                    Some(_) => "refused: a TaskRun's spec never changes (delete it first)",
-                    None => "created",
+                let (result, reason) = match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
+                    Some((_, run)) if run.spec == spec => (PreviewResult::Unchanged, None),
+                    Some(_) => (
+                        PreviewResult::Refused,
+                        Some("a TaskRun's spec never changes (delete it first)".to_owned()),
+                    ),
+                    None => (PreviewResult::Created, None),
                 };
                 let plan: Vec<(DeviceId, bool)> = placement::plan(&spec, &devices)
                     .into_iter()
@@ -130,7 +133,10 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     }
                 }
                 let mut item = with_targets(
-                    PreviewItem::new(Kind::TaskRun, name, result),
+                    PreviewItem {
+                        reason,
+                        ..PreviewItem::new(Kind::TaskRun, name, result)
+                    },
                     &plan,
                     excluded,
                 );
@@ -152,17 +158,18 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     kind.resolve(apply, &mut spec.job).await?;
                 }
                 let unknown = unknown_devices(&state.db, &spec.targets).await?;
-                let result = match state
+                let (result, reason) = match state
                     .db
                     .get::<DeploymentRecord>(&drover_rules::records::deployment_key(&name))
                     .await?
                 {
-                    _ if unknown.is_some() => format!("refused: {}", unknown.unwrap_or_default()),
-                    Some((_, existing)) if existing.spec == spec => "unchanged".into(),
-                    Some(_) => {
-                        "refused: a Deployment's spec never changes (delete it first)".into()
-                    }
-                    None => "created".into(),
+                    _ if unknown.is_some() => (PreviewResult::Refused, unknown),
+                    Some((_, existing)) if existing.spec == spec => (PreviewResult::Unchanged, None),
+                    Some(_) => (
+                        PreviewResult::Refused,
+                        Some("a Deployment's spec never changes (delete it first)".to_owned()),
+                    ),
+                    None => (PreviewResult::Created, None),
                 };
                 let inventories: HashMap<DeviceId, drover_rules::deployment::DeviceInventory> =
                     match &spec.targets {
@@ -195,16 +202,21 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     }
                 }
                 with_targets(
-                    PreviewItem::new(Kind::Deployment, name, result),
+                    PreviewItem {
+                        reason,
+                        ..PreviewItem::new(Kind::Deployment, name, result)
+                    },
                     &chosen,
                     excluded,
                 )
             }
             Manifest::Device { id, labels, spec } => {
                 let result = match stored.get(&id) {
-                    Some(d) if super::apply::device_unchanged(d, &labels, &spec) => "unchanged",
-                    Some(_) => "configured",
-                    None => "created",
+                    Some(d) if super::apply::device_unchanged(d, &labels, &spec) => {
+                        PreviewResult::Unchanged
+                    }
+                    Some(_) => PreviewResult::Configured,
+                    None => PreviewResult::Created,
                 };
                 PreviewItem::new(Kind::Device, id.as_str(), result)
             }
@@ -214,9 +226,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     .get::<drover_rules::schedule::TaskScheduleRecord>(&drover_rules::records::schedule_key(&name))
                     .await?
                 {
-                    Some((_, existing)) if existing.spec == spec => "unchanged",
-                    Some(_) => "configured",
-                    None => "created",
+                    Some((_, existing)) if existing.spec == spec => PreviewResult::Unchanged,
+                    Some(_) => PreviewResult::Configured,
+                    None => PreviewResult::Created,
                 };
                 PreviewItem::new(Kind::TaskSchedule, name, result)
             }
@@ -230,7 +242,11 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 PreviewItem::new(
                     Kind::Secret,
                     name,
-                    if exists { "configured" } else { "created" },
+                    if exists {
+                        PreviewResult::Configured
+                    } else {
+                        PreviewResult::Created
+                    },
                 )
             }
         });
