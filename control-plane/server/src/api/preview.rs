@@ -94,6 +94,49 @@ pub(super) async fn unknown_devices(
         )
     }))
 }
+/// A TaskRun's preview: unchanged, created or refused (a run's spec never
+/// changes), with the targets its plan would freeze now.
+async fn preview_run(
+    state: &ApiState,
+    name: String,
+    spec: drover_rules::records::TaskRunSpec,
+    devices: &[DeviceRecord],
+) -> Result<PreviewItem, ApiError> {
+    let (result, reason) = match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
+        Some((_, run)) if run.spec == spec => (PreviewResult::Unchanged, None),
+        Some(_) => (
+            PreviewResult::Refused,
+            Some("a TaskRun's spec never changes (delete it first)".to_owned()),
+        ),
+        None => (PreviewResult::Created, None),
+    };
+    let plan: Vec<(DeviceId, bool)> = placement::plan(&spec, devices)
+        .into_iter()
+        .map(|t| (t.device, t.canary))
+        .collect();
+    let mut excluded = BTreeMap::new();
+    for device in devices {
+        match placement::placed(&spec, device) {
+            Ok(()) | Err(placement::Left::NotSelected) => {}
+            Err(left) => *excluded.entry(left.name()).or_insert(0) += 1,
+        }
+    }
+    let mut item = with_targets(
+        PreviewItem {
+            reason,
+            ..PreviewItem::new(Kind::TaskRun, name, result)
+        },
+        &plan,
+        excluded,
+    );
+    if plan.is_empty() {
+        item.warning = Some(
+            "no authorized device with an agent matches: the run would fail at once (NoTargets)"
+                .into(),
+        );
+    }
+    Ok(item)
+}
 
 pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Preview, ApiError> {
     let manifests = parse_all(&items)?;
@@ -112,42 +155,7 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
     let mut secrets_before: Vec<String> = Vec::new();
     for manifest in manifests {
         results.push(match manifest {
-            Manifest::TaskRun { name, spec } => {
-                let (result, reason) = match state.db.get::<TaskRunRecord>(&run_key(&name)).await? {
-                    Some((_, run)) if run.spec == spec => (PreviewResult::Unchanged, None),
-                    Some(_) => (
-                        PreviewResult::Refused,
-                        Some("a TaskRun's spec never changes (delete it first)".to_owned()),
-                    ),
-                    None => (PreviewResult::Created, None),
-                };
-                let plan: Vec<(DeviceId, bool)> = placement::plan(&spec, &devices)
-                    .into_iter()
-                    .map(|t| (t.device, t.canary))
-                    .collect();
-                let mut excluded = BTreeMap::new();
-                for device in &devices {
-                    match placement::placed(&spec, device) {
-                        Ok(()) | Err(placement::Left::NotSelected) => {}
-                        Err(left) => *excluded.entry(left.name()).or_insert(0) += 1,
-                    }
-                }
-                let mut item = with_targets(
-                    PreviewItem {
-                        reason,
-                        ..PreviewItem::new(Kind::TaskRun, name, result)
-                    },
-                    &plan,
-                    excluded,
-                );
-                if plan.is_empty() {
-                    item.warning = Some(
-                        "no authorized device with an agent matches: the run would fail at once (NoTargets)"
-                            .into(),
-                    );
-                }
-                item
-            }
+            Manifest::TaskRun { name, spec } => preview_run(state, name, spec, &devices).await?,
             Manifest::Deployment { name, mut spec } => {
                 if let Some(kind) = crate::kinds::kind(spec.job.name()) {
                     let apply = crate::kinds::Apply {
@@ -164,7 +172,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     .await?
                 {
                     _ if unknown.is_some() => (PreviewResult::Refused, unknown),
-                    Some((_, existing)) if existing.spec == spec => (PreviewResult::Unchanged, None),
+                    Some((_, existing)) if existing.spec == spec => {
+                        (PreviewResult::Unchanged, None)
+                    }
                     Some(_) => (
                         PreviewResult::Refused,
                         Some("a Deployment's spec never changes (delete it first)".to_owned()),
@@ -223,7 +233,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
             Manifest::TaskSchedule { name, spec } => {
                 let result = match state
                     .db
-                    .get::<drover_rules::schedule::TaskScheduleRecord>(&drover_rules::records::schedule_key(&name))
+                    .get::<drover_rules::schedule::TaskScheduleRecord>(
+                        &drover_rules::records::schedule_key(&name),
+                    )
                     .await?
                 {
                     Some((_, existing)) if existing.spec == spec => PreviewResult::Unchanged,
@@ -236,7 +248,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 secrets_before.push(name.clone());
                 let exists = state
                     .db
-                    .get::<drover_rules::records::SecretRecord>(&drover_rules::records::secret_key(&name))
+                    .get::<drover_rules::records::SecretRecord>(&drover_rules::records::secret_key(
+                        &name,
+                    ))
                     .await?
                     .is_some();
                 PreviewItem::new(
