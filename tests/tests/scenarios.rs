@@ -321,6 +321,10 @@ async fn a_failing_canary_stops_the_rollout_before_anyone_else_gets_anything(
             "notReleased"
         };
         assert_eq!(target["state"], want, "{target}");
+        // Why the canary failed is a fact on its status, over each transport.
+        if target["canary"] == true {
+            assert_eq!(target["status"]["failure"], "stepFailed", "{target}");
+        }
     }
     // The workers never received an intent.
     for agent in &agents[1..] {
