@@ -359,13 +359,7 @@ fn start(
     }
     record.status.state = Running;
     record.status.started_at = Some(now);
-    match start_step(&mut record, 0, now) {
-        Some(index) => (record, Persist::Report, Next::RunStep(index)),
-        None => {
-            succeed(&mut record, now);
-            (record, Persist::Report, Next::Stop)
-        }
-    }
+    run_from(record, 0, now)
 }
 
 /// A running job is taken up again after the agent stopped while it ran.
@@ -389,10 +383,7 @@ fn pick_up_again(
             ));
             (record, Persist::Save, Next::RunStep(index))
         }
-        None => {
-            succeed(&mut record, now);
-            (record, Persist::Report, Next::Stop)
-        }
+        None => succeeded(record, now),
     }
 }
 
@@ -420,17 +411,10 @@ fn after_reboot(
     record.status.state = Running;
     record.status.boot_id = boot_id;
     let Some(index) = current_step(&record) else {
-        succeed(&mut record, now);
-        return (record, Persist::Report, Next::Stop);
+        return succeeded(record, now);
     };
     complete_step(&mut record, index, now);
-    match start_step(&mut record, index + 1, now) {
-        Some(next) => (record, Persist::Report, Next::RunStep(next)),
-        None => {
-            succeed(&mut record, now);
-            (record, Persist::Report, Next::Stop)
-        }
-    }
+    run_from(record, index + 1, now)
 }
 
 /// The running step ended with `outcome`.
@@ -442,20 +426,13 @@ fn step_finished(
 ) -> (JobRecord, Persist, Next) {
     use JobState::*;
     let Some(index) = current_step(&record) else {
-        succeed(&mut record, now);
-        return (record, Persist::Report, Next::Stop);
+        return succeeded(record, now);
     };
     record.status.steps[index].tries += 1;
     match outcome {
         StepOutcome::Done => {
             complete_step(&mut record, index, now);
-            match start_step(&mut record, index + 1, now) {
-                Some(next) => (record, Persist::Report, Next::RunStep(next)),
-                None => {
-                    succeed(&mut record, now);
-                    (record, Persist::Report, Next::Stop)
-                }
-            }
+            run_from(record, index + 1, now)
         }
         StepOutcome::RetryAfter { after, reason } => {
             record.status.steps[index].error = Some(bounded(reason, MAX_ERROR_BYTES));
@@ -479,6 +456,20 @@ fn step_finished(
             (record, Persist::Report, Next::Stop)
         }
     }
+}
+
+/// Runs the steps from `index` on; with none left, the job succeeded.
+fn run_from(mut record: JobRecord, index: usize, now: Timestamp) -> (JobRecord, Persist, Next) {
+    match start_step(&mut record, index, now) {
+        Some(next) => (record, Persist::Report, Next::RunStep(next)),
+        None => succeeded(record, now),
+    }
+}
+
+/// Every step is done: the job succeeded, which is reported.
+fn succeeded(mut record: JobRecord, now: Timestamp) -> (JobRecord, Persist, Next) {
+    succeed(&mut record, now);
+    (record, Persist::Report, Next::Stop)
 }
 
 fn step_name(record: &JobRecord, index: usize) -> String {
