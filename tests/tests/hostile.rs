@@ -1108,8 +1108,12 @@ async fn connect_as(cp: &ControlPlane, device: &str, token: &str) -> Result<Ws, 
 }
 
 fn hello(device: &str) -> Message {
+    hello_from_boot(device, "b-1")
+}
+
+fn hello_from_boot(device: &str, boot: &str) -> Message {
     Message::text(
-        json!({"type": "hello", "deviceId": device, "agentVersion": "hand", "bootId": "b-1",
+        json!({"type": "hello", "deviceId": device, "agentVersion": "hand", "bootId": boot,
                "capabilities": ["systemUpgradeV1"], "jobs": []})
         .to_string(),
     )
@@ -1360,14 +1364,36 @@ async fn control_plane_sessions_table() {
     assert_eq!(ran, declared, "every row of the sessions table ran");
     // A row of its own: one session per device.
     ran_rows.row();
-    // One session per device: each new one replaces the one before. (Each
-    // is opened once the one before it is registered: sessions that say
-    // hello at the same moment are ordered by the server, not the client.)
+    // One session per device: each new one replaces the one before. Each
+    // is opened once the one before it is registered (its hello, with a boot
+    // id of its own, is stored): two sessions whose handshakes end at the
+    // same moment are ordered by the server, not by the client.
+    let registered = |boot: String| {
+        let cp = &cp;
+        async move {
+            eventually(Duration::from_secs(10), "the session's hello", || {
+                let boot = boot.clone();
+                async move {
+                    let device = cp.get("/devices/se-1").await;
+                    (device["bootId"] == boot.as_str()).then_some(())
+                }
+            })
+            .await
+        }
+    };
     let mut newest = connect_as(&cp, "se-1", &own).await.expect("connect");
-    newest.send(hello("se-1")).await.expect("hello");
+    newest
+        .send(hello_from_boot("se-1", "s-0"))
+        .await
+        .expect("hello");
+    registered("s-0".into()).await;
     for i in 0..20 {
         let mut next = connect_as(&cp, "se-1", &own).await.expect("connect");
-        next.send(hello("se-1")).await.expect("hello");
+        let boot = format!("s-{}", i + 1);
+        next.send(hello_from_boot("se-1", &boot))
+            .await
+            .expect("hello");
+        registered(boot).await;
         assert!(
             closed(&mut newest).await,
             "session {i} was closed by the next"
