@@ -9,6 +9,7 @@
 pub mod clean;
 pub mod delivery;
 pub mod deployment;
+pub mod enrollment;
 pub mod outcome;
 pub mod patch;
 pub mod placement;

@@ -48,7 +48,9 @@ one_layout!(
     crate::records::AlertRecord,
     crate::records::AlertAck,
     crate::records::OperatorRecord,
-    crate::records::AuditRecord
+    crate::records::AuditRecord,
+    crate::enrollment::EnrollmentTokenRecord,
+    crate::enrollment::DeviceKeyRecord
 );
 
 /// A device as stored: V1 until the control plane kept when its agent
@@ -1004,6 +1006,76 @@ mod tests {
                 reason: None,
                 replica: "r1".into(),
             }
+        );
+    }
+
+    fn enrollment_records() -> (
+        crate::enrollment::EnrollmentTokenRecord,
+        crate::enrollment::DeviceKeyRecord,
+    ) {
+        use crate::enrollment::*;
+        let at: Timestamp = "2026-12-06T12:00:00Z".parse().expect("time");
+        let token = EnrollmentTokenRecord {
+            name: "line-3".into(),
+            digest: "ab".repeat(32),
+            groups: ["kiosk".to_owned()].into(),
+            labels: [("site".to_owned(), "ghent".to_owned())].into(),
+            max_uses: Some(40),
+            uses: 3,
+            expires_at: Some(at),
+            auto_accept: true,
+            created_at: at,
+            created_by: "operator/admin".into(),
+            revoked_at: Some(at),
+            revoked_by: Some("operator/ada".into()),
+        };
+        let key = DeviceKeyRecord {
+            device: drover_model::DeviceId::new("pi-1").expect("id"),
+            public_key: "cd".repeat(32),
+            state: KeyState::Accepted,
+            token: Some("line-3".into()),
+            inventory: EnrollInventory {
+                hostname: Some("pi-1".into()),
+                os_release: Some("Debian GNU/Linux 12 (bookworm)".into()),
+                architecture: Some("arm64".into()),
+                agent_version: Some("0.1.0".into()),
+            },
+            requested_at: at,
+            peer: Some("192.0.2.7".into()),
+            decided_at: Some(at),
+            decided_by: Some("token/line-3".into()),
+            existing_device: true,
+            conflict: Some(KeyConflict {
+                public_key: "ef".repeat(32),
+                at,
+                peer: None,
+            }),
+        };
+        (token, key)
+    }
+
+    /// Bytes of layout V1 of the enrollment token and device key records
+    /// (issue 55): a change to either without a new version fails here.
+    #[test]
+    fn the_v1_enrollment_records_still_decode() {
+        let (token, key) = enrollment_records();
+        let stored = crate::enrollment::EnrollmentTokenRecord::from_bytes(&hex(include_str!(
+            "fixtures/enrollment_token_v1.hex"
+        )))
+        .expect("token V1");
+        assert_eq!(stored, token);
+        assert_eq!(
+            token.to_bytes().expect("encode"),
+            hex(include_str!("fixtures/enrollment_token_v1.hex"))
+        );
+        let stored = crate::enrollment::DeviceKeyRecord::from_bytes(&hex(include_str!(
+            "fixtures/device_key_v1.hex"
+        )))
+        .expect("key V1");
+        assert_eq!(stored, key);
+        assert_eq!(
+            key.to_bytes().expect("encode"),
+            hex(include_str!("fixtures/device_key_v1.hex"))
         );
     }
 }
