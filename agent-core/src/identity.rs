@@ -198,6 +198,16 @@ impl DeviceKey {
     }
 }
 
+impl drover_model::enroll::Signer for DeviceKey {
+    fn public_key(&self) -> String {
+        self.public_key_hex()
+    }
+
+    fn sign(&self, message: &[u8]) -> Vec<u8> {
+        DeviceKey::sign(self, message)
+    }
+}
+
 /// Writes `bytes` to a new file at `path`, mode 0600 from its creation,
 /// synced, then renamed into place and the directory synced: a crash
 /// leaves the old state or the whole key, never half of one.

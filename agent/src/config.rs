@@ -81,6 +81,11 @@ pub enum Transport {
         server_url: String,
         token: Option<String>,
         token_file: Option<PathBuf>,
+        /// Without a token: the device asks to join with this enrollment
+        /// token (`drover enrollment-tokens create`), then is let in by its
+        /// own key (`device.key` in the state directory).
+        enrollment_token: Option<String>,
+        enrollment_token_file: Option<PathBuf>,
         #[serde(default = "default_ca_file")]
         ca_file: PathBuf,
         #[serde(default = "default_heartbeat")]
@@ -230,6 +235,47 @@ impl Transport {
         }
     }
 
+    /// What lets this device in: its token, or (over WebSocket, without a
+    /// token) its own key and the enrollment token it asks to join with.
+    pub fn read_credentials(&self) -> Result<Credentials> {
+        if self.token() != (None, None) {
+            return self.read_token().map(Credentials::Token);
+        }
+        match self {
+            Transport::Websocket {
+                enrollment_token: Some(token),
+                ..
+            } => Ok(Credentials::Enrollment(token.clone())),
+            Transport::Websocket {
+                enrollment_token_file: Some(file),
+                ..
+            } => Ok(Credentials::Enrollment(
+                std::fs::read_to_string(file)
+                    .with_context(|| {
+                        format!("cannot read the enrollment token file {}", file.display())
+                    })?
+                    .trim()
+                    .to_owned(),
+            )),
+            _ => self.read_token().map(Credentials::Token),
+        }
+    }
+
+    /// Whether the config names any credential.
+    fn has_credentials(&self) -> bool {
+        self.token() != (None, None)
+            || matches!(
+                self,
+                Transport::Websocket {
+                    enrollment_token: Some(_),
+                    ..
+                } | Transport::Websocket {
+                    enrollment_token_file: Some(_),
+                    ..
+                }
+            )
+    }
+
     /// The device's token, inline or from its file.
     pub fn read_token(&self) -> Result<String> {
         match self.token() {
@@ -238,9 +284,20 @@ impl Transport {
                 .with_context(|| format!("cannot read the token file {}", file.display()))?
                 .trim()
                 .to_owned()),
-            (None, None) => bail!("transport needs token or token_file"),
+            (None, None) => bail!(
+                "transport needs token or token_file (or, over websocket, enrollment_token_file)"
+            ),
         }
     }
+}
+
+/// What the config gives the agent to be let in with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// A bearer token (`drover token DEVICE`).
+    Token(String),
+    /// An enrollment token: the device's own key is its credential.
+    Enrollment(String),
 }
 
 #[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
@@ -457,8 +514,10 @@ impl Config {
             1,
             10_000,
         )?;
-        if config.transport.token() == (None, None) {
-            bail!("transport needs token or token_file");
+        if !config.transport.has_credentials() {
+            bail!(
+                "transport needs token or token_file (or, over websocket, enrollment_token_file)"
+            );
         }
         if config.intent_public_keys.is_empty() {
             bail!(

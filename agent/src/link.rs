@@ -2,7 +2,7 @@
 //! chooses, with its settings, the task that runs it, and `check`'s probe
 //! of it.
 
-use crate::config::{Config, Transport};
+use crate::config::{Config, Credentials, Transport};
 use agent_core::executor::Agent;
 use anyhow::{Result, bail};
 use std::sync::Arc;
@@ -20,27 +20,48 @@ pub(crate) enum Link {
 pub(crate) fn link_settings(
     config: &Config,
     device_id: &drover_model::DeviceId,
-    token: String,
-) -> Link {
-    match &config.transport {
-        Transport::Websocket {
-            server_url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_websocket::client::ClientSettings {
-                server_url: server_url.clone(),
-                token,
-                ca_file: ca_file.clone(),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_initial: Duration::from_millis(500),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-                connect_timeout: Duration::from_secs(10),
+    credentials: Credentials,
+    key: Arc<agent_core::identity::DeviceKey>,
+) -> Result<Link> {
+    let token = match (&config.transport, credentials) {
+        (
+            Transport::Websocket {
+                server_url,
+                ca_file,
+                heartbeat_seconds,
+                backoff_max_seconds,
+                ..
+            },
+            credentials,
+        ) => {
+            use transport_websocket::client::Credential;
+            let credential = match credentials {
+                Credentials::Token(token) => Credential::Token(token),
+                Credentials::Enrollment(token) => Credential::Key {
+                    signer: key,
+                    enrollment_token: Some(token),
+                },
             };
-            Link::Websocket(settings)
+            return Ok(Link::Websocket(
+                transport_websocket::client::ClientSettings {
+                    server_url: server_url.clone(),
+                    credential,
+                    ca_file: ca_file.clone(),
+                    heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+                    backoff_initial: Duration::from_millis(500),
+                    backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+                    connect_timeout: Duration::from_secs(10),
+                },
+            ));
         }
+        (_, Credentials::Token(token)) => token,
+        (_, Credentials::Enrollment(_)) => bail!(
+            "enrollment works over websocket only so far: give this transport a token or \
+             token_file"
+        ),
+    };
+    Ok(match &config.transport {
+        Transport::Websocket { .. } => bail!("websocket links are made above"),
         Transport::Nats {
             url,
             ca_file,
@@ -86,7 +107,7 @@ pub(crate) fn link_settings(
             };
             Link::Mqtt(settings)
         }
-    }
+    })
 }
 
 /// `check --connect` while the agent runs: its own link, as it reports it;
@@ -124,10 +145,13 @@ fn let_in(url: &str, warning: Option<&str>) -> String {
 /// `check --connect`: reaches the control plane (or broker) and is let in
 /// with this device's token, or says why not.
 pub(crate) async fn probe(config: &Config, device_id: &drover_model::DeviceId) -> Result<String> {
-    let token = config.transport.read_token()?;
-    match link_settings(config, device_id, token) {
+    let credentials = config.transport.read_credentials()?;
+    let key = Arc::new(agent_core::identity::DeviceKey::load_or_create(
+        &config.state_dir,
+    )?);
+    match link_settings(config, device_id, credentials, key)? {
         Link::Websocket(settings) => {
-            transport_websocket::client::probe(&settings, device_id.as_str()).await?;
+            transport_websocket::client::probe(&settings, device_id).await?;
             Ok(let_in(&settings.server_url, None))
         }
         Link::Nats(settings) => {

@@ -72,7 +72,7 @@ fn run_cli() -> Result<()> {
         }
         Command::Check { connect } => {
             let config = Config::load(&cli.config)?;
-            config.transport.read_token()?;
+            config.transport.read_credentials()?;
             config.transport.check()?;
             let store = config.state_dir.join("agent.redb");
             // A running agent holds its database (and answers on its socket):
@@ -347,7 +347,7 @@ fn configured(config_path: &Path) -> Result<Config> {
     let checked = || -> Result<Config> {
         let config = Config::load(config_path)?;
         drover_model::DeviceId::new(config.device_id.clone())?;
-        config.transport.read_token()?;
+        config.transport.read_credentials()?;
         config.transport.check()?;
         Ok(config)
     };
@@ -385,7 +385,7 @@ async fn run(config_path: &Path) -> Result<()> {
         &config.state_dir,
     )?);
     let public_key = device_key.public_key_hex();
-    let agent = wiring::agent(&config, &device_id, &boot_id, device_key)?;
+    let agent = wiring::agent(&config, &device_id, &boot_id, device_key.clone())?;
     info!(device = %device_id, boot_id = %boot_id, %public_key, "drover-agent starting");
 
     let shutdown = CancellationToken::new();
@@ -412,9 +412,9 @@ async fn run(config_path: &Path) -> Result<()> {
         config.assessment.every_minutes,
         shutdown.clone(),
     ));
-    let token = config.transport.read_token()?;
+    let credentials = config.transport.read_credentials()?;
     let transport = link::spawn(
-        link::link_settings(&config, &device_id, token),
+        link::link_settings(&config, &device_id, credentials, device_key)?,
         agent.clone(),
         shutdown.clone(),
     );

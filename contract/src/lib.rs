@@ -5,6 +5,7 @@
 //! the control plane's records under revision checks and reports every
 //! change. The control plane knows these traits, never a wire library.
 
+pub mod gate;
 pub mod kv;
 pub mod link;
 

@@ -5,6 +5,7 @@
 //! so the control plane's rules crate can depend on it without a runtime.
 
 pub mod credentials;
+pub mod enroll;
 pub mod failure;
 pub mod ids;
 pub mod layout;

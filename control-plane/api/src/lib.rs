@@ -13,6 +13,7 @@
 pub mod changes;
 pub mod deployments;
 pub mod devices;
+pub mod enrollment;
 pub mod fleet;
 pub mod jobs;
 pub mod operators;
@@ -27,4 +28,35 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
+}
+
+/// An age as the API and the CLI write it: a whole number of seconds,
+/// minutes, hours or days (`30s`, `30m`, `24h`, `7d`); None for anything
+/// else. The audit log's `since` and `--expires` take it.
+pub fn parse_age(text: &str) -> Option<jiff::SignedDuration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let number: i64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    Some(jiff::SignedDuration::from_secs(
+        number.checked_mul(seconds)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_age_is_a_number_and_a_unit() {
+        assert_eq!(super::parse_age("90s").map(|d| d.as_secs()), Some(90));
+        assert_eq!(super::parse_age("7d").map(|d| d.as_secs()), Some(604_800));
+        for bad in ["", "7", "d", "7w", "-1d", "1.5h", "99999999999999999d"] {
+            assert_eq!(super::parse_age(bad), None, "{bad}");
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 mod access;
 mod brokers;
 mod serve;
-pub use access::{AuditArgs, OperatorsCommand};
+pub use access::{AuditArgs, DevicesCommand, EnrollmentTokensCommand, OperatorsCommand};
 pub use brokers::{MqttConfigArgs, NatsConfigArgs};
 pub use serve::ServeArgs;
 
@@ -163,6 +163,17 @@ pub enum Command {
     Operators {
         #[command(subcommand)]
         command: OperatorsCommand,
+    },
+    /// Enrollment tokens: one in a device image lets every device made
+    /// from it ask to join (create, list, revoke).
+    EnrollmentTokens {
+        #[command(subcommand)]
+        command: EnrollmentTokensCommand,
+    },
+    /// Devices that enrolled their own key: pending, accept, reject.
+    Devices {
+        #[command(subcommand)]
+        command: DevicesCommand,
     },
     /// The audit log: every change (who, what, when, from where, the
     /// outcome) and every refused request, oldest first.

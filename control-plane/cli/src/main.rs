@@ -93,6 +93,10 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             output,
         } => cmd::show::alerts(&cli, output).await,
         Command::Operators { command } => cmd::operators::operators(&client(&cli)?, command).await,
+        Command::EnrollmentTokens { command } => {
+            cmd::enrollment::tokens(&client(&cli)?, command).await
+        }
+        Command::Devices { command } => cmd::enrollment::devices(&client(&cli)?, command).await,
         Command::Audit(args) => cmd::operators::audit(&client(&cli)?, args).await,
         Command::PatchStatus { output } => cmd::show::patch_status(&cli, output).await,
         Command::Describe {

@@ -210,8 +210,11 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         websocket,
         agent_listener,
         tls,
-        &secrets,
-        &generations,
+        drover_server::enrollment::Gate {
+            secrets: secrets.clone(),
+            credentials: generations.clone(),
+            db: db.clone(),
+        },
         capacity,
         shutdown.clone(),
     ));

@@ -236,22 +236,20 @@ pub(super) fn upkeep(
 }
 
 /// Serves agents over WebSocket, each let in by its token of its
-/// device's current generation.
+/// device's current generation or by its accepted key, and devices that
+/// ask to join.
 pub(super) fn serve_agents(
     websocket: Arc<WsLinks>,
     agent_listener: TcpListener,
     tls: Option<drover_net::tls::Acceptor>,
-    secrets: &Arc<Secrets>,
-    generations: &Arc<drover_server::device_tokens::Generations>,
+    gate: drover_server::enrollment::Gate,
     capacity: Capacity,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let verify = secrets.clone();
-    let known = generations.clone();
     tokio::spawn(websocket.serve(
         agent_listener,
         tls,
-        Arc::new(move |device, token| verify.verify_device_at(device, known.get(device), token)),
+        Arc::new(gate),
         Admission::new(capacity.agents),
         shutdown,
     ))

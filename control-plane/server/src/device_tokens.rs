@@ -6,8 +6,13 @@
 //! feed, because the agents' WebSocket handshake checks a token without
 //! waiting on the store; a raised generation also ends the device's open
 //! session on every replica that holds one.
+//!
+//! Beside them, each device's accepted key (`device-keys/ID`, issue 55): a
+//! device with one proves its key and its token no longer lets it in; a key
+//! rejected or removed ends its session like a raised generation.
 
 use drover_model::DeviceId;
+use drover_rules::enrollment::{DeviceKeyRecord, KEY_PREFIX_KEY, KeyState, key_key};
 use drover_store::db::{Db, DbError};
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -32,6 +37,17 @@ pub async fn generation(db: &Db, device: &DeviceId) -> Result<u64, DbError> {
 pub struct Generations {
     /// A std RwLock: held only to read or swap entries, never across an await.
     known: RwLock<HashMap<DeviceId, u64>>,
+    /// Accepted public keys (hex).
+    keys: RwLock<HashMap<DeviceId, String>>,
+}
+
+/// A device's accepted key from the store.
+async fn accepted_key(db: &Db, device: &DeviceId) -> Result<Option<String>, DbError> {
+    Ok(db
+        .get::<DeviceKeyRecord>(&key_key(device))
+        .await?
+        .filter(|(_, k)| k.state == KeyState::Accepted)
+        .map(|(_, k)| k.public_key))
 }
 
 impl Generations {
@@ -45,8 +61,56 @@ impl Generations {
             .unwrap_or(0)
     }
 
-    /// Reads every generation; returns the devices whose generation changed.
+    /// The device's accepted public key, as this replica last heard it.
+    pub fn key_of(&self, device: &DeviceId) -> Option<String> {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(device)
+            .cloned()
+    }
+
+    /// Whether `token` lets `device` in: its token at its generation, and
+    /// only while it has no accepted key (then only the key does).
+    pub fn token_opens(
+        &self,
+        secrets: &crate::auth::Secrets,
+        device: &DeviceId,
+        token: &str,
+    ) -> bool {
+        self.key_of(device).is_none() && secrets.verify_device_at(device, self.get(device), token)
+    }
+
+    /// Reads every accepted key; returns the devices whose key changed.
+    async fn load_keys(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
+        let stored: HashMap<DeviceId, String> = db
+            .list::<DeviceKeyRecord>(KEY_PREFIX_KEY)
+            .await?
+            .into_iter()
+            .filter(|(_, _, k)| k.state == KeyState::Accepted)
+            .map(|(_, _, k)| (k.device, k.public_key))
+            .collect();
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let mut changed: Vec<DeviceId> = stored
+            .iter()
+            .filter(|(d, k)| keys.get(*d) != Some(*k))
+            .map(|(d, _)| d.clone())
+            .collect();
+        changed.extend(keys.keys().filter(|d| !stored.contains_key(*d)).cloned());
+        *keys = stored;
+        Ok(changed)
+    }
+
+    /// Reads every generation and key; returns the devices whose
+    /// generation or key changed.
     async fn load(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
+        let mut changed = self.load_keys(db).await?;
+        changed.extend(self.load_generations(db).await?);
+        Ok(changed)
+    }
+
+    /// Reads every generation; returns the devices whose generation changed.
+    async fn load_generations(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
         let stored: HashMap<DeviceId, u64> = db
             .list::<u64>(PREFIX)
             .await?
@@ -98,6 +162,26 @@ impl Generations {
             };
             match change {
                 Ok(change) => {
+                    if let Some(id) = change.key.strip_prefix(KEY_PREFIX_KEY) {
+                        let Ok(device) = DeviceId::new(id.to_owned()) else {
+                            continue;
+                        };
+                        match accepted_key(&db, &device).await {
+                            Ok(now) => {
+                                let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+                                let before = match &now {
+                                    Some(key) => keys.insert(device.clone(), key.clone()),
+                                    None => keys.remove(&device),
+                                };
+                                drop(keys);
+                                if before != now && before.is_some() {
+                                    raised(&device);
+                                }
+                            }
+                            Err(_) => reload = true,
+                        }
+                        continue;
+                    }
                     let Some(id) = change.key.strip_prefix(PREFIX) else {
                         continue;
                     };

@@ -2,8 +2,10 @@
 //! messages between the socket and [`agent_core::executor::Agent`] until the
 //! connection drops, and reconnect with capped, jittered backoff.
 
+pub use crate::enrolling::Credential;
+use crate::enrolling::Enrolled;
 use crate::protocol::{AgentMessage, ServerMessage};
-use crate::{AGENT_PATH_PREFIX, PROBE_HEADER, ws_config};
+use crate::{AGENT_PATH_PREFIX, ENROLL_PATH_PREFIX, KEY_AUTHORIZATION, PROBE_HEADER, ws_config};
 use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::executor::{AdmitError, AdmitReply, Agent};
 use drover_model::model::Hello;
@@ -31,8 +33,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 pub struct ClientSettings {
     /// `wss://host:port` (or `ws://` to a loopback host).
     pub server_url: String,
-    /// This device's bearer token.
-    pub token: String,
+    /// This device's bearer token, or its own key.
+    pub credential: Credential,
     /// CAs to trust for `wss://`.
     pub ca_file: PathBuf,
     pub heartbeat_interval: Duration,
@@ -69,8 +71,19 @@ pub enum ClientError {
          the address of `drover serve --agent-listen` (port 7181 by default)"
     )]
     WrongPort(String),
+    #[error(
+        "the control plane has not accepted this device's key, and the agent has no \
+         enrollment token to ask with: set enrollment_token_file in the agent's config"
+    )]
+    NotEnrolled,
+    #[error("enrolled; waiting for an operator to accept this device: {0}")]
+    Pending(String),
+    #[error("enrollment: {0}")]
+    Enrollment(String),
     #[error("WebSocket error: {0}")]
     Ws(#[from] tungstenite::Error),
+    #[error("the key's conversation with the control plane: {0}")]
+    Key(#[from] crate::enrolling::EnrollError),
     #[error("the server said nothing for {0:?}; reconnecting")]
     Silent(Duration),
     #[error("the server closed the connection")]
@@ -91,6 +104,9 @@ impl ClientError {
                 | ClientError::TlsHandshake(_)
                 | ClientError::Refused(_)
                 | ClientError::WrongPort(_)
+                | ClientError::NotEnrolled
+                | ClientError::Enrollment(_)
+                | ClientError::Key(crate::enrolling::EnrollError::Refused(_))
         )
     }
 }
@@ -145,6 +161,10 @@ pub async fn run(settings: ClientSettings, agent: Arc<Agent>, shutdown: Cancella
         let end = match connect_and_serve(&settings, &agent, &shutdown).await {
             // The control plane closed it (a restart): soon again.
             Ok(()) => SessionEnd::Closed,
+            Err(ClientError::Pending(message)) => {
+                info!(%message, "waiting for an operator to accept this device");
+                SessionEnd::Failed(ClientError::Pending(message).to_string())
+            }
             Err(e) => {
                 if e.is_config() {
                     tracing::error!(error = %e, "cannot connect to the control plane");
@@ -183,8 +203,55 @@ pub fn check_settings(server_url: &str, ca_file: &std::path::Path) -> Result<(),
     }
 }
 
+/// Connects to the agents' port and is let in: by the bearer token, or by
+/// the device's key (signing the challenge). A key the control plane has
+/// not accepted asks to join first, with the enrollment token.
 async fn connect(
     settings: &ClientSettings,
+    agent: Option<&Agent>,
+    device: &drover_model::DeviceId,
+    probe: bool,
+) -> Result<WebSocketStream<Box<dyn Io>>, ClientError> {
+    let Credential::Key {
+        signer,
+        enrollment_token,
+    } = &settings.credential
+    else {
+        return open(settings, AGENT_PATH_PREFIX, device.as_str(), probe).await;
+    };
+    let mut ws = match open(settings, AGENT_PATH_PREFIX, device.as_str(), probe).await {
+        Err(ClientError::Refused(401)) if probe => {
+            return Err(ClientError::Enrollment(
+                "this device's key is not accepted (yet): the running agent asks to join with \
+                 its enrollment token; `drover devices pending` shows it on the control plane"
+                    .into(),
+            ));
+        }
+        Err(ClientError::Refused(401)) => {
+            let Some(token) = enrollment_token else {
+                return Err(ClientError::NotEnrolled);
+            };
+            let inventory = agent.map(crate::enrolling::inventory).unwrap_or_default();
+            let door = open(settings, ENROLL_PATH_PREFIX, device.as_str(), false).await?;
+            match crate::enrolling::enroll(door, device, signer.as_ref(), token, inventory).await? {
+                Enrolled::Accepted => {
+                    info!("this device's key is accepted");
+                    open(settings, AGENT_PATH_PREFIX, device.as_str(), probe).await?
+                }
+                Enrolled::Pending(message) => return Err(ClientError::Pending(message)),
+            }
+        }
+        other => other?,
+    };
+    crate::enrolling::prove(&mut ws, device, signer.as_ref()).await?;
+    Ok(ws)
+}
+
+/// Opens `prefix`/`device` on the agents' port with this device's
+/// credential's header (none at the enrollment door).
+async fn open(
+    settings: &ClientSettings,
+    prefix: &str,
     device: &str,
     probe: bool,
 ) -> Result<WebSocketStream<Box<dyn Io>>, ClientError> {
@@ -193,7 +260,7 @@ async fn connect(
         reason: reason.into(),
     };
     let base = settings.server_url.trim_end_matches('/');
-    let full = format!("{base}{AGENT_PATH_PREFIX}{device}");
+    let full = format!("{base}{prefix}{device}");
     let uri: Uri = full.parse().map_err(|_| url_error("not a URL"))?;
     let host = uri.host().ok_or_else(|| url_error("no host"))?.to_owned();
     let secure = match uri.scheme_str() {
@@ -230,9 +297,22 @@ async fn connect(
         Box::new(tcp)
     };
     let mut request = uri.into_client_request()?;
-    let bearer = HeaderValue::from_str(&format!("Bearer {}", settings.token))
-        .map_err(|_| url_error("token is not a valid header value"))?;
-    request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    let authorization = match &settings.credential {
+        _ if prefix == ENROLL_PATH_PREFIX => None,
+        Credential::Token(token) => Some(
+            HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| url_error("token is not a valid header value"))?,
+        ),
+        Credential::Key { signer, .. } => Some(
+            HeaderValue::from_str(&format!("{KEY_AUTHORIZATION} {}", signer.public_key()))
+                .map_err(|_| url_error("the public key is not a valid header value"))?,
+        ),
+    };
+    if let Some(authorization) = authorization {
+        request
+            .headers_mut()
+            .insert(header::AUTHORIZATION, authorization);
+    }
     if probe {
         request
             .headers_mut()
@@ -260,8 +340,11 @@ async fn connect(
 
 /// Connects, is let in with this device's token, and closes: `drover-agent
 /// check --connect`.
-pub async fn probe(settings: &ClientSettings, device: &str) -> Result<(), ClientError> {
-    let mut ws = connect(settings, device, true).await?;
+pub async fn probe(
+    settings: &ClientSettings,
+    device: &drover_model::DeviceId,
+) -> Result<(), ClientError> {
+    let mut ws = connect(settings, None, device, true).await?;
     let _ = ws.close(None).await;
     Ok(())
 }
@@ -272,7 +355,7 @@ async fn connect_and_serve(
     shutdown: &CancellationToken,
 ) -> Result<(), ClientError> {
     let ws = tokio::select! {
-        ws = connect(settings, agent.device_id().as_str(), false) => ws?,
+        ws = connect(settings, Some(agent), agent.device_id(), false) => ws?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     info!(url = %settings.server_url, "connected to the control plane");

@@ -7,6 +7,9 @@
 
 pub mod client;
 #[cfg(feature = "server")]
+pub mod door;
+pub mod enrolling;
+#[cfg(feature = "server")]
 pub mod links;
 pub mod protocol;
 #[cfg(feature = "server")]
@@ -14,6 +17,12 @@ pub mod server;
 
 /// The path agents connect to; the device id follows it.
 pub const AGENT_PATH_PREFIX: &str = "/agent/v1/ws/";
+/// Where a device with no credential asks to join (issue 55).
+pub const ENROLL_PATH_PREFIX: &str = "/agent/v1/enroll/";
+/// The `Authorization` scheme of a device that names its public key (hex)
+/// and proves it after the upgrade (a challenge, then its signature),
+/// instead of a bearer token: `Drover-Key <public key>`.
+pub const KEY_AUTHORIZATION: &str = "Drover-Key";
 /// Sent by `drover-agent check --connect`: the server checks the token and
 /// closes, without taking the device's session from its running agent.
 pub const PROBE_HEADER: &str = "x-drover-probe";

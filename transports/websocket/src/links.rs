@@ -9,7 +9,7 @@
 //! decisions are the delivery core's.
 
 use crate::protocol::{AgentMessage, DecodeError, ServerMessage};
-use crate::server::{Io, accept};
+use crate::server::{Door, Io, accept};
 use crate::{MAX_FRAME_BYTES, MAX_MESSAGE_BYTES};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
@@ -41,8 +41,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a hello may wait for the delivery core.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Decides whether a device's bearer token is good.
-pub type Authorize = Arc<dyn Fn(&DeviceId, &str) -> bool + Send + Sync>;
+/// The control plane's judgement of who comes in.
+pub type Gate = Arc<dyn drover_contract::gate::DeviceGate>;
 
 /// Small buffers for an idle device: a message larger than the read buffer
 /// is still read, in pieces.
@@ -105,7 +105,7 @@ impl WsLinks {
         self: Arc<Self>,
         listener: TcpListener,
         tls: Option<tokio_rustls::TlsAcceptor>,
-        authorize: Authorize,
+        gate: Gate,
         admission: Arc<drover_net::admission::Admission>,
         shutdown: CancellationToken,
     ) {
@@ -113,7 +113,7 @@ impl WsLinks {
             admission.accept("agents", &listener, &shutdown).await
         {
             let links = self.clone();
-            let (tls, authorize, shutdown) = (tls.clone(), authorize.clone(), shutdown.clone());
+            let (tls, gate, shutdown) = (tls.clone(), gate.clone(), shutdown.clone());
             let admission = admission.clone();
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
@@ -125,19 +125,40 @@ impl WsLinks {
                         },
                         None => Box::new(tcp),
                     };
-                    accept(
-                        stream,
-                        move |d: &DeviceId, t: &str| authorize(d, t),
-                        Some(server_config()),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())
+                    let mut agent = accept(stream, gate.as_ref(), Some(server_config()))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if let Door::Key(key) = &agent.door {
+                        crate::door::prove(&mut agent.ws, &agent.device_id, key).await?;
+                    }
+                    Ok(agent)
                 };
                 let accepted = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                     Ok(accepted) => accepted,
                     Err(_) => Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
                 };
                 match accepted {
+                    Ok(agent) if agent.door == Door::Enroll => {
+                        let answer = tokio::time::timeout(
+                            HANDSHAKE_TIMEOUT,
+                            crate::door::enroll(
+                                agent.ws,
+                                &agent.device_id,
+                                peer.ip(),
+                                gate.as_ref(),
+                            ),
+                        )
+                        .await;
+                        drop(pending);
+                        match answer {
+                            Ok(answer) => {
+                                info!(%peer, device = %agent.device_id, ?answer, "enrollment answered")
+                            }
+                            Err(_) => {
+                                info!(%peer, device = %agent.device_id, "enrollment timed out")
+                            }
+                        }
+                    }
                     Ok(mut agent) if agent.probe => {
                         drop(pending);
                         info!(device = %agent.device_id, "connection check: the device's token is good");

@@ -221,6 +221,16 @@ mod tests {
                             }
                             same(message.encode());
                         }
+                        "Enrollment and keys" => {
+                            use drover_model::enroll::{AgentFrame, ServerFrame};
+                            let encoded = match serde_json::from_str::<AgentFrame>(&text) {
+                                Ok(frame) => serde_json::to_string(&frame),
+                                Err(_) => serde_json::from_str::<ServerFrame>(&text)
+                                    .map(|frame| serde_json::to_string(&frame))
+                                    .unwrap_or_else(|e| panic!("{heading}: {e}\n{text}")),
+                            };
+                            same(encoded.expect("encode"));
+                        }
                         other => panic!("a JSON example under {other:?}"),
                     }
                     seen.push(format!("{section}/{heading}"));
@@ -239,6 +249,12 @@ mod tests {
         for kind in ["hello", "ack", "progress", "result", "heartbeat", "error"] {
             assert!(
                 seen.contains(&format!("Agent to server/{kind}")),
+                "{kind}: {seen:?}"
+            );
+        }
+        for kind in ["challenge", "enroll", "proof", "enrollment", "refused"] {
+            assert!(
+                seen.contains(&format!("Enrollment and keys/{kind}")),
                 "{kind}: {seen:?}"
             );
         }

@@ -43,3 +43,57 @@ pub struct AuditArgs {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
+
+/// `drover enrollment-tokens` (issue 55).
+#[derive(Subcommand)]
+pub enum EnrollmentTokensCommand {
+    /// Every enrollment token: its groups, labels, uses and state.
+    List {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Make a token and print it (shown once, stored as a digest): put it
+    /// in the devices' enrollment file.
+    Create {
+        name: String,
+        /// Groups a device accepted through it joins (comma-separated or
+        /// repeated).
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Labels it gets, KEY=VALUE (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        labels: Vec<String>,
+        /// Devices it may enroll; without it, any number.
+        #[arg(long)]
+        max_uses: Option<u64>,
+        /// When it stops enrolling: an age from now (30m, 24h, 7d) or a
+        /// time (2026-12-31T00:00:00Z); without it, never.
+        #[arg(long)]
+        expires: Option<String>,
+        /// Accept devices enrolled with it at once, without an operator.
+        #[arg(long)]
+        auto_accept: bool,
+    },
+    /// Revoke a token: devices that enrolled with it stay; no new one can.
+    Revoke { name: String },
+}
+
+/// `drover devices` (issue 55): the keys devices enrolled.
+#[derive(Subcommand)]
+pub enum DevicesCommand {
+    /// Devices that enrolled and wait for an operator.
+    Pending {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Every enrolled key: pending, accepted and rejected.
+    Keys {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Accept a pending device: it joins with its token's groups and labels.
+    Accept { id: String },
+    /// Reject a device's key: it opens nothing, asking again is refused,
+    /// and an open session ends.
+    Reject { id: String },
+}

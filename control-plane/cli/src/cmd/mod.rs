@@ -4,6 +4,7 @@ pub mod brokers;
 pub mod changes;
 pub mod config;
 pub mod describe;
+pub mod enrollment;
 pub mod operators;
 pub mod preview;
 pub mod serve;

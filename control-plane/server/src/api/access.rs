@@ -87,7 +87,8 @@ pub fn noted(response: Response, kind: &str, name: &str, result: &str) -> Respon
 }
 
 /// The role a request needs: reading needs a viewer, deleting and managing
-/// operators or devices' tokens an admin, any other change an operator.
+/// operators, devices' tokens, enrollment tokens or devices' keys an
+/// admin, any other change an operator.
 pub fn role_needed(method: &Method, path: &str) -> Role {
     let path = path.strip_prefix("/api/v1").unwrap_or(path);
     if matches!(*method, Method::GET | Method::HEAD) {
@@ -96,6 +97,9 @@ pub fn role_needed(method: &Method, path: &str) -> Role {
         || path == "/operators"
         || path.starts_with("/operators/")
         || path.ends_with("/rotate-token")
+        || path.starts_with("/enrollment-tokens")
+        || (path.starts_with("/devices/")
+            && (path.ends_with("/accept") || path.ends_with("/reject")))
     {
         Role::Admin
     } else {
@@ -117,6 +121,7 @@ pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<
                 "packages" => "Package",
                 "secrets" => "Secret",
                 "operators" => "Operator",
+                "enrollment-tokens" => "EnrollmentToken",
                 "alerts" => "Alert",
                 _ => return None,
             }
@@ -128,6 +133,7 @@ pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<
         (_, ["apply"]) => "apply".to_owned(),
         (_, ["packages"]) => "upload".to_owned(),
         (_, ["operators"]) => "add".to_owned(),
+        (_, ["enrollment-tokens"]) => "create".to_owned(),
         (_, ["alerts", "ack"]) => "acknowledge".to_owned(),
         (_, [_, _, action]) => action.to_string(),
         (method, _) if matches!(*method, Method::GET | Method::HEAD) => "read".to_owned(),

@@ -406,13 +406,32 @@ pub(super) async fn get_assessment(
 /// jobs. Refused while one of its jobs is undecided (cancel its run or
 /// deployment, or wait). Its token is derived, not stored: an agent that
 /// still runs with it registers the device again when it connects, as a
-/// kubelet does; decommission the device to refuse it instead.
+/// kubelet does; decommission the device to refuse it instead. Its
+/// enrolled key goes with it (the session ends; an agent with a valid
+/// enrollment token enrolls again); reject the key to keep it out.
 pub(super) async fn delete_device(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<Changed>, ApiError> {
     let id = DeviceId::new(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let enrolled_key = drover_rules::enrollment::key_key(&id);
     let Some((_, device)) = state.db.get::<DeviceRecord>(&device_key(&id)).await? else {
+        // A device that enrolled and was never accepted (or was rejected)
+        // has its key only: deleting it lets the id enroll anew.
+        if state
+            .db
+            .get::<drover_rules::enrollment::DeviceKeyRecord>(&enrolled_key)
+            .await?
+            .is_some()
+        {
+            state.db.delete_all(&[enrolled_key]).await?;
+            tracing::info!(device = %id, "enrolled key deleted");
+            return Ok(Json(Changed::new(
+                Kind::Device,
+                id.as_str(),
+                Outcome::Deleted,
+            )));
+        }
         return Err(not_found(format!("device {id}")));
     };
     let jobs = state
@@ -461,6 +480,9 @@ pub(super) async fn delete_device(
     keys.push(drover_rules::deployment::inventory_key(&id));
     keys.push(drover_rules::patch::assessment_key(&id));
     keys.push(device_key(&id));
+    // Its enrolled key too: its session ends, and it is let in again only
+    // by enrolling anew (reject a key to keep a device out).
+    keys.push(enrolled_key);
     state.db.delete_all(&keys).await?;
     tracing::info!(device = %id, jobs = job_count, kept = kept.len(), "device deleted");
     let mut answer = Changed::new(Kind::Device, id.as_str(), Outcome::Deleted);

@@ -31,6 +31,7 @@ pub(crate) mod convert;
 mod deletes;
 mod deployments;
 mod devices;
+pub(crate) mod enrollment;
 pub mod openapi;
 mod operators;
 mod preview;
@@ -46,6 +47,7 @@ use apply::*;
 use deletes::*;
 use deployments::*;
 use devices::*;
+use enrollment::*;
 use operators::*;
 use runs::*;
 use schedules::*;
@@ -198,6 +200,17 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}/jobs", get(device_jobs))
         .route("/devices/{id}/assessment", get(get_assessment))
         .route("/devices/{id}/rotate-token", post(rotate_device_token))
+        .route("/devices/{id}/accept", post(accept_device))
+        .route("/devices/{id}/reject", post(reject_device))
+        .route("/device-keys", get(list_device_keys))
+        .route(
+            "/enrollment-tokens",
+            get(list_enrollment_tokens).post(create_enrollment_token),
+        )
+        .route(
+            "/enrollment-tokens/{name}/revoke",
+            post(revoke_enrollment_token),
+        )
         .route("/patch-status", get(patch_status))
         .route("/apply", post(apply))
         .route("/taskschedules", get(list_schedules))
@@ -248,6 +261,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/agent/v1/ws/{device}", get(agents_port_elsewhere))
+        .route("/agent/v1/enroll/{device}", get(agents_port_elsewhere))
         .nest("/api/v1", api)
         .merge(metrics)
         .merge(ui::router(state.clone()))

@@ -12,7 +12,9 @@
 
 #![allow(dead_code)]
 
-use drover_api::{ErrorBody, changes, deployments, devices, fleet, operators, runs, schedules};
+use drover_api::{
+    ErrorBody, changes, deployments, devices, enrollment, fleet, operators, runs, schedules,
+};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -29,6 +31,8 @@ use utoipa::OpenApi;
         summary, list_alerts, ack_alert,
         list_devices, device_page, token_generations, get_device, delete_device,
         get_inventory, device_jobs, get_assessment, rotate_device_token, patch_status,
+        accept_device, reject_device, list_device_keys,
+        list_enrollment_tokens, create_enrollment_token, revoke_enrollment_token,
         apply,
         list_schedules, get_schedule, delete_schedule, suspend_schedule,
         list_runs, get_run, delete_run, run_targets, cancel_run,
@@ -278,6 +282,43 @@ fn list_secrets() {}
     responses((status = 200, description = "Deleted (admin)", body = changes::Changed),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 fn delete_secret() {}
+
+#[utoipa::path(post, path = "/devices/{id}/accept", tag = "enrollment", params(("id" = String, Path)),
+    responses((status = 200, description = "The device's key accepted: it joins with its token's \
+               groups and labels (admin)", body = enrollment::DeviceKey),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+fn accept_device() {}
+
+#[utoipa::path(post, path = "/devices/{id}/reject", tag = "enrollment", params(("id" = String, Path)),
+    responses((status = 200, description = "The device's key rejected; an open session ends (admin)",
+               body = enrollment::DeviceKey),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+fn reject_device() {}
+
+#[utoipa::path(get, path = "/device-keys", tag = "enrollment",
+    params(super::enrollment::KeyFilter),
+    responses((status = 200, description = "The keys devices enrolled", body = Vec<enrollment::DeviceKey>),
+              (status = 400, body = ErrorBody)))]
+fn list_device_keys() {}
+
+#[utoipa::path(get, path = "/enrollment-tokens", tag = "enrollment", responses(
+    (status = 200, description = "Every enrollment token; never the token itself",
+     body = Vec<enrollment::EnrollmentToken>)))]
+fn list_enrollment_tokens() {}
+
+#[utoipa::path(post, path = "/enrollment-tokens", tag = "enrollment",
+    request_body = enrollment::NewEnrollmentToken,
+    responses((status = 201, description = "Created; the token is given once (admin)",
+               body = enrollment::EnrollmentToken),
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+fn create_enrollment_token() {}
+
+#[utoipa::path(post, path = "/enrollment-tokens/{name}/revoke", tag = "enrollment",
+    params(("name" = String, Path)),
+    responses((status = 200, description = "Revoked: no new device enrolls with it (admin)",
+               body = enrollment::EnrollmentToken),
+              (status = 404, body = ErrorBody)))]
+fn revoke_enrollment_token() {}
 
 #[utoipa::path(get, path = "/operators", tag = "operators", responses(
     (status = 200, description = "Every operator", body = Vec<operators::Operator>)))]

@@ -301,20 +301,8 @@ fn since(text: &str, now: Timestamp) -> Result<Timestamp, ApiError> {
             format!("since={text}: give a time (2026-12-01T00:00:00Z) or an age (30m, 24h, 7d)"),
         )
     };
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let number: i64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    now.checked_sub(jiff::SignedDuration::from_secs(
-        number.saturating_mul(seconds),
-    ))
-    .map_err(|_| bad())
+    let age = drover_api::parse_age(text).ok_or_else(bad)?;
+    now.checked_sub(age).map_err(|_| bad())
 }
 
 /// The audit log in time order, filtered by time, operator and kind.

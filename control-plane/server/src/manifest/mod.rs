@@ -146,6 +146,19 @@ fn valid_token(text: &str, allow_slash: bool) -> bool {
     }
 }
 
+/// The problems of groups and labels given outside a manifest (an
+/// enrollment token's), in the words a manifest's would get.
+pub fn group_and_label_problems(
+    what: &str,
+    groups: &[String],
+    labels: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    check_groups(what, groups, &mut problems);
+    check_labels(what, labels, &mut problems);
+    problems
+}
+
 fn check_labels(what: &str, labels: &BTreeMap<String, String>, problems: &mut Vec<String>) {
     if labels.len() > MAX_LABELS {
         problems.push(format!("{what}: at most {MAX_LABELS} labels"));

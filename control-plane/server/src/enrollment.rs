@@ -1,0 +1,412 @@
+//! Enrollment requests as the transports hand them over (issue 55): the
+//! device's signature is checked here, the records read, the rules'
+//! `enrollment::decide` asked, and what it decided written: the token's
+//! use, the device's key (pending or accepted) and, when accepted, the
+//! device with the token's groups and labels. Operators' actions (accept,
+//! reject, tokens) are in `api::enrollment`.
+
+use drover_contract::gate::{EnrollAnswer as Answer, EnrollRequest as Enrollment};
+use drover_model::DeviceId;
+use drover_model::enroll::{Inventory, enroll_message, verify};
+use drover_rules::enrollment::{
+    Decision, DeviceKeyRecord, EnrollInventory, EnrollmentTokenRecord, INVENTORY_FIELD_MAX,
+    KEY_PREFIX_KEY, KeyConflict, KeyState, Refusal, Request, decide, key_key, token_key,
+    token_name, valid_public_key,
+};
+use drover_rules::records::{DeviceRecord, device_key};
+use drover_store::db::{Db, DbError};
+use jiff::Timestamp;
+use ring::digest::{SHA256, digest};
+use tracing::info;
+
+/// SHA-256 of an enrollment token, hex: what the store keeps.
+pub fn token_digest(token: &str) -> String {
+    drover_model::signing::hex(digest(&SHA256, token.as_bytes()).as_ref())
+}
+
+fn cut(field: Option<String>) -> Option<String> {
+    field.map(|f| {
+        drover_model::bounded(
+            f.replace(|c: char| c.is_control(), " "),
+            INVENTORY_FIELD_MAX,
+        )
+    })
+}
+
+fn stored_inventory(inventory: Inventory) -> EnrollInventory {
+    EnrollInventory {
+        hostname: cut(inventory.hostname),
+        os_release: cut(inventory.os_release),
+        architecture: cut(inventory.architecture),
+        agent_version: cut(inventory.agent_version),
+    }
+}
+
+/// The token's record, if `token` is one this control plane issued.
+async fn token_of(db: &Db, token: &str) -> Result<Option<(u64, EnrollmentTokenRecord)>, DbError> {
+    let Some(name) = token_name(token) else {
+        return Ok(None);
+    };
+    let digest = token_digest(token);
+    Ok(db
+        .get::<EnrollmentTokenRecord>(&token_key(name))
+        .await?
+        .filter(|(_, record)| record.digest == digest))
+}
+
+/// Devices waiting for an operator.
+pub async fn pending_count(db: &Db) -> Result<usize, DbError> {
+    Ok(db
+        .list::<DeviceKeyRecord>(KEY_PREFIX_KEY)
+        .await?
+        .iter()
+        .filter(|(_, _, key)| key.state == KeyState::Pending)
+        .count())
+}
+
+/// Decides one request and writes what was decided. A request that races
+/// another for the same token or id is decided again on what won.
+pub async fn enroll(db: &Db, request: Enrollment) -> Result<Answer, DbError> {
+    if !valid_public_key(&request.public_key) {
+        return Ok(Answer::Refused(
+            "the public key is not 64 lowercase hex digits (an Ed25519 key)".into(),
+        ));
+    }
+    let message = enroll_message(&request.device, &request.public_key, &request.challenge);
+    if !verify(&request.public_key, &message, &request.signature) {
+        return Ok(Answer::Refused(
+            "the signature is not the key's over this challenge".into(),
+        ));
+    }
+    for _ in 0..20 {
+        if let Some(answer) = try_enroll(db, &request).await? {
+            return Ok(answer);
+        }
+    }
+    Err(DbError::Contention {
+        key: key_key(&request.device),
+        tries: 20,
+    })
+}
+
+/// One attempt; None when a write lost a race.
+async fn try_enroll(db: &Db, request: &Enrollment) -> Result<Option<Answer>, DbError> {
+    let now = Timestamp::now();
+    let existing = db.get::<DeviceKeyRecord>(&key_key(&request.device)).await?;
+    let token = token_of(db, &request.token).await?;
+    let device_exists = db
+        .get::<DeviceRecord>(&device_key(&request.device))
+        .await?
+        .is_some();
+    let mut facts = Request {
+        device: &request.device,
+        public_key: &request.public_key,
+        token: token.as_ref().map(|(_, t)| t),
+        existing_key: existing.as_ref().map(|(_, k)| k),
+        device_exists,
+        pending: 0,
+        now,
+    };
+    let mut decision = decide(&facts);
+    if decision == Decision::Pend {
+        facts.pending = pending_count(db).await?;
+        decision = decide(&facts);
+    }
+    match decision {
+        Decision::Unchanged(KeyState::Accepted) => Ok(Some(Answer::Accepted)),
+        Decision::Unchanged(_) => Ok(Some(Answer::Pending)),
+        Decision::Refuse(Refusal::Conflict) => {
+            if let Some((revision, mut key)) = existing {
+                key.conflict = Some(KeyConflict {
+                    public_key: request.public_key.clone(),
+                    at: now,
+                    peer: request.peer.map(|p| p.to_string()),
+                });
+                // Noting the conflict is best effort: the refusal stands.
+                let _ = db.put(&key_key(&request.device), &key, revision).await;
+            }
+            tracing::warn!(device = %request.device, "enrollment refused: the id is enrolled with another key");
+            Ok(Some(Answer::Refused(Refusal::Conflict.message().into())))
+        }
+        Decision::Refuse(refusal) => {
+            info!(device = %request.device, reason = refusal.message(), "enrollment refused");
+            Ok(Some(Answer::Refused(refusal.message().into())))
+        }
+        Decision::Accept { .. } | Decision::Pend => {
+            let Some((token_revision, token)) = token else {
+                return Ok(Some(Answer::Refused(
+                    Refusal::UnknownToken.message().into(),
+                )));
+            };
+            write(
+                db,
+                request,
+                token_revision,
+                token,
+                decision,
+                device_exists,
+                now,
+            )
+            .await
+        }
+    }
+}
+
+async fn write(
+    db: &Db,
+    request: &Enrollment,
+    token_revision: u64,
+    mut token: EnrollmentTokenRecord,
+    decision: Decision,
+    device_exists: bool,
+    now: Timestamp,
+) -> Result<Option<Answer>, DbError> {
+    let accepted = matches!(decision, Decision::Accept { .. });
+    // The token's use first: a token used up meanwhile refuses this one.
+    token.uses += 1;
+    if let Err(e) = db
+        .put(&token_key(&token.name), &token, token_revision)
+        .await
+    {
+        return lost(e);
+    }
+    let key = DeviceKeyRecord {
+        device: request.device.clone(),
+        public_key: request.public_key.clone(),
+        state: if accepted {
+            KeyState::Accepted
+        } else {
+            KeyState::Pending
+        },
+        token: Some(token.name.clone()),
+        inventory: stored_inventory(request.inventory.clone()),
+        requested_at: now,
+        peer: request.peer.map(|p| p.to_string()),
+        decided_at: accepted.then_some(now),
+        decided_by: accepted.then(|| format!("token/{}", token.name)),
+        existing_device: device_exists,
+        conflict: None,
+    };
+    // Another request for the same id got there first: decided again (a
+    // use of the token is spent, as for any refused request that got this far).
+    if let Err(e) = db.put(&key_key(&request.device), &key, 0).await {
+        return lost(e);
+    }
+    if let Decision::Accept { groups, labels } = decision {
+        join(db, &request.device, &groups, &labels).await?;
+        info!(device = %request.device, token = %token.name, "device enrolled and accepted by its token");
+        Ok(Some(Answer::Accepted))
+    } else {
+        info!(device = %request.device, token = %token.name, "device enrolled; waits for an operator");
+        Ok(Some(Answer::Pending))
+    }
+}
+
+fn lost(e: DbError) -> Result<Option<Answer>, DbError> {
+    match e {
+        DbError::Kv(e) if e.is_conflict() => Ok(None),
+        e => Err(e),
+    }
+}
+
+/// Makes (or adds to) the device's record with `groups` and `labels`: an
+/// accepted device is in the fleet, where runs can reach it.
+pub async fn join(
+    db: &Db,
+    device: &DeviceId,
+    groups: &std::collections::BTreeSet<String>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<(), DbError> {
+    db.update::<DeviceRecord, _>(&device_key(device), |current| {
+        let created = current.is_none();
+        let mut record = current.unwrap_or_else(|| DeviceRecord::new(device.clone()));
+        let before = record.clone();
+        record.groups.extend(groups.iter().cloned());
+        for (k, v) in labels {
+            record.labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        (created || record != before).then_some(record)
+    })
+    .await?;
+    Ok(())
+}
+
+/// The control plane's judgement at every transport's door: tokens at
+/// their generation (until a key is accepted), accepted keys, enrollment.
+pub struct Gate {
+    pub secrets: std::sync::Arc<crate::auth::Secrets>,
+    pub credentials: std::sync::Arc<crate::device_tokens::Generations>,
+    pub db: Db,
+}
+
+impl drover_contract::gate::DeviceGate for Gate {
+    fn token_opens(&self, device: &DeviceId, token: &str) -> bool {
+        self.credentials.token_opens(&self.secrets, device, token)
+    }
+
+    fn key_of(&self, device: &DeviceId) -> Option<String> {
+        self.credentials.key_of(device)
+    }
+
+    fn enroll(&self, request: Enrollment) -> drover_contract::BoxFuture<'static, Answer> {
+        let db = self.db.clone();
+        Box::pin(async move {
+            enroll(&db, request).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot record an enrollment request");
+                Answer::Refused(format!(
+                    "the control plane cannot record the request now ({e}); try again later"
+                ))
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_model::signing::hex;
+    use drover_store::store::mem::MemKv;
+    use ring::signature::{Ed25519KeyPair, KeyPair};
+    use std::sync::Arc;
+
+    struct Device {
+        id: DeviceId,
+        pair: Ed25519KeyPair,
+    }
+
+    impl Device {
+        fn new(id: &str, seed: u8) -> Self {
+            Self {
+                id: DeviceId::new(id).expect("id"),
+                pair: Ed25519KeyPair::from_seed_unchecked(&[seed; 32]).expect("key"),
+            }
+        }
+
+        fn public(&self) -> String {
+            hex(self.pair.public_key().as_ref())
+        }
+
+        fn request(&self, token: &str) -> Enrollment {
+            let challenge = "0a".repeat(32);
+            let signature = hex(self
+                .pair
+                .sign(&enroll_message(&self.id, &self.public(), &challenge))
+                .as_ref());
+            Enrollment {
+                device: self.id.clone(),
+                public_key: self.public(),
+                token: token.into(),
+                inventory: Inventory {
+                    hostname: Some("pi\u{1b}[31m".into()),
+                    ..Inventory::default()
+                },
+                signature,
+                challenge,
+                peer: None,
+            }
+        }
+    }
+
+    async fn with_token(db: &Db, name: &str, auto_accept: bool, max_uses: Option<u64>) -> String {
+        let token = format!("drover-enroll.{name}.s3cret");
+        let record = EnrollmentTokenRecord {
+            name: name.into(),
+            digest: token_digest(&token),
+            groups: ["kiosk".to_owned()].into(),
+            labels: [("site".to_owned(), "ghent".to_owned())].into(),
+            max_uses,
+            uses: 0,
+            expires_at: None,
+            auto_accept,
+            created_at: Timestamp::now(),
+            created_by: "operator/admin".into(),
+            revoked_at: None,
+            revoked_by: None,
+        };
+        db.put(&token_key(name), &record, 0).await.expect("put");
+        token
+    }
+
+    #[tokio::test]
+    async fn an_auto_accept_token_joins_the_device_with_its_groups_once_per_use() {
+        let db = Db::new(Arc::new(MemKv::default()));
+        let token = with_token(&db, "line-3", true, Some(1)).await;
+        let pi = Device::new("pi-1", 1);
+        assert_eq!(
+            enroll(&db, pi.request(&token)).await.expect("enroll"),
+            Answer::Accepted
+        );
+        let (_, device) = db
+            .get::<DeviceRecord>(&device_key(&pi.id))
+            .await
+            .expect("get")
+            .expect("the device joined");
+        assert!(device.groups.contains("kiosk"));
+        assert_eq!(device.labels["site"], "ghent");
+        let (_, key) = db
+            .get::<DeviceKeyRecord>(&key_key(&pi.id))
+            .await
+            .expect("get")
+            .expect("key");
+        assert_eq!(key.state, KeyState::Accepted);
+        assert_eq!(key.decided_by.as_deref(), Some("token/line-3"));
+        assert_eq!(
+            key.inventory.hostname.as_deref(),
+            Some("pi [31m"),
+            "control characters cleaned"
+        );
+        // Asking again with the same key spends no use; a second device
+        // finds the token used up.
+        assert_eq!(
+            enroll(&db, pi.request(&token)).await.expect("again"),
+            Answer::Accepted
+        );
+        let other = Device::new("pi-2", 2);
+        assert_eq!(
+            enroll(&db, other.request(&token)).await.expect("enroll"),
+            Answer::Refused(Refusal::UsedUp.message().into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_signature_a_wrong_secret_and_another_key_are_refused() {
+        let db = Db::new(Arc::new(MemKv::default()));
+        let token = with_token(&db, "line-3", false, None).await;
+        let pi = Device::new("pi-1", 1);
+        let mut forged = pi.request(&token);
+        forged.challenge = "0b".repeat(32);
+        assert!(
+            matches!(enroll(&db, forged).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
+        );
+        let wrong = pi.request("drover-enroll.line-3.guess");
+        assert_eq!(
+            enroll(&db, wrong).await.expect("enroll"),
+            Answer::Refused(Refusal::UnknownToken.message().into())
+        );
+        // The positive control: the right request waits for an operator.
+        assert_eq!(
+            enroll(&db, pi.request(&token)).await.expect("enroll"),
+            Answer::Pending
+        );
+        assert!(
+            db.get::<DeviceRecord>(&device_key(&pi.id))
+                .await
+                .expect("get")
+                .is_none()
+        );
+        assert_eq!(pending_count(&db).await.expect("count"), 1);
+        // Another key for the same id: refused, noted, the first key kept.
+        let thief = Device::new("pi-1", 9);
+        assert_eq!(
+            enroll(&db, thief.request(&token)).await.expect("enroll"),
+            Answer::Refused(Refusal::Conflict.message().into())
+        );
+        let (_, key) = db
+            .get::<DeviceKeyRecord>(&key_key(&pi.id))
+            .await
+            .expect("get")
+            .expect("key");
+        assert_eq!(key.public_key, pi.public());
+        assert_eq!(key.conflict.map(|c| c.public_key), Some(thief.public()));
+    }
+}

@@ -1,0 +1,258 @@
+//! Devices join by themselves (issue 55), over WebSocket: real agents with
+//! no token and one enrollment token each make their key, ask to join, and
+//! are accepted by an auto-accept token or by an operator, or rejected;
+//! only the accepted ones get jobs, and a key once accepted is the
+//! device's only way in.
+
+use drover_tests::{AgentProcess, ControlPlane, eventually, toml_string};
+use serde_json::Value;
+use std::time::Duration;
+
+fn enrollment_token(cp: &ControlPlane, args: &[&str]) -> String {
+    let mut all = vec!["enrollment-tokens", "create"];
+    all.extend_from_slice(args);
+    let out = cp.cli(&all);
+    assert!(
+        out.status.success(),
+        "create {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(token.starts_with("drover-enroll."), "{token}");
+    token
+}
+
+/// An agent whose only credential is `token`, an enrollment token.
+fn enrolling_agent(
+    dir: &std::path::Path,
+    device: &str,
+    cp: &ControlPlane,
+    token: &str,
+) -> AgentProcess {
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\nenrollment_token = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n",
+        toml_string(&cp.agent_url),
+        toml_string(token)
+    );
+    AgentProcess::start_full(
+        dir,
+        device,
+        &transport,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "",
+    )
+}
+
+async fn key_of(cp: &ControlPlane, device: &str) -> Option<Value> {
+    cp.get("/device-keys")
+        .await
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|k| k["device"] == device)
+        .cloned()
+}
+
+async fn connected(cp: &ControlPlane, device: &str) -> bool {
+    let page = cp.get(&format!("/devices/{device}")).await;
+    page["online"] == true
+}
+
+fn cli_ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = cp.cli(args);
+    assert!(
+        out.status.success(),
+        "drover {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_enroll_and_are_accepted_by_token_or_operator_and_only_they_get_jobs() {
+    let cp = ControlPlane::start(&[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let auto = enrollment_token(
+        &cp,
+        &[
+            "line-3",
+            "--groups",
+            "kiosk",
+            "--labels",
+            "site=ghent",
+            "--auto-accept",
+        ],
+    );
+    let manual = enrollment_token(&cp, &["by-hand", "--groups", "kiosk", "--max-uses", "2"]);
+
+    let a = enrolling_agent(&dir.path().join("a"), "en-auto", &cp, &auto);
+    let b = enrolling_agent(&dir.path().join("b"), "en-manual", &cp, &manual);
+    let c = enrolling_agent(&dir.path().join("c"), "en-rejected", &cp, &manual);
+
+    // The auto-accept token: in the fleet at once, with its groups and labels.
+    cp.wait_for_agents(&["en-auto"]).await;
+    let device = cp.get("/devices/en-auto").await;
+    assert_eq!(device["groups"], serde_json::json!(["kiosk"]), "{device}");
+    assert_eq!(device["labels"]["site"], "ghent", "{device}");
+    let key = key_of(&cp, "en-auto").await.expect("a's key");
+    assert_eq!(key["state"], "accepted");
+    assert_eq!(key["decidedBy"], "token/line-3");
+    assert_eq!(
+        key["publicKey"].as_str(),
+        a.status()["publicKey"].as_str(),
+        "the key the control plane holds is the agent's own"
+    );
+
+    // The other token: both wait, unconnected, listed as pending.
+    for device in ["en-manual", "en-rejected"] {
+        eventually(
+            Duration::from_secs(20),
+            "the device to be pending",
+            || async {
+                key_of(&cp, device)
+                    .await
+                    .filter(|k| k["state"] == "pending")
+            },
+        )
+        .await;
+        assert_eq!(
+            cp.get_status(&format!("/devices/{device}")).await,
+            404,
+            "a pending device is not in the fleet"
+        );
+    }
+    let pending = cli_ok(&cp, &["devices", "pending"]);
+    assert!(
+        pending.contains("en-manual") && pending.contains("en-rejected"),
+        "{pending}"
+    );
+    assert!(!pending.contains("en-auto"), "{pending}");
+    assert!(b.logged("waiting for an operator"), "{}", b.log());
+
+    // The operator accepts one and rejects the other.
+    cli_ok(&cp, &["devices", "accept", "en-manual"]);
+    cli_ok(&cp, &["devices", "reject", "en-rejected"]);
+    cp.wait_for_agents(&["en-manual"]).await;
+    let device = cp.get("/devices/en-manual").await;
+    assert_eq!(
+        device["groups"],
+        serde_json::json!(["kiosk"]),
+        "the token's groups: {device}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the rejected agent to be told",
+        || async {
+            c.logged("an operator rejected this device's key")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        key_of(&cp, "en-rejected").await.expect("key")["state"],
+        "rejected"
+    );
+
+    // A run for the group reaches the two accepted devices and no other.
+    cp.apply_upgrade_run("en-run", "kiosk", 600).await;
+    let run = cp
+        .wait_run_finished("en-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    let mut targets: Vec<String> = cp
+        .targets("en-run")
+        .await
+        .iter()
+        .map(|t| t["device"].as_str().unwrap_or("").to_owned())
+        .collect();
+    targets.sort();
+    assert_eq!(targets, ["en-auto", "en-manual"]);
+
+    // Deleting the rejected device's key lets the id ask anew, and the
+    // agent does: its token has enrolled its two devices, so it is refused.
+    cli_ok(&cp, &["delete", "device", "en-rejected"]);
+    eventually(
+        Duration::from_secs(20),
+        "the used-up token to refuse it",
+        || async {
+            c.logged("has enrolled as many devices as it may")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(key_of(&cp, "en-rejected").await.is_none());
+
+    // The audit log has the operator's decisions and the tokens.
+    let audit = cli_ok(&cp, &["audit", "-o", "json"]);
+    for verb in ["\"accept\"", "\"reject\"", "\"create\""] {
+        assert!(audit.contains(verb), "{verb} in {audit}");
+    }
+    drop((a, b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_key_is_the_only_way_in_and_rejecting_it_cuts_the_device_off() {
+    let cp = ControlPlane::start(&[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let auto = enrollment_token(&cp, &["auto", "--groups", "kiosk", "--auto-accept"]);
+    let a = enrolling_agent(&dir.path().join("a"), "en-key", &cp, &auto);
+    cp.wait_for_agents(&["en-key"]).await;
+
+    // What the control plane's data directory can make (the device's
+    // derived token) no longer opens the device's session once it has a
+    // key; the positive control is a device without one.
+    cp.apply_device("en-token", &["kiosk"], serde_json::json!({}))
+        .await;
+    let derived = cp.device_token("en-key");
+    let refused = drover_tests::agent_ws(&cp, "en-key", &derived).await;
+    assert!(
+        refused.is_err(),
+        "a derived token opened a keyed device's session"
+    );
+    let token = cp.device_token("en-token");
+    let let_in = drover_tests::agent_ws(&cp, "en-token", &token).await;
+    assert!(
+        let_in.is_ok(),
+        "the token of a device without a key: {:?}",
+        let_in.err()
+    );
+
+    // Another key for the same id: a conflict shown to the operator, never
+    // a takeover.
+    let thief = enrolling_agent(&dir.path().join("thief"), "en-key", &cp, &auto);
+    eventually(
+        Duration::from_secs(20),
+        "the conflict to be noted",
+        || async {
+            key_of(&cp, "en-key")
+                .await
+                .filter(|k| !k["conflict"].is_null())
+        },
+    )
+    .await;
+    assert!(thief.logged("enrolled with another key"), "{}", thief.log());
+    drop(thief);
+    assert!(
+        connected(&cp, "en-key").await,
+        "the device itself stays connected"
+    );
+
+    // Rejecting the accepted key ends its session within seconds, and it
+    // is not let in again.
+    cli_ok(&cp, &["devices", "reject", "en-key"]);
+    eventually(Duration::from_secs(10), "the session to end", || async {
+        (!connected(&cp, "en-key").await).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !connected(&cp, "en-key").await,
+        "a rejected key came back in"
+    );
+    assert!(
+        a.logged("an operator rejected this device's key"),
+        "{}",
+        a.log()
+    );
+}
