@@ -20,6 +20,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 const API_VERSION: &str = drover_tests::API_VERSION;
 
+#[path = "hostile/enrollment.rs"]
+mod enrollment;
 #[path = "hostile/misuse.rs"]
 mod misuse;
 
@@ -2236,6 +2238,7 @@ const TABLES: &[&str] = &[
     "control-plane files",
     "agent files",
     "operators' misuse",
+    "enrollment doors",
 ];
 
 /// The rows that ran, as each table and one-row test recorded them when

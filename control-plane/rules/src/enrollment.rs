@@ -49,6 +49,8 @@ pub struct EnrollmentTokenRecord {
     pub labels: BTreeMap<String, String>,
     /// Devices it may enroll; None: any number.
     pub max_uses: Option<u64>,
+    /// Uses claimed, counted for a limited token only (an unlimited one's
+    /// uses are the keys that name it).
     pub uses: u64,
     pub expires_at: Option<Timestamp>,
     /// Devices enrolled with it are accepted at once; otherwise each waits

@@ -162,13 +162,18 @@ async fn write(
     now: Timestamp,
 ) -> Result<Option<Answer>, DbError> {
     let accepted = matches!(decision, Decision::Accept { .. });
-    // The token's use first: a token used up meanwhile refuses this one.
-    token.uses += 1;
-    if let Err(e) = db
-        .put(&token_key(&token.name), &token, token_revision)
-        .await
-    {
-        return lost(e);
+    // A limited token's use first: a token used up meanwhile refuses this
+    // one. An unlimited token is not written at all, so a thousand devices
+    // of one image enrolling at once do not all compete for one record;
+    // its uses are counted from the keys that name it.
+    if token.max_uses.is_some() {
+        token.uses += 1;
+        if let Err(e) = db
+            .put(&token_key(&token.name), &token, token_revision)
+            .await
+        {
+            return lost(e);
+        }
     }
     let key = DeviceKeyRecord {
         device: request.device.clone(),
@@ -366,6 +371,48 @@ mod tests {
             enroll(&db, other.request(&token)).await.expect("enroll"),
             Answer::Refused(Refusal::UsedUp.message().into())
         );
+    }
+
+    /// A thousand devices of one image enrolling at once with an unlimited
+    /// token do not compete for its record: it is not written per use.
+    #[tokio::test]
+    async fn an_unlimited_token_is_not_written_per_use() {
+        let db = Db::new(Arc::new(MemKv::default()));
+        let token = with_token(&db, "fleet", true, None).await;
+        let (before, _) = db
+            .get::<EnrollmentTokenRecord>(&token_key("fleet"))
+            .await
+            .expect("get")
+            .expect("token");
+        let enrollments = (0..50u8).map(|i| {
+            let db = db.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                let pi = Device::new(&format!("pi-{i}"), i + 1);
+                enroll(&db, pi.request(&token)).await.expect("enroll")
+            })
+        });
+        for answer in futures_util::future::join_all(enrollments).await {
+            assert_eq!(answer.expect("task"), Answer::Accepted);
+        }
+        let (after, record) = db
+            .get::<EnrollmentTokenRecord>(&token_key("fleet"))
+            .await
+            .expect("get")
+            .expect("token");
+        assert_eq!((after, record.uses), (before, 0));
+        let limited = with_token(&db, "limited", true, Some(60)).await;
+        let pi = Device::new("pi-limited", 200);
+        assert_eq!(
+            enroll(&db, pi.request(&limited)).await.expect("enroll"),
+            Answer::Accepted
+        );
+        let (_, record) = db
+            .get::<EnrollmentTokenRecord>(&token_key("limited"))
+            .await
+            .expect("get")
+            .expect("token");
+        assert_eq!(record.uses, 1, "a limited token counts its uses");
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use drover_rules::enrollment::{
     DeviceKeyRecord, EnrollmentTokenRecord, KEY_PREFIX_KEY, KeyState, TOKEN_PREFIX,
     TOKEN_PREFIX_KEY, key_key, token_key,
 };
+use std::collections::BTreeMap;
 
 fn token_answer(record: &EnrollmentTokenRecord) -> api::EnrollmentToken {
     api::EnrollmentToken {
@@ -67,8 +68,24 @@ pub(super) async fn list_enrollment_tokens(
         .db
         .list::<EnrollmentTokenRecord>(TOKEN_PREFIX_KEY)
         .await?;
+    // An unlimited token's uses are its keys (it is not written per use).
+    let keys = state.db.list::<DeviceKeyRecord>(KEY_PREFIX_KEY).await?;
+    let mut enrolled: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, _, key) in &keys {
+        if let Some(name) = key.token.as_deref() {
+            *enrolled.entry(name).or_default() += 1;
+        }
+    }
     Ok(Json(
-        tokens.iter().map(|(_, _, t)| token_answer(t)).collect(),
+        tokens
+            .iter()
+            .map(|(_, _, t)| api::EnrollmentToken {
+                uses: t
+                    .uses
+                    .max(enrolled.get(t.name.as_str()).copied().unwrap_or(0)),
+                ..token_answer(t)
+            })
+            .collect(),
     ))
 }
 
