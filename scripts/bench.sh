@@ -15,7 +15,9 @@
 #      three-node cluster, at 10,000 and 50,000 devices (the simulator in
 #      several processes);
 #   3. the patch figures: 20,000 devices reporting one assessment each
-#      (control-plane CPU, store growth, writes) and the patch views' times.
+#      (control-plane CPU, store growth, writes) and the patch views' times;
+#   4. enrollment: 1,000 and 10,000 devices asking to join at once with an
+#      auto-accept token over WebSocket, then connecting by their keys.
 # Usage: bash scripts/bench.sh [--quick]
 #   (--quick: 10 s idle, 100 acceptances, 1,000 devices)
 set -euo pipefail
@@ -78,3 +80,7 @@ echo
 "$sim" bench --devices "$replicated" --transport nats --nats-cluster | tail -n +3
 echo
 "$sim" patch --devices "$patch"
+echo
+# Enrollment (issue 55): devices of one image asking to join at once with
+# one auto-accept token over WebSocket, then connecting by their keys.
+"$sim" enroll --devices "$sizes"

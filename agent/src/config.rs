@@ -580,6 +580,47 @@ mode = "simulate"
         assert_eq!(config.status_socket, PathBuf::from(DEFAULT_SOCKET));
     }
 
+    /// A device with no token and an enrollment token (over WebSocket):
+    /// its key is its credential; the same over NATS or MQTT is refused by
+    /// name, and a config with neither says what it needs.
+    #[test]
+    fn an_enrollment_token_stands_for_a_token_over_websocket_only() {
+        let enrolling = GOOD.replace(
+            "token = \"abc\"",
+            "enrollment_token = \"drover-enroll.a.b\"",
+        );
+        let config = Config::parse(&enrolling).expect("parses");
+        assert_eq!(
+            config.transport.read_credentials().expect("credentials"),
+            Credentials::Enrollment("drover-enroll.a.b".into())
+        );
+        let both = GOOD.replace(
+            "token = \"abc\"",
+            "token = \"abc\"\nenrollment_token = \"e\"",
+        );
+        assert_eq!(
+            Config::parse(&both)
+                .expect("parses")
+                .transport
+                .read_credentials()
+                .expect("credentials"),
+            Credentials::Token("abc".into()),
+            "a token, when there is one, is used"
+        );
+        let neither = GOOD.replace("token = \"abc\"", "");
+        let error = format!("{:#}", Config::parse(&neither).expect_err("no credential"));
+        assert!(error.contains("enrollment_token_file"), "{error}");
+        let nats = GOOD
+            .replace("kind = \"websocket\"", "kind = \"nats\"")
+            .replace(
+                "server_url = \"ws://127.0.0.1:7181\"",
+                "url = \"nats://127.0.0.1:4222\"",
+            )
+            .replace("token = \"abc\"", "enrollment_token = \"e\"");
+        let error = format!("{:#}", Config::parse(&nats).expect_err("not over nats"));
+        assert!(error.contains("enrollment_token"), "{error}");
+    }
+
     /// One config for many devices: the id is made on the machine (here a
     /// stand-in root with a Raspberry Pi's serial number).
     #[cfg(feature = "testing")]

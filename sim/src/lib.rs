@@ -8,6 +8,7 @@
 //! N; [`bench`] drives it at fleet scale.
 
 pub mod bench;
+pub mod enroll;
 pub mod footprint;
 pub mod harness;
 pub mod mqtt;

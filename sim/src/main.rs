@@ -39,6 +39,23 @@ enum Command {
     /// Measure apply → Complete, CPU, memory and disk writes of `drover serve`
     /// for each fleet size; prints a Markdown table.
     Bench(BenchArgs),
+    /// Measure N devices of one image enrolling at once with an
+    /// auto-accept token over WebSocket, then connecting by their keys;
+    /// prints a Markdown table.
+    Enroll(EnrollArgs),
+}
+
+#[derive(Args)]
+struct EnrollArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    devices: Vec<usize>,
+    /// The drover binary (default: next to this one).
+    #[arg(long)]
+    drover: Option<PathBuf>,
+    /// Runs of each size: each figure's median with its minimum and maximum.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(Args)]
@@ -172,6 +189,7 @@ fn main() -> Result<()> {
             Command::Footprint(args) => footprint_cmd(args).await,
             Command::Patch(args) => patch_cmd(args).await,
             Command::Bench(args) => bench_cmd(args).await,
+            Command::Enroll(args) => enroll_cmd(args).await,
         }
     })
 }
@@ -370,6 +388,43 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
                 "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | | | |"
             ),
         }
+    }
+    Ok(())
+}
+
+/// `enroll`: devices enrolling at once, for each fleet size.
+async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
+    use drover_sim::spread::Spread;
+    let drover = beside_this(args.drover, "drover")?;
+    println!(
+        "| devices | all accepted, s | all in by key, s | control-plane CPU per device, ms | retries | load before → after |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for size in args.devices {
+        let mut runs = Vec::new();
+        for run in 1..=args.runs.max(1) {
+            match drover_sim::enroll::measure(&drover, size).await {
+                Ok(one) => {
+                    eprintln!("run {run}: {one:?}");
+                    runs.push(one);
+                }
+                Err(e) => eprintln!("run {run}, {size} devices: failed: {e:#}"),
+            }
+        }
+        let spread = |f: &dyn Fn(&drover_sim::enroll::EnrollFigures) -> f64, decimals| {
+            Spread::of(runs.iter().map(f)).map_or_else(|| "-".to_owned(), |s| s.show(decimals))
+        };
+        println!(
+            "| {size} | {} | {} | {} | {} | {} |",
+            spread(&|r| r.accepted.as_secs_f64(), 1),
+            spread(&|r| r.connected.as_secs_f64(), 1),
+            spread(&|r| r.cpu_per_device.as_secs_f64() * 1000.0, 2),
+            spread(&|r| r.retries as f64, 0),
+            runs.iter()
+                .map(|r| format!("{:.1} → {:.1}", r.load.0, r.load.1))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
     }
     Ok(())
 }

@@ -47,16 +47,29 @@ pub(crate) async fn open(
     device: &drover_model::DeviceId,
     token: &str,
 ) -> anyhow::Result<WebSocketStream<TcpStream>> {
+    let path = format!("{AGENT_PATH_PREFIX}{device}");
+    open_at(target, index, &path, Some(&format!("Bearer {token}"))).await
+}
+
+/// A WebSocket connection to `path` on the agents' port from a loopback
+/// source address picked by `index`, with `authorization` if any.
+pub(crate) async fn open_at(
+    target: Target,
+    index: usize,
+    path: &str,
+    authorization: Option<&str>,
+) -> anyhow::Result<WebSocketStream<TcpStream>> {
     let socket = TcpSocket::new_v4()?;
     socket.bind(source(index))?;
     let tcp = socket.connect(target.addr).await?;
     let _ = tcp.set_nodelay(true);
-    let url = format!("ws://{}{AGENT_PATH_PREFIX}{device}", target.addr);
+    let url = format!("ws://{}{path}", target.addr);
     let mut request = url.into_client_request()?;
-    request.headers_mut().insert(
-        header::AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {token}"))?,
-    );
+    if let Some(authorization) = authorization {
+        request
+            .headers_mut()
+            .insert(header::AUTHORIZATION, HeaderValue::from_str(authorization)?);
+    }
     let (ws, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(config())).await?;
     Ok(ws)
 }

@@ -1,0 +1,247 @@
+//! `drover-sim enroll` (issue 55): N devices of one image enrolling at once
+//! with one auto-accept token over WebSocket, as a fleet's first boot would,
+//! then each connecting by its key (challenge, proof, hello). Prints the
+//! time until every device is accepted, until every one is connected by
+//! its key, and the control plane's CPU per device.
+
+use crate::harness::{Api, Process, Serve, Transport, http_builder, start_drover};
+use crate::procstat;
+use crate::ws::{Target, open_at};
+use anyhow::{Context, Result, bail};
+use drover_model::DeviceId;
+use drover_model::enroll::{AgentFrame, ServerFrame, enroll_message, session_message};
+use drover_model::signing::hex;
+use futures_util::{SinkExt, StreamExt};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use transport_websocket::protocol::AgentMessage;
+
+/// One run's figures.
+#[derive(Debug, Clone)]
+pub struct EnrollFigures {
+    pub devices: usize,
+    /// From the first request until every device was told accepted.
+    pub accepted: Duration,
+    /// From the first request until every device was in by its key.
+    pub connected: Duration,
+    /// The control plane's CPU over both, per device.
+    pub cpu_per_device: Duration,
+    /// Requests that were refused or failed and were asked again.
+    pub retries: usize,
+    pub load: (f64, f64),
+}
+
+async fn next(ws: &mut WebSocketStream<TcpStream>) -> Result<ServerFrame> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(text.as_str())?),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            other => bail!("the control plane ended the conversation: {other:?}"),
+        }
+    }
+}
+
+fn challenge(frame: ServerFrame) -> Result<String> {
+    match frame {
+        ServerFrame::Challenge { challenge } => Ok(challenge),
+        other => bail!("expected a challenge, got {other:?}"),
+    }
+}
+
+/// A device's key, the same for the same index in every run.
+fn key(index: usize) -> Result<Ed25519KeyPair> {
+    let mut seed = [0u8; 32];
+    seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    seed[31] = 0xd5;
+    Ed25519KeyPair::from_seed_unchecked(&seed).map_err(|_| anyhow::anyhow!("a key from a seed"))
+}
+
+async fn enroll_once(
+    target: Target,
+    index: usize,
+    device: &DeviceId,
+    pair: &Ed25519KeyPair,
+    token: &str,
+) -> Result<()> {
+    let public = hex(pair.public_key().as_ref());
+    let path = format!("{}{device}", transport_websocket::ENROLL_PATH_PREFIX);
+    let mut ws = open_at(target, index, &path, None).await?;
+    let challenge = challenge(next(&mut ws).await?)?;
+    let frame = AgentFrame::Enroll {
+        device_id: device.clone(),
+        public_key: public.clone(),
+        token: token.to_owned(),
+        inventory: Default::default(),
+        signature: hex(pair
+            .sign(&enroll_message(device, &public, &challenge))
+            .as_ref()),
+    };
+    ws.send(Message::text(serde_json::to_string(&frame)?))
+        .await?;
+    match next(&mut ws).await? {
+        ServerFrame::Enrollment { state, .. } if state == "accepted" => Ok(()),
+        other => bail!("not accepted: {other:?}"),
+    }
+}
+
+/// Connects by the key, proves it, says hello; keeps the connection.
+async fn connect_by_key(
+    target: Target,
+    index: usize,
+    device: &DeviceId,
+    pair: &Ed25519KeyPair,
+) -> Result<WebSocketStream<TcpStream>> {
+    let public = hex(pair.public_key().as_ref());
+    let path = format!("{}{device}", transport_websocket::AGENT_PATH_PREFIX);
+    let authorization = format!("{} {public}", transport_websocket::KEY_AUTHORIZATION);
+    let mut ws = open_at(target, index, &path, Some(&authorization)).await?;
+    let challenge = challenge(next(&mut ws).await?)?;
+    let proof = AgentFrame::Proof {
+        signature: hex(pair.sign(&session_message(device, &challenge)).as_ref()),
+    };
+    ws.send(Message::text(serde_json::to_string(&proof)?))
+        .await?;
+    let hello = AgentMessage::Hello(drover_model::model::Hello {
+        device_id: device.clone(),
+        agent_version: "sim".into(),
+        boot_id: "sim-boot".into(),
+        capabilities: vec!["systemUpgradeV1".into()],
+        jobs: Vec::new(),
+    });
+    ws.send(Message::text(hello.encode())).await?;
+    Ok(ws)
+}
+
+/// One device: enroll (asked again after a refusal or a failure, with
+/// jitter, as an agent does), then connect by its key.
+async fn device(
+    target: Target,
+    index: usize,
+    token: Arc<String>,
+    accepted: Arc<AtomicUsize>,
+    retries: Arc<AtomicUsize>,
+) -> Result<WebSocketStream<TcpStream>> {
+    let device = DeviceId::new(format!("enr-{index:05}"))?;
+    let pair = key(index)?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        match enroll_once(target, index, &device, &pair, &token).await {
+            Ok(()) => break,
+            Err(e) if Instant::now() < deadline => {
+                if retries.fetch_add(1, Ordering::Relaxed) < 3 {
+                    eprintln!("{device}: {e:#}; asking again");
+                }
+                tokio::time::sleep(Duration::from_millis(200 + fastrand::u64(0..800))).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    accepted.fetch_add(1, Ordering::Relaxed);
+    loop {
+        match connect_by_key(target, index, &device, &pair).await {
+            Ok(ws) => return Ok(ws),
+            Err(e) if Instant::now() < deadline => {
+                retries.fetch_add(1, Ordering::Relaxed);
+                if retries.load(Ordering::Relaxed) < 4 {
+                    eprintln!("{device}: {e:#}; connecting again");
+                }
+                tokio::time::sleep(Duration::from_millis(200 + fastrand::u64(0..800))).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn online(api: &Api) -> Result<u64> {
+    let summary = api.get("/summary").await?;
+    Ok(summary["connectedHere"]["websocket"].as_u64().unwrap_or(0))
+}
+
+/// One run: a fresh control plane, N devices enrolling at once.
+pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
+    let dir = tempfile::Builder::new()
+        .prefix("drover-enroll-")
+        .tempdir()?;
+    let (process, api_base, agents) = start_drover(
+        drover,
+        dir.path(),
+        Serve {
+            transport: Transport::Websocket,
+            broker_url: None,
+            nats_replicas: 1,
+            store_on_nats: false,
+        },
+    )?;
+    let process: Process = process;
+    let api = Api {
+        base: format!("http://{api_base}"),
+        token: std::fs::read_to_string(dir.path().join("data/operator.token"))?
+            .trim()
+            .to_owned(),
+        http: http_builder().build()?,
+    };
+    let made = api
+        .post(
+            "/enrollment-tokens",
+            &serde_json::json!({"name": "image", "groups": ["sim"], "autoAccept": true}),
+        )
+        .await?;
+    let token = Arc::new(made["token"].as_str().context("no token")?.to_owned());
+    let addr: SocketAddr = agents.trim_start_matches("ws://").parse()?;
+    let target = Target { addr };
+    let (accepted, retries) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let before = procstat::usage(process.0.id()).context("the control plane's usage")?;
+    let load_before = procstat::load_average().unwrap_or(f64::NAN);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..devices)
+        .map(|i| {
+            tokio::spawn(device(
+                target,
+                i,
+                token.clone(),
+                accepted.clone(),
+                retries.clone(),
+            ))
+        })
+        .collect();
+    let mut accepted_at = None;
+    while accepted.load(Ordering::Relaxed) < devices {
+        if tasks.iter().all(|t| t.is_finished()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if accepted.load(Ordering::Relaxed) >= devices {
+        accepted_at = Some(started.elapsed());
+    }
+    let mut connections = Vec::new();
+    for task in tasks {
+        connections.push(task.await??);
+    }
+    // In by key means the control plane took the hello.
+    while online(&api).await? < devices as u64 {
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("only {} of {devices} online", online(&api).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connected = started.elapsed();
+    let after = procstat::usage(process.0.id()).context("the control plane's usage")?;
+    let load_after = procstat::load_average().unwrap_or(f64::NAN);
+    drop(connections);
+    Ok(EnrollFigures {
+        devices,
+        accepted: accepted_at.context("not every device was accepted")?,
+        connected,
+        cpu_per_device: after.cpu.saturating_sub(before.cpu) / devices.max(1) as u32,
+        retries: retries.load(Ordering::Relaxed),
+        load: (load_before, load_after),
+    })
+}
