@@ -86,6 +86,13 @@ pub enum Transport {
         /// own key (`device.key` in the state directory).
         enrollment_token: Option<String>,
         enrollment_token_file: Option<PathBuf>,
+        /// With a token: move this device to its own key (`device.key`),
+        /// enrolled with the token itself and accepted at once; from then on
+        /// only the key lets it in, and the control plane's data directory
+        /// can make nothing that does. Needs a control plane that knows
+        /// enrollment.
+        #[serde(default)]
+        enroll_key: bool,
         #[serde(default = "default_ca_file")]
         ca_file: PathBuf,
         #[serde(default = "default_heartbeat")]

@@ -30,12 +30,18 @@ pub(crate) fn link_settings(
                 ca_file,
                 heartbeat_seconds,
                 backoff_max_seconds,
+                enroll_key,
                 ..
             },
             credentials,
         ) => {
             use transport_websocket::client::Credential;
             let credential = match credentials {
+                // A device moving to its key enrolls it with its own token.
+                Credentials::Token(token) if *enroll_key => Credential::Key {
+                    signer: key,
+                    enrollment_token: Some(token),
+                },
                 Credentials::Token(token) => Credential::Token(token),
                 Credentials::Enrollment(token) => Credential::Key {
                     signer: key,

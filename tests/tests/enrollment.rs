@@ -256,3 +256,69 @@ async fn an_accepted_key_is_the_only_way_in_and_rejecting_it_cuts_the_device_off
         a.log()
     );
 }
+
+/// A device registered by hand with a token moves to its own key
+/// (`enroll_key = true`): it enrolls the key with its token, is accepted at
+/// once and keeps its groups; from then on its token (and so anything the
+/// control plane's data directory can make) no longer opens its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_device_moves_to_its_own_key_and_its_token_stops_working() {
+    let cp = ControlPlane::start(&[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    cp.apply_device("en-moved", &["kiosk"], serde_json::json!({"site": "ghent"}))
+        .await;
+    let token = cp.device_token("en-moved");
+    // Before: the token opens the session (the positive control).
+    let before = drover_tests::agent_ws(&cp, "en-moved", &token).await;
+    assert!(before.is_ok(), "{:?}", before.err());
+    drop(before);
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nenroll_key = true\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n",
+        toml_string(&cp.agent_url),
+        toml_string(&token)
+    );
+    let agent = AgentProcess::start_full(
+        &dir.path().join("moved"),
+        "en-moved",
+        &transport,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "",
+    );
+    let key = eventually(
+        Duration::from_secs(20),
+        "the key to be accepted",
+        || async {
+            key_of(&cp, "en-moved")
+                .await
+                .filter(|k| k["state"] == "accepted")
+        },
+    )
+    .await;
+    assert_eq!(key["decidedBy"], "device-token");
+    assert_eq!(key["existingDevice"], true);
+    assert_eq!(
+        key["publicKey"].as_str(),
+        agent.status()["publicKey"].as_str()
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the device online by its key",
+        || async { connected(&cp, "en-moved").await.then_some(()) },
+    )
+    .await;
+    let device = cp.get("/devices/en-moved").await;
+    assert_eq!(device["groups"], serde_json::json!(["kiosk"]), "{device}");
+    assert_eq!(device["labels"]["site"], "ghent", "{device}");
+    let after = drover_tests::agent_ws(&cp, "en-moved", &token).await;
+    assert!(
+        after.is_err(),
+        "the token still opens a moved device's session"
+    );
+    // Its jobs reach it over the key's session.
+    cp.apply_upgrade_run("moved-run", "kiosk", 600).await;
+    let run = cp
+        .wait_run_finished("moved-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+}

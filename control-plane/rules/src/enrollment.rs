@@ -138,6 +138,10 @@ pub struct Request<'a> {
     pub public_key: &'a str,
     /// The token's record when the token named one and its digest matched.
     pub token: Option<&'a EnrollmentTokenRecord>,
+    /// The credential is the device's own bearer token (a device moving
+    /// from its token to its key): it proves the id, so the key is
+    /// accepted at once and the device keeps its groups and labels.
+    pub own_token: bool,
     pub existing_key: Option<&'a DeviceKeyRecord>,
     /// A device record exists for this id.
     pub device_exists: bool,
@@ -208,6 +212,12 @@ pub fn decide(request: &Request) -> Decision {
         return match existing.state {
             KeyState::Rejected => Decision::Refuse(Refusal::Rejected),
             state => Decision::Unchanged(state),
+        };
+    }
+    if request.own_token {
+        return Decision::Accept {
+            groups: BTreeSet::new(),
+            labels: BTreeMap::new(),
         };
     }
     let Some(token) = request.token else {
@@ -447,6 +457,7 @@ mod tests {
                 device: &device,
                 public_key: &a,
                 token,
+                own_token: false,
                 existing_key: existing,
                 device_exists: exists,
                 pending: pending_count,
@@ -454,6 +465,36 @@ mod tests {
             };
             assert_eq!(decide(&request), expected, "{what}");
         }
+        // The device's own token: its key is accepted at once, for a
+        // device a manifest made too; it keeps what it has. Not over a key
+        // already there (the token proves the id, not the key).
+        let own = |existing: Option<&DeviceKeyRecord>, public_key: &str| {
+            decide(&Request {
+                device: &device,
+                public_key,
+                token: None,
+                own_token: true,
+                existing_key: existing,
+                device_exists: true,
+                pending: PENDING_CAP,
+                now: now(),
+            })
+        };
+        assert_eq!(
+            own(None, &a),
+            Decision::Accept {
+                groups: BTreeSet::new(),
+                labels: BTreeMap::new()
+            }
+        );
+        assert_eq!(
+            own(Some(&accepted), &b),
+            Decision::Refuse(Refusal::Conflict)
+        );
+        assert_eq!(
+            own(Some(&rejected), &a),
+            Decision::Refuse(Refusal::Rejected)
+        );
         // Another key for an enrolled, pending or rejected id: a conflict,
         // whatever the token.
         for existing in [&accepted, &pending, &rejected] {
@@ -461,6 +502,7 @@ mod tests {
                 device: &device,
                 public_key: &b,
                 token: Some(&auto),
+                own_token: false,
                 existing_key: Some(existing),
                 device_exists: true,
                 pending: 0,

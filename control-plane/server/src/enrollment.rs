@@ -19,6 +19,9 @@ use jiff::Timestamp;
 use ring::digest::{SHA256, digest};
 use tracing::info;
 
+/// Who accepted a key that came with the device's own bearer token.
+pub const DEVICE_TOKEN: &str = "device-token";
+
 /// SHA-256 of an enrollment token, hex: what the store keeps.
 pub fn token_digest(token: &str) -> String {
     drover_model::signing::hex(digest(&SHA256, token.as_bytes()).as_ref())
@@ -66,7 +69,9 @@ pub async fn pending_count(db: &Db) -> Result<usize, DbError> {
 
 /// Decides one request and writes what was decided. A request that races
 /// another for the same token or id is decided again on what won.
-pub async fn enroll(db: &Db, request: Enrollment) -> Result<Answer, DbError> {
+/// `own_token`: the request's token is the device's own bearer token (the
+/// caller checked it), so the device moves from its token to its key.
+pub async fn enroll(db: &Db, request: Enrollment, own_token: bool) -> Result<Answer, DbError> {
     if !valid_public_key(&request.public_key) {
         return Ok(Answer::Refused(
             "the public key is not 64 lowercase hex digits (an Ed25519 key)".into(),
@@ -79,7 +84,7 @@ pub async fn enroll(db: &Db, request: Enrollment) -> Result<Answer, DbError> {
         ));
     }
     for _ in 0..20 {
-        if let Some(answer) = try_enroll(db, &request).await? {
+        if let Some(answer) = try_enroll(db, &request, own_token).await? {
             return Ok(answer);
         }
     }
@@ -90,10 +95,18 @@ pub async fn enroll(db: &Db, request: Enrollment) -> Result<Answer, DbError> {
 }
 
 /// One attempt; None when a write lost a race.
-async fn try_enroll(db: &Db, request: &Enrollment) -> Result<Option<Answer>, DbError> {
+async fn try_enroll(
+    db: &Db,
+    request: &Enrollment,
+    own_token: bool,
+) -> Result<Option<Answer>, DbError> {
     let now = Timestamp::now();
     let existing = db.get::<DeviceKeyRecord>(&key_key(&request.device)).await?;
-    let token = token_of(db, &request.token).await?;
+    let token = if own_token {
+        None
+    } else {
+        token_of(db, &request.token).await?
+    };
     let device_exists = db
         .get::<DeviceRecord>(&device_key(&request.device))
         .await?
@@ -102,6 +115,7 @@ async fn try_enroll(db: &Db, request: &Enrollment) -> Result<Option<Answer>, DbE
         device: &request.device,
         public_key: &request.public_key,
         token: token.as_ref().map(|(_, t)| t),
+        own_token,
         existing_key: existing.as_ref().map(|(_, k)| k),
         device_exists,
         pending: 0,
@@ -133,45 +147,35 @@ async fn try_enroll(db: &Db, request: &Enrollment) -> Result<Option<Answer>, DbE
             Ok(Some(Answer::Refused(refusal.message().into())))
         }
         Decision::Accept { .. } | Decision::Pend => {
-            let Some((token_revision, token)) = token else {
-                return Ok(Some(Answer::Refused(
-                    Refusal::UnknownToken.message().into(),
-                )));
-            };
-            write(
-                db,
-                request,
-                token_revision,
-                token,
-                decision,
-                device_exists,
-                now,
-            )
-            .await
+            write(db, request, token, decision, device_exists, now).await
         }
     }
 }
 
+/// Writes an accepted or pending key; `token` is None for a device that
+/// came with its own bearer token.
 async fn write(
     db: &Db,
     request: &Enrollment,
-    token_revision: u64,
-    mut token: EnrollmentTokenRecord,
+    token: Option<(u64, EnrollmentTokenRecord)>,
     decision: Decision,
     device_exists: bool,
     now: Timestamp,
 ) -> Result<Option<Answer>, DbError> {
     let accepted = matches!(decision, Decision::Accept { .. });
+    let by = match &token {
+        Some((_, token)) => format!("token/{}", token.name),
+        None => DEVICE_TOKEN.to_owned(),
+    };
     // A limited token's use first: a token used up meanwhile refuses this
     // one. An unlimited token is not written at all, so a thousand devices
     // of one image enrolling at once do not all compete for one record;
     // its uses are counted from the keys that name it.
-    if token.max_uses.is_some() {
+    if let Some((revision, mut token)) = token.clone()
+        && token.max_uses.is_some()
+    {
         token.uses += 1;
-        if let Err(e) = db
-            .put(&token_key(&token.name), &token, token_revision)
-            .await
-        {
+        if let Err(e) = db.put(&token_key(&token.name), &token, revision).await {
             return lost(e);
         }
     }
@@ -183,12 +187,12 @@ async fn write(
         } else {
             KeyState::Pending
         },
-        token: Some(token.name.clone()),
+        token: token.as_ref().map(|(_, t)| t.name.clone()),
         inventory: stored_inventory(request.inventory.clone()),
         requested_at: now,
         peer: request.peer.map(|p| p.to_string()),
         decided_at: accepted.then_some(now),
-        decided_by: accepted.then(|| format!("token/{}", token.name)),
+        decided_by: accepted.then(|| by.clone()),
         existing_device: device_exists,
         conflict: None,
     };
@@ -199,10 +203,10 @@ async fn write(
     }
     if let Decision::Accept { groups, labels } = decision {
         join(db, &request.device, &groups, &labels).await?;
-        info!(device = %request.device, token = %token.name, "device enrolled and accepted by its token");
+        info!(device = %request.device, by = %by, "device enrolled and accepted");
         Ok(Some(Answer::Accepted))
     } else {
-        info!(device = %request.device, token = %token.name, "device enrolled; waits for an operator");
+        info!(device = %request.device, by = %by, "device enrolled; waits for an operator");
         Ok(Some(Answer::Pending))
     }
 }
@@ -255,8 +259,11 @@ impl drover_contract::gate::DeviceGate for Gate {
 
     fn enroll(&self, request: Enrollment) -> drover_contract::BoxFuture<'static, Answer> {
         let db = self.db.clone();
+        // A device's own token moves it to its key (the token is refused
+        // from then on).
+        let own_token = self.token_opens(&request.device, &request.token);
         Box::pin(async move {
-            enroll(&db, request).await.unwrap_or_else(|e| {
+            enroll(&db, request, own_token).await.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot record an enrollment request");
                 Answer::Refused(format!(
                     "the control plane cannot record the request now ({e}); try again later"
@@ -338,7 +345,9 @@ mod tests {
         let token = with_token(&db, "line-3", true, Some(1)).await;
         let pi = Device::new("pi-1", 1);
         assert_eq!(
-            enroll(&db, pi.request(&token)).await.expect("enroll"),
+            enroll(&db, pi.request(&token), false)
+                .await
+                .expect("enroll"),
             Answer::Accepted
         );
         let (_, device) = db
@@ -363,12 +372,14 @@ mod tests {
         // Asking again with the same key spends no use; a second device
         // finds the token used up.
         assert_eq!(
-            enroll(&db, pi.request(&token)).await.expect("again"),
+            enroll(&db, pi.request(&token), false).await.expect("again"),
             Answer::Accepted
         );
         let other = Device::new("pi-2", 2);
         assert_eq!(
-            enroll(&db, other.request(&token)).await.expect("enroll"),
+            enroll(&db, other.request(&token), false)
+                .await
+                .expect("enroll"),
             Answer::Refused(Refusal::UsedUp.message().into())
         );
     }
@@ -389,7 +400,9 @@ mod tests {
             let token = token.clone();
             tokio::spawn(async move {
                 let pi = Device::new(&format!("pi-{i}"), i + 1);
-                enroll(&db, pi.request(&token)).await.expect("enroll")
+                enroll(&db, pi.request(&token), false)
+                    .await
+                    .expect("enroll")
             })
         });
         for answer in futures_util::future::join_all(enrollments).await {
@@ -404,7 +417,9 @@ mod tests {
         let limited = with_token(&db, "limited", true, Some(60)).await;
         let pi = Device::new("pi-limited", 200);
         assert_eq!(
-            enroll(&db, pi.request(&limited)).await.expect("enroll"),
+            enroll(&db, pi.request(&limited), false)
+                .await
+                .expect("enroll"),
             Answer::Accepted
         );
         let (_, record) = db
@@ -423,16 +438,18 @@ mod tests {
         let mut forged = pi.request(&token);
         forged.challenge = "0b".repeat(32);
         assert!(
-            matches!(enroll(&db, forged).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
+            matches!(enroll(&db, forged, false).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
         );
         let wrong = pi.request("drover-enroll.line-3.guess");
         assert_eq!(
-            enroll(&db, wrong).await.expect("enroll"),
+            enroll(&db, wrong, false).await.expect("enroll"),
             Answer::Refused(Refusal::UnknownToken.message().into())
         );
         // The positive control: the right request waits for an operator.
         assert_eq!(
-            enroll(&db, pi.request(&token)).await.expect("enroll"),
+            enroll(&db, pi.request(&token), false)
+                .await
+                .expect("enroll"),
             Answer::Pending
         );
         assert!(
@@ -445,7 +462,9 @@ mod tests {
         // Another key for the same id: refused, noted, the first key kept.
         let thief = Device::new("pi-1", 9);
         assert_eq!(
-            enroll(&db, thief.request(&token)).await.expect("enroll"),
+            enroll(&db, thief.request(&token), false)
+                .await
+                .expect("enroll"),
             Answer::Refused(Refusal::Conflict.message().into())
         );
         let (_, key) = db
