@@ -5,13 +5,13 @@
 # apt in its own transient unit (systemd-run), the agent's cgroup killed
 # mid-upgrade, a power cut resumed at the next boot, and a reboot by the
 # guest. The image and QEMU are made once per architecture and cached in
-# /var/tmp/drover-vm; two scenarios talk to a real `drover serve` on this
-# host.
+# /var/tmp/drover-vm; three scenarios talk to a real `drover serve` on this
+# host, and one of them (enroll) boots two machines from the one image.
 #
 #   bash scripts/test-vm.sh                      # amd64, every scenario
 #   bash scripts/test-vm.sh --arch arm64         # install, power-cut, reboot
 #   bash scripts/test-vm.sh --arch armhf         # install, power-cut
-#   bash scripts/test-vm.sh --arch armhf --all   # all five
+#   bash scripts/test-vm.sh --arch armhf --all   # all six
 #   bash scripts/test-vm.sh --arch arm64 --only install,power-cut
 #
 # The ARM packages come from the cross suite (cross/build.sh), which this
@@ -34,13 +34,13 @@ while [ $# -gt 0 ]; do
 done
 # Without --all, each architecture runs what its binary could break there
 # (CI's choice: each ARM scenario takes 2-4 minutes under TCG). amd64 runs
-# all five. arm64, the fleet's main device class: the package under
+# all six. arm64, the fleet's main device class: the package under
 # systemd, a power cut mid-dpkg, the reboot through a job with the agent's
 # own upgrade. armhf: the package, and a power cut (its 32-bit store
 # recovering). agent-restart (systemd's cgroups) and loop (the agent's
 # crash-loop rule) are about systemd and the agent's logic, not the
 # machine: amd64 runs them.
-every="install agent-restart power-cut reboot loop"
+every="install agent-restart power-cut reboot loop enroll"
 case "$arch" in
 amd64) scenarios=$every ;;
 arm64) scenarios="install power-cut reboot" ;;

@@ -6,11 +6,22 @@
 #                            loopback with TLS for agents made here (a CA and
 #                            a certificate for 10.0.2.2, the host as the guest
 #                            sees it), Device vm-1, and the agent's config,
-#                            token and CA file on the scenario disk
+#                            token and CA file on the scenario disk; for
+#                            devices that enroll, one config for any machine
+#                            (enroll.toml, its id from the machine id) and two
+#                            enrollment tokens (enroll-auto.token accepts at
+#                            once, enroll-manual.token waits for an operator)
 #   apply-run NAME           once vm-1's agent has connected: a TaskRun NAME
 #                            (systemUpgradeV1) for it
 #   expect-run NAME          the run is Complete with its one device Succeeded
 #   expect-version VERSION   vm-1 reported agent version VERSION
+#   expect-key DEVICE STATE BY
+#                            DEVICE enrolled its own key, which is STATE
+#                            (pending, accepted), decided by BY (- for none)
+#   accept DEVICE            an operator accepts DEVICE's key
+#   apply-run-for NAME DEVICE
+#                            once DEVICE's agent has connected: a TaskRun NAME
+#                            for it alone
 #   stop WORK                (run.sh, at the end) stops the control plane
 # Checks print "PASS ..." or "FAIL ...", which count in the scenario's verdict.
 set -euo pipefail
@@ -38,8 +49,13 @@ poll() { # seconds condition
     return 1
 }
 
-device_field() { # field
-    drover get device vm-1 -o json 2>/dev/null | json "d['status'].get('$1')" 2>/dev/null || true
+device_field() { # field [device]
+    drover get device "${2:-vm-1}" -o json 2>/dev/null | json "d['status'].get('$1')" 2>/dev/null || true
+}
+
+key_field() { # device field: of the device's enrolled key
+    drover devices keys -o json 2>/dev/null |
+        json "[k.get('$2') for k in d if k['device'] == '$1'][0] if any(k['device'] == '$1' for k in d) else None" 2>/dev/null || true
 }
 
 case "$command" in
@@ -80,7 +96,59 @@ ca_file = "/etc/drover/ca.pem"
 mode = "upgrade"
 min_free_mib = 50
 CONF
+    drover enrollment-tokens create vm-image --groups vm --auto-accept 2>/dev/null >"$scenario/enroll-auto.token"
+    drover enrollment-tokens create vm-by-hand --groups vm 2>/dev/null >"$scenario/enroll-manual.token"
+    cat >"$scenario/enroll.toml" <<CONF
+device_id = "vm-{machine-id}"
+intent_public_keys = ["$(drover intent-key)"]
+[transport]
+kind = "websocket"
+server_url = "wss://10.0.2.2:$agent"
+enrollment_token_file = "/etc/drover/enrollment.token"
+ca_file = "/etc/drover/ca.pem"
+heartbeat_seconds = 5
+backoff_max_seconds = 5
+[updater]
+mode = "upgrade"
+min_free_mib = 50
+CONF
     echo "control plane on 127.0.0.1:$api, agents on 127.0.0.1:$agent (10.0.2.2:$agent in the guest)"
+    ;;
+expect-key)
+    device=${1:?expect-key needs DEVICE STATE BY}
+    want_state=${2:?expect-key needs DEVICE STATE BY}
+    want_by=${3:?expect-key needs DEVICE STATE BY}
+    [ "$want_by" = - ] && want_by=None
+    stands() { [ "$(key_field "$device" state)" = "$want_state" ]; }
+    poll 300 stands || true
+    got="$(key_field "$device" state) $(key_field "$device" decidedBy)"
+    if [ "$got" = "$want_state $want_by" ]; then
+        echo "PASS [host] $device enrolled its key: $got"
+    else
+        echo "FAIL [host] $device's key: state and decided by = $got, not $want_state $want_by"
+    fi
+    ;;
+accept)
+    device=${1:?accept needs DEVICE}
+    if drover devices accept "$device" >/dev/null; then
+        echo "[host] accepted $device"
+    else
+        echo "FAIL [host] drover devices accept $device"
+    fi
+    ;;
+apply-run-for)
+    name=${1:?apply-run-for needs NAME DEVICE}
+    device=${2:?apply-run-for needs NAME DEVICE}
+    present() { [ "$(device_field agentPresent "$device")" = True ]; }
+    if ! poll 300 present; then
+        echo "FAIL [host] $device's agent never connected"
+        exit 0
+    fi
+    echo "PASS [host] $device is in the fleet, in group(s) $(drover get device "$device" -o json | json "','.join(d['spec']['groups'])")"
+    printf 'apiVersion: fleet.nationtech.io/v1alpha1\nkind: TaskRun\nmetadata:\n  name: %s\nspec:\n  allowedGroups: [vm]\n  targetSelector:\n    matchLabels:\n      device-id: %s\n  deadlineSeconds: 3600\n  systemUpgradeV1: {}\n' \
+        "$name" "$device" >"$work/$name.yaml"
+    drover apply -f "$work/$name.yaml" >/dev/null
+    echo "[host] applied TaskRun $name for $device"
     ;;
 apply-run)
     name=${1:?apply-run needs NAME}

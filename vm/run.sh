@@ -8,7 +8,10 @@
 # "DROVER-VM: CUT-POWER" makes the host kill QEMU at once (a power cut) and
 # boot again on the same disk; a guest reboot boots again too; a poweroff
 # ends the run. Prints the scenario's lines; exits 1 if it printed FAIL or
-# never printed DONE.
+# never printed DONE. A scenario that says "# machines: N" runs on N
+# machines made from the one image, one after the other, each on its own
+# fresh overlay with the file "machine" on its scenario disk saying which
+# (1..N); each must print DONE.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 name=${1:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
@@ -18,7 +21,6 @@ arch=$(dpkg-deb -f "$deb" Architecture)
 image=$(bash "$here/image.sh" "$arch")
 work=$(mktemp -d /var/tmp/drover-vm-run.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-qemu-img create -q -f qcow2 -b "$image/disk.raw" -F raw "$work/disk.qcow2"
 mkdir -p "$work/scenario"
 cp "$here/scenarios/$name.sh" "$work/scenario/run.sh"
 cp "$here/scenarios/common.sh" "$work/scenario/common.sh"
@@ -50,11 +52,19 @@ host_requests() { # serial: runs the HOST lines not yet handled
         bash "$here/host.sh" "$request" "$work" "$@" 2>&1 | tee -a "$work/host.log" | sed 's/^/[host] /'
     done
 }
-mkfs.ext4 -q -L scenario -d "$work/scenario" "$work/scenario.img" 256M
-
+machines=$(sed -n 's/^# machines: \([0-9]*\)$/\1/p' "$here/scenarios/$name.sh")
+machines=${machines:-1}
 boot_limit=${DROVER_VM_BOOT_SECONDS:-420}
+# Boots machine N (a fresh overlay of the image) until its scenario ends;
+# its consoles are $work/serial.N.BOOT.
+run_machine() { # machine
+local machine=$1
+echo "$machine" >"$work/scenario/machine"
+rm -f "$work/scenario.img" "$work/disk.qcow2"
+qemu-img create -q -f qcow2 -b "$image/disk.raw" -F raw "$work/disk.qcow2"
+mkfs.ext4 -q -L scenario -d "$work/scenario" "$work/scenario.img" 256M
 for boot in 1 2 3 4; do
-    serial=$work/serial.$boot
+    serial=$work/serial.$machine.$boot
     : >"$serial"
     handled=0 # HOST lines handled in this boot's console
     started=$(date +%s)
@@ -92,6 +102,17 @@ for boot in 1 2 3 4; do
     fi
     break
 done
+last_serial=$serial
+}
+for machine in $(seq 1 "$machines"); do
+    [ "$machines" = 1 ] || echo "[machine $machine of $machines]"
+    run_machine "$machine"
+    if ! grep -aq "DROVER-VM: DONE" "$work"/serial."$machine".*; then
+        echo "vm scenario $name: machine $machine did not finish"
+        tail -n 60 "$last_serial" | sed 's/^/    /'
+        exit 1
+    fi
+done
 all=$(cat "$work"/serial.* | grep -a "DROVER-VM: " || true)
 if grep -q "^FAIL" "$work/host.log"; then
     echo "vm scenario $name: FAILED on the host's side"
@@ -100,12 +121,12 @@ if grep -q "^FAIL" "$work/host.log"; then
 fi
 if echo "$all" | grep -q "DROVER-VM: FAIL"; then
     echo "vm scenario $name: FAILED"
-    tail -n 60 "$work/serial.$boot" | sed 's/^/    /'
+    tail -n 60 "$last_serial" | sed 's/^/    /'
     exit 1
 fi
 if ! echo "$all" | grep -q "DROVER-VM: DONE"; then
     echo "vm scenario $name: did not finish"
-    tail -n 60 "$work/serial.$boot" | sed 's/^/    /'
+    tail -n 60 "$last_serial" | sed 's/^/    /'
     exit 1
 fi
 echo "vm scenario $name: passed"
