@@ -1280,3 +1280,75 @@ async fn device_text_is_shown_escaped_and_the_audit_page_holds_seven_days() {
     browser.close().await.expect("close");
     drop(ws);
 }
+
+/// Devices that enrolled their own key and wait (issue 55): the fleet page
+/// lists them, and an admin accepts one there (confirmed, in the audit log
+/// as the dashboard's); the device then joins and connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_page_lists_devices_waiting_to_join_and_an_admin_accepts_one() {
+    let cp = ControlPlane::start(&[]);
+    let out = cp.cli(&[
+        "enrollment-tokens",
+        "create",
+        "by-hand",
+        "--groups",
+        "kiosk",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let transport = format!(
+        "kind = \"websocket\"\nserver_url = {}\nenrollment_token = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n",
+        drover_tests::toml_string(&cp.agent_url),
+        drover_tests::toml_string(&token)
+    );
+    let _agent = AgentProcess::start_full(
+        &cp.dir.path().join("dash-1"),
+        "dash-1",
+        &transport,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "",
+    );
+    eventually(Duration::from_secs(30), "the device to wait", || async {
+        let keys = cp.get("/device-keys?state=pending").await;
+        (keys.as_array().map_or(0, Vec::len) == 1).then_some(())
+    })
+    .await;
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    wait_text(&browser, "#pending-devices", "the waiting devices", |t| {
+        t.contains("Waiting to join (1)")
+    })
+    .await;
+    assert_eq!(rows(&browser, "tr[data-pending='dash-1']").await, 1);
+    screenshot(&browser, "fleet-pending").await;
+    click(&browser, "#accept-dash-1").await;
+    wait_text(&browser, "#accept-dash-1", "the confirmation", |t| {
+        t.contains("Confirm")
+    })
+    .await;
+    click(&browser, "#accept-dash-1").await;
+    cp.wait_for_agents(&["dash-1"]).await;
+    assert_eq!(cp.get("/devices/dash-1").await["groups"], json!(["kiosk"]));
+    eventually(
+        Duration::from_secs(30),
+        "the waiting list to empty",
+        || async { (rows(&browser, "tr[data-pending]").await == 0).then_some(()) },
+    )
+    .await;
+    let audit = cp.get("/audit").await;
+    let accepted = audit
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["verb"] == "accept")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(accepted["via"], "dashboard", "{accepted}");
+    assert_eq!(accepted["outcome"], "applied", "{accepted}");
+}

@@ -220,7 +220,11 @@ async function fleetPage(main) {
   const params = new URLSearchParams({ offset: fleetQuery.offset, limit: PAGE_SIZE, q: fleetQuery.q });
   if (fleetQuery.state) params.set("state", fleetQuery.state);
   if (fleetQuery.patch) params.set("patch", fleetQuery.patch);
-  const [page, fleet] = await Promise.all([api(`/devices/page?${params}`), api("/patch-status")]);
+  const [page, fleet, pending] = await Promise.all([
+    api(`/devices/page?${params}`),
+    api("/patch-status"),
+    api("/device-keys?state=pending"),
+  ]);
   const search = h("input", { type: "search", id: "fleet-search", placeholder: "Search id, group, label, OS, version", value: fleetQuery.q });
   let typing = null;
   search.addEventListener("input", () => {
@@ -281,10 +285,45 @@ async function fleetPage(main) {
   });
   main.replaceChildren(
     h("h2", {}, "Fleet"),
+    ...joining(pending),
     patchBar(fleet),
     h("div", { class: "toolbar" }, search, state, patch, pager),
     table(["Device", "State", "Last seen", "Agent", "OS", "Groups", "Labels", "Updates", "Current job"], rows, "No device matches."),
   );
+}
+
+// Devices that enrolled their own key and wait for an operator (issue 55):
+// an admin accepts or rejects each here, as with `drover devices accept`.
+function joining(pending) {
+  if (!pending.length) return [];
+  const rows = pending.map((k) => {
+    const id = encodeURIComponent(k.device);
+    const actions = may("admin")
+      ? [
+          confirmButton("Accept", "Confirm: accept", `accept-${k.device}`, () => api(`/devices/${id}/accept`, { method: "POST" })),
+          " ",
+          confirmButton("Reject", "Confirm: reject", `reject-${k.device}`, () => api(`/devices/${id}/reject`, { method: "POST" })),
+        ]
+      : "–";
+    const notes = [k.existingDevice ? "a device of this id existed" : "", k.conflict ? "another key asked for this id" : ""].filter(Boolean);
+    return h(
+      "tr",
+      { "data-pending": k.device },
+      h("td", {}, printable(k.device)),
+      h("td", { title: k.publicKey }, `${k.publicKey.slice(0, 12)}…`),
+      h("td", {}, printable(k.token || "–")),
+      h("td", {}, printable(k.hostname || "–")),
+      h("td", {}, printable(k.architecture || "–")),
+      h("td", {}, printable(k.peer || "–")),
+      h("td", { title: when(k.requestedAt) }, ago(k.requestedAt)),
+      h("td", {}, notes.join("; ") || "–"),
+      h("td", {}, actions),
+    );
+  });
+  return [
+    h("h3", { id: "pending-devices" }, `Waiting to join (${pending.length})`),
+    table(["Device", "Key", "Token", "Host name", "Arch", "From", "Asked", "Note", ""], rows, ""),
+  ];
 }
 
 function jobLink(run) {
