@@ -322,3 +322,55 @@ async fn a_token_device_moves_to_its_own_key_and_its_token_stops_working() {
         .await;
     assert_eq!(run["status"]["phase"], "Complete", "{run}");
 }
+
+/// Pre-authorization: an operator accepts a device's key (read from the
+/// device) before it asks; its agent is let in by the key at once, without
+/// enrolling (its token's uses stay 0), with the groups and labels given.
+/// Another key for the id is then a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preauthorized_key_is_let_in_without_enrolling() {
+    let cp = ControlPlane::start(&[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let manual = enrollment_token(&cp, &["spare", "--max-uses", "5"]);
+    let agent_dir = dir.path().join("pre");
+    // The key the agent will find in its state directory, as the device made it.
+    let key = agent_core::identity::DeviceKey::load_or_create(&agent_dir.join("state"))
+        .expect("key")
+        .public_key_hex();
+    let out = cli_ok(
+        &cp,
+        &[
+            "devices",
+            "preauthorize",
+            "en-pre",
+            "--public-key",
+            &key,
+            "--groups",
+            "kiosk",
+            "--labels",
+            "site=ghent",
+        ],
+    );
+    assert!(out.contains("pre-authorized"), "{out}");
+    let other = "ab".repeat(32);
+    let refused = cp.cli(&["devices", "preauthorize", "en-pre", "--public-key", &other]);
+    assert!(
+        !refused.status.success(),
+        "another key for a pre-authorized id"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("has another key"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let _agent = enrolling_agent(&agent_dir, "en-pre", &cp, &manual);
+    cp.wait_for_agents(&["en-pre"]).await;
+    let device = cp.get("/devices/en-pre").await;
+    assert_eq!(device["groups"], serde_json::json!(["kiosk"]), "{device}");
+    assert_eq!(device["labels"]["site"], "ghent", "{device}");
+    let key = key_of(&cp, "en-pre").await.expect("key");
+    assert_eq!(key["state"], "accepted");
+    assert_eq!(key["decidedBy"], "operator/admin");
+    let tokens = cp.get("/enrollment-tokens").await;
+    assert_eq!(tokens[0]["uses"], 0, "the agent did not enroll: {tokens}");
+}

@@ -98,3 +98,17 @@ pub struct DeviceKey {
     pub existing_device: bool,
     pub conflict: Option<KeyConflict>,
 }
+
+/// `POST /device-keys`: a device's key accepted before the device asks
+/// (pre-authorization: the key read from the device, `drover-agent status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PreauthorizedKey {
+    pub device: String,
+    /// Ed25519, 64 lowercase hex digits.
+    pub public_key: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}

@@ -96,4 +96,18 @@ pub enum DevicesCommand {
     /// Reject a device's key: it opens nothing, asking again is refused,
     /// and an open session ends.
     Reject { id: String },
+    /// Accept a device's key before it asks (the key `drover-agent status`
+    /// prints on the device): its agent is let in by the key at once.
+    Preauthorize {
+        id: String,
+        /// The device's Ed25519 public key, 64 hex digits.
+        #[arg(long)]
+        public_key: String,
+        /// Groups it joins (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Labels it gets, KEY=VALUE (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        labels: Vec<String>,
+    },
 }

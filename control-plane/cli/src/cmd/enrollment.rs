@@ -8,7 +8,9 @@ use drover::client::ApiClient;
 use drover::get::structured;
 use drover::table::{age, print_table, table};
 use drover::watch::printable;
-use drover_api::enrollment::{DeviceKey, EnrollmentToken, KeyState, NewEnrollmentToken};
+use drover_api::enrollment::{
+    DeviceKey, EnrollmentToken, KeyState, NewEnrollmentToken, PreauthorizedKey,
+};
 use jiff::Timestamp;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -205,6 +207,21 @@ pub async fn devices(api: &ApiClient, command: &DevicesCommand) -> Result<i32> {
             out!(
                 "device/{id} accepted: its key opens its sessions; it joins with its token's groups and labels"
             );
+        }
+        DevicesCommand::Preauthorize {
+            id,
+            public_key,
+            groups,
+            labels: pairs,
+        } => {
+            let key = PreauthorizedKey {
+                device: id.clone(),
+                public_key: public_key.clone(),
+                groups: groups.clone(),
+                labels: labels(pairs)?,
+            };
+            api.post::<DeviceKey>("/device-keys", &key).await?;
+            out!("device/{id} pre-authorized: its agent is let in by this key, without enrolling");
         }
         DevicesCommand::Reject { id } => {
             api.post::<DeviceKey>(&format!("/devices/{id}/reject"), &json!({}))

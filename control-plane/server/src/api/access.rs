@@ -98,6 +98,7 @@ pub fn role_needed(method: &Method, path: &str) -> Role {
         || path.starts_with("/operators/")
         || path.ends_with("/rotate-token")
         || path.starts_with("/enrollment-tokens")
+        || path == "/device-keys"
         || (path.starts_with("/devices/")
             && (path.ends_with("/accept") || path.ends_with("/reject")))
     {
@@ -134,6 +135,7 @@ pub fn describe(method: &Method, path: &str) -> (String, Option<String>, Option<
         (_, ["packages"]) => "upload".to_owned(),
         (_, ["operators"]) => "add".to_owned(),
         (_, ["enrollment-tokens"]) => "create".to_owned(),
+        (_, ["device-keys"]) => "preauthorize".to_owned(),
         (_, ["alerts", "ack"]) => "acknowledge".to_owned(),
         (_, [_, _, action]) => action.to_string(),
         (method, _) if matches!(*method, Method::GET | Method::HEAD) => "read".to_owned(),

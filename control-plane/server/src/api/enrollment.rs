@@ -311,3 +311,87 @@ pub(super) async fn reject_device(
         "rejected",
     ))
 }
+
+/// Accepts a device's key before the device asks (pre-authorization): the
+/// device joins with the groups and labels given, and its agent is let in
+/// by the key at once, without enrolling. Another key already recorded for
+/// the id is a conflict (delete the device first).
+pub(super) async fn preauthorize_key(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body: api::PreauthorizedKey = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not a device key: {e}"),
+        )
+    })?;
+    let device = DeviceId::new(body.device.clone())
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if !drover_rules::enrollment::valid_public_key(&body.public_key) {
+        return Err(unprocessable(
+            "publicKey is not 64 lowercase hex digits (an Ed25519 key; `drover-agent status` \
+             prints the device's)"
+                .into(),
+        ));
+    }
+    let problems =
+        manifest::group_and_label_problems(&format!("device {device}"), &body.groups, &body.labels);
+    if !problems.is_empty() {
+        return Err(unprocessable(problems.join("; ")));
+    }
+    let key = key_key(&device);
+    let existing = state.db.get::<DeviceKeyRecord>(&key).await?;
+    if let Some((_, record)) = &existing
+        && record.public_key != body.public_key
+    {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "device {device} has another key ({}); delete the device first to give it \
+                 another",
+                record.state.name()
+            ),
+        ));
+    }
+    let now = Timestamp::now();
+    let device_exists = state
+        .db
+        .get::<DeviceRecord>(&device_key(&device))
+        .await?
+        .is_some();
+    let record = DeviceKeyRecord {
+        device: device.clone(),
+        public_key: body.public_key.clone(),
+        state: KeyState::Accepted,
+        token: None,
+        inventory: Default::default(),
+        requested_at: now,
+        peer: None,
+        decided_at: Some(now),
+        decided_by: Some(caller.who()),
+        existing_device: device_exists,
+        conflict: None,
+    };
+    let expected = existing.as_ref().map_or(0, |(revision, _)| *revision);
+    match state.db.put(&key, &record, expected).await {
+        Ok(_) => {}
+        Err(DbError::Kv(e)) if e.is_conflict() => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("device {device}'s key changed meanwhile; try again"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let groups = body.groups.iter().cloned().collect();
+    crate::enrollment::join(&state.db, &device, &groups, &body.labels).await?;
+    tracing::info!(%device, by = %caller.name, "device key pre-authorized");
+    Ok(noted(
+        (StatusCode::CREATED, Json(key_answer(&record))).into_response(),
+        "Device",
+        device.as_str(),
+        "preauthorized",
+    ))
+}

@@ -202,7 +202,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}/rotate-token", post(rotate_device_token))
         .route("/devices/{id}/accept", post(accept_device))
         .route("/devices/{id}/reject", post(reject_device))
-        .route("/device-keys", get(list_device_keys))
+        .route("/device-keys", get(list_device_keys).post(preauthorize_key))
         .route(
             "/enrollment-tokens",
             get(list_enrollment_tokens).post(create_enrollment_token),

@@ -31,7 +31,7 @@ use utoipa::OpenApi;
         summary, list_alerts, ack_alert,
         list_devices, device_page, token_generations, get_device, delete_device,
         get_inventory, device_jobs, get_assessment, rotate_device_token, patch_status,
-        accept_device, reject_device, list_device_keys,
+        accept_device, reject_device, list_device_keys, preauthorize_key,
         list_enrollment_tokens, create_enrollment_token, revoke_enrollment_token,
         apply,
         list_schedules, get_schedule, delete_schedule, suspend_schedule,
@@ -300,6 +300,13 @@ fn reject_device() {}
     responses((status = 200, description = "The keys devices enrolled", body = Vec<enrollment::DeviceKey>),
               (status = 400, body = ErrorBody)))]
 fn list_device_keys() {}
+
+#[utoipa::path(post, path = "/device-keys", tag = "enrollment",
+    request_body = enrollment::PreauthorizedKey,
+    responses((status = 201, description = "The key accepted before the device asks; the device \
+               joins with the groups and labels given (admin)", body = enrollment::DeviceKey),
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+fn preauthorize_key() {}
 
 #[utoipa::path(get, path = "/enrollment-tokens", tag = "enrollment", responses(
     (status = 200, description = "Every enrollment token; never the token itself",
