@@ -19,6 +19,22 @@ use jiff::Timestamp;
 use ring::digest::{SHA256, digest};
 use tracing::info;
 
+/// How often the same conflicting key is noted again on a device's key
+/// record: a device asking again and again (or a flood) writes once a
+/// minute, not once a request.
+pub const CONFLICT_NOTED_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
+/// Whether a conflict by `public_key` at `now` is news beside the last one
+/// noted: another key, or the same one after [`CONFLICT_NOTED_EVERY`].
+fn worth_noting(last: Option<&KeyConflict>, public_key: &str, now: Timestamp) -> bool {
+    match last {
+        None => true,
+        Some(last) => {
+            last.public_key != public_key || now.duration_since(last.at) >= CONFLICT_NOTED_EVERY
+        }
+    }
+}
+
 /// Who accepted a key that came with the device's own bearer token.
 pub const DEVICE_TOKEN: &str = "device-token";
 
@@ -130,7 +146,9 @@ async fn try_enroll(
         Decision::Unchanged(KeyState::Accepted) => Ok(Some(Answer::Accepted)),
         Decision::Unchanged(_) => Ok(Some(Answer::Pending)),
         Decision::Refuse(Refusal::Conflict) => {
-            if let Some((revision, mut key)) = existing {
+            if let Some((revision, mut key)) = existing
+                && worth_noting(key.conflict.as_ref(), &request.public_key, now)
+            {
                 key.conflict = Some(KeyConflict {
                     public_key: request.public_key.clone(),
                     at: now,
@@ -138,8 +156,8 @@ async fn try_enroll(
                 });
                 // Noting the conflict is best effort: the refusal stands.
                 let _ = db.put(&key_key(&request.device), &key, revision).await;
+                tracing::warn!(device = %request.device, "enrollment refused: the id is enrolled with another key");
             }
-            tracing::warn!(device = %request.device, "enrollment refused: the id is enrolled with another key");
             Ok(Some(Answer::Refused(Refusal::Conflict.message().into())))
         }
         Decision::Refuse(refusal) => {
@@ -467,12 +485,38 @@ mod tests {
                 .expect("enroll"),
             Answer::Refused(Refusal::Conflict.message().into())
         );
-        let (_, key) = db
+        let (revision, key) = db
             .get::<DeviceKeyRecord>(&key_key(&pi.id))
             .await
             .expect("get")
             .expect("key");
         assert_eq!(key.public_key, pi.public());
         assert_eq!(key.conflict.map(|c| c.public_key), Some(thief.public()));
+        // Asking again and again writes nothing more within the minute; a
+        // third key is news.
+        for _ in 0..5 {
+            assert_eq!(
+                enroll(&db, thief.request(&token), false)
+                    .await
+                    .expect("enroll"),
+                Answer::Refused(Refusal::Conflict.message().into())
+            );
+        }
+        let (again, _) = db
+            .get::<DeviceKeyRecord>(&key_key(&pi.id))
+            .await
+            .expect("get")
+            .expect("key");
+        assert_eq!(again, revision, "a repeated conflict is not written again");
+        let third = Device::new("pi-1", 10);
+        enroll(&db, third.request(&token), false)
+            .await
+            .expect("enroll");
+        let (_, key) = db
+            .get::<DeviceKeyRecord>(&key_key(&pi.id))
+            .await
+            .expect("get")
+            .expect("key");
+        assert_eq!(key.conflict.map(|c| c.public_key), Some(third.public()));
     }
 }
