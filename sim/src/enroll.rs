@@ -9,9 +9,9 @@ use crate::procstat;
 use crate::ws::{Target, open_at};
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
-use drover_model::enroll::{AgentFrame, ServerFrame, enroll_message, session_message};
+use drover_model::enroll::Signer;
 use drover_model::signing::hex;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use transport_websocket::enrolling::{self, Enrolled};
 use transport_websocket::protocol::AgentMessage;
 
 /// One run's figures.
@@ -38,56 +39,42 @@ pub struct EnrollFigures {
     pub load: (f64, f64),
 }
 
-async fn next(ws: &mut WebSocketStream<TcpStream>) -> Result<ServerFrame> {
-    loop {
-        match ws.next().await {
-            Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(text.as_str())?),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            other => bail!("the control plane ended the conversation: {other:?}"),
-        }
-    }
-}
+/// A simulated device's key, signing as the agent's does.
+struct SimKey(Ed25519KeyPair);
 
-fn challenge(frame: ServerFrame) -> Result<String> {
-    match frame {
-        ServerFrame::Challenge { challenge } => Ok(challenge),
-        other => bail!("expected a challenge, got {other:?}"),
+impl Signer for SimKey {
+    fn public_key(&self) -> String {
+        hex(self.0.public_key().as_ref())
+    }
+
+    fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.0.sign(message).as_ref().to_vec()
     }
 }
 
 /// A device's key, the same for the same index in every run.
-fn key(index: usize) -> Result<Ed25519KeyPair> {
+fn key(index: usize) -> Result<SimKey> {
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
     seed[31] = 0xd5;
-    Ed25519KeyPair::from_seed_unchecked(&seed).map_err(|_| anyhow::anyhow!("a key from a seed"))
+    Ed25519KeyPair::from_seed_unchecked(&seed)
+        .map(SimKey)
+        .map_err(|_| anyhow::anyhow!("a key from a seed"))
 }
 
+/// One enrollment request, by the agent's own side of the conversation.
 async fn enroll_once(
     target: Target,
     index: usize,
     device: &DeviceId,
-    pair: &Ed25519KeyPair,
+    key: &SimKey,
     token: &str,
 ) -> Result<()> {
-    let public = hex(pair.public_key().as_ref());
     let path = format!("{}{device}", transport_websocket::ENROLL_PATH_PREFIX);
-    let mut ws = open_at(target, index, &path, None).await?;
-    let challenge = challenge(next(&mut ws).await?)?;
-    let frame = AgentFrame::Enroll {
-        device_id: device.clone(),
-        public_key: public.clone(),
-        token: token.to_owned(),
-        inventory: Default::default(),
-        signature: hex(pair
-            .sign(&enroll_message(device, &public, &challenge))
-            .as_ref()),
-    };
-    ws.send(Message::text(serde_json::to_string(&frame)?))
-        .await?;
-    match next(&mut ws).await? {
-        ServerFrame::Enrollment { state, .. } if state == "accepted" => Ok(()),
-        other => bail!("not accepted: {other:?}"),
+    let ws = open_at(target, index, &path, None).await?;
+    match enrolling::enroll(ws, device, key, token, Default::default()).await? {
+        Enrolled::Accepted => Ok(()),
+        Enrolled::Pending(message) => bail!("not accepted: {message}"),
     }
 }
 
@@ -96,18 +83,16 @@ async fn connect_by_key(
     target: Target,
     index: usize,
     device: &DeviceId,
-    pair: &Ed25519KeyPair,
+    key: &SimKey,
 ) -> Result<WebSocketStream<TcpStream>> {
-    let public = hex(pair.public_key().as_ref());
     let path = format!("{}{device}", transport_websocket::AGENT_PATH_PREFIX);
-    let authorization = format!("{} {public}", transport_websocket::KEY_AUTHORIZATION);
+    let authorization = format!(
+        "{} {}",
+        transport_websocket::KEY_AUTHORIZATION,
+        key.public_key()
+    );
     let mut ws = open_at(target, index, &path, Some(&authorization)).await?;
-    let challenge = challenge(next(&mut ws).await?)?;
-    let proof = AgentFrame::Proof {
-        signature: hex(pair.sign(&session_message(device, &challenge)).as_ref()),
-    };
-    ws.send(Message::text(serde_json::to_string(&proof)?))
-        .await?;
+    enrolling::prove(&mut ws, device, key).await?;
     let hello = AgentMessage::Hello(drover_model::model::Hello {
         device_id: device.clone(),
         agent_version: "sim".into(),
@@ -129,10 +114,10 @@ async fn device(
     retries: Arc<AtomicUsize>,
 ) -> Result<WebSocketStream<TcpStream>> {
     let device = DeviceId::new(format!("enr-{index:05}"))?;
-    let pair = key(index)?;
+    let key = key(index)?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        match enroll_once(target, index, &device, &pair, &token).await {
+        match enroll_once(target, index, &device, &key, &token).await {
             Ok(()) => break,
             Err(e) if Instant::now() < deadline => {
                 if retries.fetch_add(1, Ordering::Relaxed) < 3 {
@@ -145,7 +130,7 @@ async fn device(
     }
     accepted.fetch_add(1, Ordering::Relaxed);
     loop {
-        match connect_by_key(target, index, &device, &pair).await {
+        match connect_by_key(target, index, &device, &key).await {
             Ok(ws) => return Ok(ws),
             Err(e) if Instant::now() < deadline => {
                 retries.fetch_add(1, Ordering::Relaxed);

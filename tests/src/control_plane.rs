@@ -529,14 +529,31 @@ pub async fn agent_ws(
     path_device: &str,
     token: &str,
 ) -> Result<script::Ws, String> {
+    agent_ws_at(
+        cp,
+        &format!("/agent/v1/ws/{path_device}"),
+        Some(&format!("Bearer {token}")),
+    )
+    .await
+}
+
+/// A WebSocket connection to `path` on the control plane's agent port,
+/// with `authorization` if any (the enrollment door takes none).
+pub async fn agent_ws_at(
+    cp: &ControlPlane,
+    path: &str,
+    authorization: Option<&str>,
+) -> Result<script::Ws, String> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let url = format!("{}/agent/v1/ws/{path_device}", cp.agent_url);
+    let url = format!("{}{path}", cp.agent_url);
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
-    request.headers_mut().insert(
-        "authorization",
-        tokio_tungstenite::tungstenite::http::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|e| e.to_string())?,
-    );
+    if let Some(value) = authorization {
+        request.headers_mut().insert(
+            "authorization",
+            tokio_tungstenite::tungstenite::http::HeaderValue::from_str(value)
+                .map_err(|e| e.to_string())?,
+        );
+    }
     let addr = cp.agent_url.trim_start_matches("ws://").to_owned();
     let tcp = tokio::net::TcpStream::connect(addr)
         .await

@@ -337,6 +337,14 @@ mod tests {
         }
     }
 
+    /// The device's key record as stored, with its revision.
+    async fn stored_key(db: &Db, device: &DeviceId) -> (u64, DeviceKeyRecord) {
+        db.get::<DeviceKeyRecord>(&key_key(device))
+            .await
+            .expect("get")
+            .expect("key")
+    }
+
     async fn with_token(db: &Db, name: &str, auto_accept: bool, max_uses: Option<u64>) -> String {
         let token = format!("drover-enroll.{name}.s3cret");
         let record = EnrollmentTokenRecord {
@@ -375,11 +383,7 @@ mod tests {
             .expect("the device joined");
         assert!(device.groups.contains("kiosk"));
         assert_eq!(device.labels["site"], "ghent");
-        let (_, key) = db
-            .get::<DeviceKeyRecord>(&key_key(&pi.id))
-            .await
-            .expect("get")
-            .expect("key");
+        let (_, key) = stored_key(&db, &pi.id).await;
         assert_eq!(key.state, KeyState::Accepted);
         assert_eq!(key.decided_by.as_deref(), Some("token/line-3"));
         assert_eq!(
@@ -485,11 +489,7 @@ mod tests {
                 .expect("enroll"),
             Answer::Refused(Refusal::Conflict.message().into())
         );
-        let (revision, key) = db
-            .get::<DeviceKeyRecord>(&key_key(&pi.id))
-            .await
-            .expect("get")
-            .expect("key");
+        let (revision, key) = stored_key(&db, &pi.id).await;
         assert_eq!(key.public_key, pi.public());
         assert_eq!(key.conflict.map(|c| c.public_key), Some(thief.public()));
         // Asking again and again writes nothing more within the minute; a
@@ -502,21 +502,13 @@ mod tests {
                 Answer::Refused(Refusal::Conflict.message().into())
             );
         }
-        let (again, _) = db
-            .get::<DeviceKeyRecord>(&key_key(&pi.id))
-            .await
-            .expect("get")
-            .expect("key");
+        let (again, _) = stored_key(&db, &pi.id).await;
         assert_eq!(again, revision, "a repeated conflict is not written again");
         let third = Device::new("pi-1", 10);
         enroll(&db, third.request(&token), false)
             .await
             .expect("enroll");
-        let (_, key) = db
-            .get::<DeviceKeyRecord>(&key_key(&pi.id))
-            .await
-            .expect("get")
-            .expect("key");
+        let (_, key) = stored_key(&db, &pi.id).await;
         assert_eq!(key.conflict.map(|c| c.public_key), Some(third.public()));
     }
 }

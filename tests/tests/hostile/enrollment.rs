@@ -18,23 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Opens `path` on the agents' port with `authorization`, if any.
 async fn open(cp: &ControlPlane, path: &str, authorization: Option<&str>) -> Result<Ws, String> {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut request = format!("{}{path}", cp.agent_url)
-        .into_client_request()
-        .map_err(|e| e.to_string())?;
-    if let Some(value) = authorization {
-        request.headers_mut().insert(
-            "authorization",
-            value.parse().map_err(|_| "header".to_owned())?,
-        );
-    }
-    let tcp = tokio::net::TcpStream::connect(cp.agent_url.trim_start_matches("ws://"))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio_tungstenite::client_async(request, tcp)
-        .await
-        .map(|(ws, _)| ws)
-        .map_err(|e| e.to_string())
+    drover_tests::agent_ws_at(cp, path, authorization).await
 }
 
 async fn next(ws: &mut Ws) -> Value {

@@ -287,13 +287,7 @@ pub(super) async fn accept_device(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = decide_key(&state, &caller, &id, KeyState::Accepted).await?;
-    Ok(noted(
-        Json(key_answer(&record)).into_response(),
-        "Device",
-        &id,
-        "accepted",
-    ))
+    decided(&state, &caller, &id, KeyState::Accepted).await
 }
 
 /// Rejects a key (pending or accepted): it opens nothing, and asking again
@@ -303,12 +297,23 @@ pub(super) async fn reject_device(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = decide_key(&state, &caller, &id, KeyState::Rejected).await?;
+    decided(&state, &caller, &id, KeyState::Rejected).await
+}
+
+/// The answer to an operator's decision on a key, noted in the audit log
+/// as the key's new state.
+async fn decided(
+    state: &ApiState,
+    caller: &Caller,
+    id: &str,
+    to: KeyState,
+) -> Result<Response, ApiError> {
+    let record = decide_key(state, caller, id, to).await?;
     Ok(noted(
         Json(key_answer(&record)).into_response(),
         "Device",
-        &id,
-        "rejected",
+        id,
+        to.name(),
     ))
 }
 
