@@ -245,7 +245,20 @@ async fn an_accepted_key_is_the_only_way_in_and_rejecting_it_cuts_the_device_off
         (!connected(&cp, "en-key").await).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // It tries again (its backoff is 1 s) and is refused, twice, while it
+    // stays out.
+    let refusals = || {
+        std::fs::read_to_string(a.dir.join("agent.log"))
+            .unwrap_or_default()
+            .matches("an operator rejected this device's key")
+            .count()
+    };
+    eventually(
+        Duration::from_secs(20),
+        "two refusals after the rejection",
+        || async { (refusals() >= 2).then_some(()) },
+    )
+    .await;
     assert!(
         !connected(&cp, "en-key").await,
         "a rejected key came back in"
