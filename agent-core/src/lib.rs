@@ -13,6 +13,7 @@ pub mod dbfile;
 pub mod executor;
 pub mod facts;
 pub mod identity;
+pub mod inventory;
 pub mod lifecycle;
 pub mod logging;
 pub mod report;

@@ -231,7 +231,9 @@ async fn connect(
             let Some(token) = enrollment_token else {
                 return Err(ClientError::NotEnrolled);
             };
-            let inventory = agent.map(crate::enrolling::inventory).unwrap_or_default();
+            let inventory = agent
+                .map(agent_core::inventory::inventory)
+                .unwrap_or_default();
             let door = open(settings, ENROLL_PATH_PREFIX, device.as_str(), false).await?;
             match crate::enrolling::enroll(door, device, signer.as_ref(), token, inventory).await? {
                 Enrolled::Accepted => {
