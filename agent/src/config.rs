@@ -120,6 +120,11 @@ pub enum Transport {
         url: String,
         token: Option<String>,
         token_file: Option<PathBuf>,
+        /// Without a token: the device asks to join with this enrollment
+        /// token, then logs in with its id and its own key's password (a
+        /// broker set up with `drover mqtt-config --dynamic-security`).
+        enrollment_token: Option<String>,
+        enrollment_token_file: Option<PathBuf>,
         /// CA certificate of the broker, for `mqtts://`.
         ca_file: Option<PathBuf>,
         #[serde(default = "default_mqtt_prefix")]
@@ -248,15 +253,9 @@ impl Transport {
         if self.token() != (None, None) {
             return self.read_token().map(Credentials::Token);
         }
-        match self {
-            Transport::Websocket {
-                enrollment_token: Some(token),
-                ..
-            } => Ok(Credentials::Enrollment(token.clone())),
-            Transport::Websocket {
-                enrollment_token_file: Some(file),
-                ..
-            } => Ok(Credentials::Enrollment(
+        match self.enrollment_token() {
+            (Some(token), _) => Ok(Credentials::Enrollment(token.clone())),
+            (None, Some(file)) => Ok(Credentials::Enrollment(
                 std::fs::read_to_string(file)
                     .with_context(|| {
                         format!("cannot read the enrollment token file {}", file.display())
@@ -264,23 +263,30 @@ impl Transport {
                     .trim()
                     .to_owned(),
             )),
-            _ => self.read_token().map(Credentials::Token),
+            (None, None) => self.read_token().map(Credentials::Token),
+        }
+    }
+
+    /// The enrollment token, inline or as a file (WebSocket and MQTT).
+    fn enrollment_token(&self) -> (Option<&String>, Option<&PathBuf>) {
+        match self {
+            Transport::Websocket {
+                enrollment_token,
+                enrollment_token_file,
+                ..
+            }
+            | Transport::Mqtt {
+                enrollment_token,
+                enrollment_token_file,
+                ..
+            } => (enrollment_token.as_ref(), enrollment_token_file.as_ref()),
+            Transport::Nats { .. } => (None, None),
         }
     }
 
     /// Whether the config names any credential.
     fn has_credentials(&self) -> bool {
-        self.token() != (None, None)
-            || matches!(
-                self,
-                Transport::Websocket {
-                    enrollment_token: Some(_),
-                    ..
-                } | Transport::Websocket {
-                    enrollment_token_file: Some(_),
-                    ..
-                }
-            )
+        self.token() != (None, None) || self.enrollment_token() != (None, None)
     }
 
     /// The device's token, inline or from its file.
@@ -292,7 +298,7 @@ impl Transport {
                 .trim()
                 .to_owned()),
             (None, None) => bail!(
-                "transport needs token or token_file (or, over websocket, enrollment_token_file)"
+                "transport needs token or token_file (or, over websocket and mqtt, enrollment_token_file)"
             ),
         }
     }
@@ -523,7 +529,7 @@ impl Config {
         )?;
         if !config.transport.has_credentials() {
             bail!(
-                "transport needs token or token_file (or, over websocket, enrollment_token_file)"
+                "transport needs token or token_file (or, over websocket and mqtt, enrollment_token_file)"
             );
         }
         if config.intent_public_keys.is_empty() {
@@ -591,7 +597,7 @@ mode = "simulate"
     /// its key is its credential; the same over NATS or MQTT is refused by
     /// name, and a config with neither says what it needs.
     #[test]
-    fn an_enrollment_token_stands_for_a_token_over_websocket_only() {
+    fn an_enrollment_token_stands_for_a_token_over_websocket_and_mqtt_only() {
         let enrolling = GOOD.replace(
             "token = \"abc\"",
             "enrollment_token = \"drover-enroll.a.b\"",
@@ -626,6 +632,24 @@ mode = "simulate"
             .replace("token = \"abc\"", "enrollment_token = \"e\"");
         let error = format!("{:#}", Config::parse(&nats).expect_err("not over nats"));
         assert!(error.contains("enrollment_token"), "{error}");
+        let mqtt = GOOD
+            .replace("kind = \"websocket\"", "kind = \"mqtt\"")
+            .replace(
+                "server_url = \"ws://127.0.0.1:7181\"",
+                "url = \"mqtt://127.0.0.1:1883\"",
+            )
+            .replace(
+                "token = \"abc\"",
+                "enrollment_token = \"drover-enroll.a.b\"",
+            );
+        assert_eq!(
+            Config::parse(&mqtt)
+                .expect("parses over mqtt")
+                .transport
+                .read_credentials()
+                .expect("credentials"),
+            Credentials::Enrollment("drover-enroll.a.b".into())
+        );
     }
 
     /// One config for many devices: the id is made on the machine (here a

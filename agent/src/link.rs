@@ -60,9 +60,23 @@ pub(crate) fn link_settings(
                 },
             ));
         }
+        (Transport::Mqtt { .. }, Credentials::Enrollment(enrollment)) => {
+            // The device's own key: its password at the broker, and how it
+            // asks to join until the broker lets it in.
+            let password = drover_model::enroll::key_broker_password(key.as_ref(), device_id);
+            return mqtt_link(
+                config,
+                device_id,
+                drover_model::credentials::BrokerPasswords::own(password),
+                Some(transport_mqtt::enrolling::Joining {
+                    signer: key,
+                    token: enrollment,
+                }),
+            );
+        }
         (_, Credentials::Token(token)) => token,
         (_, Credentials::Enrollment(_)) => bail!(
-            "enrollment works over websocket only so far: give this transport a token or \
+            "enrollment works over websocket and mqtt so far: give this transport a token or \
              token_file"
         ),
     };
@@ -90,30 +104,49 @@ pub(crate) fn link_settings(
             };
             Link::Nats(settings)
         }
-        Transport::Mqtt {
-            url,
-            ca_file,
-            prefix,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_mqtt::agent::AgentSettings {
-                mqtt: transport_mqtt::MqttSettings {
-                    url: url.clone(),
-                    user: device_id.to_string(),
-                    password: String::new(),
-                    ca_file: ca_file.clone(),
-                    prefix: prefix.clone(),
-                    keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
-                },
-                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
-            };
-            Link::Mqtt(settings)
+        Transport::Mqtt { .. } => {
+            return mqtt_link(
+                config,
+                device_id,
+                drover_model::credentials::BrokerPasswords::new(&token, device_id),
+                None,
+            );
         }
     })
+}
+
+/// The MQTT link with the passwords it logs in with.
+fn mqtt_link(
+    config: &Config,
+    device_id: &drover_model::DeviceId,
+    passwords: drover_model::credentials::BrokerPasswords,
+    joining: Option<transport_mqtt::enrolling::Joining>,
+) -> Result<Link> {
+    let Transport::Mqtt {
+        url,
+        ca_file,
+        prefix,
+        heartbeat_seconds,
+        backoff_max_seconds,
+        ..
+    } = &config.transport
+    else {
+        bail!("not an MQTT transport");
+    };
+    Ok(Link::Mqtt(transport_mqtt::agent::AgentSettings {
+        mqtt: transport_mqtt::MqttSettings {
+            url: url.clone(),
+            user: device_id.to_string(),
+            password: String::new(),
+            ca_file: ca_file.clone(),
+            prefix: prefix.clone(),
+            keep_alive: Duration::from_secs((*heartbeat_seconds * 2).clamp(5, 600)),
+        },
+        passwords,
+        joining,
+        heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+        backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+    }))
 }
 
 /// `check --connect` while the agent runs: its own link, as it reports it;

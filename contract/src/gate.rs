@@ -15,10 +15,23 @@ pub struct EnrollRequest {
     pub public_key: String,
     pub token: String,
     pub inventory: Inventory,
-    /// Over `drover_model::enroll::enroll_message(device, public_key, challenge)`.
-    pub signature: String,
-    pub challenge: String,
+    pub proof: Proof,
     pub peer: Option<std::net::IpAddr>,
+}
+
+/// How the request shows that the device holds the key it names.
+#[derive(Debug, Clone)]
+pub enum Proof {
+    /// Its signature over `drover_model::enroll::enroll_message(device,
+    /// public_key, challenge)`, the challenge the transport issued (WebSocket).
+    Challenge {
+        challenge: String,
+        signature: String,
+    },
+    /// Its broker password, a signature over
+    /// `drover_model::enroll::broker_password_message` (MQTT: no round trip
+    /// before the request; a replay asks for exactly what the device asked).
+    BrokerPassword(String),
 }
 
 /// What the device is told.

@@ -46,7 +46,8 @@ pub fn broker_password(token: &str, device: &DeviceId) -> String {
 #[derive(Debug, Clone)]
 pub struct BrokerPasswords {
     derived: String,
-    token: String,
+    /// None: a device with its own key has no token to fall back on.
+    token: Option<String>,
     using_token: bool,
 }
 
@@ -54,17 +55,26 @@ impl BrokerPasswords {
     pub fn new(token: &str, device: &DeviceId) -> Self {
         Self {
             derived: broker_password(token, device),
-            token: token.to_owned(),
+            token: Some(token.to_owned()),
+            using_token: false,
+        }
+    }
+
+    /// A device's own password (its key's, `enroll::key_broker_password`),
+    /// with nothing to fall back on.
+    pub fn own(password: String) -> Self {
+        Self {
+            derived: password,
+            token: None,
             using_token: false,
         }
     }
 
     /// The password to connect with now.
     pub fn current(&self) -> &str {
-        if self.using_token {
-            &self.token
-        } else {
-            &self.derived
+        match &self.token {
+            Some(token) if self.using_token => token,
+            _ => &self.derived,
         }
     }
 
@@ -80,7 +90,7 @@ impl BrokerPasswords {
     /// passwords); the derived one again only after the usual wait, in
     /// case the broker's files were written anew meanwhile.
     pub fn refused(&mut self) -> bool {
-        self.using_token = !self.using_token;
+        self.using_token = !self.using_token && self.token.is_some();
         self.using_token
     }
 }
@@ -111,5 +121,9 @@ mod tests {
         assert_eq!(passwords.current(), "tok");
         assert!(!passwords.refused(), "the derived one after the usual wait");
         assert!(!passwords.using_token());
+        // A device's own password has nothing to switch to.
+        let mut own = BrokerPasswords::own("sig".into());
+        assert!(!own.refused());
+        assert_eq!(own.current(), "sig");
     }
 }

@@ -47,6 +47,21 @@ pub fn session_message(device: &DeviceId, challenge: &str) -> Vec<u8> {
     format!("drover-session:v1:{device}:{challenge}").into_bytes()
 }
 
+/// What the agent signs for its password at a broker (issue 55): over
+/// MQTT the device logs in with its id and this signature (hex), which
+/// the control plane checks against the key and hands to the broker, and
+/// keeps nowhere. Ed25519 signs deterministically, so it is the same at
+/// every start; only the device's key can make it.
+pub fn broker_password_message(device: &DeviceId, public_key: &str) -> Vec<u8> {
+    format!("drover-broker-password:v1:{device}:{public_key}").into_bytes()
+}
+
+/// The device's broker password: its key's signature over
+/// [`broker_password_message`], hex.
+pub fn key_broker_password(signer: &dyn Signer, device: &DeviceId) -> String {
+    crate::signing::hex(&signer.sign(&broker_password_message(device, &signer.public_key())))
+}
+
 /// Whether `signature` (hex) is `public_key`'s (hex, 32 bytes) over
 /// `message`. Malformed hex is a failed check, never a panic.
 pub fn verify(public_key: &str, message: &[u8], signature: &str) -> bool {

@@ -339,9 +339,26 @@ pub fn mqtt_fleet_with<S: AsRef<str>>(
     password: &str,
     extra: &[&str],
 ) -> (Mosquitto, ControlPlane) {
+    mqtt_fleet_configured(devices, password, false, extra)
+}
+
+/// A mosquitto set up for devices that join by themselves (`drover
+/// mqtt-config --dynamic-security`, no device listed), and a control plane
+/// serving over it with `password`.
+pub fn mqtt_joining_fleet(password: &str) -> (Mosquitto, ControlPlane) {
+    mqtt_fleet_configured::<&str>(&[], password, true, &[])
+}
+
+fn mqtt_fleet_configured<S: AsRef<str>>(
+    devices: &[S],
+    password: &str,
+    dynamic_security: bool,
+    extra: &[&str],
+) -> (Mosquitto, ControlPlane) {
     let dir = ControlPlane::prepare();
     let broker_dir = Mosquitto::prepare();
     let out = broker_dir.path().join("auth").display().to_string();
+    let plugin_file = broker_dir.path().join("dynsec.json").display().to_string();
     let mut args = vec![
         "mqtt-config",
         "--control-plane-password",
@@ -356,8 +373,16 @@ pub fn mqtt_fleet_with<S: AsRef<str>>(
     for device in devices {
         args.extend(["--device", device.as_ref()]);
     }
+    if dynamic_security {
+        args.extend(["--dynamic-security", plugin_file.as_str()]);
+    }
     let auth = ControlPlane::drover_in(dir.path(), &args);
     assert!(auth.contains("acl_file"), "{auth}");
+    assert_eq!(
+        auth.contains("plugin_opt_config_file"),
+        dynamic_security,
+        "{auth}"
+    );
     let broker = Mosquitto::start_in(broker_dir, &auth, "");
     let url = broker.url();
     let mut args = vec!["--mqtt-url", url.as_str(), "--mqtt-password", password];

@@ -54,6 +54,25 @@ async fn key_of(cp: &ControlPlane, device: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Waits until `device`'s key is pending, and checks it is not let in.
+async fn wait_pending(cp: &ControlPlane, device: &str) {
+    eventually(
+        Duration::from_secs(20),
+        "the device to be pending",
+        || async { key_of(cp, device).await.filter(|k| k["state"] == "pending") },
+    )
+    .await;
+    assert_eq!(
+        cp.get_status(&format!("/devices/{device}")).await,
+        404,
+        "a pending device is not in the fleet"
+    );
+    assert!(
+        !connected(cp, device).await,
+        "a pending device is not let in"
+    );
+}
+
 async fn connected(cp: &ControlPlane, device: &str) -> bool {
     let page = cp.get(&format!("/devices/{device}")).await;
     page["online"] == true
@@ -106,21 +125,7 @@ async fn devices_enroll_and_are_accepted_by_token_or_operator_and_only_they_get_
 
     // The other token: both wait, unconnected, listed as pending.
     for device in ["en-manual", "en-rejected"] {
-        eventually(
-            Duration::from_secs(20),
-            "the device to be pending",
-            || async {
-                key_of(&cp, device)
-                    .await
-                    .filter(|k| k["state"] == "pending")
-            },
-        )
-        .await;
-        assert_eq!(
-            cp.get_status(&format!("/devices/{device}")).await,
-            404,
-            "a pending device is not in the fleet"
-        );
+        wait_pending(&cp, device).await;
     }
     let pending = cli_ok(&cp, &["devices", "pending"]);
     assert!(
@@ -386,4 +391,126 @@ async fn a_preauthorized_key_is_let_in_without_enrolling() {
     assert_eq!(key["decidedBy"], "operator/admin");
     let tokens = cp.get("/enrollment-tokens").await;
     assert_eq!(tokens[0]["uses"], 0, "the agent did not enroll: {tokens}");
+}
+
+/// An agent over MQTT whose only credential is `token`, an enrollment token.
+fn mqtt_enrolling_agent(
+    dir: &std::path::Path,
+    device: &str,
+    broker: &drover_tests::Mosquitto,
+    token: &str,
+) -> AgentProcess {
+    let transport = format!(
+        "kind = \"mqtt\"\nurl = {}\nenrollment_token = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n",
+        toml_string(&broker.url()),
+        toml_string(token)
+    );
+    AgentProcess::start_full(
+        dir,
+        device,
+        &transport,
+        "",
+        "mode = \"simulate\"\nmin_free_mib = 10",
+        "",
+    )
+}
+
+/// How many times the agent has asked to join over MQTT.
+fn asks(agent: &AgentProcess) -> usize {
+    std::fs::read_to_string(agent.dir.join("agent.log"))
+        .unwrap_or_default()
+        .matches("asked to join over MQTT")
+        .count()
+}
+
+/// Over MQTT, with a broker set up once (`mqtt-config
+/// --dynamic-security`, no device listed): devices ask to join on the
+/// enrollment topic, an auto-accept token or an operator accepts them and
+/// the control plane hands their logins to the broker at run time, with no
+/// file written by hand and no reload; a rejected key's login is removed
+/// and the broker cuts the device off within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mqtt_devices_join_and_a_rejected_one_is_cut_off_at_the_broker() {
+    let (broker, cp) = drover_tests::mqtt_joining_fleet("cp-secret");
+    let dir = tempfile::tempdir().expect("tmp");
+    let auto = enrollment_token(
+        &cp,
+        &[
+            "mq-line",
+            "--groups",
+            "kiosk",
+            "--labels",
+            "site=ghent",
+            "--auto-accept",
+        ],
+    );
+    let manual = enrollment_token(&cp, &["mq-hand", "--groups", "kiosk"]);
+    let a = mqtt_enrolling_agent(&dir.path().join("a"), "mq-auto", &broker, &auto);
+    let b = mqtt_enrolling_agent(&dir.path().join("b"), "mq-manual", &broker, &manual);
+    let c = mqtt_enrolling_agent(&dir.path().join("c"), "mq-rejected", &broker, &manual);
+
+    cp.wait_for_agents(&["mq-auto"]).await;
+    let device = cp.get("/devices/mq-auto").await;
+    assert_eq!(device["groups"], serde_json::json!(["kiosk"]), "{device}");
+    assert_eq!(device["labels"]["site"], "ghent", "{device}");
+    let key = key_of(&cp, "mq-auto").await.expect("a's key");
+    assert_eq!(key["state"], "accepted");
+    assert_eq!(key["decidedBy"], "token/mq-line");
+    assert_eq!(key["publicKey"].as_str(), a.status()["publicKey"].as_str());
+
+    for device in ["mq-manual", "mq-rejected"] {
+        wait_pending(&cp, device).await;
+    }
+    cli_ok(&cp, &["devices", "accept", "mq-manual"]);
+    cli_ok(&cp, &["devices", "reject", "mq-rejected"]);
+    // The accepted one is let in at its next try (its backoff is 1 s).
+    cp.wait_for_agents(&["mq-manual"]).await;
+    let before = asks(&c);
+    eventually(
+        Duration::from_secs(20),
+        "the rejected device to ask twice more",
+        || async { (asks(&c) >= before + 2).then_some(()) },
+    )
+    .await;
+    assert!(
+        !connected(&cp, "mq-rejected").await,
+        "a rejected device was let in"
+    );
+
+    // A run for the group reaches the two accepted devices over MQTT.
+    cp.apply_upgrade_run("mq-run", "kiosk", 600).await;
+    let run = cp
+        .wait_run_finished("mq-run", Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"]["phase"], "Complete", "{run}");
+    assert_eq!(cp.targets("mq-run").await.len(), 2);
+
+    // Rejecting an accepted key removes its login: the broker closes its
+    // connection, and it is not let in again.
+    cli_ok(&cp, &["devices", "reject", "mq-auto"]);
+    eventually(Duration::from_secs(10), "the connection to end", || async {
+        (!connected(&cp, "mq-auto").await).then_some(())
+    })
+    .await;
+    let before = asks(&a);
+    eventually(
+        Duration::from_secs(20),
+        "the cut-off device to ask twice more",
+        || async { (asks(&a) >= before + 2).then_some(()) },
+    )
+    .await;
+    assert!(
+        !connected(&cp, "mq-auto").await,
+        "a rejected key came back in"
+    );
+    assert!(
+        connected(&cp, "mq-manual").await,
+        "the other accepted device stays in"
+    );
+    assert!(
+        broker.log().contains("deleteClient | username=mq-auto"),
+        "the broker removed the login: {}",
+        broker.log()
+    );
+    drop((a, b, c));
 }

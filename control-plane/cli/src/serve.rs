@@ -115,7 +115,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let websocket = WsLinks::new(events_tx.clone());
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];
     let mut tasks = Vec::new();
-    wiring::broker_links(
+    let mqtt = wiring::broker_links(
         &options,
         nats_client,
         &db,
@@ -203,18 +203,12 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         intake_ready,
         shutdown.clone(),
     )));
-    let (generations, follower) =
-        wiring::follow_generations(db.clone(), websocket.clone(), shutdown.clone()).await;
-    tasks.push(follower);
+    let gate = wiring::devices_gate(&db, &secrets, &websocket, mqtt, &shutdown, &mut tasks).await;
     tasks.push(wiring::serve_agents(
         websocket,
         agent_listener,
         tls,
-        drover_server::enrollment::Gate {
-            secrets: secrets.clone(),
-            credentials: generations.clone(),
-            db: db.clone(),
-        },
+        gate,
         capacity,
         shutdown.clone(),
     ));

@@ -42,7 +42,7 @@ pub(super) async fn broker_links(
     shutdown: &CancellationToken,
     links: &mut Vec<Arc<dyn AgentLinks>>,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> Result<()> {
+) -> Result<Option<Arc<transport_mqtt::server::MqttLinks>>> {
     if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
         let buckets = until_jetstream_ready("the intent and status buckets", || {
             transport_nats::server::ensure_buckets(
@@ -76,9 +76,10 @@ pub(super) async fn broker_links(
         )?;
         links.push(link.clone());
         info!(url = %mqtt.url, prefix = %mqtt.prefix, "serving agents over MQTT");
-        tasks.push(tokio::spawn(link.run(event_loop, shutdown.clone())));
+        tasks.push(tokio::spawn(link.clone().run(event_loop, shutdown.clone())));
+        return Ok(Some(link));
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The package downloads' listener, and where links point (None: off).
@@ -255,12 +256,44 @@ pub(super) fn serve_agents(
     ))
 }
 
+/// The gate that judges devices at every door, once the devices' token
+/// generations and keys are read (and then followed); handed to the MQTT
+/// link here, to the agents' port by the caller.
+pub(super) async fn devices_gate(
+    db: &Db,
+    secrets: &Arc<Secrets>,
+    websocket: &Arc<WsLinks>,
+    mqtt: Option<Arc<transport_mqtt::server::MqttLinks>>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> drover_server::enrollment::Gate {
+    let (generations, follower) = follow_generations(
+        db.clone(),
+        websocket.clone(),
+        mqtt.clone(),
+        shutdown.clone(),
+    )
+    .await;
+    tasks.push(follower);
+    let gate = drover_server::enrollment::Gate {
+        secrets: secrets.clone(),
+        credentials: generations,
+        db: db.clone(),
+    };
+    if let Some(mqtt) = &mqtt {
+        mqtt.judge_with(Arc::new(gate.clone()));
+    }
+    gate
+}
+
 /// Follows devices' token generations: read before the first agent is let
 /// in (this returns once they are), then followed; a raised one ends the
-/// device's session here.
-pub(super) async fn follow_generations(
+/// device's session here, and a key that is gone its login at the MQTT
+/// broker.
+async fn follow_generations(
     db: Db,
     websocket: Arc<WsLinks>,
+    mqtt: Option<Arc<transport_mqtt::server::MqttLinks>>,
     shutdown: CancellationToken,
 ) -> (
     Arc<drover_server::device_tokens::Generations>,
@@ -277,6 +310,11 @@ pub(super) async fn follow_generations(
                     db,
                     |device| {
                         websocket.disconnect(device, "the device's token was rotated");
+                    },
+                    |device| {
+                        if let Some(mqtt) = &mqtt {
+                            mqtt.revoke(device);
+                        }
                     },
                     || {
                         if let Some(tx) = loaded_tx.take() {

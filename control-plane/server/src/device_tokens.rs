@@ -81,8 +81,9 @@ impl Generations {
         self.key_of(device).is_none() && secrets.verify_device_at(device, self.get(device), token)
     }
 
-    /// Reads every accepted key; returns the devices whose key changed.
-    async fn load_keys(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
+    /// Reads every accepted key; returns the devices whose key changed, and
+    /// of those the ones whose key known before is gone or replaced.
+    async fn load_keys(&self, db: &Db) -> Result<(Vec<DeviceId>, Vec<DeviceId>), DbError> {
         let stored: HashMap<DeviceId, String> = db
             .list::<DeviceKeyRecord>(KEY_PREFIX_KEY)
             .await?
@@ -97,16 +98,21 @@ impl Generations {
             .map(|(d, _)| d.clone())
             .collect();
         changed.extend(keys.keys().filter(|d| !stored.contains_key(*d)).cloned());
+        let gone = keys
+            .iter()
+            .filter(|(d, k)| stored.get(*d) != Some(*k))
+            .map(|(d, _)| d.clone())
+            .collect();
         *keys = stored;
-        Ok(changed)
+        Ok((changed, gone))
     }
 
     /// Reads every generation and key; returns the devices whose
-    /// generation or key changed.
-    async fn load(&self, db: &Db) -> Result<Vec<DeviceId>, DbError> {
-        let mut changed = self.load_keys(db).await?;
+    /// generation or key changed, and those whose key is gone.
+    async fn load(&self, db: &Db) -> Result<(Vec<DeviceId>, Vec<DeviceId>), DbError> {
+        let (mut changed, gone) = self.load_keys(db).await?;
         changed.extend(self.load_generations(db).await?);
-        Ok(changed)
+        Ok((changed, gone))
     }
 
     /// Reads every generation; returns the devices whose generation changed.
@@ -129,11 +135,13 @@ impl Generations {
 
     /// Loads the generations (then calls `loaded`), then follows the
     /// store's changes until `shutdown`, telling `raised` each device whose
-    /// generation changed.
+    /// generation or key changed, and `key_gone` each whose accepted key was
+    /// removed, rejected or replaced (its broker login goes too).
     pub async fn run(
         &self,
         db: Db,
         raised: impl Fn(&DeviceId),
+        key_gone: impl Fn(&DeviceId),
         mut loaded: impl FnMut(),
         shutdown: CancellationToken,
     ) {
@@ -142,8 +150,9 @@ impl Generations {
         loop {
             if reload {
                 match self.load(&db).await {
-                    Ok(changed) => {
+                    Ok((changed, gone)) => {
                         changed.iter().for_each(&raised);
+                        gone.iter().for_each(&key_gone);
                         reload = false;
                         loaded();
                     }
@@ -176,6 +185,7 @@ impl Generations {
                                 drop(keys);
                                 if before != now && before.is_some() {
                                     raised(&device);
+                                    key_gone(&device);
                                 }
                             }
                             Err(_) => reload = true,

@@ -5,9 +5,9 @@
 //! device with the token's groups and labels. Operators' actions (accept,
 //! reject, tokens) are in `api::enrollment`.
 
-use drover_contract::gate::{EnrollAnswer as Answer, EnrollRequest as Enrollment};
+use drover_contract::gate::{EnrollAnswer as Answer, EnrollRequest as Enrollment, Proof};
 use drover_model::DeviceId;
-use drover_model::enroll::{Inventory, enroll_message, verify};
+use drover_model::enroll::{Inventory, broker_password_message, enroll_message, verify};
 use drover_rules::enrollment::{
     Decision, DeviceKeyRecord, EnrollInventory, EnrollmentTokenRecord, INVENTORY_FIELD_MAX,
     KEY_PREFIX_KEY, KeyConflict, KeyState, Refusal, Request, decide, key_key, token_key,
@@ -93,11 +93,27 @@ pub async fn enroll(db: &Db, request: Enrollment, own_token: bool) -> Result<Ans
             "the public key is not 64 lowercase hex digits (an Ed25519 key)".into(),
         ));
     }
-    let message = enroll_message(&request.device, &request.public_key, &request.challenge);
-    if !verify(&request.public_key, &message, &request.signature) {
-        return Ok(Answer::Refused(
-            "the signature is not the key's over this challenge".into(),
-        ));
+    let proven = match &request.proof {
+        Proof::Challenge {
+            challenge,
+            signature,
+        } => verify(
+            &request.public_key,
+            &enroll_message(&request.device, &request.public_key, challenge),
+            signature,
+        ),
+        Proof::BrokerPassword(password) => verify(
+            &request.public_key,
+            &broker_password_message(&request.device, &request.public_key),
+            password,
+        ),
+    };
+    if !proven {
+        let what = match request.proof {
+            Proof::Challenge { .. } => "the signature is not the key's over this challenge",
+            Proof::BrokerPassword(_) => "the broker password is not the key's signature",
+        };
+        return Ok(Answer::Refused(what.into()));
     }
     for _ in 0..20 {
         if let Some(answer) = try_enroll(db, &request, own_token).await? {
@@ -260,6 +276,7 @@ pub async fn join(
 
 /// The control plane's judgement at every transport's door: tokens at
 /// their generation (until a key is accepted), accepted keys, enrollment.
+#[derive(Clone)]
 pub struct Gate {
     pub secrets: std::sync::Arc<crate::auth::Secrets>,
     pub credentials: std::sync::Arc<crate::device_tokens::Generations>,
@@ -316,6 +333,14 @@ mod tests {
             hex(self.pair.public_key().as_ref())
         }
 
+        /// This key's signature as a broker password for `device`.
+        fn broker_password(&self, device: &DeviceId) -> String {
+            hex(self
+                .pair
+                .sign(&broker_password_message(device, &self.public()))
+                .as_ref())
+        }
+
         fn request(&self, token: &str) -> Enrollment {
             let challenge = "0a".repeat(32);
             let signature = hex(self
@@ -330,8 +355,10 @@ mod tests {
                     hostname: Some("pi\u{1b}[31m".into()),
                     ..Inventory::default()
                 },
-                signature,
-                challenge,
+                proof: Proof::Challenge {
+                    challenge,
+                    signature,
+                },
                 peer: None,
             }
         }
@@ -458,20 +485,43 @@ mod tests {
         let token = with_token(&db, "line-3", false, None).await;
         let pi = Device::new("pi-1", 1);
         let mut forged = pi.request(&token);
-        forged.challenge = "0b".repeat(32);
+        if let Proof::Challenge { challenge, .. } = &mut forged.proof {
+            *challenge = "0b".repeat(32);
+        }
         assert!(
             matches!(enroll(&db, forged, false).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
         );
+        // A broker password proves the key only when it is this key's
+        // signature for this device.
+        let other = Device::new("pi-2", 2);
+        let mut borrowed = pi.request(&token);
+        borrowed.proof = Proof::BrokerPassword(other.broker_password(&pi.id));
+        assert!(
+            matches!(enroll(&db, borrowed, false).await.expect("enroll"), Answer::Refused(m) if m.contains("broker password"))
+        );
+        let mut elsewhere = pi.request(&token);
+        elsewhere.proof = Proof::BrokerPassword(pi.broker_password(&other.id));
+        assert!(matches!(
+            enroll(&db, elsewhere, false).await.expect("enroll"),
+            Answer::Refused(_)
+        ));
         let wrong = pi.request("drover-enroll.line-3.guess");
         assert_eq!(
             enroll(&db, wrong, false).await.expect("enroll"),
             Answer::Refused(Refusal::UnknownToken.message().into())
         );
-        // The positive control: the right request waits for an operator.
+        // The positive controls: the right request waits for an operator,
+        // and so does the same one proven by the device's broker password.
         assert_eq!(
             enroll(&db, pi.request(&token), false)
                 .await
                 .expect("enroll"),
+            Answer::Pending
+        );
+        let mut by_password = pi.request(&token);
+        by_password.proof = Proof::BrokerPassword(pi.broker_password(&pi.id));
+        assert_eq!(
+            enroll(&db, by_password, false).await.expect("enroll"),
             Answer::Pending
         );
         assert!(

@@ -27,6 +27,9 @@ pub struct AgentSettings {
     /// The user is the device id; the password comes from `passwords`.
     pub mqtt: MqttSettings,
     pub passwords: BrokerPasswords,
+    /// A device with its own key: how it asks to join while the broker
+    /// does not let it in (its password is then the key's).
+    pub joining: Option<crate::enrolling::Joining>,
     pub heartbeat_interval: Duration,
     pub backoff_max: Duration,
 }
@@ -141,6 +144,9 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
                     debug!(error = %e, "the MQTT broker refused the derived password; trying the token");
                     SessionEnd::RetryNow
                 }
+                Err(Failure::Refused(_)) if settings.joining.is_some() => {
+                    ask_to_join(&settings, &agent).await
+                }
                 Err(e) => {
                     warn!(error = %e, "MQTT link failed");
                     SessionEnd::Failed(e.to_string())
@@ -149,6 +155,29 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
         };
         if !supervisor.ended(&agent, end, &shutdown).await {
             return;
+        }
+    }
+}
+
+/// Not let in with the device's own password: it asks to join (again),
+/// and tries its login after the usual wait.
+async fn ask_to_join(settings: &AgentSettings, agent: &Agent) -> SessionEnd {
+    let Some(joining) = &settings.joining else {
+        return SessionEnd::Failed("no enrollment token to ask to join with".into());
+    };
+    let inventory = agent_core::inventory::inventory(agent);
+    match crate::enrolling::ask(&settings.mqtt, joining, agent.device_id(), inventory).await {
+        Ok(()) => {
+            info!("asked to join over MQTT; waiting to be accepted");
+            SessionEnd::Failed(
+                "not let in yet: this device asked to join with its enrollment token and \
+                 waits to be accepted (`drover devices pending` on the control plane)"
+                    .into(),
+            )
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot ask to join over MQTT");
+            SessionEnd::Failed(e)
         }
     }
 }

@@ -15,10 +15,21 @@
 //! - `devices/<id>/heartbeat`: heartbeats, and the last will
 //!   `{"deviceId":…,"offline":true}` that says the device went away.
 //!
+//! - `enroll/<id>`: a device with no account at the broker asks to join
+//!   ([`EnrollPublish`]), logged in as [`ENROLL_USER`], whose only right is
+//!   to publish there; once accepted it logs in with its id and its
+//!   broker password, which the control plane handed to mosquitto's
+//!   dynamic security plugin (`crate::dynsec`).
+//!
 //! Payloads are JSON, so `mosquitto_sub -v -t 'drover/v1/#'` shows what
 //! happens.
 
 pub mod agent;
+#[cfg(feature = "server")]
+pub mod dynsec;
+pub mod enrolling;
+#[cfg(feature = "server")]
+mod joining;
 #[cfg(feature = "server")]
 pub mod mosquitto;
 #[cfg(feature = "server")]
@@ -58,6 +69,34 @@ pub enum Topic {
     Hello(DeviceId),
     Heartbeat(DeviceId),
     Control(DeviceId),
+    Enroll(DeviceId),
+}
+
+/// The broker user devices ask to join as, with [`ENROLL_PASSWORD`]. Not a
+/// device id (the dot), so no device pattern of the ACL file is its. Its
+/// password is no secret: it opens only the enrollment topic, and what
+/// counts is the enrollment token inside each request. A client's id is its
+/// user name, so devices enrolling at once take turns (each request is one
+/// short connection, sent again until the device's own login works).
+pub const ENROLL_USER: &str = "drover.enroll";
+pub const ENROLL_PASSWORD: &str = "drover-enroll";
+/// Where mosquitto's dynamic security plugin takes its commands.
+pub const DYNSEC_TOPIC: &str = "$CONTROL/dynamic-security/v1";
+/// The dynamic security role that gives [`ENROLL_USER`] its one right.
+pub const ENROLL_ROLE: &str = "drover-enroll";
+
+/// What a device publishes on `enroll/<id>`: its key, the enrollment
+/// token it was given, what it says of itself, and its broker password,
+/// which is its key's signature (so it proves the key) and the password
+/// the broker will take from it once it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollPublish {
+    pub public_key: String,
+    pub token: String,
+    #[serde(default)]
+    pub inventory: drover_model::enroll::Inventory,
+    pub password: String,
 }
 
 impl Topics {
@@ -95,12 +134,17 @@ impl Topics {
         format!("{}/control", self.device(device))
     }
 
+    pub fn enroll(&self, device: &DeviceId) -> String {
+        format!("{}/enroll/{device}", self.prefix)
+    }
+
     /// The filters the control plane subscribes to.
-    pub fn server_filters(&self) -> [String; 3] {
+    pub fn server_filters(&self) -> [String; 4] {
         [
             format!("{}/devices/+/status/+", self.prefix),
             format!("{}/devices/+/hello", self.prefix),
             format!("{}/devices/+/heartbeat", self.prefix),
+            format!("{}/enroll/+", self.prefix),
         ]
     }
 
@@ -151,9 +195,11 @@ impl Topics {
 
     /// Reads a topic back; None for anything else.
     pub fn parse(&self, topic: &str) -> Option<Topic> {
-        let rest = topic
-            .strip_prefix(&self.prefix)?
-            .strip_prefix("/devices/")?;
+        let under = topic.strip_prefix(&self.prefix)?;
+        if let Some(id) = under.strip_prefix("/enroll/") {
+            return Some(Topic::Enroll(DeviceId::new(id).ok()?));
+        }
+        let rest = under.strip_prefix("/devices/")?;
         let mut parts = rest.split('/');
         let device = DeviceId::new(parts.next()?).ok()?;
         let topic = match (parts.next()?, parts.next(), parts.next()) {
@@ -319,6 +365,7 @@ mod tests {
             (topics.hello(&device), Topic::Hello(device.clone())),
             (topics.heartbeat(&device), Topic::Heartbeat(device.clone())),
             (topics.control(&device), Topic::Control(device.clone())),
+            (topics.enroll(&device), Topic::Enroll(device.clone())),
         ] {
             assert_eq!(topics.parse(&topic), Some(expected), "{topic}");
         }
@@ -332,9 +379,36 @@ mod tests {
             "drover/v1/devices/pi-1/hello/extra",
             "other/devices/pi-1/hello",
             "drover/v1/devices/pi-1",
+            "drover/v1/enroll/pi-1/x",
+            "drover/v1/enroll/Pi",
         ] {
             assert_eq!(topics.parse(bad), None, "{bad}");
         }
+    }
+
+    /// The request in docs/protocol.md is what an agent sends and the
+    /// control plane reads.
+    #[test]
+    fn the_enrollment_example_in_the_protocol_document_reads_back_the_same() {
+        let doc = include_str!("../../../docs/protocol.md");
+        let section = doc
+            .split("## Enrollment over MQTT")
+            .nth(1)
+            .expect("the section");
+        let example = section
+            .split("```json\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("its example");
+        let request: EnrollPublish = serde_json::from_str(example).expect("an EnrollPublish");
+        let theirs: serde_json::Value = serde_json::from_str(example).expect("json");
+        let ours = serde_json::to_value(&request).expect("encode");
+        assert_eq!(ours["publicKey"], theirs["publicKey"]);
+        assert_eq!(ours["password"], theirs["password"]);
+        assert_eq!(
+            ours["inventory"]["hostname"],
+            theirs["inventory"]["hostname"]
+        );
     }
 
     #[test]

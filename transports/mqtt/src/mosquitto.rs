@@ -8,19 +8,25 @@ use drover_model::DeviceId;
 /// A mosquitto password-file line (`user:$7$…`, PBKDF2-SHA512 as
 /// `mosquitto_passwd` writes it).
 pub fn password_line(user: &str, password: &str) -> String {
-    use ring::rand::SecureRandom;
-    let mut salt = [0u8; 12];
-    let _ = ring::rand::SystemRandom::new().fill(&mut salt);
-    password_line_with_salt(user, password, &salt)
+    password_line_with_salt(user, password, &salt())
 }
 
-const PBKDF2_ITERATIONS: u32 = 101;
+pub(crate) const PBKDF2_ITERATIONS: u32 = 101;
 const PBKDF2_ROUNDS: std::num::NonZeroU32 =
     std::num::NonZeroU32::MIN.saturating_add(PBKDF2_ITERATIONS - 1);
 
-fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let salt_text = b64.encode(salt);
+/// A fresh 12-byte salt, as mosquitto makes them.
+pub(crate) fn salt() -> [u8; 12] {
+    use ring::rand::SecureRandom;
+    let mut salt = [0u8; 12];
+    let _ = ring::rand::SystemRandom::new().fill(&mut salt);
+    salt
+}
+
+/// PBKDF2-SHA512 of `password` with `salt` at [`PBKDF2_ITERATIONS`]:
+/// mosquitto's hash, in its password file and in its dynamic security
+/// plugin's file alike.
+pub(crate) fn hash(password: &str, salt: &[u8]) -> [u8; 64] {
     let mut hash = [0u8; 64];
     ring::pbkdf2::derive(
         ring::pbkdf2::PBKDF2_HMAC_SHA512,
@@ -29,9 +35,15 @@ fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
         password.as_bytes(),
         &mut hash,
     );
+    hash
+}
+
+fn password_line_with_salt(user: &str, password: &str, salt: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
     format!(
-        "{user}:$7${PBKDF2_ITERATIONS}${salt_text}${}",
-        b64.encode(hash)
+        "{user}:$7${PBKDF2_ITERATIONS}${}${}",
+        b64.encode(salt),
+        b64.encode(hash(password, salt))
     )
 }
 
@@ -63,10 +75,13 @@ pub fn mosquitto_files(
         acl.push_str(&line);
         acl.push('\n');
     }
+    // And each replica runs mosquitto's dynamic security plugin, when it
+    // is loaded (`crate::dynsec`): devices' own logins come and go there.
     for user in control_plane_users {
         acl.push_str(&format!(
-            "\nuser {user}\ntopic readwrite {prefix}/#\n",
+            "\nuser {user}\ntopic readwrite {prefix}/#\ntopic readwrite {control}/#\n",
             prefix = topics.prefix(),
+            control = crate::DYNSEC_TOPIC,
         ));
     }
     (passwords, acl)
@@ -98,7 +113,9 @@ mod tests {
         assert!(acl.contains("pattern write drover/v1/devices/%u/status/+"));
         assert!(!acl.contains("pattern readwrite"));
         assert!(acl.contains("\nuser cp\ntopic readwrite drover/v1/#\n"));
-        assert!(acl.ends_with("\nuser cp-2\ntopic readwrite drover/v1/#\n"));
+        assert!(acl.ends_with(
+            "\nuser cp-2\ntopic readwrite drover/v1/#\ntopic readwrite $CONTROL/dynamic-security/v1/#\n"
+        ));
         assert!(passwords.lines().any(|l| l.starts_with("cp-2:$7$")));
     }
 }

@@ -11,6 +11,7 @@
 
 use crate::{Control, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
 use drover_contract::BoxFuture;
+use drover_contract::gate::DeviceGate;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, HealthCell, Inbound, LinkError,
     LinkHealth, Reply,
@@ -35,8 +36,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REQUEST_QUEUE: usize = 10_000;
 
 pub struct MqttLinks {
-    client: AsyncClient,
+    pub(crate) client: AsyncClient,
     topics: Topics,
+    /// Judges devices that ask to join (`crate::joining`), once the control
+    /// plane has handed it over ([`MqttLinks::judge_with`]).
+    pub(crate) gate: tokio::sync::watch::Sender<Option<Arc<dyn DeviceGate>>>,
     events: mpsc::Sender<LinkEvent>,
     health: HealthCell,
     /// What the loop waits on now ([`Waiting`]), for the stall warning.
@@ -114,6 +118,7 @@ impl MqttLinks {
             Arc::new(Self {
                 client,
                 topics: Topics::new(&settings.prefix),
+                gate: tokio::sync::watch::Sender::new(None),
                 events,
                 health: HealthCell::default(),
                 waiting: AtomicU8::new(Waiting::Broker as u8),
@@ -123,7 +128,13 @@ impl MqttLinks {
         ))
     }
 
-    async fn send(&self, inbound: Inbound) -> bool {
+    /// Devices that ask to join are judged by `gate` from now on (those
+    /// that asked before wait for it).
+    pub fn judge_with(&self, gate: Arc<dyn DeviceGate>) {
+        self.gate.send_replace(Some(gate));
+    }
+
+    pub(crate) async fn send(&self, inbound: Inbound) -> bool {
         self.waiting.store(Waiting::Core as u8, Ordering::Relaxed);
         let sent = self
             .events
@@ -259,7 +270,10 @@ impl MqttLinks {
         let filters = || {
             self.topics
                 .server_filters()
+                .into_iter()
+                .chain([crate::dynsec::response_topic()])
                 .map(|filter| SubscribeFilter::new(filter, QoS::AtLeastOnce))
+                .collect::<Vec<_>>()
         };
         if self.client.try_subscribe_many(filters()).is_err() {
             let (links, filters) = (self.clone(), filters());
@@ -274,6 +288,10 @@ impl MqttLinks {
     /// Hands one message to the delivery core; it is acknowledged to the
     /// broker once answered. Returns false when the core has stopped.
     async fn on_publish(self: &Arc<Self>, publish: Publish) -> bool {
+        if publish.topic == crate::dynsec::response_topic() {
+            self.on_dynsec_response(publish);
+            return true;
+        }
         let topic = self.topics.parse(&publish.topic);
         // Bigger than any message Drover sends: dropped here, so that one
         // device cannot make the link fail on it (the broker would hand it
@@ -308,6 +326,10 @@ impl MqttLinks {
                 }
             },
             Some(Topic::Hello(device)) => return self.on_hello(device, publish).await,
+            Some(Topic::Enroll(device)) => {
+                self.on_enroll(device, publish);
+                return true;
+            }
             Some(Topic::Heartbeat(device)) => match heartbeat_event(device, &publish.payload) {
                 Some(event) => (event, None),
                 None => {
@@ -412,14 +434,14 @@ impl MqttLinks {
     /// Acknowledges a message to the broker from the loop: at once when the
     /// request queue has room, else from a task that waits for it (the loop
     /// must not: only it makes room).
-    fn ack_soon(self: &Arc<Self>, publish: Publish) {
+    pub(crate) fn ack_soon(self: &Arc<Self>, publish: Publish) {
         if self.client.try_ack(&publish).is_err() {
             let links = self.clone();
             tokio::spawn(async move { links.ack(&publish).await });
         }
     }
 
-    async fn ack(&self, publish: &Publish) {
+    pub(crate) async fn ack(&self, publish: &Publish) {
         if let Err(e) = self.client.ack(publish).await {
             debug!(error = %e, "cannot acknowledge a message");
         }

@@ -6,7 +6,7 @@
 //! time limit.
 
 use crate::server::Io;
-use drover_contract::gate::{DeviceGate, EnrollAnswer, EnrollRequest};
+use drover_contract::gate::{DeviceGate, EnrollAnswer, EnrollRequest, Proof};
 use drover_model::DeviceId;
 use drover_model::enroll::{
     AgentFrame, MAX_ENROLL_FRAME, ServerFrame, new_challenge, session_message, verify,
@@ -107,8 +107,10 @@ pub async fn enroll(
                     public_key,
                     token,
                     inventory,
-                    signature,
-                    challenge,
+                    proof: Proof::Challenge {
+                        challenge,
+                        signature,
+                    },
                     peer: Some(peer),
                 })
                 .await

@@ -46,9 +46,17 @@ pub struct NatsConfigArgs {
 /// `drover mqtt-config`'s arguments.
 #[derive(Args)]
 pub struct MqttConfigArgs {
-    /// A device to authorize (repeat for each).
-    #[arg(long = "device", required = true)]
+    /// A device to authorize by its token (repeat for each).
+    #[arg(long = "device", required_unless_present = "dynamic_security")]
     pub devices: Vec<String>,
+    /// Let devices join by themselves (`drover enrollment-tokens`): write
+    /// mosquitto's dynamic security plugin's file here unless it exists
+    /// (from then on the broker keeps it, and the control plane adds and
+    /// removes each accepted device's login; this never replaces it), and
+    /// print the plugin's lines. In a directory the broker's user may
+    /// write: Debian's /var/lib/mosquitto.
+    #[arg(long, value_name = "FILE")]
+    pub dynamic_security: Option<PathBuf>,
     /// The control plane's broker user; repeat it to give each replica
     /// its own (the broker makes a client's id its user name, so two
     /// replicas under one user would push each other off). Each

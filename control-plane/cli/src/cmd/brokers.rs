@@ -43,6 +43,7 @@ pub fn mqtt_config(
 ) -> Result<i32> {
     let MqttConfigArgs {
         devices,
+        dynamic_security,
         control_plane_users,
         control_plane_password,
         prefix,
@@ -91,7 +92,62 @@ pub fn mqtt_config(
          # take another's id or a control-plane replica's; one user per replica\n{}",
         transport_mqtt::Topics::listener_settings()
     );
+    if let Some(file) = dynamic_security {
+        dynamic_security_file(file, prefix)?;
+        out!(
+            "# devices that join by themselves: their logins come and go in the dynamic\n\
+             # security plugin's file, which the broker keeps\nplugin {}\nplugin_opt_config_file {}",
+            transport_mqtt::dynsec::plugin_path(),
+            file.display()
+        );
+    }
     Ok(0)
+}
+
+/// Writes the dynamic security plugin's first file, owned as its directory
+/// is (the broker's user writes it from then on); an existing one is left
+/// as it is: it holds the broker's logins.
+fn dynamic_security_file(file: &std::path::Path, prefix: &str) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let text = transport_mqtt::dynsec::initial_config(&transport_mqtt::Topics::new(prefix));
+    let dir = file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let owner = std::fs::metadata(dir).with_context(|| {
+        format!(
+            "cannot read {} (the plugin file's directory)",
+            dir.display()
+        )
+    })?;
+    let mut opened = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+    {
+        Ok(opened) => opened,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            eprintln!(
+                "{} exists: left as it is (it holds the broker's logins)",
+                file.display()
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot write {}", file.display())),
+    };
+    std::io::Write::write_all(&mut opened, text.as_bytes())?;
+    opened.sync_all()?;
+    std::os::unix::fs::fchown(&opened, Some(owner.uid()), Some(owner.gid())).with_context(
+        || {
+            format!(
+                "cannot give {} to the owner of {} (the broker's user writes it)",
+                file.display(),
+                dir.display()
+            )
+        },
+    )?;
+    Ok(())
 }
 
 /// `drover nats-config`.

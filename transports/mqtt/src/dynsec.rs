@@ -1,0 +1,178 @@
+//! mosquitto's dynamic security plugin (issue 55): the broker is set up
+//! once (`drover mqtt-config --dynamic-security`) and the control plane
+//! adds and removes each enrolled device's login at run time over
+//! `$CONTROL/dynamic-security/v1`, with no file written and no reload.
+//!
+//! What the plugin holds is a login only: user = device id, password = the
+//! device's broker password (its key's signature), which the control plane
+//! checks, hands over, and keeps nowhere; the broker keeps its salted
+//! PBKDF2 hash. What each device may publish and read stays in the ACL
+//! file's patterns (`%u` is the user, the device id), written once for
+//! every device: the plugin of mosquitto 2.0 has no patterns, so rights
+//! there would be a role per device, and the plugin writes its whole file
+//! again at every change.
+
+use base64::Engine;
+use drover_model::DeviceId;
+use serde_json::{Value, json};
+
+/// Where the plugin takes commands; answers come on `…/response`.
+pub const CONTROL_TOPIC: &str = crate::DYNSEC_TOPIC;
+
+pub fn response_topic() -> String {
+    format!("{CONTROL_TOPIC}/response")
+}
+
+fn commands(commands: Vec<Value>) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "commands": commands })).unwrap_or_default()
+}
+
+/// Lets `device` log in with `password`. The password is set first (for a
+/// device whose login is there already, which then fails only to be made
+/// again) and the login made second (for a new one, whose password setting
+/// failed): either way the plugin writes its file once.
+pub fn admit(device: &DeviceId, password: &str) -> Vec<u8> {
+    commands(vec![
+        json!({
+            "command": "setClientPassword",
+            "username": device.as_str(),
+            "password": password,
+            "correlationData": device.as_str(),
+        }),
+        json!({
+            "command": "createClient",
+            "username": device.as_str(),
+            "password": password,
+            "textname": "Drover device",
+            "correlationData": device.as_str(),
+        }),
+    ])
+}
+
+/// Removes `device`'s login; the broker closes its connection at once.
+pub fn revoke(device: &DeviceId) -> Vec<u8> {
+    commands(vec![json!({
+        "command": "deleteClient",
+        "username": device.as_str(),
+        "correlationData": device.as_str(),
+    })])
+}
+
+/// The answers in one response that say something went wrong, as
+/// `command (device): error`; the failures [`admit`] and [`revoke`] expect
+/// (a login already there or already gone) are left out.
+pub fn failures(payload: &[u8]) -> Vec<String> {
+    let Ok(response) = serde_json::from_slice::<Value>(payload) else {
+        return vec!["an unreadable answer from the dynamic security plugin".to_owned()];
+    };
+    let answers = response["responses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    answers
+        .iter()
+        .filter_map(|answer| {
+            let command = answer["command"].as_str().unwrap_or("?");
+            let error = answer["error"].as_str()?;
+            let expected = matches!(
+                (command, error),
+                ("setClientPassword", "Client not found")
+                    | ("createClient", "Client already exists")
+                    | ("deleteClient", "Client not found")
+            );
+            (!expected).then(|| {
+                format!(
+                    "{command} ({}): {error}",
+                    answer["correlationData"].as_str().unwrap_or("?")
+                )
+            })
+        })
+        .collect()
+}
+
+/// The plugin's file for a new broker: nothing allowed by default; the
+/// enrollment user ([`crate::ENROLL_USER`]) may publish on the enrollment
+/// topics and nothing else. Devices' logins are added by the control plane.
+pub fn initial_config(topics: &crate::Topics) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let salt = crate::mosquitto::salt();
+    let hash = crate::mosquitto::hash(crate::ENROLL_PASSWORD, &salt);
+    let config = json!({
+        "defaultACLAccess": {
+            "publishClientSend": false,
+            "publishClientReceive": false,
+            "subscribe": false,
+            "unsubscribe": true,
+        },
+        "clients": [{
+            "username": crate::ENROLL_USER,
+            "textname": "Drover devices asking to join",
+            "password": b64.encode(hash),
+            "salt": b64.encode(salt),
+            "iterations": crate::mosquitto::PBKDF2_ITERATIONS,
+            "roles": [{ "rolename": crate::ENROLL_ROLE }],
+        }],
+        "groups": [],
+        "roles": [{
+            "rolename": crate::ENROLL_ROLE,
+            "acls": [{
+                "acltype": "publishClientSend",
+                "topic": format!("{}/enroll/+", topics.prefix()),
+                "allow": true,
+            }],
+        }],
+    });
+    serde_json::to_string_pretty(&config).unwrap_or_default()
+}
+
+/// Where Debian's mosquitto keeps the plugin on this machine's
+/// architecture (the first that exists, else the usual path).
+pub fn plugin_path() -> String {
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so",
+        "/usr/lib/aarch64-linux-gnu/mosquitto_dynamic_security.so",
+        "/usr/lib/arm-linux-gnueabihf/mosquitto_dynamic_security.so",
+        "/usr/lib/mosquitto_dynamic_security.so",
+    ];
+    candidates
+        .iter()
+        .find(|path| std::path::Path::new(path).exists())
+        .unwrap_or(&candidates[0])
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_admission_sets_or_makes_one_login_and_expected_failures_are_quiet() {
+        let device = DeviceId::new("pi-1").expect("id");
+        let admit: Value = serde_json::from_slice(&admit(&device, "pw")).expect("json");
+        let names: Vec<_> = admit["commands"]
+            .as_array()
+            .expect("commands")
+            .iter()
+            .map(|c| c["command"].as_str().expect("name"))
+            .collect();
+        assert_eq!(names, ["setClientPassword", "createClient"]);
+        assert_eq!(admit["commands"][1]["username"], "pi-1");
+        let quiet = br#"{"responses":[{"command":"setClientPassword","error":"Client not found","correlationData":"pi-1"},{"command":"createClient"}]}"#;
+        assert!(failures(quiet).is_empty());
+        let loud = br#"{"responses":[{"command":"createClient","error":"Role not found","correlationData":"pi-1"}]}"#;
+        assert_eq!(failures(loud), ["createClient (pi-1): Role not found"]);
+        assert_eq!(failures(b"not json").len(), 1);
+    }
+
+    #[test]
+    fn a_new_brokers_file_lets_the_enrollment_user_publish_on_enrollment_topics_only() {
+        let config: Value =
+            serde_json::from_str(&initial_config(&crate::Topics::new("drover/v1"))).expect("json");
+        assert_eq!(config["clients"][0]["username"], crate::ENROLL_USER);
+        assert_eq!(config["defaultACLAccess"]["publishClientSend"], false);
+        let acls = config["roles"][0]["acls"].as_array().expect("acls");
+        assert_eq!(acls.len(), 1);
+        assert_eq!(acls[0]["topic"], "drover/v1/enroll/+");
+        assert!(DeviceId::new(crate::ENROLL_USER).is_err(), "no device's id");
+    }
+}

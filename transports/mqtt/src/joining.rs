@@ -1,0 +1,111 @@
+//! Devices joining over MQTT (issue 55), the control plane's end: a
+//! request on `enroll/<id>` is judged by the control plane's gate, and an
+//! accepted device's login is handed to mosquitto's dynamic security
+//! plugin (`crate::dynsec`); a device whose key is removed or rejected
+//! loses its login, and the broker closes its connection at once.
+//!
+//! Nothing is kept: the password travels from the request to the broker.
+//! A device whose login is lost (a broker that lost its plugin's file)
+//! finds its own login refused, asks again, and is let in again while its
+//! key stays accepted.
+
+use crate::server::MqttLinks;
+use crate::{EnrollPublish, dynsec};
+use drover_contract::gate::{EnrollAnswer, EnrollRequest, Proof};
+use drover_contract::link::Inbound;
+use drover_model::DeviceId;
+use drover_model::enroll::MAX_ENROLL_FRAME;
+use rumqttc::{Publish, QoS};
+use std::sync::Arc;
+use tracing::{debug, info, warn};
+
+impl MqttLinks {
+    /// A request to join: judged, answered at the broker when accepted, and
+    /// acknowledged to the broker once decided (a control plane that stops
+    /// first gets it again from its session).
+    pub(crate) fn on_enroll(self: &Arc<Self>, device: DeviceId, publish: Publish) {
+        if publish.payload.len() > MAX_ENROLL_FRAME {
+            warn!(%device, bytes = publish.payload.len(), limit = MAX_ENROLL_FRAME,
+                "enrollment request over the size limit dropped");
+            self.ack_soon(publish);
+            return;
+        }
+        let request = match serde_json::from_slice::<EnrollPublish>(&publish.payload) {
+            Ok(request) => request,
+            Err(e) => {
+                warn!(%device, error = %e, "unreadable enrollment request dropped");
+                self.ack_soon(publish);
+                return;
+            }
+        };
+        let links = self.clone();
+        let mut gate = self.gate.subscribe();
+        tokio::spawn(async move {
+            let Ok(gate) = gate.wait_for(Option::is_some).await.map(|g| g.clone()) else {
+                return;
+            };
+            let Some(gate) = gate else { return };
+            let password = request.password.clone();
+            let answer = gate
+                .enroll(EnrollRequest {
+                    device: device.clone(),
+                    public_key: request.public_key,
+                    token: request.token,
+                    inventory: request.inventory,
+                    proof: Proof::BrokerPassword(request.password),
+                    peer: None,
+                })
+                .await;
+            match answer {
+                EnrollAnswer::Accepted => links.admit(&device, &password).await,
+                EnrollAnswer::Pending => {
+                    debug!(%device, "enrollment over MQTT waits for an operator")
+                }
+                EnrollAnswer::Refused(reason) => {
+                    info!(%device, %reason, "enrollment over MQTT refused")
+                }
+            }
+            links.ack(&publish).await;
+        });
+    }
+
+    /// Hands `device`'s login to the broker.
+    async fn admit(&self, device: &DeviceId, password: &str) {
+        self.command(device, dynsec::admit(device, password), "handed to")
+            .await;
+    }
+
+    /// Removes `device`'s login at the broker, which closes its connection
+    /// (without its last will): its key was removed or rejected. The device
+    /// is gone from here as if its will had come.
+    pub fn revoke(self: &Arc<Self>, device: &DeviceId) {
+        let (links, device) = (self.clone(), device.clone());
+        tokio::spawn(async move {
+            links
+                .command(&device, dynsec::revoke(&device), "removed at")
+                .await;
+            links.send(Inbound::Gone { device }).await;
+        });
+    }
+
+    /// Sends the plugin a command about `device`'s login; its answer comes
+    /// on the response topic.
+    async fn command(&self, device: &DeviceId, payload: Vec<u8>, what: &str) {
+        match self
+            .client
+            .publish(dynsec::CONTROL_TOPIC, QoS::AtLeastOnce, false, payload)
+            .await
+        {
+            Ok(()) => info!(%device, "device's login {what} the MQTT broker"),
+            Err(e) => warn!(%device, error = %e, "device's login not {what} the MQTT broker"),
+        }
+    }
+
+    /// The plugin's answers: what went wrong is logged.
+    pub(crate) fn on_dynsec_response(self: &Arc<Self>, publish: Publish) {
+        for failure in dynsec::failures(&publish.payload) {
+            warn!(%failure, "mosquitto's dynamic security plugin refused a command");
+        }
+        self.ack_soon(publish);
+    }
+}
