@@ -240,19 +240,7 @@ pub fn authorization_config(
         quote(&bcrypt_of(control_plane.1, CONTROL_PLANE_BCRYPT_COST)?)
     ));
     for (device, password) in devices {
-        let mut publish = vec![
-            status_subject(device),
-            held_subject(device),
-            format!("{HEARTBEAT_PREFIX}.{device}"),
-            hello_subject(device),
-        ];
-        if direct == DirectStatusPuts::Allowed {
-            publish.push(key_subject(STATUS_BUCKET, &format!("{device}.*")));
-        }
-        let subscribe = [
-            format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"),
-            format!("{}.>", inbox_prefix(device)),
-        ];
+        let (publish, subscribe) = device_permissions(device, direct);
         let list = |items: &[String]| {
             items
                 .iter()
@@ -270,6 +258,28 @@ pub fn authorization_config(
     }
     out.push_str("  ]\n}\n");
     Ok(out)
+}
+
+/// The subjects `device` may publish to and subscribe to (see
+/// [`authorization_config`]).
+pub fn device_permissions(
+    device: &DeviceId,
+    direct: DirectStatusPuts,
+) -> (Vec<String>, Vec<String>) {
+    let mut publish = vec![
+        status_subject(device),
+        held_subject(device),
+        format!("{HEARTBEAT_PREFIX}.{device}"),
+        hello_subject(device),
+    ];
+    if direct == DirectStatusPuts::Allowed {
+        publish.push(key_subject(STATUS_BUCKET, &format!("{device}.*")));
+    }
+    let subscribe = vec![
+        format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"),
+        format!("{}.>", inbox_prefix(device)),
+    ];
+    (publish, subscribe)
 }
 
 /// What a node of a cluster needs besides the authorization block (the
