@@ -22,7 +22,11 @@
 
 pub mod agent;
 #[cfg(feature = "server")]
+pub mod authority;
+#[cfg(feature = "server")]
 mod held;
+#[cfg(feature = "server")]
+pub mod jwt;
 #[cfg(feature = "server")]
 pub mod kv;
 #[cfg(feature = "server")]
