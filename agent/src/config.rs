@@ -106,6 +106,14 @@ pub enum Transport {
         url: String,
         token: Option<String>,
         token_file: Option<PathBuf>,
+        /// Without a token: the device asks to join with this enrollment
+        /// token, then logs in with the user JWT it is given and its own key
+        /// (servers set up with `drover nats-config --authority`).
+        enrollment_token: Option<String>,
+        enrollment_token_file: Option<PathBuf>,
+        /// The enrollment user's JWT, the same for every device of the
+        /// fleet (`drover nats-config --authority` prints it); no secret.
+        enrollment_jwt: Option<String>,
         /// CA certificate of the nats-server; setting it requires TLS.
         ca_file: Option<PathBuf>,
         #[serde(default = "default_heartbeat")]
@@ -279,8 +287,12 @@ impl Transport {
                 enrollment_token,
                 enrollment_token_file,
                 ..
+            }
+            | Transport::Nats {
+                enrollment_token,
+                enrollment_token_file,
+                ..
             } => (enrollment_token.as_ref(), enrollment_token_file.as_ref()),
-            Transport::Nats { .. } => (None, None),
         }
     }
 
@@ -297,9 +309,7 @@ impl Transport {
                 .with_context(|| format!("cannot read the token file {}", file.display()))?
                 .trim()
                 .to_owned()),
-            (None, None) => bail!(
-                "transport needs token or token_file (or, over websocket and mqtt, enrollment_token_file)"
-            ),
+            (None, None) => bail!("transport needs token or token_file (or enrollment_token_file)"),
         }
     }
 }
@@ -528,9 +538,7 @@ impl Config {
             10_000,
         )?;
         if !config.transport.has_credentials() {
-            bail!(
-                "transport needs token or token_file (or, over websocket and mqtt, enrollment_token_file)"
-            );
+            bail!("transport needs token or token_file (or enrollment_token_file)");
         }
         if config.intent_public_keys.is_empty() {
             bail!(
@@ -597,7 +605,7 @@ mode = "simulate"
     /// its key is its credential; the same over NATS or MQTT is refused by
     /// name, and a config with neither says what it needs.
     #[test]
-    fn an_enrollment_token_stands_for_a_token_over_websocket_and_mqtt_only() {
+    fn an_enrollment_token_stands_for_a_token_over_every_transport() {
         let enrolling = GOOD.replace(
             "token = \"abc\"",
             "enrollment_token = \"drover-enroll.a.b\"",
@@ -630,8 +638,14 @@ mode = "simulate"
                 "url = \"nats://127.0.0.1:4222\"",
             )
             .replace("token = \"abc\"", "enrollment_token = \"e\"");
-        let error = format!("{:#}", Config::parse(&nats).expect_err("not over nats"));
-        assert!(error.contains("enrollment_token"), "{error}");
+        assert_eq!(
+            Config::parse(&nats)
+                .expect("parses over nats")
+                .transport
+                .read_credentials()
+                .expect("credentials"),
+            Credentials::Enrollment("e".into())
+        );
         let mqtt = GOOD
             .replace("kind = \"websocket\"", "kind = \"mqtt\"")
             .replace(

@@ -23,7 +23,7 @@ pub(crate) fn link_settings(
     credentials: Credentials,
     key: Arc<agent_core::identity::DeviceKey>,
 ) -> Result<Link> {
-    let token = match (&config.transport, credentials) {
+    match (&config.transport, credentials) {
         (
             Transport::Websocket {
                 server_url,
@@ -48,7 +48,7 @@ pub(crate) fn link_settings(
                     enrollment_token: Some(token),
                 },
             };
-            return Ok(Link::Websocket(
+            Ok(Link::Websocket(
                 transport_websocket::client::ClientSettings {
                     server_url: server_url.clone(),
                     credential,
@@ -58,13 +58,13 @@ pub(crate) fn link_settings(
                     backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
                     connect_timeout: Duration::from_secs(10),
                 },
-            ));
+            ))
         }
         (Transport::Mqtt { .. }, Credentials::Enrollment(enrollment)) => {
             // The device's own key: its password at the broker, and how it
             // asks to join until the broker lets it in.
             let password = drover_model::enroll::key_broker_password(key.as_ref(), device_id);
-            return mqtt_link(
+            mqtt_link(
                 config,
                 device_id,
                 drover_model::credentials::BrokerPasswords::own(password),
@@ -72,47 +72,80 @@ pub(crate) fn link_settings(
                     signer: key,
                     token: enrollment,
                 }),
-            );
+            )
         }
-        (_, Credentials::Token(token)) => token,
-        (_, Credentials::Enrollment(_)) => bail!(
-            "enrollment works over websocket and mqtt so far: give this transport a token or \
-             token_file"
+        (
+            Transport::Nats {
+                enrollment_jwt: None,
+                ..
+            },
+            Credentials::Enrollment(_),
+        ) => bail!(
+            "over nats an enrollment token needs the enrollment user's JWT as well: \
+             enrollment_jwt = \"…\", which `drover nats-config --authority` prints"
         ),
-    };
-    Ok(match &config.transport {
-        Transport::Websocket { .. } => bail!("websocket links are made above"),
-        Transport::Nats {
-            url,
-            ca_file,
-            heartbeat_seconds,
-            backoff_max_seconds,
-            ..
-        } => {
-            let settings = transport_nats::agent::AgentSettings {
-                nats: transport_nats::NatsSettings {
-                    url: url.clone(),
-                    user: Some(device_id.to_string()),
-                    password: None,
-                    ca_file: ca_file.clone(),
-                    connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
-                    replicas: 1,
-                },
-                passwords: drover_model::credentials::BrokerPasswords::new(&token, device_id),
-                heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
-                backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+        (
+            Transport::Nats {
+                enrollment_jwt: Some(enroll_jwt),
+                ..
+            },
+            Credentials::Enrollment(enrollment),
+        ) => {
+            // The device's own key signs the servers' nonce for the user
+            // JWT it is given when it joins.
+            let joining = transport_nats::enrolling::Joining {
+                signer: key,
+                token: enrollment,
+                enroll_jwt: enroll_jwt.clone(),
+                jwt_file: config.state_dir.join("nats.jwt"),
             };
-            Link::Nats(settings)
+            nats_link(config, device_id, None, Some(joining))
         }
-        Transport::Mqtt { .. } => {
-            return mqtt_link(
-                config,
-                device_id,
-                drover_model::credentials::BrokerPasswords::new(&token, device_id),
-                None,
-            );
+        (Transport::Nats { .. }, Credentials::Token(token)) => {
+            nats_link(config, device_id, Some(&token), None)
         }
-    })
+        (Transport::Mqtt { .. }, Credentials::Token(token)) => mqtt_link(
+            config,
+            device_id,
+            drover_model::credentials::BrokerPasswords::new(&token, device_id),
+            None,
+        ),
+    }
+}
+
+/// The NATS link: by the device's token (its derived password), or by its
+/// own key once it has joined.
+fn nats_link(
+    config: &Config,
+    device_id: &drover_model::DeviceId,
+    token: Option<&str>,
+    joining: Option<transport_nats::enrolling::Joining>,
+) -> Result<Link> {
+    let Transport::Nats {
+        url,
+        ca_file,
+        heartbeat_seconds,
+        backoff_max_seconds,
+        ..
+    } = &config.transport
+    else {
+        bail!("not a NATS transport");
+    };
+    Ok(Link::Nats(transport_nats::agent::AgentSettings {
+        nats: transport_nats::NatsSettings {
+            url: url.clone(),
+            user: Some(device_id.to_string()),
+            password: None,
+            ca_file: ca_file.clone(),
+            connect_timeout: transport_nats::agent::CONNECT_TIMEOUT,
+            replicas: 1,
+            key_login: None,
+        },
+        passwords: drover_model::credentials::BrokerPasswords::new(token.unwrap_or(""), device_id),
+        joining,
+        heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
+        backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),
+    }))
 }
 
 /// The MQTT link with the passwords it logs in with.

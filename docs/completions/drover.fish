@@ -79,6 +79,7 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-replicas -d
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-password -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-ca -d 'CA certificate of the nats-server (requires TLS)' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-authority -d 'Servers that trust Drover\'s operator (`drover nats-config --authority DIR`): the keys there sign this control plane\'s own JWT (instead of --nats-user and --nats-password), each accepted device\'s JWT, and the revocations pushed to the servers. Keep DIR outside the data directory, readable by this control plane only' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-url -d 'mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto)' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-password -r
@@ -95,9 +96,11 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l context -d 'The 
 complete -c drover -n "__fish_drover_using_subcommand serve" -l data -d 'The control plane\'s data directory' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l api-allow-plaintext -d 'Serve the API in clear on a non-loopback --listen address (only behind a TLS-terminating proxy)'
 complete -c drover -n "__fish_drover_using_subcommand serve" -s h -l help -d 'Print help'
-complete -c drover -n "__fish_drover_using_subcommand nats-config" -l device -d 'A device to authorize (repeat for each)' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l device -d 'A device to authorize by its token (repeat for each)' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-user -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l control-plane-password -d 'The control plane\'s own NATS password (better given in DROVER_NATS_PASSWORD than on the command line)' -r
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l authority -d 'Let devices join by themselves (`drover enrollment-tokens`): the servers trust Drover\'s operator once, whose keys are made in DIR (outside the data directory; the control plane serves with `--nats-authority DIR`), and take each device by the JWT the control plane signs it when it is accepted. Prints the servers\' lines and the `enrollment_jwt` every device\'s config carries' -r -F
+complete -c drover -n "__fish_drover_using_subcommand nats-config" -l resolver-dir -d 'Where the servers keep the accounts\' JWTs (with --authority): a directory nats-server\'s user may write' -r -F
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l out -d 'Write the block to this file (replaced whole) for nats-server\'s `include`, instead of printing it: running it again never duplicates the block' -r -F
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l group -d 'The group the --out file is given (mode 0640), so nats-server reads it as its own user: Debian\'s runs as `nats`. Empty: leave the group as it is' -r
 complete -c drover -n "__fish_drover_using_subcommand nats-config" -l server -d 'The control plane\'s API (default: the context\'s, else http://127.0.0.1:7180)' -r

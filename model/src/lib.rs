@@ -10,6 +10,7 @@ pub mod failure;
 pub mod ids;
 pub mod layout;
 pub mod model;
+pub mod nkey;
 pub mod sealed;
 pub mod signing;
 pub mod transport;

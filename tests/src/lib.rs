@@ -317,6 +317,36 @@ pub fn nats_fleet<S: AsRef<str>>(devices: &[S], password: &str) -> (NatsServer, 
     (nats, cp)
 }
 
+/// A nats-server that trusts Drover's operator (`drover nats-config
+/// --authority`, keys beside the data directory, not in it), a control
+/// plane serving over it with `--nats-authority`, and the enrollment
+/// user's JWT every device's config carries.
+pub fn nats_joining_fleet() -> (NatsServer, ControlPlane, String) {
+    let dir = ControlPlane::prepare();
+    let keys = dir.path().join("nats-authority");
+    let resolver = dir.path().join("nats-accounts");
+    let (keys_arg, resolver_arg) = (keys.display().to_string(), resolver.display().to_string());
+    let config = ControlPlane::drover_in(
+        dir.path(),
+        &[
+            "nats-config",
+            "--authority",
+            &keys_arg,
+            "--resolver-dir",
+            &resolver_arg,
+        ],
+    );
+    let enroll_jwt = config
+        .lines()
+        .find_map(|line| line.strip_prefix("# enrollment_jwt = "))
+        .map(|jwt| jwt.trim_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("no enrollment_jwt in:\n{config}"));
+    let nats = NatsServer::start(&config);
+    let url = nats.url();
+    let cp = ControlPlane::start_in(dir, &["--nats-url", &url, "--nats-authority", &keys_arg]);
+    (nats, cp, enroll_jwt)
+}
+
 /// The authorization block `drover nats-config` prints for `devices`, with
 /// the keys of the control plane in `dir` and its password.
 pub fn nats_auth<S: AsRef<str>>(dir: &Path, devices: &[S], password: &str) -> String {

@@ -393,50 +393,128 @@ async fn a_preauthorized_key_is_let_in_without_enrolling() {
     assert_eq!(tokens[0]["uses"], 0, "the agent did not enroll: {tokens}");
 }
 
-/// An agent over MQTT whose only credential is `token`, an enrollment token.
-fn mqtt_enrolling_agent(
-    dir: &std::path::Path,
-    device: &str,
-    broker: &drover_tests::Mosquitto,
-    token: &str,
-) -> AgentProcess {
-    let transport = format!(
-        "kind = \"mqtt\"\nurl = {}\nenrollment_token = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n",
-        toml_string(&broker.url()),
-        toml_string(token)
-    );
-    AgentProcess::start_full(
-        dir,
-        device,
-        &transport,
-        "",
-        "mode = \"simulate\"\nmin_free_mib = 10",
-        "",
-    )
+/// The brokers a joining fleet runs beside its control plane.
+enum Broker {
+    None,
+    Mqtt(drover_tests::Mosquitto),
+    Nats(drover_tests::NatsServer, String),
 }
 
-/// How many times the agent has asked to join over MQTT.
-fn asks(agent: &AgentProcess) -> usize {
+/// A control plane and what devices join it over, set up once for devices
+/// that join by themselves: nothing for WebSocket, mosquitto with its
+/// dynamic security plugin, nats-server trusting Drover's operator.
+struct Joining {
+    cp: ControlPlane,
+    broker: Broker,
+}
+
+impl Joining {
+    fn over(transport: &str) -> Self {
+        match transport {
+            "websocket" => Self {
+                cp: ControlPlane::start(&[]),
+                broker: Broker::None,
+            },
+            "mqtt" => {
+                let (broker, cp) = drover_tests::mqtt_joining_fleet("cp-secret");
+                Self {
+                    cp,
+                    broker: Broker::Mqtt(broker),
+                }
+            }
+            "nats" => {
+                let (nats, cp, enroll_jwt) = drover_tests::nats_joining_fleet();
+                Self {
+                    cp,
+                    broker: Broker::Nats(nats, enroll_jwt),
+                }
+            }
+            other => panic!("no joining fleet over {other}"),
+        }
+    }
+
+    /// An agent whose only credential is `token`, an enrollment token (and
+    /// over NATS the fleet's enrollment user's JWT).
+    fn agent(&self, dir: &std::path::Path, device: &str, token: &str) -> AgentProcess {
+        let transport = match &self.broker {
+            Broker::None => {
+                return enrolling_agent(dir, device, &self.cp, token);
+            }
+            Broker::Mqtt(broker) => format!(
+                "kind = \"mqtt\"\nurl = {}\nenrollment_token = {}\n",
+                toml_string(&broker.url()),
+                toml_string(token)
+            ),
+            Broker::Nats(nats, enroll_jwt) => format!(
+                "kind = \"nats\"\nurl = {}\nenrollment_token = {}\nenrollment_jwt = {}\n",
+                toml_string(&nats.url()),
+                toml_string(token),
+                toml_string(enroll_jwt)
+            ),
+        };
+        AgentProcess::start_full(
+            dir,
+            device,
+            &format!("{transport}heartbeat_seconds = 1\nbackoff_max_seconds = 1\n"),
+            "",
+            "mode = \"simulate\"\nmin_free_mib = 10",
+            "",
+        )
+    }
+
+    /// What the agent logs each time it is told no after its key was
+    /// rejected.
+    fn told_no(&self) -> &'static str {
+        match self.broker {
+            Broker::None => "an operator rejected this device's key",
+            Broker::Mqtt(_) => "asked to join over MQTT",
+            Broker::Nats(..) => "asked to join over NATS; not let in yet",
+        }
+    }
+
+    /// What shows that the broker itself cut `device` (agent `agent`) off.
+    fn cut_off_at_the_broker(&self, device: &str, agent: &AgentProcess) -> bool {
+        match &self.broker {
+            Broker::None => true,
+            Broker::Mqtt(broker) => broker
+                .log()
+                .contains(&format!("deleteClient | username={device}")),
+            Broker::Nats(..) => agent.logged("refused this device's JWT"),
+        }
+    }
+}
+
+/// How many times `agent` logged `what`.
+fn times(agent: &AgentProcess, what: &str) -> usize {
     std::fs::read_to_string(agent.dir.join("agent.log"))
         .unwrap_or_default()
-        .matches("asked to join over MQTT")
+        .matches(what)
         .count()
 }
 
-/// Over MQTT, with a broker set up once (`mqtt-config
-/// --dynamic-security`, no device listed): devices ask to join on the
-/// enrollment topic, an auto-accept token or an operator accepts them and
-/// the control plane hands their logins to the broker at run time, with no
-/// file written by hand and no reload; a rejected key's login is removed
-/// and the broker cuts the device off within seconds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_mqtt_devices_join_and_a_rejected_one_is_cut_off_at_the_broker() {
-    let (broker, cp) = drover_tests::mqtt_joining_fleet("cp-secret");
+/// Waits until `agent` has logged `what` twice more than `before`.
+async fn twice_more(agent: &AgentProcess, what: &str, before: usize, waiting_for: &str) {
+    eventually(Duration::from_secs(20), waiting_for, || async {
+        (times(agent, what) >= before + 2).then_some(())
+    })
+    .await;
+}
+
+/// Devices join over each transport with nothing set up per device: an
+/// auto-accept token or an operator accepts them (over MQTT the control
+/// plane then hands the broker the device's login, over NATS it signs the
+/// device a JWT of its own), a rejected one stays out, a run reaches the
+/// accepted ones, and rejecting an accepted key cuts the device off (at the
+/// broker, over MQTT and NATS) within seconds and keeps it out while the
+/// other stays.
+async fn devices_join_and_a_rejected_key_is_cut_off(transport: &str) {
+    let fleet = Joining::over(transport);
+    let cp = &fleet.cp;
     let dir = tempfile::tempdir().expect("tmp");
     let auto = enrollment_token(
-        &cp,
+        cp,
         &[
-            "mq-line",
+            "line",
             "--groups",
             "kiosk",
             "--labels",
@@ -444,73 +522,83 @@ async fn over_mqtt_devices_join_and_a_rejected_one_is_cut_off_at_the_broker() {
             "--auto-accept",
         ],
     );
-    let manual = enrollment_token(&cp, &["mq-hand", "--groups", "kiosk"]);
-    let a = mqtt_enrolling_agent(&dir.path().join("a"), "mq-auto", &broker, &auto);
-    let b = mqtt_enrolling_agent(&dir.path().join("b"), "mq-manual", &broker, &manual);
-    let c = mqtt_enrolling_agent(&dir.path().join("c"), "mq-rejected", &broker, &manual);
+    let manual = enrollment_token(cp, &["hand", "--groups", "kiosk"]);
+    let a = fleet.agent(&dir.path().join("a"), "j-auto", &auto);
+    let _b = fleet.agent(&dir.path().join("b"), "j-manual", &manual);
+    let c = fleet.agent(&dir.path().join("c"), "j-rejected", &manual);
 
-    cp.wait_for_agents(&["mq-auto"]).await;
-    let device = cp.get("/devices/mq-auto").await;
+    cp.wait_for_agents(&["j-auto"]).await;
+    let device = cp.get("/devices/j-auto").await;
     assert_eq!(device["groups"], serde_json::json!(["kiosk"]), "{device}");
     assert_eq!(device["labels"]["site"], "ghent", "{device}");
-    let key = key_of(&cp, "mq-auto").await.expect("a's key");
+    let key = key_of(cp, "j-auto").await.expect("a's key");
     assert_eq!(key["state"], "accepted");
-    assert_eq!(key["decidedBy"], "token/mq-line");
+    assert_eq!(key["decidedBy"], "token/line");
     assert_eq!(key["publicKey"].as_str(), a.status()["publicKey"].as_str());
 
-    for device in ["mq-manual", "mq-rejected"] {
-        wait_pending(&cp, device).await;
+    for device in ["j-manual", "j-rejected"] {
+        wait_pending(cp, device).await;
     }
-    cli_ok(&cp, &["devices", "accept", "mq-manual"]);
-    cli_ok(&cp, &["devices", "reject", "mq-rejected"]);
+    cli_ok(cp, &["devices", "accept", "j-manual"]);
+    let before = times(&c, fleet.told_no());
+    cli_ok(cp, &["devices", "reject", "j-rejected"]);
     // The accepted one is let in at its next try (its backoff is 1 s).
-    cp.wait_for_agents(&["mq-manual"]).await;
-    let before = asks(&c);
-    eventually(
-        Duration::from_secs(20),
-        "the rejected device to ask twice more",
-        || async { (asks(&c) >= before + 2).then_some(()) },
+    cp.wait_for_agents(&["j-manual"]).await;
+    twice_more(
+        &c,
+        fleet.told_no(),
+        before,
+        "the rejected device to be told no twice",
     )
     .await;
     assert!(
-        !connected(&cp, "mq-rejected").await,
+        !connected(cp, "j-rejected").await,
         "a rejected device was let in"
     );
 
-    // A run for the group reaches the two accepted devices over MQTT.
-    cp.apply_upgrade_run("mq-run", "kiosk", 600).await;
-    let run = cp
-        .wait_run_finished("mq-run", Duration::from_secs(60))
-        .await;
+    cp.apply_upgrade_run("j-run", "kiosk", 600).await;
+    let run = cp.wait_run_finished("j-run", Duration::from_secs(60)).await;
     assert_eq!(run["status"]["phase"], "Complete", "{run}");
-    assert_eq!(cp.targets("mq-run").await.len(), 2);
+    assert_eq!(cp.targets("j-run").await.len(), 2);
 
-    // Rejecting an accepted key removes its login: the broker closes its
-    // connection, and it is not let in again.
-    cli_ok(&cp, &["devices", "reject", "mq-auto"]);
+    let before = times(&a, fleet.told_no());
+    cli_ok(cp, &["devices", "reject", "j-auto"]);
     eventually(Duration::from_secs(10), "the connection to end", || async {
-        (!connected(&cp, "mq-auto").await).then_some(())
+        (!connected(cp, "j-auto").await).then_some(())
     })
     .await;
-    let before = asks(&a);
-    eventually(
-        Duration::from_secs(20),
-        "the cut-off device to ask twice more",
-        || async { (asks(&a) >= before + 2).then_some(()) },
+    twice_more(
+        &a,
+        fleet.told_no(),
+        before,
+        "the cut-off device to be told no twice",
     )
     .await;
     assert!(
-        !connected(&cp, "mq-auto").await,
+        !connected(cp, "j-auto").await,
         "a rejected key came back in"
     );
     assert!(
-        connected(&cp, "mq-manual").await,
-        "the other accepted device stays in"
+        fleet.cut_off_at_the_broker("j-auto", &a),
+        "not cut off by the broker: {}",
+        a.log()
     );
-    assert!(
-        broker.log().contains("deleteClient | username=mq-auto"),
-        "the broker removed the login: {}",
-        broker.log()
-    );
-    drop((a, b, c));
+    assert!(connected(cp, "j-manual").await, "the other device stays in");
 }
+
+/// One test per transport, as the scenarios run.
+macro_rules! joining_over {
+    ($($transport:ident),+) => {
+        mod devices_join_and_a_rejected_key_is_cut_off {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $transport() {
+                    let over = stringify!($transport).trim_start_matches("over_");
+                    super::devices_join_and_a_rejected_key_is_cut_off(over).await
+                }
+            )+
+        }
+    };
+}
+
+joining_over!(over_websocket, over_mqtt, over_nats);

@@ -96,7 +96,7 @@ async fn the_server_trusts_one_operator_and_each_device_by_its_jwt_until_revoked
         &stranger,
         &user.public_key(),
         "pi-1",
-        transport_nats::jwt::user_claims(&authority.account(), None),
+        transport_nats::jwt::user_claims(&authority.account(), None, false),
         jiff::Timestamp::now().as_second(),
     )
     .expect("jwt");

@@ -323,6 +323,13 @@ pub struct NatsArgs {
     /// CA certificate of the nats-server (requires TLS).
     #[arg(long, requires = "nats_url")]
     pub nats_ca: Option<PathBuf>,
+    /// Servers that trust Drover's operator (`drover nats-config
+    /// --authority DIR`): the keys there sign this control plane's own JWT
+    /// (instead of --nats-user and --nats-password), each accepted device's
+    /// JWT, and the revocations pushed to the servers. Keep DIR outside the
+    /// data directory, readable by this control plane only.
+    #[arg(long, requires = "nats_url", value_name = "DIR")]
+    pub nats_authority: Option<PathBuf>,
 }
 
 impl NatsArgs {
@@ -334,6 +341,7 @@ impl NatsArgs {
             ca_file: self.nats_ca.clone(),
             connect_timeout: Duration::from_secs(10),
             replicas: self.nats_replicas,
+            key_login: None,
         })
     }
 }

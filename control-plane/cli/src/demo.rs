@@ -215,6 +215,7 @@ fn demo_serve_options(dir: &Path) -> Result<ServeOptions> {
         pass_interval: Duration::from_millis(250),
         operator_token: None,
         nats: None,
+        nats_authority: None,
         store_on_nats: false,
         max_agent_connections: 1000,
         mqtt: None,

@@ -41,6 +41,9 @@ pub struct ServeOptions {
     pub operator_token: Option<String>,
     /// Serve agents over NATS JetStream too.
     pub nats: Option<transport_nats::NatsSettings>,
+    /// The keys NATS servers trusting Drover's operator take JWTs from
+    /// (issue 55); None: the servers' own users and passwords.
+    pub nats_authority: Option<PathBuf>,
     /// Keep the control plane's state in NATS JetStream KV (several replicas)
     /// instead of the embedded database (one replica).
     pub store_on_nats: bool,
@@ -94,10 +97,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let capacity = Capacity::from_open_file_limit(options.max_agent_connections);
     let api_tls = wiring::acceptor(options.api_tls.as_ref())?;
     drover_server::auth::ensure_data_dir(&options.data)?;
-    let nats_client = match &options.nats {
-        Some(nats) => Some(transport_nats::server::connect(nats, "drover control plane").await?),
-        None => None,
-    };
+    let (nats_client, authority) = wiring::connect_nats(&options).await?;
     let (db, store_failed) = wiring::open_store(&options, nats_client.as_ref()).await?;
     let secrets = Arc::new(Secrets::load_or_create(
         &options.data,
@@ -115,9 +115,9 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
     let websocket = WsLinks::new(events_tx.clone());
     let mut links: Vec<Arc<dyn AgentLinks>> = vec![websocket.clone()];
     let mut tasks = Vec::new();
-    let mqtt = wiring::broker_links(
+    let brokered = wiring::broker_links(
         &options,
-        nats_client,
+        (nats_client, authority),
         &db,
         &events_tx,
         &shutdown,
@@ -203,7 +203,8 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         intake_ready,
         shutdown.clone(),
     )));
-    let gate = wiring::devices_gate(&db, &secrets, &websocket, mqtt, &shutdown, &mut tasks).await;
+    let gate =
+        wiring::devices_gate(&db, &secrets, &websocket, brokered, &shutdown, &mut tasks).await?;
     tasks.push(wiring::serve_agents(
         websocket,
         agent_listener,

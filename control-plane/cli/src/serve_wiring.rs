@@ -36,13 +36,14 @@ pub(super) async fn open_store(
 /// `links` with their tasks.
 pub(super) async fn broker_links(
     options: &ServeOptions,
-    nats_client: Option<async_nats::Client>,
+    (nats_client, authority): (Option<async_nats::Client>, Option<NatsAuthority>),
     db: &Db,
     events_tx: &mpsc::Sender<drover_contract::link::Event>,
     shutdown: &CancellationToken,
     links: &mut Vec<Arc<dyn AgentLinks>>,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> Result<Option<Arc<transport_mqtt::server::MqttLinks>>> {
+) -> Result<Brokered> {
+    let mut nats_link = None;
     if let (Some(nats), Some(client)) = (&options.nats, nats_client) {
         let buckets = until_jetstream_ready("the intent and status buckets", || {
             transport_nats::server::ensure_buckets(
@@ -62,7 +63,10 @@ pub(super) async fn broker_links(
         let link = transport_nats::links::NatsLinks::new(buckets, events_tx.clone());
         links.push(link.clone());
         info!(url = %nats.url, resume_after, "serving agents over NATS JetStream");
-        tasks.push(tokio::spawn(link.run(resume_after, shutdown.clone())));
+        tasks.push(tokio::spawn(
+            link.clone().run(resume_after, shutdown.clone()),
+        ));
+        nats_link = Some(link);
     }
     if let Some(mqtt) = &options.mqtt {
         // A stable client id per data directory: the broker keeps this
@@ -77,9 +81,61 @@ pub(super) async fn broker_links(
         links.push(link.clone());
         info!(url = %mqtt.url, prefix = %mqtt.prefix, "serving agents over MQTT");
         tasks.push(tokio::spawn(link.clone().run(event_loop, shutdown.clone())));
-        return Ok(Some(link));
+        return Ok(Brokered {
+            mqtt: Some(link),
+            nats: nats_link,
+            authority,
+        });
     }
-    Ok(None)
+    Ok(Brokered {
+        mqtt: None,
+        nats: nats_link,
+        authority,
+    })
+}
+
+/// The control plane's NATS connection, when it serves over NATS: with its
+/// user and password, or with a JWT from the keys of `--nats-authority`;
+/// then with those keys too, and a connection in the system account that
+/// pushes revocations.
+pub(super) async fn connect_nats(
+    options: &ServeOptions,
+) -> Result<(Option<async_nats::Client>, Option<NatsAuthority>)> {
+    let Some(nats) = &options.nats else {
+        return Ok((None, None));
+    };
+    let Some(dir) = &options.nats_authority else {
+        let client = transport_nats::server::connect(nats, "drover control plane").await?;
+        return Ok((Some(client), None));
+    };
+    let authority = Arc::new(transport_nats::authority::Authority::load_or_create(dir)?);
+    let own = transport_nats::NatsSettings {
+        key_login: Some(authority.control_plane_login("drover-control-plane")?),
+        ..nats.clone()
+    };
+    let client = transport_nats::server::connect(&own, "drover control plane").await?;
+    let system = transport_nats::NatsSettings {
+        key_login: Some(authority.system_login()?),
+        ..nats.clone()
+    };
+    let system = transport_nats::server::connect(&system, "drover control plane (system)")
+        .await
+        .context("cannot connect to NATS as the system account's user (--nats-authority)")?;
+    Ok((Some(client), Some(NatsAuthority { authority, system })))
+}
+
+/// The keys that sign NATS JWTs, and the system account's connection.
+pub(super) struct NatsAuthority {
+    pub authority: Arc<transport_nats::authority::Authority>,
+    pub system: async_nats::Client,
+}
+
+/// The brokers' links a device's key decides on: MQTT's logins, NATS's
+/// JWTs (with the keys that sign them).
+pub(super) struct Brokered {
+    pub mqtt: Option<Arc<transport_mqtt::server::MqttLinks>>,
+    pub nats: Option<Arc<transport_nats::links::NatsLinks>>,
+    pub authority: Option<NatsAuthority>,
 }
 
 /// The package downloads' listener, and where links point (None: off).
@@ -263,14 +319,19 @@ pub(super) async fn devices_gate(
     db: &Db,
     secrets: &Arc<Secrets>,
     websocket: &Arc<WsLinks>,
-    mqtt: Option<Arc<transport_mqtt::server::MqttLinks>>,
+    brokered: Brokered,
     shutdown: &CancellationToken,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> drover_server::enrollment::Gate {
+) -> Result<drover_server::enrollment::Gate> {
+    let Brokered {
+        mqtt,
+        nats,
+        authority,
+    } = brokered;
     let (generations, follower) = follow_generations(
         db.clone(),
         websocket.clone(),
-        mqtt.clone(),
+        (mqtt.clone(), nats.clone()),
         shutdown.clone(),
     )
     .await;
@@ -283,7 +344,14 @@ pub(super) async fn devices_gate(
     if let Some(mqtt) = &mqtt {
         mqtt.judge_with(Arc::new(gate.clone()));
     }
-    gate
+    if let (Some(nats), Some(NatsAuthority { authority, system })) = (&nats, authority) {
+        nats.judge_with(transport_nats::links::Joining {
+            gate: Arc::new(gate.clone()),
+            authority,
+            system,
+        });
+    }
+    Ok(gate)
 }
 
 /// Follows devices' token generations: read before the first agent is let
@@ -293,7 +361,10 @@ pub(super) async fn devices_gate(
 async fn follow_generations(
     db: Db,
     websocket: Arc<WsLinks>,
-    mqtt: Option<Arc<transport_mqtt::server::MqttLinks>>,
+    (mqtt, nats): (
+        Option<Arc<transport_mqtt::server::MqttLinks>>,
+        Option<Arc<transport_nats::links::NatsLinks>>,
+    ),
     shutdown: CancellationToken,
 ) -> (
     Arc<drover_server::device_tokens::Generations>,
@@ -311,9 +382,12 @@ async fn follow_generations(
                     |device| {
                         websocket.disconnect(device, "the device's token was rotated");
                     },
-                    |device| {
+                    |device, key| {
                         if let Some(mqtt) = &mqtt {
                             mqtt.revoke(device);
+                        }
+                        if let Some(nats) = &nats {
+                            nats.revoke(device, key);
                         }
                     },
                     || {

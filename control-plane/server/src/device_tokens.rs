@@ -83,7 +83,10 @@ impl Generations {
 
     /// Reads every accepted key; returns the devices whose key changed, and
     /// of those the ones whose key known before is gone or replaced.
-    async fn load_keys(&self, db: &Db) -> Result<(Vec<DeviceId>, Vec<DeviceId>), DbError> {
+    async fn load_keys(
+        &self,
+        db: &Db,
+    ) -> Result<(Vec<DeviceId>, Vec<(DeviceId, String)>), DbError> {
         let stored: HashMap<DeviceId, String> = db
             .list::<DeviceKeyRecord>(KEY_PREFIX_KEY)
             .await?
@@ -101,7 +104,7 @@ impl Generations {
         let gone = keys
             .iter()
             .filter(|(d, k)| stored.get(*d) != Some(*k))
-            .map(|(d, _)| d.clone())
+            .map(|(d, k)| (d.clone(), k.clone()))
             .collect();
         *keys = stored;
         Ok((changed, gone))
@@ -109,7 +112,7 @@ impl Generations {
 
     /// Reads every generation and key; returns the devices whose
     /// generation or key changed, and those whose key is gone.
-    async fn load(&self, db: &Db) -> Result<(Vec<DeviceId>, Vec<DeviceId>), DbError> {
+    async fn load(&self, db: &Db) -> Result<(Vec<DeviceId>, Vec<(DeviceId, String)>), DbError> {
         let (mut changed, gone) = self.load_keys(db).await?;
         changed.extend(self.load_generations(db).await?);
         Ok((changed, gone))
@@ -136,12 +139,13 @@ impl Generations {
     /// Loads the generations (then calls `loaded`), then follows the
     /// store's changes until `shutdown`, telling `raised` each device whose
     /// generation or key changed, and `key_gone` each whose accepted key was
-    /// removed, rejected or replaced (its broker login goes too).
+    /// removed, rejected or replaced, with that key (its broker login goes
+    /// too).
     pub async fn run(
         &self,
         db: Db,
         raised: impl Fn(&DeviceId),
-        key_gone: impl Fn(&DeviceId),
+        key_gone: impl Fn(&DeviceId, &str),
         mut loaded: impl FnMut(),
         shutdown: CancellationToken,
     ) {
@@ -152,7 +156,7 @@ impl Generations {
                 match self.load(&db).await {
                     Ok((changed, gone)) => {
                         changed.iter().for_each(&raised);
-                        gone.iter().for_each(&key_gone);
+                        gone.iter().for_each(|(device, key)| key_gone(device, key));
                         reload = false;
                         loaded();
                     }
@@ -183,9 +187,11 @@ impl Generations {
                                     None => keys.remove(&device),
                                 };
                                 drop(keys);
-                                if before != now && before.is_some() {
+                                if before != now
+                                    && let Some(before) = &before
+                                {
                                     raised(&device);
-                                    key_gone(&device);
+                                    key_gone(&device, before);
                                 }
                             }
                             Err(_) => reload = true,

@@ -37,6 +37,9 @@ pub struct AgentSettings {
     /// The user is the device id; the password comes from `passwords`.
     pub nats: NatsSettings,
     pub passwords: BrokerPasswords,
+    /// A device with its own key: how it asks to join, and where its user
+    /// JWT is kept (then `passwords` is not used).
+    pub joining: Option<crate::enrolling::Joining>,
     pub heartbeat_interval: Duration,
     pub backoff_max: Duration,
 }
@@ -146,7 +149,9 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
     let mut supervisor = Supervisor::new(&agent, drover_model::transport::Transport::Nats, backoff);
     loop {
         supervisor.start();
-        let end = {
+        let end = if let Some(joining) = &settings.joining {
+            joined_session(&settings, joining, &agent, &shutdown).await
+        } else {
             let nats = with_password(&settings, &passwords);
             match serve(&settings, &nats, passwords.using_token(), &agent, &shutdown).await {
                 Ok(()) => SessionEnd::Shutdown,
@@ -162,6 +167,63 @@ pub async fn run(settings: AgentSettings, agent: Arc<Agent>, shutdown: Cancellat
         };
         if !supervisor.ended(&agent, end, &shutdown).await {
             return;
+        }
+    }
+}
+
+/// One session of a device with its own key: by its kept JWT, or after
+/// asking to join; a JWT the servers refuse is forgotten, and the device
+/// asks again after its backoff.
+async fn joined_session(
+    settings: &AgentSettings,
+    joining: &crate::enrolling::Joining,
+    agent: &Arc<Agent>,
+    shutdown: &CancellationToken,
+) -> SessionEnd {
+    use crate::enrolling::Asked;
+    let jwt = match joining.kept() {
+        Some(jwt) => jwt,
+        None => {
+            let inventory = agent_core::inventory::inventory(agent);
+            let asked = tokio::select! {
+                asked = joining.ask(&settings.nats, agent.device_id(), inventory) => asked,
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+            };
+            match asked {
+                Ok(Asked::Accepted(jwt)) => {
+                    info!("accepted over NATS: this device's JWT is kept");
+                    jwt
+                }
+                Ok(Asked::NotYet(message)) => {
+                    info!(%message, "asked to join over NATS; not let in yet");
+                    return SessionEnd::Failed(format!("not let in yet: {message}"));
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot ask to join over NATS");
+                    return SessionEnd::Failed(e.to_string());
+                }
+            }
+        }
+    };
+    let nats = NatsSettings {
+        user: None,
+        password: None,
+        key_login: Some(joining.login(jwt)),
+        ..settings.nats.clone()
+    };
+    match serve(settings, &nats, false, agent, shutdown).await {
+        Ok(()) => SessionEnd::Shutdown,
+        Err(NatsError::Refused { url, .. }) => {
+            warn!(%url, "the NATS servers refused this device's JWT; it asks to join again");
+            joining.forget();
+            SessionEnd::Failed(format!(
+                "the NATS servers at {url} refused this device's JWT (revoked, or another \
+                 account): asking to join again"
+            ))
+        }
+        Err(e) => {
+            warn!(error = %e, "NATS link failed");
+            SessionEnd::Failed(e.to_string())
         }
     }
 }

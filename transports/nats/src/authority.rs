@@ -139,27 +139,71 @@ impl Authority {
             &self.account_signing,
             user,
             name,
-            jwt::user_claims(&self.account.public_key(), permissions),
+            jwt::user_claims(&self.account.public_key(), permissions, false),
             now(),
         )?)
     }
 
-    /// Credentials of a new user of the system account, which may push an
-    /// account's new JWT to the servers.
-    pub fn system_user_creds(&self) -> Result<String, AuthorityError> {
+    /// The enrollment user's JWT (issue 55): a bearer JWT, the same in every
+    /// device's config and no secret, that may publish only requests to
+    /// join and read only their answers.
+    pub fn enroll_jwt(&self) -> Result<String, AuthorityError> {
+        let user = KeyPair::new_user();
+        let permissions = Permissions {
+            publish: vec![format!("{}.*", crate::ENROLL_PREFIX)],
+            subscribe: vec![format!("{}.>", crate::ENROLL_INBOX)],
+        };
+        Ok(jwt::encode(
+            &self.account_signing,
+            &user.public_key(),
+            "drover-enroll",
+            jwt::user_claims(&self.account.public_key(), Some(&permissions), true),
+            now(),
+        )?)
+    }
+
+    /// A login for the control plane: a new user key (kept in memory only)
+    /// and its JWT, which may do anything in the account.
+    pub fn control_plane_login(&self, name: &str) -> Result<crate::KeyLogin, AuthorityError> {
+        let user = KeyPair::new_user();
+        let jwt = self.user_jwt(&user.public_key(), name, None)?;
+        Ok(crate::KeyLogin {
+            jwt,
+            signer: std::sync::Arc::new(NkeySigner(user)),
+        })
+    }
+
+    /// A new user of the system account, which may push an account's new
+    /// JWT to the servers: its JWT and its key.
+    fn system_user(&self) -> Result<(String, KeyPair), AuthorityError> {
         let user = KeyPair::new_user();
         let jwt = jwt::encode(
             &self.system,
             &user.public_key(),
             "drover-system",
-            jwt::user_claims(&self.system.public_key(), None),
+            jwt::user_claims(&self.system.public_key(), None, false),
             now(),
         )?;
+        Ok((jwt, user))
+    }
+
+    /// [`Authority::system_user`] as a credentials file.
+    pub fn system_user_creds(&self) -> Result<String, AuthorityError> {
+        let (jwt, user) = self.system_user()?;
         let seed = user.seed().map_err(|e| AuthorityError::Key {
             path: PathBuf::from("(a new system user)"),
             reason: e.to_string(),
         })?;
         Ok(jwt::creds(&jwt, &seed))
+    }
+
+    /// [`Authority::system_user`] as a login.
+    pub fn system_login(&self) -> Result<crate::KeyLogin, AuthorityError> {
+        let (jwt, user) = self.system_user()?;
+        Ok(crate::KeyLogin {
+            jwt,
+            signer: std::sync::Arc::new(NkeySigner(user)),
+        })
     }
 
     /// The lines of nats-server's configuration that trust this operator:
@@ -178,6 +222,19 @@ impl Authority {
             account = self.account.public_key(),
             account_jwt = self.account_jwt(&BTreeMap::new())?,
         ))
+    }
+}
+
+/// An nkey that signs a server's nonce.
+struct NkeySigner(KeyPair);
+
+impl drover_model::enroll::Signer for NkeySigner {
+    fn public_key(&self) -> String {
+        self.0.public_key()
+    }
+
+    fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.0.sign(message).unwrap_or_default()
     }
 }
 

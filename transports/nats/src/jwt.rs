@@ -23,25 +23,6 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// Base32 without padding (RFC 4648), as the Go library writes `jti`.
-fn base32(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let mut out = String::with_capacity(bytes.len() * 8 / 5 + 1);
-    let (mut buffer, mut bits) = (0u32, 0u32);
-    for byte in bytes {
-        buffer = (buffer << 8) | u32::from(*byte);
-        bits += 8;
-        while bits >= 5 {
-            bits -= 5;
-            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
-        }
-    }
-    if bits > 0 {
-        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
-    }
-    out
-}
-
 /// A JWT with `nats` as its NATS-specific claims, about `subject`, issued by
 /// `issuer` at `issued_at` (Unix seconds).
 pub fn encode(
@@ -60,7 +41,7 @@ pub fn encode(
         "nats": nats,
     });
     let digest = ring::digest::digest(&ring::digest::SHA256, &serde_json::to_vec(&claims)?);
-    claims["jti"] = Value::String(base32(digest.as_ref()));
+    claims["jti"] = Value::String(drover_model::nkey::base32(digest.as_ref()));
     let signed = format!("{header}.{}", b64(&serde_json::to_vec(&claims)?));
     let signature = issuer
         .sign(signed.as_bytes())
@@ -111,8 +92,10 @@ pub struct Permissions {
     pub subscribe: Vec<String>,
 }
 
-/// A user's claims, signed by a signing key of `issuer_account`.
-pub fn user_claims(issuer_account: &str, permissions: Option<&Permissions>) -> Value {
+/// A user's claims, signed by a signing key of `issuer_account`. A bearer
+/// JWT lets in whoever shows it, with no nonce to sign: only for a user
+/// whose JWT is no secret and whose rights are few (the enrollment user).
+pub fn user_claims(issuer_account: &str, permissions: Option<&Permissions>, bearer: bool) -> Value {
     let mut nats = json!({
         "subs": -1, "data": -1, "payload": -1,
         "issuer_account": issuer_account,
@@ -122,6 +105,9 @@ pub fn user_claims(issuer_account: &str, permissions: Option<&Permissions>) -> V
     if let Some(permissions) = permissions {
         nats["pub"] = json!({ "allow": permissions.publish });
         nats["sub"] = json!({ "allow": permissions.subscribe });
+    }
+    if bearer {
+        nats["bearer_token"] = Value::Bool(true);
     }
     nats
 }
@@ -138,11 +124,19 @@ pub fn creds(jwt: &str, seed: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A device's key as the control plane names it is the key nkeys makes
+    /// from the same seed.
     #[test]
-    fn base32_is_rfc_4648_without_padding() {
-        assert_eq!(base32(b""), "");
-        assert_eq!(base32(b"f"), "MY");
-        assert_eq!(base32(b"foobar"), "MZXW6YTBOI");
+    fn a_devices_user_nkey_is_the_one_nkeys_makes() {
+        let seed = [7u8; 32];
+        let pair = KeyPair::new_from_raw(nkeys::KeyPairType::User, seed).expect("key");
+        let ring = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("ring");
+        use ring::signature::KeyPair as _;
+        let hex = drover_model::signing::hex(ring.public_key().as_ref());
+        assert_eq!(
+            drover_model::nkey::user_nkey(&hex).as_deref(),
+            Some(pair.public_key().as_str())
+        );
     }
 
     #[test]
@@ -157,7 +151,7 @@ mod tests {
             &account,
             &user.public_key(),
             "pi-1",
-            user_claims(&account.public_key(), Some(&permissions)),
+            user_claims(&account.public_key(), Some(&permissions), false),
             1_700_000_000,
         )
         .expect("jwt");

@@ -23,8 +23,11 @@
 pub mod agent;
 #[cfg(feature = "server")]
 pub mod authority;
+pub mod enrolling;
 #[cfg(feature = "server")]
 mod held;
+#[cfg(feature = "server")]
+pub mod joining;
 #[cfg(feature = "server")]
 pub mod jwt;
 #[cfg(feature = "server")]
@@ -110,6 +113,45 @@ pub fn hello_subject(device: &DeviceId) -> String {
     format!("{HELLO_PREFIX}.{device}")
 }
 
+/// Where a device with no JWT yet asks to join (issue 55), as the
+/// enrollment user (a bearer JWT that may publish only here and read only
+/// its answers): `drover.enroll.<device-id>`, answered into
+/// `_ENROLL_INBOX.<device-id>.…` (a root no device's inbox can have).
+pub const ENROLL_PREFIX: &str = "drover.enroll";
+pub const ENROLL_INBOX: &str = "_ENROLL_INBOX";
+
+pub fn enroll_subject(device: &DeviceId) -> String {
+    format!("{ENROLL_PREFIX}.{device}")
+}
+
+pub fn enroll_inbox_prefix(device: &DeviceId) -> String {
+    format!("{ENROLL_INBOX}.{device}")
+}
+
+/// A request to join over NATS: the device's key, the enrollment token it
+/// was given, what it says of itself, and its key's signature over
+/// `drover_model::enroll::broker_password_message` (no round trip comes
+/// before the request; a replay asks for what the device asked).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollRequest {
+    pub public_key: String,
+    pub token: String,
+    #[serde(default)]
+    pub inventory: drover_model::enroll::Inventory,
+    pub signature: String,
+}
+
+/// The control plane's answer: `accepted` with the device's user JWT
+/// (its own subjects, bound to its key), `pending`, or `refused`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum EnrollReply {
+    Accepted { jwt: String },
+    Pending { message: String },
+    Refused { message: String },
+}
+
 pub fn stream_name(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
@@ -153,6 +195,24 @@ pub struct NatsSettings {
     /// The control plane's: copies JetStream keeps of every bucket it
     /// creates (3 on a cluster of three). Agents create nothing.
     pub replicas: usize,
+    /// A user JWT and the key that signs the server's nonce for it (a
+    /// server trusting an operator, issue 55); instead of user and password.
+    pub key_login: Option<KeyLogin>,
+}
+
+/// A user JWT, and the key it is bound to.
+#[derive(Clone)]
+pub struct KeyLogin {
+    pub jwt: String,
+    pub signer: std::sync::Arc<dyn drover_model::enroll::Signer>,
+}
+
+impl std::fmt::Debug for KeyLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyLogin")
+            .field("public_key", &self.signer.public_key())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +308,13 @@ pub fn parse_addresses(urls: &str) -> Result<Vec<async_nats::ServerAddr>, NatsEr
 pub(crate) fn connect_options(settings: &NatsSettings) -> async_nats::ConnectOptions {
     let mut options =
         async_nats::ConnectOptions::new().connection_timeout(settings.connect_timeout);
-    if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
+    if let Some(login) = &settings.key_login {
+        let signer = login.signer.clone();
+        options = options.jwt(login.jwt.clone(), move |nonce| {
+            let signature = signer.sign(&nonce);
+            async move { Ok(signature) }
+        });
+    } else if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
         options = options.user_and_password(user.clone(), password.clone());
     }
     if let Some(ca) = &settings.ca_file {
@@ -260,6 +326,28 @@ pub(crate) fn connect_options(settings: &NatsSettings) -> async_nats::ConnectOpt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request and the answer in docs/protocol.md are what an agent
+    /// sends and the control plane answers.
+    #[test]
+    fn the_enrollment_examples_in_the_protocol_document_read_back_the_same() {
+        let doc = include_str!("../../../docs/protocol.md");
+        let section = doc
+            .split("## Enrollment over NATS")
+            .nth(1)
+            .expect("the section");
+        let examples: Vec<&str> = section
+            .split("```json\n")
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next())
+            .collect();
+        assert_eq!(examples.len(), 2);
+        let request: EnrollRequest = serde_json::from_str(examples[0]).expect("a request");
+        assert_eq!(request.inventory.hostname.as_deref(), Some("pi-8f3a"));
+        let answer: EnrollReply = serde_json::from_str(examples[1]).expect("an answer");
+        let theirs: serde_json::Value = serde_json::from_str(examples[1]).expect("json");
+        assert_eq!(serde_json::to_value(&answer).expect("encode"), theirs);
+    }
 
     #[test]
     fn several_server_urls_parse_and_bad_ones_are_named() {

@@ -46,6 +46,17 @@ pub struct NatsLinks {
     health: HealthCell,
     /// Which backlogs are read: the link has caught up once both are.
     backlog: std::sync::Mutex<Backlog>,
+    /// What lets devices join (the joining module), once handed over.
+    pub(crate) joining: tokio::sync::watch::Sender<Option<Arc<Joining>>>,
+}
+
+/// What the link needs to let devices join (the joining module): the gate
+/// that judges them, the keys that sign their JWTs, and a connection in the
+/// system account that pushes the account's new JWT.
+pub struct Joining {
+    pub gate: Arc<dyn drover_contract::gate::DeviceGate>,
+    pub authority: Arc<crate::authority::Authority>,
+    pub system: async_nats::Client,
 }
 
 /// A readable status of the device that sent it, by whether the device was
@@ -88,6 +99,7 @@ impl NatsLinks {
             events,
             health: HealthCell::default(),
             backlog: Default::default(),
+            joining: tokio::sync::watch::Sender::new(None),
         })
     }
 
@@ -115,7 +127,9 @@ impl NatsLinks {
         let hellos = tokio::spawn(self.clone().hellos(shutdown.clone()));
         let requests = tokio::spawn(self.clone().status_requests(shutdown.clone()));
         let held = tokio::spawn(self.clone().held_statuses(shutdown.clone()));
+        let enrollments = tokio::spawn(self.clone().enrollments(shutdown.clone()));
         shutdown.cancelled().await;
+        enrollments.abort();
         statuses.abort();
         heartbeats.abort();
         hellos.abort();

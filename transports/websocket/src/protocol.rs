@@ -231,8 +231,8 @@ mod tests {
                             };
                             same(encoded.expect("encode"));
                         }
-                        // transport-mqtt reads its own section.
-                        "Enrollment over MQTT" => {}
+                        // transport-mqtt and transport-nats read their own sections.
+                        "Enrollment over MQTT" | "Enrollment over NATS" => {}
                         other => panic!("a JSON example under {other:?}"),
                     }
                     seen.push(format!("{section}/{heading}"));

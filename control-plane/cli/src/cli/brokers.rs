@@ -6,15 +6,41 @@ use std::path::PathBuf;
 /// `drover nats-config`'s arguments.
 #[derive(Args)]
 pub struct NatsConfigArgs {
-    /// A device to authorize (repeat for each).
-    #[arg(long = "device", required = true)]
+    /// A device to authorize by its token (repeat for each).
+    #[arg(
+        long = "device",
+        required_unless_present = "authority",
+        conflicts_with = "authority"
+    )]
     pub devices: Vec<String>,
     #[arg(long, default_value = "drover-control-plane")]
     pub control_plane_user: String,
     /// The control plane's own NATS password (better given in
     /// DROVER_NATS_PASSWORD than on the command line).
-    #[arg(long, env = "DROVER_NATS_PASSWORD", hide_env_values = true)]
-    pub control_plane_password: String,
+    #[arg(
+        long,
+        env = "DROVER_NATS_PASSWORD",
+        hide_env_values = true,
+        required_unless_present = "authority"
+    )]
+    pub control_plane_password: Option<String>,
+    /// Let devices join by themselves (`drover enrollment-tokens`): the
+    /// servers trust Drover's operator once, whose keys are made in DIR
+    /// (outside the data directory; the control plane serves with
+    /// `--nats-authority DIR`), and take each device by the JWT the control
+    /// plane signs it when it is accepted. Prints the servers' lines and the
+    /// `enrollment_jwt` every device's config carries.
+    #[arg(long, value_name = "DIR")]
+    pub authority: Option<PathBuf>,
+    /// Where the servers keep the accounts' JWTs (with --authority): a
+    /// directory nats-server's user may write.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/nats/drover-accounts",
+        requires = "authority"
+    )]
+    pub resolver_dir: PathBuf,
     /// Write the block to this file (replaced whole) for nats-server's
     /// `include`, instead of printing it: running it again never
     /// duplicates the block.

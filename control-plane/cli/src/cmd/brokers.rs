@@ -160,26 +160,47 @@ pub fn nats_config(
         devices,
         control_plane_user,
         control_plane_password,
+        authority,
+        resolver_dir,
         out,
         cluster,
         allow_direct_status_puts,
         group,
         offline: _,
     } = args;
-    let secrets = drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
-    let devices = broker_passwords(&secrets, devices, generations)?;
-    use transport_nats::server::DirectStatusPuts;
-    let direct = if *allow_direct_status_puts {
-        DirectStatusPuts::Allowed
-    } else {
-        DirectStatusPuts::Denied
+    let config = match authority {
+        Some(dir) => {
+            let authority = transport_nats::authority::Authority::load_or_create(dir)?;
+            format!(
+                "{}# every device's [transport] (kind = \"nats\", with its enrollment_token_file):\n\
+                 # enrollment_jwt = \"{}\"\n\
+                 # the control plane: drover serve --nats-url … --nats-authority {}\n",
+                authority.server_config(resolver_dir)?,
+                authority.enroll_jwt()?,
+                dir.display()
+            )
+        }
+        None => {
+            let secrets =
+                drover_server::auth::Secrets::load_existing(&cli.data, cli.token.clone())?;
+            let devices = broker_passwords(&secrets, devices, generations)?;
+            use transport_nats::server::DirectStatusPuts;
+            let direct = if *allow_direct_status_puts {
+                DirectStatusPuts::Allowed
+            } else {
+                DirectStatusPuts::Denied
+            };
+            transport_nats::server::authorization_config(
+                (
+                    control_plane_user,
+                    control_plane_password.as_deref().unwrap_or_default(),
+                ),
+                &devices,
+                direct,
+            )
+            .map_err(anyhow::Error::msg)?
+        }
     };
-    let config = transport_nats::server::authorization_config(
-        (control_plane_user, control_plane_password),
-        &devices,
-        direct,
-    )
-    .map_err(anyhow::Error::msg)?;
     match out {
         Some(path) => {
             let gid = broker_group(group)?;

@@ -28,6 +28,7 @@ pub async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             pass_interval: Duration::from_millis(args.pass_interval_ms),
             operator_token: cli.token.clone(),
             nats: args.nats.settings(),
+            nats_authority: args.nats.nats_authority.clone(),
             store_on_nats: args.store == StoreKind::Nats,
             max_agent_connections: args.max_agent_connections,
             mqtt: args.mqtt.settings(),
