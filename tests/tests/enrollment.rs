@@ -484,6 +484,87 @@ impl Joining {
     }
 }
 
+/// Whether the broker lets `device` in with `password` (MQTT), or with
+/// user and password or, when `jwt` is given, that JWT signed for by the
+/// agent's own key (NATS). None over WebSocket (no broker).
+async fn broker_opens(
+    fleet: &Joining,
+    agent: &AgentProcess,
+    device: &str,
+    password: &str,
+    jwt: Option<String>,
+) -> Option<bool> {
+    match &fleet.broker {
+        Broker::None => None,
+        Broker::Mqtt(broker) => {
+            let mut options = rumqttc::MqttOptions::new(device, "127.0.0.1", broker.port);
+            options.set_credentials(device, password);
+            let (_client, mut events) = rumqttc::AsyncClient::new(options, 4);
+            let answer = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match events.poll().await {
+                        Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(_))) => return true,
+                        Ok(_) => {}
+                        Err(_) => return false,
+                    }
+                }
+            })
+            .await;
+            Some(answer.unwrap_or(false))
+        }
+        Broker::Nats(nats, _) => {
+            let options = match jwt {
+                Some(jwt) => {
+                    let key = std::sync::Arc::new(
+                        agent_core::identity::DeviceKey::load_or_create(&agent.dir.join("state"))
+                            .expect("the agent's key"),
+                    );
+                    async_nats::ConnectOptions::new().jwt(jwt, move |nonce| {
+                        let signature = drover_model::enroll::Signer::sign(key.as_ref(), &nonce);
+                        async move { Ok(signature) }
+                    })
+                }
+                None => async_nats::ConnectOptions::with_user_and_password(
+                    device.into(),
+                    password.into(),
+                ),
+            };
+            Some(
+                options
+                    .max_reconnects(Some(1))
+                    .connect(nats.url())
+                    .await
+                    .is_ok(),
+            )
+        }
+    }
+}
+
+/// What a copy of the control plane's data directory can make (the
+/// device's token and the broker password derived from it) opens no
+/// joined device's session at its broker; the device's own key does.
+async fn the_data_directory_opens_nothing(fleet: &Joining, agent: &AgentProcess, device: &str) {
+    let id = drover_model::DeviceId::new(device).expect("id");
+    let token = fleet.cp.device_token(device);
+    let derived = drover_model::credentials::broker_password(&token, &id);
+    for password in [&derived, &token] {
+        assert_ne!(
+            broker_opens(fleet, agent, device, password, None).await,
+            Some(true),
+            "what the data directory makes opened {device}'s session"
+        );
+    }
+    let key = agent_core::identity::DeviceKey::load_or_create(&agent.dir.join("state"))
+        .expect("the agent's key");
+    let own = drover_model::enroll::key_broker_password(&key, &id);
+    let jwt = std::fs::read_to_string(agent.dir.join("state/nats.jwt")).ok();
+    assert_ne!(
+        broker_opens(fleet, agent, device, &own, jwt).await,
+        Some(false),
+        "the device's own key did not open its session"
+    );
+}
+
 /// How many times `agent` logged `what`.
 fn times(agent: &AgentProcess, what: &str) -> usize {
     std::fs::read_to_string(agent.dir.join("agent.log"))
@@ -524,7 +605,7 @@ async fn devices_join_and_a_rejected_key_is_cut_off(transport: &str) {
     );
     let manual = enrollment_token(cp, &["hand", "--groups", "kiosk"]);
     let a = fleet.agent(&dir.path().join("a"), "j-auto", &auto);
-    let _b = fleet.agent(&dir.path().join("b"), "j-manual", &manual);
+    let b = fleet.agent(&dir.path().join("b"), "j-manual", &manual);
     let c = fleet.agent(&dir.path().join("c"), "j-rejected", &manual);
 
     cp.wait_for_agents(&["j-auto"]).await;
@@ -584,6 +665,7 @@ async fn devices_join_and_a_rejected_key_is_cut_off(transport: &str) {
         a.log()
     );
     assert!(connected(cp, "j-manual").await, "the other device stays in");
+    the_data_directory_opens_nothing(&fleet, &b, "j-manual").await;
 }
 
 /// One test per transport, as the scenarios run.
