@@ -22,6 +22,10 @@ const API_VERSION: &str = drover_tests::API_VERSION;
 
 #[path = "hostile/enrollment.rs"]
 mod enrollment;
+#[path = "hostile/enrollment_mqtt.rs"]
+mod enrollment_mqtt;
+#[path = "hostile/enrollment_nats.rs"]
+mod enrollment_nats;
 #[path = "hostile/misuse.rs"]
 mod misuse;
 
@@ -2239,6 +2243,8 @@ const TABLES: &[&str] = &[
     "agent files",
     "operators' misuse",
     "enrollment doors",
+    "enrollment over MQTT",
+    "enrollment over NATS",
 ];
 
 /// The rows that ran, as each table and one-row test recorded them when
