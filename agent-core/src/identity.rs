@@ -7,8 +7,7 @@
 use drover_model::DeviceId;
 use ring::rand::SecureRandom;
 use ring::signature::{Ed25519KeyPair, KeyPair};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The key's file in the state directory: the 32-byte Ed25519 seed, hex.
@@ -173,7 +172,8 @@ impl DeviceKey {
                 ring::rand::SystemRandom::new()
                     .fill(&mut seed)
                     .map_err(|_| fail("no randomness from the system".into()))?;
-                write_new(&path, hex(&seed).as_bytes()).map_err(|e| fail(e.to_string()))?;
+                crate::durable::replace(&path, format!("{}\n", hex(&seed)).as_bytes(), 0o600)
+                    .map_err(|e| fail(e.to_string()))?;
                 tracing::info!(path = %path.display(), "made this device's key");
                 Self::from_seed(&seed).map_err(fail)
             }
@@ -206,27 +206,6 @@ impl drover_model::enroll::Signer for DeviceKey {
     fn sign(&self, message: &[u8]) -> Vec<u8> {
         DeviceKey::sign(self, message)
     }
-}
-
-/// Writes `bytes` to a new file at `path`, mode 0600 from its creation,
-/// synced, then renamed into place and the directory synced: a crash
-/// leaves the old state or the whole key, never half of one.
-fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let temporary = dir.join(format!(".{KEY_FILE}.new"));
-    let _ = std::fs::remove_file(&temporary);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temporary)?;
-    file.write_all(bytes)?;
-    file.write_all(b"\n")?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&temporary, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -10,6 +10,7 @@ pub mod chain;
 pub mod clock;
 pub mod confirm;
 pub mod dbfile;
+pub mod durable;
 pub mod executor;
 pub mod facts;
 pub mod identity;
