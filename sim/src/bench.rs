@@ -463,7 +463,7 @@ fn start_broker(
             Some((vec![process], url))
         }
         Transport::Mqtt => {
-            let (process, url) = start_mosquitto(dir, tokens)?;
+            let (process, url) = start_mosquitto(dir, tokens, "")?;
             Some((vec![process], url))
         }
         Transport::Websocket => None,

@@ -217,7 +217,7 @@ pub async fn measure_agent(
     let tokens = vec![(device.clone(), token.clone())];
     let broker = match transport {
         Transport::Nats => Some(harness::start_nats(dir.path(), &tokens)?),
-        Transport::Mqtt => Some(harness::start_mosquitto(dir.path(), &tokens)?),
+        Transport::Mqtt => Some(harness::start_mosquitto(dir.path(), &tokens, "")?),
         Transport::Websocket => None,
     };
     let broker_url = broker.as_ref().map(|(_, url)| url.clone());

@@ -43,8 +43,8 @@ pub(crate) fn free_port() -> Result<u16> {
         .port())
 }
 
-const CP_USER: &str = "drover-control-plane";
-const CP_PASSWORD: &str = "bench-secret";
+pub(crate) const CP_USER: &str = "drover-control-plane";
+pub(crate) const CP_PASSWORD: &str = "bench-secret";
 
 /// Starts nats-server with JetStream and one user per device.
 pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
@@ -151,6 +151,7 @@ fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
 pub(crate) fn start_mosquitto(
     dir: &Path,
     tokens: &[(DeviceId, String)],
+    extra: &str,
 ) -> Result<(Process, String)> {
     let port = free_port()?;
     let (passwords, acl) = transport_mqtt::mosquitto::mosquitto_files(
@@ -164,7 +165,7 @@ pub(crate) fn start_mosquitto(
     let config = format!(
         "user root\nlistener {port} 127.0.0.1\n{}\nmax_connections -1\n{}\n\
          persistence false\nper_listener_settings false\nallow_anonymous false\n\
-         password_file {}\nacl_file {}\n",
+         password_file {}\nacl_file {}\n{extra}\n",
         transport_mqtt::Topics::listener_settings(),
         transport_mqtt::Topics::broker_settings(),
         dir.join("drover.passwd").display(),

@@ -8,9 +8,11 @@
 //! N; [`bench`] drives it at fleet scale.
 
 pub mod bench;
+pub mod connect;
 pub mod enroll;
 pub mod footprint;
 pub mod harness;
+pub mod logins;
 pub mod mqtt;
 pub mod nats;
 pub mod patch;

@@ -43,6 +43,40 @@ enum Command {
     /// auto-accept token over WebSocket, then connecting by their keys;
     /// prints a Markdown table.
     Enroll(EnrollArgs),
+    /// Measure N devices connecting to one nats-server at once, by bcrypt
+    /// passwords or by user JWTs (no control plane); prints a Markdown table.
+    NatsConnect(NatsConnectArgs),
+    /// Measure mosquitto's dynamic security plugin taking N devices' logins
+    /// at once, as the control plane hands them over; prints a Markdown table.
+    MqttLogins(MqttLoginsArgs),
+}
+
+#[derive(Args)]
+struct MqttLoginsArgs {
+    /// Numbers of logins, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+    devices: Vec<usize>,
+    /// Runs of each row: each figure's median with its minimum and maximum.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+#[derive(Args)]
+struct NatsConnectArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    devices: Vec<usize>,
+    /// How devices log in (both by default, side by side).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "password,jwt"
+    )]
+    auth: Vec<drover_sim::connect::Auth>,
+    /// Runs of each row: each figure's median with its minimum and maximum.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(Args)]
@@ -190,6 +224,8 @@ fn main() -> Result<()> {
             Command::Patch(args) => patch_cmd(args).await,
             Command::Bench(args) => bench_cmd(args).await,
             Command::Enroll(args) => enroll_cmd(args).await,
+            Command::NatsConnect(args) => nats_connect_cmd(args).await,
+            Command::MqttLogins(args) => mqtt_logins_cmd(args).await,
         }
     })
 }
@@ -420,6 +456,85 @@ async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
             spread(&|r| r.connected.as_secs_f64(), 1),
             spread(&|r| r.cpu_per_device.as_secs_f64() * 1000.0, 2),
             spread(&|r| r.retries as f64, 0),
+            runs.iter()
+                .map(|r| format!("{:.1} → {:.1}", r.load.0, r.load.1))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
+    Ok(())
+}
+
+/// `nats-connect`: devices connecting at once, for each way of logging in
+/// and each fleet size.
+async fn nats_connect_cmd(args: NatsConnectArgs) -> Result<()> {
+    use drover_sim::connect::{ConnectFigures, measure};
+    use drover_sim::spread::Spread;
+    println!(
+        "| devices | login | all connected, s | server CPU per device, ms | retries | load before → after |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for size in &args.devices {
+        for auth in &args.auth {
+            let mut runs = Vec::new();
+            for run in 1..=args.runs.max(1) {
+                match measure(*size, *auth).await {
+                    Ok(one) => {
+                        eprintln!("run {run}: {auth:?} {one:?}");
+                        runs.push(one);
+                    }
+                    Err(e) => eprintln!("run {run}, {size} devices, {auth:?}: failed: {e:#}"),
+                }
+            }
+            let spread = |f: &dyn Fn(&ConnectFigures) -> f64, decimals| {
+                Spread::of(runs.iter().map(f)).map_or_else(|| "-".to_owned(), |s| s.show(decimals))
+            };
+            let login = match auth {
+                drover_sim::connect::Auth::Password => "bcrypt password",
+                drover_sim::connect::Auth::Jwt => "user JWT",
+            };
+            println!(
+                "| {size} | {login} | {} | {} | {} | {} |",
+                spread(&|r| r.connected.as_secs_f64(), 1),
+                spread(&|r| r.server_cpu_per_device.as_secs_f64() * 1000.0, 2),
+                spread(&|r| r.retries as f64, 0),
+                runs.iter()
+                    .map(|r| format!("{:.1} → {:.1}", r.load.0, r.load.1))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `mqtt-logins`: the dynamic security plugin taking N logins at once.
+async fn mqtt_logins_cmd(args: MqttLoginsArgs) -> Result<()> {
+    use drover_sim::logins::{LoginFigures, measure};
+    use drover_sim::spread::Spread;
+    println!(
+        "| logins | all answered, s | broker CPU per login, ms | plugin file, MiB | load before → after |"
+    );
+    println!("|---|---|---|---|---|");
+    for size in args.devices {
+        let mut runs = Vec::new();
+        for run in 1..=args.runs.max(1) {
+            match measure(size).await {
+                Ok(one) => {
+                    eprintln!("run {run}: {one:?}");
+                    runs.push(one);
+                }
+                Err(e) => eprintln!("run {run}, {size} logins: failed: {e:#}"),
+            }
+        }
+        let spread = |f: &dyn Fn(&LoginFigures) -> f64, decimals| {
+            Spread::of(runs.iter().map(f)).map_or_else(|| "-".to_owned(), |s| s.show(decimals))
+        };
+        println!(
+            "| {size} | {} | {} | {} | {} |",
+            spread(&|r| r.answered.as_secs_f64(), 1),
+            spread(&|r| r.broker_cpu_per_login.as_secs_f64() * 1000.0, 2),
+            spread(&|r| r.file_bytes as f64 / (1024.0 * 1024.0), 1),
             runs.iter()
                 .map(|r| format!("{:.1} → {:.1}", r.load.0, r.load.1))
                 .collect::<Vec<_>>()

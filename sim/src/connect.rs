@@ -1,0 +1,237 @@
+//! `drover-sim nats-connect` (issues 55 and 57): N devices connecting to one
+//! nats-server at once, as a fleet does after the server restarts, by
+//! bcrypt passwords from the server's configuration (`drover nats-config
+//! --device`) or by user JWTs signed by Drover's account (`drover
+//! nats-config --authority`). No control plane: the figure is the
+//! server's cost of letting devices in. Each device that fails tries again
+//! after the agent's own backoff, as the agent does.
+
+use crate::harness::{Process, free_port};
+use crate::procstat;
+use agent_core::backoff::Backoff;
+use anyhow::{Context, Result, bail};
+use drover_model::DeviceId;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use transport_nats::agent::RECONNECT_INITIAL;
+
+/// How devices log in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Auth {
+    /// Users and bcrypt passwords in the server's configuration.
+    Password,
+    /// User JWTs signed by the account's signing key; the device signs the
+    /// server's nonce.
+    Jwt,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone)]
+pub struct ConnectFigures {
+    pub devices: usize,
+    /// From the first attempt until every device was connected.
+    pub connected: Duration,
+    /// The server's CPU over that time, per device.
+    pub server_cpu_per_device: Duration,
+    /// Attempts that failed and were made again.
+    pub retries: usize,
+    pub load: (f64, f64),
+}
+
+/// How one device logs in.
+enum Login {
+    Password(String, String),
+    Jwt(transport_nats::KeyLogin),
+}
+
+/// A device's key, signing as the agent's does.
+struct SimKey(ring::signature::Ed25519KeyPair);
+
+impl drover_model::enroll::Signer for SimKey {
+    fn public_key(&self) -> String {
+        use ring::signature::KeyPair;
+        drover_model::signing::hex(self.0.public_key().as_ref())
+    }
+
+    fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.0.sign(message).as_ref().to_vec()
+    }
+}
+
+fn sim_key(index: usize) -> Result<SimKey> {
+    let mut seed = [0u8; 32];
+    seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    seed[31] = 0xc0;
+    ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
+        .map(SimKey)
+        .map_err(|_| anyhow::anyhow!("a key from a seed"))
+}
+
+/// The server's configuration and each device's login.
+fn logins(dir: &Path, devices: usize, auth: Auth) -> Result<(String, Vec<Login>)> {
+    let ids: Vec<DeviceId> = (0..devices)
+        .map(|i| DeviceId::new(format!("nc-{i:05}")))
+        .collect::<Result<_, _>>()?;
+    match auth {
+        Auth::Password => {
+            let passwords: Vec<(DeviceId, String)> = ids
+                .iter()
+                .map(|id| (id.clone(), format!("{:064x}", fastrand::u128(..))))
+                .collect();
+            let config = transport_nats::server::authorization_config(
+                ("drover-control-plane", "connect-bench"),
+                &passwords,
+                transport_nats::server::DirectStatusPuts::Denied,
+            )
+            .map_err(anyhow::Error::msg)?;
+            let logins = passwords
+                .into_iter()
+                .map(|(id, password)| Login::Password(id.to_string(), password))
+                .collect();
+            Ok((config, logins))
+        }
+        Auth::Jwt => {
+            let authority =
+                transport_nats::authority::Authority::load_or_create(&dir.join("keys"))?;
+            let config = authority.server_config(&dir.join("accounts"))?;
+            let mut logins = Vec::with_capacity(devices);
+            for (index, id) in ids.iter().enumerate() {
+                let key = sim_key(index)?;
+                let nkey =
+                    drover_model::nkey::user_nkey(&drover_model::enroll::Signer::public_key(&key))
+                        .context("a user nkey")?;
+                let (publish, subscribe) = transport_nats::server::device_permissions(
+                    id,
+                    transport_nats::server::DirectStatusPuts::Denied,
+                );
+                let jwt = authority.user_jwt(
+                    &nkey,
+                    id.as_str(),
+                    Some(&transport_nats::jwt::Permissions { publish, subscribe }),
+                )?;
+                logins.push(Login::Jwt(transport_nats::KeyLogin {
+                    jwt,
+                    signer: Arc::new(key),
+                }));
+            }
+            Ok((config, logins))
+        }
+    }
+}
+
+/// Connects once as `login`.
+async fn connect(url: &str, login: &Login) -> Result<async_nats::Client> {
+    let options = match login {
+        Login::Password(user, password) => {
+            async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+        }
+        Login::Jwt(login) => {
+            let signer = login.signer.clone();
+            async_nats::ConnectOptions::new().jwt(login.jwt.clone(), move |nonce| {
+                let signature = signer.sign(&nonce);
+                async move { Ok(signature) }
+            })
+        }
+    };
+    Ok(options
+        .connection_timeout(transport_nats::agent::CONNECT_TIMEOUT)
+        .max_reconnects(Some(1))
+        .connect(url)
+        .await?)
+}
+
+/// Starts nats-server with `auth_config` and waits until it listens.
+fn start_server(dir: &Path, auth_config: &str) -> Result<(Process, String)> {
+    let port = free_port()?;
+    let config = format!(
+        "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
+         jetstream {{ store_dir: {:?} }}\n{auth_config}",
+        dir.join("js").display().to_string()
+    );
+    std::fs::write(dir.join("nats.conf"), config)?;
+    let log = std::fs::File::create(dir.join("nats.log"))?;
+    let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
+    let process = Process(
+        Command::new(binary)
+            .arg("-c")
+            .arg(dir.join("nats.conf"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start nats-server")?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "nats-server did not start; see {}",
+                dir.join("nats.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((process, format!("nats://127.0.0.1:{port}")))
+}
+
+/// One run: a fresh server, N devices connecting at once.
+pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
+    let dir = tempfile::Builder::new()
+        .prefix("drover-nats-connect-")
+        .tempdir()?;
+    let (config, logins) = logins(dir.path(), devices, auth)?;
+    let (server, url) = start_server(dir.path(), &config)?;
+    let retries = Arc::new(AtomicUsize::new(0));
+    let before = procstat::usage(server.0.id()).context("the server's usage")?;
+    let load_before = procstat::load_average().unwrap_or(f64::NAN);
+    let started = Instant::now();
+    let tasks: Vec<_> = logins
+        .into_iter()
+        .map(|login| {
+            let (url, retries) = (url.clone(), retries.clone());
+            tokio::spawn(async move {
+                let mut backoff = Backoff::new(RECONNECT_INITIAL, Duration::from_secs(60));
+                let deadline = Instant::now() + Duration::from_secs(600);
+                loop {
+                    let attempt = Instant::now();
+                    match connect(&url, &login).await {
+                        Ok(client) => return Ok(client),
+                        Err(e) if Instant::now() < deadline => {
+                            if retries.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("a connection failed: {e:#}; trying again");
+                            }
+                            tokio::time::sleep(backoff.failed(attempt.elapsed())).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut clients = Vec::with_capacity(devices);
+    for task in tasks {
+        clients.push(task.await??);
+    }
+    let connected = started.elapsed();
+    let after = procstat::usage(server.0.id()).context("the server's usage")?;
+    let load_after = procstat::load_average().unwrap_or(f64::NAN);
+    // Closed before the next run, which needs the file descriptors.
+    let closing: Vec<_> = clients
+        .into_iter()
+        .map(|client| tokio::spawn(async move { client.drain().await }))
+        .collect();
+    for closed in closing {
+        let _ = closed.await;
+    }
+    drop(server);
+    Ok(ConnectFigures {
+        devices,
+        connected,
+        server_cpu_per_device: after.cpu.saturating_sub(before.cpu) / devices.max(1) as u32,
+        retries: retries.load(Ordering::Relaxed),
+        load: (load_before, load_after),
+    })
+}
