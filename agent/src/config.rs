@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 pub const DEFAULT_SOCKET: &str = "/run/drover-agent/status.sock";
 
+mod ca;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -46,6 +48,12 @@ pub struct Config {
     /// Members of this group may read the status socket (if the group exists).
     #[serde(default = "default_status_group")]
     pub status_group: String,
+    /// The CA that signed the control plane's (or its broker's) certificate,
+    /// inline (PEM), so that one file configures a device: it stands for
+    /// the transport's `ca_file`, which must then be left out. The agent
+    /// keeps it as `ca.pem` in its state directory.
+    #[serde(default)]
+    pub ca_pem: Option<String>,
     pub transport: Transport,
     pub updater: Updater,
     #[serde(default)]
@@ -93,8 +101,8 @@ pub enum Transport {
         /// enrollment.
         #[serde(default)]
         enroll_key: bool,
-        #[serde(default = "default_ca_file")]
-        ca_file: PathBuf,
+        /// Default: the system's bundle (a public CA), or `ca_pem`.
+        ca_file: Option<PathBuf>,
         #[serde(default = "default_heartbeat")]
         heartbeat_seconds: u64,
         #[serde(default = "default_backoff_max")]
@@ -184,8 +192,11 @@ impl Transport {
                 server_url,
                 ca_file,
                 ..
-            } => transport_websocket::client::check_settings(server_url, ca_file)
-                .map_err(|e| anyhow::anyhow!("transport: {e}")),
+            } => transport_websocket::client::check_settings(
+                server_url,
+                &ca_file.clone().unwrap_or_else(default_ca_file),
+            )
+            .map_err(|e| anyhow::anyhow!("transport: {e}")),
             Transport::Mqtt {
                 url,
                 ca_file,
@@ -366,7 +377,9 @@ impl Config {
     pub fn download_ca_file(&self) -> PathBuf {
         match (&self.updater.download_ca_file, &self.transport) {
             (Some(file), _) => file.clone(),
-            (None, Transport::Websocket { ca_file, .. }) => ca_file.clone(),
+            (None, Transport::Websocket { ca_file, .. }) => {
+                ca_file.clone().unwrap_or_else(default_ca_file)
+            }
             (None, _) => default_ca_file(),
         }
     }
@@ -447,7 +460,7 @@ fn default_boot_id_path() -> PathBuf {
 fn default_kernel_release_path() -> PathBuf {
     PathBuf::from(updater_apt::kernel::RELEASE_PATH)
 }
-fn default_ca_file() -> PathBuf {
+pub(crate) fn default_ca_file() -> PathBuf {
     PathBuf::from(drover_net::tls::SYSTEM_CA_BUNDLE)
 }
 fn default_heartbeat() -> u64 {
@@ -501,6 +514,7 @@ impl Config {
         config.device_id = agent_core::identity::device_id(&config.device_id, &sources)?
             .as_str()
             .to_owned();
+        config.resolve_ca()?;
         bounded(
             "transport.heartbeat_seconds",
             config.transport.heartbeat_seconds(),
@@ -583,7 +597,7 @@ fn one_line(text: &str, error: &toml::de::Error) -> anyhow::Error {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    pub(super) const GOOD: &str = r#"
 device_id = "device-1"
 intent_public_keys = ["d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"]
 [transport]

@@ -52,7 +52,9 @@ pub(crate) fn link_settings(
                 transport_websocket::client::ClientSettings {
                     server_url: server_url.clone(),
                     credential,
-                    ca_file: ca_file.clone(),
+                    ca_file: ca_file
+                        .clone()
+                        .unwrap_or_else(crate::config::default_ca_file),
                     heartbeat_interval: Duration::from_secs(*heartbeat_seconds),
                     backoff_initial: Duration::from_millis(500),
                     backoff_max: Duration::from_secs((*backoff_max_seconds).max(1)),

@@ -73,6 +73,7 @@ fn run_cli() -> Result<()> {
         Command::Check { connect } => {
             let config = Config::load(&cli.config)?;
             config.transport.read_credentials()?;
+            config.keep_ca()?;
             config.transport.check()?;
             let store = config.state_dir.join("agent.redb");
             // A running agent holds its database (and answers on its socket):
@@ -348,6 +349,7 @@ fn configured(config_path: &Path) -> Result<Config> {
         let config = Config::load(config_path)?;
         drover_model::DeviceId::new(config.device_id.clone())?;
         config.transport.read_credentials()?;
+        config.keep_ca()?;
         config.transport.check()?;
         Ok(config)
     };
@@ -367,20 +369,7 @@ async fn run(config_path: &Path) -> Result<()> {
     #[cfg(not(feature = "testing"))]
     let boot_id_path = std::path::PathBuf::from(agent_core::boot::DEFAULT_BOOT_ID_PATH);
     let boot_id = agent_core::boot::read_boot_id(&boot_id_path)?;
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        // The agent's state is its own: mode 0700 when it makes the directory.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&config.state_dir)
-            .with_context(|| {
-                format!(
-                    "cannot create the state directory {}",
-                    config.state_dir.display()
-                )
-            })?;
-    }
+    config.create_state_dir()?;
     let device_key = std::sync::Arc::new(agent_core::identity::DeviceKey::load_or_create(
         &config.state_dir,
     )?);

@@ -135,6 +135,14 @@ impl AgentProcess {
             toml_string(&socket.display().to_string()),
         );
         std::fs::write(&config, text).expect("config");
+        Self::start_written(dir, &config)
+    }
+
+    /// An agent with the config file given whole (its socket is
+    /// `status.sock` in `dir`: the config should say so).
+    pub fn start_written(dir: &Path, config: &Path) -> Self {
+        let socket = dir.join("status.sock");
+        let config = config.to_owned();
         let mut agent = Self {
             child: None,
             dir: dir.to_owned(),

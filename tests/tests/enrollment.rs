@@ -462,6 +462,63 @@ impl Joining {
         )
     }
 
+    /// Where agents connect: the agents' port or the broker.
+    fn agents_url(&self) -> String {
+        match &self.broker {
+            Broker::None => self.cp.agent_url.clone(),
+            Broker::Mqtt(broker) => broker.url(),
+            Broker::Nats(nats, _) => nats.url(),
+        }
+    }
+
+    /// An agent from the one file `drover enrollment-tokens create
+    /// --agent-config` writes for token NAME (`args` its flags), as a
+    /// device from the image has it; only the test's places (state
+    /// directory, socket) and quicker timings are added.
+    fn agent_from_file(&self, dir: &std::path::Path, device: &str, args: &[&str]) -> AgentProcess {
+        let url = self.agents_url();
+        let mut all = vec!["enrollment-tokens", "create"];
+        all.extend_from_slice(args);
+        all.extend([
+            "--agent-config",
+            &url,
+            "--device-id",
+            device,
+            "--mode",
+            "simulate",
+        ]);
+        let made = cli_ok(&self.cp, &all);
+        assert!(
+            made.contains("enrollment_token = \"drover-enroll."),
+            "{made}"
+        );
+        if let Broker::Nats(_, jwt) = &self.broker {
+            // The enrollment user's JWT came from the control plane.
+            assert!(made.contains("enrollment_jwt = \"ey"), "{made}");
+            assert!(!made.contains(jwt.as_str()), "each is signed anew");
+        }
+        std::fs::create_dir_all(dir).expect("agent dir");
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = {}\nstatus_socket = {}\n{}\n[assessment]\nevery_minutes = 0\n",
+                toml_string(&dir.join("state").display().to_string()),
+                toml_string(&dir.join("status.sock").display().to_string()),
+                made.replace(
+                    "[transport]\n",
+                    "[transport]\nheartbeat_seconds = 1\nbackoff_max_seconds = 1\n"
+                )
+                .replace(
+                    "mode = \"simulate\"",
+                    "mode = \"simulate\"\nmin_free_mib = 10"
+                ),
+            ),
+        )
+        .expect("config");
+        AgentProcess::start_written(dir, &config)
+    }
+
     /// What the agent logs each time it is told no after its key was
     /// rejected.
     fn told_no(&self) -> &'static str {
@@ -581,7 +638,8 @@ async fn twice_more(agent: &AgentProcess, what: &str, before: usize, waiting_for
     .await;
 }
 
-/// Devices join over each transport with nothing set up per device: an
+/// Devices join over each transport with nothing set up per device (the
+/// auto-accepted one with only the file `--agent-config` made): an
 /// auto-accept token or an operator accepts them (over MQTT the control
 /// plane then hands the broker the device's login, over NATS it signs the
 /// device a JWT of its own), a rejected one stays out, a run reaches the
@@ -592,8 +650,11 @@ async fn devices_join_and_a_rejected_key_is_cut_off(transport: &str) {
     let fleet = Joining::over(transport);
     let cp = &fleet.cp;
     let dir = tempfile::tempdir().expect("tmp");
-    let auto = enrollment_token(
-        cp,
+    // The auto-accepted device has only the file its token's
+    // `--agent-config` made.
+    let a = fleet.agent_from_file(
+        &dir.path().join("a"),
+        "j-auto",
         &[
             "line",
             "--groups",
@@ -604,7 +665,6 @@ async fn devices_join_and_a_rejected_key_is_cut_off(transport: &str) {
         ],
     );
     let manual = enrollment_token(cp, &["hand", "--groups", "kiosk"]);
-    let a = fleet.agent(&dir.path().join("a"), "j-auto", &auto);
     let b = fleet.agent(&dir.path().join("b"), "j-manual", &manual);
     let c = fleet.agent(&dir.path().join("c"), "j-rejected", &manual);
 

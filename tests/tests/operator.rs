@@ -487,9 +487,9 @@ impl Readme {
 /// written (its data directory, names and ports mapped to this test's), on
 /// a fresh control plane with TLS on the API and on the agents' port:
 /// `init` with TLS names, `serve` with the certificate it made, a CLI
-/// context trusting `tls/ca.pem` with the token in a file, the device from
-/// the README's manifest with its token and the intent key, an agent over
-/// wss, `check --connect`; the README's TaskRun dry run, apply, `runs
+/// context trusting `tls/ca.pem` with the token in a file, the device's
+/// one file from `enrollment-tokens create --agent-config`, its agent over
+/// wss asking to join, `devices pending` and `accept`, `check --connect`; the README's TaskRun dry run, apply, `runs
 /// watch`, `describe` of the run and the device, `get` in each form and
 /// `-w`; a 200 MB package uploaded with the CLI's memory under 64 MiB; the
 /// README's Secret, Deployment and TaskSchedule dry run and applied; the
@@ -598,37 +598,51 @@ async fn the_readme_walk_through_works_as_written() {
     );
     cli(readme.next("drover get devices"));
 
-    std::fs::write(
-        work.join("pi-kitchen.yaml"),
-        readme_heredoc("pi-kitchen.yaml"),
-    )
-    .expect("write");
-    let applied = cli(readme.next("drover apply -f pi-kitchen.yaml"));
-    assert!(applied.contains("device/pi-kitchen created"), "{applied}");
-    cli(readme.next("drover token pi-kitchen > pi-kitchen.token"));
-    let token = std::fs::read_to_string(work.join("pi-kitchen.token")).expect("token file");
-    assert_eq!(token.trim(), cp.device_token("pi-kitchen"));
-    let intent_key = cli(readme.next("drover intent-key"));
-    assert_eq!(intent_key.trim(), TEST_INTENT_PUBLIC_KEY);
+    // The device's one file, made with its enrollment token: the README's
+    // agents' address is this test's.
+    let create: Vec<String> = readme
+        .next("drover enrollment-tokens create kitchen")
+        .into_iter()
+        .map(|w| w.replace("wss://drover.example.org:7181", &wss))
+        .collect();
+    cli(create);
+    let made = std::fs::read_to_string(work.join("agent.toml")).expect("the agent config");
+    for expected in [
+        "device_id = \"pi-kitchen\"",
+        TEST_INTENT_PUBLIC_KEY,
+        "enrollment_token = \"",
+        "-----BEGIN CERTIFICATE-----",
+        &wss,
+    ] {
+        assert!(made.contains(expected), "{expected}: {made}");
+    }
 
-    // On the device: the token in a 0600 file, the CA, the config.
+    // On the device: that file alone, with this test's state directory and
+    // socket, and simulate mode (this is the test's own machine).
     let device = cp.dir.path().join("device");
     std::fs::create_dir_all(&device).expect("device dir");
-    let token_file = device.join("agent.token");
-    std::fs::write(&token_file, token.trim()).expect("token");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))
-            .expect("0600");
-    }
-    let transport = format!(
-        "kind = \"websocket\"\nserver_url = {}\ntoken_file = {}\nca_file = {}\n\
-         heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
-        toml_string(&wss),
-        toml_string(&token_file.display().to_string()),
-        toml_string(&ca.display().to_string())
-    );
-    let mut agent = AgentProcess::start_full(&device, "pi-kitchen", &transport, "", SIMULATE, "");
+    let installed = device.join("agent.toml");
+    assert!(made.contains("mode = \"upgrade\""), "{made}");
+    std::fs::write(
+        &installed,
+        format!(
+            "state_dir = {}\nstatus_socket = {}\n{}\n[assessment]\nevery_minutes = 0\n",
+            toml_string(&device.join("state").display().to_string()),
+            toml_string(&device.join("status.sock").display().to_string()),
+            made.replace("mode = \"upgrade\"", SIMULATE)
+        ),
+    )
+    .expect("install the config");
+    let mut agent = AgentProcess::start_written(&device, &installed);
+    // It asks to join, and waits for the operator.
+    let pending = readme.next("drover devices pending");
+    eventually(
+        Duration::from_secs(30),
+        "the device asks to join",
+        || async { cli(pending.clone()).contains("pi-kitchen").then_some(()) },
+    )
+    .await;
+    cli(readme.next("drover devices accept pi-kitchen"));
     cp.wait_for_agents(&["pi-kitchen"]).await;
     // `check --connect` beside the running agent: its database is in use,
     // not damaged (a fresh clone's CI once found the check calling it so).

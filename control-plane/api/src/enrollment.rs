@@ -34,6 +34,20 @@ pub struct EnrollmentToken {
     pub token: Option<String>,
 }
 
+/// `GET /agent-trust`: what every device's agent config pins, none of it
+/// secret (`drover enrollment-tokens create --agent-config` writes it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTrust {
+    /// The keys fleet intents are signed with (hex Ed25519): the agent's
+    /// `intent_public_keys`.
+    pub intent_public_keys: Vec<String>,
+    /// With NATS decentralized authentication (`serve --nats-authority`):
+    /// the enrollment user's JWT, the same for every device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats_enrollment_jwt: Option<String>,
+}
+
 /// `POST /enrollment-tokens`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -13,6 +13,8 @@ pub struct ApiClient {
     base: String,
     token: String,
     http: reqwest::Client,
+    /// The CA this client trusts for `https://`, when given.
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl ApiClient {
@@ -60,6 +62,7 @@ impl ApiClient {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             http,
+            ca_file: ca_file.map(Path::to_owned),
         })
     }
 
@@ -99,6 +102,11 @@ impl ApiClient {
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The CA file this client trusts (`--ca-file` or the context's).
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {

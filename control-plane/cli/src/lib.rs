@@ -5,6 +5,7 @@
 //! and the HTTP listeners (`listen`). `main.rs` runs them. Code of the
 //! layers below is named by its own crate (`drover_rules::records`, …).
 
+pub mod agent_config;
 pub mod cli;
 pub mod client;
 pub mod context;

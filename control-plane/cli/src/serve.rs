@@ -130,6 +130,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         &options.data,
     )?);
     info!(public_key = %signer.public_key(), "intents are signed; agents pin this key");
+    let agent_trust = Arc::new(wiring::agent_trust(&signer, &brokered)?);
     let (caught_up, intake_ready) = tokio::sync::watch::channel(false);
     let wiring::DownloadsServed {
         listener: download_listener,
@@ -181,6 +182,7 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         replica: replica_id(&options.data)?,
         budgets: Arc::new(drover_server::audit::AuditBudgets::default()),
         package_quota: Arc::new(drover_server::packages::PackageQuota::default()),
+        agent_trust,
     });
     if let Some(downloads) = &downloads {
         tasks.push(wiring::serve_downloads(

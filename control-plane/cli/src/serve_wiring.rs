@@ -138,6 +138,22 @@ pub(super) struct Brokered {
     pub authority: Option<NatsAuthority>,
 }
 
+/// What every device's agent config pins (`GET /api/v1/agent-trust`).
+pub(super) fn agent_trust(
+    signer: &drover_server::auth::IntentSigner,
+    brokered: &Brokered,
+) -> Result<drover_api::enrollment::AgentTrust> {
+    Ok(drover_api::enrollment::AgentTrust {
+        intent_public_keys: vec![signer.public_key()],
+        nats_enrollment_jwt: brokered
+            .authority
+            .as_ref()
+            .map(|nats| nats.authority.enroll_jwt())
+            .transpose()
+            .context("cannot sign the NATS enrollment user's JWT")?,
+    })
+}
+
 /// The package downloads' listener, and where links point (None: off).
 pub(super) struct DownloadsServed {
     pub listener: TcpListener,

@@ -73,6 +73,26 @@ pub enum EnrollmentTokensCommand {
         /// Accept devices enrolled with it at once, without an operator.
         #[arg(long)]
         auto_accept: bool,
+        /// Print, instead of the token alone, the whole agent config of the
+        /// devices enrolled with it, for /etc/drover/agent.toml: the
+        /// address agents connect to (wss://HOST:7181, the agents' port;
+        /// mqtts://HOST:8883, the MQTT broker; tls://HOST:4222, NATS), the
+        /// token, the CA and the keys intents are signed with.
+        #[arg(long, value_name = "AGENTS_URL")]
+        agent_config: Option<String>,
+        /// With --agent-config: the device id, or a template each device
+        /// fills in: {serial} (the device tree's serial number),
+        /// {machine-id}, {hostname} [default: {machine-id}].
+        #[arg(long, requires = "agent_config")]
+        device_id: Option<String>,
+        /// With --agent-config: the CA the agents trust, put in the config
+        /// [default: this command's --ca-file, the control plane's CA].
+        #[arg(long, value_name = "FILE", requires = "agent_config")]
+        agent_ca_file: Option<std::path::PathBuf>,
+        /// With --agent-config: "upgrade" (apt full-upgrade) or "simulate"
+        /// (apt-get -s, changes nothing) [default: upgrade].
+        #[arg(long, requires = "agent_config", value_parser = ["upgrade", "simulate"])]
+        mode: Option<String>,
     },
     /// Revoke a token: devices that enrolled with it stay; no new one can.
     Revoke { name: String },

@@ -2,14 +2,15 @@
 //! device image carries, and the keys devices enrolled with them.
 
 use agent_core::out;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use drover::agent_config::AgentConfigSpec;
 use drover::cli::{DevicesCommand, EnrollmentTokensCommand};
 use drover::client::ApiClient;
 use drover::get::structured;
 use drover::table::{age, print_table, table};
 use drover::watch::printable;
 use drover_api::enrollment::{
-    DeviceKey, EnrollmentToken, KeyState, NewEnrollmentToken, PreauthorizedKey,
+    AgentTrust, DeviceKey, EnrollmentToken, KeyState, NewEnrollmentToken, PreauthorizedKey,
 };
 use jiff::Timestamp;
 use serde_json::json;
@@ -103,6 +104,10 @@ pub async fn tokens(api: &ApiClient, command: &EnrollmentTokensCommand) -> Resul
             max_uses,
             expires,
             auto_accept,
+            agent_config,
+            device_id,
+            agent_ca_file,
+            mode,
         } => {
             let new = NewEnrollmentToken {
                 name: name.clone(),
@@ -115,18 +120,60 @@ pub async fn tokens(api: &ApiClient, command: &EnrollmentTokensCommand) -> Resul
                     .transpose()?,
                 auto_accept: *auto_accept,
             };
+            // What the config needs is read first: a token is not made
+            // for a file that cannot be written.
+            let trust: Option<AgentTrust> = match agent_config {
+                Some(_) => Some(api.get("/agent-trust").await?),
+                None => None,
+            };
+            let ca_pem = match agent_ca_file.as_deref().or(api.ca_file()) {
+                Some(file) if agent_config.is_some() => Some(
+                    std::fs::read_to_string(file)
+                        .with_context(|| format!("cannot read the CA {}", file.display()))?,
+                ),
+                _ => None,
+            };
+            let spec = |token| {
+                agent_config
+                    .as_deref()
+                    .zip(trust.as_ref())
+                    .map(|(url, trust)| {
+                        drover::agent_config::render(&AgentConfigSpec {
+                            token_name: name,
+                            token,
+                            agents_url: url,
+                            device_id: device_id.as_deref().unwrap_or("{machine-id}"),
+                            ca_pem: ca_pem.as_deref(),
+                            mode: mode.as_deref().unwrap_or("upgrade"),
+                            trust,
+                        })
+                    })
+            };
+            // A URL the config cannot be made for is refused before the token.
+            spec("-").transpose()?;
             let answer: EnrollmentToken = api.post("/enrollment-tokens", &new).await?;
-            out!("{}", text(answer.token.as_deref()));
-            eprintln!(
-                "that is enrollment token {name}; it is shown once and stored only as a digest. \
-                 Put it in the devices' enrollment file (enrollment_token_file in the agent's \
-                 config); devices enrolled with it {}",
-                if *auto_accept {
-                    "are accepted at once"
-                } else {
-                    "wait for `drover devices accept`"
-                }
-            );
+            match spec(answer.token.as_deref().unwrap_or_default()).transpose()? {
+                Some(config) => out!("{config}"),
+                None => out!("{}", text(answer.token.as_deref())),
+            }
+            let accepted = if *auto_accept {
+                "are accepted at once"
+            } else {
+                "wait for `drover devices accept`"
+            };
+            if agent_config.is_some() {
+                eprintln!(
+                    "that is the agent config of enrollment token {name}, which is shown once \
+                     and stored only as a digest. Install it on each device as \
+                     /etc/drover/agent.toml (mode 0600); devices enrolled with it {accepted}"
+                );
+            } else {
+                eprintln!(
+                    "that is enrollment token {name}; it is shown once and stored only as a \
+                     digest. Put it in the devices' enrollment file (enrollment_token_file in \
+                     the agent's config); devices enrolled with it {accepted}"
+                );
+            }
         }
         EnrollmentTokensCommand::Revoke { name } => {
             api.post::<EnrollmentToken>(&format!("/enrollment-tokens/{name}/revoke"), &json!({}))

@@ -61,6 +61,12 @@ fn key_answer(record: &DeviceKeyRecord) -> api::DeviceKey {
     }
 }
 
+/// What every device's agent config pins: the intent keys (and over NATS
+/// the enrollment user's JWT). Public keys only; a viewer may read them.
+pub(super) async fn agent_trust(State(state): State<ApiState>) -> Json<api::AgentTrust> {
+    Json(api::AgentTrust::clone(&state.agent_trust))
+}
+
 pub(super) async fn list_enrollment_tokens(
     State(state): State<ApiState>,
 ) -> Result<Json<Vec<api::EnrollmentToken>>, ApiError> {

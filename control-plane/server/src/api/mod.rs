@@ -154,6 +154,8 @@ pub struct ApiState {
     pub budgets: Arc<crate::audit::AuditBudgets>,
     /// The package store's quota, shared by the uploads under way.
     pub package_quota: Arc<crate::packages::PackageQuota>,
+    /// What every device's agent config pins (`GET /agent-trust`).
+    pub agent_trust: Arc<drover_api::enrollment::AgentTrust>,
 }
 
 /// The API's OpenAPI document (`openapi.rs`).
@@ -203,6 +205,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}/accept", post(accept_device))
         .route("/devices/{id}/reject", post(reject_device))
         .route("/device-keys", get(list_device_keys).post(preauthorize_key))
+        .route("/agent-trust", get(agent_trust))
         .route(
             "/enrollment-tokens",
             get(list_enrollment_tokens).post(create_enrollment_token),

@@ -31,7 +31,7 @@ use utoipa::OpenApi;
         summary, list_alerts, ack_alert,
         list_devices, device_page, token_generations, get_device, delete_device,
         get_inventory, device_jobs, get_assessment, rotate_device_token, patch_status,
-        accept_device, reject_device, list_device_keys, preauthorize_key,
+        accept_device, reject_device, list_device_keys, preauthorize_key, agent_trust,
         list_enrollment_tokens, create_enrollment_token, revoke_enrollment_token,
         apply,
         list_schedules, get_schedule, delete_schedule, suspend_schedule,
@@ -307,6 +307,12 @@ fn list_device_keys() {}
                joins with the groups and labels given (admin)", body = enrollment::DeviceKey),
               (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 fn preauthorize_key() {}
+
+#[utoipa::path(get, path = "/agent-trust", tag = "enrollment", responses(
+    (status = 200, description = "What every device's agent config pins: the intent-signing \
+     public keys and, with NATS decentralized authentication, the enrollment user's JWT; \
+     nothing secret", body = enrollment::AgentTrust)))]
+fn agent_trust() {}
 
 #[utoipa::path(get, path = "/enrollment-tokens", tag = "enrollment", responses(
     (status = 200, description = "Every enrollment token; never the token itself",
