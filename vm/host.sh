@@ -7,10 +7,11 @@
 #                            a certificate for 10.0.2.2, the host as the guest
 #                            sees it), Device vm-1, and the agent's config,
 #                            token and CA file on the scenario disk; for
-#                            devices that enroll, one config for any machine
-#                            (enroll.toml, its id from the machine id) and two
-#                            enrollment tokens (enroll-auto.token accepts at
-#                            once, enroll-manual.token waits for an operator)
+#                            devices that enroll, one file per enrollment
+#                            token from `enrollment-tokens create
+#                            --agent-config` (its id from the machine id):
+#                            enroll-auto.toml accepts at once,
+#                            enroll-manual.toml waits for an operator
 #   apply-run NAME           once vm-1's agent has connected: a TaskRun NAME
 #                            (systemUpgradeV1) for it
 #   expect-run NAME          the run is Complete with its one device Succeeded
@@ -96,22 +97,21 @@ ca_file = "/etc/drover/ca.pem"
 mode = "upgrade"
 min_free_mib = 50
 CONF
-    drover enrollment-tokens create vm-image --groups vm --auto-accept 2>/dev/null >"$scenario/enroll-auto.token"
-    drover enrollment-tokens create vm-by-hand --groups vm 2>/dev/null >"$scenario/enroll-manual.token"
-    cat >"$scenario/enroll.toml" <<CONF
-device_id = "vm-{machine-id}"
-intent_public_keys = ["$(drover intent-key)"]
-[transport]
-kind = "websocket"
-server_url = "wss://10.0.2.2:$agent"
-enrollment_token_file = "/etc/drover/enrollment.token"
-ca_file = "/etc/drover/ca.pem"
-heartbeat_seconds = 5
-backoff_max_seconds = 5
-[updater]
-mode = "upgrade"
-min_free_mib = 50
-CONF
+    # One file per enrollment token, as the README makes it: the id's
+    # template, the token, the CA inline, the intent key. Only quicker
+    # timings and a smaller free-space floor for the VM's disk are added.
+    for kind in auto manual; do
+        case $kind in
+        auto) token=(vm-image --groups vm --auto-accept) ;;
+        manual) token=(vm-by-hand --groups vm) ;;
+        esac
+        drover enrollment-tokens create "${token[@]}" --device-id 'vm-{machine-id}' \
+            --agent-config "wss://10.0.2.2:$agent" --agent-ca-file "$tls/ca.pem" 2>/dev/null |
+            sed -e 's/^\[transport\]$/[transport]\nheartbeat_seconds = 5\nbackoff_max_seconds = 5/' \
+                -e 's/^mode = "upgrade"$/mode = "upgrade"\nmin_free_mib = 50/' >"$scenario/enroll-$kind.toml"
+        grep -q '^min_free_mib = 50$' "$scenario/enroll-$kind.toml" ||
+            { echo "enrollment-tokens create --agent-config made no config:"; cat "$scenario/enroll-$kind.toml"; exit 1; }
+    done
     echo "control plane on 127.0.0.1:$api, agents on 127.0.0.1:$agent (10.0.2.2:$agent in the guest)"
     ;;
 expect-key)

@@ -1,9 +1,9 @@
 # uses: control-plane
 # machines: 2
 # Scenario (issue 55): one image, many devices. Two machines are made from
-# the one image, each with its own machine id, the agent's package and the
-# same config for any device (its id from the machine id, an enrollment
-# token, no token of its own). Each agent makes its own key at its first
+# the one image, each with its own machine id, the agent's package and one
+# file for any device (its id from the machine id, an enrollment token, the
+# CA; no token of its own). Each agent makes its own key at its first
 # start and asks to join the control plane on the host: the first with an
 # auto-accept token, accepted at once; the second with a token that waits
 # for an operator, who accepts it. Each then runs a system upgrade from a
@@ -28,13 +28,14 @@ echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo1 ./' >/etc/apt/sources.lis
 apt-get update -q >/dev/null 2>&1 && apt-get install -y -q drover-slow >/dev/null 2>&1
 echo 'deb [trusted=yes] file:/mnt/scenario/repos/repo2 ./' >/etc/apt/sources.list
 touch /run/drover-go-2.0
-# The one config for every device, and one enrollment file.
+# One file, as `drover enrollment-tokens create --agent-config` made it for
+# the machine's token: its id's template, the token, the CA, the intent key.
 if [ "$machine" = 1 ]; then kind=auto; else kind=manual; fi
-install -m 0644 /mnt/scenario/enroll.toml /etc/drover/agent.toml
-install -m 0644 /mnt/scenario/ca.pem /etc/drover/ca.pem
-install -m 0600 "/mnt/scenario/enroll-$kind.token" /etc/drover/enrollment.token
-systemctl enable --now drover-agent >/dev/null 2>&1
+install -m 0600 "/mnt/scenario/enroll-$kind.toml" /etc/drover/agent.toml
+systemctl enable drover-agent >/dev/null 2>&1
+systemctl restart drover-agent >/dev/null 2>&1
 check "the agent made its own key" wait_for 60 test -s /var/lib/drover-agent/device.key
+check "the agent keeps the CA from its one file" test -s /var/lib/drover-agent/ca.pem
 check "only root reads it" test "$(stat -c %a /var/lib/drover-agent/device.key)" = 600
 if [ "$kind" = auto ]; then
     echo "HOST expect-key $device accepted token/vm-image"
