@@ -744,3 +744,99 @@ macro_rules! joining_over {
 }
 
 joining_over!(over_websocket, over_mqtt, over_nats);
+
+/// Sends mosquitto's dynamic security plugin `command` as the control
+/// plane's broker user would, and waits for its answer.
+async fn dynsec_command(broker: &drover_tests::Mosquitto, password: &str, command: Vec<u8>) {
+    let mut options = rumqttc::MqttOptions::new("test-dynsec", "127.0.0.1", broker.port);
+    options.set_credentials(drover_tests::CP_BROKER_USER, password);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 8);
+    let response = transport_mqtt::dynsec::response_topic();
+    client
+        .subscribe(&response, rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut sent = false;
+        loop {
+            match events.poll().await.expect("the broker") {
+                rumqttc::Event::Incoming(rumqttc::Incoming::SubAck(_)) if !sent => {
+                    client
+                        .publish(
+                            transport_mqtt::dynsec::CONTROL_TOPIC,
+                            rumqttc::QoS::AtLeastOnce,
+                            false,
+                            command.clone(),
+                        )
+                        .await
+                        .expect("publish");
+                    sent = true;
+                }
+                rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p)) if p.topic == response => {
+                    return transport_mqtt::dynsec::failures(&p.payload);
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the plugin answered");
+    assert!(answered.is_empty(), "{answered:?}");
+}
+
+/// A login at the MQTT broker that no accepted key backs (a removal the
+/// broker never got: it was down, or the control plane stopped first) is
+/// found and removed when the control plane starts; the accepted device's
+/// login stays, and its agent comes back in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_login_that_outlived_its_key_is_removed_when_the_control_plane_starts() {
+    let mut fleet = Joining::over("mqtt");
+    let dir = tempfile::tempdir().expect("tmp");
+    let kept = fleet.agent_from_file(
+        &dir.path().join("kept"),
+        "m-kept",
+        &["kept", "--groups", "kiosk", "--auto-accept"],
+    );
+    fleet.cp.wait_for_agents(&["m-kept"]).await;
+    fleet.cp.kill9();
+    let Broker::Mqtt(broker) = &fleet.broker else {
+        unreachable!("an MQTT fleet")
+    };
+    // What a lost removal leaves: a device's login, made as the control
+    // plane makes them, with no accepted key behind it.
+    let ghost = drover_model::DeviceId::new("m-ghost").expect("id");
+    dynsec_command(
+        broker,
+        "cp-secret",
+        transport_mqtt::dynsec::admit(&ghost, "ghost-password"),
+    )
+    .await;
+    assert_eq!(
+        broker_opens(&fleet, &kept, "m-ghost", "ghost-password", None).await,
+        Some(true),
+        "the stale login opens the broker before the control plane starts"
+    );
+    fleet.cp.restart();
+    eventually(
+        Duration::from_secs(30),
+        "the stale login to be removed",
+        || async {
+            (broker_opens(&fleet, &kept, "m-ghost", "ghost-password", None).await == Some(false))
+                .then_some(())
+        },
+    )
+    .await;
+    let Broker::Mqtt(broker) = &fleet.broker else {
+        unreachable!("an MQTT fleet")
+    };
+    assert!(
+        broker.log().contains("deleteClient | username=m-ghost"),
+        "{}",
+        broker.log()
+    );
+    fleet.cp.wait_for_agents(&["m-kept"]).await;
+    assert!(
+        !broker.log().contains("deleteClient | username=m-kept"),
+        "an accepted device's login was removed"
+    );
+}

@@ -27,6 +27,41 @@ fn commands(commands: Vec<Value>) -> Vec<u8> {
     serde_json::to_vec(&json!({ "commands": commands })).unwrap_or_default()
 }
 
+/// The name Drover gives the logins it makes: the only ones it lists and
+/// removes when it checks the broker against the accepted keys.
+pub const DEVICE_TEXTNAME: &str = "Drover device";
+
+/// Marks the listing Drover asks for, to tell its answer apart.
+pub const LISTING: &str = "drover-logins";
+
+/// Asks for every login with its name (`listClients`, verbose).
+pub fn list_logins() -> Vec<u8> {
+    commands(vec![json!({
+        "command": "listClients",
+        "verbose": true,
+        "count": -1,
+        "correlationData": LISTING,
+    })])
+}
+
+/// In a response, the devices whose logins Drover made, when it answers
+/// Drover's listing ([`list_logins`]); None for any other response.
+pub fn listed_devices(payload: &[u8]) -> Option<Vec<DeviceId>> {
+    let response = serde_json::from_slice::<Value>(payload).ok()?;
+    let listing = response["responses"]
+        .as_array()?
+        .iter()
+        .find(|r| r["command"] == "listClients" && r["correlationData"] == LISTING)?;
+    let clients = listing["data"]["clients"].as_array()?;
+    Some(
+        clients
+            .iter()
+            .filter(|c| c["textname"] == DEVICE_TEXTNAME)
+            .filter_map(|c| DeviceId::new(c["username"].as_str()?.to_owned()).ok())
+            .collect(),
+    )
+}
+
 /// Lets `device` log in with `password`. The password is set first (for a
 /// device whose login is there already, which then fails only to be made
 /// again) and the login made second (for a new one, whose password setting
@@ -43,7 +78,7 @@ pub fn admit(device: &DeviceId, password: &str) -> Vec<u8> {
             "command": "createClient",
             "username": device.as_str(),
             "password": password,
-            "textname": "Drover device",
+            "textname": DEVICE_TEXTNAME,
             "correlationData": device.as_str(),
         }),
     ])
@@ -162,6 +197,34 @@ mod tests {
         let loud = br#"{"responses":[{"command":"createClient","error":"Role not found","correlationData":"pi-1"}]}"#;
         assert_eq!(failures(loud), ["createClient (pi-1): Role not found"]);
         assert_eq!(failures(b"not json").len(), 1);
+    }
+
+    /// Only Drover's logins in Drover's own listing count: another
+    /// answer, another program's listing, a login by another name or with
+    /// a name that is no device id are left alone.
+    #[test]
+    fn a_listing_names_only_the_logins_drover_made() {
+        let listing = br#"{"responses":[{"command":"listClients","correlationData":"drover-logins","data":{"totalCount":4,"clients":[
+            {"username":"pi-1","textname":"Drover device","roles":[]},
+            {"username":"grafana","textname":"dashboards","roles":[]},
+            {"username":"drover.enroll","textname":"Drover device","roles":[]},
+            {"username":"pi-2","textname":"Drover device"}]}}]}"#;
+        let names: Vec<String> = listed_devices(listing)
+            .expect("Drover's listing")
+            .iter()
+            .map(|d| d.as_str().to_owned())
+            .collect();
+        assert_eq!(names, ["pi-1", "pi-2"]);
+        let theirs = br#"{"responses":[{"command":"listClients","correlationData":"x","data":{"clients":[{"username":"pi-1","textname":"Drover device"}]}}]}"#;
+        assert_eq!(listed_devices(theirs), None);
+        assert_eq!(
+            listed_devices(br#"{"responses":[{"command":"createClient"}]}"#),
+            None
+        );
+        assert_eq!(listed_devices(b"junk"), None);
+        let asked: Value = serde_json::from_slice(&list_logins()).expect("json");
+        assert_eq!(asked["commands"][0]["command"], "listClients");
+        assert_eq!(asked["commands"][0]["verbose"], true);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! Nothing is kept: the password travels from the request to the broker.
 //! A device whose login is lost (a broker that lost its plugin's file)
 //! finds its own login refused, asks again, and is let in again while its
-//! key stays accepted.
+//! key stays accepted. The other way round, a login that outlived its key
+//! (a removal the broker never got: it was down, or the control plane
+//! stopped first) is found when the control plane lists Drover's logins,
+//! at its start and every few minutes, and removed.
 
 use crate::server::MqttLinks;
 use crate::{EnrollPublish, dynsec};
@@ -17,7 +20,17 @@ use drover_model::DeviceId;
 use drover_model::enroll::MAX_ENROLL_FRAME;
 use rumqttc::{Publish, QoS};
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::{debug, info, warn};
+
+/// How often the broker's logins are checked against the accepted keys.
+const LIST_EVERY: Duration = Duration::from_secs(300);
+/// The first check, once the link has subscribed to the plugin's answers.
+const FIRST_LIST: Duration = Duration::from_secs(3);
+/// How long a login with no accepted key is given before it is removed: a
+/// key accepted this moment reaches this replica's memory a little after
+/// the broker has its login.
+const GRACE: Duration = Duration::from_secs(2);
 
 impl MqttLinks {
     /// A request to join: judged, answered at the broker when accepted, and
@@ -101,11 +114,66 @@ impl MqttLinks {
         }
     }
 
-    /// The plugin's answers: what went wrong is logged.
+    /// The plugin's answers: what went wrong is logged; a listing of
+    /// Drover's logins is checked against the accepted keys.
     pub(crate) fn on_dynsec_response(self: &Arc<Self>, publish: Publish) {
         for failure in dynsec::failures(&publish.payload) {
             warn!(%failure, "mosquitto's dynamic security plugin refused a command");
         }
+        if let Some(devices) = dynsec::listed_devices(&publish.payload) {
+            self.on_listing(devices);
+        }
         self.ack_soon(publish);
+    }
+
+    /// Checks the broker's logins now and every [`LIST_EVERY`] while these
+    /// links live (from [`MqttLinks::judge_with`]).
+    pub(crate) fn list_logins_periodically(self: &Arc<Self>) {
+        let links = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut wait = FIRST_LIST;
+            loop {
+                tokio::time::sleep(wait).await;
+                let Some(links) = links.upgrade() else { return };
+                if let Err(e) = links
+                    .client
+                    .publish(
+                        dynsec::CONTROL_TOPIC,
+                        QoS::AtLeastOnce,
+                        false,
+                        dynsec::list_logins(),
+                    )
+                    .await
+                {
+                    warn!(error = %e, "cannot list the devices' logins at the MQTT broker");
+                }
+                wait = LIST_EVERY;
+            }
+        });
+    }
+
+    /// Removes each listed login whose device has no accepted key (after
+    /// [`GRACE`], asking again).
+    fn on_listing(self: &Arc<Self>, devices: Vec<DeviceId>) {
+        let Some(gate) = self.gate.borrow().clone() else {
+            return;
+        };
+        let stale: Vec<DeviceId> = devices
+            .into_iter()
+            .filter(|device| gate.key_of(device).is_none())
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let links = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(GRACE).await;
+            for device in stale {
+                if gate.key_of(&device).is_none() {
+                    warn!(%device, "a login at the MQTT broker outlived its device's key; removing it");
+                    links.revoke(&device);
+                }
+            }
+        });
     }
 }

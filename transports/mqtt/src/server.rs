@@ -129,9 +129,12 @@ impl MqttLinks {
     }
 
     /// Devices that ask to join are judged by `gate` from now on (those
-    /// that asked before wait for it).
-    pub fn judge_with(&self, gate: Arc<dyn DeviceGate>) {
+    /// that asked before wait for it), and the broker's logins are checked
+    /// against the keys it accepted.
+    pub fn judge_with(self: &Arc<Self>, gate: Arc<dyn DeviceGate>) {
         self.gate.send_replace(Some(gate));
+        // Logins that outlived their keys are found and removed.
+        self.list_logins_periodically();
     }
 
     pub(crate) async fn send(&self, inbound: Inbound) -> bool {
