@@ -71,6 +71,10 @@ pub trait DeviceGate: Send + Sync + 'static {
     fn token_opens(&self, device: &DeviceId, token: &str) -> bool;
     /// `device`'s accepted public key (hex), if it has one.
     fn key_of(&self, device: &DeviceId) -> Option<String>;
+    /// The keys that were accepted and no longer are, with when (device,
+    /// hex key, Unix seconds): what every broker must refuse, including
+    /// one that missed the removal.
+    fn revoked_keys(&self) -> BoxFuture<'static, Vec<(DeviceId, String, i64)>>;
     /// Decides an enrollment request and records what was decided.
     fn enroll(&self, request: EnrollRequest) -> BoxFuture<'static, EnrollAnswer>;
 }

@@ -840,3 +840,89 @@ async fn a_broker_login_that_outlived_its_key_is_removed_when_the_control_plane_
         "an accepted device's login was removed"
     );
 }
+
+/// A revocation the NATS servers missed (none was up when the key was
+/// rejected, or the device deleted) is pushed again when the control plane
+/// starts: before, the restarted server still takes the rejected and the
+/// deleted device's JWTs; after, it refuses both, and the accepted device
+/// stays in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_the_nats_servers_missed_is_pushed_again_when_the_control_plane_starts() {
+    let mut fleet = Joining::over("nats");
+    let dir = tempfile::tempdir().expect("tmp");
+    let flags = ["line", "--groups", "kiosk", "--auto-accept"];
+    let kept = fleet.agent_from_file(&dir.path().join("kept"), "n-kept", &flags);
+    let mut flags_gone = flags;
+    flags_gone[0] = "line-2";
+    let mut gone = fleet.agent_from_file(&dir.path().join("gone"), "n-gone", &flags_gone);
+    flags_gone[0] = "line-3";
+    let mut deleted = fleet.agent_from_file(&dir.path().join("deleted"), "n-deleted", &flags_gone);
+    fleet
+        .cp
+        .wait_for_agents(&["n-kept", "n-gone", "n-deleted"])
+        .await;
+    let jwt = std::fs::read_to_string(gone.dir.join("state/nats.jwt")).expect("n-gone's JWT");
+    let deleted_jwt =
+        std::fs::read_to_string(deleted.dir.join("state/nats.jwt")).expect("n-deleted's JWT");
+    gone.kill9();
+    deleted.kill9();
+
+    let Broker::Nats(nats, _) = &mut fleet.broker else {
+        unreachable!("a NATS fleet")
+    };
+    nats.kill9();
+    cli_ok(&fleet.cp, &["devices", "reject", "n-gone"]);
+    cli_ok(&fleet.cp, &["delete", "device", "n-deleted"]);
+    eventually(
+        Duration::from_secs(60),
+        "the control plane to fail to revoke with no server up",
+        || async {
+            fleet
+                .cp
+                .log()
+                .contains("cannot revoke the device's JWT on the NATS servers")
+                .then_some(())
+        },
+    )
+    .await;
+    let Broker::Nats(nats, _) = &mut fleet.broker else {
+        unreachable!("a NATS fleet")
+    };
+    nats.restart();
+    assert_eq!(
+        broker_opens(&fleet, &gone, "n-gone", "", Some(jwt.clone())).await,
+        Some(true),
+        "the restarted server missed the revocation: the rejected JWT opens it"
+    );
+    assert_eq!(
+        broker_opens(&fleet, &deleted, "n-deleted", "", Some(deleted_jwt.clone())).await,
+        Some(true),
+        "the restarted server missed the revocation: the deleted device's JWT opens it"
+    );
+
+    fleet.cp.restart();
+    eventually(
+        Duration::from_secs(30),
+        "the rejected device's JWT to be refused",
+        || async {
+            (broker_opens(&fleet, &gone, "n-gone", "", Some(jwt.clone())).await == Some(false))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        broker_opens(&fleet, &deleted, "n-deleted", "", Some(deleted_jwt)).await,
+        Some(false),
+        "the deleted device's JWT is refused too"
+    );
+    assert!(
+        fleet
+            .cp
+            .log()
+            .contains("a revoked key was missing from the NATS servers' revocations"),
+        "{}",
+        fleet.cp.log()
+    );
+    fleet.cp.wait_for_agents(&["n-kept"]).await;
+    drop(kept);
+}

@@ -30,6 +30,12 @@ pub fn key_key(device: &DeviceId) -> String {
 
 pub const TOKEN_PREFIX_KEY: &str = "enrollment-tokens/";
 pub const KEY_PREFIX_KEY: &str = "device-keys/";
+pub const REVOKED_PREFIX_KEY: &str = "revoked-keys/";
+
+/// Where a key that lost its acceptance is remembered (by the key).
+pub fn revoked_key(public_key: &str) -> String {
+    format!("{REVOKED_PREFIX_KEY}{public_key}")
+}
 
 /// The name an enrollment token claims, if it has the token's shape.
 pub fn token_name(token: &str) -> Option<&str> {
@@ -129,6 +135,19 @@ pub struct DeviceKeyRecord {
     pub existing_device: bool,
     /// The last other key that asked for this id.
     pub conflict: Option<KeyConflict>,
+}
+
+/// A key that was accepted and no longer is (rejected, or its device
+/// deleted), written before the change that ends it: what a broker must
+/// refuse even when it missed the removal (a NATS server takes it into
+/// the account's revocations when the control plane next checks).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokedKeyRecord {
+    pub device: DeviceId,
+    /// The Ed25519 public key, hex (32 bytes).
+    pub public_key: String,
+    pub revoked_at: Timestamp,
 }
 
 /// One enrollment request, its signature already checked.

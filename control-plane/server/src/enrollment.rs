@@ -10,8 +10,8 @@ use drover_model::DeviceId;
 use drover_model::enroll::{Inventory, broker_password_message, enroll_message, verify};
 use drover_rules::enrollment::{
     Decision, DeviceKeyRecord, EnrollInventory, EnrollmentTokenRecord, INVENTORY_FIELD_MAX,
-    KEY_PREFIX_KEY, KeyConflict, KeyState, Refusal, Request, decide, key_key, token_key,
-    token_name, valid_public_key,
+    KEY_PREFIX_KEY, KeyConflict, KeyState, REVOKED_PREFIX_KEY, Refusal, Request, RevokedKeyRecord,
+    decide, key_key, revoked_key, token_key, token_name, valid_public_key,
 };
 use drover_rules::records::{DeviceRecord, device_key};
 use drover_store::db::{Db, DbError};
@@ -274,6 +274,25 @@ pub async fn join(
     Ok(())
 }
 
+/// Remembers that `key` (an accepted one) is losing its acceptance,
+/// before the change that ends it: the brokers' revocations are checked
+/// against these ([`Gate::revoked_keys`]).
+pub async fn remember_revoked(db: &Db, key: &DeviceKeyRecord) -> Result<(), DbError> {
+    let record = RevokedKeyRecord {
+        device: key.device.clone(),
+        public_key: key.public_key.clone(),
+        revoked_at: Timestamp::now(),
+    };
+    // The latest revocation counts: a key accepted again since (a device
+    // deleted and enrolled anew with it) must be refused from now.
+    db.update(
+        &revoked_key(&key.public_key),
+        |_: Option<RevokedKeyRecord>| Some(record.clone()),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// The control plane's judgement at every transport's door: tokens at
 /// their generation (until a key is accepted), accepted keys, enrollment.
 #[derive(Clone)]
@@ -290,6 +309,26 @@ impl drover_contract::gate::DeviceGate for Gate {
 
     fn key_of(&self, device: &DeviceId) -> Option<String> {
         self.credentials.key_of(device)
+    }
+
+    fn revoked_keys(&self) -> drover_contract::BoxFuture<'static, Vec<(DeviceId, String, i64)>> {
+        let (db, credentials) = (self.db.clone(), self.credentials.clone());
+        Box::pin(async move {
+            match db.list::<RevokedKeyRecord>(REVOKED_PREFIX_KEY).await {
+                // A key accepted again since (preauthorized anew) is left out.
+                Ok(records) => records
+                    .into_iter()
+                    .filter(|(_, _, r)| {
+                        credentials.key_of(&r.device).as_deref() != Some(r.public_key.as_str())
+                    })
+                    .map(|(_, _, r)| (r.device, r.public_key, r.revoked_at.as_second()))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the revoked keys");
+                    Vec::new()
+                }
+            }
+        })
     }
 
     fn enroll(&self, request: Enrollment) -> drover_contract::BoxFuture<'static, Answer> {

@@ -50,7 +50,8 @@ one_layout!(
     crate::records::OperatorRecord,
     crate::records::AuditRecord,
     crate::enrollment::EnrollmentTokenRecord,
-    crate::enrollment::DeviceKeyRecord
+    crate::enrollment::DeviceKeyRecord,
+    crate::enrollment::RevokedKeyRecord
 );
 
 /// A device as stored: V1 until the control plane kept when its agent
@@ -1077,5 +1078,15 @@ mod tests {
             key.to_bytes().expect("encode"),
             hex(include_str!("fixtures/device_key_v1.hex"))
         );
+        let revoked = crate::enrollment::RevokedKeyRecord {
+            device: key.device.clone(),
+            public_key: key.public_key.clone(),
+            revoked_at: key.requested_at,
+        };
+        let stored = crate::enrollment::RevokedKeyRecord::from_bytes(&hex(include_str!(
+            "fixtures/revoked_key_v1.hex"
+        )))
+        .expect("revoked key V1");
+        assert_eq!(stored, revoked);
     }
 }

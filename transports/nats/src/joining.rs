@@ -31,9 +31,25 @@ use tracing::{info, warn};
 const SYSTEM_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl NatsLinks {
-    /// Devices that ask to join are judged from now on.
-    pub fn judge_with(&self, joining: Joining) {
+    /// Devices that ask to join are judged from now on, and the servers'
+    /// revocations are checked against the revoked keys at once and every
+    /// few minutes.
+    pub fn judge_with(self: &Arc<Self>, joining: Joining) {
         self.joining.send_replace(Some(Arc::new(joining)));
+        let links = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut wait = FIRST_CHECK;
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = CHECK_EVERY;
+                let Some(joining) = links.upgrade().and_then(|l| l.joining.borrow().clone()) else {
+                    return;
+                };
+                if let Err(e) = check_revocations(&joining).await {
+                    warn!(error = %e, "cannot check the revocations on the NATS servers");
+                }
+            }
+        });
     }
 
     /// Takes requests to join (one replica each, through a queue group),
@@ -89,7 +105,7 @@ impl NatsLinks {
         };
         let (links, device) = (self.clone(), device.clone());
         tokio::spawn(async move {
-            match revoke(&joining, &nkey).await {
+            match revoke(&joining, std::slice::from_ref(&nkey)).await {
                 Ok(()) => {
                     info!(%device, "device's JWT revoked on the NATS servers");
                     // The servers closed its connection: gone from here too.
@@ -182,12 +198,15 @@ async fn revocations(joining: &Joining) -> Result<BTreeMap<String, i64>, String>
         .unwrap_or_default())
 }
 
-/// Adds `nkey` to the account's revocations on the servers.
-async fn revoke(joining: &Joining, nkey: &str) -> Result<(), String> {
+/// Adds `nkeys` to the account's revocations on the servers (as of now).
+async fn revoke(joining: &Joining, nkeys: &[String]) -> Result<(), String> {
     let mut last = String::new();
     for _ in 0..3 {
         let mut revoked = revocations(joining).await?;
-        revoked.insert(nkey.to_owned(), jiff::Timestamp::now().as_second());
+        let now = jiff::Timestamp::now().as_second();
+        for nkey in nkeys {
+            revoked.insert(nkey.clone(), now);
+        }
         let jwt = joining
             .authority
             .account_jwt(&revoked)
@@ -200,9 +219,45 @@ async fn revoke(joining: &Joining, nkey: &str) -> Result<(), String> {
         .map_err(|_| format!("no server took the {ACCOUNT_NAME} account's new JWT"))?
         .map_err(|e| e.to_string())?;
         last = String::from_utf8_lossy(&answer.payload).into_owned();
-        if revocations(joining).await?.contains_key(nkey) {
+        let held = revocations(joining).await?;
+        if nkeys.iter().all(|nkey| held.contains_key(nkey)) {
             return Ok(());
         }
     }
     Err(format!("the revocation did not hold: {last}"))
 }
+
+/// Pushes again each revoked key the servers' revocations lack, or hold
+/// from before its revocation (a removal they missed: no server was up,
+/// or the control plane stopped first). Returns how many.
+async fn check_revocations(joining: &Joining) -> Result<usize, String> {
+    let owed: BTreeMap<String, (DeviceId, i64)> = joining
+        .gate
+        .revoked_keys()
+        .await
+        .into_iter()
+        .filter_map(|(device, key, at)| Some((drover_model::nkey::user_nkey(&key)?, (device, at))))
+        .collect();
+    if owed.is_empty() {
+        return Ok(0);
+    }
+    let held = revocations(joining).await?;
+    let missing: Vec<String> = owed
+        .iter()
+        .filter(|(nkey, (_, at))| held.get(*nkey).is_none_or(|since| since < at))
+        .map(|(nkey, _)| nkey.clone())
+        .collect();
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    for nkey in &missing {
+        warn!(device = %owed[nkey].0, "a revoked key was missing from the NATS servers' revocations; pushing it again");
+    }
+    revoke(joining, &missing).await?;
+    Ok(missing.len())
+}
+
+/// How often the servers' revocations are checked against the revoked keys.
+const CHECK_EVERY: Duration = Duration::from_secs(300);
+/// The first check, soon after the control plane starts.
+const FIRST_CHECK: Duration = Duration::from_secs(3);

@@ -481,7 +481,16 @@ pub(super) async fn delete_device(
     keys.push(drover_rules::patch::assessment_key(&id));
     keys.push(device_key(&id));
     // Its enrolled key too: its session ends, and it is let in again only
-    // by enrolling anew (reject a key to keep a device out).
+    // by enrolling anew (reject a key to keep a device out). An accepted
+    // one is remembered first, for a broker that misses the removal.
+    if let Some((_, key)) = state
+        .db
+        .get::<drover_rules::enrollment::DeviceKeyRecord>(&enrolled_key)
+        .await?
+        && key.state == drover_rules::enrollment::KeyState::Accepted
+    {
+        crate::enrollment::remember_revoked(&state.db, &key).await?;
+    }
     keys.push(enrolled_key);
     state.db.delete_all(&keys).await?;
     tracing::info!(device = %id, jobs = job_count, kept = kept.len(), "device deleted");

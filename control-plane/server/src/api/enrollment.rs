@@ -257,6 +257,10 @@ async fn decide_key(
             ),
         ));
     }
+    if record.state == KeyState::Accepted {
+        // Remembered first: a broker that misses the removal is told again.
+        crate::enrollment::remember_revoked(&state.db, &record).await?;
+    }
     record.state = to;
     record.decided_at = Some(now);
     record.decided_by = Some(caller.who());
