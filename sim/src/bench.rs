@@ -69,12 +69,12 @@ pub fn spawn_agents(
         Transport::Websocket => places
             .iter()
             .map(|place| {
-                Ok(crate::ws::Target {
-                    addr: place
+                Ok(crate::ws::Target::spread(
+                    place
                         .trim_start_matches("ws://")
                         .parse()
                         .with_context(|| format!("agent address {place}"))?,
-                })
+                ))
             })
             .collect::<Result<_>>()?,
         Transport::Nats | Transport::Mqtt => Vec::new(),
@@ -318,6 +318,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         broker_url: broker_url.as_deref(),
         nats_replicas: if cluster { 3 } else { 1 },
         store_on_nats,
+        nats_authority: None,
     };
     let mut control_planes = Vec::new();
     let mut agent_addrs = Vec::new();

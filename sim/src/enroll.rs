@@ -1,5 +1,5 @@
 //! `drover-sim enroll` (issue 55): N devices of one image enrolling at once
-//! with one auto-accept token over WebSocket, as a fleet's first boot would,
+//! with one auto-accept token over WebSocket (over NATS: `enroll_nats`), as a fleet's first boot would,
 //! then each connecting by its key (challenge, proof, hello). Prints the
 //! time until every device is accepted, until every one is connected by
 //! its key, and the control plane's CPU per device.
@@ -34,13 +34,15 @@ pub struct EnrollFigures {
     pub connected: Duration,
     /// The control plane's CPU over both, per device.
     pub cpu_per_device: Duration,
+    /// The broker's CPU over both, per device (none over WebSocket).
+    pub broker_cpu_per_device: Option<Duration>,
     /// Requests that were refused or failed and were asked again.
     pub retries: usize,
     pub load: (f64, f64),
 }
 
 /// A simulated device's key, signing as the agent's does.
-struct SimKey(Ed25519KeyPair);
+pub(crate) struct SimKey(Ed25519KeyPair);
 
 impl Signer for SimKey {
     fn public_key(&self) -> String {
@@ -53,7 +55,7 @@ impl Signer for SimKey {
 }
 
 /// A device's key, the same for the same index in every run.
-fn key(index: usize) -> Result<SimKey> {
+pub(crate) fn key(index: usize) -> Result<SimKey> {
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
     seed[31] = 0xd5;
@@ -162,6 +164,7 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
             broker_url: None,
             nats_replicas: 1,
             store_on_nats: false,
+            nats_authority: None,
         },
     )?;
     let process: Process = process;
@@ -180,7 +183,7 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
         .await?;
     let token = Arc::new(made["token"].as_str().context("no token")?.to_owned());
     let addr: SocketAddr = agents.trim_start_matches("ws://").parse()?;
-    let target = Target { addr };
+    let target = Target::spread(addr);
     let (accepted, retries) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let before = procstat::usage(process.0.id()).context("the control plane's usage")?;
     let load_before = procstat::load_average().unwrap_or(f64::NAN);
@@ -226,6 +229,7 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
         accepted: accepted_at.context("not every device was accepted")?,
         connected,
         cpu_per_device: after.cpu.saturating_sub(before.cpu) / devices.max(1) as u32,
+        broker_cpu_per_device: None,
         retries: retries.load(Ordering::Relaxed),
         load: (load_before, load_after),
     })

@@ -229,6 +229,7 @@ pub async fn measure_agent(
             broker_url: broker_url.as_deref(),
             nats_replicas: 1,
             store_on_nats: false,
+            nats_authority: None,
         },
     )?;
     let api = Api {

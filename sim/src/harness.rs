@@ -207,6 +207,9 @@ pub(crate) struct Serve<'a> {
     /// On the JetStream store (`--store nats`, several replicas) instead of
     /// the embedded one.
     pub(crate) store_on_nats: bool,
+    /// Servers trusting Drover's operator: the control plane logs in by the
+    /// keys in this directory (`--nats-authority`), not by a password.
+    pub(crate) nats_authority: Option<&'a Path>,
 }
 
 /// `drover serve` with its data in DIR/data; returns the process, API and agent addresses.
@@ -215,8 +218,23 @@ pub(crate) fn start_drover(
     dir: &Path,
     serve: Serve<'_>,
 ) -> Result<(Process, String, String)> {
+    start_drover_on(drover, dir, serve, "127.0.0.1:0")
+}
+
+/// [`start_drover`] with the agents' port at `agent_listen` (the same one
+/// again after a restart).
+pub(crate) fn start_drover_on(
+    drover: &Path,
+    dir: &Path,
+    serve: Serve<'_>,
+    agent_listen: &str,
+) -> Result<(Process, String, String)> {
     let ready = dir.join("ready.json");
-    let log = std::fs::File::create(dir.join("drover.log"))?;
+    let _ = std::fs::remove_file(&ready);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("drover.log"))?;
     let mut command = Command::new(drover);
     command
         .arg("--data")
@@ -226,7 +244,7 @@ pub(crate) fn start_drover(
             "--listen",
             "127.0.0.1:0",
             "--agent-listen",
-            "127.0.0.1:0",
+            agent_listen,
         ])
         .arg("--ready-file")
         .arg(&ready)
@@ -237,16 +255,16 @@ pub(crate) fn start_drover(
     let nats = serve.transport == Transport::Nats || serve.store_on_nats;
     match serve.broker_url {
         Some(url) if nats => {
-            command.args([
-                "--nats-url",
-                url,
-                "--nats-user",
-                CP_USER,
-                "--nats-password",
-                CP_PASSWORD,
-                "--nats-replicas",
-                &serve.nats_replicas.to_string(),
-            ]);
+            command.args(["--nats-url", url]);
+            match serve.nats_authority {
+                Some(keys) => {
+                    command.arg("--nats-authority").arg(keys);
+                }
+                None => {
+                    command.args(["--nats-user", CP_USER, "--nats-password", CP_PASSWORD]);
+                }
+            }
+            command.args(["--nats-replicas", &serve.nats_replicas.to_string()]);
             if serve.store_on_nats {
                 command.args(["--store", "nats"]);
             }

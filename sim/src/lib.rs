@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod connect;
 pub mod enroll;
+pub mod enroll_nats;
 pub mod footprint;
 pub mod harness;
 pub mod logins;
@@ -17,6 +18,7 @@ pub mod mqtt;
 pub mod nats;
 pub mod patch;
 pub mod procstat;
+pub mod reconnect;
 pub mod spread;
 pub mod summary;
 pub mod ws;

@@ -1,6 +1,8 @@
 //! drover-sim: play many agents against a control plane (`agents`), or run
 //! the fleet benchmark (`bench`), which prints a table of figures.
 
+mod cmd_reconnect;
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use drover_sim::bench::{self, BenchOptions};
@@ -49,6 +51,9 @@ enum Command {
     /// Measure mosquitto's dynamic security plugin taking N devices' logins
     /// at once, as the control plane hands them over; prints a Markdown table.
     MqttLogins(MqttLoginsArgs),
+    /// Measure N WebSocket devices behind one address (a site's NAT)
+    /// coming back after the control plane restarts; prints a Markdown table.
+    Reconnect(cmd_reconnect::ReconnectArgs),
 }
 
 #[derive(Args)]
@@ -84,6 +89,11 @@ struct EnrollArgs {
     /// Fleet sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     devices: Vec<usize>,
+    /// What devices join over: the agents' port, or NATS servers trusting
+    /// Drover's operator (`nats-config --authority`). Over MQTT the broker's
+    /// part is `mqtt-logins`.
+    #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+    transport: Transport,
     /// The drover binary (default: next to this one).
     #[arg(long)]
     drover: Option<PathBuf>,
@@ -226,6 +236,7 @@ fn main() -> Result<()> {
             Command::Enroll(args) => enroll_cmd(args).await,
             Command::NatsConnect(args) => nats_connect_cmd(args).await,
             Command::MqttLogins(args) => mqtt_logins_cmd(args).await,
+            Command::Reconnect(args) => cmd_reconnect::reconnect_cmd(args).await,
         }
     })
 }
@@ -432,14 +443,23 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
 async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
     use drover_sim::spread::Spread;
     let drover = beside_this(args.drover, "drover")?;
+    if args.transport == Transport::Mqtt {
+        anyhow::bail!(
+            "over MQTT the broker's part of enrolling is measured by `drover-sim mqtt-logins`"
+        );
+    }
     println!(
-        "| devices | all accepted, s | all in by key, s | control-plane CPU per device, ms | retries | load before → after |"
+        "| devices | all accepted, s | all in by key, s | control-plane CPU per device, ms | broker CPU per device, ms | retries | load before → after |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for size in args.devices {
         let mut runs = Vec::new();
         for run in 1..=args.runs.max(1) {
-            match drover_sim::enroll::measure(&drover, size).await {
+            let measured = match args.transport {
+                Transport::Nats => drover_sim::enroll_nats::measure(&drover, size).await,
+                _ => drover_sim::enroll::measure(&drover, size).await,
+            };
+            match measured {
                 Ok(one) => {
                     eprintln!("run {run}: {one:?}");
                     runs.push(one);
@@ -450,8 +470,16 @@ async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
         let spread = |f: &dyn Fn(&drover_sim::enroll::EnrollFigures) -> f64, decimals| {
             Spread::of(runs.iter().map(f)).map_or_else(|| "-".to_owned(), |s| s.show(decimals))
         };
+        let broker = if runs.iter().all(|r| r.broker_cpu_per_device.is_some()) {
+            spread(
+                &|r| r.broker_cpu_per_device.unwrap_or_default().as_secs_f64() * 1000.0,
+                2,
+            )
+        } else {
+            "-".to_owned()
+        };
         println!(
-            "| {size} | {} | {} | {} | {} | {} |",
+            "| {size} | {} | {} | {} | {broker} | {} | {} |",
             spread(&|r| r.accepted.as_secs_f64(), 1),
             spread(&|r| r.connected.as_secs_f64(), 1),
             spread(&|r| r.cpu_per_device.as_secs_f64() * 1000.0, 2),
@@ -545,7 +573,7 @@ async fn mqtt_logins_cmd(args: MqttLoginsArgs) -> Result<()> {
 }
 
 /// `explicit`, else the binary NAME in this one's directory.
-fn beside_this(explicit: Option<PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn beside_this(explicit: Option<PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
     match explicit {
         Some(path) => Ok(path),
         None => Ok(std::env::current_exe()?

@@ -288,6 +288,7 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
             broker_url: None,
             nats_replicas: 1,
             store_on_nats: false,
+            nats_authority: None,
         },
     )?;
     let pid = cp.0.id();
@@ -299,9 +300,7 @@ pub async fn measure(options: &PatchOptions) -> Result<PatchFigures> {
             .build()?,
     };
     harness::register(&api.base, &api.token, &ids).await?;
-    let target = Target {
-        addr: agent_addr.parse().context("agent address")?,
-    };
+    let target = Target::spread(agent_addr.parse().context("agent address")?);
     let n = options.devices as f64;
     let usage = || procstat::usage(pid).context("the control plane ended");
 

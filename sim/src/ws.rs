@@ -20,10 +20,20 @@ use tokio_util::sync::CancellationToken;
 use transport_websocket::AGENT_PATH_PREFIX;
 use transport_websocket::protocol::{AgentMessage, ServerMessage};
 
-/// Where the simulated agents connect.
+/// Where the simulated agents connect, and from how many loopback source
+/// addresses (200 spread a fleet as many sites would; 1 puts every device
+/// behind one address, as a site's NAT does).
 #[derive(Debug, Clone, Copy)]
 pub struct Target {
     pub addr: SocketAddr,
+    pub sources: u8,
+}
+
+impl Target {
+    /// `addr`, from 200 source addresses.
+    pub fn spread(addr: SocketAddr) -> Self {
+        Self { addr, sources: 200 }
+    }
 }
 
 fn config() -> WebSocketConfig {
@@ -34,8 +44,8 @@ fn config() -> WebSocketConfig {
 }
 
 /// A loopback source address for connection `index` (127.0.0.2 and up).
-fn source(index: usize) -> SocketAddr {
-    let host = 2 + (index % 200) as u8;
+fn source(index: usize, sources: u8) -> SocketAddr {
+    let host = 2 + (index % usize::from(sources.clamp(1, 200))) as u8;
     SocketAddr::from((Ipv4Addr::new(127, 0, 0, host), 0))
 }
 
@@ -60,7 +70,7 @@ pub(crate) async fn open_at(
     authorization: Option<&str>,
 ) -> anyhow::Result<WebSocketStream<TcpStream>> {
     let socket = TcpSocket::new_v4()?;
-    socket.bind(source(index))?;
+    socket.bind(source(index, target.sources))?;
     let tcp = socket.connect(target.addr).await?;
     let _ = tcp.set_nodelay(true);
     let url = format!("ws://{}{path}", target.addr);
