@@ -6,13 +6,12 @@
 //! server's cost of letting devices in. Each device that fails tries again
 //! after the agent's own backoff, as the agent does.
 
-use crate::harness::{Process, free_port};
+use crate::harness::{free_port, start_nats_with};
 use crate::procstat;
 use agent_core::backoff::Backoff;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use drover_model::DeviceId;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -143,47 +142,13 @@ async fn connect(url: &str, login: &Login) -> Result<async_nats::Client> {
         .await?)
 }
 
-/// Starts nats-server with `auth_config` and waits until it listens.
-fn start_server(dir: &Path, auth_config: &str) -> Result<(Process, String)> {
-    let port = free_port()?;
-    let config = format!(
-        "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
-         jetstream {{ store_dir: {:?} }}\n{auth_config}",
-        dir.join("js").display().to_string()
-    );
-    std::fs::write(dir.join("nats.conf"), config)?;
-    let log = std::fs::File::create(dir.join("nats.log"))?;
-    let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
-    let process = Process(
-        Command::new(binary)
-            .arg("-c")
-            .arg(dir.join("nats.conf"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start nats-server")?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!(
-                "nats-server did not start; see {}",
-                dir.join("nats.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((process, format!("nats://127.0.0.1:{port}")))
-}
-
 /// One run: a fresh server, N devices connecting at once.
 pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-nats-connect-")
         .tempdir()?;
     let (config, logins) = logins(dir.path(), devices, auth)?;
-    let (server, url) = start_server(dir.path(), &config)?;
+    let (server, url) = start_nats_with(dir.path(), free_port()?, &config)?;
     let retries = Arc::new(AtomicUsize::new(0));
     let before = procstat::usage(server.0.id()).context("the server's usage")?;
     let load_before = procstat::load_average().unwrap_or(f64::NAN);

@@ -151,6 +151,26 @@ async fn online(api: &Api) -> Result<u64> {
     Ok(summary["connectedHere"]["websocket"].as_u64().unwrap_or(0))
 }
 
+/// The API of the control plane whose data is in DIR/data, and the
+/// auto-accept enrollment token of the devices' image, made there.
+pub(crate) async fn image_token(dir: &Path, api_base: &str) -> Result<(Api, String)> {
+    let api = Api {
+        base: format!("http://{api_base}"),
+        token: std::fs::read_to_string(dir.join("data/operator.token"))?
+            .trim()
+            .to_owned(),
+        http: http_builder().build()?,
+    };
+    let made = api
+        .post(
+            "/enrollment-tokens",
+            &serde_json::json!({"name": "image", "groups": ["sim"], "autoAccept": true}),
+        )
+        .await?;
+    let token = made["token"].as_str().context("no token")?.to_owned();
+    Ok((api, token))
+}
+
 /// One run: a fresh control plane, N devices enrolling at once.
 pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
     let dir = tempfile::Builder::new()
@@ -168,20 +188,8 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
         },
     )?;
     let process: Process = process;
-    let api = Api {
-        base: format!("http://{api_base}"),
-        token: std::fs::read_to_string(dir.path().join("data/operator.token"))?
-            .trim()
-            .to_owned(),
-        http: http_builder().build()?,
-    };
-    let made = api
-        .post(
-            "/enrollment-tokens",
-            &serde_json::json!({"name": "image", "groups": ["sim"], "autoAccept": true}),
-        )
-        .await?;
-    let token = Arc::new(made["token"].as_str().context("no token")?.to_owned());
+    let (api, token) = image_token(dir.path(), &api_base).await?;
+    let token = Arc::new(token);
     let addr: SocketAddr = agents.trim_start_matches("ws://").parse()?;
     let target = Target::spread(addr);
     let (accepted, retries) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));

@@ -9,14 +9,13 @@
 //! until every one is in by its JWT, and the control plane's and the
 //! server's CPU per device.
 
-use crate::enroll::{EnrollFigures, key};
-use crate::harness::{Api, Process, Serve, Transport, free_port, http_builder, start_drover};
+use crate::enroll::{EnrollFigures, image_token, key};
+use crate::harness::{Process, Serve, Transport, free_port, start_drover, start_nats_with};
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
 use drover_model::model::Hello;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -28,36 +27,7 @@ use transport_nats::{HelloReply, NatsSettings, hello_subject, inbox_prefix};
 fn start_server(dir: &Path) -> Result<(Process, String)> {
     let authority = transport_nats::authority::Authority::load_or_create(&dir.join("keys"))?;
     let trust = authority.server_config(&dir.join("accounts"))?;
-    let port = free_port()?;
-    let config = format!(
-        "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
-         jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n{trust}",
-        dir.join("js").display().to_string()
-    );
-    std::fs::write(dir.join("nats.conf"), config)?;
-    let log = std::fs::File::create(dir.join("nats.log"))?;
-    let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
-    let process = Process(
-        Command::new(binary)
-            .arg("-c")
-            .arg(dir.join("nats.conf"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start nats-server (apt-get install nats-server)")?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!(
-                "nats-server did not start; see {}",
-                dir.join("nats.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((process, format!("nats://127.0.0.1:{port}")))
+    start_nats_with(dir, free_port()?, &trust)
 }
 
 /// What every simulated device shares.
@@ -185,25 +155,13 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
             nats_authority: Some(&keys),
         },
     )?;
-    let api = Api {
-        base: format!("http://{api_base}"),
-        token: std::fs::read_to_string(dir.path().join("data/operator.token"))?
-            .trim()
-            .to_owned(),
-        http: http_builder().build()?,
-    };
-    let made = api
-        .post(
-            "/enrollment-tokens",
-            &serde_json::json!({"name": "image", "groups": ["sim"], "autoAccept": true}),
-        )
-        .await?;
+    let (api, token) = image_token(dir.path(), &api_base).await?;
     let trust = api.get("/agent-trust").await?;
     let jwts = dir.path().join("jwts");
     std::fs::create_dir_all(&jwts)?;
     let fleet = Arc::new(Fleet {
         url,
-        token: made["token"].as_str().context("no token")?.to_owned(),
+        token,
         enroll_jwt: trust["natsEnrollmentJwt"]
             .as_str()
             .context("no enrollment JWT: is --nats-authority given?")?

@@ -55,9 +55,19 @@ pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(P
         transport_nats::server::DirectStatusPuts::Denied,
     )
     .map_err(anyhow::Error::msg)?;
+    start_nats_with(dir, port, &auth)
+}
+
+/// Starts nats-server with JetStream on `port` and `auth_config` (its
+/// users, or the operator it trusts).
+pub(crate) fn start_nats_with(
+    dir: &Path,
+    port: u16,
+    auth_config: &str,
+) -> Result<(Process, String)> {
     let config = format!(
         "listen: \"127.0.0.1:{port}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
-         jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n{auth}",
+         jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n{auth_config}",
         dir.join("js").display().to_string()
     );
     let process = spawn_nats(dir, &config, port)?;
