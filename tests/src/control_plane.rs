@@ -544,6 +544,17 @@ pub async fn agent_ws_at(
     path: &str,
     authorization: Option<&str>,
 ) -> Result<script::Ws, String> {
+    agent_ws_from(cp, None, path, authorization).await
+}
+
+/// [`agent_ws_at`] from the loopback address `source` (127.0.0.2, …): as
+/// another host, for what the control plane counts per address.
+pub async fn agent_ws_from(
+    cp: &ControlPlane,
+    source: Option<std::net::IpAddr>,
+    path: &str,
+    authorization: Option<&str>,
+) -> Result<script::Ws, String> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let url = format!("{}{path}", cp.agent_url);
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
@@ -554,10 +565,18 @@ pub async fn agent_ws_at(
                 .map_err(|e| e.to_string())?,
         );
     }
-    let addr = cp.agent_url.trim_start_matches("ws://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
+    let addr: std::net::SocketAddr = cp
+        .agent_url
+        .trim_start_matches("ws://")
+        .parse()
+        .map_err(|e| format!("the agents' address: {e}"))?;
+    let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    if let Some(source) = source {
+        socket
+            .bind(std::net::SocketAddr::new(source, 0))
+            .map_err(|e| e.to_string())?;
+    }
+    let tcp = socket.connect(addr).await.map_err(|e| e.to_string())?;
     tokio_tungstenite::client_async(request, tcp)
         .await
         .map(|(ws, _)| ws)

@@ -16,7 +16,7 @@ pub use agent::AgentProcess;
 pub use brokers::{
     JETSTREAM_MAX_FILE_STORE, Mosquitto, NatsCluster, NatsServer, cluster_nats_server,
 };
-pub use control_plane::{ControlPlane, agent_ws, agent_ws_at};
+pub use control_plane::{ControlPlane, agent_ws, agent_ws_at, agent_ws_from};
 pub use faults::{IntentPuts, SmallDisk};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2243,6 +2243,7 @@ const TABLES: &[&str] = &[
     "agent files",
     "operators' misuse",
     "enrollment doors",
+    "enrollment floods",
     "enrollment over MQTT",
     "enrollment over NATS",
 ];

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     pub uploads: drover_server::packages::UploadLimits,
     /// How long the audit log keeps an entry.
     pub audit_retention: Duration,
+    /// Enrollment requests a minute per address, new devices a minute per
+    /// token (0: none).
+    pub enrollment_limits: (u32, u32),
 }
 
 /// The package downloads' port when `--download-listen` is not given: one
@@ -205,8 +208,14 @@ pub async fn start(options: ServeOptions, shutdown: CancellationToken) -> Result
         intake_ready,
         shutdown.clone(),
     )));
-    let gate =
-        wiring::devices_gate(&db, &secrets, &websocket, brokered, &shutdown, &mut tasks).await?;
+    let gate = wiring::devices_gate(
+        (&db, &secrets, options.enrollment_limits),
+        &websocket,
+        brokered,
+        &shutdown,
+        &mut tasks,
+    )
+    .await?;
     tasks.push(wiring::serve_agents(
         websocket,
         agent_listener,

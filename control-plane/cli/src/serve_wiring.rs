@@ -332,8 +332,7 @@ pub(super) fn serve_agents(
 /// generations and keys are read (and then followed); handed to the MQTT
 /// link here, to the agents' port by the caller.
 pub(super) async fn devices_gate(
-    db: &Db,
-    secrets: &Arc<Secrets>,
+    (db, secrets, (per_address, per_token)): (&Db, &Arc<Secrets>, (u32, u32)),
     websocket: &Arc<WsLinks>,
     brokered: Brokered,
     shutdown: &CancellationToken,
@@ -356,6 +355,10 @@ pub(super) async fn devices_gate(
         secrets: secrets.clone(),
         credentials: generations,
         db: db.clone(),
+        limits: Arc::new(drover_server::enroll_limits::EnrollLimits::new(
+            per_address,
+            per_token,
+        )),
     };
     if let Some(mqtt) = &mqtt {
         mqtt.judge_with(Arc::new(gate.clone()));

@@ -5,6 +5,7 @@
 //! device with the token's groups and labels. Operators' actions (accept,
 //! reject, tokens) are in `api::enrollment`.
 
+use crate::enroll_limits::EnrollLimits;
 use drover_contract::gate::{EnrollAnswer as Answer, EnrollRequest as Enrollment, Proof};
 use drover_model::DeviceId;
 use drover_model::enroll::{Inventory, broker_password_message, enroll_message, verify};
@@ -87,7 +88,19 @@ pub async fn pending_count(db: &Db) -> Result<usize, DbError> {
 /// another for the same token or id is decided again on what won.
 /// `own_token`: the request's token is the device's own bearer token (the
 /// caller checked it), so the device moves from its token to its key.
-pub async fn enroll(db: &Db, request: Enrollment, own_token: bool) -> Result<Answer, DbError> {
+/// `limits`: how fast requests are taken per address and new devices per
+/// token ([`EnrollLimits`]).
+pub async fn enroll(
+    db: &Db,
+    request: Enrollment,
+    own_token: bool,
+    limits: &EnrollLimits,
+) -> Result<Answer, DbError> {
+    if let Some(peer) = request.peer
+        && let Err(refused) = limits.address(peer)
+    {
+        return Ok(Answer::Refused(refused));
+    }
     if !valid_public_key(&request.public_key) {
         return Ok(Answer::Refused(
             "the public key is not 64 lowercase hex digits (an Ed25519 key)".into(),
@@ -116,7 +129,7 @@ pub async fn enroll(db: &Db, request: Enrollment, own_token: bool) -> Result<Ans
         return Ok(Answer::Refused(what.into()));
     }
     for _ in 0..20 {
-        if let Some(answer) = try_enroll(db, &request, own_token).await? {
+        if let Some(answer) = try_enroll(db, &request, own_token, limits).await? {
             return Ok(answer);
         }
     }
@@ -131,6 +144,7 @@ async fn try_enroll(
     db: &Db,
     request: &Enrollment,
     own_token: bool,
+    limits: &EnrollLimits,
 ) -> Result<Option<Answer>, DbError> {
     let now = Timestamp::now();
     let existing = db.get::<DeviceKeyRecord>(&key_key(&request.device)).await?;
@@ -181,6 +195,12 @@ async fn try_enroll(
             Ok(Some(Answer::Refused(refusal.message().into())))
         }
         Decision::Accept { .. } | Decision::Pend => {
+            // A new device (or a new key) is what a token's limit counts.
+            if let Some((_, token)) = &token
+                && let Err(refused) = limits.token(&token.name)
+            {
+                return Ok(Some(Answer::Refused(refused)));
+            }
             write(db, request, token, decision, device_exists, now).await
         }
     }
@@ -300,6 +320,7 @@ pub struct Gate {
     pub secrets: std::sync::Arc<crate::auth::Secrets>,
     pub credentials: std::sync::Arc<crate::device_tokens::Generations>,
     pub db: Db,
+    pub limits: std::sync::Arc<EnrollLimits>,
 }
 
 impl drover_contract::gate::DeviceGate for Gate {
@@ -332,17 +353,19 @@ impl drover_contract::gate::DeviceGate for Gate {
     }
 
     fn enroll(&self, request: Enrollment) -> drover_contract::BoxFuture<'static, Answer> {
-        let db = self.db.clone();
+        let (db, limits) = (self.db.clone(), self.limits.clone());
         // A device's own token moves it to its key (the token is refused
         // from then on).
         let own_token = self.token_opens(&request.device, &request.token);
         Box::pin(async move {
-            enroll(&db, request, own_token).await.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot record an enrollment request");
-                Answer::Refused(format!(
-                    "the control plane cannot record the request now ({e}); try again later"
-                ))
-            })
+            enroll(&db, request, own_token, &limits)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "cannot record an enrollment request");
+                    Answer::Refused(format!(
+                        "the control plane cannot record the request now ({e}); try again later"
+                    ))
+                })
         })
     }
 }
@@ -437,7 +460,7 @@ mod tests {
         let token = with_token(&db, "line-3", true, Some(1)).await;
         let pi = Device::new("pi-1", 1);
         assert_eq!(
-            enroll(&db, pi.request(&token), false)
+            enroll(&db, pi.request(&token), false, &EnrollLimits::none())
                 .await
                 .expect("enroll"),
             Answer::Accepted
@@ -460,16 +483,52 @@ mod tests {
         // Asking again with the same key spends no use; a second device
         // finds the token used up.
         assert_eq!(
-            enroll(&db, pi.request(&token), false).await.expect("again"),
+            enroll(&db, pi.request(&token), false, &EnrollLimits::none())
+                .await
+                .expect("again"),
             Answer::Accepted
         );
         let other = Device::new("pi-2", 2);
         assert_eq!(
-            enroll(&db, other.request(&token), false)
+            enroll(&db, other.request(&token), false, &EnrollLimits::none())
                 .await
                 .expect("enroll"),
             Answer::Refused(Refusal::UsedUp.message().into())
         );
+    }
+
+    /// A token's limit counts new devices: a pending one asking again is
+    /// not refused for the others, and the next new one is, with nothing
+    /// recorded for it; another token has its own share.
+    #[tokio::test]
+    async fn a_tokens_limit_counts_new_devices_not_devices_asking_again() {
+        let db = Db::new(Arc::new(MemKv::default()));
+        let (image, other) = (
+            with_token(&db, "image", false, None).await,
+            with_token(&db, "other", false, None).await,
+        );
+        let limits = EnrollLimits::new(0, 2);
+        let (a, b, c) = (
+            Device::new("pi-a", 1),
+            Device::new("pi-b", 2),
+            Device::new("pi-c", 3),
+        );
+        for pi in [&a, &b, &a, &b, &a] {
+            let answer = enroll(&db, pi.request(&image), false, &limits).await;
+            assert_eq!(answer.expect("enroll"), Answer::Pending, "{}", pi.id);
+        }
+        let refused = enroll(&db, c.request(&image), false, &limits).await;
+        assert!(
+            matches!(refused.expect("enroll"), Answer::Refused(m) if m.contains("too many new devices")),
+        );
+        assert!(
+            db.get::<DeviceKeyRecord>(&key_key(&c.id))
+                .await
+                .expect("get")
+                .is_none()
+        );
+        let answer = enroll(&db, c.request(&other), false, &limits).await;
+        assert_eq!(answer.expect("enroll"), Answer::Pending);
     }
 
     /// A thousand devices of one image enrolling at once with an unlimited
@@ -488,7 +547,7 @@ mod tests {
             let token = token.clone();
             tokio::spawn(async move {
                 let pi = Device::new(&format!("pi-{i}"), i + 1);
-                enroll(&db, pi.request(&token), false)
+                enroll(&db, pi.request(&token), false, &EnrollLimits::none())
                     .await
                     .expect("enroll")
             })
@@ -505,7 +564,7 @@ mod tests {
         let limited = with_token(&db, "limited", true, Some(60)).await;
         let pi = Device::new("pi-limited", 200);
         assert_eq!(
-            enroll(&db, pi.request(&limited), false)
+            enroll(&db, pi.request(&limited), false, &EnrollLimits::none())
                 .await
                 .expect("enroll"),
             Answer::Accepted
@@ -528,7 +587,7 @@ mod tests {
             *challenge = "0b".repeat(32);
         }
         assert!(
-            matches!(enroll(&db, forged, false).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
+            matches!(enroll(&db, forged, false, &EnrollLimits::none()).await.expect("enroll"), Answer::Refused(m) if m.contains("signature"))
         );
         // A broker password proves the key only when it is this key's
         // signature for this device.
@@ -536,23 +595,27 @@ mod tests {
         let mut borrowed = pi.request(&token);
         borrowed.proof = Proof::BrokerPassword(other.broker_password(&pi.id));
         assert!(
-            matches!(enroll(&db, borrowed, false).await.expect("enroll"), Answer::Refused(m) if m.contains("broker password"))
+            matches!(enroll(&db, borrowed, false, &EnrollLimits::none()).await.expect("enroll"), Answer::Refused(m) if m.contains("broker password"))
         );
         let mut elsewhere = pi.request(&token);
         elsewhere.proof = Proof::BrokerPassword(pi.broker_password(&other.id));
         assert!(matches!(
-            enroll(&db, elsewhere, false).await.expect("enroll"),
+            enroll(&db, elsewhere, false, &EnrollLimits::none())
+                .await
+                .expect("enroll"),
             Answer::Refused(_)
         ));
         let wrong = pi.request("drover-enroll.line-3.guess");
         assert_eq!(
-            enroll(&db, wrong, false).await.expect("enroll"),
+            enroll(&db, wrong, false, &EnrollLimits::none())
+                .await
+                .expect("enroll"),
             Answer::Refused(Refusal::UnknownToken.message().into())
         );
         // The positive controls: the right request waits for an operator,
         // and so does the same one proven by the device's broker password.
         assert_eq!(
-            enroll(&db, pi.request(&token), false)
+            enroll(&db, pi.request(&token), false, &EnrollLimits::none())
                 .await
                 .expect("enroll"),
             Answer::Pending
@@ -560,7 +623,9 @@ mod tests {
         let mut by_password = pi.request(&token);
         by_password.proof = Proof::BrokerPassword(pi.broker_password(&pi.id));
         assert_eq!(
-            enroll(&db, by_password, false).await.expect("enroll"),
+            enroll(&db, by_password, false, &EnrollLimits::none())
+                .await
+                .expect("enroll"),
             Answer::Pending
         );
         assert!(
@@ -573,7 +638,7 @@ mod tests {
         // Another key for the same id: refused, noted, the first key kept.
         let thief = Device::new("pi-1", 9);
         assert_eq!(
-            enroll(&db, thief.request(&token), false)
+            enroll(&db, thief.request(&token), false, &EnrollLimits::none())
                 .await
                 .expect("enroll"),
             Answer::Refused(Refusal::Conflict.message().into())
@@ -585,7 +650,7 @@ mod tests {
         // third key is news.
         for _ in 0..5 {
             assert_eq!(
-                enroll(&db, thief.request(&token), false)
+                enroll(&db, thief.request(&token), false, &EnrollLimits::none())
                     .await
                     .expect("enroll"),
                 Answer::Refused(Refusal::Conflict.message().into())
@@ -594,7 +659,7 @@ mod tests {
         let (again, _) = stored_key(&db, &pi.id).await;
         assert_eq!(again, revision, "a repeated conflict is not written again");
         let third = Device::new("pi-1", 10);
-        enroll(&db, third.request(&token), false)
+        enroll(&db, third.request(&token), false, &EnrollLimits::none())
             .await
             .expect("enroll");
         let (_, key) = stored_key(&db, &pi.id).await;

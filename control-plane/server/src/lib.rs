@@ -15,6 +15,7 @@ pub mod debcontrol;
 pub mod device_tokens;
 pub mod dispatch;
 pub mod engine;
+pub mod enroll_limits;
 pub mod enrollment;
 pub mod http;
 pub mod kinds;

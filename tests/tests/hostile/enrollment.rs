@@ -49,7 +49,19 @@ fn enroll_frame(device: &str, key: &DeviceKey, token: &str, challenge: &str) -> 
 /// One enrollment conversation: the challenge, then what `frame` makes of
 /// it; the answer.
 async fn ask(cp: &ControlPlane, door: &str, frame: impl FnOnce(&str) -> Message) -> Value {
-    let mut ws = open(cp, &format!("/agent/v1/enroll/{door}"), None)
+    ask_from(cp, None, door, frame).await
+}
+
+/// [`ask`] from the loopback address `source`, as another host.
+async fn ask_from(
+    cp: &ControlPlane,
+    source: Option<&str>,
+    door: &str,
+    frame: impl FnOnce(&str) -> Message,
+) -> Value {
+    let source = source.map(|s| s.parse().expect("an address"));
+    let path = format!("/agent/v1/enroll/{door}");
+    let mut ws = drover_tests::agent_ws_from(cp, source, &path, None)
         .await
         .expect("the enrollment door opens");
     let challenge = next(&mut ws).await;
@@ -251,5 +263,92 @@ async fn enrollment_doors_table() {
         (cp.get("/devices/en-5").await["online"] == true).then_some(())
     })
     .await;
+    ran.record();
+}
+
+/// A good enroll frame for `device` by `key` with `token`, from `from`.
+async fn enroll_from(
+    cp: &ControlPlane,
+    device: &str,
+    key: &DeviceKey,
+    token: &str,
+    from: &str,
+) -> Value {
+    ask_from(cp, Some(from), device, |c| {
+        Message::text(enroll_frame(device, key, token, c).to_string())
+    })
+    .await
+}
+
+/// Floods at the enrollment door, on a control plane that takes three
+/// requests a minute per address and two new devices a minute per token:
+/// each limit refuses with the time to wait, records nothing, and leaves
+/// other addresses, other tokens and devices already pending alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrollment_floods_table() {
+    let mut ran = Ran::new("enrollment floods");
+    let cp = ControlPlane::start(&[
+        "--enrollments-per-address-per-minute",
+        "3",
+        "--enrollments-per-token-per-minute",
+        "2",
+    ]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let (image, other) = (token(&cp, &["image"]), token(&cp, &["other"]));
+    let keys: Vec<DeviceKey> = (1..=3)
+        .map(|i| key(dir.path(), &format!("fl-{i}")))
+        .collect();
+    let enroll = |device, key, token, from| enroll_from(&cp, device, key, token, from);
+    let pending = |answer: Value, what: &str| {
+        assert_eq!(answer["type"], "enrollment", "{what}: {answer}");
+        assert_eq!(answer["state"], "pending", "{what}: {answer}");
+    };
+
+    // The positive control: three requests from one address are taken.
+    ran.row();
+    for _ in 0..3 {
+        pending(
+            enroll("fl-1", &keys[0], &image, "127.0.0.2").await,
+            "within the address's share",
+        );
+    }
+    // The fourth from that address within the minute is refused.
+    ran.row();
+    refused_with(
+        &enroll("fl-1", &keys[0], &image, "127.0.0.2").await,
+        "too many enrollment requests from 127.0.0.2; try again in",
+        "a flood from one address",
+    );
+    // Another address has its own share: a second new device on the token.
+    ran.row();
+    pending(
+        enroll("fl-2", &keys[1], &image, "127.0.0.3").await,
+        "another address",
+    );
+    // A third new device on the token within the minute is refused, and
+    // nothing is recorded for it.
+    ran.row();
+    refused_with(
+        &enroll("fl-3", &keys[2], &image, "127.0.0.4").await,
+        "too many new devices with the enrollment token image",
+        "a flood of new devices with one token",
+    );
+    let listed = cp.get("/device-keys").await;
+    let devices: Vec<&str> = listed
+        .as_array()
+        .map(|keys| keys.iter().filter_map(|k| k["device"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(devices, ["fl-1", "fl-2"], "{listed}");
+    // A device already pending asks again with the spent token: not a new
+    // device, so not refused; another token has its own share.
+    ran.row();
+    pending(
+        enroll("fl-2", &keys[1], &image, "127.0.0.5").await,
+        "a pending device asking again",
+    );
+    pending(
+        enroll("fl-3", &keys[2], &other, "127.0.0.5").await,
+        "another token",
+    );
     ran.record();
 }

@@ -71,6 +71,17 @@ pub struct ServeArgs {
     /// refused request); older ones are deleted each hour.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
     pub audit_retention_days: u64,
+    /// Enrollment requests a minute one address may send (all at once, or
+    /// spread); more are refused with the time to wait. 0: no limit.
+    /// Applies where the control plane sees the device's address (the
+    /// agents' WebSocket port).
+    #[arg(long, default_value_t = drover_server::enroll_limits::PER_ADDRESS_PER_MINUTE)]
+    pub enrollments_per_address_per_minute: u32,
+    /// New devices a minute one enrollment token may record (pending or
+    /// accepted), on every transport; a pending device asking again is
+    /// not counted. 0: no limit.
+    #[arg(long, default_value_t = drover_server::enroll_limits::PER_TOKEN_PER_MINUTE)]
+    pub enrollments_per_token_per_minute: u32,
     /// Write the bound addresses here as JSON once listening.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,

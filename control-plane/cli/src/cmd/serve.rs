@@ -50,6 +50,10 @@ pub async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
                 stall: Duration::from_secs(args.upload_stall_seconds),
             },
             audit_retention: Duration::from_secs(args.audit_retention_days.saturating_mul(86_400)),
+            enrollment_limits: (
+                args.enrollments_per_address_per_minute,
+                args.enrollments_per_token_per_minute,
+            ),
         },
         shutdown.clone(),
     )
