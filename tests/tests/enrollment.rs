@@ -750,6 +750,7 @@ joining_over!(over_websocket, over_mqtt, over_nats);
 async fn dynsec_command(broker: &drover_tests::Mosquitto, password: &str, command: Vec<u8>) {
     let mut options = rumqttc::MqttOptions::new("test-dynsec", "127.0.0.1", broker.port);
     options.set_credentials(drover_tests::CP_BROKER_USER, password);
+    options.set_max_packet_size(256 * 1024, 256 * 1024);
     let (client, mut events) = rumqttc::AsyncClient::new(options, 8);
     let response = transport_mqtt::dynsec::response_topic();
     client
@@ -839,6 +840,60 @@ async fn a_broker_login_that_outlived_its_key_is_removed_when_the_control_plane_
         !broker.log().contains("deleteClient | username=m-kept"),
         "an accepted device's login was removed"
     );
+}
+
+/// Whether the enrollment user `drover.enroll.007` can log in.
+async fn enroll_user_opens(fleet: &Joining, agent: &AgentProcess) -> Option<bool> {
+    let password = transport_mqtt::ENROLL_PASSWORD;
+    broker_opens(fleet, agent, "drover.enroll.007", password, None).await
+}
+
+/// A broker set up before there were many enrollment users (one,
+/// `drover.enroll`): an agent asking as a numbered one is refused and asks
+/// as the one, and joins; the control plane, when it starts, gives the
+/// broker the numbered users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_with_one_enrollment_user_takes_requests_and_is_given_the_others() {
+    let mut fleet = Joining::over("mqtt");
+    let Broker::Mqtt(broker) = &fleet.broker else {
+        unreachable!("an MQTT fleet")
+    };
+    // After the control plane's first look at the broker's logins (the
+    // next is minutes away), as if the broker had never had them.
+    eventually(
+        Duration::from_secs(30),
+        "the control plane to list the logins",
+        || async { broker.log().contains("listClients").then_some(()) },
+    )
+    .await;
+    let numbered: Vec<Value> = (0..transport_mqtt::ENROLL_LOGINS)
+        .map(|n| serde_json::json!({"command": "deleteClient", "username": transport_mqtt::enroll_user(n)}))
+        .collect();
+    dynsec_command(
+        broker,
+        "cp-secret",
+        serde_json::to_vec(&serde_json::json!({ "commands": numbered })).expect("json"),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = fleet.agent_from_file(
+        &dir.path().join("old-broker"),
+        "m-old-broker",
+        &["old", "--groups", "kiosk", "--auto-accept"],
+    );
+    assert_eq!(
+        enroll_user_opens(&fleet, &agent).await,
+        Some(false),
+        "the numbered users are gone"
+    );
+    fleet.cp.wait_for_agents(&["m-old-broker"]).await;
+    fleet.cp.restart();
+    eventually(
+        Duration::from_secs(30),
+        "the numbered enrollment users to be made",
+        || async { (enroll_user_opens(&fleet, &agent).await == Some(true)).then_some(()) },
+    )
+    .await;
 }
 
 /// A revocation the NATS servers missed (none was up when the key was

@@ -44,23 +44,66 @@ pub fn list_logins() -> Vec<u8> {
     })])
 }
 
-/// In a response, the devices whose logins Drover made, when it answers
-/// Drover's listing ([`list_logins`]); None for any other response.
-pub fn listed_devices(payload: &[u8]) -> Option<Vec<DeviceId>> {
+/// The logins in a response, when it answers Drover's listing
+/// ([`list_logins`]); None for any other response.
+fn listed(payload: &[u8]) -> Option<Vec<Value>> {
     let response = serde_json::from_slice::<Value>(payload).ok()?;
     let listing = response["responses"]
         .as_array()?
         .iter()
         .find(|r| r["command"] == "listClients" && r["correlationData"] == LISTING)?;
-    let clients = listing["data"]["clients"].as_array()?;
+    listing["data"]["clients"].as_array().cloned()
+}
+
+/// In a response, the devices whose logins Drover made, when it answers
+/// Drover's listing ([`list_logins`]); None for any other response.
+pub fn listed_devices(payload: &[u8]) -> Option<Vec<DeviceId>> {
     Some(
-        clients
+        listed(payload)?
             .iter()
             .filter(|c| c["textname"] == DEVICE_TEXTNAME)
             .filter_map(|c| DeviceId::new(c["username"].as_str()?.to_owned()).ok())
             .collect(),
     )
 }
+
+/// In an answer to Drover's listing, the enrollment users
+/// ([`crate::enroll_users`]) the broker lacks (one set up before there
+/// were several); None for any other response.
+pub fn missing_enroll_users(payload: &[u8]) -> Option<Vec<String>> {
+    let there: std::collections::BTreeSet<String> = listed(payload)?
+        .iter()
+        .filter_map(|c| c["username"].as_str().map(str::to_owned))
+        .collect();
+    Some(
+        crate::enroll_users()
+            .into_iter()
+            .filter(|user| !there.contains(user))
+            .collect(),
+    )
+}
+
+/// Makes the enrollment users `users`, each with the enrollment role.
+pub fn create_enroll_users(users: &[String]) -> Vec<u8> {
+    commands(
+        users
+            .iter()
+            .map(|user| {
+                json!({
+                    "command": "createClient",
+                    "username": user,
+                    "password": crate::ENROLL_PASSWORD,
+                    "textname": ENROLL_TEXTNAME,
+                    "roles": [{ "rolename": crate::ENROLL_ROLE }],
+                    "correlationData": user,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The name of the enrollment users' logins.
+const ENROLL_TEXTNAME: &str = "Drover devices asking to join";
 
 /// Lets `device` log in with `password`. The password is set first (for a
 /// device whose login is there already, which then fails only to be made
@@ -126,7 +169,7 @@ pub fn failures(payload: &[u8]) -> Vec<String> {
 }
 
 /// The plugin's file for a new broker: nothing allowed by default; the
-/// enrollment user ([`crate::ENROLL_USER`]) may publish on the enrollment
+/// enrollment users ([`crate::enroll_users`]) may publish on the enrollment
 /// topics and nothing else. Devices' logins are added by the control plane.
 pub fn initial_config(topics: &crate::Topics) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -139,14 +182,15 @@ pub fn initial_config(topics: &crate::Topics) -> String {
             "subscribe": false,
             "unsubscribe": true,
         },
-        "clients": [{
-            "username": crate::ENROLL_USER,
-            "textname": "Drover devices asking to join",
+        // One salt for all: they share a password that is no secret.
+        "clients": crate::enroll_users().iter().map(|user| json!({
+            "username": user,
+            "textname": ENROLL_TEXTNAME,
             "password": b64.encode(hash),
             "salt": b64.encode(salt),
             "iterations": crate::mosquitto::PBKDF2_ITERATIONS,
             "roles": [{ "rolename": crate::ENROLL_ROLE }],
-        }],
+        })).collect::<Vec<_>>(),
         "groups": [],
         "roles": [{
             "rolename": crate::ENROLL_ROLE,
@@ -228,10 +272,56 @@ mod tests {
     }
 
     #[test]
+    fn the_enrollment_users_a_broker_lacks_are_found_and_made() {
+        let listing = |users: &[&str]| {
+            let clients: Vec<Value> = users
+                .iter()
+                .map(|u| json!({"username": u, "textname": "x"}))
+                .collect();
+            serde_json::to_vec(&json!({"responses": [{"command": "listClients",
+                "correlationData": LISTING, "data": {"clients": clients}}]}))
+            .expect("json")
+        };
+        // A broker set up with the one user before there were several.
+        let missing = missing_enroll_users(&listing(&["drover.enroll", "pi-1"])).expect("ours");
+        assert_eq!(missing.len(), crate::ENROLL_LOGINS);
+        assert_eq!(missing[0], "drover.enroll.000");
+        // One that has them all lacks none.
+        let all = crate::enroll_users();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        assert_eq!(missing_enroll_users(&listing(&all)), Some(Vec::new()));
+        assert_eq!(missing_enroll_users(b"junk"), None);
+        let made: Value =
+            serde_json::from_slice(&create_enroll_users(&missing[..2])).expect("json");
+        let commands = made["commands"].as_array().expect("commands");
+        assert_eq!(commands.len(), 2);
+        assert_eq!(commands[1]["command"], "createClient");
+        assert_eq!(commands[1]["username"], "drover.enroll.001");
+        assert_eq!(commands[1]["password"], crate::ENROLL_PASSWORD);
+        assert_eq!(commands[1]["roles"][0]["rolename"], crate::ENROLL_ROLE);
+    }
+
+    #[test]
     fn a_new_brokers_file_lets_the_enrollment_user_publish_on_enrollment_topics_only() {
         let config: Value =
             serde_json::from_str(&initial_config(&crate::Topics::new("drover/v1"))).expect("json");
         assert_eq!(config["clients"][0]["username"], crate::ENROLL_USER);
+        let users: Vec<&str> = config["clients"]
+            .as_array()
+            .expect("clients")
+            .iter()
+            .map(|c| c["username"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(users.len(), 1 + crate::ENROLL_LOGINS);
+        assert_eq!(users[1], "drover.enroll.000");
+        assert_eq!(users[crate::ENROLL_LOGINS], "drover.enroll.255");
+        for client in config["clients"].as_array().expect("clients") {
+            assert_eq!(client["roles"][0]["rolename"], crate::ENROLL_ROLE);
+        }
+        assert!(
+            DeviceId::new("drover.enroll.000").is_err(),
+            "no device's id"
+        );
         assert_eq!(config["defaultACLAccess"]["publishClientSend"], false);
         let acls = config["roles"][0]["acls"].as_array().expect("acls");
         assert_eq!(acls.len(), 1);

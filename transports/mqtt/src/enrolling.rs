@@ -1,13 +1,19 @@
 //! Joining over MQTT (issue 55), the agent's end: a device with its own
 //! key and no login at the broker yet asks to join on `enroll/<id>`, as
-//! [`ENROLL_USER`], in one short connection (connect, publish, the
-//! broker's PUBACK, disconnect). It learns the answer by logging in with
-//! its own password: refused means not accepted yet, and it asks again
-//! after the usual backoff. A client's id is its user name, so devices of
-//! one site asking at once push each other off; each asks again until its
-//! request is through.
+//! one of the enrollment users picked at random ([`enroll_user`]), in one
+//! short connection (connect, publish, the broker's PUBACK, disconnect).
+//! It learns the answer by logging in with its own password: refused means
+//! not accepted yet, and it asks again after the usual backoff. A client's
+//! id is its user name, so two devices that picked the same user at once
+//! push each other off; each asks again until its request is through. A
+//! broker that lacks the numbered users (set up before there were several,
+//! and not yet given them by the control plane) refuses them: then the
+//! device asks as [`ENROLL_USER`].
 
-use crate::{ENROLL_PASSWORD, ENROLL_USER, EnrollPublish, MqttSettings, Topics, options};
+use crate::{
+    ENROLL_LOGINS, ENROLL_PASSWORD, ENROLL_USER, EnrollPublish, MqttSettings, Topics, enroll_user,
+    options,
+};
 use drover_model::DeviceId;
 use drover_model::enroll::{Inventory, Signer, key_broker_password};
 use rumqttc::{Event, Incoming, QoS};
@@ -40,12 +46,49 @@ pub async fn ask(
     device: &DeviceId,
     inventory: Inventory,
 ) -> Result<(), String> {
+    let user = enroll_user(fastrand::usize(..ENROLL_LOGINS));
+    match ask_as(mqtt, &user, joining, device, inventory.clone()).await {
+        Err(Asking::NotAUser) => {
+            tracing::debug!(%user, "the broker has no numbered enrollment users; asking as {ENROLL_USER}");
+            ask_as(mqtt, ENROLL_USER, joining, device, inventory)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        other => other.map_err(|e| e.to_string()),
+    }
+}
+
+/// Why a request did not get through.
+enum Asking {
+    /// The broker refused the enrollment user's login.
+    NotAUser,
+    Failed(String),
+}
+
+impl std::fmt::Display for Asking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Asking::NotAUser => write!(f, "the broker refused the enrollment user's login"),
+            Asking::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+/// [`ask`] as the enrollment user `user`.
+async fn ask_as(
+    mqtt: &MqttSettings,
+    user: &str,
+    joining: &Joining,
+    device: &DeviceId,
+    inventory: Inventory,
+) -> Result<(), Asking> {
     let settings = MqttSettings {
-        user: ENROLL_USER.to_owned(),
+        user: user.to_owned(),
         password: ENROLL_PASSWORD.to_owned(),
         ..mqtt.clone()
     };
-    let mut options = options(&settings, ENROLL_USER).map_err(|e| e.to_string())?;
+    let failed = |e: String| Asking::Failed(e);
+    let mut options = options(&settings, user).map_err(|e| failed(e.to_string()))?;
     options.set_clean_session(true);
     let request = EnrollPublish {
         public_key: joining.signer.public_key(),
@@ -53,7 +96,7 @@ pub async fn ask(
         inventory,
         password: key_broker_password(joining.signer.as_ref(), device),
     };
-    let payload = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+    let payload = serde_json::to_vec(&request).map_err(|e| failed(e.to_string()))?;
     let (client, mut events) = crate::client(options, 4);
     client
         .publish(
@@ -63,7 +106,7 @@ pub async fn ask(
             payload,
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
     let deadline = tokio::time::Instant::now() + ASK_TIMEOUT;
     loop {
         match tokio::time::timeout_at(deadline, events.poll()).await {
@@ -74,13 +117,17 @@ pub async fn ask(
                 return Ok(());
             }
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(format!("asking to join as {ENROLL_USER}: {e}")),
+            Ok(Err(rumqttc::ConnectionError::ConnectionRefused(
+                rumqttc::ConnectReturnCode::NotAuthorized
+                | rumqttc::ConnectReturnCode::BadUserNamePassword,
+            ))) if user != ENROLL_USER => return Err(Asking::NotAUser),
+            Ok(Err(e)) => return Err(failed(format!("asking to join as {user}: {e}"))),
             Err(_) => {
-                return Err(format!(
+                return Err(failed(format!(
                     "asking to join: no answer from {} within {} s",
                     settings.url,
                     ASK_TIMEOUT.as_secs()
-                ));
+                )));
             }
         }
     }

@@ -19,14 +19,44 @@ use drover_contract::link::Inbound;
 use drover_model::DeviceId;
 use drover_model::enroll::MAX_ENROLL_FRAME;
 use rumqttc::{Publish, QoS};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// How often the broker's logins are checked against the accepted keys.
 const LIST_EVERY: Duration = Duration::from_secs(300);
 /// The first check, once the link has subscribed to the plugin's answers.
 const FIRST_LIST: Duration = Duration::from_secs(3);
+/// How long a login handed to the broker is not handed again for the same
+/// device asking again: the broker takes a while to make each (mosquitto
+/// 2.0's plugin writes its whole file per command), and a device that
+/// cannot log in yet asks again after its backoff; handing each such
+/// request over again made more work for the broker the further behind it
+/// fell, and 10,000 devices enrolling at once never got in
+/// (`drover-sim enroll --transport mqtt`). A device whose login the broker
+/// lost is let in again by its request after this.
+const ADMIT_AGAIN_AFTER: Duration = Duration::from_secs(60);
+/// Whether a login handed over at the times in `admitted` is to be handed
+/// over for `device` at `now` (none within [`ADMIT_AGAIN_AFTER`]); notes
+/// it. Old notes are dropped once many are held.
+fn note_admission(
+    admitted: &mut HashMap<DeviceId, Instant>,
+    device: &DeviceId,
+    now: Instant,
+) -> bool {
+    if admitted.len() >= 4096 {
+        admitted.retain(|_, at| now.duration_since(*at) < ADMIT_AGAIN_AFTER);
+    }
+    match admitted.get(device) {
+        Some(at) if now.duration_since(*at) < ADMIT_AGAIN_AFTER => false,
+        _ => {
+            admitted.insert(device.clone(), now);
+            true
+        }
+    }
+}
+
 /// How long a login with no accepted key is given before it is removed: a
 /// key accepted this moment reaches this replica's memory a little after
 /// the broker has its login.
@@ -82,16 +112,36 @@ impl MqttLinks {
         });
     }
 
-    /// Hands `device`'s login to the broker.
+    /// Hands `device`'s login to the broker, unless it was handed over
+    /// within [`ADMIT_AGAIN_AFTER`].
     async fn admit(&self, device: &DeviceId, password: &str) {
+        if !self.first_admission(device, Instant::now()) {
+            debug!(%device, "device's login was handed to the MQTT broker lately; not again");
+            return;
+        }
         self.command(device, dynsec::admit(device, password), "handed to")
             .await;
+    }
+
+    /// Whether `device`'s login is to be handed over at `now`; notes it.
+    fn first_admission(&self, device: &DeviceId, now: Instant) -> bool {
+        let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+        note_admission(&mut admitted, device, now)
+    }
+
+    /// Forgets that `device`'s login was handed over (it is removed).
+    fn forget_admission(&self, device: &DeviceId) {
+        self.admitted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(device);
     }
 
     /// Removes `device`'s login at the broker, which closes its connection
     /// (without its last will): its key was removed or rejected. The device
     /// is gone from here as if its will had come.
     pub fn revoke(self: &Arc<Self>, device: &DeviceId) {
+        self.forget_admission(device);
         let (links, device) = (self.clone(), device.clone());
         tokio::spawn(async move {
             links
@@ -122,6 +172,27 @@ impl MqttLinks {
         }
         if let Some(devices) = dynsec::listed_devices(&publish.payload) {
             self.on_listing(devices);
+        }
+        if let Some(missing) = dynsec::missing_enroll_users(&publish.payload)
+            && !missing.is_empty()
+        {
+            let links = self.clone();
+            tokio::spawn(async move {
+                let payload = dynsec::create_enroll_users(&missing);
+                match links
+                    .client
+                    .publish(dynsec::CONTROL_TOPIC, QoS::AtLeastOnce, false, payload)
+                    .await
+                {
+                    Ok(()) => info!(
+                        users = missing.len(),
+                        "the MQTT broker lacked enrollment users; made them"
+                    ),
+                    Err(e) => {
+                        warn!(error = %e, "cannot make the enrollment users at the MQTT broker")
+                    }
+                }
+            });
         }
         self.ack_soon(publish);
     }
@@ -175,5 +246,48 @@ impl MqttLinks {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_is_handed_over_once_a_minute_per_device() {
+        let mut admitted = HashMap::new();
+        let (pi, other) = (
+            DeviceId::new("pi-1").unwrap(),
+            DeviceId::new("pi-2").unwrap(),
+        );
+        let start = Instant::now();
+        assert!(note_admission(&mut admitted, &pi, start));
+        assert!(!note_admission(
+            &mut admitted,
+            &pi,
+            start + Duration::from_secs(59)
+        ));
+        assert!(note_admission(
+            &mut admitted,
+            &other,
+            start + Duration::from_secs(1)
+        ));
+        assert!(note_admission(
+            &mut admitted,
+            &pi,
+            start + ADMIT_AGAIN_AFTER
+        ));
+        // Many notes: the old ones go, the recent stay.
+        let later = start + ADMIT_AGAIN_AFTER * 3;
+        for i in 0..4096 {
+            let device = DeviceId::new(format!("d-{i}")).unwrap();
+            note_admission(&mut admitted, &device, start);
+        }
+        assert!(note_admission(
+            &mut admitted,
+            &DeviceId::new("new").unwrap(),
+            later
+        ));
+        assert!(admitted.len() < 10, "{}", admitted.len());
     }
 }

@@ -76,13 +76,36 @@ pub enum Topic {
 /// device id (the dot), so no device pattern of the ACL file is its. Its
 /// password is no secret: it opens only the enrollment topic, and what
 /// counts is the enrollment token inside each request. A client's id is its
-/// user name, so devices enrolling at once take turns (each request is one
-/// short connection, sent again until the device's own login works).
+/// user name, so devices asking at once as one user push each other off:
+/// each asks as one of [`ENROLL_LOGINS`] users ([`enroll_user`]) picked at
+/// random, and as this one only where those are not there yet.
 pub const ENROLL_USER: &str = "drover.enroll";
+/// How many enrollment users a broker has (`drover.enroll.000` …): a fleet
+/// of one image asking at once shares them, so a request is pushed off by
+/// another only when both picked the same one within its few milliseconds.
+/// With one user, 10,000 devices asking at once never got through (each
+/// connection closed the one before it; `drover-sim enroll --transport
+/// mqtt`, docs/benchmarks.md).
+pub const ENROLL_LOGINS: usize = 256;
+
+/// The enrollment user numbered `n` (modulo [`ENROLL_LOGINS`]).
+pub fn enroll_user(n: usize) -> String {
+    format!("{ENROLL_USER}.{:03}", n % ENROLL_LOGINS)
+}
+
+/// Every enrollment user a broker should have: [`ENROLL_USER`] (agents
+/// that ask as it, brokers set up before the numbered ones) and the
+/// numbered ones.
+pub fn enroll_users() -> Vec<String> {
+    std::iter::once(ENROLL_USER.to_owned())
+        .chain((0..ENROLL_LOGINS).map(enroll_user))
+        .collect()
+}
 pub const ENROLL_PASSWORD: &str = "drover-enroll";
 /// Where mosquitto's dynamic security plugin takes its commands.
 pub const DYNSEC_TOPIC: &str = "$CONTROL/dynamic-security/v1";
-/// The dynamic security role that gives [`ENROLL_USER`] its one right.
+/// The dynamic security role that gives the enrollment users their one
+/// right.
 pub const ENROLL_ROLE: &str = "drover-enroll";
 
 /// What a device publishes on `enroll/<id>`: its key, the enrollment

@@ -48,6 +48,9 @@ pub struct MqttLinks {
     /// The loop not moving for this long is a stall: the broker's own rule
     /// for a client that stopped talking (1.5 keep-alives).
     stall_after: Duration,
+    /// Devices whose logins were handed to the broker lately
+    /// (`crate::joining`): one asking again meanwhile is not handed again.
+    pub(crate) admitted: std::sync::Mutex<std::collections::HashMap<DeviceId, std::time::Instant>>,
 }
 
 /// What the link's loop waits on.
@@ -123,6 +126,7 @@ impl MqttLinks {
                 health: HealthCell::default(),
                 waiting: AtomicU8::new(Waiting::Broker as u8),
                 stall_after: (settings.keep_alive * 3 / 2).max(Duration::from_secs(1)),
+                admitted: Default::default(),
             }),
             event_loop,
         ))
