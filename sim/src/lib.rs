@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod connect;
 pub mod enroll;
+pub mod enroll_mqtt;
 pub mod enroll_nats;
 pub mod footprint;
 pub mod harness;
