@@ -3,7 +3,7 @@
 //! agent does it: log in with its own password (its key's signature);
 //! refused, ask to join on `enroll/<id>` as the enrollment user (one short
 //! connection: connect, publish, the broker's PUBACK) with one auto-accept
-//! token, and log in again after its jitter. mosquitto runs the dynamic
+//! token, and log in again after the agent's own backoff. mosquitto runs the dynamic
 //! security plugin as `drover mqtt-config --dynamic-security` sets it up,
 //! and the control plane adds each accepted device's login to it. A
 //! device learns it was accepted only by logging in, so "all accepted" is
@@ -44,13 +44,27 @@ impl Fleet {
         }
     }
 
-    /// After a failure: jitter as the agent's backoff has it.
-    async fn again(&self, device: &DeviceId, what: &str) {
+    /// After the device's `failures`th failure: the agent's own backoff
+    /// (1 s doubled per failure to 60 s, jittered in its upper half). Over
+    /// MQTT a device not let in yet asks again and again until its login
+    /// is made, so a flat short jitter (the other transports' tools) would
+    /// ask far more often than a fleet of agents does.
+    async fn again(&self, device: &DeviceId, what: &str, failures: u32) {
         if self.retries.fetch_add(1, Ordering::Relaxed) < 3 {
             eprintln!("{device}: {what}; trying again");
         }
-        tokio::time::sleep(Duration::from_millis(200 + fastrand::u64(0..800))).await;
+        backoff(failures).await;
     }
+}
+
+/// The agent's wait after its `failures`th failed session.
+async fn backoff(failures: u32) {
+    let delay = agent_core::backoff::delay(
+        failures,
+        Duration::from_secs(1),
+        agent_core::backoff::DEFAULT_BACKOFF_MAX,
+    );
+    tokio::time::sleep(delay).await;
 }
 
 /// How a device's own login went.
@@ -100,7 +114,7 @@ async fn device(fleet: Arc<Fleet>, index: usize) -> Result<tokio::task::JoinHand
         token: fleet.token.clone(),
     };
     let deadline = Instant::now() + Duration::from_secs(900);
-    let mut asked = false;
+    let mut failures = 0;
     loop {
         match login(&fleet, &device, signer.as_ref()).await {
             Login::In(held) => {
@@ -109,19 +123,25 @@ async fn device(fleet: Arc<Fleet>, index: usize) -> Result<tokio::task::JoinHand
             }
             _ if Instant::now() >= deadline => bail!("{device}: not let in within 900 s"),
             Login::Failed(e) => {
-                fleet.again(&device, &e).await;
+                failures += 1;
+                fleet.again(&device, &e, failures).await;
                 continue;
             }
             Login::Refused => {}
         }
         let settings = fleet.settings("", String::new());
+        // The agent's session ends either way (asked, or failed to ask),
+        // and it waits its backoff before logging in again.
+        failures += 1;
         match ask(&settings, &joining, &device, Default::default()).await {
-            Ok(()) if !asked => {
-                asked = true;
-                tokio::time::sleep(Duration::from_millis(200 + fastrand::u64(0..800))).await;
+            // Its first request is no retry.
+            Ok(()) if failures == 1 => backoff(failures).await,
+            Ok(()) => {
+                fleet
+                    .again(&device, "not let in after asking", failures)
+                    .await
             }
-            Ok(()) => fleet.again(&device, "not let in after asking").await,
-            Err(e) => fleet.again(&device, &e).await,
+            Err(e) => fleet.again(&device, &e, failures).await,
         }
     }
 }
