@@ -11,7 +11,7 @@
 //! when the last device's own login was let in.
 
 use crate::enroll::{EnrollFigures, image_token, key};
-use crate::harness::{Serve, Transport, start_drover, start_mosquitto};
+use crate::harness::{Serve, Transport, start_drover, start_mosquitto_dynsec};
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
@@ -151,15 +151,7 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-enroll-mqtt-")
         .tempdir()?;
-    let topics = transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX);
-    let file = dir.path().join("dynsec.json");
-    std::fs::write(&file, transport_mqtt::dynsec::initial_config(&topics))?;
-    let plugin = format!(
-        "plugin {}\nplugin_opt_config_file {}",
-        transport_mqtt::dynsec::plugin_path(),
-        file.display()
-    );
-    let (broker, url) = start_mosquitto(dir.path(), &[], &plugin)?;
+    let (broker, url, _) = start_mosquitto_dynsec(dir.path())?;
     let (process, api_base, _) = start_drover(
         drover,
         dir.path(),

@@ -206,6 +206,22 @@ pub(crate) fn start_mosquitto(
     Ok((process, format!("mqtt://127.0.0.1:{port}")))
 }
 
+/// mosquitto with the dynamic security plugin as `drover mqtt-config
+/// --dynamic-security` sets it up (its file in DIR/dynsec.json, returned),
+/// beside the control plane's password and ACL entries.
+pub(crate) fn start_mosquitto_dynsec(dir: &Path) -> Result<(Process, String, std::path::PathBuf)> {
+    let topics = transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX);
+    let file = dir.join("dynsec.json");
+    std::fs::write(&file, transport_mqtt::dynsec::initial_config(&topics))?;
+    let plugin = format!(
+        "plugin {}\nplugin_opt_config_file {}",
+        transport_mqtt::dynsec::plugin_path(),
+        file.display()
+    );
+    let (broker, url) = start_mosquitto(dir, &[], &plugin)?;
+    Ok((broker, url, file))
+}
+
 /// How `drover serve` keeps its state and reaches its agents' broker.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Serve<'a> {

@@ -6,7 +6,7 @@
 //! as the control plane does, all at once, and prints the time until the
 //! broker answered them all, the broker's CPU per login, and its file.
 
-use crate::harness::{CP_PASSWORD, CP_USER, Process, start_mosquitto};
+use crate::harness::{CP_PASSWORD, CP_USER, Process, start_mosquitto_dynsec};
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
@@ -31,15 +31,7 @@ pub async fn measure(logins: usize) -> Result<LoginFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-mqtt-logins-")
         .tempdir()?;
-    let topics = transport_mqtt::Topics::new(transport_mqtt::DEFAULT_PREFIX);
-    let file = dir.path().join("dynsec.json");
-    std::fs::write(&file, transport_mqtt::dynsec::initial_config(&topics))?;
-    let plugin = format!(
-        "plugin {}\nplugin_opt_config_file {}",
-        transport_mqtt::dynsec::plugin_path(),
-        file.display()
-    );
-    let (broker, url): (Process, String) = start_mosquitto(dir.path(), &[], &plugin)?;
+    let (broker, url, file): (Process, String, _) = start_mosquitto_dynsec(dir.path())?;
     let settings = transport_mqtt::MqttSettings {
         url,
         user: CP_USER.to_owned(),
