@@ -5,11 +5,11 @@
 //! written by the old code, so a layout change that forgets its new version
 //! fails the tests instead of silently changing the stored format.
 
-use crate::records::{Delivery, DeviceRecord, JobDelivery, PlanHeader, PlanTarget, TaskRunRecord};
-use drover_model::layout::JobStatusV1;
-use drover_model::model::Intent;
+use crate::records::{DeviceRecord, PlanHeader, PlanTarget, TaskRunRecord};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
+
+mod jobs;
 
 /// A type the store can keep.
 pub trait Record: Sized {
@@ -493,97 +493,12 @@ impl Record for crate::deployment::DeploymentRecord {
     }
 }
 
-/// A job record as stored: V1 until the control plane recorded its own
-/// receive time of the terminal status (A12), V2 until an operator could
-/// cancel a job, V3 until statuses carried their failure, V4 since.
-#[derive(Serialize, Deserialize)]
-enum StoredJob {
-    V1(JobV1),
-    V2(JobV2),
-    V3(JobV3),
-    V4(JobDelivery),
-}
-
-/// Frozen: the layout written before V2. Never change it.
-#[derive(Serialize, Deserialize)]
-struct JobV1 {
-    intent: Intent,
-    run: Option<String>,
-    delivery: Delivery,
-    status: Option<JobStatusV1>,
-    created_at: Timestamp,
-}
-
-/// Frozen: the layout written before V3. Never change it.
-#[derive(Serialize, Deserialize)]
-struct JobV2 {
-    intent: Intent,
-    run: Option<String>,
-    delivery: Delivery,
-    status: Option<JobStatusV1>,
-    created_at: Timestamp,
-    terminal_received_at: Option<Timestamp>,
-}
-
-/// Frozen: the layout written before V4. Never change it.
-#[derive(Serialize, Deserialize)]
-struct JobV3 {
-    intent: Intent,
-    run: Option<String>,
-    delivery: Delivery,
-    status: Option<JobStatusV1>,
-    created_at: Timestamp,
-    terminal_received_at: Option<Timestamp>,
-    cancel_requested_at: Option<Timestamp>,
-}
-
-impl Record for JobDelivery {
-    /// V4 is the record itself, whose status is the wire's type: a change
-    /// to either changes these bytes, and `a_v4_job_record_decodes_and_is_still_written_alike`
-    /// fails until the change adds V5 and freezes V4's shape.
-    fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredJob::V4(self.clone()))
-    }
-
-    fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
-        Ok(match postcard::from_bytes(bytes)? {
-            // V1 never recorded when the control plane received a result;
-            // such a record is judged as before (see the server's engine::runs::outcome_of).
-            StoredJob::V1(v1) => JobDelivery {
-                intent: v1.intent,
-                run: v1.run,
-                delivery: v1.delivery,
-                status: v1.status.map(Into::into),
-                created_at: v1.created_at,
-                terminal_received_at: None,
-                cancel_requested_at: None,
-            },
-            StoredJob::V2(v2) => JobDelivery {
-                intent: v2.intent,
-                run: v2.run,
-                delivery: v2.delivery,
-                status: v2.status.map(Into::into),
-                created_at: v2.created_at,
-                terminal_received_at: v2.terminal_received_at,
-                cancel_requested_at: None,
-            },
-            StoredJob::V3(v3) => JobDelivery {
-                intent: v3.intent,
-                run: v3.run,
-                delivery: v3.delivery,
-                status: v3.status.map(Into::into),
-                created_at: v3.created_at,
-                terminal_received_at: v3.terminal_received_at,
-                cancel_requested_at: v3.cancel_requested_at,
-            },
-            StoredJob::V4(v4) => v4,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::jobs::{JobV3, StoredJob};
     use super::*;
+    use crate::records::{Delivery, JobDelivery};
+    use drover_model::layout::JobStatusV1;
 
     fn hex(text: &str) -> Vec<u8> {
         let text = text.trim();
