@@ -32,6 +32,36 @@ pub async fn measure(logins: usize) -> Result<LoginFigures> {
         .prefix("drover-mqtt-logins-")
         .tempdir()?;
     let (broker, url, file): (Process, String, _) = start_mosquitto_dynsec(dir.path())?;
+    let (client, mut events) = control_client(url, logins).await?;
+    let before = procstat::usage(broker.0.id()).context("the broker's usage")?;
+    let load_before = procstat::load_average().unwrap_or(f64::NAN);
+    let logins: Vec<(DeviceId, String)> = (0..logins)
+        .map(|index| {
+            let device = DeviceId::new(format!("ml-{index:05}"))?;
+            Ok((device, format!("{:0128x}", index)))
+        })
+        .collect::<Result<_>>()?;
+    let started = Instant::now();
+    hand_over(&client, &mut events, &logins).await?;
+    let logins = logins.len();
+    let answered_in = started.elapsed();
+    let after = procstat::usage(broker.0.id()).context("the broker's usage")?;
+    let load_after = procstat::load_average().unwrap_or(f64::NAN);
+    Ok(LoginFigures {
+        logins,
+        answered: answered_in,
+        broker_cpu_per_login: after.cpu.saturating_sub(before.cpu) / logins.max(1) as u32,
+        file_bytes: std::fs::metadata(&file)?.len(),
+        load: (load_before, load_after),
+    })
+}
+
+/// The control plane's client at the broker at `url`, subscribed to the
+/// plugin's answers, room for `logins` of them.
+pub(crate) async fn control_client(
+    url: String,
+    logins: usize,
+) -> Result<(rumqttc::AsyncClient, rumqttc::EventLoop)> {
     let settings = transport_mqtt::MqttSettings {
         url,
         user: CP_USER.to_owned(),
@@ -55,23 +85,28 @@ pub async fn measure(logins: usize) -> Result<LoginFigures> {
             Err(_) => bail!("no subscription within 10 s"),
         }
     }
-    let before = procstat::usage(broker.0.id()).context("the broker's usage")?;
-    let load_before = procstat::load_average().unwrap_or(f64::NAN);
-    let started = Instant::now();
-    for index in 0..logins {
-        let device = DeviceId::new(format!("ml-{index:05}"))?;
-        let password = format!("{:0128x}", index);
+    Ok((client, events))
+}
+
+/// Hands the broker each device's login at once, as the control plane
+/// does when devices are accepted, and waits until it answered them all.
+pub(crate) async fn hand_over(
+    client: &rumqttc::AsyncClient,
+    events: &mut rumqttc::EventLoop,
+    logins: &[(DeviceId, String)],
+) -> Result<()> {
+    for (device, password) in logins {
         client
             .publish(
                 transport_mqtt::dynsec::CONTROL_TOPIC,
                 QoS::AtLeastOnce,
                 false,
-                transport_mqtt::dynsec::admit(&device, &password),
+                transport_mqtt::dynsec::admit(device, password),
             )
             .await?;
     }
     let mut answered = 0;
-    while answered < logins {
+    while answered < logins.len() {
         match tokio::time::timeout(Duration::from_secs(600), events.poll()).await {
             Ok(Ok(Event::Incoming(Incoming::Publish(p))))
                 if p.topic == transport_mqtt::dynsec::response_topic() =>
@@ -84,17 +119,8 @@ pub async fn measure(logins: usize) -> Result<LoginFigures> {
             }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => bail!("the broker: {e}"),
-            Err(_) => bail!("only {answered} of {logins} answered"),
+            Err(_) => bail!("only {answered} of {} answered", logins.len()),
         }
     }
-    let answered_in = started.elapsed();
-    let after = procstat::usage(broker.0.id()).context("the broker's usage")?;
-    let load_after = procstat::load_average().unwrap_or(f64::NAN);
-    Ok(LoginFigures {
-        logins,
-        answered: answered_in,
-        broker_cpu_per_login: after.cpu.saturating_sub(before.cpu) / logins.max(1) as u32,
-        file_bytes: std::fs::metadata(&file)?.len(),
-        load: (load_before, load_after),
-    })
+    Ok(())
 }
