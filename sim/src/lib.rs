@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod connect;
+pub mod connect_mqtt;
 pub mod enroll;
 pub mod enroll_mqtt;
 pub mod enroll_nats;

@@ -1,6 +1,7 @@
 //! drover-sim: play many agents against a control plane (`agents`), or run
 //! the fleet benchmark (`bench`), which prints a table of figures.
 
+mod cmd_mqtt_connect;
 mod cmd_reconnect;
 
 use anyhow::{Context, Result};
@@ -54,6 +55,10 @@ enum Command {
     /// Measure N WebSocket devices behind one address (a site's NAT)
     /// coming back after the control plane restarts; prints a Markdown table.
     Reconnect(cmd_reconnect::ReconnectArgs),
+    /// Measure N devices connecting to one mosquitto at once (no control
+    /// plane), by the password file or the dynamic security plugin's
+    /// logins; prints a Markdown table.
+    MqttConnect(cmd_mqtt_connect::MqttConnectArgs),
 }
 
 #[derive(Args)]
@@ -238,6 +243,7 @@ fn main() -> Result<()> {
             Command::NatsConnect(args) => nats_connect_cmd(args).await,
             Command::MqttLogins(args) => mqtt_logins_cmd(args).await,
             Command::Reconnect(args) => cmd_reconnect::reconnect_cmd(args).await,
+            Command::MqttConnect(args) => cmd_mqtt_connect::mqtt_connect_cmd(args).await,
         }
     })
 }
