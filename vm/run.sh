@@ -11,7 +11,10 @@
 # never printed DONE. A scenario that says "# machines: N" runs on N
 # machines made from the one image, one after the other, each on its own
 # fresh overlay with the file "machine" on its scenario disk saying which
-# (1..N); each must print DONE.
+# (1..N); each must print DONE. A boot that prints nothing of the scenario's
+# for DROVER_VM_SILENT_SECONDS (240) is stuck before the guest's system
+# started (TCG has hung in the firmware, rarely): it is killed and booted
+# again, once per machine, and said so.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 name=${1:?usage: vm/run.sh NAME AGENT_DEB [FILE...]}
@@ -55,6 +58,7 @@ host_requests() { # serial: runs the HOST lines not yet handled
 machines=$(sed -n 's/^# machines: \([0-9]*\)$/\1/p' "$here/scenarios/$name.sh")
 machines=${machines:-1}
 boot_limit=${DROVER_VM_BOOT_SECONDS:-420}
+silent_limit=${DROVER_VM_SILENT_SECONDS:-240}
 # Boots machine N (a fresh overlay of the image) until its scenario ends;
 # its consoles are $work/serial.N.BOOT.
 run_machine() { # machine
@@ -63,7 +67,9 @@ echo "$machine" >"$work/scenario/machine"
 rm -f "$work/scenario.img" "$work/disk.qcow2"
 qemu-img create -q -f qcow2 -b "$image/disk.raw" -F raw "$work/disk.qcow2"
 mkfs.ext4 -q -L scenario -d "$work/scenario" "$work/scenario.img" 256M
-for boot in 1 2 3 4; do
+local boot=0 stuck_again=0
+while [ "$boot" -lt 4 ]; do
+    boot=$((boot + 1))
     serial=$work/serial.$machine.$boot
     : >"$serial"
     handled=0 # HOST lines handled in this boot's console
@@ -73,12 +79,19 @@ for boot in 1 2 3 4; do
         -drive "file=$work/scenario.img,if=virtio,format=raw,readonly=on" \
         "${nic[@]}" -nographic -serial "file:$serial" -monitor none -no-reboot &
     qemu=$! # boot.sh execs QEMU: this is QEMU itself
-    cut=0
+    cut=0 stuck=0
     while kill -0 "$qemu" 2>/dev/null; do
         [ "$hosted" = 1 ] && host_requests "$serial"
         if grep -aq "DROVER-VM: CUT-POWER" "$serial"; then
             kill -9 "$qemu" # the power cut: no shutdown, no flush
             cut=1
+            break
+        fi
+        if [ "$stuck_again" = 0 ] && [ $(($(date +%s) - started)) -gt "$silent_limit" ] &&
+            ! grep -aq "DROVER-VM: " "$serial"; then
+            echo "[boot $boot] nothing from the guest in $silent_limit s: stuck before its system started; booting again"
+            kill -9 "$qemu"
+            stuck=1
             break
         fi
         if [ $(($(date +%s) - started)) -gt "$boot_limit" ]; then
@@ -89,6 +102,13 @@ for boot in 1 2 3 4; do
         sleep 0.5
     done
     wait "$qemu" || true
+    if [ "$stuck" = 1 ]; then
+        # The guest never ran its scenario: this boot is made again.
+        stuck_again=1
+        mv "$serial" "$serial.stuck"
+        boot=$((boot - 1))
+        continue
+    fi
     [ "$hosted" = 1 ] && host_requests "$serial"
     seconds=$(($(date +%s) - started))
     grep -a "DROVER-VM: " "$serial" | sed 's/\r$//' | sed "s/^/[boot $boot, ${seconds}s] /" || true
