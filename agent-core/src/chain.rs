@@ -22,6 +22,10 @@ pub enum StepOutcome {
     Reboot,
     /// The job fails with this error.
     Fail(String),
+    /// The job fails with this error, and `reason` holds the failing
+    /// program's own words on why (apt's `E:` lines, say): they reach the
+    /// job's status, cleaned and bounded.
+    FailWithReason { error: String, reason: Vec<String> },
 }
 
 /// What a step may see and change while it runs.

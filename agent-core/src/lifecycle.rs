@@ -163,6 +163,7 @@ fn new_status(ctx: &AdmitContext<'_>, job_id: drover_model::JobId, attempt: u32)
         completion_heartbeat_at: None,
         seq: 1,
         failure: None,
+        reason: Vec::new(),
     }
 }
 
@@ -443,19 +444,33 @@ fn step_finished(
             record.reboot_from_boot = Some(boot_id);
             (record, Persist::Report, Next::Reboot)
         }
-        StepOutcome::Fail(error) => {
-            let error = bounded(error, MAX_ERROR_BYTES);
-            let step = &mut record.status.steps[index];
-            step.state = StepState::Failed;
-            step.seconds = seconds_since(step.started_at, now);
-            step.error = Some(error.clone());
-            finish(&mut record, Failed, now);
-            let message = format!("step {} failed: {error}", step_name(&record, index));
-            record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
-            record.status.failure = Some(Failure::StepFailed);
-            (record, Persist::Report, Next::Stop)
+        StepOutcome::Fail(error) => step_failed(record, index, now, error, Vec::new()),
+        StepOutcome::FailWithReason { error, reason } => {
+            step_failed(record, index, now, error, reason)
         }
     }
+}
+
+/// Step `index` failed, and with it the job.
+fn step_failed(
+    mut record: JobRecord,
+    index: usize,
+    now: Timestamp,
+    error: String,
+    reason: Vec<String>,
+) -> (JobRecord, Persist, Next) {
+    use JobState::*;
+    let error = bounded(error, MAX_ERROR_BYTES);
+    let step = &mut record.status.steps[index];
+    step.state = StepState::Failed;
+    step.seconds = seconds_since(step.started_at, now);
+    step.error = Some(error.clone());
+    finish(&mut record, Failed, now);
+    let message = format!("step {} failed: {error}", step_name(&record, index));
+    record.status.error = Some(bounded(message, MAX_ERROR_BYTES));
+    record.status.failure = Some(Failure::StepFailed);
+    record.status.reason = drover_model::reason::bounded_reason(reason);
+    (record, Persist::Report, Next::Stop)
 }
 
 /// Runs the steps from `index` on; with none left, the job succeeded.

@@ -4,7 +4,7 @@
 
 use crate::dbfile::{self, Checker};
 use drover_model::ids::JobId;
-use drover_model::layout::JobStatusV1;
+use drover_model::layout::{JobStatusV1, JobStatusV2};
 use drover_model::model::{Intent, JobStatus};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -81,11 +81,12 @@ enum StoredSummary {
 
 /// Records on disk are versioned enums: postcard writes the variant index
 /// first, which is the schema version byte. V1 until statuses carried their
-/// failure, V2 since.
+/// failure, V2 until they carried their reason lines, V3 since.
 #[derive(Serialize, Deserialize)]
 enum StoredJob {
     V1(JobRecordV1),
-    V2(JobRecord),
+    V2(JobRecordV2),
+    V3(JobRecord),
 }
 
 /// Frozen: a job's record as V1 wrote it. Never change it.
@@ -112,11 +113,36 @@ impl From<JobRecordV1> for JobRecord {
     }
 }
 
-/// A status in the outbox: V1 and V2 as for [`StoredJob`].
+/// Frozen: a job's record as V2 wrote it. Never change it.
+#[derive(Serialize, Deserialize)]
+struct JobRecordV2 {
+    intent: Option<Intent>,
+    status: JobStatusV2,
+    origin: Origin,
+    arrival: u64,
+    resumes: u32,
+    reboot_from_boot: Option<String>,
+}
+
+impl From<JobRecordV2> for JobRecord {
+    fn from(v2: JobRecordV2) -> Self {
+        JobRecord {
+            intent: v2.intent,
+            status: v2.status.into(),
+            origin: v2.origin,
+            arrival: v2.arrival,
+            resumes: v2.resumes,
+            reboot_from_boot: v2.reboot_from_boot,
+        }
+    }
+}
+
+/// A status in the outbox: V1, V2 and V3 as for [`StoredJob`].
 #[derive(Serialize, Deserialize)]
 enum StoredStatus {
     V1(JobStatusV1),
-    V2(JobStatus),
+    V2(JobStatusV2),
+    V3(JobStatus),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,11 +286,13 @@ pub const STORE_NAME: &str = "redb";
 
 /// A stored record's layout version, borrowed for encoding: postcard
 /// writes the variant index and then the value, the same bytes as
-/// `StoredJob::V2` and its siblings, without cloning the record first.
+/// `StoredJob::V3` and its siblings, without cloning the record first.
 #[derive(Serialize)]
 enum Layout<'a, T> {
     V1(&'a T),
+    #[allow(dead_code)] // holds V2's place: the index is the version
     V2(&'a T),
+    V3(&'a T),
 }
 
 fn encode<T: Serialize>(value: Layout<'_, T>) -> Result<Vec<u8>, StoreError> {
@@ -279,13 +307,14 @@ fn decode<S: serde::de::DeserializeOwned>(
 }
 
 pub(crate) fn encode_job(record: &JobRecord) -> Result<Vec<u8>, StoreError> {
-    encode(Layout::V2(record))
+    encode(Layout::V3(record))
 }
 
 pub(crate) fn decode_job(bytes: &[u8]) -> Result<JobRecord, StoreError> {
     Ok(match decode(bytes, "job")? {
         StoredJob::V1(v1) => v1.into(),
-        StoredJob::V2(record) => record,
+        StoredJob::V2(v2) => v2.into(),
+        StoredJob::V3(record) => record,
     })
 }
 
@@ -299,13 +328,14 @@ pub(crate) fn decode_summary(bytes: &[u8]) -> Result<JobSummary, StoreError> {
 }
 
 pub(crate) fn encode_status(status: &JobStatus) -> Result<Vec<u8>, StoreError> {
-    encode(Layout::V2(status))
+    encode(Layout::V3(status))
 }
 
 pub(crate) fn decode_status(bytes: &[u8]) -> Result<JobStatus, StoreError> {
     Ok(match decode(bytes, "outbox")? {
         StoredStatus::V1(v1) => v1.into(),
-        StoredStatus::V2(status) => status,
+        StoredStatus::V2(v2) => v2.into(),
+        StoredStatus::V3(status) => status,
     })
 }
 
@@ -496,6 +526,7 @@ mod tests {
             completion_heartbeat_at: None,
             seq: 1,
             failure: None,
+            reason: Vec::new(),
         }
     }
 
@@ -651,11 +682,11 @@ mod tests {
         let job = record(JobState::Running, 3);
         assert_eq!(
             encode_job(&job).expect("encode"),
-            postcard::to_stdvec(&StoredJob::V2(job.clone())).expect("postcard")
+            postcard::to_stdvec(&StoredJob::V3(job.clone())).expect("postcard")
         );
         assert_eq!(
             encode_status(&job.status).expect("encode"),
-            postcard::to_stdvec(&StoredStatus::V2(job.status.clone())).expect("postcard")
+            postcard::to_stdvec(&StoredStatus::V3(job.status.clone())).expect("postcard")
         );
         assert_eq!(
             decode_summary(&encode_summary(&job).expect("encode")).expect("decode"),

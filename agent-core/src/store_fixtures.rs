@@ -1,6 +1,7 @@
 //! Byte fixtures of the agent's stored records, like the control plane's:
 //! the bytes in `fixtures/` were written by each layout (V1 until statuses
-//! carried their failure, V2 since). Each must decode to the record it was
+//! carried their failure, V2 until they carried their reason lines, V3
+//! since). Each must decode to the record it was
 //! made from after any change, and today's code must still write the bytes
 //! of the newest: a field added, removed or reordered without a new layout
 //! version fails here. When a layout changes, add the next variant and a
@@ -73,6 +74,7 @@ fn status(job: JobId, kind: &str, state: JobState, output: Option<JobOutput>) ->
         completion_heartbeat_at: Some(at("2026-11-30T12:01:30Z")),
         seq: 7,
         failure: None,
+        reason: Vec::new(),
     }
 }
 
@@ -245,16 +247,45 @@ fn the_agents_job_records_written_by_layout_v1_still_decode() {
 }
 
 #[test]
-fn the_agents_job_records_written_by_layout_v2_still_decode_and_are_still_written_alike() {
+fn the_agents_job_records_written_by_layout_v2_still_decode() {
     for (name, record) in [
         ("job_upgrade_v2", upgrade_record()),
         ("job_package_v2", package_record()),
         ("job_looping_v2", looping_record()),
     ] {
-        let now = encode_job(&record).expect("encode");
-        let old = fixture(name, &now);
+        let old = fixture(name, &[]);
         assert_eq!(old[0], 1, "{name}: the version byte of V2");
         assert_eq!(decode_job(&old).expect("V2 decodes"), record, "{name}");
+    }
+}
+
+/// A failed upgrade with apt's own words on why: its reason lines are V3's.
+fn unmet_record() -> JobRecord {
+    let mut record = upgrade_record();
+    record.status.state = JobState::Failed;
+    record.status.output = None;
+    record.status.error =
+        Some("step full-upgrade failed: apt-get full-upgrade failed (exit 100)".into());
+    record.status.failure = Some(Failure::StepFailed);
+    record.status.reason = vec![
+        "The following packages have unmet dependencies:".into(),
+        " site-tool : Depends: libsite2 (>= 2.0) but it is not installable".into(),
+        "E: Unable to correct problems, you have held broken packages.".into(),
+    ];
+    record
+}
+
+#[test]
+fn the_agents_job_records_written_by_layout_v3_still_decode_and_are_still_written_alike() {
+    for (name, record) in [
+        ("job_upgrade_v3", upgrade_record()),
+        ("job_package_v3", package_record()),
+        ("job_unmet_v3", unmet_record()),
+    ] {
+        let now = encode_job(&record).expect("encode");
+        let old = fixture(name, &now);
+        assert_eq!(old[0], 2, "{name}: the version byte of V3");
+        assert_eq!(decode_job(&old).expect("V3 decodes"), record, "{name}");
         assert_eq!(
             now, old,
             "{name}: the job record's layout changed without a new version"
@@ -270,15 +301,27 @@ fn an_outbox_status_written_by_layout_v1_still_decodes() {
 }
 
 #[test]
-fn an_outbox_status_written_by_layout_v2_still_decodes_and_is_still_written_alike() {
+fn an_outbox_status_written_by_layout_v2_still_decodes() {
     for (name, status) in [
         ("outbox_status_v2", inventory_status()),
         ("outbox_looping_v2", looping_record().status),
     ] {
-        let now = encode_status(&status).expect("encode");
-        let old = fixture(name, &now);
+        let old = fixture(name, &[]);
         assert_eq!(old[0], 1, "{name}: the version byte of V2");
         assert_eq!(decode_status(&old).expect("V2 decodes"), status, "{name}");
+    }
+}
+
+#[test]
+fn an_outbox_status_written_by_layout_v3_still_decodes_and_is_still_written_alike() {
+    for (name, status) in [
+        ("outbox_status_v3", inventory_status()),
+        ("outbox_unmet_v3", unmet_record().status),
+    ] {
+        let now = encode_status(&status).expect("encode");
+        let old = fixture(name, &now);
+        assert_eq!(old[0], 2, "{name}: the version byte of V3");
+        assert_eq!(decode_status(&old).expect("V3 decodes"), status, "{name}");
         assert_eq!(
             now, old,
             "{name}: the outbox status's layout changed without a new version"

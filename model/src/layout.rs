@@ -52,9 +52,55 @@ impl From<JobStatusV1> for JobStatus {
             completion_heartbeat_at: v1.completion_heartbeat_at,
             seq: v1.seq,
             failure: None,
+            reason: Vec::new(),
         };
         status.failure = status.failure();
         status
+    }
+}
+
+/// Frozen: a job's status as stored before it carried its
+/// [`JobStatus::reason`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatusV2 {
+    pub job_id: JobId,
+    pub device_id: DeviceId,
+    pub attempt: u32,
+    pub kind: String,
+    pub state: JobState,
+    pub steps: Vec<StepRecord>,
+    pub error: Option<String>,
+    pub output: Option<JobOutput>,
+    pub accepted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub boot_id: String,
+    pub completion_heartbeat_at: Option<Timestamp>,
+    pub seq: u64,
+    pub failure: Option<crate::failure::Failure>,
+}
+
+impl From<JobStatusV2> for JobStatus {
+    /// A status kept before the field has no reason lines.
+    fn from(v2: JobStatusV2) -> Self {
+        JobStatus {
+            job_id: v2.job_id,
+            device_id: v2.device_id,
+            attempt: v2.attempt,
+            kind: v2.kind,
+            state: v2.state,
+            steps: v2.steps,
+            error: v2.error,
+            output: v2.output,
+            accepted_at: v2.accepted_at,
+            started_at: v2.started_at,
+            finished_at: v2.finished_at,
+            boot_id: v2.boot_id,
+            completion_heartbeat_at: v2.completion_heartbeat_at,
+            seq: v2.seq,
+            failure: v2.failure,
+            reason: Vec::new(),
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod ids;
 pub mod layout;
 pub mod model;
 pub mod nkey;
+pub mod reason;
 pub mod sealed;
 pub mod signing;
 pub mod transport;

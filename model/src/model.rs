@@ -306,6 +306,13 @@ pub struct JobStatus {
     /// written, null when none: the stores' postcard has no missing fields.)
     #[serde(default)]
     pub failure: Option<crate::failure::Failure>,
+    /// A Failed job's reason in the failing program's own words (apt's
+    /// `E:` lines and what it says of unmet dependencies, dpkg's error for
+    /// a package, else the failing step's last lines): at most
+    /// [`crate::reason::MAX_REASON_LINES`], cleaned. Empty from an agent
+    /// older than the field, and for every other state.
+    #[serde(default)]
+    pub reason: Vec<String>,
 }
 
 impl JobStatus {

@@ -156,6 +156,7 @@ impl SimAgent {
             completion_heartbeat_at: None,
             seq: 1,
             failure: None,
+            reason: Vec::new(),
         };
         let total = self.behaviour.statuses_per_job.max(1);
         for index in 0..total {

@@ -177,6 +177,7 @@ fn report(device: &DeviceId, index: usize) -> JobStatus {
         completion_heartbeat_at: Some(now),
         seq: 3,
         failure: None,
+        reason: Vec::new(),
     }
 }
 

@@ -152,6 +152,22 @@ impl Rig {
     }
 }
 
+/// An agent in upgrade mode in `sandbox`, connected to `cp` as DEVICE.
+fn agent_of(cp: &ControlPlane, sandbox: &Sandbox) -> AgentProcess {
+    AgentProcess::start_with(
+        &sandbox.dir.path().join("agent"),
+        DEVICE,
+        &cp.agent_url,
+        &cp.device_token(DEVICE),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    )
+}
+
 fn steps(status: &Value) -> Vec<(String, String, u64)> {
     status["steps"]
         .as_array()
@@ -859,18 +875,7 @@ async fn what_an_upgrade_did_reads_alike_in_describe_taskrun_and_describe_device
     sandbox.publish(&[base("2.0")]);
     let cp = ControlPlane::start(&[]);
     cp.apply_device(DEVICE, &["fleet"], json!({})).await;
-    let agent = AgentProcess::start_with(
-        &sandbox.dir.path().join("agent"),
-        DEVICE,
-        &cp.agent_url,
-        &cp.device_token(DEVICE),
-        "",
-        &format!(
-            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
-            toml_string(&sandbox.root.display().to_string())
-        ),
-        "",
-    );
+    let agent = agent_of(&cp, &sandbox);
     cp.wait_for_agents(&[DEVICE]).await;
     cp.apply_upgrade_run("result-run", "fleet", 3600).await;
     let run = cp
@@ -901,6 +906,56 @@ async fn what_an_upgrade_did_reads_alike_in_describe_taskrun_and_describe_device
     assert!(
         device_text.contains("upgraded  drover-fake-base 1.0 → 2.0"),
         "{device_text}"
+    );
+}
+
+/// Issue 56: an upgrade whose package's maintainer script fails ends
+/// Failed with the script's, dpkg's and apt's own words on why in
+/// `describe taskrun` (and the job's status), not one cut-down line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upgrade_says_dpkgs_own_reason_in_describe_taskrun() {
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[base("1.0")]);
+    sandbox.install(&["drover-fake-base"]);
+    sandbox.publish(&[
+        base("2.0").postinst("echo 'site check failed: no /etc/site.conf' >&2\nexit 1")
+    ]);
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device(DEVICE, &["fleet"], json!({})).await;
+    let agent = agent_of(&cp, &sandbox);
+    cp.wait_for_agents(&[DEVICE]).await;
+    cp.apply_upgrade_run("broken-run", "fleet", 3600).await;
+    let run = cp
+        .wait_run_finished("broken-run", Duration::from_secs(240))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed", "{run}\n{}", agent.log());
+    let targets = cp.targets("broken-run").await;
+    let reason: Vec<&str> = targets[0]["status"]["reason"]
+        .as_array()
+        .map(|lines| lines.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for said in [
+        // The maintainer script's own words, then dpkg's and apt's.
+        "site check failed: no /etc/site.conf",
+        "dpkg: error processing package drover-fake-base (--configure):",
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)",
+    ] {
+        assert!(
+            reason.contains(&said),
+            "{said:?} is not in the reason: {reason:#?}"
+        );
+    }
+    let described = String::from_utf8_lossy(&cp.cli(&["describe", "taskrun", "broken-run"]).stdout)
+        .into_owned();
+    let block: Vec<&str> = described
+        .lines()
+        .skip_while(|l| *l != format!("why {DEVICE} failed:"))
+        .collect();
+    assert!(
+        block
+            .iter()
+            .any(|l| l.trim() == "dpkg: error processing package drover-fake-base (--configure):"),
+        "{described}"
     );
 }
 

@@ -594,6 +594,26 @@ fn agent(cp: &ControlPlane, device: &str, extra: &str) -> AgentProcess {
     )
 }
 
+/// An agent in upgrade mode in `sandbox` (real apt and dpkg), as `device`.
+fn upgrading_agent(
+    cp: &ControlPlane,
+    sandbox: &drover_tests::debroot::Sandbox,
+    device: &str,
+) -> AgentProcess {
+    AgentProcess::start_with(
+        &sandbox.dir.path().join("agent"),
+        device,
+        &cp.agent_url,
+        &cp.device_token(device),
+        "",
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            drover_tests::toml_string(&sandbox.root.display().to_string())
+        ),
+        "",
+    )
+}
+
 /// Logs `browser` in with the operator token and waits for the fleet page.
 async fn log_in(browser: &Client, cp: &ControlPlane) {
     go(browser, cp, "").await;
@@ -970,18 +990,7 @@ async fn the_device_page_shows_pending_updates_the_last_upgrade_history_and_aler
     ]);
     let cp = ControlPlane::start(&["--security-alert-days", "0"]);
     cp.apply_device("page-1", &["fleet"], json!({})).await;
-    let agent = AgentProcess::start_with(
-        &sandbox.dir.path().join("agent"),
-        "page-1",
-        &cp.agent_url,
-        &cp.device_token("page-1"),
-        "",
-        &format!(
-            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
-            drover_tests::toml_string(&sandbox.root.display().to_string())
-        ),
-        "",
-    );
+    let agent = upgrading_agent(&cp, &sandbox, "page-1");
     cp.wait_for_agents(&["page-1"]).await;
     cp.apply_upgrade_run("page-upgrade", "fleet", 3600).await;
     let run = cp
@@ -1047,6 +1056,58 @@ async fn the_device_page_shows_pending_updates_the_last_upgrade_history_and_aler
         }),
         "{acked}"
     );
+    browser.close().await.expect("close");
+}
+
+/// Issue 56: a real dpkg failure in a disposable Debian root; the run
+/// page and the device page show dpkg's and apt's own words on why, under
+/// the job's one-line error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_and_device_pages_show_a_failed_jobs_reason_in_dpkgs_words() {
+    use drover_tests::debroot::{Pkg, Sandbox};
+    let sandbox = Sandbox::new();
+    sandbox.publish(&[Pkg::new("drover-page-tool", "1.0")]);
+    sandbox.install(&["drover-page-tool"]);
+    sandbox.publish(&[
+        Pkg::new("drover-page-tool", "2.0").postinst("echo 'no site.conf' >&2\nexit 1")
+    ]);
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("why-1", &["fleet"], json!({})).await;
+    let agent = upgrading_agent(&cp, &sandbox, "why-1");
+    cp.wait_for_agents(&["why-1"]).await;
+    cp.apply_upgrade_run("why-upgrade", "fleet", 3600).await;
+    let run = cp
+        .wait_run_finished("why-upgrade", Duration::from_secs(240))
+        .await;
+    assert_eq!(run["status"]["phase"], "Failed", "{run}\n{}", agent.log());
+    let said = "dpkg: error processing package drover-page-tool (--configure):";
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    go(&browser, &cp, "#/runs/why-upgrade").await;
+    let reason = wait_text(
+        &browser,
+        "tr[data-device='why-1'] pre.reason",
+        "the failed job's reason on the run page",
+        |t| t.contains(said),
+    )
+    .await;
+    assert!(
+        reason
+            .lines()
+            .any(|l| l == "E: Sub-process /usr/bin/dpkg returned an error code (1)"),
+        "{reason}"
+    );
+    screenshot(&browser, "run-reason").await;
+    go(&browser, &cp, "#/devices/why-1").await;
+    wait_text(
+        &browser,
+        "#device-jobs tbody tr pre.reason",
+        "the failed job's reason in the device's history",
+        |t| t.contains(said),
+    )
+    .await;
     browser.close().await.expect("close");
 }
 

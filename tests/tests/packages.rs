@@ -628,3 +628,61 @@ async fn a_jobs_secret_reaches_the_device_sealed_and_rests_nowhere_in_clear() {
     let holding = drover_tests::files_holding(cp.dir.path(), value.as_bytes());
     assert!(holding.is_empty(), "the secret is in clear in {holding:?}");
 }
+
+/// Issue 56: a package whose dependency no archive has fails with apt's
+/// own words on why (the unmet dependency, apt's `E:` line) in the job's
+/// status, through the API and in `describe device`, with no shell on the
+/// device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
+    let cp = ControlPlane::start(&[]);
+    let build = tempfile::tempdir().expect("build dir");
+    let needy = Pkg::new("drover-needy", "1.0")
+        .depends("drover-missing (>= 2.0)")
+        .build(build.path(), build.path());
+    let out = drover(&cp, &["packages", "upload", needy.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let root = Sandbox::new();
+    cp.apply_device("n1", &["needy"], json!({})).await;
+    let agent = agent_in(&cp, "n1", &root);
+    cp.wait_for_agents(&["n1"]).await;
+
+    let deployment = deploy(&cp, "needy", "needy", "drover-needy_1.0_all").await;
+    assert_eq!(deployment["status"]["phase"], "Failed", "{deployment}");
+    assert_eq!(root.package("drover-needy"), None, "installed anyway");
+
+    let jobs = cp.get("/devices/n1/jobs").await;
+    let job = &jobs["items"][0];
+    assert_eq!(job["state"], "failed", "{jobs}\n{}", agent.log());
+    let reason: Vec<&str> = job["reason"]
+        .as_array()
+        .map(|lines| lines.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        reason
+            .iter()
+            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        "apt's unmet dependency is not in the reason: {reason:#?}\n{job:#}"
+    );
+    assert!(
+        reason.iter().any(|l| l.starts_with("E: ")),
+        "apt's error line is not in the reason: {reason:#?}"
+    );
+    // The one-line error stays one line; the reason is beside it.
+    assert!(
+        !job["error"].as_str().unwrap_or_default().contains('\n'),
+        "{job:#}"
+    );
+
+    let described = text(&drover(&cp, &["describe", "device", "n1"]));
+    let block: Vec<&str> = described
+        .lines()
+        .skip_while(|l| !l.starts_with("why job "))
+        .collect();
+    assert!(
+        block
+            .iter()
+            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        "{described}"
+    );
+}

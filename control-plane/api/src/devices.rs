@@ -141,6 +141,10 @@ pub struct DeviceJob {
     #[schema(value_type = Option<String>, format = DateTime)]
     pub finished_at: Option<Timestamp>,
     pub error: Option<String>,
+    /// A failed job's reason in the failing program's own words (see
+    /// [`crate::jobs::JobStatus::reason`]); absent when there is none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reason: Vec<String>,
     /// What it did, in one line.
     pub result_text: Option<String>,
     pub output: Option<JobOutput>,

@@ -84,6 +84,12 @@ pub struct JobStatus {
     /// plane could read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// A Failed job's reason in the failing program's own words (apt's
+    /// `E:` lines and the unmet dependencies it names, dpkg's error for a
+    /// package, else the failing step's last lines): at most 40 lines of
+    /// plain text. Absent when there is none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reason: Vec<String>,
 }
 
 /// Why a job failed or was refused.

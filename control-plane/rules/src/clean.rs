@@ -71,6 +71,12 @@ pub fn bounded_status(status: &JobStatus) -> JobStatus {
     status.error = status.error.map(|e| bounded(e, MAX_ERROR_BYTES));
     status.kind = bounded(status.kind, 64);
     status.boot_id = bounded(status.boot_id, MAX_REPORTED);
+    // Printable, with the agent's own cleaning on top: one line each,
+    // no escape sequences, bounded in number and length.
+    status.reason = drover_model::reason::bounded_reason(&status.reason)
+        .into_iter()
+        .map(printable)
+        .collect();
     status.steps.truncate(MAX_STEPS);
     for step in &mut status.steps {
         step.name = bounded(std::mem::take(&mut step.name), 64);
@@ -137,4 +143,39 @@ pub fn bounded_status(status: &JobStatus) -> JobStatus {
         }
     }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_model::reason::{MAX_REASON_LINE_BYTES, MAX_REASON_LINES};
+
+    /// Whatever reason lines a peer sends, the control plane keeps at most
+    /// 40 of at most 300 bytes, one line each, with no escape sequence,
+    /// control character or direction override.
+    #[test]
+    fn a_peers_reason_lines_are_kept_bounded_and_printable() {
+        let mut lines: Vec<String> = (0..500)
+            .map(|i| format!("E: \u{1b}[31m{i}\u{1b}[0m gpj\u{202E}.exe\u{7}\nsecond line"))
+            .collect();
+        lines.insert(0, "x".repeat(10_000));
+        let status: JobStatus = serde_json::from_value(serde_json::json!({
+            "jobId": "00000000-0000-4000-8000-000000000001", "deviceId": "pi-1",
+            "attempt": 1, "kind": "systemUpgradeV1", "state": "Failed", "steps": [],
+            "error": "step full-upgrade failed", "output": null,
+            "acceptedAt": "2026-12-01T00:00:00Z", "startedAt": null, "finishedAt": null,
+            "bootId": "b", "completionHeartbeatAt": null, "seq": 1, "reason": lines,
+        }))
+        .expect("a status");
+        let kept = bounded_status(&status).reason;
+        assert_eq!(kept.len(), MAX_REASON_LINES);
+        assert!(kept[0].len() <= MAX_REASON_LINE_BYTES, "{}", kept[0].len());
+        assert_eq!(kept[1], "E: 0 gpj\u{FFFD}.exesecond line");
+        for line in &kept {
+            assert!(
+                !line.chars().any(|c| c.is_control() || is_bidi_override(c)),
+                "{line:?}"
+            );
+        }
+    }
 }

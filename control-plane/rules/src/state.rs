@@ -291,6 +291,7 @@ mod tests {
             completion_heartbeat_at: None,
             seq: 1,
             failure: None,
+            reason: Vec::new(),
         });
         JobDelivery {
             intent,

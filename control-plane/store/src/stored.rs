@@ -526,10 +526,10 @@ mod tests {
         assert_eq!(status.seq, 7);
         assert_eq!(status.steps[0].name, "preflight");
         assert_eq!(job.terminal_received_at, None, "V1 had no receive time");
-        // Written back, it is V4 and reads back the same.
+        // Written back, it is V5 and reads back the same.
         let again = job.to_bytes().expect("encode");
-        assert_eq!(again[0], 3, "the version byte of V4");
-        assert_eq!(JobDelivery::from_bytes(&again).expect("V4 decodes"), job);
+        assert_eq!(again[0], 4, "the version byte of V5");
+        assert_eq!(JobDelivery::from_bytes(&again).expect("V5 decodes"), job);
     }
 
     /// Bytes written by the control plane before cancel existed (layout V2).
@@ -585,12 +585,35 @@ mod tests {
     }
 
     #[test]
-    fn a_v4_job_record_decodes_and_is_still_written_alike() {
+    fn a_v4_job_record_still_decodes() {
         let job = looping_job();
-        let now = job.to_bytes().expect("encode");
-        let old = fixture("job_v4", &now);
+        let old = fixture("job_v4", &[]);
         assert_eq!(old[0], 3, "the version byte of V4");
         assert_eq!(JobDelivery::from_bytes(&old).expect("V4 decodes"), job);
+    }
+
+    /// A failed upgrade with apt's reason lines, as V5 writes it.
+    fn unmet_job() -> JobDelivery {
+        let mut job = looping_job();
+        let status = job.status.as_mut().expect("status");
+        status.error =
+            Some("step full-upgrade failed: apt-get full-upgrade failed (exit 100)".into());
+        status.failure = Some(drover_model::failure::Failure::StepFailed);
+        status.reason = vec![
+            "The following packages have unmet dependencies:".into(),
+            " site-tool : Depends: libsite2 (>= 2.0) but it is not installable".into(),
+            "E: Unable to correct problems, you have held broken packages.".into(),
+        ];
+        job
+    }
+
+    #[test]
+    fn a_v5_job_record_decodes_and_is_still_written_alike() {
+        let job = unmet_job();
+        let now = job.to_bytes().expect("encode");
+        let old = fixture("job_v5", &now);
+        assert_eq!(old[0], 4, "the version byte of V5");
+        assert_eq!(JobDelivery::from_bytes(&old).expect("V5 decodes"), job);
         assert_eq!(
             now, old,
             "the job record's layout changed without a new version"

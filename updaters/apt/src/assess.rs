@@ -47,11 +47,14 @@ impl PatchAssessor {
         let simulated = match run_bounded(&simulate, CHILD_CALL_LIMIT).await {
             Ok(out) if out.success() => pending_upgrades(&out.stdout),
             Ok(out) => {
-                return StepOutcome::Fail(format!(
-                    "apt-get -s full-upgrade exited with {:?}: {}",
-                    out.status,
-                    out.tail()
-                ));
+                return StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-get -s full-upgrade exited with {:?}: {}",
+                        out.status,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                };
             }
             Err(e) => return StepOutcome::Fail(e.to_string()),
         };
@@ -59,11 +62,14 @@ impl PatchAssessor {
         let security_archive = match run_bounded(&policy, Duration::from_secs(120)).await {
             Ok(out) if out.success() => has_security_archive(&out.stdout),
             Ok(out) => {
-                return StepOutcome::Fail(format!(
-                    "apt-cache policy exited with {:?}: {}",
-                    out.status,
-                    out.tail()
-                ));
+                return StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-cache policy exited with {:?}: {}",
+                        out.status,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                };
             }
             Err(e) => return StepOutcome::Fail(e.to_string()),
         };

@@ -74,6 +74,12 @@ impl CallOutcome {
     pub fn tail(&self) -> String {
         crate::command::tail(&self.stdout, &self.stderr)
     }
+
+    /// apt's or dpkg's own words on why the call failed, for the job's
+    /// status.
+    pub fn reason(&self) -> Vec<String> {
+        crate::why::apt_reason(&self.stdout, &self.stderr)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -26,6 +26,11 @@ impl CommandOutput {
     pub fn tail(&self) -> String {
         tail(&self.stdout, &self.stderr)
     }
+
+    /// apt's or dpkg's own words on why the command failed.
+    pub fn reason(&self) -> Vec<String> {
+        crate::why::apt_reason(&self.stdout, &self.stderr)
+    }
 }
 
 /// The last four non-empty lines of stderr, or of stdout when stderr is empty.

@@ -13,6 +13,7 @@ pub mod kernel;
 mod package;
 mod parse;
 mod upgrade;
+pub mod why;
 
 pub use assess::PatchAssessor;
 pub use call::{Bound, CallError, CallOutcome, Calls, Launcher};

@@ -225,7 +225,10 @@ impl PackageInstaller {
                     }));
                     StepOutcome::Done
                 }
-                Ok(out) => StepOutcome::Fail(format!("apt-get -s install failed: {}", out.tail())),
+                Ok(out) => StepOutcome::FailWithReason {
+                    error: format!("apt-get -s install failed: {}", out.tail()),
+                    reason: out.reason(),
+                },
                 Err(e) => StepOutcome::Fail(e.to_string()),
             };
         }
@@ -243,12 +246,15 @@ impl PackageInstaller {
                         reason: format!("waiting for the dpkg lock: {line}"),
                     };
                 }
-                return StepOutcome::Fail(format!(
-                    "apt-get install {} failed (exit {}): {}",
-                    package.package,
-                    out.exit_code,
-                    out.tail()
-                ));
+                return StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-get install {} failed (exit {}): {}",
+                        package.package,
+                        out.exit_code,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                };
             }
             Err(e) => return call_failed(ctx, "apt-get install", e),
         }

@@ -315,11 +315,14 @@ impl SystemUpgrade {
                         ),
                     };
                 }
-                StepOutcome::Fail(format!(
-                    "apt-get update failed (exit {}): {}",
-                    out.exit_code,
-                    out.tail()
-                ))
+                StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-get update failed (exit {}): {}",
+                        out.exit_code,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                }
             }
             Err(e) => call_failed(ctx, "apt-get update", e),
         }
@@ -343,11 +346,14 @@ impl SystemUpgrade {
                     *output = Some(JobOutput::Upgrade(report));
                     StepOutcome::Done
                 }
-                Ok(out) => StepOutcome::Fail(format!(
-                    "apt-get -s full-upgrade exited with {:?}: {}",
-                    out.status,
-                    out.tail()
-                )),
+                Ok(out) => StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-get -s full-upgrade exited with {:?}: {}",
+                        out.status,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                },
                 Err(e) => StepOutcome::Fail(e.to_string()),
             };
         }
@@ -393,11 +399,14 @@ impl SystemUpgrade {
                         reason: format!("waiting for the dpkg lock: {line}"),
                     };
                 }
-                StepOutcome::Fail(format!(
-                    "apt-get full-upgrade failed (exit {}): {}",
-                    out.exit_code,
-                    out.tail()
-                ))
+                StepOutcome::FailWithReason {
+                    error: format!(
+                        "apt-get full-upgrade failed (exit {}): {}",
+                        out.exit_code,
+                        out.tail()
+                    ),
+                    reason: out.reason(),
+                }
             }
             Err(e) => call_failed(ctx, "apt-get full-upgrade", e),
         }

@@ -56,6 +56,36 @@ pub fn run(run: &TaskRun, targets: &[RunTarget]) {
         ]);
     }
     print_table(&rows);
+    let failed: Vec<(&str, &[String])> = targets
+        .iter()
+        .filter_map(|t| {
+            let job = t.status.as_ref()?;
+            (!job.reason.is_empty()).then_some((t.device.as_str(), job.reason.as_slice()))
+        })
+        .collect();
+    print_reasons(&failed, "each device's own: drover describe device DEVICE");
+}
+
+/// How many failed jobs' reasons `describe` prints in full.
+const REASONS_SHOWN: usize = 5;
+
+/// Each failed job's reason in the failing program's own words, under its
+/// name, one indented line each: the first few, then how many more.
+fn print_reasons(failed: &[(&str, &[String])], more: &str) {
+    for (name, reason) in failed.iter().take(REASONS_SHOWN) {
+        out!("");
+        out!("why {} failed:", printable(name));
+        for line in reason.iter() {
+            out!("  {}", printable(line));
+        }
+    }
+    if failed.len() > REASONS_SHOWN {
+        out!("");
+        out!(
+            "({} more failed with a reason; {more})",
+            failed.len() - REASONS_SHOWN
+        );
+    }
 }
 
 /// A device: what it is, its latest jobs with what each did, and the
@@ -150,6 +180,17 @@ pub fn device(device: &Device, jobs: &DeviceJobs, assessment: Option<&Assessment
         ]);
     }
     print_table(&rows);
+    let failed: Vec<(String, &[String])> = jobs
+        .items
+        .iter()
+        .filter(|job| !job.reason.is_empty())
+        .map(|job| {
+            let id = job.job.get(..8).unwrap_or(&job.job);
+            (format!("job {id}"), job.reason.as_slice())
+        })
+        .collect();
+    let failed: Vec<(&str, &[String])> = failed.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+    print_reasons(&failed, "the dashboard's device page lists them");
     // The last upgrade that succeeded (the API finds it among all the
     // device's jobs): when, and its packages, one a line.
     if let Some(job) = &jobs.last_upgrade {

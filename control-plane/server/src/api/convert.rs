@@ -74,6 +74,7 @@ pub(super) fn job_status(status: &model::JobStatus) -> jobs::JobStatus {
         completion_heartbeat_at: status.completion_heartbeat_at,
         seq: status.seq,
         failure: status.failure().map(failure),
+        reason: status.reason.clone(),
     }
 }
 

@@ -229,6 +229,7 @@ fn job_row(job: &JobDelivery) -> api::DeviceJob {
         created_at: job.created_at,
         finished_at: status.and_then(|s| s.finished_at),
         error: status.and_then(|s| s.error.clone()),
+        reason: status.map(|s| s.reason.clone()).unwrap_or_default(),
         result_text: super::result_text(Some(job)),
         output: status
             .and_then(|s| s.output.as_ref())

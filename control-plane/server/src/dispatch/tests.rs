@@ -234,6 +234,7 @@ impl Core {
                 completion_heartbeat_at: None,
                 seq: 1,
                 failure: None,
+                reason: Vec::new(),
             }),
             received_at: now,
             position: None,

@@ -269,6 +269,7 @@ fn success_is_judged_by_the_control_planes_receive_time() {
                 completion_heartbeat_at: Some(t(device_done)),
                 seq: 3,
                 failure: None,
+                reason: Vec::new(),
             }),
             created_at: t(0),
             terminal_received_at: received.map(t),
@@ -633,6 +634,7 @@ async fn settle(
                 completion_heartbeat_at: Some(at),
                 seq: 3,
                 failure: None,
+                reason: Vec::new(),
             });
             job.terminal_received_at = Some(at);
         },

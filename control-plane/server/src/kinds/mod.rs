@@ -281,6 +281,7 @@ mod tests {
             completion_heartbeat_at: None,
             seq: 1,
             failure: None,
+            reason: Vec::new(),
         }
     }
 

@@ -2,20 +2,22 @@
 
 use super::Record;
 use crate::records::{Delivery, JobDelivery};
-use drover_model::layout::JobStatusV1;
+use drover_model::layout::{JobStatusV1, JobStatusV2};
 use drover_model::model::Intent;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// A job record as stored: V1 until the control plane recorded its own
 /// receive time of the terminal status (A12), V2 until an operator could
-/// cancel a job, V3 until statuses carried their failure, V4 since.
+/// cancel a job, V3 until statuses carried their failure, V4 until they
+/// carried their reason lines, V5 since.
 #[derive(Serialize, Deserialize)]
 pub(super) enum StoredJob {
     V1(JobV1),
     V2(JobV2),
     V3(JobV3),
-    V4(JobDelivery),
+    V4(JobV4),
+    V5(JobDelivery),
 }
 
 /// Frozen: the layout written before V2. Never change it.
@@ -51,12 +53,24 @@ pub(super) struct JobV3 {
     pub(super) cancel_requested_at: Option<Timestamp>,
 }
 
+/// Frozen: the layout written before V5. Never change it.
+#[derive(Serialize, Deserialize)]
+pub(super) struct JobV4 {
+    intent: Intent,
+    run: Option<String>,
+    delivery: Delivery,
+    status: Option<JobStatusV2>,
+    created_at: Timestamp,
+    terminal_received_at: Option<Timestamp>,
+    cancel_requested_at: Option<Timestamp>,
+}
+
 impl Record for JobDelivery {
-    /// V4 is the record itself, whose status is the wire's type: a change
-    /// to either changes these bytes, and `a_v4_job_record_decodes_and_is_still_written_alike`
-    /// fails until the change adds V5 and freezes V4's shape.
+    /// V5 is the record itself, whose status is the wire's type: a change
+    /// to either changes these bytes, and `a_v5_job_record_decodes_and_is_still_written_alike`
+    /// fails until the change adds V6 and freezes V5's shape.
     fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
-        postcard::to_stdvec(&StoredJob::V4(self.clone()))
+        postcard::to_stdvec(&StoredJob::V5(self.clone()))
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
@@ -90,7 +104,16 @@ impl Record for JobDelivery {
                 terminal_received_at: v3.terminal_received_at,
                 cancel_requested_at: v3.cancel_requested_at,
             },
-            StoredJob::V4(v4) => v4,
+            StoredJob::V4(v4) => JobDelivery {
+                intent: v4.intent,
+                run: v4.run,
+                delivery: v4.delivery,
+                status: v4.status.map(Into::into),
+                created_at: v4.created_at,
+                terminal_received_at: v4.terminal_received_at,
+                cancel_requested_at: v4.cancel_requested_at,
+            },
+            StoredJob::V5(v5) => v5,
         })
     }
 }

@@ -356,6 +356,13 @@ async function runsPage(main) {
   );
 }
 
+// A failed job's reason in apt's (or the failing program's) own words,
+// one line each, as the device said them.
+function reasonBlock(lines) {
+  if (!lines || lines.length === 0) return "";
+  return h("pre", { class: "reason" }, lines.join("\n"));
+}
+
 function stepList(status) {
   const steps = (status && status.steps) || [];
   if (steps.length === 0) return "–";
@@ -391,7 +398,7 @@ async function runPage(main, name) {
       h("td", { class: "state" }, jobState(t)),
       h("td", {}, stepList(status)),
       h("td", { class: "result" }, t.resultText || ""),
-      h("td", { class: "error" }, status.error || ""),
+      h("td", { class: "error" }, status.error || "", reasonBlock(status.reason)),
       h("td", {}, when(status.finishedAt || status.startedAt || status.acceptedAt)),
     );
   });
@@ -557,7 +564,7 @@ async function devicePage(main, id) {
       h("td", {}, jobState(j)),
       h("td", {}, when(j.finishedAt)),
       h("td", { class: "result" }, j.resultText || ""),
-      h("td", { class: "error" }, j.error || ""),
+      h("td", { class: "error" }, j.error || "", reasonBlock(j.reason)),
     ),
   );
   main.replaceChildren(

@@ -126,6 +126,7 @@ fn status(intent: &Intent, state: JobState, now: Timestamp, seq: u64) -> JobStat
         completion_heartbeat_at: (state == JobState::Succeeded).then_some(now),
         seq,
         failure: None,
+        reason: Vec::new(),
     }
 }
 
