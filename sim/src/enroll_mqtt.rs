@@ -179,22 +179,39 @@ pub async fn measure(drover: &Path, devices: usize) -> Result<EnrollFigures> {
         .collect();
     let mut accepted_at = None;
     let mut next_count = Instant::now();
+    let (mut accepted, mut next_word) = (0, Instant::now() + Duration::from_secs(60));
     while !tasks.iter().all(|t| t.is_finished()) {
         if accepted_at.is_none() && Instant::now() >= next_count {
             // Counting the accepted keys costs the control plane a listing:
             // twice a second, not at every turn.
             next_count = Instant::now() + Duration::from_millis(500);
             let keys = api.get("/device-keys?state=accepted").await?;
-            if keys.as_array().map_or(0, Vec::len) >= devices {
+            accepted = keys.as_array().map_or(0, Vec::len);
+            if accepted >= devices {
                 accepted_at = Some(started.elapsed());
             }
+        }
+        if Instant::now() >= next_word {
+            // A long run says how far it is, once a minute.
+            next_word += Duration::from_secs(60);
+            eprintln!(
+                "after {} s: {accepted} accepted, {} in by key",
+                started.elapsed().as_secs(),
+                fleet.in_by_key.load(Ordering::Relaxed)
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let connected = started.elapsed();
     let mut held = Vec::new();
     for task in tasks {
-        held.push(task.await??);
+        held.push(task.await?.with_context(|| {
+            format!(
+                "{} of {devices} in by key and {accepted} accepted after {} s",
+                fleet.in_by_key.load(Ordering::Relaxed),
+                connected.as_secs()
+            )
+        })?);
     }
     let cp_after = procstat::usage(process.0.id()).context("the control plane's usage")?;
     let broker_after = procstat::usage(broker.0.id()).context("the broker's usage")?;
