@@ -8,7 +8,7 @@
 //! Each device that fails tries again after the agent's own backoff (its
 //! MQTT link starts at one second), as the agent does.
 
-use crate::harness::{Process, start_mosquitto, start_mosquitto_dynsec};
+use crate::harness::{Process, broker_passwords, start_mosquitto, start_mosquitto_dynsec};
 use crate::logins::{control_client, hand_over};
 use crate::procstat;
 use agent_core::backoff::{Backoff, DEFAULT_BACKOFF_MAX};
@@ -113,7 +113,7 @@ pub async fn measure(devices: usize, logins: Logins) -> Result<MqttConnectFigure
             // mqtt-config --device` and its agent both derive it.
             let tokens = passwords;
             let (broker, url) = start_mosquitto(dir.path(), &tokens, "")?;
-            run(broker, url, derived(&tokens), devices).await
+            run(broker, url, broker_passwords(&tokens), devices).await
         }
         Logins::Dynsec => {
             let (broker, url, _) = start_mosquitto_dynsec(dir.path())?;
@@ -123,17 +123,6 @@ pub async fn measure(devices: usize, logins: Logins) -> Result<MqttConnectFigure
             run(broker, url, passwords, devices).await
         }
     }
-}
-
-/// Each device's broker password from its token, as its agent derives it.
-fn derived(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
-    tokens
-        .iter()
-        .map(|(id, token)| {
-            let password = drover_model::credentials::broker_password(token, id);
-            (id.clone(), password)
-        })
-        .collect()
 }
 
 /// Every device connects at once; the clock runs until all are in.

@@ -147,7 +147,7 @@ pub(crate) fn start_nats_cluster(
 
 /// Each device with the broker password its agent derives from its token,
 /// as `drover nats-config` and `drover mqtt-config` write them.
-fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
+pub(crate) fn broker_passwords(tokens: &[(DeviceId, String)]) -> Vec<(DeviceId, String)> {
     tokens
         .iter()
         .map(|(device, token)| {
