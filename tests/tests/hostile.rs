@@ -2386,6 +2386,10 @@ async fn an_oversize_mqtt_message_from_one_device_stops_nobody() {
     let mut options = rumqttc::MqttOptions::new("big-a", "127.0.0.1", broker.port);
     options.set_credentials("big-a", cp.broker_password("big-a"));
     options.set_max_packet_size(1 << 20, 1 << 20);
+    // A session the broker keeps: rumqttc drops the publishes it holds
+    // when it reconnects into a new session (session_present false), so
+    // with a clean session a connection lost mid-publish lost them.
+    options.set_clean_session(false);
     let (a, mut a_loop) = rumqttc::AsyncClient::new(options, 8);
     // A connection that fails (a connect that times out on a loaded
     // machine) is made again on the next poll: the publishes below wait
