@@ -88,8 +88,9 @@ pub(crate) async fn control_client(
     Ok((client, events))
 }
 
-/// Hands the broker each device's login at once, as the control plane
-/// does when devices are accepted, and waits until it answered them all.
+/// Hands the broker each device's login at once (the logins the control
+/// plane makes when devices are accepted, all sent together), and waits
+/// until it answered them all.
 pub(crate) async fn hand_over(
     client: &rumqttc::AsyncClient,
     events: &mut rumqttc::EventLoop,
@@ -101,7 +102,10 @@ pub(crate) async fn hand_over(
                 transport_mqtt::dynsec::CONTROL_TOPIC,
                 QoS::AtLeastOnce,
                 false,
-                transport_mqtt::dynsec::admit(device, password),
+                transport_mqtt::dynsec::command(
+                    device,
+                    &transport_mqtt::admissions::Command::Create(password.clone()),
+                ),
             )
             .await?;
     }

@@ -809,7 +809,10 @@ async fn a_broker_login_that_outlived_its_key_is_removed_when_the_control_plane_
     dynsec_command(
         broker,
         "cp-secret",
-        transport_mqtt::dynsec::admit(&ghost, "ghost-password"),
+        transport_mqtt::dynsec::command(
+            &ghost,
+            &transport_mqtt::admissions::Command::Create("ghost-password".into()),
+        ),
     )
     .await;
     assert_eq!(

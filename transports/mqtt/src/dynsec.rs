@@ -105,39 +105,57 @@ pub fn create_enroll_users(users: &[String]) -> Vec<u8> {
 /// The name of the enrollment users' logins.
 const ENROLL_TEXTNAME: &str = "Drover devices asking to join";
 
-/// Lets `device` log in with `password`. The password is set first (for a
-/// device whose login is there already, which then fails only to be made
-/// again) and the login made second (for a new one, whose password setting
-/// failed): either way the plugin writes its file once.
-pub fn admit(device: &DeviceId, password: &str) -> Vec<u8> {
-    commands(vec![
-        json!({
-            "command": "setClientPassword",
-            "username": device.as_str(),
-            "password": password,
-            "correlationData": device.as_str(),
-        }),
-        json!({
-            "command": "createClient",
-            "username": device.as_str(),
-            "password": password,
-            "textname": DEVICE_TEXTNAME,
-            "correlationData": device.as_str(),
-        }),
-    ])
-}
-
-/// Removes `device`'s login; the broker closes its connection at once.
-pub fn revoke(device: &DeviceId) -> Vec<u8> {
-    commands(vec![json!({
-        "command": "deleteClient",
+/// The plugin's command `command` about `device`'s login; its answer
+/// carries the device id as its correlation data.
+pub fn command(device: &DeviceId, command: &crate::admissions::Command) -> Vec<u8> {
+    use crate::admissions::Command;
+    let mut json = json!({
+        "command": command.name(),
         "username": device.as_str(),
         "correlationData": device.as_str(),
-    })])
+    });
+    match command {
+        Command::Create(password) => {
+            json["password"] = json!(password);
+            json["textname"] = json!(DEVICE_TEXTNAME);
+        }
+        Command::SetPassword(password) => json["password"] = json!(password),
+        Command::Delete => {}
+    }
+    commands(vec![json])
+}
+
+/// One answer of the plugin about a device's login.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub command: String,
+    pub device: DeviceId,
+    pub error: Option<String>,
+}
+
+/// The answers in one response about devices' logins (correlation data a
+/// device id).
+pub fn answers(payload: &[u8]) -> Vec<Answer> {
+    let Ok(response) = serde_json::from_slice::<Value>(payload) else {
+        return Vec::new();
+    };
+    let Some(answers) = response["responses"].as_array() else {
+        return Vec::new();
+    };
+    answers
+        .iter()
+        .filter_map(|answer| {
+            Some(Answer {
+                command: answer["command"].as_str()?.to_owned(),
+                device: DeviceId::new(answer["correlationData"].as_str()?.to_owned()).ok()?,
+                error: answer["error"].as_str().map(str::to_owned),
+            })
+        })
+        .collect()
 }
 
 /// The answers in one response that say something went wrong, as
-/// `command (device): error`; the failures [`admit`] and [`revoke`] expect
+/// `command (device): error`; the failures [`crate::admissions`] expects
 /// (a login already there or already gone) are left out.
 pub fn failures(payload: &[u8]) -> Vec<String> {
     let Ok(response) = serde_json::from_slice::<Value>(payload) else {
@@ -225,17 +243,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_admission_sets_or_makes_one_login_and_expected_failures_are_quiet() {
+    fn commands_name_the_device_and_its_answers_are_read_back() {
+        use crate::admissions::Command;
         let device = DeviceId::new("pi-1").expect("id");
-        let admit: Value = serde_json::from_slice(&admit(&device, "pw")).expect("json");
-        let names: Vec<_> = admit["commands"]
-            .as_array()
-            .expect("commands")
-            .iter()
-            .map(|c| c["command"].as_str().expect("name"))
-            .collect();
-        assert_eq!(names, ["setClientPassword", "createClient"]);
-        assert_eq!(admit["commands"][1]["username"], "pi-1");
+        let made: Value =
+            serde_json::from_slice(&command(&device, &Command::Create("pw".into()))).expect("json");
+        assert_eq!(made["commands"][0]["command"], "createClient");
+        assert_eq!(made["commands"][0]["username"], "pi-1");
+        assert_eq!(made["commands"][0]["password"], "pw");
+        assert_eq!(made["commands"][0]["textname"], DEVICE_TEXTNAME);
+        assert_eq!(made["commands"][0]["correlationData"], "pi-1");
+        let gone: Value =
+            serde_json::from_slice(&command(&device, &Command::Delete)).expect("json");
+        assert_eq!(gone["commands"][0]["command"], "deleteClient");
+        assert!(gone["commands"][0].get("password").is_none());
+        let answered = br#"{"responses":[{"command":"createClient","error":"Client already exists","correlationData":"pi-1"},{"command":"deleteClient","correlationData":"pi-2"},{"command":"listClients","correlationData":"drover-logins"},{"command":"createClient","correlationData":"drover.enroll.001"}]}"#;
+        let answers = answers(answered);
+        assert_eq!(answers.len(), 3, "{answers:?}");
+        assert_eq!(answers[0].device, device);
+        assert_eq!(answers[0].error.as_deref(), Some("Client already exists"));
+        assert_eq!(answers[1].command, "deleteClient");
+        assert_eq!(answers[1].error, None);
+        assert!(super::answers(b"junk").is_empty());
         let quiet = br#"{"responses":[{"command":"setClientPassword","error":"Client not found","correlationData":"pi-1"},{"command":"createClient"}]}"#;
         assert!(failures(quiet).is_empty());
         let loud = br#"{"responses":[{"command":"createClient","error":"Role not found","correlationData":"pi-1"}]}"#;

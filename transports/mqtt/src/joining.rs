@@ -12,6 +12,7 @@
 //! stopped first) is found when the control plane lists Drover's logins,
 //! at its start and every few minutes, and removed.
 
+use crate::admissions::Command;
 use crate::server::MqttLinks;
 use crate::{EnrollPublish, dynsec};
 use drover_contract::gate::{EnrollAnswer, EnrollRequest, Proof};
@@ -19,7 +20,6 @@ use drover_contract::link::Inbound;
 use drover_model::DeviceId;
 use drover_model::enroll::MAX_ENROLL_FRAME;
 use rumqttc::{Publish, QoS};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -28,34 +28,9 @@ use tracing::{debug, info, warn};
 const LIST_EVERY: Duration = Duration::from_secs(300);
 /// The first check, once the link has subscribed to the plugin's answers.
 const FIRST_LIST: Duration = Duration::from_secs(3);
-/// How long a login handed to the broker is not handed again for the same
-/// device asking again: the broker takes a while to make each (mosquitto
-/// 2.0's plugin writes its whole file per command), and a device that
-/// cannot log in yet asks again after its backoff; handing each such
-/// request over again made more work for the broker the further behind it
-/// fell, and 10,000 devices enrolling at once never got in
-/// (`drover-sim enroll --transport mqtt`). A device whose login the broker
-/// lost is let in again by its request after this.
-const ADMIT_AGAIN_AFTER: Duration = Duration::from_secs(60);
-/// Whether a login handed over at the times in `admitted` is to be handed
-/// over for `device` at `now` (none within [`ADMIT_AGAIN_AFTER`]); notes
-/// it. Old notes are dropped once many are held.
-fn note_admission(
-    admitted: &mut HashMap<DeviceId, Instant>,
-    device: &DeviceId,
-    now: Instant,
-) -> bool {
-    if admitted.len() >= 4096 {
-        admitted.retain(|_, at| now.duration_since(*at) < ADMIT_AGAIN_AFTER);
-    }
-    match admitted.get(device) {
-        Some(at) if now.duration_since(*at) < ADMIT_AGAIN_AFTER => false,
-        _ => {
-            admitted.insert(device.clone(), now);
-            true
-        }
-    }
-}
+/// How often the commands waiting are looked at with nothing else to wake
+/// them (for those whose answers are overdue).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a login with no accepted key is given before it is removed: a
 /// key accepted this moment reaches this replica's memory a little after
@@ -100,7 +75,7 @@ impl MqttLinks {
                 })
                 .await;
             match answer {
-                EnrollAnswer::Accepted => links.admit(&device, &password).await,
+                EnrollAnswer::Accepted => links.admit(&device, &password),
                 EnrollAnswer::Pending => {
                     debug!(%device, "enrollment over MQTT waits for an operator")
                 }
@@ -112,56 +87,64 @@ impl MqttLinks {
         });
     }
 
-    /// Hands `device`'s login to the broker, unless it was handed over
-    /// within [`ADMIT_AGAIN_AFTER`].
-    async fn admit(&self, device: &DeviceId, password: &str) {
-        if !self.first_admission(device, Instant::now()) {
-            debug!(%device, "device's login was handed to the MQTT broker lately; not again");
-            return;
+    /// `device`'s login is to be handed to the broker (unless it is on its
+    /// way, or was made lately).
+    fn admit(&self, device: &DeviceId, password: &str) {
+        if self.logins.state().admit(device, password, Instant::now()) {
+            self.logins.wake.notify_one();
+        } else {
+            debug!(%device, "device's login is on its way to the MQTT broker or was made lately");
         }
-        self.command(device, dynsec::admit(device, password), "handed to")
-            .await;
-    }
-
-    /// Whether `device`'s login is to be handed over at `now`; notes it.
-    fn first_admission(&self, device: &DeviceId, now: Instant) -> bool {
-        let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
-        note_admission(&mut admitted, device, now)
-    }
-
-    /// Forgets that `device`'s login was handed over (it is removed).
-    fn forget_admission(&self, device: &DeviceId) {
-        self.admitted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(device);
     }
 
     /// Removes `device`'s login at the broker, which closes its connection
     /// (without its last will): its key was removed or rejected. The device
     /// is gone from here as if its will had come.
     pub fn revoke(self: &Arc<Self>, device: &DeviceId) {
-        self.forget_admission(device);
+        self.logins.state().remove(device);
+        self.logins.wake.notify_one();
         let (links, device) = (self.clone(), device.clone());
-        tokio::spawn(async move {
-            links
-                .command(&device, dynsec::revoke(&device), "removed at")
-                .await;
-            links.send(Inbound::Gone { device }).await;
-        });
+        tokio::spawn(async move { links.send(Inbound::Gone { device }).await });
     }
 
-    /// Sends the plugin a command about `device`'s login; its answer comes
-    /// on the response topic.
-    async fn command(&self, device: &DeviceId, payload: Vec<u8>, what: &str) {
-        match self
-            .client
-            .publish(dynsec::CONTROL_TOPIC, QoS::AtLeastOnce, false, payload)
-            .await
-        {
-            Ok(()) => info!(%device, "device's login {what} the MQTT broker"),
-            Err(e) => warn!(%device, error = %e, "device's login not {what} the MQTT broker"),
-        }
+    /// Sends the plugin what is waiting, as the window lets it, while these
+    /// links live (from [`MqttLinks::judge_with`]). A login is made only
+    /// for a device whose key is accepted still.
+    pub(crate) fn send_logins(self: &Arc<Self>) {
+        let links = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(links) = links.upgrade() else { return };
+                loop {
+                    let next = links.logins.state().next(Instant::now());
+                    let Some((device, command)) = next else { break };
+                    let accepted = links
+                        .gate
+                        .borrow()
+                        .as_ref()
+                        .is_some_and(|gate| gate.key_of(&device).is_some());
+                    if command != Command::Delete && !accepted {
+                        links.logins.state().dropped(&device);
+                        debug!(%device, "device's key is no longer accepted; its login is not made");
+                        continue;
+                    }
+                    let payload = dynsec::command(&device, &command);
+                    if let Err(e) = links
+                        .client
+                        .publish(dynsec::CONTROL_TOPIC, QoS::AtLeastOnce, false, payload)
+                        .await
+                    {
+                        warn!(%device, error = %e, command = command.name(),
+                            "cannot send the MQTT broker a command about a device's login");
+                    }
+                }
+                let wake = links.logins.wake.notified();
+                tokio::select! {
+                    _ = wake => {}
+                    _ = tokio::time::sleep(LOOK_EVERY) => {}
+                }
+            }
+        });
     }
 
     /// The plugin's answers: what went wrong is logged; a listing of
@@ -169,6 +152,25 @@ impl MqttLinks {
     pub(crate) fn on_dynsec_response(self: &Arc<Self>, publish: Publish) {
         for failure in dynsec::failures(&publish.payload) {
             warn!(%failure, "mosquitto's dynamic security plugin refused a command");
+        }
+        let answers = dynsec::answers(&publish.payload);
+        if !answers.is_empty() {
+            let now = Instant::now();
+            let mut logins = self.logins.state();
+            for answer in answers {
+                let error = answer.error.as_deref();
+                if logins.answered(&answer.device, &answer.command, error, now) && error.is_none() {
+                    let device = &answer.device;
+                    match answer.command.as_str() {
+                        "deleteClient" => {
+                            info!(%device, "device's login removed at the MQTT broker")
+                        }
+                        _ => info!(%device, "device's login made at the MQTT broker"),
+                    }
+                }
+            }
+            drop(logins);
+            self.logins.wake.notify_one();
         }
         if let Some(devices) = dynsec::listed_devices(&publish.payload) {
             self.on_listing(devices);
@@ -246,48 +248,5 @@ impl MqttLinks {
                 }
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_login_is_handed_over_once_a_minute_per_device() {
-        let mut admitted = HashMap::new();
-        let (pi, other) = (
-            DeviceId::new("pi-1").unwrap(),
-            DeviceId::new("pi-2").unwrap(),
-        );
-        let start = Instant::now();
-        assert!(note_admission(&mut admitted, &pi, start));
-        assert!(!note_admission(
-            &mut admitted,
-            &pi,
-            start + Duration::from_secs(59)
-        ));
-        assert!(note_admission(
-            &mut admitted,
-            &other,
-            start + Duration::from_secs(1)
-        ));
-        assert!(note_admission(
-            &mut admitted,
-            &pi,
-            start + ADMIT_AGAIN_AFTER
-        ));
-        // Many notes: the old ones go, the recent stay.
-        let later = start + ADMIT_AGAIN_AFTER * 3;
-        for i in 0..4096 {
-            let device = DeviceId::new(format!("d-{i}")).unwrap();
-            note_admission(&mut admitted, &device, start);
-        }
-        assert!(note_admission(
-            &mut admitted,
-            &DeviceId::new("new").unwrap(),
-            later
-        ));
-        assert!(admitted.len() < 10, "{}", admitted.len());
     }
 }

@@ -24,6 +24,8 @@
 //! Payloads are JSON, so `mosquitto_sub -v -t 'drover/v1/#'` shows what
 //! happens.
 
+#[cfg(feature = "server")]
+pub mod admissions;
 pub mod agent;
 #[cfg(feature = "server")]
 pub mod dynsec;

@@ -48,9 +48,8 @@ pub struct MqttLinks {
     /// The loop not moving for this long is a stall: the broker's own rule
     /// for a client that stopped talking (1.5 keep-alives).
     stall_after: Duration,
-    /// Devices whose logins were handed to the broker lately
-    /// (`crate::joining`): one asking again meanwhile is not handed again.
-    pub(crate) admitted: std::sync::Mutex<std::collections::HashMap<DeviceId, std::time::Instant>>,
+    /// What is asked of the broker about devices' logins (`crate::joining`).
+    pub(crate) logins: crate::admissions::Logins,
 }
 
 /// What the link's loop waits on.
@@ -126,7 +125,7 @@ impl MqttLinks {
                 health: HealthCell::default(),
                 waiting: AtomicU8::new(Waiting::Broker as u8),
                 stall_after: (settings.keep_alive * 3 / 2).max(Duration::from_secs(1)),
-                admitted: Default::default(),
+                logins: Default::default(),
             }),
             event_loop,
         ))
@@ -139,6 +138,7 @@ impl MqttLinks {
         self.gate.send_replace(Some(gate));
         // Logins that outlived their keys are found and removed.
         self.list_logins_periodically();
+        self.send_logins();
     }
 
     pub(crate) async fn send(&self, inbound: Inbound) -> bool {
@@ -241,6 +241,7 @@ impl MqttLinks {
                 );
                 self.health.connected();
                 self.subscribe();
+                self.logins.reconnected();
                 if session.first {
                     session.backlog_since = Some(tokio::time::Instant::now());
                     session.last_message = tokio::time::Instant::now();
