@@ -45,11 +45,6 @@ pub fn decide(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) ->
 fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decision {
     let spec = facts.spec;
     let expired = now >= facts.deadline();
-    let window_zone = spec
-        .maintenance_window
-        .as_ref()
-        .and_then(|w| time_zone(&w.time_zone))
-        .unwrap_or(TimeZone::UTC);
     let timeout = SignedDuration::from_secs(i64::from(JOB_TIMEOUT_SECONDS)) + RUNNING_GRACE;
     let mut decision = Decision::default();
     let mut active = 0u32;
@@ -76,12 +71,8 @@ fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decis
         }
     }
 
-    // The release rate's room: its limit less the last minute's releases.
     let window_open = now - RATE_WINDOW;
     let last_minute = || facts.recent_releases.iter().filter(|r| r.at > window_open);
-    let rate_room = spec
-        .max_releases_per_minute
-        .map(|limit| limit.saturating_sub(last_minute().map(|r| r.count).sum()));
 
     // Release in target order while there is room (a canceled deployment
     // has no pending targets left).
@@ -94,24 +85,18 @@ fn pass(facts: &Facts<'_>, targets: &[TargetInput<'_>], now: Timestamp) -> Decis
             .get(&index)
             .cloned()
             .unwrap_or_else(|| target.record.clone());
-        let due = record.next_attempt_at.is_none_or(|at| now >= at);
-        let in_window = spec.maintenance_window.as_ref().is_none_or(|window| {
-            let zone = target
-                .time_zone
-                .and_then(time_zone)
-                .unwrap_or_else(|| window_zone.clone());
-            window.contains(&zone, now)
-        });
-        if !(due && target.online && in_window && active < spec.max_concurrency) {
+        // What every surface shows as its reason to wait holds it here.
+        let device = DeviceNow {
+            online: target.online,
+            last_seen: None,
+            time_zone: target.time_zone,
+        };
+        if wait_of(spec, &record, device, active, now).is_some() {
             continue;
         }
-        if rate_room.is_some_and(|room| decision.released.len() as u32 >= room) {
-            // Due again when the oldest of the last minute's releases
-            // leaves the window.
-            decision.next_release_at = last_minute()
-                .map(|r| r.at + RATE_WINDOW)
-                .min()
-                .or(Some(now + RATE_WINDOW));
+        let released = decision.released.len() as u32;
+        if let Some(wait) = rate_wait(spec, facts.recent_releases, released, now) {
+            decision.next_release_at = wait.until();
             break;
         }
         let mut next = record;

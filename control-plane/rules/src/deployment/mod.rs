@@ -11,7 +11,6 @@
 use drover_model::model::JobKind;
 use drover_model::model::PackageInstall;
 use drover_model::{DeviceId, JobId, MAX_ERROR_BYTES, bounded};
-use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +18,7 @@ mod decide;
 mod status;
 mod target;
 mod targeting;
+mod waiting;
 mod window;
 
 pub use decide::decide;
@@ -28,6 +28,7 @@ pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
     inventory_key, select,
 };
+pub use waiting::{DeviceNow, Wait, rate_wait, wait_of, zone_of};
 pub use window::{Window, format_minute, parse_minute, time_zone};
 
 /// Upper bound of one deployment's targets (`too_many_targets` beyond).

@@ -1,4 +1,5 @@
 use super::*;
+use jiff::tz::TimeZone;
 
 fn t(text: &str) -> Timestamp {
     text.parse().expect("timestamp")
@@ -8,7 +9,11 @@ fn dev(name: &str) -> DeviceId {
     DeviceId::new(name).expect("device id")
 }
 
-fn spec(max_concurrency: u32, window: Option<(&str, &str, &str)>, retries: u32) -> DeploymentSpec {
+pub(super) fn spec(
+    max_concurrency: u32,
+    window: Option<(&str, &str, &str)>,
+    retries: u32,
+) -> DeploymentSpec {
     DeploymentSpec {
         targets: Targeting::All,
         job: DeploymentJob::SystemUpgradeV1,

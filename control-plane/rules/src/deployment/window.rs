@@ -28,6 +28,29 @@ impl Window {
             minute >= self.start_minute || minute < self.end_minute
         }
     }
+
+    /// When the window next opens in `zone` after `now`; None while it is
+    /// open, or when it does not open in the next days (a window inside
+    /// the hour a DST change skips opens at the jump, if any of it is
+    /// left after it).
+    pub fn next_open(&self, zone: &TimeZone, now: Timestamp) -> Option<Timestamp> {
+        if self.contains(zone, now) {
+            return None;
+        }
+        let today = zone.to_datetime(now).date();
+        let (hour, minute) = (
+            (self.start_minute / 60) as i8,
+            (self.start_minute % 60) as i8,
+        );
+        (0..3).find_map(|days| {
+            let date = today.checked_add(jiff::Span::new().days(days)).ok()?;
+            let start = zone
+                .to_ambiguous_timestamp(date.at(hour, minute, 0, 0))
+                .compatible()
+                .ok()?;
+            (start > now && self.contains(zone, start)).then_some(start)
+        })
+    }
 }
 
 /// "HH:MM" to minutes after midnight.
