@@ -1108,6 +1108,34 @@ async fn the_run_and_device_pages_show_a_failed_jobs_reason_in_dpkgs_words() {
         |t| t.contains(said),
     )
     .await;
+    // A deployment outside its window: the row says when it opens.
+    let now = jiff::Timestamp::now();
+    let hhmm = |t: jiff::Timestamp| t.strftime("%H:%M").to_string();
+    let start = hhmm(now + jiff::SignedDuration::from_hours(2));
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "why-window"},
+        "spec": {
+            "targets": {"filter": {"groups": ["fleet"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "deadlineSeconds": 86400,
+            "maintenanceWindow": {"start": start,
+                "end": hhmm(now + jiff::SignedDuration::from_hours(3)), "timeZone": "UTC"}
+        }
+    }))
+    .await;
+    go(&browser, &cp, "#/deployments/why-window").await;
+    wait_text(
+        &browser,
+        "tr[data-device='why-1'] td.waiting",
+        "why the device waits",
+        |t| {
+            t.starts_with("maintenance window closed; opens ")
+                && t.contains(&format!(" {start} UTC ("))
+        },
+    )
+    .await;
     browser.close().await.expect("close");
 }
 

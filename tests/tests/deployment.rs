@@ -172,6 +172,49 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
     };
     assert_eq!(open("UTC"), Some(json!(true)), "{described}");
     assert_eq!(open("Pacific/Honolulu"), Some(json!(false)), "{described}");
+    // Issue 56: when Honolulu's window opens, there and as a moment, and
+    // why each pending device waits: the same answer the engine acts on.
+    let honolulu = windows
+        .iter()
+        .find(|w| w["timeZone"] == "Pacific/Honolulu")
+        .expect("Honolulu's row");
+    let opens: jiff::Timestamp = honolulu["opensAt"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("an opening time: {described}"));
+    let zone = jiff::tz::TimeZone::get("Pacific/Honolulu").expect("tzdata");
+    assert!(opens > now, "{described}");
+    assert!(
+        opens < now + jiff::SignedDuration::from_hours(24),
+        "{described}"
+    );
+    assert_eq!(
+        zone.to_datetime(opens).strftime("%H:%M").to_string(),
+        start,
+        "the window's start on Honolulu's clock: {described}"
+    );
+    let waits = described["waitingByCode"].clone();
+    assert_eq!(
+        waits,
+        json!({"ConcurrencyLimit": 2, "WindowClosed": 1}),
+        "{described}"
+    );
+    let page = cp.get("/deployments/night-upgrade/targets").await;
+    let wait_of = |device: &str| {
+        page["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["device"] == device)
+            .map(|t| t["waiting"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(wait_of("hnl")["code"], "WindowClosed", "{page}");
+    assert_eq!(wait_of("hnl")["until"], honolulu["opensAt"], "{page}");
+    for i in (0..held.len()).filter(|i| !first.contains(i)) {
+        assert_eq!(wait_of(workers[i])["code"], "ConcurrencyLimit", "{page}");
+    }
+    assert_eq!(wait_of(workers[first[0]]), Value::Null, "running: {page}");
     // Its durations in words, not counts of seconds.
     let out = Command::new(bin("drover"))
         .args(["--server", &cp.api, "--token", &cp.token])
@@ -182,6 +225,28 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
     assert!(
         text.contains("(backoff 5 minutes, doubling), deadline 40 seconds"),
         "{text}"
+    );
+    let local = zone
+        .to_datetime(opens)
+        .strftime("%Y-%m-%d %H:%M")
+        .to_string();
+    assert!(
+        text.contains(&format!("closed, opens {local} there (")),
+        "Honolulu's window row: {text}"
+    );
+    assert!(
+        text.contains("why targets wait (2 ConcurrencyLimit, 1 WindowClosed):"),
+        "{text}"
+    );
+    let hnl_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("hnl "))
+        .unwrap_or_else(|| panic!("hnl's line: {text}"));
+    assert!(
+        hnl_line.contains(&format!(
+            "maintenance window closed; opens {local} Pacific/Honolulu ("
+        )),
+        "{hnl_line}"
     );
 
     for h in &held {

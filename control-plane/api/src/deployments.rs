@@ -155,6 +155,31 @@ pub struct DeploymentTarget {
     pub created_at: Option<Timestamp>,
     pub status: Option<JobStatus>,
     pub result_text: Option<String>,
+    /// Why it waits, for a target not released yet (none when the next
+    /// pass releases it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<TargetWait>,
+}
+
+/// Why a target not released yet waits: what the engine's pass acts on
+/// (`drover_rules::deployment::wait_of`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TargetWait {
+    /// RetryBackoff, Offline, WindowClosed, ConcurrencyLimit, ReleaseRate.
+    pub code: String,
+    /// The sentence to show.
+    pub text: String,
+    /// When it ends by itself, if known (a window's opening, a backoff's
+    /// end, room in the release rate).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub until: Option<Timestamp>,
+}
+
+/// A device and why its target waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceWait {
+    pub device: String,
+    pub wait: TargetWait,
 }
 
 /// `GET /deployments/{name}/describe`.
@@ -169,6 +194,13 @@ pub struct DeploymentDescription {
     /// The next retries (20).
     pub waiting_retry: Vec<WaitingRetry>,
     pub waiting_retry_total: u64,
+    /// Targets not released yet and why each waits (the first 20, those
+    /// whose wait ends soonest first).
+    #[serde(default)]
+    pub waiting: Vec<DeviceWait>,
+    /// Targets not released yet that wait, by the wait's code.
+    #[serde(default)]
+    pub waiting_by_code: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -180,6 +212,13 @@ pub struct WindowNow {
     /// `YYYY-MM-DD HH:MM` there now.
     pub local_time: String,
     pub open: bool,
+    /// When it opens next there, while closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub opens_at: Option<Timestamp>,
+    /// That moment there, `YYYY-MM-DD HH:MM`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_local: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -273,12 +273,18 @@ pub fn deployment(described: &DeploymentDescription) {
                 printable(&window.time_zone)
             );
             for zone in &described.windows {
+                let state = match (&zone.opens_local, zone.opens_at) {
+                    _ if zone.open => "open".to_owned(),
+                    (Some(local), Some(at)) => {
+                        format!("closed, opens {local} there ({})", moment_of(at, now))
+                    }
+                    _ => "closed".to_owned(),
+                };
                 out!(
-                    "  {:<32} {:>6} targets  local {}  {}",
+                    "  {:<32} {:>6} targets  local {}  {state}",
                     printable(&zone.time_zone),
                     zone.targets,
                     zone.local_time,
-                    if zone.open { "open" } else { "closed" }
                 );
             }
         }
@@ -299,6 +305,17 @@ pub fn deployment(described: &DeploymentDescription) {
                 e.attempt,
                 printable(&e.error)
             );
+        }
+    }
+    if !described.waiting.is_empty() {
+        let counts: Vec<String> = described
+            .waiting_by_code
+            .iter()
+            .map(|(code, n)| format!("{n} {}", printable(code)))
+            .collect();
+        out!("why targets wait ({}):", counts.join(", "));
+        for w in &described.waiting {
+            out!("  {:<24} {}", printable(&w.device), printable(&w.wait.text));
         }
     }
     if !described.waiting_retry.is_empty() {

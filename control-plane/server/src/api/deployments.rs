@@ -28,6 +28,49 @@ async fn targets(
         .await?)
 }
 
+/// Why each target not released yet waits at `now`, by its index in
+/// `targets`: the engine's own judgement (`wait_of`, then the release
+/// rate), with each device's presence as this replica knows it.
+async fn waits(
+    state: &ApiState,
+    deployment: &DeploymentRecord,
+    targets: &[(String, u64, TargetRecord)],
+    now: Timestamp,
+) -> Result<std::collections::HashMap<usize, api::TargetWait>, ApiError> {
+    use drover_rules::deployment::{DeviceNow, rate_wait, wait_of};
+    let fleet = state.patch_index.current().await?;
+    let active = targets
+        .iter()
+        .filter(|(_, _, t)| t.end.is_none() && t.job.is_some())
+        .count() as u32;
+    let spec = &deployment.spec;
+    let rate = rate_wait(spec, &deployment.status.recent_releases, 0, now);
+    let mut waits = std::collections::HashMap::new();
+    for (index, (_, _, target)) in targets.iter().enumerate() {
+        if target.end.is_some() || target.job.is_some() || deployment.status.phase.is_terminal() {
+            continue;
+        }
+        let stored = fleet.devices.get(&target.device);
+        let last_seen = stored.and_then(|d| d.last_seen);
+        let device = DeviceNow {
+            online: state.presence.online(&target.device, last_seen, now),
+            last_seen,
+            time_zone: target.time_zone.as_deref(),
+        };
+        if let Some(wait) = wait_of(spec, target, device, active, now).or_else(|| rate.clone()) {
+            waits.insert(
+                index,
+                api::TargetWait {
+                    code: wait.code().to_owned(),
+                    text: wait.text(),
+                    until: wait.until(),
+                },
+            );
+        }
+    }
+    Ok(waits)
+}
+
 pub(super) async fn list_deployments(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
@@ -87,7 +130,8 @@ pub(super) async fn deployment_targets(
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
     let mut items = Vec::new();
     let mut total = 0usize;
-    for (_, _, target) in &targets {
+    let mut waits = waits(&state, &deployment, &targets, now).await?;
+    for (index, (_, _, target)) in targets.iter().enumerate() {
         let job = match target.job {
             Some(id) => state
                 .db
@@ -121,6 +165,7 @@ pub(super) async fn deployment_targets(
                 .and_then(|j| j.status.as_ref())
                 .map(convert::job_status),
             result_text: result_text(job.as_ref()),
+            waiting: waits.remove(&index),
         });
     }
     Ok(Json(api::DeploymentTargets {
@@ -168,6 +213,15 @@ pub(super) async fn describe_deployment(
         }
     }
     waiting.sort_by_key(|(at, _)| *at);
+    let mut holds: Vec<(usize, api::TargetWait)> = waits(&state, &deployment, &targets, now)
+        .await?
+        .into_iter()
+        .collect();
+    let mut waiting_by_code: std::collections::BTreeMap<String, u64> = Default::default();
+    for (_, wait) in &holds {
+        *waiting_by_code.entry(wait.code.clone()).or_default() += 1;
+    }
+    holds.sort_by_key(|(index, wait)| (wait.until.is_none(), wait.until, *index));
     let windows: Vec<api::WindowNow> = match &deployment.spec.maintenance_window {
         None => Vec::new(),
         Some(window) => zones
@@ -176,11 +230,15 @@ pub(super) async fn describe_deployment(
             .map(|(zone, count)| {
                 let tz =
                     drover_rules::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
+                let local = |at| tz.to_datetime(at).strftime("%Y-%m-%d %H:%M").to_string();
+                let opens_at = window.next_open(&tz, now);
                 api::WindowNow {
                     time_zone: zone.clone(),
                     targets: *count as u64,
-                    local_time: tz.to_datetime(now).strftime("%Y-%m-%d %H:%M").to_string(),
+                    local_time: local(now),
                     open: window.contains(&tz, now),
+                    opens_at,
+                    opens_local: opens_at.map(local),
                 }
             })
             .collect(),
@@ -200,6 +258,15 @@ pub(super) async fn describe_deployment(
             })
             .collect(),
         waiting_retry_total: waiting.len() as u64,
+        waiting: holds
+            .into_iter()
+            .take(20)
+            .map(|(index, wait)| api::DeviceWait {
+                device: targets[index].2.device.to_string(),
+                wait,
+            })
+            .collect(),
+        waiting_by_code,
     }))
 }
 

@@ -458,6 +458,7 @@ async function deploymentPage(main, name) {
       h("td", { class: "num" }, t.attempt),
       h("td", { class: "error" }, t.lastError || ""),
       h("td", {}, when(t.nextAttemptAt)),
+      h("td", { class: "waiting", title: t.waiting ? t.waiting.code : "" }, t.waiting ? t.waiting.text : ""),
     ),
   );
   main.replaceChildren(
@@ -475,7 +476,7 @@ async function deploymentPage(main, name) {
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
     ),
     h("div", { class: "toolbar" }, actions),
-    table(["Device", "State", "Attempt", "Last error", "Next attempt"], rows, "No target yet."),
+    table(["Device", "State", "Attempt", "Last error", "Next attempt", "Why it waits"], rows, "No target yet."),
   );
 }
 
