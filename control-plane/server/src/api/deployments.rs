@@ -71,6 +71,39 @@ async fn waits(
     Ok(waits)
 }
 
+/// The window in each zone (the first 100; a device with no zone of its
+/// own is in the window's): open now or when it opens, with the targets
+/// in that zone.
+pub(super) fn windows_now(
+    window: &drover_rules::deployment::Window,
+    zones: &std::collections::BTreeMap<Option<String>, u64>,
+    now: Timestamp,
+) -> Vec<api::WindowNow> {
+    let mut counts: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (zone, count) in zones {
+        *counts
+            .entry(zone.as_deref().unwrap_or(&window.time_zone))
+            .or_default() += count;
+    }
+    counts
+        .into_iter()
+        .take(100)
+        .map(|(zone, count)| {
+            let tz = drover_rules::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
+            let local = |at| tz.to_datetime(at).strftime("%Y-%m-%d %H:%M").to_string();
+            let opens_at = window.next_open(&tz, now);
+            api::WindowNow {
+                time_zone: zone.to_owned(),
+                targets: count,
+                local_time: local(now),
+                open: window.contains(&tz, now),
+                opens_at,
+                opens_local: opens_at.map(local),
+            }
+        })
+        .collect()
+}
+
 pub(super) async fn list_deployments(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
@@ -224,24 +257,13 @@ pub(super) async fn describe_deployment(
     holds.sort_by_key(|(index, wait)| (wait.until.is_none(), wait.until, *index));
     let windows: Vec<api::WindowNow> = match &deployment.spec.maintenance_window {
         None => Vec::new(),
-        Some(window) => zones
-            .iter()
-            .take(100)
-            .map(|(zone, count)| {
-                let tz =
-                    drover_rules::deployment::time_zone(zone).unwrap_or(jiff::tz::TimeZone::UTC);
-                let local = |at| tz.to_datetime(at).strftime("%Y-%m-%d %H:%M").to_string();
-                let opens_at = window.next_open(&tz, now);
-                api::WindowNow {
-                    time_zone: zone.clone(),
-                    targets: *count as u64,
-                    local_time: local(now),
-                    open: window.contains(&tz, now),
-                    opens_at,
-                    opens_local: opens_at.map(local),
-                }
-            })
-            .collect(),
+        Some(window) => {
+            let zones = zones
+                .into_iter()
+                .map(|(z, n)| (Some(z), n as u64))
+                .collect();
+            windows_now(window, &zones, now)
+        }
     };
     Ok(Json(api::DeploymentDescription {
         deployment: convert::deployment(&deployment),
