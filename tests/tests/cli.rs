@@ -465,6 +465,54 @@ async fn a_dry_run_previews_targets_and_stores_nothing() {
     let runs: Vec<Value> = serde_json::from_value(cp.get("/taskruns").await).expect("runs");
     assert!(runs.is_empty(), "a dry run stores nothing: {runs:?}");
 
+    // Issue 56: a selection that matches nothing says which part, with the
+    // nearest name that exists, and the dry run exits non-zero.
+    let typo = dir.path().join("typo.yaml");
+    let now = jiff::Timestamp::now();
+    let hhmm = |hours: i64| {
+        (now + jiff::SignedDuration::from_hours(hours))
+            .strftime("%H:%M")
+            .to_string()
+    };
+    let (start, end) = (hhmm(2), hhmm(3));
+    std::fs::write(
+        &typo,
+        format!(
+            "apiVersion: fleet.nationtech.io/v1alpha1\nkind: TaskRun\nmetadata:\n  name: typo-run\n\
+             spec:\n  allowedGroups: [lba]\n  targetSelector: {{matchLabels: {{canary: \"ture\"}}}}\n  \
+             deadlineSeconds: 600\n  systemUpgradeV1: {{}}\n---\n\
+             apiVersion: fleet.nationtech.io/v1alpha1\nkind: Deployment\nmetadata:\n  name: windowed\n\
+             spec:\n  targets: {{filter: {{groups: [lab]}}}}\n  maxConcurrency: 1\n  deadlineSeconds: 600\n  \
+             maintenanceWindow: {{start: \"{start}\", end: \"{end}\", timeZone: UTC}}\n  \
+             systemUpgradeV1: {{}}\n"
+        ),
+    )
+    .expect("typo");
+    let out = drover(
+        &cp,
+        &["apply", "-f", typo.to_str().expect("utf-8"), "--dry-run"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("taskrun/typo-run would be created (dry run)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"matched nothing: no device is in the group "lba" (did you mean "lab"?)"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("matched nothing: no device has canary=ture (did you mean canary=true?)"),
+        "{text}"
+    );
+    assert!(text.contains("targets: 1: dry-1"), "{text}");
+    assert!(
+        text.contains("window in UTC (1 targets): closed, opens ")
+            && text.contains(&format!(" {start} there")),
+        "{text}"
+    );
+
     let deployment = dir.path().join("deployment.yaml");
     std::fs::write(
         &deployment,

@@ -37,6 +37,22 @@ async fn specs_are_immutable_and_bad_runs_are_refused() {
     assert_eq!(code, 201);
     let finished = cp.wait_run_finished("empty", Duration::from_secs(10)).await;
     assert_eq!(finished["status"]["reason"], "NoTargets", "{finished}");
+    // A device was selected (it has no agent): nothing unmatched to name.
+    assert_eq!(
+        finished["status"]["latestError"],
+        "no authorized device with an agent matches the selector",
+        "{finished}"
+    );
+    // A misspelt group: the run's error names it and the nearest group.
+    let (code, _) = post(run("typo", json!(["prdo"]), json!({}))).await;
+    assert_eq!(code, 201);
+    let finished = cp.wait_run_finished("typo", Duration::from_secs(10)).await;
+    assert_eq!(
+        finished["status"]["latestError"],
+        "no authorized device with an agent matches the selector: \
+         no device is in the group \"prdo\" (did you mean \"prod\"?)",
+        "{finished}"
+    );
     // Same spec again: unchanged. A changed spec: refused.
     let (code, body) = post(run("empty", json!(["prod"]), json!({}))).await;
     assert_eq!((code, body["result"].as_str()), (200, Some("unchanged")));

@@ -209,6 +209,14 @@ pub struct PreviewItem {
     pub excluded: Option<std::collections::BTreeMap<String, u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// When it would select no device: each part of its selection that
+    /// no device has, with the nearest existing name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmatched: Vec<String>,
+    /// A Deployment with a maintenance window: each zone its targets are
+    /// in, and when the window opens there (none: open now).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<crate::deployments::WindowNow>,
 }
 
 /// What applying a manifest would do.
@@ -245,6 +253,8 @@ impl PreviewItem {
             first: None,
             excluded: None,
             warning: None,
+            unmatched: Vec::new(),
+            windows: Vec::new(),
         }
     }
 

@@ -19,3 +19,4 @@ pub mod rollout;
 pub mod schedule;
 pub mod state;
 pub mod strict_json;
+pub mod unmatched;

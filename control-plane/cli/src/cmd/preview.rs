@@ -5,11 +5,12 @@ use agent_core::out;
 use drover::watch::printable;
 use drover_api::changes::PreviewItem;
 
-/// Prints the previews; true when one would be refused.
+/// Prints the previews; true when one would be refused or would select
+/// no device.
 pub fn print(previews: &[PreviewItem]) -> bool {
     let mut refused = false;
     for item in previews {
-        refused |= item.refused();
+        refused |= item.refused() || item.targets == Some(0);
         out!(
             "{}/{} would be {}{} (dry run)",
             item.kind.name().to_lowercase(),
@@ -54,6 +55,21 @@ pub fn print(previews: &[PreviewItem]) -> bool {
         }
         if let Some(warning) = &item.warning {
             out!("  warning: {}", printable(warning));
+        }
+        for part in &item.unmatched {
+            out!("  matched nothing: {}", printable(part));
+        }
+        for zone in &item.windows {
+            let state = match (&zone.opens_local, zone.open) {
+                (_, true) => "open now".to_owned(),
+                (Some(local), false) => format!("closed, opens {local} there"),
+                (None, false) => "closed, does not open in the next days".to_owned(),
+            };
+            out!(
+                "  window in {} ({} targets): {state}",
+                printable(&zone.time_zone),
+                zone.targets
+            );
         }
     }
     refused

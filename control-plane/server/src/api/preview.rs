@@ -135,6 +135,7 @@ async fn preview_run(
                 .into(),
         );
     }
+    item.unmatched = drover_rules::unmatched::of_run(&spec, devices);
     Ok(item)
 }
 
@@ -193,11 +194,15 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                         _ => HashMap::new(),
                     };
                 let mut chosen = Vec::new();
+                let mut zones: BTreeMap<Option<String>, u64> = BTreeMap::new();
                 let mut excluded = BTreeMap::new();
                 for device in &devices {
                     let inventory = inventories.get(&device.id);
                     match drover_rules::deployment::select(&spec.targets, device, inventory) {
-                        Selection::Target => chosen.push((device.id.clone(), false)),
+                        Selection::Target => {
+                            chosen.push((device.id.clone(), false));
+                            *zones.entry(device.time_zone.clone()).or_default() += 1;
+                        }
                         Selection::Excluded => {
                             let why = if device.decommissioned {
                                 "decommissioned"
@@ -211,14 +216,27 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                         Selection::NotSelected => {}
                     }
                 }
-                with_targets(
+                let nothing_selected = chosen.is_empty() && excluded.is_empty();
+                let mut item = with_targets(
                     PreviewItem {
                         reason,
                         ..PreviewItem::new(Kind::Deployment, name, result)
                     },
                     &chosen,
                     excluded,
-                )
+                );
+                if nothing_selected && let Targeting::Filter(filter) = &spec.targets {
+                    item.unmatched = drover_rules::unmatched::unmatched(
+                        &filter.groups,
+                        &filter.match_labels,
+                        &devices,
+                    );
+                }
+                if let Some(window) = &spec.maintenance_window {
+                    item.windows =
+                        super::deployments::windows_now(window, &zones, Timestamp::now());
+                }
+                item
             }
             Manifest::Device { id, labels, spec } => {
                 let result = match stored.get(&id) {

@@ -58,8 +58,10 @@ impl Engine {
             run.status.phase = Phase::Failed;
             run.status.reason = Some("NoTargets".into());
             run.status.completion_time = Some(now);
-            run.status.latest_error =
-                Some("no authorized device with an agent matches the selector".into());
+            run.status.latest_error = Some(drover_rules::unmatched::with_unmatched(
+                "no authorized device with an agent matches the selector",
+                &drover_rules::unmatched::of_run(&run.spec, &devices),
+            ));
             return self.put_run(revision, &run).await;
         }
         let chunks: Vec<&[PlanTarget]> = targets.chunks(PLAN_CHUNK).collect();
