@@ -126,6 +126,13 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
     }))
     .await;
 
+    // `runs watch`, piped: a line per change, with why targets wait.
+    let watch = Command::new(bin("drover"))
+        .args(["--server", &cp.api, "--token", &cp.token])
+        .args(["runs", "watch", "deployment/night-upgrade"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("drover runs watch");
     // Two jobs go out; the others wait for a free slot.
     let first: Vec<usize> = eventually(
         Duration::from_secs(30),
@@ -253,6 +260,13 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
         let _ = std::fs::remove_file(&h.hold);
     }
     let d = finish(&cp, "night-upgrade", 2, Duration::from_secs(90)).await;
+    let watched = watch.wait_with_output().expect("runs watch");
+    let watched = String::from_utf8_lossy(&watched.stdout);
+    assert!(
+        watched.lines().any(|l| l.contains("3 pending")
+            && l.contains("; waiting: 2 ConcurrencyLimit, 1 WindowClosed (first: hnl: maintenance window closed; opens ")),
+        "{watched}"
+    );
     let s = &d["status"];
     assert_eq!(s["succeeded"], 4, "{d}");
     assert_eq!(s["expired"], 1, "the device outside its window: {d}");

@@ -5,7 +5,7 @@
 use crate::client::ApiClient;
 use agent_core::out;
 use anyhow::Result;
-use drover_api::deployments::Deployment;
+use drover_api::deployments::{Deployment, DeploymentDescription};
 use drover_api::runs::{Phase, TaskRun};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -55,17 +55,32 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
     let lines = bar.is_hidden();
     let mut last_line = String::new();
     let mut counting = false;
+    // Why pending targets wait, asked again when the counts move or every
+    // few seconds (describe reads every target).
+    let mut waits = String::new();
+    let mut waits_asked: Option<(tokio::time::Instant, (u32, u32, u32))> = None;
     loop {
         let (phase, targets, ended, message, reason, latest_error) = if deployment {
             let d: Deployment = client.get(&path).await?;
             let s = d.status;
             let phase = s.phase;
+            let counts = (s.pending, s.queued, s.running);
+            if s.pending == 0 || phase.is_terminal() {
+                waits.clear();
+            } else if waits_asked
+                .is_none_or(|(at, seen)| seen != counts || at.elapsed() >= WAITS_EVERY)
+            {
+                waits_asked = Some((tokio::time::Instant::now(), counts));
+                let described: DeploymentDescription =
+                    client.get(&format!("{path}/describe")).await?;
+                waits = waits_of(&described);
+            }
             (
                 phase,
                 s.targets,
                 s.succeeded + s.failed + s.expired + s.canceled,
                 format!(
-                    "{}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired, {} canceled",
+                    "{}: {} pending ({} waiting to retry), {} queued, {} running, {} succeeded, {} failed, {} expired, {} canceled{waits}",
                     phase.name(),
                     s.pending,
                     s.waiting_retry,
@@ -130,6 +145,33 @@ pub async fn watch(client: &ApiClient, name: &str) -> Result<bool> {
         bar.tick();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// How often `runs watch` asks why a deployment's pending targets wait.
+const WAITS_EVERY: Duration = Duration::from_secs(5);
+
+/// "; waiting: 2 ConcurrencyLimit, 1 WindowClosed (first: …)", or nothing.
+fn waits_of(described: &DeploymentDescription) -> String {
+    if described.waiting_by_code.is_empty() {
+        return String::new();
+    }
+    let counts: Vec<String> = described
+        .waiting_by_code
+        .iter()
+        .map(|(code, n)| format!("{n} {}", printable(code)))
+        .collect();
+    let first = described
+        .waiting
+        .first()
+        .map(|w| {
+            format!(
+                " (first: {}: {})",
+                printable(&w.device),
+                printable(&w.wait.text)
+            )
+        })
+        .unwrap_or_default();
+    format!("; waiting: {}{first}", counts.join(", "))
 }
 
 /// Text a device or an old record supplied, with control and
