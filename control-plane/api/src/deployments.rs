@@ -2,6 +2,7 @@
 //! page of its targets, and what `describe` needs to judge one.
 
 use crate::jobs::JobStatus;
+pub use crate::jobs::TargetWait;
 use crate::runs::{Delivery, ObjectMeta, Phase};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -159,20 +160,6 @@ pub struct DeploymentTarget {
     /// pass releases it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<TargetWait>,
-}
-
-/// Why a target not released yet waits: what the engine's pass acts on
-/// (`drover_rules::deployment::wait_of`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct TargetWait {
-    /// RetryBackoff, Offline, WindowClosed, ConcurrencyLimit, ReleaseRate.
-    pub code: String,
-    /// The sentence to show.
-    pub text: String,
-    /// When it ends by itself, if known (a window's opening, a backoff's
-    /// end, room in the release rate).
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub until: Option<Timestamp>,
 }
 
 /// A device and why its target waits.

@@ -205,3 +205,17 @@ pub struct PendingPackage {
     pub to: String,
     pub security: bool,
 }
+
+/// Why a target not released yet waits: what the engine's pass acts on
+/// (`drover_rules::deployment::wait_of`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TargetWait {
+    /// RetryBackoff, Offline, WindowClosed, ConcurrencyLimit, ReleaseRate.
+    pub code: String,
+    /// The sentence to show.
+    pub text: String,
+    /// When it ends by itself, if known (a window's opening, a backoff's
+    /// end, room in the release rate).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub until: Option<Timestamp>,
+}
