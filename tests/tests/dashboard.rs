@@ -719,6 +719,29 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
         .expect("st-done");
     assert_eq!(done["stateLabel"], "Succeeded", "{done}");
     assert_eq!(done["afterRunEnded"], false, "{done}");
+    // Issue 56: why the undelivered job waits, the same in the API, the
+    // CLI and the run page; a running or finished one does not wait.
+    let away = targets
+        .iter()
+        .find(|t| t["device"] == "st-away")
+        .expect("st-away");
+    assert_eq!(away["waiting"]["code"], "Offline", "{away}");
+    let offline = "device offline, last heard from ";
+    assert!(
+        away["waiting"]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with(offline)),
+        "{away}"
+    );
+    assert!(done.get("waiting").is_none(), "{done}");
+    let described =
+        String::from_utf8_lossy(&cp.cli(&["describe", "taskrun", "states"]).stdout).into_owned();
+    assert!(
+        described
+            .lines()
+            .any(|l| l.trim_start().starts_with("st-away") && l.contains(offline)),
+        "{described}"
+    );
 
     for (device, want) in expected {
         assert_eq!(
@@ -733,6 +756,13 @@ async fn the_cli_the_dashboard_and_the_metrics_name_each_jobs_state_alike() {
         let css = format!("tr[data-device='{device}'] td.state");
         wait_text(&browser, &css, "the run page's state", |t| t == want).await;
     }
+    wait_text(
+        &browser,
+        "tr[data-device='st-away'] td.waiting",
+        "why st-away's job waits",
+        |t| t.starts_with(offline),
+    )
+    .await;
     go(&browser, &cp, "").await;
     for (device, want) in [("st-away", "undelivered"), ("st-held", "running")] {
         let css = format!("tr[data-device='{device}']");

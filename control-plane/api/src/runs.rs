@@ -160,4 +160,8 @@ pub struct RunTarget {
     pub state_label: String,
     /// It was decided after the run ended.
     pub after_run_ended: bool,
+    /// Why it waits (the canaries, its device offline, an earlier job on
+    /// the device), while it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<crate::jobs::TargetWait>,
 }

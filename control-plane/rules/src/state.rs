@@ -140,6 +140,25 @@ impl JobPhase {
         })
     }
 
+    /// Why a task run's target in this state waits, given its device's
+    /// presence: the canaries; the device offline while its job is not
+    /// acknowledged (one online has it on its way); an earlier job there.
+    pub fn wait(
+        self,
+        online: bool,
+        last_seen: Option<jiff::Timestamp>,
+    ) -> Option<crate::deployment::Wait> {
+        use crate::deployment::Wait;
+        match self {
+            JobPhase::NotReleased => Some(Wait::Canaries),
+            JobPhase::Undelivered | JobPhase::Accepted if !online => {
+                Some(Wait::Offline { last_seen })
+            }
+            JobPhase::Waiting => Some(Wait::EarlierJob),
+            _ => None,
+        }
+    }
+
     pub fn of_job(job: &JobDelivery) -> Self {
         Self::of(
             &job.delivery,
@@ -302,6 +321,26 @@ mod tests {
             terminal_received_at: decided_at,
             cancel_requested_at: None,
         }
+    }
+
+    #[test]
+    fn a_run_target_says_why_it_waits_while_it_does() {
+        use crate::deployment::Wait;
+        let seen = Some(t(100));
+        assert_eq!(JobPhase::NotReleased.wait(true, seen), Some(Wait::Canaries));
+        assert_eq!(
+            JobPhase::Undelivered.wait(false, seen),
+            Some(Wait::Offline { last_seen: seen })
+        );
+        assert_eq!(JobPhase::Undelivered.wait(true, seen), None, "on its way");
+        assert_eq!(JobPhase::Waiting.wait(true, seen), Some(Wait::EarlierJob));
+        for phase in [JobPhase::Running, JobPhase::Succeeded, JobPhase::Failed] {
+            assert_eq!(phase.wait(false, seen), None, "{phase:?}");
+        }
+        assert_eq!(
+            JobPhase::Undelivered.wait(false, None).map(|w| w.text()),
+            Some("device offline, never heard from".to_owned())
+        );
     }
 
     #[test]

@@ -56,6 +56,17 @@ pub fn run(run: &TaskRun, targets: &[RunTarget]) {
         ]);
     }
     print_table(&rows);
+    let waiting: Vec<(&str, &str)> = targets
+        .iter()
+        .filter_map(|t| Some((t.device.as_str(), t.waiting.as_ref()?.text.as_str())))
+        .collect();
+    if !waiting.is_empty() {
+        out!("");
+        out!("why targets wait:");
+        for (device, text) in waiting.iter().take(20) {
+            out!("  {:<24} {}", printable(device), printable(text));
+        }
+    }
     let failed: Vec<(&str, &[String])> = targets
         .iter()
         .filter_map(|t| {

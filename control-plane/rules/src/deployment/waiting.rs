@@ -28,6 +28,11 @@ pub enum Wait {
         limit: u32,
         until: Option<Timestamp>,
     },
+    /// A task run's target held back until every canary succeeded.
+    Canaries,
+    /// The device holds the job behind an earlier one (it runs one at a
+    /// time).
+    EarlierJob,
 }
 
 /// What the caller knows of a target's device now.
@@ -111,6 +116,8 @@ impl Wait {
             Wait::Window { .. } => "WindowClosed",
             Wait::Concurrency { .. } => "ConcurrencyLimit",
             Wait::Rate { .. } => "ReleaseRate",
+            Wait::Canaries => "WaitingForCanaries",
+            Wait::EarlierJob => "EarlierJobOnDevice",
         }
     }
 
@@ -120,7 +127,9 @@ impl Wait {
             Wait::Backoff { until } => Some(*until),
             Wait::Window { opens_at, .. } => *opens_at,
             Wait::Rate { until, .. } => *until,
-            Wait::Offline { .. } | Wait::Concurrency { .. } => None,
+            Wait::Offline { .. } | Wait::Concurrency { .. } | Wait::Canaries | Wait::EarlierJob => {
+                None
+            }
         }
     }
 
@@ -165,6 +174,8 @@ impl Wait {
                 ),
                 None => format!("release rate: {limit} released in the last minute"),
             },
+            Wait::Canaries => "waiting for every canary to succeed".to_owned(),
+            Wait::EarlierJob => "behind an earlier job on the device".to_owned(),
         }
     }
 }

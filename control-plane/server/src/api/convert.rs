@@ -46,6 +46,16 @@ fn failure(failure: drover_model::failure::Failure) -> jobs::Failure {
     }
 }
 
+/// Why a target waits, as the API serves it: the rules' code, sentence
+/// and end.
+pub(super) fn wait(wait: &drover_rules::deployment::Wait) -> drover_api::jobs::TargetWait {
+    drover_api::jobs::TargetWait {
+        code: wait.code().to_owned(),
+        text: wait.text(),
+        until: wait.until(),
+    }
+}
+
 pub(super) fn job_status(status: &model::JobStatus) -> jobs::JobStatus {
     jobs::JobStatus {
         job_id: status.job_id.to_string(),

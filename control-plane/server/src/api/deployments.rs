@@ -58,14 +58,7 @@ async fn waits(
             time_zone: target.time_zone.as_deref(),
         };
         if let Some(wait) = wait_of(spec, target, device, active, now).or_else(|| rate.clone()) {
-            waits.insert(
-                index,
-                api::TargetWait {
-                    code: wait.code().to_owned(),
-                    text: wait.text(),
-                    until: wait.until(),
-                },
-            );
+            waits.insert(index, convert::wait(&wait));
         }
     }
     Ok(waits)

@@ -75,6 +75,9 @@ pub(super) async fn run_targets(
     };
     let plan = state.engine.load_plan(&run).await?;
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
+    let fleet = state.patch_index.current().await?;
+    let now = Timestamp::now();
+    let ended = run.status.phase.is_terminal();
     let mut items = Vec::new();
     for target in plan.iter().skip(page.offset).take(limit) {
         let job = state
@@ -83,6 +86,12 @@ pub(super) async fn run_targets(
             .await?
             .map(|(_, j)| j);
         let view = JobView::of_target(job.as_ref(), run.status.completion_time);
+        let last_seen = fleet.devices.get(&target.device).and_then(|d| d.last_seen);
+        let online = state.presence.online(&target.device, last_seen, now);
+        let waiting = match ended {
+            true => None,
+            false => view.phase.wait(online, last_seen),
+        };
         items.push(api::RunTarget {
             device: target.device.to_string(),
             canary: target.canary,
@@ -98,6 +107,7 @@ pub(super) async fn run_targets(
             state: view.phase.name().to_owned(),
             state_label: view.label(),
             after_run_ended: view.after_run_ended,
+            waiting: waiting.as_ref().map(convert::wait),
         });
     }
     Ok(Json(api::RunTargets {

@@ -400,6 +400,7 @@ async function runPage(main, name) {
       h("td", { class: "result" }, t.resultText || ""),
       h("td", { class: "error" }, status.error || "", reasonBlock(status.reason)),
       h("td", {}, when(status.finishedAt || status.startedAt || status.acceptedAt)),
+      h("td", { class: "waiting", title: t.waiting ? t.waiting.code : "" }, t.waiting ? t.waiting.text : ""),
     );
   });
   main.replaceChildren(
@@ -415,7 +416,7 @@ async function runPage(main, name) {
       h("dt", {}, "Ended"), h("dd", {}, when(s.completionTime)),
     ),
     h("div", { class: "toolbar" }, actions),
-    table(["Device", "", "State", "Steps", "Result", "Error", "Updated"], rows, "No target yet (planning)."),
+    table(["Device", "", "State", "Steps", "Result", "Error", "Updated", "Why it waits"], rows, "No target yet (planning)."),
     targets.total > targets.items.length ? h("p", { class: "muted" }, `The first ${targets.items.length} of ${targets.total} targets.`) : "",
   );
 }
