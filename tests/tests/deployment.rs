@@ -260,6 +260,29 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
         let _ = std::fs::remove_file(&h.hold);
     }
     let d = finish(&cp, "night-upgrade", 2, Duration::from_secs(90)).await;
+    // A misspelt group: NoTargets at once, the group and the nearest named.
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "typo-upgrade"},
+        "spec": {
+            "targets": {"filter": {"groups": ["flet"]}},
+            "systemUpgradeV1": {},
+            "maxConcurrency": 1,
+            "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    let typo = eventually(Duration::from_secs(30), "NoTargets", || async {
+        let d = deployment(&cp, "typo-upgrade").await;
+        (d["status"]["reason"] == "NoTargets").then_some(d)
+    })
+    .await;
+    assert_eq!(
+        typo["status"]["latestError"],
+        "no device with an agent matches the targets (0 matching devices excluded): \
+         no device is in the group \"flet\" (did you mean \"fleet\"?)",
+        "{typo}"
+    );
     let watched = watch.wait_with_output().expect("runs watch");
     let watched = String::from_utf8_lossy(&watched.stdout);
     assert!(

@@ -7,6 +7,10 @@ use crate::placement::{self, Left};
 use crate::records::{DeviceRecord, TaskRunSpec};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// What [`unmatched`] says when every part matches some device.
+pub const NOT_TOGETHER: &str =
+    "each part matches some device, but no device matches them all together";
+
 /// A name this far from a wanted one, or nearer, is offered in its place:
 /// a third of the wanted name's length, at least one edit and at most three.
 fn near_enough(wanted: &str) -> usize {
@@ -80,9 +84,7 @@ pub fn unmatched(
         }
     }
     if said.is_empty() && !(groups.is_empty() && labels.is_empty()) {
-        said.push(
-            "each part matches some device, but no device matches them all together".to_owned(),
-        );
+        said.push(NOT_TOGETHER.to_owned());
     }
     said
 }

@@ -182,6 +182,23 @@ impl Engine {
         Ok((targets, excluded))
     }
 
+    /// What in the deployment's filter no device has (for its NoTargets
+    /// error): its groups and labels; software conditions are not named.
+    async fn unmatched(&self, record: &DeploymentRecord) -> Result<Vec<String>, DbError> {
+        let deployment::Targeting::Filter(filter) = &record.spec.targets else {
+            return Ok(Vec::new());
+        };
+        let devices = crate::patch_labels::placed_devices(&self.db).await?;
+        let mut said =
+            drover_rules::unmatched::unmatched(&filter.groups, &filter.match_labels, &devices);
+        // Groups and labels that match together may still fail the
+        // software conditions: not for this sentence to say.
+        if filter.needs_inventory() && said == [drover_rules::unmatched::NOT_TOGETHER] {
+            said.clear();
+        }
+        Ok(said)
+    }
+
     /// Planning -> Running: writes the target records (create-only, so a
     /// second try after a crash keeps the first), then the counts.
     async fn materialise(
@@ -207,11 +224,19 @@ impl Engine {
                 targets.len()
             ));
         } else if targets.is_empty() {
+            let unmatched = match excluded {
+                0 => self.unmatched(&record).await?,
+                _ => Vec::new(),
+            };
+            let status = &mut done.status;
             status.phase = Phase::Failed;
             status.reason = Some("NoTargets".into());
             status.completion_time = Some(now);
-            status.latest_error = Some(format!(
-                "no device with an agent matches the targets ({excluded} matching devices excluded)"
+            status.latest_error = Some(drover_rules::unmatched::with_unmatched(
+                &format!(
+                    "no device with an agent matches the targets ({excluded} matching devices excluded)"
+                ),
+                &unmatched,
             ));
         } else {
             for chunk in targets.chunks(TARGET_CHUNK) {
