@@ -322,11 +322,24 @@ async fn the_control_plane_keeps_each_devices_latest_assessment_from_the_fleet_o
         )
     };
     let file = cp.dir.path().join("security-now.yaml");
-    for (value, targets) in [("pending", "targets: 1"), ("none", "targets: 0")] {
+    for (value, targets, exit) in [("pending", "targets: 1", 0), ("none", "targets: 0", 1)] {
         std::fs::write(&file, selecting(value)).expect("write");
-        let dry = drover(&["apply", "-f", file.to_str().expect("utf-8"), "--dry-run"]);
+        let out = cp.cli(&["apply", "-f", file.to_str().expect("utf-8"), "--dry-run"]);
+        let dry = String::from_utf8_lossy(&out.stdout);
         assert!(dry.contains(targets), "{value}: {dry}");
+        // A selection of no device says why and exits 1.
+        assert_eq!(out.status.code(), Some(exit), "{value}: {dry}");
     }
+    assert!(
+        String::from_utf8_lossy(
+            &cp.cli(&["apply", "-f", file.to_str().expect("utf-8"), "--dry-run"])
+                .stdout
+        )
+        .contains(
+            "matched nothing: no device has drover.io/security-updates=none (its values: pending)"
+        ),
+        "the value no device has"
+    );
     let labelled = cp.dir.path().join("labelled.yaml");
     std::fs::write(
         &labelled,
