@@ -70,6 +70,23 @@ async fn a_simulated_fleet_over_websocket_completes_a_run() {
     register(&cp, "fsw-", 60).await;
     let _sim = sim(&cp, "websocket", &cp.agent_url, 60, "fsw-");
     run_to_completion(&cp, 60, "sim-ws").await;
+    // The simulated agents do not run patchAssessmentV1: a Deployment of
+    // it leaves every one out (as a task run would) instead of sending 60
+    // jobs they would refuse.
+    cp.apply(json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "sim-assess"},
+        "spec": {"targets": {"filter": {"groups": ["sim"]}}, "patchAssessmentV1": {},
+                 "maxConcurrency": 10, "deadlineSeconds": 600}
+    }))
+    .await;
+    let d = eventually(Duration::from_secs(30), "the deployment to end", || async {
+        let d = cp.get("/deployments/sim-assess").await;
+        (d["status"]["phase"] == "Failed").then_some(d)
+    })
+    .await;
+    assert_eq!(d["status"]["reason"], "NoTargets", "{d}");
+    assert_eq!(d["status"]["excludedCount"], 60, "{d}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,7 +80,7 @@ fn words(code: &str) -> &str {
     match code {
         "decommissioned" => "decommissioned",
         "noAgentYet" => "without an agent yet",
-        "agentLacksTheKind" => "whose agent does not run systemUpgradeV1",
+        "agentLacksTheKind" => "whose agent does not run the job's kind",
         "noInventoryYet" => "without an inventory yet (run inventoryRefreshV1)",
         other => other,
     }

@@ -26,7 +26,7 @@ pub use status::{Adds, THRESHOLD_REACHED, next_status};
 pub use target::{TargetState, observe};
 pub use targeting::{
     DeviceFilter, DeviceInventory, Selection, SoftwareCondition, VersionCmp, VersionOp,
-    inventory_key, select,
+    inventory_key, runs_kind, select,
 };
 pub use waiting::{DeviceNow, Wait, rate_wait, wait_of, zone_of};
 pub use window::{Window, format_minute, parse_minute, time_zone};

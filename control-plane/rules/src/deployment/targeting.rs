@@ -145,15 +145,23 @@ pub fn inventory_key(device: &DeviceId) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {
     Target,
-    /// It matches, but has no agent yet or is decommissioned, or whether
-    /// its software matches cannot be known (no inventory yet).
+    /// It matches, but has no agent yet or is decommissioned, its agent
+    /// does not run the job's kind, or whether its software matches
+    /// cannot be known (no inventory yet).
     Excluded,
     NotSelected,
 }
 
-/// Whether `device` is a target of `targeting`.
+/// Whether `device`'s agent said it runs the kind `job` is (a task run
+/// leaves such a device out the same way: `placement::Left::AgentLacksTheKind`).
+pub fn runs_kind(job: &super::DeploymentJob, device: &crate::records::DeviceRecord) -> bool {
+    device.capabilities.iter().any(|c| c == job.name())
+}
+
+/// Whether `device` is a target of `targeting` running `job`.
 pub fn select(
     targeting: &Targeting,
+    job: &super::DeploymentJob,
     device: &crate::records::DeviceRecord,
     inventory: Option<&DeviceInventory>,
 ) -> Selection {
@@ -177,7 +185,11 @@ pub fn select(
     };
     if matches == Some(false) {
         Selection::NotSelected
-    } else if matches.is_none() || device.decommissioned || !device.agent_present {
+    } else if matches.is_none()
+        || device.decommissioned
+        || !device.agent_present
+        || !runs_kind(job, device)
+    {
         Selection::Excluded
     } else {
         Selection::Target

@@ -802,16 +802,27 @@ fn software_conditions_need_an_inventory_that_can_decide_them() {
     // A device whose software cannot be judged is excluded, not skipped.
     let mut device = crate::records::DeviceRecord::new(dev("d1"));
     device.agent_present = true;
+    device.capabilities = vec!["systemUpgradeV1".into()];
     let targeting = Targeting::Filter(old_openssl.clone());
-    assert_eq!(select(&targeting, &device, None), Selection::Excluded);
+    let job = DeploymentJob::SystemUpgradeV1;
+    assert_eq!(select(&targeting, &job, &device, None), Selection::Excluded);
     assert_eq!(
-        select(&targeting, &device, Some(&vulnerable)),
+        select(&targeting, &job, &device, Some(&vulnerable)),
         Selection::Target
     );
     assert_eq!(
-        select(&targeting, &device, Some(&patched)),
+        select(&targeting, &job, &device, Some(&patched)),
         Selection::NotSelected
     );
+    // An agent that does not run the job's kind is left out, as a task
+    // run leaves it out, not sent a job it would refuse.
+    let assess = DeploymentJob::PatchAssessmentV1;
+    assert_eq!(
+        select(&targeting, &assess, &device, Some(&vulnerable)),
+        Selection::Excluded
+    );
+    assert!(!runs_kind(&assess, &device));
+    assert!(runs_kind(&job, &device));
 }
 
 /// A canceled deployment releases nothing and retries nothing; targets not

@@ -139,6 +139,23 @@ async fn preview_run(
     Ok(item)
 }
 
+/// Why a device a Deployment's targeting matched is left out (its
+/// `Selection::Excluded`), by the dry run's name for it.
+fn excluded_why(
+    device: &DeviceRecord,
+    job: &drover_rules::deployment::DeploymentJob,
+) -> &'static str {
+    if device.decommissioned {
+        "decommissioned"
+    } else if !device.agent_present {
+        "noAgentYet"
+    } else if !drover_rules::deployment::runs_kind(job, device) {
+        "agentLacksTheKind"
+    } else {
+        "noInventoryYet"
+    }
+}
+
 pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Preview, ApiError> {
     let manifests = parse_all(&items)?;
     // As placement sees them: with the labels the control plane maintains.
@@ -198,20 +215,18 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                 let mut excluded = BTreeMap::new();
                 for device in &devices {
                     let inventory = inventories.get(&device.id);
-                    match drover_rules::deployment::select(&spec.targets, device, inventory) {
+                    match drover_rules::deployment::select(
+                        &spec.targets,
+                        &spec.job,
+                        device,
+                        inventory,
+                    ) {
                         Selection::Target => {
                             chosen.push((device.id.clone(), false));
                             *zones.entry(device.time_zone.clone()).or_default() += 1;
                         }
                         Selection::Excluded => {
-                            let why = if device.decommissioned {
-                                "decommissioned"
-                            } else if !device.agent_present {
-                                "noAgentYet"
-                            } else {
-                                "noInventoryYet"
-                            };
-                            *excluded.entry(why).or_insert(0) += 1;
+                            *excluded.entry(excluded_why(device, &spec.job)).or_insert(0) += 1;
                         }
                         Selection::NotSelected => {}
                     }

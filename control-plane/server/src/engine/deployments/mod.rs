@@ -159,7 +159,7 @@ impl Engine {
         for device in devices {
             registered.insert(device.id.clone());
             let inventory = inventories.get(&device.id);
-            match deployment::select(&record.spec.targets, &device, inventory) {
+            match deployment::select(&record.spec.targets, &record.spec.job, &device, inventory) {
                 Selection::Target => {
                     let zone = match device.time_zone {
                         Some(zone) if deployment::time_zone(&zone).is_some() => Some(zone),

@@ -270,6 +270,7 @@ async fn a_simulated_fleet_keeps_every_deployment_rule() {
         record.groups.insert(group.into());
         record.time_zone = zone.map(str::to_owned);
         record.agent_present = !(index < 160 && index.is_multiple_of(17));
+        record.capabilities = vec!["systemUpgradeV1".into(), "inventoryRefreshV1".into()];
         record.last_seen = Some(start);
         db.put(&device_key(&id), &record, 0).await.expect("device");
         let deployment = deployment.filter(|_| record.agent_present);
@@ -706,6 +707,7 @@ async fn an_acknowledged_job_behind_an_earlier_one_times_out_from_its_end() {
     let device = DeviceId::new("q1").expect("id");
     let mut record = DeviceRecord::new(device.clone());
     record.agent_present = true;
+    record.capabilities = vec!["systemUpgradeV1".into(), "inventoryRefreshV1".into()];
     record.last_seen = Some(t0);
     db.put(&device_key(&device), &record, 0)
         .await
