@@ -121,9 +121,11 @@ pub(crate) fn start_nats_cluster(
     let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let mut nodes = Vec::new();
     for i in 0..3 {
-        let others: Vec<String> = (0..3)
-            .filter(|j| *j != i)
-            .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
+        // All three routes on every node (a route to itself is skipped):
+        // a node sizes a new meta group by its routes.
+        let all: Vec<String> = routes
+            .iter()
+            .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
             .collect();
         let node = dir.join(format!("n{i}"));
         std::fs::create_dir_all(&node)?;
@@ -134,7 +136,7 @@ pub(crate) fn start_nats_cluster(
             ports[i],
             node.join("js").display().to_string(),
             routes[i],
-            others.join(", ")
+            all.join(", ")
         );
         nodes.push(spawn_nats(&node, &config, ports[i])?);
     }

@@ -153,9 +153,14 @@ impl NatsCluster {
         let monitors: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let nodes: Vec<NatsServer> = (0..3)
             .map(|i| {
-                let others: Vec<String> = (0..3)
-                    .filter(|j| *j != i)
-                    .map(|j| format!("\"nats-route://127.0.0.1:{}\"", routes[j]))
+                // Every node lists all three routes, its own included
+                // (nats-server skips a route to itself): a node sizes a
+                // new meta group by its routes, and with only the two
+                // others it would expect two and could form a group of
+                // two that the third must join later.
+                let all: Vec<String> = routes
+                    .iter()
+                    .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
                     .collect();
                 NatsServer::start_binary(
                     &cluster_nats_server(),
@@ -164,7 +169,7 @@ impl NatsCluster {
                      cluster {{ name: drover, listen: \"127.0.0.1:{}\", routes: [{}] }}\n{auth}",
                         monitors[i],
                         routes[i],
-                        others.join(", ")
+                        all.join(", ")
                     ),
                 )
             })
@@ -187,7 +192,7 @@ impl NatsCluster {
     }
 
     /// Every node is up and names the same meta leader, and the leader
-    /// has both others as current peers: only then can a stream with
+    /// counts a group of three with both others as current peers: only then can a stream with
     /// three replicas be placed (before, JetStream answers "no suitable
     /// peers for placement").
     async fn formed(&self) -> bool {
@@ -215,7 +220,10 @@ impl NatsCluster {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        agreed && peers.len() == 2 && peers.iter().all(|p| p["current"] == true)
+        agreed
+            && leader_jsz["meta_cluster"]["cluster_size"] == 3
+            && peers.len() == 2
+            && peers.iter().all(|p| p["current"] == true)
     }
 
     /// Every node's client URL, comma-separated, as configs take them.

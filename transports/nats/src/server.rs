@@ -292,8 +292,10 @@ pub const CLUSTER_NOTES: &str = "\
 #   cluster {
 #     name: drover
 #     listen: 0.0.0.0:6222
-#     routes: [nats-route://n2.example.org:6222, nats-route://n3.example.org:6222]
+#     routes: [nats-route://n1.example.org:6222, nats-route://n2.example.org:6222, nats-route://n3.example.org:6222]
 #   }
+#   (all three routes on every node, its own included: nats-server skips a
+#   route to itself and sizes a new JetStream meta group by its routes)
 # Every control-plane replica (they share secret.key and operator.token):
 #   drover serve --store nats --nats-replicas 3 \\
 #     --nats-url nats://n1.example.org:4222,nats://n2.example.org:4222,nats://n3.example.org:4222
