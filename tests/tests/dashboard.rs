@@ -1086,6 +1086,33 @@ async fn the_device_page_shows_pending_updates_the_last_upgrade_history_and_aler
         }),
         "{acked}"
     );
+    // Issue 56: the run deleted, the device's history keeps its job. The
+    // page still shows the last upgrade with its report, and the job
+    // with its run named as deleted (not linked), never "No upgrade has
+    // succeeded on this device yet".
+    let out = cp.cli(&["delete", "taskrun", "page-upgrade"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    go(&browser, &cp, "#/runs").await;
+    go(&browser, &cp, "#/devices/page-1").await;
+    wait_text(&browser, "#last-upgrade", "the kept last upgrade", |t| {
+        t.contains("page-upgrade (deleted)") && t.contains("upgraded drover-page-app 1.0 → 2.0")
+    })
+    .await;
+    wait_text(&browser, "#device-jobs tbody tr", "the kept job", |t| {
+        t.contains("systemUpgradeV1")
+            && t.contains("page-upgrade (deleted)")
+            && t.contains("succeeded")
+    })
+    .await;
+    assert_eq!(
+        rows(&browser, "#device-jobs tbody tr a").await,
+        0,
+        "a deleted run is not linked"
+    );
     browser.close().await.expect("close");
 }
 

@@ -430,6 +430,34 @@ async fn a_failed_attempt_is_retried_after_its_backoff_as_a_new_job() {
             .find(|j| j["state"] == "Succeeded")
             .map(|j| j["jobId"].clone())
     );
+    // Issue 56: the deployment deleted, the device's history keeps both
+    // attempts, the failed one with its error, the other as its last
+    // upgrade, each naming the deployment as deleted.
+    let out = cp.cli(&["delete", "deployment", "retrying"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(cp.get_status("/deployments/retrying").await, 404);
+    let history = cp.get("/devices/r1/jobs").await;
+    let kept: Vec<&Value> = history["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|j| j["run"] == "deployment/retrying" && j["runDeleted"] == true)
+        .collect();
+    assert_eq!(kept.len(), 2, "{history}");
+    assert!(
+        kept.iter().any(|j| j["state"] == "failed"
+            && j["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("not enough free space")),
+        "{history}"
+    );
+    assert_eq!(history["lastUpgrade"]["job"], target["job"], "{history}");
+    assert_eq!(history["lastUpgrade"]["runDeleted"], true, "{history}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

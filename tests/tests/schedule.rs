@@ -117,6 +117,17 @@ async fn a_schedule_ticks_into_immutable_runs_and_can_be_suspended() {
         "{text}"
     );
 
+    // While its run is there, the device's job is its run's, not kept.
+    let jobs = cp.get("/devices/sched-1/jobs").await;
+    assert!(
+        jobs["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|job| job["run"] == run_name.as_str() && job["runDeleted"].is_null()),
+        "{jobs}"
+    );
+
     // Suspended, and keeping no completed run: the finished run is deleted
     // by the history limit, and no new run comes, however many ticks pass.
     std::fs::write(
@@ -143,6 +154,25 @@ async fn a_schedule_ticks_into_immutable_runs_and_can_be_suspended() {
     .await;
     let runs_before = cp.get("/taskruns").await.as_array().map(Vec::len);
     assert_eq!(runs_before, Some(0), "its jobs' run is gone too");
+    // Issue 56: the device's history kept the pruned run's job. It is
+    // still listed (its run named as deleted) and is still the device's
+    // last upgrade, in the API and in `describe device`.
+    let jobs = cp.get("/devices/sched-1/jobs").await;
+    let kept = jobs["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|job| job["run"] == run_name.as_str())
+        .unwrap_or_else(|| panic!("the pruned run's job is not in the history: {jobs}"));
+    assert_eq!(kept["state"], "succeeded", "{jobs}");
+    assert_eq!(kept["runDeleted"], true, "{jobs}");
+    assert!(jobs["lastUpgrade"]["run"].is_string(), "{jobs}");
+    let out = drover(&cp, &["describe", "device", "sched-1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{run_name} (deleted)")) && text.contains("last upgrade:"),
+        "{text}"
+    );
     let schedule = cp.get("/taskschedules/every-minute").await;
     assert!(
         schedule["status"]["nextTick"].is_null(),

@@ -147,7 +147,13 @@ pub struct DeviceJob {
     pub reason: Vec<String>,
     /// What it did, in one line.
     pub result_text: Option<String>,
+    /// An upgrade's report: on the device's latest succeeded upgrade
+    /// always; on a job its history kept, only on the newest such upgrade.
     pub output: Option<JobOutput>,
+    /// Its run, deployment or schedule was deleted and the device's
+    /// history kept it (see `drover serve --history-jobs-per-device`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_deleted: bool,
 }
 
 /// `GET /devices/{id}/inventory`: the packages its latest inventory found.

@@ -229,6 +229,7 @@ fn demo_serve_options(dir: &Path) -> Result<ServeOptions> {
         },
         uploads: drover_server::packages::UploadLimits::default(),
         audit_retention: std::time::Duration::from_secs(400 * 86_400),
+        history: Default::default(),
         enrollment_limits: (
             drover_server::enroll_limits::PER_ADDRESS_PER_MINUTE,
             drover_server::enroll_limits::PER_TOKEN_PER_MINUTE,

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     pub uploads: drover_server::packages::UploadLimits,
     /// How long the audit log keeps an entry.
     pub audit_retention: Duration,
+    /// What each device's history keeps of jobs whose run, deployment or
+    /// schedule was deleted.
+    pub history: drover_rules::history::Retention,
     /// Enrollment requests a minute per address, new devices a minute per
     /// token (0: none).
     pub enrollment_limits: (u32, u32),

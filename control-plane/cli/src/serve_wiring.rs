@@ -226,8 +226,9 @@ pub(super) fn engine(
     released_tx: mpsc::UnboundedSender<Vec<String>>,
     presence: &Arc<Presence>,
 ) -> Arc<Engine> {
-    let engine =
-        Engine::new(db.clone(), wake.clone(), Some(released_tx)).with_presence(presence.clone());
+    let engine = Engine::new(db.clone(), wake.clone(), Some(released_tx))
+        .with_presence(presence.clone())
+        .with_history(options.history);
     Arc::new(if options.store_on_nats {
         engine
     } else {
@@ -303,6 +304,11 @@ pub(super) fn upkeep(
     tasks.push(tokio::spawn(drover_server::audit::prune(
         db.clone(),
         options.audit_retention,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(drover_server::history::prune(
+        db.clone(),
+        options.history,
         shutdown.clone(),
     )));
     patch_index

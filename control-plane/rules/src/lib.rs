@@ -10,6 +10,7 @@ pub mod clean;
 pub mod delivery;
 pub mod deployment;
 pub mod enrollment;
+pub mod history;
 pub mod outcome;
 pub mod patch;
 pub mod placement;

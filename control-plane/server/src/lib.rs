@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod enroll_limits;
 pub mod enrollment;
+pub mod history;
 pub mod http;
 pub mod kinds;
 pub mod manifest;

@@ -10,4 +10,4 @@ pub mod stored;
 
 // The records whose layouts this crate keeps, under the paths the moved
 // modules use.
-use drover_rules::{deployment, enrollment, patch, records, schedule};
+use drover_rules::{deployment, enrollment, history, patch, records, schedule};

@@ -51,7 +51,8 @@ one_layout!(
     crate::records::AuditRecord,
     crate::enrollment::EnrollmentTokenRecord,
     crate::enrollment::DeviceKeyRecord,
-    crate::enrollment::RevokedKeyRecord
+    crate::enrollment::RevokedKeyRecord,
+    crate::history::HistoryRecord
 );
 
 /// A device as stored: V1 until the control plane kept when its agent
@@ -617,6 +618,37 @@ mod tests {
         assert_eq!(
             now, old,
             "the job record's layout changed without a new version"
+        );
+    }
+
+    /// Layout V1 of a device's history record (issue 56): a failed job
+    /// with its reason, with an upgrade report beside it so the report's
+    /// fields are in the bytes too.
+    #[test]
+    fn a_v1_history_record_decodes_and_is_still_written_alike() {
+        use crate::history::{HistoryChange, HistoryRecord, HistoryUpgrade, record_of};
+        let at: Timestamp = "2026-12-07T08:00:00Z".parse().expect("time");
+        let mut record = record_of(&unmet_job(), at).expect("a decided job");
+        record.upgrade = Some(HistoryUpgrade {
+            simulated: false,
+            upgraded: vec![HistoryChange {
+                name: "bash".into(),
+                from: Some("5.2.15-2+b8".into()),
+                to: "5.2.15-2+b13".into(),
+            }],
+            installed: Vec::new(),
+            removed: vec!["old-tool".into()],
+            kept_back: vec!["linux-image-arm64".into()],
+            omitted: 2,
+            reboot_required: true,
+        });
+        let now = record.to_bytes().expect("encode");
+        let old = fixture("history_v1", &now);
+        assert_eq!(old[0], 0, "the version byte of V1");
+        assert_eq!(HistoryRecord::from_bytes(&old).expect("V1 decodes"), record);
+        assert_eq!(
+            now, old,
+            "the history record's layout changed without a new version"
         );
     }
 

@@ -71,6 +71,15 @@ pub struct ServeArgs {
     /// refused request); older ones are deleted each hour.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
     pub audit_retention_days: u64,
+    /// Jobs each device's history keeps (newest first) once the run,
+    /// deployment or schedule that made them is deleted; `describe
+    /// device` and the device page show them.
+    #[arg(long, default_value_t = drover_rules::history::JOBS_PER_DEVICE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub history_jobs_per_device: u32,
+    /// Days a device's history keeps a job (by when it ended); older
+    /// ones are deleted each hour.
+    #[arg(long, default_value_t = drover_rules::history::DAYS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub history_days: u32,
     /// Enrollment requests a minute one address may send (all at once, or
     /// spread); more are refused with the time to wait. 0: no limit.
     /// Applies where the control plane sees the device's address (the

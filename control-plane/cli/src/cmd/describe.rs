@@ -184,7 +184,11 @@ pub fn device(device: &Device, jobs: &DeviceJobs, assessment: Option<&Assessment
         rows.add_row(vec![
             printable(job.job.get(..8).unwrap_or(&job.job)),
             printable(&job.kind),
-            text(job.run.as_deref()),
+            match (&job.run, job.run_deleted) {
+                // Its run is gone; the device's history kept the job.
+                (Some(run), true) => format!("{} (deleted)", printable(run)),
+                (run, _) => text(run.as_deref()),
+            },
             printable(&job.state),
             when(job.finished_at),
             text(job.result_text.as_deref()),

@@ -50,6 +50,10 @@ pub async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
                 stall: Duration::from_secs(args.upload_stall_seconds),
             },
             audit_retention: Duration::from_secs(args.audit_retention_days.saturating_mul(86_400)),
+            history: drover_rules::history::Retention {
+                per_device: usize::try_from(args.history_jobs_per_device).unwrap_or(usize::MAX),
+                max_age: jiff::SignedDuration::from_hours(i64::from(args.history_days) * 24),
+            },
             enrollment_limits: (
                 args.enrollments_per_address_per_minute,
                 args.enrollments_per_token_per_minute,

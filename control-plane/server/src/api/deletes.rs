@@ -26,8 +26,9 @@ async fn unfinished_deployments_using(
         .collect())
 }
 
-/// A finished deployment: its jobs (every attempt of every target), its
-/// targets, then its record.
+/// A finished deployment: its jobs (every attempt of every target; each
+/// decided one kept in its device's history), its targets, then its
+/// record.
 pub(super) async fn delete_deployment(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -60,7 +61,7 @@ pub(super) async fn delete_deployment(
             })
         })
         .collect();
-    let jobs = state.db.delete_all(&job_keys).await?;
+    let jobs = state.engine.retire_jobs(&job_keys).await?;
     let target_keys: Vec<String> = targets.iter().map(|(key, _, _)| key.clone()).collect();
     state.db.delete_all(&target_keys).await?;
     state.db.delete_all(&[key]).await?;

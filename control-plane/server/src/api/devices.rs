@@ -185,20 +185,25 @@ pub(super) async fn device_jobs(
     Path(id): Path<String>,
 ) -> Result<Json<api::DeviceJobs>, ApiError> {
     let id = registered(&state, id).await?;
-    let mut jobs = state
+    let live = state
         .db
         .list::<JobDelivery>(&drover_rules::records::device_jobs_prefix(&id))
         .await?;
-    jobs.sort_by_key(|j| std::cmp::Reverse(j.2.created_at));
-    let items: Vec<api::DeviceJob> = jobs
+    // What its history kept of jobs whose run, deployment or schedule is
+    // gone (a job both kept and still recorded, by a delete cut short,
+    // shows once, as recorded).
+    let mut history = crate::history::of_device(&state.db, &id).await?;
+    history.retain(|kept| !live.iter().any(|(_, _, j)| j.intent.job_id == kept.job));
+    let mut rows: Vec<api::DeviceJob> = live
         .iter()
-        .take(50)
         .map(|(_, _, job)| job_row(job))
+        .chain(history.iter().map(history_row))
         .collect();
+    rows.sort_by_key(|row| std::cmp::Reverse(row.created_at));
     // The last upgrade that succeeded, however many jobs came after it:
     // what the device's packages last changed by (the report an operator
-    // reads beside the pending list).
-    let last_upgrade = jobs
+    // reads beside the pending list), from its jobs or its history.
+    let last_live = live
         .iter()
         .map(|(_, _, job)| job)
         .filter(|job| matches!(job.intent.kind, JobKind::SystemUpgradeV1(_)))
@@ -206,12 +211,21 @@ pub(super) async fn device_jobs(
             let status = job.status.as_ref()?;
             (status.state == JobState::Succeeded).then_some((status.finished_at?, job))
         })
-        .max_by_key(|(finished, _)| *finished)
-        .map(|(_, job)| job_row(job));
+        .max_by_key(|(finished, _)| *finished);
+    let last_kept = history
+        .iter()
+        .filter(|kept| kept.is_succeeded_upgrade())
+        .max_by_key(|kept| kept.ended_at());
+    let last_upgrade = match (last_live, last_kept) {
+        (Some((finished, _)), Some(kept)) if kept.ended_at() > finished => Some(history_row(kept)),
+        (Some((_, job)), _) => Some(job_row(job)),
+        (None, Some(kept)) => Some(history_row(kept)),
+        (None, None) => None,
+    };
     Ok(Json(api::DeviceJobs {
         device: id.to_string(),
-        total: jobs.len() as u64,
-        items,
+        total: rows.len() as u64,
+        items: rows.into_iter().take(50).collect(),
         last_upgrade,
     }))
 }
@@ -234,6 +248,29 @@ fn job_row(job: &JobDelivery) -> api::DeviceJob {
         output: status
             .and_then(|s| s.output.as_ref())
             .map(convert::job_output),
+        run_deleted: false,
+    }
+}
+
+/// A job its device's history kept after its run was deleted.
+fn history_row(kept: &drover_rules::history::HistoryRecord) -> api::DeviceJob {
+    api::DeviceJob {
+        job: kept.job.to_string(),
+        kind: kept.kind.clone(),
+        run: kept.run.clone(),
+        state: kept.state.clone(),
+        state_label: kept
+            .phase()
+            .map_or_else(|| kept.state.clone(), |p| p.label().to_owned()),
+        created_at: kept.created_at,
+        finished_at: kept.finished_at,
+        error: kept.error.clone(),
+        reason: kept.reason.clone(),
+        result_text: kept.result_text.clone(),
+        output: kept
+            .upgrade_output()
+            .map(|u| convert::job_output(&drover_model::model::JobOutput::Upgrade(u))),
+        run_deleted: true,
     }
 }
 
@@ -480,6 +517,13 @@ pub(super) async fn delete_device(
     let job_count = keys.len();
     keys.push(drover_rules::deployment::inventory_key(&id));
     keys.push(drover_rules::patch::assessment_key(&id));
+    // Its history goes with it: the device is gone from the fleet.
+    keys.extend(
+        crate::history::of_device(&state.db, &id)
+            .await?
+            .iter()
+            .map(|record| drover_rules::history::history_key(&id, record.job)),
+    );
     keys.push(device_key(&id));
     // Its enrolled key too: its session ends, and it is let in again only
     // by enrolling anew (reject a key to keep a device out). An accepted

@@ -160,6 +160,9 @@ pub struct Engine {
     /// The only replica on its store (the embedded store admits one
     /// process): runs' passes need no lease.
     alone: bool,
+    /// What devices' histories keep of the jobs deleted with their run,
+    /// deployment or schedule.
+    history: drover_rules::history::Retention,
     /// What passes cost, for the benchmark and operators.
     pub stats: PassStats,
 }
@@ -214,6 +217,7 @@ impl Engine {
             deployments: Mutex::new(Default::default()),
             presence: None,
             alone: false,
+            history: Default::default(),
             stats: PassStats::default(),
         }
     }
@@ -231,6 +235,31 @@ impl Engine {
     pub fn alone(mut self) -> Self {
         self.alone = true;
         self
+    }
+
+    /// Devices' histories keep what `retention` says.
+    pub fn with_history(mut self, retention: drover_rules::history::Retention) -> Self {
+        self.history = retention;
+        self
+    }
+
+    /// Deletes these job records, each decided one kept in its device's
+    /// history first ([`crate::history::archive`]); how many records went.
+    pub async fn retire_jobs(&self, keys: &[String]) -> Result<usize, DbError> {
+        let mut jobs = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some((_, job)) = self.db.get::<JobDelivery>(key).await? {
+                jobs.push(job);
+            }
+        }
+        let kept = crate::history::archive(&self.db, &jobs, self.history, Timestamp::now()).await?;
+        let deleted = self.db.delete_all(keys).await?;
+        tracing::info!(
+            deleted,
+            kept,
+            "job records deleted, decided ones kept in their devices' history"
+        );
+        Ok(deleted)
     }
 
     /// Passes whenever the store says something changed, every `interval`

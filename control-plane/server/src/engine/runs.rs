@@ -146,17 +146,17 @@ impl Engine {
         Ok(plan)
     }
 
-    /// Deletes a finished run's records: its jobs first, then its frozen
-    /// plan, the run last, so a delete cut short is finished by running it
-    /// again. The caller has checked the run is terminal. Returns how many
-    /// job records went.
+    /// Deletes a finished run's records: its jobs first (each decided one
+    /// kept in its device's history), then its frozen plan, the run last,
+    /// so a delete cut short is finished by running it again. The caller
+    /// has checked the run is terminal. Returns how many job records went.
     pub async fn delete_finished_run(&self, run: &TaskRunRecord) -> Result<usize, DbError> {
         let plan = self.load_plan(run).await?;
         let job_keys: Vec<String> = plan
             .iter()
             .map(|target| job_key(&target.device, run.uid))
             .collect();
-        let jobs = self.db.delete_all(&job_keys).await?;
+        let jobs = self.retire_jobs(&job_keys).await?;
         let mut plan_keys: Vec<String> = (0..run.status.plan_chunks)
             .map(|index| plan_key(run.uid, index))
             .collect();

@@ -810,3 +810,96 @@ async fn a_pass_that_only_counts_results_reads_the_tally_and_a_failure_is_still_
         (Phase::Failed, Some("TargetsFailed"), 29)
     );
 }
+
+/// Issue 56: deleting a finished run keeps each decided job in its
+/// device's history (once, however often the delete runs) and an
+/// undecided one not at all; retention then trims the history.
+#[tokio::test]
+async fn a_deleted_runs_decided_jobs_stay_in_their_devices_history() {
+    use drover_rules::history::{HistoryRecord, Retention, device_history_prefix};
+    let db = db_with_devices(3, 1).await;
+    let engine = engine(&db);
+    let now = Timestamp::now();
+    new_run(&db, "weekly").await;
+    let run = plan_and_release(&engine, &db, "weekly", now).await;
+    succeed(&db, &run, "dev-00000", now).await;
+    engine.pass_all(now).await.expect("release the rest");
+    assert_eq!(run_of(&db, "weekly").await.status.released, 3);
+    settle(
+        &db,
+        &run,
+        "dev-00001",
+        JobState::Failed,
+        Some("apt-get failed"),
+        now,
+    )
+    .await;
+    // dev-00002's job is released and undecided.
+    let history = |device: &str| {
+        let db = db.clone();
+        let prefix = device_history_prefix(&DeviceId::new(device).expect("id"));
+        async move {
+            db.list::<HistoryRecord>(&prefix)
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|(_, _, r)| r)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(
+        history("dev-00000").await.is_empty(),
+        "nothing kept before the delete"
+    );
+    let jobs = db.list::<JobDelivery>("jobs/").await.expect("jobs");
+    assert_eq!(jobs.len(), 3);
+    let all: Vec<JobDelivery> = jobs.into_iter().map(|(_, _, j)| j).collect();
+
+    assert_eq!(engine.delete_finished_run(&run).await.expect("delete"), 3);
+    assert!(
+        db.list::<JobDelivery>("jobs/")
+            .await
+            .expect("jobs")
+            .is_empty()
+    );
+    let ok = history("dev-00000").await;
+    assert_eq!(ok.len(), 1);
+    assert_eq!(
+        (ok[0].state.as_str(), ok[0].run.as_deref()),
+        ("succeeded", Some("weekly"))
+    );
+    let failed = history("dev-00001").await;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].error.as_deref(), Some("apt-get failed"));
+    assert!(
+        history("dev-00002").await.is_empty(),
+        "an undecided job is not kept"
+    );
+
+    // A delete cut short and run again keeps each job once.
+    let kept = crate::history::archive(&db, &all, Retention::default(), now)
+        .await
+        .expect("again");
+    assert_eq!(kept, 0);
+    assert_eq!(history("dev-00000").await, ok);
+
+    // Past its age, the hourly sweep deletes it; within, it stays.
+    let day = Retention {
+        per_device: 100,
+        max_age: jiff::SignedDuration::from_hours(24),
+    };
+    assert_eq!(
+        crate::history::prune_once(&db, day, now)
+            .await
+            .expect("prune"),
+        0
+    );
+    let later = now + jiff::SignedDuration::from_hours(25);
+    assert_eq!(
+        crate::history::prune_once(&db, day, later)
+            .await
+            .expect("prune"),
+        2
+    );
+    assert!(history("dev-00000").await.is_empty());
+}

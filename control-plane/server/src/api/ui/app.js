@@ -326,8 +326,11 @@ function joining(pending) {
   ];
 }
 
-function jobLink(run) {
+// A job's run, deployment or schedule-made run, linked; one deleted since
+// (the device's history kept the job) is named, not linked.
+function jobLink(run, deleted) {
   if (!run) return "a job";
+  if (deleted) return h("span", { class: "deleted", title: "deleted since; the device's history kept this job" }, `${run} (deleted)`);
   if (run.startsWith("deployment/")) return h("a", { href: `#/deployments/${encodeURIComponent(run.slice(11))}` }, run);
   return h("a", { href: `#/runs/${encodeURIComponent(run)}` }, run);
 }
@@ -551,7 +554,7 @@ async function devicePage(main, id) {
     ? h(
         "div",
         { id: "last-upgrade" },
-        h("p", {}, `${when(last.finishedAt)}, `, jobLink(last.run), `: ${last.resultText || "succeeded"}`),
+        h("p", {}, `${when(last.finishedAt)}, `, jobLink(last.run, last.runDeleted), `: ${last.resultText || "succeeded"}`),
         upgradeReport(last.output),
       )
     : h("p", { class: "muted", id: "last-upgrade" }, "No upgrade has succeeded on this device yet.");
@@ -562,7 +565,7 @@ async function devicePage(main, id) {
       { "data-job": j.job },
       h("td", { title: j.job }, j.job.slice(0, 8)),
       h("td", {}, j.kind),
-      h("td", {}, jobLink(j.run)),
+      h("td", {}, jobLink(j.run, j.runDeleted)),
       h("td", {}, jobState(j)),
       h("td", {}, when(j.finishedAt)),
       h("td", { class: "result" }, j.resultText || ""),
