@@ -66,6 +66,17 @@ pub enum Command {
     /// Check one agent database file (the agent runs this before opening it).
     #[command(hide = true)]
     VerifyStore { path: PathBuf },
+    /// Print a job's output as this device keeps it: each apt and dpkg
+    /// call of each step, its command and exit status, its stdout and
+    /// stderr. The latest job's when no job is named.
+    Logs {
+        /// The job's id, or the start of it (as `drover-agent jobs` and
+        /// `drover describe` show it).
+        job: Option<String>,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
     /// List recent jobs with their steps and errors.
     Jobs {
         #[arg(long)]

@@ -485,6 +485,11 @@ fn default_keep_jobs() -> usize {
 }
 
 impl Config {
+    /// Where apt's and dpkg's calls keep their state and output.
+    pub fn calls_dir(&self) -> PathBuf {
+        self.state_dir.join("calls")
+    }
+
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the agent config {}", path.display()))?;

@@ -6,6 +6,7 @@ use agent_core::out;
 mod config;
 mod display;
 mod link;
+mod logs;
 mod wiring;
 
 use agent_core::executor::Agent;
@@ -173,6 +174,7 @@ fn run_cli() -> Result<()> {
             }
             Ok(())
         }
+        Command::Logs { job, tail } => logs::run(&cli.config, job.as_deref(), tail),
         Command::Assess { socket } => {
             let socket = socket_path(socket, &cli.config);
             let succeeded = runtime.block_on(local_upgrade(&socket, Request::Assess))?;

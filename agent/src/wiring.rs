@@ -50,7 +50,7 @@ pub(crate) fn agent(
         kernel_release_path: config.kernel_release_path.clone(),
         #[cfg(not(feature = "testing"))]
         kernel_release_path: std::path::PathBuf::from(updater_apt::kernel::RELEASE_PATH),
-        calls_dir: config.state_dir.join("calls"),
+        calls_dir: config.calls_dir(),
         launcher: Launcher::detect(),
     };
     let ca_file = config.download_ca_file();

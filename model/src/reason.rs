@@ -13,7 +13,12 @@ pub const MAX_REASON_LINE_BYTES: usize = 300;
 /// space, any other control character dropped, trailing blanks trimmed,
 /// bounded to [`MAX_REASON_LINE_BYTES`].
 pub fn clean_line(line: &str) -> String {
-    let mut out = String::with_capacity(line.len().min(MAX_REASON_LINE_BYTES));
+    crate::bounded(plain(line), MAX_REASON_LINE_BYTES)
+}
+
+/// `line` as plain text, whole: what [`clean_line`] does but the bound.
+pub fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
     let mut chars = line.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
@@ -35,7 +40,8 @@ pub fn clean_line(line: &str) -> String {
             c => out.push(c),
         }
     }
-    crate::bounded(out.trim_end(), MAX_REASON_LINE_BYTES)
+    out.truncate(out.trim_end().len());
+    out
 }
 
 /// `lines` cleaned ([`clean_line`]), blank ones dropped, at most

@@ -251,6 +251,25 @@ impl AgentProcess {
         self.restart();
     }
 
+    /// `drover-agent ARGS --config` this agent's config: its exit status
+    /// and what it printed (stdout, then stderr).
+    pub fn cli(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(bin("drover-agent"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .output()
+            .expect("drover-agent");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
     /// `drover-agent status --json` against this agent's socket.
     pub fn status(&self) -> Value {
         let out = Command::new(bin("drover-agent"))

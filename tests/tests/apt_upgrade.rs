@@ -957,6 +957,54 @@ async fn a_failed_upgrade_says_dpkgs_own_reason_in_describe_taskrun() {
             .any(|l| l.trim() == "dpkg: error processing package drover-fake-base (--configure):"),
         "{described}"
     );
+
+    // Issue 56, item 1: the device keeps the job's whole output, and
+    // `drover-agent logs` prints it: the failing call's command and exit
+    // status, apt's progress lines (which are in no reason) and the
+    // script's own words, on the device, with no control plane asked.
+    let job = targets[0]["status"]["jobId"].as_str().expect("job id");
+    let (ok, logs) = agent.cli(&["logs", &job[..8]]);
+    assert!(ok, "{logs}");
+    let header = logs
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "== job {job}, step full-upgrade (try 1), full-upgrade: "
+            ))
+        })
+        .unwrap_or_else(|| panic!("no header of the full upgrade's call:\n{logs}"));
+    assert!(
+        header.contains("apt-get") && header.ends_with("; exit 100]"),
+        "{header}"
+    );
+    for said in [
+        "Preparing to unpack",
+        "Setting up drover-fake-base (2.0) ...",
+        "site check failed: no /etc/site.conf",
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)",
+    ] {
+        assert!(
+            logs.lines().any(|l| l.contains(said)),
+            "{said:?} not in:\n{logs}"
+        );
+    }
+    // The latest job's when none is named; its end with --tail.
+    let (ok, latest) = agent.cli(&["logs"]);
+    assert!(ok && latest == logs, "{latest}");
+    let (ok, tail) = agent.cli(&["logs", "--tail", "2"]);
+    assert!(ok, "{tail}");
+    let last_two: Vec<&str> = logs
+        .lines()
+        .rev()
+        .take(2)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    assert_eq!(tail.lines().collect::<Vec<_>>(), last_two);
+    // A job the device has no output of: refused, saying what is kept.
+    let (ok, none) = agent.cli(&["logs", "00000000-0000-4000-8000-000000000000"]);
+    assert!(!ok && none.contains("no output of job"), "{none}");
 }
 
 /// A small ext4 filesystem loop-mounted at a directory (a Raspberry Pi's

@@ -11,7 +11,7 @@
 use jiff::Timestamp;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::process::Command;
 use tracing::{info, warn};
 
@@ -32,10 +32,6 @@ mv "$d/exit.tmp" "$d/exit"
 sync "$d" 2>/dev/null
 exit 0"#;
 
-/// Upper bound of captured output read back, per stream (the tail is kept).
-const MAX_OUTPUT_BYTES: u64 = 4 * 1024 * 1024;
-/// Call directories older than this are removed when a new call starts.
-const KEEP_CALLS: Duration = Duration::from_secs(7 * 24 * 3600);
 const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,22 +329,14 @@ impl Calls {
         }
     }
 
-    /// Removes call directories older than a week.
+    /// Keeps the calls directory within its age and size
+    /// ([`crate::output::prune`]).
     fn prune(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| SystemTime::now().duration_since(t).ok())
-                .is_some_and(|age| age > KEEP_CALLS);
-            if old {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
+        crate::output::prune(
+            &self.dir,
+            crate::output::MAX_AGE,
+            crate::output::MAX_TOTAL_BYTES,
+        );
     }
 }
 
@@ -436,29 +424,18 @@ async fn stop_group(pid: u32, dir: &Path) {
         .await;
 }
 
-fn read_tail(path: &Path) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > MAX_OUTPUT_BYTES {
-        let _ = file.seek(SeekFrom::Start(len - MAX_OUTPUT_BYTES));
-    }
-    let mut bytes = Vec::new();
-    let _ = file.take(MAX_OUTPUT_BYTES).read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
+/// A finished call's outcome, its output first cut to its bound
+/// ([`crate::output::bound_call`]).
 fn read_outcome(dir: &Path, reattached: bool) -> CallOutcome {
+    crate::output::bound_call(dir);
     let exit_code = std::fs::read_to_string(dir.join("exit"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(-1);
     CallOutcome {
         exit_code,
-        stdout: read_tail(&dir.join("out")),
-        stderr: read_tail(&dir.join("err")),
+        stdout: crate::output::read_end(&dir.join("out"), crate::output::MAX_STREAM_BYTES),
+        stderr: crate::output::read_end(&dir.join("err"), crate::output::MAX_STREAM_BYTES),
         reattached,
     }
 }
@@ -537,6 +514,32 @@ mod tests {
             "run\n",
             "ran once"
         );
+    }
+
+    /// Issue 56: a call's output stays on disk within its bound, its end
+    /// kept, whatever the program printed.
+    #[tokio::test]
+    async fn a_calls_output_is_cut_to_its_end_when_it_finishes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = Calls::new(dir.path().to_owned(), Launcher::Setsid);
+        let script = "seq 1 400000; echo the-last-line; echo E: failed >&2; exit 100";
+        let outcome = calls
+            .run(
+                "job-big",
+                &argv(&["sh", "-c", script]),
+                Bound::limit(Duration::from_secs(30)),
+            )
+            .await
+            .expect("runs");
+        assert_eq!(outcome.exit_code, 100);
+        let out = dir.path().join("job-big").join("out");
+        let kept = std::fs::metadata(&out).expect("out").len();
+        assert!(kept <= crate::output::MAX_STREAM_BYTES, "{kept} bytes kept");
+        let text = std::fs::read_to_string(&out).expect("read");
+        assert!(text.starts_with("[drover: the first "), "{}", &text[..80]);
+        assert!(text.ends_with("400000\nthe-last-line\n"));
+        assert!(outcome.stdout.ends_with("the-last-line\n"));
+        assert_eq!(outcome.tail(), "E: failed");
     }
 
     #[tokio::test]

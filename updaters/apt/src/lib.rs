@@ -10,6 +10,7 @@ pub mod dpkg;
 pub mod fetch;
 mod inventory;
 pub mod kernel;
+pub mod output;
 mod package;
 mod parse;
 mod upgrade;
