@@ -15,6 +15,7 @@ pub mod executor;
 pub mod facts;
 pub mod identity;
 pub mod inventory;
+pub mod journal;
 pub mod lifecycle;
 pub mod logging;
 pub mod report;

@@ -3,15 +3,18 @@
 //! - Colour only for a person at a terminal, and never with `NO_COLOR` set
 //!   (no-color.org).
 //! - Under systemd, when stderr is the journal stream `$JOURNAL_STREAM`
-//!   names, each line starts with its syslog priority (`<3>` error, `<4>`
-//!   warning, `<6>` info, `<7>` debug), which journald takes as the entry's
-//!   `PRIORITY` (`SyslogLevelPrefix=`, on by default), and has no timestamp
-//!   of its own (the journal stamps every entry). So `journalctl -p warning`
-//!   filters by level, and each entry's message keeps its fields and spans,
-//!   the job id included: `journalctl -u drover-agent -g JOB_ID` finds a
-//!   job's lines. (tracing-journald would put only the bare message in
-//!   `MESSAGE` and every field beside it, where a plain `journalctl -u`
-//!   shows none of them; see docs/internals/known-gaps.md.)
+//!   names, each line goes to the journal as a native entry
+//!   ([`crate::journal`]): its `MESSAGE` is the line with every field and
+//!   span and no timestamp of its own (the journal stamps every entry),
+//!   its `PRIORITY` the level's, and a job's lines carry `JOB_ID` (and
+//!   `STEP`) as fields, so `journalctl -u drover-agent JOB_ID=…` finds
+//!   them and `journalctl -p warning` filters by level. Without the
+//!   journal's socket each line goes to the stream with its syslog
+//!   priority in front (`<3>` error, `<4>` warning, `<6>` info, `<7>`
+//!   debug), which journald takes as the entry's `PRIORITY`.
+//!   (tracing-journald would put only the bare message in `MESSAGE` and
+//!   every field beside it, where a plain `journalctl -u` shows none of
+//!   them; see docs/internals/known-gaps.md.)
 //! - `RUST_LOG` takes a level and `target=level` pairs (`info,agent_core=debug`),
 //!   tracing-subscriber's `Targets` filter. Its `EnvFilter` would also match
 //!   spans and fields, but it brings a regex engine and Unicode tables
@@ -19,6 +22,7 @@
 //!   A `RUST_LOG` that does not parse is reported and the default used.
 
 use std::fmt;
+use std::path::Path;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::FmtContext;
@@ -31,8 +35,22 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// is unset.
 pub fn init(default: &str) {
     let (filter, refused) = filter(std::env::var("RUST_LOG").ok().as_deref(), default);
+    let socket = crate::journal::socket();
+    let journal = (stderr_is_the_journal() && socket.exists())
+        .then(|| crate::journal::JournalWriter::to(&socket, &identifier()))
+        .flatten();
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    if stderr_is_the_journal() {
+    if let Some(journal) = journal {
+        // Native entries: each line with its JOB_ID and STEP as fields.
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(journal)
+            .with_ansi(false)
+            .event_format(Prioritized(format().without_time()));
+        tracing_subscriber::registry()
+            .with(crate::journal::JobFields.with_filter(filter.clone()))
+            .with(layer.with_filter(filter))
+            .init();
+    } else if stderr_is_the_journal() {
         let layer = layer
             .with_ansi(false)
             .event_format(Prioritized(format().without_time()));
@@ -48,6 +66,16 @@ pub fn init(default: &str) {
     if let Some(error) = refused {
         tracing::warn!(%error, "RUST_LOG does not parse; logging at {default}");
     }
+}
+
+/// This program's name, as its journal entries' `SYSLOG_IDENTIFIER`.
+fn identifier() -> String {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .map(Path::new)
+        .and_then(Path::file_name)
+        .map_or_else(|| "drover".to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
 /// The filter `RUST_LOG` asks for, else `default`'s, with the reason a

@@ -901,6 +901,8 @@ async fn under_systemd_the_agents_lines_carry_their_priority_for_journald() {
             .arg("run")
             .env_remove("JOURNAL_STREAM")
             .env_remove("RUST_LOG")
+            // No journal socket: lines go to the stream.
+            .env("DROVER_JOURNAL_SOCKET", dir.path().join("no-journal"))
             .stderr(file);
         if journal {
             command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
@@ -933,6 +935,52 @@ async fn under_systemd_the_agents_lines_carry_their_priority_for_journald() {
         }
         assert!(!text.contains('\u{1b}'), "no colour in a file: {text}");
     }
+    // Issue 56, item 7: with the journal's socket there, each line is a
+    // native entry (its level as PRIORITY, the whole line as MESSAGE, the
+    // agent's name as SYSLOG_IDENTIFIER) and the stream gets nothing.
+    // (A job's lines carry JOB_ID and STEP as fields: agent-core's
+    // journal::tests, and the VM's agent-restart scenario under systemd.)
+    let socket = dir.path().join("journal.socket");
+    let journal = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
+    journal
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let stream = dir.path().join("stream.log");
+    let file = std::fs::File::create(&stream).expect("log");
+    let meta = file.metadata().expect("metadata");
+    let mut child = Command::new(bin("drover-agent"))
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env_remove("RUST_LOG")
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .env("DROVER_JOURNAL_SOCKET", &socket)
+        .stderr(file)
+        .spawn()
+        .expect("agent");
+    let mut warning = None;
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..200 {
+        let Ok(n) = journal.recv(&mut buf) else { break };
+        let entry = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if entry.contains("PRIORITY=4\n") {
+            warning = Some(entry);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let warning = warning.expect("a warning entry on the journal's socket");
+    assert!(
+        warning.contains("SYSLOG_IDENTIFIER=drover-agent\n"),
+        "{warning}"
+    );
+    assert!(warning.contains("MESSAGE=WARN "), "{warning}");
+    assert_eq!(
+        std::fs::read_to_string(&stream).expect("stream"),
+        "",
+        "the stream got lines the journal took"
+    );
 }
 
 /// `drover get taskruns -w` prints the table once, then a row each time a

@@ -6,6 +6,8 @@
 # their own transient unit, systemd starts the agent again, it re-attaches
 # to the running apt, and the job succeeds once: apt's history shows one
 # full-upgrade per job, and the control plane counts each run Complete.
+# Then a job's lines are found in the journal by its JOB_ID field, and
+# `drover-agent logs` prints what dpkg said.
 set -u
 . /mnt/scenario/common.sh
 prepare_upgrade drover-slow repo2
@@ -65,6 +67,12 @@ finish_job 2 3.0
 check "no call was ever taken for lost" test "$(journalctl -u drover-agent -o cat | grep -c "a call was lost")" = 0
 check "two jobs, not more" test "$(drover-agent jobs | grep -c systemUpgradeV1)" = 2
 check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
+# Issue 56: each job's journal lines carry its id as a field of their own,
+# and the device keeps apt's and dpkg's whole output for `drover-agent logs`.
+job=$(drover-agent jobs --json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -n1)
+check "a job id to look for" test -n "$job"
+check "journalctl finds the job's lines by JOB_ID" sh -c "journalctl -u drover-agent JOB_ID=$job -o cat | grep -q 'job progress'"
+check "drover-agent logs shows dpkg unpacking drover-slow" sh -c "drover-agent logs $job | grep -q 'Unpacking drover-slow'"
 wait_sent
 echo "HOST expect-run restart-2"
 echo DONE
