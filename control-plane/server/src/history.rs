@@ -4,7 +4,7 @@
 //! their retention per device, and each hour on every replica.
 
 use drover_contract::kv::{KvError, Op};
-use drover_model::{DeviceId, JobId};
+use drover_model::DeviceId;
 use drover_rules::history::{
     HISTORY_PREFIX, HistoryRecord, Retention, device_history_prefix, history_key, record_of, trim,
 };
@@ -12,6 +12,13 @@ use drover_rules::records::JobDelivery;
 use drover_store::db::{Db, DbError};
 use jiff::Timestamp;
 use std::collections::BTreeMap;
+
+/// One device's history as listed: key, revision, record.
+type Listed = Vec<(String, u64, HistoryRecord)>;
+
+/// Writes per commit: a run of 10,000 targets is kept in 20 commits, not
+/// 10,000 (each commit is an fsync).
+const CHUNK: usize = 500;
 
 /// Keeps the decided jobs among `jobs` in their devices' histories (a job
 /// kept before, by a delete cut short and run again, stays as it was),
@@ -23,84 +30,72 @@ pub async fn archive(
     retention: Retention,
     now: Timestamp,
 ) -> Result<usize, DbError> {
-    let mut by_device: BTreeMap<&DeviceId, Vec<HistoryRecord>> = BTreeMap::new();
+    let mut ops = Vec::new();
+    let mut devices: std::collections::BTreeSet<&DeviceId> = Default::default();
     for job in jobs {
         if let Some(record) = record_of(job, now) {
-            by_device
-                .entry(&job.intent.device_id)
-                .or_default()
-                .push(record);
-        }
-    }
-    let mut kept = 0;
-    for (device, records) in by_device {
-        let mut ops = Vec::with_capacity(records.len());
-        for record in &records {
+            let device = &job.intent.device_id;
+            devices.insert(device);
             ops.push(Op::Put {
                 key: history_key(device, record.job),
-                value: Db::encode(record)?,
+                value: Db::encode(&record)?,
                 expected: 0,
             });
         }
-        for result in db.commit(ops).await? {
+    }
+    let mut kept = 0;
+    for chunk in ops.chunks(CHUNK) {
+        for result in db.commit(chunk.to_vec()).await? {
             match result {
                 Ok(_) => kept += 1,
                 Err(KvError::Conflict { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        trim_device(db, device, retention, now).await?;
     }
+    let mut listed = Vec::with_capacity(devices.len());
+    for device in devices {
+        let history = db
+            .list::<HistoryRecord>(&device_history_prefix(device))
+            .await?;
+        listed.push((device.clone(), history));
+    }
+    apply_trims(db, listed, retention, now).await?;
     Ok(kept)
 }
 
-/// Applies `retention` to one device's history; how many records went.
-async fn trim_device(
+/// Applies `retention` to each listed device's history at once: one
+/// delete of everything past it, reports dropped in chunked commits. How
+/// many records went.
+async fn apply_trims(
     db: &Db,
-    device: &DeviceId,
+    listed: Vec<(DeviceId, Listed)>,
     retention: Retention,
     now: Timestamp,
 ) -> Result<usize, DbError> {
-    let history = db
-        .list::<HistoryRecord>(&device_history_prefix(device))
-        .await?;
-    trim_listed(db, device, history, retention, now).await
-}
-
-async fn trim_listed(
-    db: &Db,
-    device: &DeviceId,
-    history: Vec<(String, u64, HistoryRecord)>,
-    retention: Retention,
-    now: Timestamp,
-) -> Result<usize, DbError> {
-    let records: Vec<HistoryRecord> = history.iter().map(|(_, _, r)| r.clone()).collect();
-    let trimmed = trim(&records, retention, now);
-    if trimmed.is_empty() {
-        return Ok(0);
-    }
-    let keys: Vec<String> = trimmed
-        .delete
-        .iter()
-        .map(|job| history_key(device, *job))
-        .collect();
-    let deleted = db.delete_all(&keys).await?;
-    let mut ops = Vec::new();
-    for (key, revision, record) in &history {
-        if trimmed.drop_report.contains(&record.job) {
-            let mut record = record.clone();
-            record.upgrade = None;
-            ops.push(Op::Put {
-                key: key.clone(),
-                value: Db::encode(&record)?,
-                expected: *revision,
-            });
+    let mut deletes = Vec::new();
+    let mut rewrites = Vec::new();
+    for (device, history) in listed {
+        let records: Vec<HistoryRecord> = history.iter().map(|(_, _, r)| r.clone()).collect();
+        let trimmed = trim(&records, retention, now);
+        deletes.extend(trimmed.delete.iter().map(|job| history_key(&device, *job)));
+        for (key, revision, record) in &history {
+            if trimmed.drop_report.contains(&record.job) {
+                let mut record = record.clone();
+                record.upgrade = None;
+                rewrites.push(Op::Put {
+                    key: key.clone(),
+                    value: Db::encode(&record)?,
+                    expected: *revision,
+                });
+            }
         }
     }
-    if !ops.is_empty() {
+    let deleted = db.delete_all(&deletes).await?;
+    for chunk in rewrites.chunks(CHUNK) {
         // A conflict is another replica trimming the same record: its
         // write does the same.
-        for result in db.commit(ops).await? {
+        for result in db.commit(chunk.to_vec()).await? {
             if let Err(e) = result
                 && !matches!(e, KvError::Conflict { .. })
             {
@@ -126,20 +121,17 @@ pub async fn of_device(db: &Db, device: &DeviceId) -> Result<Vec<HistoryRecord>,
 /// Applies `retention` to every device's history at `now`; how many
 /// records went.
 pub async fn prune_once(db: &Db, retention: Retention, now: Timestamp) -> Result<usize, DbError> {
-    let mut by_device: BTreeMap<String, Vec<(String, u64, HistoryRecord)>> = BTreeMap::new();
+    let mut by_device: BTreeMap<String, Listed> = BTreeMap::new();
     for entry in db.list::<HistoryRecord>(HISTORY_PREFIX).await? {
         if let Some(device) = drover_rules::history::device_of_key(&entry.0) {
             by_device.entry(device.to_owned()).or_default().push(entry);
         }
     }
-    let mut deleted = 0;
-    for (device, history) in by_device {
-        let Ok(device) = DeviceId::new(device) else {
-            continue;
-        };
-        deleted += trim_listed(db, &device, history, retention, now).await?;
-    }
-    Ok(deleted)
+    let listed = by_device
+        .into_iter()
+        .filter_map(|(device, history)| Some((DeviceId::new(device).ok()?, history)))
+        .collect();
+    apply_trims(db, listed, retention, now).await
 }
 
 /// Trims every device's history each hour, on every replica (what
@@ -158,10 +150,4 @@ pub async fn prune(db: Db, retention: Retention, shutdown: tokio_util::sync::Can
             _ = tokio::time::sleep(std::time::Duration::from_secs(3600)) => {}
         }
     }
-}
-
-/// Whether `job` is in `history` (a delete cut short leaves a job both
-/// kept and still recorded; readers show it once).
-pub fn contains(history: &[HistoryRecord], job: JobId) -> bool {
-    history.iter().any(|r| r.job == job)
 }
