@@ -28,40 +28,77 @@ async fn targets(
         .await?)
 }
 
-/// Why each target not released yet waits at `now`, by its index in
-/// `targets`: the engine's own judgement (`wait_of`, then the release
-/// rate), with each device's presence as this replica knows it.
-async fn waits(
-    state: &ApiState,
-    deployment: &DeploymentRecord,
-    targets: &[(String, u64, TargetRecord)],
+/// What judging why a deployment's targets wait needs, read once per
+/// request: the fleet index (each device's last-seen time), how many
+/// targets are out, and the release rate's hold. A target's wait is the
+/// engine's own judgement (`wait_of`, then the release rate), with each
+/// device's presence as this replica knows it; only the targets an answer
+/// shows are judged.
+struct Waits<'a> {
+    state: &'a ApiState,
+    deployment: &'a DeploymentRecord,
+    fleet: std::sync::Arc<crate::patch_index::Snapshot>,
+    active: u32,
+    rate: Option<drover_rules::deployment::Wait>,
     now: Timestamp,
-) -> Result<std::collections::HashMap<usize, api::TargetWait>, ApiError> {
-    use drover_rules::deployment::{DeviceNow, rate_wait, wait_of};
-    let fleet = state.patch_index.current().await?;
-    let active = targets
-        .iter()
-        .filter(|(_, _, t)| t.end.is_none() && t.job.is_some())
-        .count() as u32;
-    let spec = &deployment.spec;
-    let rate = rate_wait(spec, &deployment.status.recent_releases, 0, now);
-    let mut waits = std::collections::HashMap::new();
-    for (index, (_, _, target)) in targets.iter().enumerate() {
-        if target.end.is_some() || target.job.is_some() || deployment.status.phase.is_terminal() {
-            continue;
+}
+
+impl<'a> Waits<'a> {
+    async fn new(
+        state: &'a ApiState,
+        deployment: &'a DeploymentRecord,
+        targets: &[(String, u64, TargetRecord)],
+        now: Timestamp,
+    ) -> Result<Self, ApiError> {
+        let active = targets
+            .iter()
+            .filter(|(_, _, t)| t.end.is_none() && t.job.is_some())
+            .count() as u32;
+        Ok(Self {
+            state,
+            deployment,
+            fleet: state.patch_index.current().await?,
+            active,
+            rate: drover_rules::deployment::rate_wait(
+                &deployment.spec,
+                &deployment.status.recent_releases,
+                0,
+                now,
+            ),
+            now,
+        })
+    }
+
+    /// Why `target` waits, if it is not released yet.
+    fn of(&self, target: &TargetRecord) -> Option<drover_rules::deployment::Wait> {
+        if target.end.is_some()
+            || target.job.is_some()
+            || self.deployment.status.phase.is_terminal()
+        {
+            return None;
         }
-        let stored = fleet.devices.get(&target.device);
-        let last_seen = stored.and_then(|d| d.last_seen);
-        let device = DeviceNow {
-            online: state.presence.online(&target.device, last_seen, now),
+        let last_seen = self
+            .fleet
+            .devices
+            .get(&target.device)
+            .and_then(|d| d.last_seen);
+        let device = drover_rules::deployment::DeviceNow {
+            online: self
+                .state
+                .presence
+                .online(&target.device, last_seen, self.now),
             last_seen,
             time_zone: target.time_zone.as_deref(),
         };
-        if let Some(wait) = wait_of(spec, target, device, active, now).or_else(|| rate.clone()) {
-            waits.insert(index, convert::wait(&wait));
-        }
+        drover_rules::deployment::wait_of(
+            &self.deployment.spec,
+            target,
+            device,
+            self.active,
+            self.now,
+        )
+        .or_else(|| self.rate.clone())
     }
-    Ok(waits)
 }
 
 /// The window in each zone (the first 100; a device with no zone of its
@@ -156,8 +193,8 @@ pub(super) async fn deployment_targets(
     let limit = page.limit.unwrap_or(100).min(MAX_PAGE);
     let mut items = Vec::new();
     let mut total = 0usize;
-    let mut waits = waits(&state, &deployment, &targets, now).await?;
-    for (index, (_, _, target)) in targets.iter().enumerate() {
+    let waits = Waits::new(&state, &deployment, &targets, now).await?;
+    for (_, _, target) in &targets {
         let job = match target.job {
             Some(id) => state
                 .db
@@ -191,7 +228,7 @@ pub(super) async fn deployment_targets(
                 .and_then(|j| j.status.as_ref())
                 .map(convert::job_status),
             result_text: result_text(job.as_ref()),
-            waiting: waits.remove(&index),
+            waiting: waits.of(target).as_ref().map(convert::wait),
         });
     }
     Ok(Json(api::DeploymentTargets {
@@ -239,15 +276,19 @@ pub(super) async fn describe_deployment(
         }
     }
     waiting.sort_by_key(|(at, _)| *at);
-    let mut holds: Vec<(usize, api::TargetWait)> = waits(&state, &deployment, &targets, now)
-        .await?
-        .into_iter()
+    // Every waiting target is counted by its reason; only the 20 shown
+    // are put in words.
+    let waits = Waits::new(&state, &deployment, &targets, now).await?;
+    let mut holds: Vec<(usize, drover_rules::deployment::Wait)> = targets
+        .iter()
+        .enumerate()
+        .filter_map(|(index, (_, _, target))| Some((index, waits.of(target)?)))
         .collect();
     let mut waiting_by_code: std::collections::BTreeMap<String, u64> = Default::default();
     for (_, wait) in &holds {
-        *waiting_by_code.entry(wait.code.clone()).or_default() += 1;
+        *waiting_by_code.entry(wait.code().to_owned()).or_default() += 1;
     }
-    holds.sort_by_key(|(index, wait)| (wait.until.is_none(), wait.until, *index));
+    holds.sort_by_key(|(index, wait)| (wait.until().is_none(), wait.until(), *index));
     let windows: Vec<api::WindowNow> = match &deployment.spec.maintenance_window {
         None => Vec::new(),
         Some(window) => {
@@ -278,7 +319,7 @@ pub(super) async fn describe_deployment(
             .take(20)
             .map(|(index, wait)| api::DeviceWait {
                 device: targets[index].2.device.to_string(),
-                wait,
+                wait: convert::wait(&wait),
             })
             .collect(),
         waiting_by_code,
