@@ -69,7 +69,8 @@ check "two jobs, not more" test "$(drover-agent jobs | grep -c systemUpgradeV1)"
 check "dpkg has nothing left to do" sh -c '[ -z "$(dpkg --audit)" ]'
 # Issue 56: each job's journal lines carry its id as a field of their own,
 # and the device keeps apt's and dpkg's whole output for `drover-agent logs`.
-job=$(drover-agent jobs --json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -n1)
+# (An upgrade's: the agent's own assessments are jobs too, and list first.)
+job=$(drover-agent jobs | awk '$3 == "systemUpgradeV1" { print $2; exit }')
 check "a job id to look for" test -n "$job"
 check "journalctl finds the job's lines by JOB_ID" sh -c "journalctl -u drover-agent JOB_ID=$job -o cat | grep -q 'job progress'"
 check "drover-agent logs shows dpkg unpacking drover-slow" sh -c "drover-agent logs $job | grep -q 'Unpacking drover-slow'"
