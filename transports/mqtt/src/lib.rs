@@ -31,6 +31,8 @@ pub mod agent;
 pub mod dynsec;
 pub mod enrolling;
 #[cfg(feature = "server")]
+mod inbound;
+#[cfg(feature = "server")]
 mod joining;
 #[cfg(feature = "server")]
 pub mod mosquitto;

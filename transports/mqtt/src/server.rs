@@ -9,14 +9,15 @@
 //! comes back without the session (mosquitto loses what it had not saved),
 //! every undecided intent is sent again: the store is the truth.
 
-use crate::{Control, MqttSettings, Offline, TRANSPORT, Topic, Topics, options};
+use crate::inbound::{heartbeat_event, status_event};
+use crate::{Control, MqttSettings, TRANSPORT, Topic, Topics, options};
 use drover_contract::BoxFuture;
 use drover_contract::gate::DeviceGate;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event as LinkEvent, HealthCell, Inbound, LinkError,
     LinkHealth, Reply,
 };
-use drover_model::model::{Heartbeat, Hello, Intent, JobStatus};
+use drover_model::model::{Hello, Intent};
 use drover_model::{DeviceId, JobId};
 use jiff::Timestamp;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Publish, QoS, SubscribeFilter};
@@ -541,58 +542,5 @@ impl AgentLinks for MqttLinks {
         job_id: JobId,
     ) -> BoxFuture<'a, Result<(), LinkError>> {
         Box::pin(self.retain(device, job_id, Vec::new()))
-    }
-}
-
-/// A status as the delivery core takes it, with the receiver of its answer
-/// and whether it is terminal; None (logged) when it is unreadable or
-/// names another job than its topic.
-fn status_event(
-    device: DeviceId,
-    job: JobId,
-    publish: &Publish,
-) -> Option<(Inbound, (tokio::sync::oneshot::Receiver<Answer>, bool))> {
-    match serde_json::from_slice::<JobStatus>(&publish.payload) {
-        Ok(status) if status.job_id == job => {
-            let terminal = status.state.is_terminal();
-            let (reply, answer) = Reply::channel();
-            Some((
-                Inbound::Status {
-                    device,
-                    status: Box::new(status),
-                    received_at: Timestamp::now(),
-                    position: None,
-                    reply,
-                },
-                (answer, terminal),
-            ))
-        }
-        Ok(_) => {
-            warn!(topic = %publish.topic, "status names another job than its topic; dropped");
-            None
-        }
-        Err(e) => {
-            warn!(topic = %publish.topic, error = %e, "unreadable status dropped");
-            None
-        }
-    }
-}
-
-/// A heartbeat, or an agent's last will saying it went offline, as the
-/// delivery core takes it; None when it is neither or names another device.
-fn heartbeat_event(device: DeviceId, payload: &[u8]) -> Option<Inbound> {
-    if let Ok(offline) = serde_json::from_slice::<Offline>(payload)
-        && offline.offline
-        && offline.device_id == device
-    {
-        return Some(Inbound::Gone { device });
-    }
-    match serde_json::from_slice::<Heartbeat>(payload) {
-        Ok(heartbeat) if heartbeat.device_id == device => Some(Inbound::Heartbeat {
-            device,
-            heartbeat: Box::new(heartbeat),
-            reply: Reply::none(),
-        }),
-        _ => None,
     }
 }
