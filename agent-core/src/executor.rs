@@ -54,6 +54,8 @@ pub struct Settings {
     pub trusted_keys: TrustedKeys,
     /// The device's own key (None in tests that need none).
     pub device_key: Option<Arc<crate::identity::DeviceKey>>,
+    /// Answers the control plane's requests for a job's output.
+    pub logs: crate::job_logs::Answering,
 }
 
 /// What a transport tells the agent about its link, for `status`.
@@ -163,6 +165,11 @@ impl Agent {
             heartbeat_epoch: OnceLock::new(),
             heartbeats: AtomicU64::new(0),
         })
+    }
+
+    /// Where a transport hands a request for a job's output.
+    pub fn logs(&self) -> &crate::job_logs::Answering {
+        &self.settings.logs
     }
 
     pub fn device_id(&self) -> &DeviceId {

@@ -47,6 +47,7 @@ fn settings(dir: &std::path::Path, hold: Option<TestHold>) -> Settings {
         },
         test_hold: hold,
         test_job_budget: None,
+        logs: Default::default(),
         trusted_keys: Default::default(),
         device_key: None,
     }

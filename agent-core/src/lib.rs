@@ -15,6 +15,7 @@ pub mod executor;
 pub mod facts;
 pub mod identity;
 pub mod inventory;
+pub mod job_logs;
 pub mod journal;
 pub mod lifecycle;
 pub mod logging;

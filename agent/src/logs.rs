@@ -3,9 +3,11 @@
 //! from the calls directory (`updater_apt::output`), so a technician at the
 //! device reads apt's whole words without knowing where they are kept.
 
+use agent_core::job_logs::JobOutput;
 use agent_core::out;
-use anyhow::{Result, anyhow, bail};
-use std::path::Path;
+use anyhow::{Result, anyhow};
+use drover_model::logs::Refusal;
+use std::path::{Path, PathBuf};
 use updater_apt::output::{self, CallLog};
 
 /// `drover-agent logs`: [`print`] from the calls directory of the agent
@@ -18,35 +20,70 @@ pub fn run(config: &Path, job: Option<&str>, tail: Option<usize>) -> Result<()> 
 /// job is named by its id or the start of it), its last `tail` lines
 /// when asked.
 pub fn print(calls: &Path, job: Option<&str>, tail: Option<usize>) -> Result<()> {
+    let text = text(calls, job, tail).map_err(|(_, why)| anyhow!(why))?;
+    for line in text.lines() {
+        out!("{line}");
+    }
+    Ok(())
+}
+
+/// A job's output kept in a calls directory: what `drover-agent logs`
+/// prints and what the agent answers `drover logs` with.
+pub struct CallsOutput {
+    pub calls: PathBuf,
+}
+
+impl JobOutput for CallsOutput {
+    fn text(&self, job: Option<&str>, tail: Option<usize>) -> Result<String, (Refusal, String)> {
+        text(&self.calls, job, tail)
+    }
+}
+
+/// `job`'s output as [`print`] shows it, or why there is none.
+fn text(calls: &Path, job: Option<&str>, tail: Option<usize>) -> Result<String, (Refusal, String)> {
     let jobs = output::jobs(calls);
     let job = match job {
         None => jobs.first().cloned().ok_or_else(|| {
-            anyhow!(
-                "no job has left output on this device yet ({} holds none)",
-                calls.display()
+            (
+                Refusal::NoSuchJob,
+                "no job has left output on this device yet".to_owned(),
             )
         })?,
         Some(asked) => {
             let found: Vec<&String> = jobs.iter().filter(|j| j.starts_with(asked)).collect();
             match found.as_slice() {
                 [one] => (*one).clone(),
-                [] => bail!(
-                    "no output of job {asked} on this device: only jobs that ran apt or dpkg \
-                     have output, kept for {} days and {} MiB in all (the oldest go first)",
-                    output::MAX_AGE.as_secs() / 86_400,
-                    output::MAX_TOTAL_BYTES / (1024 * 1024)
-                ),
-                many => bail!("{asked} starts {} jobs' ids; give more of it", many.len()),
+                [] => {
+                    return Err((
+                        Refusal::NoSuchJob,
+                        format!(
+                            "no output of job {asked} on this device: only jobs that ran apt or \
+                             dpkg have output, kept for {} days and {} MiB in all (the oldest \
+                             go first)",
+                            output::MAX_AGE.as_secs() / 86_400,
+                            output::MAX_TOTAL_BYTES / (1024 * 1024)
+                        ),
+                    ));
+                }
+                many => {
+                    return Err((
+                        Refusal::Ambiguous,
+                        format!("{asked} starts {} jobs' ids; give more of it", many.len()),
+                    ));
+                }
             }
         }
     };
     let text = render(&job, &output::job_calls(calls, &job));
+    let Some(tail) = tail else {
+        return Ok(text);
+    };
     let lines: Vec<&str> = text.lines().collect();
-    let from = tail.map_or(0, |n| lines.len().saturating_sub(n));
-    for line in &lines[from..] {
-        out!("{line}");
-    }
-    Ok(())
+    let from = lines.len().saturating_sub(tail);
+    Ok(lines[from..]
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect())
 }
 
 /// A job's calls as text: a header line per call, then its stdout, then

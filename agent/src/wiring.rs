@@ -83,6 +83,9 @@ pub(crate) fn agent(
         trusted_keys: drover_model::signing::TrustedKeys::from_hex(&config.intent_public_keys)
             .map_err(|e| anyhow::anyhow!(e))?,
         device_key: Some(device_key),
+        logs: agent_core::job_logs::Answering::new(Arc::new(crate::logs::CallsOutput {
+            calls: config.calls_dir(),
+        })),
     };
     #[cfg(feature = "testing")]
     let settings = test_hooks(settings, config.testing.as_ref());

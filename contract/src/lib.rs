@@ -8,6 +8,7 @@
 pub mod gate;
 pub mod kv;
 pub mod link;
+pub mod logs;
 
 use std::future::Future;
 use std::pin::Pin;

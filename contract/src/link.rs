@@ -251,6 +251,12 @@ pub struct LinkError {
     pub reason: String,
 }
 
+impl From<LinkError> for crate::logs::AskError {
+    fn from(e: LinkError) -> Self {
+        Self::Link(e.to_string())
+    }
+}
+
 /// One transport's server side.
 pub trait AgentLinks: Send + Sync + 'static {
     /// The transport, whose name devices record.
@@ -284,6 +290,18 @@ pub trait AgentLinks: Send + Sync + 'static {
     /// How the link's connection is doing (`/healthz`, the metrics).
     fn health(&self) -> LinkHealth {
         LinkHealth::always_up()
+    }
+
+    /// Asks `device` for a job's output (`drover logs`): the answer comes
+    /// on the stream as the device sends it. Not every link carries it.
+    fn logs<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job: Option<String>,
+        tail: Option<u32>,
+    ) -> BoxFuture<'a, Result<crate::logs::LogStream, crate::logs::AskError>> {
+        let _ = (device, job, tail);
+        Box::pin(async move { Err(crate::logs::AskError::Unsupported(self.transport())) })
     }
 
     /// Withdraws an intent that is decided (finished or expired): a broker

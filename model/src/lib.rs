@@ -9,6 +9,7 @@ pub mod enroll;
 pub mod failure;
 pub mod ids;
 pub mod layout;
+pub mod logs;
 pub mod model;
 pub mod nkey;
 pub mod reason;

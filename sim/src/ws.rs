@@ -190,7 +190,8 @@ async fn session(
                             }
                         }
                         Ok(ServerMessage::Received { outbox_id }) => agent.confirm(outbox_id),
-                        Ok(ServerMessage::Cancel { .. }) => {}
+                        // Simulated devices keep no output and are asked for none.
+                        Ok(ServerMessage::Cancel { .. } | ServerMessage::Logs(_)) => {}
                         Ok(ServerMessage::Error { message }) => {
                             tracing::debug!(device = %agent.device, %message, "the server could not use a message");
                         }

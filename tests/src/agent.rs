@@ -251,6 +251,26 @@ impl AgentProcess {
         self.restart();
     }
 
+    /// Writes a finished apt call of `job` where this agent keeps its
+    /// calls, as the agent leaves one (`updater_apt::output`): for agents
+    /// that simulate, whose simulations keep no output.
+    pub fn stage_call(&self, job: &str, exit: i32, stdout: &str, stderr: &str) {
+        let call = self
+            .dir
+            .join("state/calls")
+            .join(format!("{job}-full-upgrade-0-full-upgrade"));
+        std::fs::create_dir_all(&call).expect("call dir");
+        for (file, text) in [
+            ("argv", "apt-get\n-y\nfull-upgrade\n".to_owned()),
+            ("started", "1800000000".to_owned()),
+            ("exit", exit.to_string()),
+            ("out", stdout.to_owned()),
+            ("err", stderr.to_owned()),
+        ] {
+            std::fs::write(call.join(file), text).expect("a call's file");
+        }
+    }
+
     /// `drover-agent ARGS --config` this agent's config: its exit status
     /// and what it printed (stdout, then stderr).
     pub fn cli(&self, args: &[&str]) -> (bool, String) {

@@ -1005,6 +1005,15 @@ async fn a_failed_upgrade_says_dpkgs_own_reason_in_describe_taskrun() {
     // A job the device has no output of: refused, saying what is kept.
     let (ok, none) = agent.cli(&["logs", "00000000-0000-4000-8000-000000000000"]);
     assert!(!ok && none.contains("no output of job"), "{none}");
+    // Item 3: the same words through the control plane, fetched from the
+    // device over its transport, with no shell on it.
+    let fetched = cp.cli(&["logs", DEVICE, &job[..8]]);
+    assert!(
+        fetched.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&fetched.stdout), logs);
 }
 
 /// A small ext4 filesystem loop-mounted at a directory (a Raspberry Pi's

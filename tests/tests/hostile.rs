@@ -1429,6 +1429,124 @@ async fn an_idle_connection_is_closed_after_the_handshake_timeout() {
     Ran::one("an_idle_connection_is_closed_after_the_handshake_timeout");
 }
 
+/// Issue 56, item 3: a device that answers a log request badly (a chunk
+/// out of order, one over its bound, a chunk for a request it was never
+/// sent, or no answer at all) is named by `drover logs`, and a refusal
+/// comes in the device's words; the positive control is a good answer
+/// printed whole. Each row is a hand-driven agent's answer to the request
+/// the control plane sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_answers_a_log_request_badly_is_named() {
+    let mut ran_rows = Ran::new("log answers");
+    let cp = ControlPlane::start(&[]);
+    cp.apply_device("lg-1", &["lg"], json!({})).await;
+    let mut ws = connect_as(&cp, "lg-1", &cp.device_token("lg-1"))
+        .await
+        .expect("connect");
+    ws.send(hello("lg-1")).await.expect("hello");
+    cp.wait_for_agents(&["lg-1"]).await;
+    type Answer = fn(&Value) -> Vec<Value>;
+    let cases: Vec<(&str, Answer, bool, &str)> = vec![
+        (
+            "a good answer in two chunks (the positive control)",
+            |r| {
+                vec![
+                    json!({"type": "logChunk", "request": r, "seq": 0, "text": "first\n"}),
+                    json!({"type": "logChunk", "request": r, "seq": 1, "text": "last\n", "done": true}),
+                ]
+            },
+            true,
+            "first\nlast\n",
+        ),
+        (
+            "a chunk out of order",
+            |r| {
+                vec![json!({"type": "logChunk", "request": r, "seq": 1, "text": "x", "done": true})]
+            },
+            false,
+            "chunk 1 came where 0 was due",
+        ),
+        (
+            "a chunk over its bound",
+            |r| {
+                vec![json!({"type": "logChunk", "request": r, "seq": 0,
+                            "text": "x".repeat(40_000), "done": true})]
+            },
+            false,
+            "over 32768",
+        ),
+        (
+            "a chunk for a request never sent, then nothing",
+            |r| {
+                let other = r.as_u64().unwrap_or(0).wrapping_add(1);
+                vec![
+                    json!({"type": "logChunk", "request": other, "seq": 0, "text": "x", "done": true}),
+                ]
+            },
+            false,
+            "no answer from the device within 2 s",
+        ),
+        (
+            "a refusal, in the device's words (escapes dropped)",
+            |r| {
+                vec![
+                    json!({"type": "logChunk", "request": r, "seq": 0, "done": true,
+                            "refused": "noSuchJob", "message": "nothing kept \u{1b}[31mhere"}),
+                ]
+            },
+            false,
+            "404 Not Found: device lg-1: nothing kept here",
+        ),
+        (
+            "a second answer after done is dropped (the next request is answered)",
+            |r| {
+                vec![
+                    json!({"type": "logChunk", "request": r, "seq": 0, "text": "whole\n", "done": true}),
+                    json!({"type": "logChunk", "request": r, "seq": 1, "text": "more\n", "done": true}),
+                ]
+            },
+            true,
+            "whole\n",
+        ),
+    ];
+    for (what, answer, succeeds, expected) in cases {
+        ran_rows.row();
+        let (api, token) = (cp.api.clone(), cp.token.clone());
+        let asked = std::thread::spawn(move || {
+            Command::new(drover_tests::bin("drover"))
+                .args(["--server", &api, "logs", "lg-1", "--wait", "2"])
+                .env("DROVER_TOKEN", &token)
+                .output()
+                .expect("drover logs")
+        });
+        let request = loop {
+            let frame = next_json(&mut ws, Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("{what}: no log request came"));
+            if frame["type"] == "logs" {
+                break frame["request"].clone();
+            }
+        };
+        for message in answer(&request) {
+            ws.send(Message::text(message.to_string()))
+                .await
+                .expect("answer");
+        }
+        let out = asked.join().expect("the CLI's thread");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.success(), succeeds, "{what}: {stdout}{stderr}");
+        if succeeds {
+            assert_eq!(stdout, expected, "{what}");
+        } else {
+            assert!(stderr.contains(expected), "{what}: {stderr}");
+        }
+    }
+    ran_rows.record();
+}
+
 // --------------------------------------------------- the agent's own link ---
 
 fn other_key() -> String {

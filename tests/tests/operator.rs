@@ -687,6 +687,20 @@ async fn the_readme_walk_through_works_as_written() {
     );
     let described = cli(readme.next("drover describe device pi-kitchen"));
     assert!(described.contains("upgrade-pi-kitchen"), "{described}");
+    // The agent here simulates, and a simulation keeps no output: the
+    // upgrade's call is written where the agent keeps calls
+    // (scenarios.rs and apt_upgrade.rs fetch large and real ones).
+    let job = cp.targets("upgrade-pi-kitchen").await[0]["status"]["jobId"]
+        .as_str()
+        .expect("the run's job")
+        .to_owned();
+    agent.stage_call(&job, 0, "Setting up hello (2.10-3) ...\n", "");
+    let fetched = cli(readme.next("drover logs pi-kitchen"));
+    assert!(
+        fetched.starts_with(&format!("== job {job}, step full-upgrade"))
+            && fetched.ends_with("Setting up hello (2.10-3) ...\n"),
+        "{fetched}"
+    );
     let listed = cli(readme.next("drover get taskruns"));
     assert!(
         listed

@@ -9,6 +9,7 @@
 //! - an agent killed mid-job runs it once and reports it;
 //! - the agent's own patch assessment (a local job the control plane never
 //!   sent) reaches `drover patch-status`;
+//! - `drover logs` fetches a job's whole output from the device;
 //!
 //! and, over the two brokers (NATS JetStream, MQTT):
 //!
@@ -84,6 +85,7 @@ on_every_transport!(
 );
 on_every_transport!(an_agent_killed_mid_job_runs_the_job_once, ["kill"]);
 on_every_transport!(an_agents_own_assessment_reaches_patch_status, ["assess"]);
+on_every_transport!(a_jobs_output_comes_back_through_drover_logs, ["logs"]);
 on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
 on_every_broker!(
     a_foreign_intent_is_dropped_and_never_shadows_the_devices_job,
@@ -152,6 +154,97 @@ async fn an_agents_own_assessment_reaches_patch_status(fleet: Fleet, devices: Ve
         !agent.logged("never given"),
         "the agent was told its own job was never given to it (assessed at {assessed}):\n{}",
         agent.log()
+    );
+}
+
+/// Issue 56, item 3: `drover logs DEVICE [JOB]` fetches a job's whole
+/// output from the device over its transport, byte for byte what
+/// `drover-agent logs` prints on the device, in many chunks; `--tail`;
+/// the device's refusals in its own words; a bad job name refused before
+/// anything is sent; and a device that is gone named, within `--wait`.
+///
+/// The agents here simulate, and a simulation keeps no output, so the
+/// job's call is written where the agent keeps calls, as the agent writes
+/// them (apt_upgrade.rs fetches a real dpkg failure's).
+async fn a_jobs_output_comes_back_through_drover_logs(fleet: Fleet, devices: Vec<String>) {
+    let cp = &fleet.cp;
+    let device = &devices[0];
+    register(&fleet, &devices).await;
+    let mut agent = fleet.agent(device, "");
+    cp.wait_for_agents(&names(&devices)).await;
+    let logs = |args: &[&str]| {
+        let mut all = vec!["logs", device.as_str()];
+        all.extend_from_slice(args);
+        let out = cp.cli(&all);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Nothing kept yet: the device says so.
+    let (ok, _, err) = logs(&[]);
+    assert!(!ok && err.contains("no job has left output"), "{err}");
+
+    let job = "0480de1c-3d6a-4678-b410-2dde8ea1f1f1";
+    // Some 300 KB: ten chunks and more, with a script's escape sequences.
+    let mut stdout = String::new();
+    for n in 0..6000 {
+        stdout.push_str(&format!(
+            "Unpacking package-{n} (1.{n}) over (1.0) ... \u{1b}[1mok\u{1b}[0m\n"
+        ));
+    }
+    agent.stage_call(
+        job,
+        100,
+        &stdout,
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)\n",
+    );
+    let (ok, on_device) = agent.cli(&["logs", job]);
+    assert!(ok, "{on_device}");
+    let (ok, fetched, err) = logs(&[&job[..8]]);
+    assert!(ok, "{err}\n{}", cp.log());
+    assert!(fetched.len() > 250_000, "{} bytes", fetched.len());
+    assert!(
+        fetched == on_device,
+        "drover logs differs from drover-agent logs"
+    );
+    assert!(!fetched.contains('\u{1b}'), "escape sequences came through");
+    assert!(
+        fetched
+            .ends_with("-- stderr --\nE: Sub-process /usr/bin/dpkg returned an error code (1)\n"),
+        "{}",
+        &fetched[fetched.len() - 200..]
+    );
+    // The newest job's when none is named; its end with --tail.
+    let (ok, newest, _) = logs(&[]);
+    assert!(ok && newest == fetched);
+    let (ok, tail, err) = logs(&["--tail", "2"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        tail,
+        "-- stderr --\nE: Sub-process /usr/bin/dpkg returned an error code (1)\n"
+    );
+    // The device's refusal, in its words; a bad name never reaches it.
+    let (ok, _, err) = logs(&["ffffffff"]);
+    assert!(
+        !ok && err.contains("404") && err.contains("no output of job ffffffff"),
+        "{err}"
+    );
+    let (ok, _, err) = logs(&["../etc/passwd"]);
+    assert!(
+        !ok && err.contains("400") && err.contains("hexadecimal"),
+        "{err}"
+    );
+
+    // A device that is gone: named at once over WebSocket (no session),
+    // after the wait over a broker (no answer).
+    agent.kill9();
+    let (ok, _, err) = logs(&["--wait", "3"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("is not connected") || err.contains("no answer from the device within 3 s"),
+        "{err}"
     );
 }
 

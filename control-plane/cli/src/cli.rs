@@ -115,6 +115,24 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// A job's whole output, fetched from the device through its transport
+    /// as it answers: each apt and dpkg call with its command and exit
+    /// status, then what it printed (apt's and dpkg's own words, the
+    /// maintainer scripts'). The device keeps its jobs' output for 30 days
+    /// and 32 MiB; at most the last 4 MiB of one job come back.
+    Logs {
+        /// The device's id.
+        device: String,
+        /// A job id or its start (`drover describe device` lists them);
+        /// the job whose output is newest when left out.
+        job: Option<String>,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<u32>,
+        /// How long to wait for the device, in seconds (1 to 120).
+        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+        wait: u64,
+    },
     /// The fleet's patch status from each device's latest assessment: up to
     /// date, with updates or security updates pending (and how long the
     /// oldest has waited), a reboot pending, not assessed lately.

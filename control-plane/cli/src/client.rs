@@ -171,6 +171,26 @@ impl ApiClient {
         Ok(serde_json::from_value(Self::check(response).await?)?)
     }
 
+    /// GETs an answer to read as it comes (a device's job output), with no
+    /// whole-request limit beyond ten minutes: the server cuts off a device
+    /// that stops answering. An error answer is an error, in its words.
+    pub async fn get_streamed(&self, path: &str) -> Result<reqwest::Response> {
+        let url = format!("{}/api/v1{path}", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(600))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Self::check(response).await?;
+        anyhow::bail!("unexpected answer from {url}")
+    }
+
     /// POSTs a streamed body of `size` bytes (a package upload), with no
     /// limit on the whole request: the caller cuts off a stalled one.
     pub async fn post_stream(

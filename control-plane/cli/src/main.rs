@@ -98,6 +98,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Devices { command } => cmd::enrollment::devices(&client(&cli)?, command).await,
         Command::Audit(args) => cmd::operators::audit(&client(&cli)?, args).await,
+        Command::Logs {
+            device,
+            job,
+            tail,
+            wait,
+        } => cmd::show::logs(&cli, device, job.as_deref(), *tail, *wait).await,
         Command::PatchStatus { output } => cmd::show::patch_status(&cli, output).await,
         Command::Describe {
             resource: Described::Device,

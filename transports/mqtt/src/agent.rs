@@ -13,12 +13,14 @@ use agent_core::backoff::{Backoff, SessionEnd, Supervisor};
 use agent_core::clock;
 use agent_core::executor::{AdmitError, Agent};
 use drover_model::credentials::BrokerPasswords;
+use drover_model::logs::{LogChunk, LogRequest};
 use drover_model::model::Hello;
 use drover_model::wire::intent_json;
 use rumqttc::{AsyncClient, Event, Incoming, LastWill, Outgoing, QoS, SubscribeFilter};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -198,11 +200,13 @@ struct Pending {
     hello_due: bool,
     /// The outbox had more than the queue took.
     outbox_due: bool,
+    /// A log answer's chunk the queue did not take yet.
+    chunk: Option<Vec<u8>>,
 }
 
 impl Pending {
     fn any_due(&self) -> bool {
-        self.subscribe_due || self.hello_due || self.outbox_due
+        self.subscribe_due || self.hello_due || self.outbox_due || self.chunk.is_some()
     }
 }
 
@@ -246,7 +250,11 @@ async fn session(
         subscribe_due: false,
         hello_due: false,
         outbox_due: false,
+        chunk: None,
     };
+    // Log answers' chunks, published from this loop: every publish must
+    // pass through it, in order, for `pending.asked` to stay true.
+    let (chunks_tx, mut chunks) = mpsc::channel::<LogChunk>(4);
     let mut connected = false;
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
     loop {
@@ -294,6 +302,7 @@ async fn session(
                                 }
                                 Err(e) => warn!(error = %e, "unreadable control message ignored"),
                             },
+                            Some(Topic::LogsAsk(_)) => answer_logs(agent, &chunks_tx, &publish.payload),
                             _ => debug!(topic = %publish.topic, "message on an unexpected topic ignored"),
                         }
                     }
@@ -329,6 +338,10 @@ async fn session(
                 pending.outbox_due = true;
                 catch_up(&client, &topics, agent, &mut pending)?;
             }
+            Some(chunk) = chunks.recv(), if connected && pending.chunk.is_none() => {
+                pending.chunk = serde_json::to_vec(&chunk).ok();
+                catch_up(&client, &topics, agent, &mut pending)?;
+            }
         }
     }
 }
@@ -357,8 +370,12 @@ fn catch_up(
 ) -> Result<(), String> {
     let device = agent.device_id();
     if pending.subscribe_due {
-        let filters = [topics.intents_of(device), topics.control(device)]
-            .map(|filter| SubscribeFilter::new(filter, QoS::AtLeastOnce));
+        let filters = [
+            topics.intents_of(device),
+            topics.control(device),
+            topics.logs_ask(device),
+        ]
+        .map(|filter| SubscribeFilter::new(filter, QoS::AtLeastOnce));
         if client.try_subscribe_many(filters).is_err() {
             return Ok(());
         }
@@ -385,7 +402,39 @@ fn catch_up(
     if pending.outbox_due {
         pending.outbox_due = !flush(client, topics, agent, pending)?;
     }
+    if let Some(chunk) = pending.chunk.take() {
+        let topic = topics.logs_answer(device);
+        if client
+            .try_publish(topic, QoS::AtLeastOnce, false, chunk.clone())
+            .is_ok()
+        {
+            pending.asked.push_back(None);
+        } else {
+            pending.chunk = Some(chunk);
+        }
+    }
     Ok(())
+}
+
+/// Answers the log request in `payload` in the background, its chunks
+/// handed to the session's loop; one that does not parse is dropped (it
+/// has no request id to answer).
+fn answer_logs(agent: &Arc<Agent>, chunks: &mpsc::Sender<LogChunk>, payload: &[u8]) {
+    let request: LogRequest = match serde_json::from_slice(payload) {
+        Ok(request) => request,
+        Err(e) => {
+            warn!(error = %e, "an unreadable log request dropped");
+            return;
+        }
+    };
+    let (agent, chunks) = (agent.clone(), chunks.clone());
+    tokio::spawn(agent_core::job_logs::relay(
+        move |send| agent.logs().answer(&request, send),
+        move |chunk| {
+            let chunks = chunks.clone();
+            async move { chunks.send(chunk).await.is_ok() }
+        },
+    ));
 }
 
 /// Publishes unconfirmed statuses not yet sent on this connection; true when

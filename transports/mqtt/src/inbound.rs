@@ -1,6 +1,7 @@
 //! What the control plane reads off the broker, as the delivery core
 //! takes it: a status with the receiver of its answer, a heartbeat, or an
-//! agent's last will.
+//! agent's last will; a chunk of a device's log answer, to the request it
+//! answers.
 
 use crate::Offline;
 use drover_contract::link::{Answer, Inbound, Reply};
@@ -60,5 +61,20 @@ pub(crate) fn heartbeat_event(device: DeviceId, payload: &[u8]) -> Option<Inboun
             reply: Reply::none(),
         }),
         _ => None,
+    }
+}
+
+/// A chunk of `device`'s answer to a log request, to the request it
+/// answers (if this replica sent it); one that does not parse is dropped.
+pub(crate) fn log_chunk(
+    waiters: &drover_contract::logs::Waiters,
+    device: &DeviceId,
+    payload: &[u8],
+) {
+    match serde_json::from_slice::<drover_model::logs::LogChunk>(payload) {
+        Ok(chunk) => {
+            waiters.deliver(device, chunk);
+        }
+        Err(e) => tracing::debug!(%device, error = %e, "an unreadable log chunk dropped"),
     }
 }

@@ -74,6 +74,10 @@ pub enum Topic {
     Heartbeat(DeviceId),
     Control(DeviceId),
     Enroll(DeviceId),
+    /// A log request to the device (`drover logs`).
+    LogsAsk(DeviceId),
+    /// A chunk of the device's answer.
+    LogsAnswer(DeviceId),
 }
 
 /// The broker user devices ask to join as, with [`ENROLL_PASSWORD`]. Not a
@@ -161,17 +165,28 @@ impl Topics {
         format!("{}/control", self.device(device))
     }
 
+    /// Where the control plane asks `device` for a job's output.
+    pub fn logs_ask(&self, device: &DeviceId) -> String {
+        format!("{}/logs/ask", self.device(device))
+    }
+
+    /// Where `device` answers, and only the control plane reads.
+    pub fn logs_answer(&self, device: &DeviceId) -> String {
+        format!("{}/logs/answer", self.device(device))
+    }
+
     pub fn enroll(&self, device: &DeviceId) -> String {
         format!("{}/enroll/{device}", self.prefix)
     }
 
     /// The filters the control plane subscribes to.
-    pub fn server_filters(&self) -> [String; 4] {
+    pub fn server_filters(&self) -> [String; 5] {
         [
             format!("{}/devices/+/status/+", self.prefix),
             format!("{}/devices/+/hello", self.prefix),
             format!("{}/devices/+/heartbeat", self.prefix),
             format!("{}/enroll/+", self.prefix),
+            format!("{}/devices/+/logs/answer", self.prefix),
         ]
     }
 
@@ -203,16 +218,18 @@ impl Topics {
     }
 
     /// The ACL patterns of a device (mosquitto's `%u` is its user name, the
-    /// device id): read its own intents and control, write its own status,
-    /// hello and heartbeat.
+    /// device id): read its own intents, control and log requests, write its
+    /// own status, hello, heartbeat and log answers.
     pub fn device_acl(&self) -> Vec<String> {
         let base = format!("{}/devices/%u", self.prefix);
         vec![
             format!("pattern read {base}/intents/+"),
             format!("pattern read {base}/control"),
+            format!("pattern read {base}/logs/ask"),
             format!("pattern write {base}/status/+"),
             format!("pattern write {base}/hello"),
             format!("pattern write {base}/heartbeat"),
+            format!("pattern write {base}/logs/answer"),
         ]
     }
 
@@ -235,6 +252,8 @@ impl Topics {
             ("hello", None, None) => Topic::Hello(device),
             ("heartbeat", None, None) => Topic::Heartbeat(device),
             ("control", None, None) => Topic::Control(device),
+            ("logs", Some("ask"), None) => Topic::LogsAsk(device),
+            ("logs", Some("answer"), None) => Topic::LogsAnswer(device),
             _ => return None,
         };
         Some(topic)
@@ -393,6 +412,11 @@ mod tests {
             (topics.heartbeat(&device), Topic::Heartbeat(device.clone())),
             (topics.control(&device), Topic::Control(device.clone())),
             (topics.enroll(&device), Topic::Enroll(device.clone())),
+            (topics.logs_ask(&device), Topic::LogsAsk(device.clone())),
+            (
+                topics.logs_answer(&device),
+                Topic::LogsAnswer(device.clone()),
+            ),
         ] {
             assert_eq!(topics.parse(&topic), Some(expected), "{topic}");
         }

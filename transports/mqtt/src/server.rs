@@ -51,6 +51,8 @@ pub struct MqttLinks {
     stall_after: Duration,
     /// What is asked of the broker about devices' logins (`crate::joining`).
     pub(crate) logins: crate::admissions::Logins,
+    /// Log requests this replica sent and waits on.
+    logs: Arc<drover_contract::logs::Waiters>,
 }
 
 /// What the link's loop waits on.
@@ -127,6 +129,7 @@ impl MqttLinks {
                 waiting: AtomicU8::new(Waiting::Broker as u8),
                 stall_after: (settings.keep_alive * 3 / 2).max(Duration::from_secs(1)),
                 logins: Default::default(),
+                logs: Arc::default(),
             }),
             event_loop,
         ))
@@ -339,6 +342,11 @@ impl MqttLinks {
                 self.on_enroll(device, publish);
                 return true;
             }
+            Some(Topic::LogsAnswer(device)) => {
+                crate::inbound::log_chunk(&self.logs, &device, &publish.payload);
+                self.ack_soon(publish);
+                return true;
+            }
             Some(Topic::Heartbeat(device)) => match heartbeat_event(device, &publish.payload) {
                 Some(event) => (event, None),
                 None => {
@@ -533,6 +541,23 @@ impl AgentLinks for MqttLinks {
             // intent, for an agent that is away.
             self.retain(device, job_id, payload).await?;
             Ok(Delivered::Sent)
+        })
+    }
+
+    fn logs<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job: Option<String>,
+        tail: Option<u32>,
+    ) -> BoxFuture<'a, Result<drover_contract::logs::LogStream, drover_contract::logs::AskError>>
+    {
+        Box::pin(async move {
+            let stream = self.logs.open(device, job, tail)?;
+            let payload = serde_json::to_vec(&stream.request).map_err(link_error)?;
+            let topic = self.topics.logs_ask(device);
+            let publish = self.client.publish(topic, QoS::AtLeastOnce, false, payload);
+            publish.await.map_err(link_error)?;
+            Ok(stream)
         })
     }
 

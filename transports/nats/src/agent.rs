@@ -259,6 +259,10 @@ async fn serve(
         .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{device}.>"))
         .await
         .map_err(|e| NatsError::JetStream(e.to_string()))?;
+    let mut log_requests = client
+        .subscribe(crate::logs::request_subject(&device))
+        .await
+        .map_err(|e| NatsError::JetStream(e.to_string()))?;
     info!(url = %nats.url, "connected to NATS");
     if using_token {
         warn!("{USING_TOKEN}");
@@ -310,6 +314,9 @@ async fn serve(
                     admit(agent, &message.payload);
                     flush_outbox(&client, &js, agent).await;
                 }
+            }
+            Some(request) = log_requests.next() => {
+                crate::logs::answer(&client, agent, &request.payload);
             }
             _ = heartbeat.tick() => send_heartbeat(&client, agent).await,
             _ = hello_retry.tick(), if !greeted => greeted = hello(&client, agent).await,

@@ -34,6 +34,7 @@ pub mod jwt;
 pub mod kv;
 #[cfg(feature = "server")]
 pub mod links;
+pub mod logs;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]

@@ -48,6 +48,8 @@ pub struct NatsLinks {
     backlog: std::sync::Mutex<Backlog>,
     /// What lets devices join (the joining module), once handed over.
     pub(crate) joining: tokio::sync::watch::Sender<Option<Arc<Joining>>>,
+    /// Log requests this replica sent and waits on.
+    logs: Arc<drover_contract::logs::Waiters>,
 }
 
 /// What the link needs to let devices join (the joining module): the gate
@@ -100,6 +102,7 @@ impl NatsLinks {
             health: HealthCell::default(),
             backlog: Default::default(),
             joining: tokio::sync::watch::Sender::new(None),
+            logs: Arc::default(),
         })
     }
 
@@ -128,7 +131,13 @@ impl NatsLinks {
         let requests = tokio::spawn(self.clone().status_requests(shutdown.clone()));
         let held = tokio::spawn(self.clone().held_statuses(shutdown.clone()));
         let enrollments = tokio::spawn(self.clone().enrollments(shutdown.clone()));
+        let logs = tokio::spawn(crate::logs::server::answers(
+            self.buckets.client.clone(),
+            self.logs.clone(),
+            shutdown.clone(),
+        ));
         shutdown.cancelled().await;
+        logs.abort();
         enrollments.abort();
         statuses.abort();
         heartbeats.abort();
@@ -501,6 +510,26 @@ impl AgentLinks for NatsLinks {
             let revision = self.put(device, job_id, signed).await?;
             info!(job_id = %job_id, device = %device, revision, "cancel order put");
             Ok(Delivered::Sent)
+        })
+    }
+
+    fn logs<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job: Option<String>,
+        tail: Option<u32>,
+    ) -> BoxFuture<'a, Result<drover_contract::logs::LogStream, drover_contract::logs::AskError>>
+    {
+        Box::pin(async move {
+            let stream = self.logs.open(device, job, tail)?;
+            let payload = serde_json::to_vec(&stream.request).map_err(link_error)?;
+            let subject = crate::logs::request_subject(device);
+            self.buckets
+                .client
+                .publish(subject, payload.into())
+                .await
+                .map_err(link_error)?;
+            Ok(stream)
         })
     }
 

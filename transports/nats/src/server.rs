@@ -271,6 +271,7 @@ pub fn device_permissions(
         held_subject(device),
         format!("{HEARTBEAT_PREFIX}.{device}"),
         hello_subject(device),
+        crate::logs::answer_subject(device),
     ];
     if direct == DirectStatusPuts::Allowed {
         publish.push(key_subject(STATUS_BUCKET, &format!("{device}.*")));

@@ -379,6 +379,9 @@ async fn connect_and_serve(
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
     let silence_limit = settings.heartbeat_interval * 3;
     let mut last_heard = Instant::now();
+    // Log answers, read off the async threads: bounded, so a slow link
+    // holds back the reading rather than filling memory.
+    let (chunks_tx, mut chunks) = tokio::sync::mpsc::channel::<AgentMessage>(4);
     loop {
         for entry in agent.outbox(64)? {
             if sent_this_connection.insert(entry.id) {
@@ -414,6 +417,9 @@ async fn connect_and_serve(
                 sink.send(Message::text(beat.encode())).await?;
             }
             _ = agent.outbox_changed().notified() => {}
+            Some(chunk) = chunks.recv() => {
+                sink.send(Message::text(chunk.encode())).await?;
+            }
             frame = stream.next() => {
                 let frame = match frame {
                     None => return Err(ClientError::Closed),
@@ -421,7 +427,7 @@ async fn connect_and_serve(
                 };
                 last_heard = Instant::now();
                 agent.update_link(|l| l.last_contact = Some(agent_core::clock::now()));
-                if let Some(reply) = handle_frame(frame, agent) {
+                if let Some(reply) = handle_frame(frame, agent, &chunks_tx) {
                     sink.send(Message::text(reply.encode())).await?;
                 }
             }
@@ -431,7 +437,11 @@ async fn connect_and_serve(
 
 /// Handles one frame from the server; returns the reply to send, if any.
 /// Nothing here may panic or stall: bad input gets an `error` reply (A7).
-fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
+fn handle_frame(
+    frame: Message,
+    agent: &Arc<Agent>,
+    chunks: &tokio::sync::mpsc::Sender<AgentMessage>,
+) -> Option<AgentMessage> {
     let text = match frame {
         Message::Text(text) => text,
         Message::Binary(_) => {
@@ -471,6 +481,15 @@ fn handle_frame(frame: Message, agent: &Agent) -> Option<AgentMessage> {
         }
         ServerMessage::Error { message } => {
             warn!(%message, "the server could not use a message");
+            None
+        }
+        ServerMessage::Logs(request) => {
+            let (agent, chunks) = (agent.clone(), chunks.clone());
+            tokio::task::spawn_blocking(move || {
+                agent.logs().answer(&request, |chunk| {
+                    chunks.blocking_send(AgentMessage::LogChunk(chunk)).is_ok()
+                });
+            });
             None
         }
     }

@@ -15,6 +15,7 @@ use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, Inbound, LinkError, Reply,
 };
+use drover_contract::logs::{AskError, LogStream, Waiters};
 use drover_model::model::Intent;
 use drover_model::{DeviceId, JobId};
 use futures_util::stream::FuturesUnordered;
@@ -65,6 +66,8 @@ pub struct WsLinks {
     sessions: Mutex<HashMap<DeviceId, Session>>,
     next_id: AtomicU64,
     events: mpsc::Sender<Event>,
+    /// Log requests sent to agents connected here.
+    logs: Arc<Waiters>,
 }
 
 impl WsLinks {
@@ -73,6 +76,7 @@ impl WsLinks {
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             events,
+            logs: Arc::default(),
         })
     }
 
@@ -419,6 +423,10 @@ impl WsLinks {
                 warn!(%message, "the agent could not use a message");
                 Ok(Incoming::Nothing)
             }
+            AgentMessage::LogChunk(chunk) => {
+                self.logs.deliver(device, chunk);
+                Ok(Incoming::Nothing)
+            }
         }
     }
 }
@@ -476,6 +484,21 @@ impl AgentLinks for WsLinks {
             order: signed.clone(),
         };
         Box::pin(async move { Ok(self.send(device, message)) })
+    }
+
+    fn logs<'a>(
+        &'a self,
+        device: &'a DeviceId,
+        job: Option<String>,
+        tail: Option<u32>,
+    ) -> BoxFuture<'a, Result<LogStream, AskError>> {
+        Box::pin(async move {
+            let stream = self.logs.open(device, job, tail)?;
+            match self.send(device, ServerMessage::Logs(stream.request.clone())) {
+                Delivered::Sent => Ok(stream),
+                Delivered::NotConnected => Err(AskError::NotConnected),
+            }
+        })
     }
 
     fn withdraw<'a>(

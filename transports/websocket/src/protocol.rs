@@ -1,11 +1,12 @@
 //! The protocol's messages. Every message is one JSON text frame with a
 //! `type` field. The agent sends `hello`, `ack`, `progress`, `result`,
-//! `heartbeat` and `error`; the server sends `job`, `cancel`, `received` and
-//! `error`. `received` confirms a status so the agent can drop it from its
+//! `heartbeat`, `error` and `logChunk`; the server sends `job`, `cancel`,
+//! `received`, `error` and `logs`. `received` confirms a status so the agent can drop it from its
 //! durable outbox (A4); until then the agent re-sends it on every connection.
 
 use crate::MAX_MESSAGE_BYTES;
 use drover_model::JobId;
+use drover_model::logs::{LogChunk, LogRequest};
 use drover_model::model::{Heartbeat, Hello, JobStatus};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +42,8 @@ pub enum AgentMessage {
     Error {
         message: String,
     },
+    /// A piece of the answer to a `logs` request.
+    LogChunk(LogChunk),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,6 +69,8 @@ pub enum ServerMessage {
     Received { outbox_id: u64 },
     /// The server could not use a message the agent sent.
     Error { message: String },
+    /// Asks for a job's output (`drover logs`); answered in `logChunk`s.
+    Logs(LogRequest),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -115,7 +120,15 @@ impl AgentMessage {
     pub fn decode(text: &str) -> Result<Self, DecodeError> {
         decode(
             text,
-            &["hello", "ack", "progress", "result", "heartbeat", "error"],
+            &[
+                "hello",
+                "ack",
+                "progress",
+                "result",
+                "heartbeat",
+                "error",
+                "logChunk",
+            ],
         )
     }
 
@@ -129,7 +142,7 @@ impl AgentMessage {
 
 impl ServerMessage {
     pub fn decode(text: &str) -> Result<Self, DecodeError> {
-        decode(text, &["job", "cancel", "received", "error"])
+        decode(text, &["job", "cancel", "received", "error", "logs"])
     }
 
     pub fn encode(&self) -> String {
@@ -248,7 +261,15 @@ mod tests {
                 block = Some(String::new());
             }
         }
-        for kind in ["hello", "ack", "progress", "result", "heartbeat", "error"] {
+        for kind in [
+            "hello",
+            "ack",
+            "progress",
+            "result",
+            "heartbeat",
+            "error",
+            "logChunk",
+        ] {
             assert!(
                 seen.contains(&format!("Agent to server/{kind}")),
                 "{kind}: {seen:?}"
@@ -260,7 +281,7 @@ mod tests {
                 "{kind}: {seen:?}"
             );
         }
-        for kind in ["job", "cancel", "received", "error"] {
+        for kind in ["job", "cancel", "received", "error", "logs"] {
             assert!(
                 seen.contains(&format!("Server to agent/{kind}")),
                 "{kind}: {seen:?}"

@@ -61,6 +61,39 @@ pub async fn deployment(cli: &Cli, name: &str, output: &Output) -> Result<i32> {
     Ok(0)
 }
 
+/// `drover logs DEVICE [JOB]`: the device's answer, printed as it comes.
+pub async fn logs(
+    cli: &Cli,
+    device: &str,
+    job: Option<&str>,
+    tail: Option<u32>,
+    wait: u64,
+) -> Result<i32> {
+    use std::io::Write;
+    let mut query = vec![format!("wait={wait}")];
+    if let Some(job) = job {
+        query.push(format!("job={job}"));
+    }
+    if let Some(tail) = tail {
+        query.push(format!("tail={tail}"));
+    }
+    let path = format!("/devices/{device}/logs?{}", query.join("&"));
+    let mut response = client(cli)?.get_streamed(&path).await?;
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        match response.chunk().await {
+            Ok(Some(bytes)) => stdout.write_all(&bytes)?,
+            Ok(None) => break,
+            Err(e) => {
+                stdout.flush()?;
+                anyhow::bail!("device {device}'s answer broke off: {e}");
+            }
+        }
+    }
+    stdout.flush()?;
+    Ok(0)
+}
+
 /// `drover alerts`.
 pub async fn alerts(cli: &Cli, output: &Output) -> Result<i32> {
     let alerts: drover_api::fleet::Alerts = client(cli)?.get("/alerts").await?;

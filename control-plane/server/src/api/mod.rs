@@ -32,6 +32,7 @@ mod deletes;
 mod deployments;
 mod devices;
 pub(crate) mod enrollment;
+mod logs;
 pub mod openapi;
 mod operators;
 mod preview;
@@ -48,6 +49,7 @@ use deletes::*;
 use deployments::*;
 use devices::*;
 use enrollment::*;
+use logs::*;
 use operators::*;
 use runs::*;
 use schedules::*;
@@ -200,6 +202,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/devices/{id}", get(get_device).delete(delete_device))
         .route("/devices/{id}/inventory", get(get_inventory))
         .route("/devices/{id}/jobs", get(device_jobs))
+        .route("/devices/{id}/logs", get(device_logs))
         .route("/devices/{id}/assessment", get(get_assessment))
         .route("/devices/{id}/rotate-token", post(rotate_device_token))
         .route("/devices/{id}/accept", post(accept_device))

@@ -30,7 +30,7 @@ use utoipa::OpenApi;
     paths(
         summary, list_alerts, ack_alert,
         list_devices, device_page, token_generations, get_device, delete_device,
-        get_inventory, device_jobs, get_assessment, rotate_device_token, patch_status,
+        get_inventory, device_jobs, device_logs, get_assessment, rotate_device_token, patch_status,
         accept_device, reject_device, list_device_keys, preauthorize_key, agent_trust,
         list_enrollment_tokens, create_enrollment_token, revoke_enrollment_token,
         apply,
@@ -147,6 +147,22 @@ fn get_inventory() {}
     responses((status = 200, description = "The device's latest jobs", body = devices::DeviceJobs),
               (status = 404, body = ErrorBody)))]
 fn device_jobs() {}
+
+#[utoipa::path(get, path = "/devices/{id}/logs", tag = "devices",
+    params(("id" = String, Path),
+           ("job" = Option<String>, Query, description = "A job id or its start; the job \
+            whose output is newest when left out"),
+           ("tail" = Option<u32>, Query, description = "Only the last lines"),
+           ("wait" = Option<u64>, Query, description = "Seconds to wait for the device \
+            (1 to 120, 30 by default)")),
+    responses((status = 200, description = "The job's whole output, fetched from the device \
+               through its transport and streamed as it comes (plain text; at most its last \
+               4 MiB). A body cut off before its end means the device stopped answering",
+               content_type = "text/plain", body = String),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 429, body = ErrorBody), (status = 502, body = ErrorBody),
+              (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
+fn device_logs() {}
 
 #[utoipa::path(get, path = "/devices/{id}/assessment", tag = "devices", params(("id" = String, Path)),
     responses((status = 200, description = "The device's last patch assessment",
