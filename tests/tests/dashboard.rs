@@ -1165,6 +1165,22 @@ async fn the_run_and_device_pages_show_a_failed_jobs_reason_in_dpkgs_words() {
         |t| t.contains(said),
     )
     .await;
+    // Issue 56, item 3: the job's whole output, fetched from the device
+    // when asked: the full upgrade's call with its exit status, and the
+    // maintainer script's own words.
+    click(&browser, "#device-jobs tbody tr button[data-output]").await;
+    let output = wait_text(
+        &browser,
+        "#job-output-text",
+        "the job's output from the device",
+        |t| t.contains("; exit 100]"),
+    )
+    .await;
+    assert!(
+        output.contains("step full-upgrade") && output.contains("no site.conf"),
+        "{output}"
+    );
+    screenshot(&browser, "device-output").await;
     // A deployment outside its window: the row says when it opens.
     let now = jiff::Timestamp::now();
     let hhmm = |t: jiff::Timestamp| t.strftime("%H:%M").to_string();

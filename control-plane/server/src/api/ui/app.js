@@ -510,8 +510,56 @@ function upgradeReport(output) {
   return lines.length ? h("ul", { class: "steps", id: "upgrade-packages" }, lines.map((l) => h("li", {}, l))) : "";
 }
 
+// A job's output shown on a device page, by device: fetched from the
+// device when asked (`drover logs`), and kept shown when a live update
+// redraws the page.
+const shownOutput = new Map();
+
+// The job's whole output as text, from the device through its transport.
+async function fetchOutput(device, job) {
+  const response = await fetch(`/api/v1/devices/${encodeURIComponent(device)}/logs?job=${encodeURIComponent(job)}`, {
+    credentials: "same-origin",
+  });
+  if (response.status === 401) {
+    location.href = "/ui/login";
+    throw new Error("logged out");
+  }
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    throw new Error(body.error || `${response.status}`);
+  }
+  return response.text();
+}
+
+function outputSection(device) {
+  const shown = shownOutput.get(device);
+  if (!shown) return h("div", { id: "job-output" });
+  const body = shown.error
+    ? h("p", { class: "error", id: "job-output-error" }, shown.error)
+    : h("pre", { class: "output", id: "job-output-text" }, shown.text === undefined ? "Asking the device…" : shown.text);
+  return h("div", { id: "job-output" }, h("h3", {}, `Output of job ${shown.job.slice(0, 8)}, from the device`), body);
+}
+
+function outputButton(device, job) {
+  const button = h("button", { type: "button", "data-output": job }, "Output");
+  button.addEventListener("click", async () => {
+    const show = (shown) => {
+      shownOutput.set(device, shown);
+      const section = document.getElementById("job-output");
+      if (section) section.replaceWith(outputSection(device));
+    };
+    show({ job });
+    try {
+      show({ job, text: await fetchOutput(device, job) });
+    } catch (e) {
+      show({ job, error: e.message });
+    }
+  });
+  return button;
+}
+
 // One device: what it is, its patch status with the pending packages, the
-// last upgrade's report, its alerts and its job history.
+// last upgrade's report, its alerts, its job history and a job's output.
 async function devicePage(main, id) {
   const path = `/devices/${encodeURIComponent(id)}`;
   const [device, jobs, alerts, assessment] = await Promise.all([
@@ -570,6 +618,7 @@ async function devicePage(main, id) {
       h("td", {}, when(j.finishedAt)),
       h("td", { class: "result" }, j.resultText || ""),
       h("td", { class: "error" }, j.error || "", reasonBlock(j.reason)),
+      h("td", {}, outputButton(id, j.job)),
     ),
   );
   main.replaceChildren(
@@ -593,8 +642,9 @@ async function devicePage(main, id) {
     h("h3", {}, "Last upgrade"),
     lastUpgrade,
     h("h3", {}, "Job history"),
-    h("div", { id: "device-jobs" }, table(["Job", "Kind", "Run", "State", "Finished", "Result", "Error"], history, "No job yet.")),
+    h("div", { id: "device-jobs" }, table(["Job", "Kind", "Run", "State", "Finished", "Result", "Error", ""], history, "No job yet.")),
     jobs.total > jobs.items.length ? h("p", { class: "muted" }, `The latest ${jobs.items.length} of ${jobs.total} jobs.`) : "",
+    outputSection(id),
   );
 }
 
