@@ -255,6 +255,39 @@ async fn a_deployment_keeps_to_its_concurrency_and_each_sites_window() {
         )),
         "{hnl_line}"
     );
+    // The same sentence per waiting device in `get deployment NAME -o
+    // wide`, under the deployment's row; the plain table says none.
+    let get = |wide: bool| {
+        let mut args = vec!["get", "deployment", "night-upgrade"];
+        if wide {
+            args.extend(["-o", "wide"]);
+        }
+        let out = Command::new(bin("drover"))
+            .args(["--server", &cp.api, "--token", &cp.token])
+            .args(&args)
+            .output()
+            .expect("drover get");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let wide = get(true);
+    let wide_hnl = wide
+        .lines()
+        .skip_while(|l| *l != "why targets wait:")
+        .find(|l| l.trim_start().starts_with("hnl "))
+        .unwrap_or_else(|| panic!("hnl's wait in get -o wide: {wide}"));
+    assert!(
+        wide_hnl.contains(&format!(
+            "maintenance window closed; opens {local} Pacific/Honolulu ("
+        )),
+        "{wide_hnl}"
+    );
+    assert_eq!(
+        wide.lines().filter(|l| l.contains("concurrency")).count(),
+        2,
+        "{wide}"
+    );
+    assert!(!get(false).contains("why targets wait"));
 
     for h in &held {
         let _ = std::fs::remove_file(&h.hold);

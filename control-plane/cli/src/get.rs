@@ -95,6 +95,13 @@ async fn fetch(
             .latest_error
             .map(|error| format!("latest error: {}", printable(&error)));
     }
+    if let (true, Some(name), Resource::Taskruns | Resource::Deployments) = (wide, name, resource) {
+        let waits = waits_note(api, resource, name).await?;
+        listing.note = match (listing.note.take(), waits) {
+            (Some(error), Some(waits)) => Some(format!("{error}\n{waits}")),
+            (note, waits) => note.or(waits),
+        };
+    }
     // What -o json|yaml prints is what apply -f takes back: a device as
     // the manifest that registers it.
     let objects: Vec<Value> = match resource {
@@ -111,6 +118,64 @@ async fn fetch(
         objects: keyed,
         listing,
     })
+}
+
+/// The most waiting targets `get NAME -o wide` names, and the most it
+/// reads to find them (`describe` reads them all).
+const WAITS_SHOWN: usize = 20;
+const WAITS_READ: usize = 1000;
+
+/// `get taskrun|deployment NAME -o wide`: why each target not released
+/// yet waits, one line each (the targets API's `waiting`, the sentence
+/// `describe`, `runs watch` and the dashboard show); None when none waits.
+async fn waits_note(api: &ApiClient, resource: Resource, name: &str) -> Result<Option<String>> {
+    let plural = match resource {
+        Resource::Taskruns => "taskruns",
+        _ => "deployments",
+    };
+    let path = format!(
+        "/{plural}/{}/targets?offset=0&limit={WAITS_READ}",
+        name.replace('/', "%2F")
+    );
+    let page: Value = api.get(&path).await?;
+    let waiting: Vec<(String, String)> = page["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let text = t["waiting"]["text"].as_str()?;
+            Some((
+                t["device"].as_str().unwrap_or("?").to_owned(),
+                text.to_owned(),
+            ))
+        })
+        .collect();
+    if waiting.is_empty() {
+        return Ok(None);
+    }
+    let width = waiting.iter().map(|(d, _)| d.len()).max().unwrap_or(0);
+    let mut lines = vec!["why targets wait:".to_owned()];
+    for (device, text) in waiting.iter().take(WAITS_SHOWN) {
+        lines.push(format!(
+            "  {:width$}  {}",
+            printable(device),
+            printable(text)
+        ));
+    }
+    let total = page["total"].as_u64().unwrap_or(0) as usize;
+    if waiting.len() > WAITS_SHOWN || total > WAITS_READ {
+        lines.push(format!(
+            "  … {} more waiting{} (drover describe {} {name})",
+            waiting.len().saturating_sub(WAITS_SHOWN),
+            if total > WAITS_READ {
+                " among the first 1000 targets"
+            } else {
+                ""
+            },
+            resource.singular()
+        ));
+    }
+    Ok(Some(lines.join("\n")))
 }
 
 /// The objects of a listing read as the API's type for their kind.
