@@ -540,6 +540,43 @@ async fn a_filter_on_installed_software_follows_debian_version_order() {
     // The package lists are kept once per device, not in every job record.
     let device = cp.get("/devices/s1/inventory").await;
     assert_eq!(device["packages"]["drover-lib"], "1.0-1", "{device}");
+
+    // Issue 56: a software condition that rules out every device the
+    // groups select is named, with the versions installed there: in the
+    // dry run and in the NoTargets error. (s4, whose software is unknown,
+    // goes first: a device that might match leaves nothing to name.)
+    let out = cp.cli(&["delete", "device", "s4"]);
+    assert!(out.status.success(), "{out:?}");
+    let new_lib = run(
+        "new-lib",
+        json!({"filter": {"groups": ["fleet"], "softwarePresent": [
+            {"name": "drover-lib", "versionCmp": {"op": ">=", "version": "3.0"}}
+        ]}}),
+    );
+    let said = "softwarePresent drover-lib >= 3.0 holds on none of the 3 devices the groups \
+                and labels select (installed there: 1.0-1, 2.0~rc1)";
+    let manifest = cp.dir.path().join("new-lib.json");
+    std::fs::write(&manifest, new_lib.to_string()).expect("manifest");
+    let dry = cp.cli(&["apply", "-f", &manifest.display().to_string(), "--dry-run"]);
+    let dry_text = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        !dry.status.success(),
+        "nothing selected exits 1: {dry_text}"
+    );
+    assert!(
+        dry_text.contains(&format!("matched nothing: {said}")),
+        "{dry_text}"
+    );
+    cp.apply(new_lib).await;
+    let d = finished("new-lib").await;
+    assert_eq!(d["status"]["reason"], "NoTargets", "{d}");
+    assert_eq!(
+        d["status"]["latestError"],
+        format!(
+            "no device with an agent matches the targets (0 matching devices excluded): {said}"
+        ),
+        "{d}"
+    );
 }
 
 /// A Secret reaches the device sealed to it and its job, is written as a

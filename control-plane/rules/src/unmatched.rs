@@ -3,6 +3,7 @@
 //! exists, so that `groups: [prodution]` is answered with "did you mean
 //! production?" before a run fails at once with NoTargets.
 
+use crate::deployment::{DeviceFilter, DeviceInventory, SoftwareCondition};
 use crate::placement::{self, Left};
 use crate::records::{DeviceRecord, TaskRunSpec};
 use std::collections::{BTreeMap, BTreeSet};
@@ -106,6 +107,71 @@ pub fn of_run(spec: &TaskRunSpec, devices: &[DeviceRecord]) -> Vec<String> {
     )
 }
 
+/// What in a deployment's filter matched no device: its groups and
+/// labels ([`unmatched`]); when those select devices together, which of
+/// its software conditions ruled them all out, from each selected
+/// device's inventory (`inventory` of a device; None when it has none).
+pub fn of_filter<'a>(
+    filter: &DeviceFilter,
+    devices: &[DeviceRecord],
+    inventory: impl Fn(&DeviceRecord) -> Option<&'a DeviceInventory>,
+) -> Vec<String> {
+    let selected: Vec<&DeviceRecord> = devices
+        .iter()
+        .filter(|d| filter.selects_by_name(d))
+        .collect();
+    if selected.is_empty() || !filter.needs_inventory() {
+        return unmatched(&filter.groups, &filter.match_labels, devices);
+    }
+    let known: Vec<&DeviceInventory> = selected.iter().filter_map(|d| inventory(d)).collect();
+    let of = format!(
+        "of the {} devices the groups and labels select",
+        selected.len()
+    );
+    let mut said = Vec::new();
+    for condition in &filter.software_present {
+        if known.iter().any(|i| condition.holds(i)) {
+            continue;
+        }
+        let versions: BTreeSet<&str> = known
+            .iter()
+            .filter_map(|i| i.packages.get(&condition.name).map(String::as_str))
+            .collect();
+        let installed = if versions.is_empty() {
+            "none has it installed".to_owned()
+        } else {
+            let some: Vec<&str> = versions.iter().take(5).copied().collect();
+            format!("installed there: {}", some.join(", "))
+        };
+        said.push(format!(
+            "softwarePresent {} holds on none {of} ({installed})",
+            describe(condition)
+        ));
+    }
+    for condition in &filter.software_absent {
+        if !known.is_empty() && known.iter().all(|i| condition.holds(i)) {
+            said.push(format!(
+                "softwareAbsent {}: every one {of} has it",
+                describe(condition)
+            ));
+        }
+    }
+    if said.is_empty() {
+        said.push(format!(
+            "each software condition holds on some {of}, but none holds them all together"
+        ));
+    }
+    said
+}
+
+/// A software condition as a manifest writes it: `name`, or `name OP version`.
+fn describe(condition: &SoftwareCondition) -> String {
+    match &condition.version_cmp {
+        None => condition.name.clone(),
+        Some(cmp) => format!("{} {} {}", condition.name, cmp.op.as_str(), cmp.version),
+    }
+}
+
 /// `error` with what matched nothing after it, if anything.
 pub fn with_unmatched(error: &str, unmatched: &[String]) -> String {
     match unmatched {
@@ -165,6 +231,96 @@ mod tests {
         assert_eq!(
             unmatched(&["production".to_owned()], &labels, &fleet),
             ["each part matches some device, but no device matches them all together"]
+        );
+    }
+
+    #[test]
+    fn a_software_condition_that_rules_out_every_selected_device_is_named() {
+        use crate::deployment::{VersionCmp, VersionOp};
+        let fleet = [
+            device("pi-1", &["production"], &[]),
+            device("pi-2", &["production"], &[]),
+            device("lab-1", &["lab"], &[]),
+        ];
+        let inventory = |packages: &[(&str, &str)]| DeviceInventory {
+            device: DeviceId::new("x").expect("id"),
+            collected_at: jiff::Timestamp::UNIX_EPOCH,
+            packages: packages
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            truncated: false,
+        };
+        let one = inventory(&[("openssl", "3.0.11-1"), ("kiosk", "1.0")]);
+        let two = inventory(&[("openssl", "3.0.13-1")]);
+        let lab = inventory(&[("kiosk", "2.0")]);
+        let of = |d: &DeviceRecord| match d.id.as_str() {
+            "pi-1" => Some(&one),
+            "pi-2" => Some(&two),
+            _ => Some(&lab),
+        };
+        let condition = |name: &str, cmp: Option<(VersionOp, &str)>| SoftwareCondition {
+            name: name.into(),
+            version_cmp: cmp.map(|(op, version)| VersionCmp {
+                op,
+                version: version.into(),
+            }),
+        };
+        let filter =
+            |present: Vec<SoftwareCondition>, absent: Vec<SoftwareCondition>| DeviceFilter {
+                groups: vec!["production".into()],
+                software_present: present,
+                software_absent: absent,
+                ..DeviceFilter::default()
+            };
+        // kiosk 2.0 is on lab-1 only, which the group leaves out.
+        let wanted = filter(
+            vec![condition("kiosk", Some((VersionOp::Ge, "2.0")))],
+            vec![],
+        );
+        assert_eq!(
+            of_filter(&wanted, &fleet, of),
+            [
+                "softwarePresent kiosk >= 2.0 holds on none of the 2 devices the groups and labels \
+              select (installed there: 1.0)"
+            ]
+        );
+        let missing = filter(vec![condition("chromium", None)], vec![]);
+        assert_eq!(
+            of_filter(&missing, &fleet, of),
+            [
+                "softwarePresent chromium holds on none of the 2 devices the groups and labels \
+              select (none has it installed)"
+            ]
+        );
+        let everywhere = filter(vec![], vec![condition("openssl", None)]);
+        assert_eq!(
+            of_filter(&everywhere, &fleet, of),
+            [
+                "softwareAbsent openssl: every one of the 2 devices the groups and labels select \
+              has it"
+            ]
+        );
+        // Each holds somewhere, never both on one device.
+        let apart = filter(
+            vec![condition("kiosk", None)],
+            vec![condition("openssl", Some((VersionOp::Lt, "3.0.12")))],
+        );
+        assert_eq!(
+            of_filter(&apart, &fleet, of),
+            [
+                "each software condition holds on some of the 2 devices the groups and labels \
+              select, but none holds them all together"
+            ]
+        );
+        // Groups and labels that select nothing are named as before.
+        let typo = DeviceFilter {
+            groups: vec!["prodution".into()],
+            ..filter(vec![condition("kiosk", None)], vec![])
+        };
+        assert_eq!(
+            of_filter(&typo, &fleet, of),
+            [r#"no device is in the group "prodution" (did you mean "production"?)"#]
         );
     }
 

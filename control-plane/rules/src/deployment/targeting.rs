@@ -20,6 +20,16 @@ pub struct DeviceFilter {
 }
 
 impl DeviceFilter {
+    /// Whether `device` has every label and is in one of the groups (or
+    /// no group is named): the filter before its software conditions.
+    pub fn selects_by_name(&self, device: &crate::records::DeviceRecord) -> bool {
+        let labels = device.effective_labels();
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && (self.groups.is_empty() || self.groups.iter().any(|g| device.groups.contains(g)))
+    }
+
     pub fn needs_inventory(&self) -> bool {
         !self.software_present.is_empty() || !self.software_absent.is_empty()
     }
@@ -169,14 +179,7 @@ pub fn select(
         Targeting::All => Some(true),
         Targeting::Devices(list) => Some(list.contains(&device.id)),
         Targeting::Filter(filter) => {
-            let labels = device.effective_labels();
-            let placed = filter
-                .match_labels
-                .iter()
-                .all(|(k, v)| labels.get(k) == Some(v))
-                && (filter.groups.is_empty()
-                    || filter.groups.iter().any(|g| device.groups.contains(g)));
-            if placed {
+            if filter.selects_by_name(device) {
                 filter.software_matches(inventory)
             } else {
                 Some(false)

@@ -241,11 +241,9 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     excluded,
                 );
                 if nothing_selected && let Targeting::Filter(filter) = &spec.targets {
-                    item.unmatched = drover_rules::unmatched::unmatched(
-                        &filter.groups,
-                        &filter.match_labels,
-                        &devices,
-                    );
+                    item.unmatched = drover_rules::unmatched::of_filter(filter, &devices, |d| {
+                        inventories.get(&d.id)
+                    });
                 }
                 if let Some(window) = &spec.maintenance_window {
                     item.windows =

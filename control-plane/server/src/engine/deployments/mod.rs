@@ -142,17 +142,7 @@ impl Engine {
         record: &DeploymentRecord,
     ) -> Result<(Vec<(TargetRecord, Option<Timestamp>)>, u32), DbError> {
         let devices = crate::patch_labels::placed_devices(&self.db).await?;
-        let inventories: HashMap<DeviceId, deployment::DeviceInventory> = match &record.spec.targets
-        {
-            deployment::Targeting::Filter(filter) if filter.needs_inventory() => self
-                .db
-                .list::<deployment::DeviceInventory>("inventory/")
-                .await?
-                .into_iter()
-                .map(|(_, _, inventory)| (inventory.device.clone(), inventory))
-                .collect(),
-            _ => HashMap::new(),
-        };
+        let inventories = self.inventories(&record.spec.targets).await?;
         let mut targets = Vec::new();
         let mut excluded = 0u32;
         let mut registered = HashSet::new();
@@ -182,21 +172,36 @@ impl Engine {
         Ok((targets, excluded))
     }
 
-    /// What in the deployment's filter no device has (for its NoTargets
-    /// error): its groups and labels; software conditions are not named.
+    /// The devices' inventories, by device, when `targets` has software
+    /// conditions to judge them by (else none is read).
+    async fn inventories(
+        &self,
+        targets: &deployment::Targeting,
+    ) -> Result<HashMap<DeviceId, deployment::DeviceInventory>, DbError> {
+        Ok(match targets {
+            deployment::Targeting::Filter(filter) if filter.needs_inventory() => self
+                .db
+                .list::<deployment::DeviceInventory>("inventory/")
+                .await?
+                .into_iter()
+                .map(|(_, _, inventory)| (inventory.device.clone(), inventory))
+                .collect(),
+            _ => HashMap::new(),
+        })
+    }
+
+    /// What in the deployment's filter matched no device (for its
+    /// NoTargets error): its groups and labels, or the software condition
+    /// that ruled out every device they select.
     async fn unmatched(&self, record: &DeploymentRecord) -> Result<Vec<String>, DbError> {
         let deployment::Targeting::Filter(filter) = &record.spec.targets else {
             return Ok(Vec::new());
         };
         let devices = crate::patch_labels::placed_devices(&self.db).await?;
-        let mut said =
-            drover_rules::unmatched::unmatched(&filter.groups, &filter.match_labels, &devices);
-        // Groups and labels that match together may still fail the
-        // software conditions: not for this sentence to say.
-        if filter.needs_inventory() && said == [drover_rules::unmatched::NOT_TOGETHER] {
-            said.clear();
-        }
-        Ok(said)
+        let inventories = self.inventories(&record.spec.targets).await?;
+        Ok(drover_rules::unmatched::of_filter(filter, &devices, |d| {
+            inventories.get(&d.id)
+        }))
     }
 
     /// Planning -> Running: writes the target records (create-only, so a
