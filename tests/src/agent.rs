@@ -14,6 +14,34 @@ pub struct AgentProcess {
     pub socket: PathBuf,
 }
 
+/// The `[transport]` table of an agent speaking NATS (user = device id,
+/// password = token), trusting `ca_file` for `tls://`.
+pub fn nats_transport(url: &str, token: &str, ca_file: Option<&Path>) -> String {
+    format!(
+        "kind = \"nats\"\nurl = {}\ntoken = {}\n{}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(url),
+        toml_string(token),
+        ca_line(ca_file)
+    )
+}
+
+/// The `[transport]` table of an agent speaking MQTT (user = device id,
+/// password = token), trusting `ca_file` for `mqtts://`.
+pub fn mqtt_transport(url: &str, token: &str, ca_file: Option<&Path>) -> String {
+    format!(
+        "kind = \"mqtt\"\nurl = {}\ntoken = {}\n{}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+        toml_string(url),
+        toml_string(token),
+        ca_line(ca_file)
+    )
+}
+
+fn ca_line(ca_file: Option<&Path>) -> String {
+    ca_file
+        .map(|p| format!("ca_file = {}\n", toml_string(&p.display().to_string())))
+        .unwrap_or_default()
+}
+
 impl AgentProcess {
     /// Writes a config (simulate mode, 1 s heartbeats) and starts the agent.
     /// `extra` is appended to the config as TOML.
@@ -38,18 +66,10 @@ impl AgentProcess {
         ca_file: Option<&Path>,
         extra: &str,
     ) -> Self {
-        let ca = ca_file
-            .map(|p| format!("ca_file = {}\n", toml_string(&p.display().to_string())))
-            .unwrap_or_default();
-        let transport = format!(
-            "kind = \"nats\"\nurl = {}\ntoken = {}\n{ca}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
-            toml_string(nats_url),
-            toml_string(token)
-        );
         Self::start_full(
             dir,
             device,
-            &transport,
+            &nats_transport(nats_url, token, ca_file),
             "",
             "mode = \"simulate\"\nmin_free_mib = 10",
             extra,
@@ -70,18 +90,10 @@ impl AgentProcess {
         ca_file: Option<&Path>,
         extra: &str,
     ) -> Self {
-        let ca = ca_file
-            .map(|p| format!("ca_file = {}\n", toml_string(&p.display().to_string())))
-            .unwrap_or_default();
-        let transport = format!(
-            "kind = \"mqtt\"\nurl = {}\ntoken = {}\n{ca}heartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
-            toml_string(url),
-            toml_string(token)
-        );
         Self::start_full(
             dir,
             device,
-            &transport,
+            &mqtt_transport(url, token, ca_file),
             "",
             "mode = \"simulate\"\nmin_free_mib = 10",
             extra,

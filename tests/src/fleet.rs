@@ -61,6 +61,23 @@ impl Fleet {
         }
     }
 
+    /// An agent whose `[updater]` table is `updater` (upgrade mode in a
+    /// disposable root, say).
+    pub fn agent_updating(&self, device: &str, updater: &str) -> AgentProcess {
+        let dir = self.cp.dir.path().join(device);
+        let token = self.cp.device_token(device);
+        let transport = match &self.broker {
+            Broker::None => format!(
+                "kind = \"websocket\"\nserver_url = {}\ntoken = {}\nheartbeat_seconds = 1\nbackoff_max_seconds = 2\n",
+                crate::toml_string(&self.cp.agent_url),
+                crate::toml_string(&token)
+            ),
+            Broker::Nats(nats) => crate::agent::nats_transport(&nats.url(), &token, None),
+            Broker::Mqtt(broker) => crate::agent::mqtt_transport(&broker.url(), &token, None),
+        };
+        AgentProcess::start_full(&dir, device, &transport, "", updater, "")
+    }
+
     /// An agent held before its upgrade's full-upgrade step.
     pub fn held_agent(&self, device: &str) -> (AgentProcess, PathBuf, PathBuf) {
         let dir = self.cp.dir.path().join(device);

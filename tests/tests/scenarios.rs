@@ -10,6 +10,8 @@
 //! - the agent's own patch assessment (a local job the control plane never
 //!   sent) reaches `drover patch-status`;
 //! - `drover logs` fetches a job's whole output from the device;
+//! - a real apt failure's reason lines reach the control plane, and its
+//!   whole output through `drover logs`;
 //!
 //! and, over the two brokers (NATS JetStream, MQTT):
 //!
@@ -86,6 +88,10 @@ on_every_transport!(
 on_every_transport!(an_agent_killed_mid_job_runs_the_job_once, ["kill"]);
 on_every_transport!(an_agents_own_assessment_reaches_patch_status, ["assess"]);
 on_every_transport!(a_jobs_output_comes_back_through_drover_logs, ["logs"]);
+on_every_transport!(
+    a_failed_jobs_reason_in_apts_words_comes_over_the_transport,
+    ["needy"]
+);
 on_every_broker!(a_broker_killed_mid_run_loses_no_status, ["canary", "w1"]);
 on_every_broker!(
     a_foreign_intent_is_dropped_and_never_shadows_the_devices_job,
@@ -245,6 +251,88 @@ async fn a_jobs_output_comes_back_through_drover_logs(fleet: Fleet, devices: Vec
     assert!(
         err.contains("is not connected") || err.contains("no answer from the device within 3 s"),
         "{err}"
+    );
+}
+
+/// Issue 56, items 2 and 3 over each transport: a package whose
+/// dependency no archive has, installed by a real apt in a disposable
+/// Debian root, fails; apt's own words on why (the unmet dependency, its
+/// `E:` line) reach the control plane in the job's status, and its whole
+/// output comes back through `drover logs`.
+async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
+    fleet: Fleet,
+    devices: Vec<String>,
+) {
+    use drover_sandbox::{Pkg, Sandbox};
+    let cp = &fleet.cp;
+    let device = &devices[0];
+    let build = tempfile::tempdir().expect("build dir");
+    let needy = Pkg::new("drover-needy", "1.0")
+        .depends("drover-missing (>= 2.0)")
+        .build(build.path(), build.path());
+    let out = cp.cli(&["packages", "upload", needy.to_str().expect("path")]);
+    assert!(out.status.success(), "{out:?}");
+    let root = Sandbox::new();
+    register(&fleet, &devices).await;
+    let agent = fleet.agent_updating(
+        device,
+        &format!(
+            "mode = \"upgrade\"\nroot = {}\nmin_free_mib = 10",
+            drover_tests::toml_string(&root.root.display().to_string())
+        ),
+    );
+    cp.wait_for_agents(&names(&devices)).await;
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "needy"},
+        "spec": {
+            "targets": {"filter": {"groups": ["fleet"]}},
+            "packageInstallV1": {"package": "drover-needy_1.0_all"},
+            "maxConcurrency": 1,
+            "retries": 0,
+            "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    let finished = eventually(
+        Duration::from_secs(120),
+        "the deployment to end",
+        || async {
+            let d = cp.get("/deployments/needy").await;
+            matches!(d["status"]["phase"].as_str(), Some("Complete" | "Failed")).then_some(d)
+        },
+    )
+    .await;
+    assert_eq!(
+        finished["status"]["phase"],
+        "Failed",
+        "{finished}\n{}",
+        agent.log()
+    );
+    let jobs = cp.get(&format!("/devices/{device}/jobs")).await;
+    let job = &jobs["items"][0];
+    let reason: Vec<&str> = job["reason"]
+        .as_array()
+        .map(|lines| lines.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        reason
+            .iter()
+            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        "apt's unmet dependency is not in the reason: {reason:#?}\n{job:#}"
+    );
+    assert!(reason.iter().any(|l| l.starts_with("E: ")), "{reason:#?}");
+    let job_id = job["job"].as_str().expect("the job's id");
+    let out = cp.cli(&["logs", device, &job_id[..8]]);
+    let logs = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        logs.contains("drover-missing") && logs.lines().any(|l| l.starts_with("E: ")),
+        "{logs}"
     );
 }
 
