@@ -512,6 +512,48 @@ async fn a_dry_run_previews_targets_and_stores_nothing() {
             && text.contains(&format!(" {start} there")),
         "{text}"
     );
+    // A misspelt group beside one that selects: the targets come from
+    // the good one, and the empty one is named (the dry run still passes);
+    // `describe deployment` names it too once applied.
+    let partly = dir.path().join("partly.yaml");
+    std::fs::write(
+        &partly,
+        format!(
+            "apiVersion: fleet.nationtech.io/v1alpha1\nkind: Deployment\nmetadata:\n  name: partly\n\
+             spec:\n  targets: {{filter: {{groups: [lab, lba]}}}}\n  maxConcurrency: 1\n  deadlineSeconds: 600\n  \
+             maintenanceWindow: {{start: \"{start}\", end: \"{end}\", timeZone: UTC}}\n  \
+             systemUpgradeV1: {{}}\n"
+        ),
+    )
+    .expect("partly");
+    let partly = partly.to_str().expect("utf-8");
+    let out = drover(&cp, &["apply", "-f", partly, "--dry-run"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("targets: 1: dry-1"), "{text}");
+    let said = r#"no device is in the group "lba" (did you mean "lab"?)"#;
+    assert!(text.contains(&format!("matched nothing: {said}")), "{text}");
+    assert!(drover(&cp, &["apply", "-f", partly]).status.success());
+    let out = drover(&cp, &["describe", "deployment", "partly"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("matches no device: {said}")),
+        "{text}"
+    );
+    let out = drover(&cp, &["cancel", "deployment", "partly"]);
+    assert!(out.status.success(), "{out:?}");
+    // Once canceled it may go: the listing below is of what dry runs stored.
+    drover_tests::eventually(
+        std::time::Duration::from_secs(30),
+        "partly deleted once its cancel ended",
+        || async {
+            drover(&cp, &["delete", "deployment", "partly"])
+                .status
+                .success()
+                .then_some(())
+        },
+    )
+    .await;
 
     let deployment = dir.path().join("deployment.yaml");
     std::fs::write(

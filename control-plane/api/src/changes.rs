@@ -210,7 +210,8 @@ pub struct PreviewItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
     /// When it would select no device: each part of its selection that
-    /// no device has, with the nearest existing name.
+    /// no device has, with the nearest existing name; when it would, each
+    /// of its groups no device is in (a misspelt one beside good ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmatched: Vec<String>,
     /// A Deployment with a maintenance window: each zone its targets are

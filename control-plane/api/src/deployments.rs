@@ -188,6 +188,11 @@ pub struct DeploymentDescription {
     /// Targets not released yet that wait, by the wait's code.
     #[serde(default)]
     pub waiting_by_code: std::collections::BTreeMap<String, u64>,
+    /// Groups of its filter no device is in now, beside groups that
+    /// select devices (a misspelt one selects nothing and says nothing),
+    /// with the nearest existing name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmatched: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -107,6 +107,31 @@ pub fn of_run(spec: &TaskRunSpec, devices: &[DeviceRecord]) -> Vec<String> {
     )
 }
 
+/// Each of `groups` no device in `devices` is in, with the nearest name,
+/// when another of them selects devices: groups add up, so a misspelt one
+/// beside a good one selects nothing and says nothing. Empty when none
+/// selects (then [`unmatched`] names what matched nothing) or all do.
+pub fn empty_groups(groups: &[String], devices: &[DeviceRecord]) -> Vec<String> {
+    let all_groups: BTreeSet<&str> = devices
+        .iter()
+        .flat_map(|d| d.groups.iter().map(String::as_str))
+        .collect();
+    let (full, empty): (Vec<&String>, Vec<&String>) =
+        groups.iter().partition(|g| all_groups.contains(g.as_str()));
+    if full.is_empty() {
+        return Vec::new();
+    }
+    empty
+        .into_iter()
+        .map(|group| {
+            format!(
+                "no device is in the group {group:?}{}",
+                did_you_mean(nearest(group, all_groups.iter().copied()))
+            )
+        })
+        .collect()
+}
+
 /// What in a deployment's filter matched no device: its groups and
 /// labels ([`unmatched`]); when those select devices together, which of
 /// its software conditions ruled them all out, from each selected
@@ -322,6 +347,22 @@ mod tests {
             of_filter(&typo, &fleet, of),
             [r#"no device is in the group "prodution" (did you mean "production"?)"#]
         );
+    }
+
+    #[test]
+    fn an_empty_group_beside_one_that_selects_is_named() {
+        let fleet = [
+            device("pi-1", &["production"], &[]),
+            device("pi-2", &["staging"], &[]),
+        ];
+        let groups = |names: &[&str]| names.iter().map(|g| g.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            empty_groups(&groups(&["production", "prodution"]), &fleet),
+            [r#"no device is in the group "prodution" (did you mean "production"?)"#]
+        );
+        assert!(empty_groups(&groups(&["production", "staging"]), &fleet).is_empty());
+        // None selects: `unmatched` says it, not this.
+        assert!(empty_groups(&groups(&["prodution"]), &fleet).is_empty());
     }
 
     #[test]

@@ -273,6 +273,9 @@ pub fn deployment(described: &DeploymentDescription) {
         (Some(limit), None) => out!("stops when {limit}"),
         (None, _) => out!("no failure threshold: it runs to the end however many fail"),
     }
+    for part in &described.unmatched {
+        out!("matches no device: {}", printable(part));
+    }
     if let Some(at) = status.failure_threshold_reached_at {
         out!("  reached {}: nothing more is released", moment_of(at, now));
     }

@@ -299,7 +299,15 @@ pub(super) async fn describe_deployment(
             windows_now(window, &zones, now)
         }
     };
+    let unmatched = match &deployment.spec.targets {
+        drover_rules::deployment::Targeting::Filter(filter) if filter.groups.len() > 1 => {
+            let devices = crate::patch_labels::placed_devices(&state.db).await?;
+            drover_rules::unmatched::empty_groups(&filter.groups, &devices)
+        }
+        _ => Vec::new(),
+    };
     Ok(Json(api::DeploymentDescription {
+        unmatched,
         deployment: convert::deployment(&deployment),
         windows,
         latest_errors: errors.into_iter().take(10).collect(),

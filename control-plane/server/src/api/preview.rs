@@ -136,6 +136,9 @@ async fn preview_run(
         );
     }
     item.unmatched = drover_rules::unmatched::of_run(&spec, devices);
+    if item.unmatched.is_empty() {
+        item.unmatched = drover_rules::unmatched::empty_groups(&spec.allowed_groups, devices);
+    }
     Ok(item)
 }
 
@@ -240,10 +243,14 @@ pub(super) async fn preview(state: &ApiState, items: Vec<Value>) -> Result<Previ
                     &chosen,
                     excluded,
                 );
-                if nothing_selected && let Targeting::Filter(filter) = &spec.targets {
-                    item.unmatched = drover_rules::unmatched::of_filter(filter, &devices, |d| {
-                        inventories.get(&d.id)
-                    });
+                if let Targeting::Filter(filter) = &spec.targets {
+                    item.unmatched = if nothing_selected {
+                        drover_rules::unmatched::of_filter(filter, &devices, |d| {
+                            inventories.get(&d.id)
+                        })
+                    } else {
+                        drover_rules::unmatched::empty_groups(&filter.groups, &devices)
+                    };
                 }
                 if let Some(window) = &spec.maintenance_window {
                     item.windows =
