@@ -722,4 +722,16 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
             .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
         "{described}"
     );
+    // And under the deployment's errors, for the attempt that failed.
+    let described = text(&drover(&cp, &["describe", "deployment", "needy"]));
+    let block: Vec<&str> = described
+        .lines()
+        .skip_while(|l| *l != "why n1 (attempt 1) failed:")
+        .collect();
+    assert!(
+        block
+            .iter()
+            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        "{described}"
+    );
 }

@@ -218,6 +218,9 @@ pub struct TargetError {
     pub device: String,
     pub attempt: u32,
     pub error: String,
+    /// That attempt's job's reason in the failing program's own words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reason: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

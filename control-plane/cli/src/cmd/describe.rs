@@ -324,6 +324,19 @@ pub fn deployment(described: &DeploymentDescription) {
                 printable(&e.error)
             );
         }
+        let failed: Vec<(String, &[String])> = described
+            .latest_errors
+            .iter()
+            .filter(|e| !e.reason.is_empty())
+            .map(|e| {
+                (
+                    format!("{} (attempt {})", e.device, e.attempt),
+                    e.reason.as_slice(),
+                )
+            })
+            .collect();
+        let failed: Vec<(&str, &[String])> = failed.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+        print_reasons(&failed, "drover describe device DEVICE");
     }
     if !described.waiting.is_empty() {
         let counts: Vec<String> = described

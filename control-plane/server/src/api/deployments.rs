@@ -265,6 +265,7 @@ pub(super) async fn describe_deployment(
                 device: target.device.to_string(),
                 attempt: target.attempt,
                 error: error.clone(),
+                reason: Vec::new(),
             });
         }
         if target.end.is_none()
@@ -276,6 +277,19 @@ pub(super) async fn describe_deployment(
         }
     }
     waiting.sort_by_key(|(at, _)| *at);
+    errors.truncate(10);
+    // The shown errors' reasons, from their attempts' jobs.
+    for error in &mut errors {
+        let Ok(device) = DeviceId::new(error.device.clone()) else {
+            continue;
+        };
+        let job = drover_rules::deployment::attempt_job_id(deployment.uid, &device, error.attempt);
+        if let Some((_, job)) = state.db.get::<JobDelivery>(&job_key(&device, job)).await?
+            && let Some(status) = job.status
+        {
+            error.reason = status.reason;
+        }
+    }
     // Every waiting target is counted by its reason; only the 20 shown
     // are put in words.
     let waits = Waits::new(&state, &deployment, &targets, now).await?;
@@ -310,7 +324,7 @@ pub(super) async fn describe_deployment(
         unmatched,
         deployment: convert::deployment(&deployment),
         windows,
-        latest_errors: errors.into_iter().take(10).collect(),
+        latest_errors: errors,
         waiting_retry: waiting
             .iter()
             .take(20)
