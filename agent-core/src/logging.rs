@@ -14,7 +14,7 @@
 //!   debug), which journald takes as the entry's `PRIORITY`.
 //!   (tracing-journald would put only the bare message in `MESSAGE` and
 //!   every field beside it, where a plain `journalctl -u` shows none of
-//!   them; see docs/internals/known-gaps.md.)
+//!   them; docs/operations.md, "Logs", says why.)
 //! - `RUST_LOG` takes a level and `target=level` pairs (`info,agent_core=debug`),
 //!   tracing-subscriber's `Targets` filter. Its `EnvFilter` would also match
 //!   spans and fields, but it brings a regex engine and Unicode tables
@@ -36,7 +36,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub fn init(default: &str) {
     let (filter, refused) = filter(std::env::var("RUST_LOG").ok().as_deref(), default);
     let socket = crate::journal::socket();
-    let journal = (stderr_is_the_journal() && socket.exists())
+    let under_journal = stderr_is_the_journal();
+    let journal = (under_journal && socket.exists())
         .then(|| crate::journal::JournalWriter::to(&socket, &identifier()))
         .flatten();
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -50,7 +51,7 @@ pub fn init(default: &str) {
             .with(crate::journal::JobFields.with_filter(filter.clone()))
             .with(layer.with_filter(filter))
             .init();
-    } else if stderr_is_the_journal() {
+    } else if under_journal {
         let layer = layer
             .with_ansi(false)
             .event_format(Prioritized(format().without_time()));
