@@ -13,6 +13,7 @@ pub mod connect_mqtt;
 pub mod enroll;
 pub mod enroll_mqtt;
 pub mod enroll_nats;
+pub mod floor;
 pub mod footprint;
 pub mod harness;
 pub mod logins;

@@ -1,6 +1,7 @@
 //! drover-sim: play many agents against a control plane (`agents`), or run
 //! the fleet benchmark (`bench`), which prints a table of figures.
 
+mod cmd_floor;
 mod cmd_mqtt_connect;
 mod cmd_reconnect;
 
@@ -59,6 +60,11 @@ enum Command {
     /// plane), by the password file or the dynamic security plugin's
     /// logins; prints a Markdown table.
     MqttConnect(cmd_mqtt_connect::MqttConnectArgs),
+    /// Measure the floor of the NATS path: how many small messages a second
+    /// one file-backed JetStream stream takes with acknowledgements
+    /// pipelined, on one nats-server (R1) and a three-node cluster (R3);
+    /// prints a Markdown table.
+    NatsFloor(cmd_floor::FloorArgs),
 }
 
 #[derive(Args)]
@@ -244,6 +250,7 @@ fn main() -> Result<()> {
             Command::MqttLogins(args) => mqtt_logins_cmd(args).await,
             Command::Reconnect(args) => cmd_reconnect::reconnect_cmd(args).await,
             Command::MqttConnect(args) => cmd_mqtt_connect::mqtt_connect_cmd(args).await,
+            Command::NatsFloor(args) => cmd_floor::floor_cmd(args).await,
         }
     })
 }
