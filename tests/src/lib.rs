@@ -493,3 +493,20 @@ pub fn peak_kib(pid: u32) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// A job's reason lines (the API's `reason`, the failing program's own
+/// words), empty when it has none.
+pub fn reason_lines(job: &Value) -> Vec<&str> {
+    job["reason"]
+        .as_array()
+        .map(|lines| lines.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The lines of `text` from the first one that starts with `heading` on
+/// (`describe`'s "why … failed:" block and what follows it).
+pub fn block_from<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .collect()
+}

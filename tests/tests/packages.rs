@@ -691,10 +691,7 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     let jobs = cp.get("/devices/n1/jobs").await;
     let job = &jobs["items"][0];
     assert_eq!(job["state"], "failed", "{jobs}\n{}", agent.log());
-    let reason: Vec<&str> = job["reason"]
-        .as_array()
-        .map(|lines| lines.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let reason = drover_tests::reason_lines(job);
     assert!(
         reason
             .iter()
@@ -712,10 +709,7 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     );
 
     let described = text(&drover(&cp, &["describe", "device", "n1"]));
-    let block: Vec<&str> = described
-        .lines()
-        .skip_while(|l| !l.starts_with("why job "))
-        .collect();
+    let block = drover_tests::block_from(&described, "why job ");
     assert!(
         block
             .iter()
@@ -724,10 +718,7 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     );
     // And under the deployment's errors, for the attempt that failed.
     let described = text(&drover(&cp, &["describe", "deployment", "needy"]));
-    let block: Vec<&str> = described
-        .lines()
-        .skip_while(|l| *l != "why n1 (attempt 1) failed:")
-        .collect();
+    let block = drover_tests::block_from(&described, "why n1 (attempt 1) failed:");
     assert!(
         block
             .iter()

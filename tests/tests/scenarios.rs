@@ -311,10 +311,7 @@ async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
     );
     let jobs = cp.get(&format!("/devices/{device}/jobs")).await;
     let job = &jobs["items"][0];
-    let reason: Vec<&str> = job["reason"]
-        .as_array()
-        .map(|lines| lines.iter().filter_map(serde_json::Value::as_str).collect())
-        .unwrap_or_default();
+    let reason = drover_tests::reason_lines(job);
     assert!(
         reason
             .iter()

@@ -137,19 +137,29 @@ async fn waits_note(api: &ApiClient, resource: Resource, name: &str) -> Result<O
         "/{plural}/{}/targets?offset=0&limit={WAITS_READ}",
         name.replace('/', "%2F")
     );
-    let page: Value = api.get(&path).await?;
-    let waiting: Vec<(String, String)> = page["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| {
-            let text = t["waiting"]["text"].as_str()?;
-            Some((
-                t["device"].as_str().unwrap_or("?").to_owned(),
-                text.to_owned(),
-            ))
-        })
-        .collect();
+    // Each target with its wait, by the API's types of either kind.
+    let (total, waiting): (u64, Vec<(String, String)>) = match resource {
+        Resource::Taskruns => {
+            let page: drover_api::runs::RunTargets = api.get(&path).await?;
+            let waits = page.items.into_iter();
+            (
+                page.total,
+                waits
+                    .filter_map(|t| Some((t.device, t.waiting?.text)))
+                    .collect(),
+            )
+        }
+        _ => {
+            let page: drover_api::deployments::DeploymentTargets = api.get(&path).await?;
+            let waits = page.items.into_iter();
+            (
+                page.total,
+                waits
+                    .filter_map(|t| Some((t.device, t.waiting?.text)))
+                    .collect(),
+            )
+        }
+    };
     if waiting.is_empty() {
         return Ok(None);
     }
@@ -162,7 +172,7 @@ async fn waits_note(api: &ApiClient, resource: Resource, name: &str) -> Result<O
             printable(text)
         ));
     }
-    let total = page["total"].as_u64().unwrap_or(0) as usize;
+    let total = total as usize;
     if waiting.len() > WAITS_SHOWN || total > WAITS_READ {
         lines.push(format!(
             "  … {} more waiting{} (drover describe {} {name})",

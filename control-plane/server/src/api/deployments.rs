@@ -260,13 +260,8 @@ pub(super) async fn describe_deployment(
                 .unwrap_or_else(|| window.time_zone.clone());
             *zones.entry(zone).or_default() += 1;
         }
-        if let Some(error) = &target.last_error {
-            errors.push(api::TargetError {
-                device: target.device.to_string(),
-                attempt: target.attempt,
-                error: error.clone(),
-                reason: Vec::new(),
-            });
+        if target.last_error.is_some() {
+            errors.push(target);
         }
         if target.end.is_none()
             && target.job.is_none()
@@ -277,18 +272,29 @@ pub(super) async fn describe_deployment(
         }
     }
     waiting.sort_by_key(|(at, _)| *at);
+    // The shown errors with their reasons, from their attempts' jobs.
     errors.truncate(10);
-    // The shown errors' reasons, from their attempts' jobs.
-    for error in &mut errors {
-        let Ok(device) = DeviceId::new(error.device.clone()) else {
-            continue;
-        };
-        let job = drover_rules::deployment::attempt_job_id(deployment.uid, &device, error.attempt);
-        if let Some((_, job)) = state.db.get::<JobDelivery>(&job_key(&device, job)).await?
-            && let Some(status) = job.status
+    let mut latest_errors = Vec::with_capacity(errors.len());
+    for target in errors {
+        let job = drover_rules::deployment::attempt_job_id(
+            deployment.uid,
+            &target.device,
+            target.attempt,
+        );
+        let reason = match state
+            .db
+            .get::<JobDelivery>(&job_key(&target.device, job))
+            .await?
         {
-            error.reason = status.reason;
-        }
+            Some((_, job)) => job.status.map(|s| s.reason).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        latest_errors.push(api::TargetError {
+            device: target.device.to_string(),
+            attempt: target.attempt,
+            error: target.last_error.clone().unwrap_or_default(),
+            reason,
+        });
     }
     // Every waiting target is counted by its reason; only the 20 shown
     // are put in words.
@@ -324,7 +330,7 @@ pub(super) async fn describe_deployment(
         unmatched,
         deployment: convert::deployment(&deployment),
         windows,
-        latest_errors: errors,
+        latest_errors,
         waiting_retry: waiting
             .iter()
             .take(20)

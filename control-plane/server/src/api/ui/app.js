@@ -102,6 +102,7 @@ function progress(done, failed, total) {
   return bar;
 }
 
+// The API's answer as JSON (as text with `text: true`: a job's output).
 async function api(path, options = {}) {
   const headers = { ...(options.headers || {}) };
   if (options.body !== undefined) headers["content-type"] = "application/json";
@@ -116,6 +117,7 @@ async function api(path, options = {}) {
     location.href = "/ui/login";
     throw new Error("logged out");
   }
+  if (options.text && response.ok) return response.text();
   const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new Error(body.error || `${response.status}`);
   return body;
@@ -515,22 +517,6 @@ function upgradeReport(output) {
 // redraws the page.
 const shownOutput = new Map();
 
-// The job's whole output as text, from the device through its transport.
-async function fetchOutput(device, job) {
-  const response = await fetch(`/api/v1/devices/${encodeURIComponent(device)}/logs?job=${encodeURIComponent(job)}`, {
-    credentials: "same-origin",
-  });
-  if (response.status === 401) {
-    location.href = "/ui/login";
-    throw new Error("logged out");
-  }
-  if (!response.ok) {
-    const body = await response.json().catch(() => ({}));
-    throw new Error(body.error || `${response.status}`);
-  }
-  return response.text();
-}
-
 function outputSection(device) {
   const shown = shownOutput.get(device);
   if (!shown) return h("div", { id: "job-output" });
@@ -550,7 +536,8 @@ function outputButton(device, job) {
     };
     show({ job });
     try {
-      show({ job, text: await fetchOutput(device, job) });
+      const path = `/devices/${encodeURIComponent(device)}/logs?job=${encodeURIComponent(job)}`;
+      show({ job, text: await api(path, { text: true }) });
     } catch (e) {
       show({ job, error: e.message });
     }
