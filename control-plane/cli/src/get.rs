@@ -163,6 +163,17 @@ async fn waits_note(api: &ApiClient, resource: Resource, name: &str) -> Result<O
     if waiting.is_empty() {
         return Ok(None);
     }
+    Ok(Some(waits_lines(
+        &waiting,
+        total as usize,
+        resource.singular(),
+        name,
+    )))
+}
+
+/// The note's lines: the first WAITS_SHOWN waits, then how many more wait
+/// among the targets read and how many targets were not read at all.
+fn waits_lines(waiting: &[(String, String)], total: usize, kind: &str, name: &str) -> String {
     let width = waiting.iter().map(|(d, _)| d.len()).max().unwrap_or(0);
     let mut lines = vec!["why targets wait:".to_owned()];
     for (device, text) in waiting.iter().take(WAITS_SHOWN) {
@@ -172,20 +183,24 @@ async fn waits_note(api: &ApiClient, resource: Resource, name: &str) -> Result<O
             printable(text)
         ));
     }
-    let total = total as usize;
-    if waiting.len() > WAITS_SHOWN || total > WAITS_READ {
-        lines.push(format!(
-            "  … {} more waiting{} (drover describe {} {name})",
-            waiting.len().saturating_sub(WAITS_SHOWN),
-            if total > WAITS_READ {
-                " among the first 1000 targets"
-            } else {
-                ""
-            },
-            resource.singular()
+    let more = waiting.len().saturating_sub(WAITS_SHOWN);
+    let unread = total.saturating_sub(WAITS_READ);
+    let mut rest = Vec::new();
+    if more > 0 {
+        rest.push(format!("{more} more waiting"));
+    }
+    if unread > 0 {
+        rest.push(format!(
+            "{unread} targets past the first {WAITS_READ} not read"
         ));
     }
-    Ok(Some(lines.join("\n")))
+    if !rest.is_empty() {
+        lines.push(format!(
+            "  … {} (drover describe {kind} {name})",
+            rest.join("; ")
+        ));
+    }
+    lines.join("\n")
 }
 
 /// The objects of a listing read as the API's type for their kind.
@@ -528,5 +543,36 @@ mod tests {
         assert_eq!(moment(&ahead, now), "2026-12-02T23:20:00Z (in 2h)");
         assert_eq!(moment(&Value::Null, now), "-");
         assert_eq!(moment(&serde_json::json!("soon"), now), "soon");
+    }
+
+    #[test]
+    fn the_waits_note_counts_the_unread_targets_apart_from_the_waiting_ones() {
+        let wait = |n: usize| -> Vec<(String, String)> {
+            (0..n)
+                .map(|i| (format!("d{i}"), "waiting for the canaries".to_owned()))
+                .collect()
+        };
+        // All read, all shown: no tail line.
+        let note = waits_lines(&wait(3), 3, "taskrun", "r");
+        assert_eq!(note.lines().count(), 4, "{note}");
+        // More waiting than shown.
+        let note = waits_lines(&wait(25), 25, "taskrun", "r");
+        assert!(
+            note.ends_with("  … 5 more waiting (drover describe taskrun r)"),
+            "{note}"
+        );
+        // Few waiting among the first 1000, the rest not read: no "0 more".
+        let note = waits_lines(&wait(2), 5000, "deployment", "d");
+        assert!(
+            note.ends_with(
+                "  … 4000 targets past the first 1000 not read (drover describe deployment d)"
+            ),
+            "{note}"
+        );
+        let note = waits_lines(&wait(30), 5000, "deployment", "d");
+        assert!(
+            note.contains("… 10 more waiting; 4000 targets past"),
+            "{note}"
+        );
     }
 }
