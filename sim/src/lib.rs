@@ -8,6 +8,7 @@
 //! N; [`bench`] drives it at fleet scale.
 
 pub mod bench;
+pub mod bench_fleet;
 pub mod connect;
 pub mod connect_mqtt;
 pub mod enroll;

@@ -280,7 +280,9 @@ async fn agents(args: AgentsArgs) -> Result<()> {
         heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
         statuses_per_job,
     };
-    let stats = bench::spawn_agents(transport, &url, first, &tokens, behaviour, &shutdown)?;
+    let stats = drover_sim::bench_fleet::spawn_agents(
+        transport, &url, first, &tokens, behaviour, &shutdown,
+    )?;
     let mut report = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
