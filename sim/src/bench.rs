@@ -9,10 +9,12 @@
 
 use crate::bench_fleet::{AGENTS_PER_PROCESS, AgentProcesses, Fleet, spawn_agents};
 use crate::harness::{
-    Api, Process, Serve, Transport, http_builder, register, start_drover, start_mosquitto,
-    start_nats, start_nats_cluster, timed, wait_for,
+    Api, CP_USER, MONITOR_KEY, PROFILE_KEY, Process, Serve, Transport, http_builder, nats_endpoint,
+    register, start_drover, start_mosquitto, start_nats, start_nats_cluster, timed, wait_for,
 };
+use crate::nats_counts::NatsCounts;
 use crate::procstat::{self, Usage};
+use crate::profile::Profiler;
 use crate::summary::{Figures, VIEW_QUERIES, VIEWS};
 use crate::{Behaviour, device_ids};
 use anyhow::{Context, Result, bail};
@@ -45,6 +47,10 @@ pub struct BenchOptions {
     /// Simulator processes playing the agents; 0: this one up to
     /// [`AGENTS_PER_PROCESS`] agents, else as many as that limit needs.
     pub agent_processes: usize,
+    /// Where each run's CPU profiles go (`perf record`, issue 57), if asked.
+    pub profile: Option<PathBuf>,
+    /// How long a NATS server's own profiler samples from apply.
+    pub profile_seconds: u64,
 }
 
 /// A data directory for replica `index` beside the first one (DIR/data):
@@ -89,6 +95,29 @@ fn written_between(before: &[Usage], after: &[Usage]) -> u64 {
     between(before, after, |b, a| {
         a.written_bytes.saturating_sub(b.written_bytes)
     })
+}
+
+/// The store commits every replica has made (`/metrics`'
+/// `drover_store_commit_seconds_count`).
+async fn store_commits(apis: &[Api]) -> Result<u64> {
+    let mut commits = 0;
+    for api in apis {
+        let text = api
+            .http
+            .get(format!("{}/metrics", api.base))
+            .bearer_auth(&api.token)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        commits += text
+            .lines()
+            .find_map(|l| l.strip_prefix("drover_store_commit_seconds_count "))
+            .and_then(|count| count.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64;
+    }
+    Ok(commits)
 }
 
 /// Each replica's engine counters (`/summary`'s `engine`).
@@ -185,6 +214,22 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let run = format!("bench-{devices}");
     let (manifest, path, work) = work_manifest(&run, options.deployment_concurrency);
     let engines_before = engine_stats(&apis).await?;
+    let nats_dirs = nats_dirs(dir.path(), broker.is_some(), options, cluster);
+    let monitors = nats_dirs
+        .iter()
+        .map(|dir| nats_endpoint(dir, MONITOR_KEY))
+        .collect::<Result<Vec<_>>>()?;
+    let nats_before = match monitors.is_empty() {
+        true => None,
+        false => Some(NatsCounts::read(&http, &monitors, CP_USER).await?),
+    };
+    let profiler = match &options.profile {
+        Some(out) => Some(start_profiles(
+            &http, out, &cps, &brokers, &nats_dirs, devices, options,
+        )?),
+        None => None,
+    };
+    let commits_before = store_commits(&apis).await?;
     let start = usages(&cps)?;
     let brokers_start = usages(&brokers)?;
     let load_before = procstat::load_average().unwrap_or(f64::NAN);
@@ -195,6 +240,20 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let end = usages(&cps)?;
     let brokers_end = usages(&brokers)?;
     let load_after = procstat::load_average().unwrap_or(f64::NAN);
+    let commits = store_commits(&apis).await?.saturating_sub(commits_before);
+    if let Some(profiler) = profiler {
+        for report in profiler.finish().await? {
+            eprintln!("profile: {}", report.display());
+        }
+    }
+    let nats = match nats_before {
+        Some(before) => Some(
+            NatsCounts::read(&http, &monitors, CP_USER)
+                .await?
+                .since(&before),
+        ),
+        None => None,
+    };
     let mut views_ms = Vec::new();
     for (name, path) in VIEWS {
         views_ms.push((name, timed(api, path, VIEW_QUERIES).await?));
@@ -222,6 +281,12 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         eprintln!("kept {}", kept.display());
     }
     let n = devices as f64;
+    eprintln!(
+        "written per device: control planes {:.1} KiB in {commits} store commits ({:.2} per device), brokers {:.1} KiB",
+        written_between(&start, &end) as f64 / 1024.0 / n,
+        commits as f64 / n,
+        written_between(&brokers_start, &brokers_end) as f64 / 1024.0 / n
+    );
     let idle_growth: u64 = between(&before_agents, &idle, |b, a| {
         a.rss_bytes.saturating_sub(b.rss_bytes)
     });
@@ -248,7 +313,54 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         store_seconds,
         load: (load_before, load_after),
         views_ms,
+        nats,
     })
+}
+
+/// The directories of the NATS servers the run has (none over MQTT, or
+/// over WebSocket on the embedded store).
+fn nats_dirs(dir: &Path, brokered: bool, options: &BenchOptions, cluster: bool) -> Vec<PathBuf> {
+    let nats = options.transport == Transport::Nats || options.replicas > 1;
+    match (brokered && nats, cluster) {
+        (false, _) => Vec::new(),
+        (true, true) => (0..3).map(|i| dir.join(format!("n{i}"))).collect(),
+        (true, false) => vec![dir.to_owned()],
+    }
+}
+
+/// CPU profiles of every control plane and broker for this run, their
+/// files named by the fleet and the time it started: `perf record` until
+/// Complete, or a NATS server's own profiler for the first seconds.
+fn start_profiles(
+    http: &reqwest::Client,
+    out: &Path,
+    cps: &[&Process],
+    brokers: &[&Process],
+    nats_dirs: &[PathBuf],
+    devices: usize,
+    options: &BenchOptions,
+) -> Result<Profiler> {
+    let label = format!(
+        "{devices}-{:?}-{}",
+        options.transport,
+        jiff::Timestamp::now().strftime("%H%M%S")
+    )
+    .to_lowercase();
+    let mut recorded: Vec<(String, u32)> = cps
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("control-plane-{i}"), p.0.id()))
+        .collect();
+    if nats_dirs.is_empty() {
+        recorded.extend(brokers.iter().map(|p| ("broker".to_owned(), p.0.id())));
+    }
+    let mut profiler = Profiler::start(out, &label, &recorded)?;
+    for (i, dir) in nats_dirs.iter().enumerate() {
+        let endpoint = nats_endpoint(dir, PROFILE_KEY)?;
+        let name = format!("nats-{i}");
+        profiler.go_profile(http, out, &label, &name, &endpoint, options.profile_seconds);
+    }
+    Ok(profiler)
 }
 
 /// The broker the agents (or the replicas' store) need: one nats-server,

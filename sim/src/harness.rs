@@ -80,6 +80,13 @@ pub(crate) fn start_nats_with(
 /// the 2.10 a cluster needs, see docs/operations.md).
 fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
     let path = dir.join("nats.conf");
+    // Its monitoring and profiling endpoints too, which the fleet
+    // benchmark reads ([`nats_endpoint`]).
+    let config = format!(
+        "{config}\n{MONITOR_KEY}\"127.0.0.1:{}\"\n{PROFILE_KEY}{}\n",
+        free_port()?,
+        free_port()?
+    );
     std::fs::write(&path, config)?;
     let log = std::fs::File::create(dir.join("nats.log"))?;
     let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
@@ -103,6 +110,26 @@ fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(process)
+}
+
+/// nats-server's monitoring endpoint (`/varz`, `/jsz`, ...).
+pub(crate) const MONITOR_KEY: &str = "http: ";
+/// nats-server's Go profiler (`/debug/pprof/profile`).
+pub(crate) const PROFILE_KEY: &str = "prof_port: ";
+
+/// An endpoint (`http://127.0.0.1:PORT`) of the nats-server started in
+/// `dir`, by its config key there ([`MONITOR_KEY`], [`PROFILE_KEY`]).
+pub(crate) fn nats_endpoint(dir: &Path, key: &str) -> Result<String> {
+    let config = std::fs::read_to_string(dir.join("nats.conf"))?;
+    config
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .map(|address| match address.trim_matches('"') {
+            // prof_port is a port on the listen address's host.
+            port if !port.contains(':') => format!("http://127.0.0.1:{port}"),
+            address => format!("http://{address}"),
+        })
+        .with_context(|| format!("no {key:?} in {}/nats.conf", dir.display()))
 }
 
 /// Starts three nats-server nodes as one JetStream cluster (routes on

@@ -231,6 +231,14 @@ struct BenchArgs {
     /// agents, else one per 15,000, as a process may hold 20,000 files).
     #[arg(long, default_value_t = 0)]
     agent_processes: usize,
+    /// CPU profiles of the control plane and the brokers from apply to
+    /// Complete (`perf record`), each run's flat report written here.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// With --profile: seconds a NATS server's own profiler samples from
+    /// apply (its binary has no symbols for perf).
+    #[arg(long, default_value_t = 10)]
+    profile_seconds: u64,
 }
 
 fn main() -> Result<()> {
@@ -419,6 +427,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         runs,
         replicas,
         agent_processes,
+        profile,
+        profile_seconds,
     } = args;
     let drover = beside_this(drover, "drover")?;
     let options = BenchOptions {
@@ -432,14 +442,23 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         nats_cluster,
         replicas,
         agent_processes,
+        profile,
+        profile_seconds,
     };
     println!("{}", drover_sim::summary::header());
+    let mut counted = Vec::new();
     for size in devices {
         let mut figures = Vec::new();
         for run in 1..=runs.max(1) {
             match bench::measure(&options, size).await {
                 Ok(one) => {
                     eprintln!("run {run} of {runs}: {}", one.row());
+                    if let Some(counts) = &one.nats {
+                        eprintln!(
+                            "run {run} of {runs}, per device: {}",
+                            counts.per_device(size)
+                        );
+                    }
                     figures.push(one);
                 }
                 Err(e) => eprintln!("run {run} of {runs}, {size} devices: failed: {e:#}"),
@@ -451,6 +470,11 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
                 "| {size} | {transport:?} | every run failed (see stderr) | | | | | | | | | | | | | | |"
             ),
         }
+        counted.push(figures);
+    }
+    // What the runs cost the NATS servers, counted by them.
+    if let Some(table) = drover_sim::summary::nats_table(&counted) {
+        println!("\n{table}");
     }
     Ok(())
 }

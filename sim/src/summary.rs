@@ -42,6 +42,8 @@ pub struct Figures {
     /// The operator's views on the first replica once the run ended, every
     /// agent still connected: each asked [`VIEW_QUERIES`] times.
     pub views_ms: Vec<(&'static str, Spread)>,
+    /// What the run cost the NATS servers (NATS agents or store only).
+    pub nats: Option<crate::nats_counts::NatsCounts>,
 }
 
 /// The operator's views the benchmark times: `drover get devices`' first
@@ -205,6 +207,58 @@ pub fn row(runs: &[Figures]) -> Option<String> {
         slowest_view(runs),
         show(all().flat_map(|f| [f.load.0, f.load.1]), 2),
     ))
+}
+
+/// What each fleet's runs cost the NATS servers, per device: one row per
+/// size, each count's median with its range over the runs (None when no
+/// run counted any).
+pub fn nats_table(sizes: &[Vec<Figures>]) -> Option<String> {
+    let mut lines = vec![
+        "| devices | transport | messages in | of them from the control plane | messages out | of them to the control plane | JetStream API requests | writes by stream |".to_owned(),
+        "|---|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    for runs in sizes {
+        let counted: Vec<(&Figures, &crate::nats_counts::NatsCounts)> = runs
+            .iter()
+            .filter_map(|f| Some((f, f.nats.as_ref()?)))
+            .collect();
+        let Some((first, _)) = counted.first() else {
+            continue;
+        };
+        let per = |count: fn(&crate::nats_counts::NatsCounts) -> u64| {
+            show(
+                counted
+                    .iter()
+                    .map(|(f, c)| count(c) as f64 / f.devices.max(1) as f64),
+                1,
+            )
+        };
+        let mut streams: Vec<&String> = counted.iter().flat_map(|(_, c)| c.writes.keys()).collect();
+        streams.sort();
+        streams.dedup();
+        let writes: Vec<String> = streams
+            .into_iter()
+            .filter_map(|name| {
+                let each = counted.iter().map(|(f, c)| {
+                    c.writes.get(name).copied().unwrap_or(0) as f64 / f.devices.max(1) as f64
+                });
+                let spread = Spread::of(each)?;
+                (spread.max > 0.0).then(|| format!("{name} {}", spread.show(1)))
+            })
+            .collect();
+        lines.push(format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            first.devices,
+            first.transport_label(),
+            per(|c| c.in_msgs),
+            per(|c| c.control_plane_in),
+            per(|c| c.out_msgs),
+            per(|c| c.control_plane_out),
+            per(|c| c.api_requests),
+            writes.join("; ")
+        ));
+    }
+    (lines.len() > 2).then(|| lines.join("\n"))
 }
 
 #[cfg(test)]
