@@ -1,7 +1,9 @@
 //! The control plane's side of the NATS mapping as an agent link. Intents
 //! are put into the intent bucket (republished to each device's subject) and
 //! deleted once decided. A status arrives as a request on its device's
-//! status subject; the replica that takes it (a queue group) checks it and
+//! status subject; the replica that takes it (a queue group) checks it (a
+//! job whose intent it put itself is known given; any other is looked up
+//! in the intent bucket) and
 //! puts it into the status bucket under its job's key, then answers (a
 //! status of a job it was never given, the agent's own assessment, goes to
 //! the delivery core directly, which keeps or refuses it). The
@@ -50,7 +52,18 @@ pub struct NatsLinks {
     pub(crate) joining: tokio::sync::watch::Sender<Option<Arc<Joining>>>,
     /// Log requests this replica sent and waits on.
     logs: Arc<drover_contract::logs::Waiters>,
+    /// The job keys this replica put into the intent bucket and has not
+    /// withdrawn: a status of one of them was given to its device, as the
+    /// bucket's entry would prove, without asking the bucket (two messages
+    /// and a round trip a status). A key not here (another replica's, or
+    /// one put before a restart) is looked up in the bucket.
+    given: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// The most job keys [`NatsLinks::given`] remembers (about 25 MiB): five
+/// undecided jobs for each of 50,000 devices; past it, statuses of the keys
+/// it could not keep are checked in the bucket.
+const GIVEN_KEYS: usize = 1 << 18;
 
 /// What the link needs to let devices join (the joining module): the gate
 /// that judges them, the keys that sign their JWTs, and a connection in the
@@ -103,7 +116,12 @@ impl NatsLinks {
             backlog: Default::default(),
             joining: tokio::sync::watch::Sender::new(None),
             logs: Arc::default(),
+            given: Default::default(),
         })
+    }
+
+    fn given(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.given.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks one backlog read; once both are, tells the delivery core the
@@ -402,7 +420,11 @@ impl NatsLinks {
                 status.device_id
             )));
         }
-        match self.buckets.intents.entry(key(device, status.job_id)).await {
+        let job_key = key(device, status.job_id);
+        if self.given().contains(&job_key) {
+            return Ok(Checked::Given(status));
+        }
+        match self.buckets.intents.entry(job_key).await {
             Ok(Some(_)) => Ok(Checked::Given(status)),
             Ok(None) => Ok(Checked::NotGiven(status)),
             Err(e) => Err(StatusReply::Failed(format!(
@@ -458,11 +480,18 @@ impl NatsLinks {
         signed: &serde_json::Value,
     ) -> Result<u64, LinkError> {
         let payload = serde_json::to_vec(signed).map_err(link_error)?;
-        self.buckets
+        let job_key = key(device, job_id);
+        let revision = self
+            .buckets
             .intents
-            .put(key(device, job_id), payload.into())
+            .put(&job_key, payload.into())
             .await
-            .map_err(link_error)
+            .map_err(link_error)?;
+        let mut given = self.given();
+        if given.len() < GIVEN_KEYS {
+            given.insert(job_key);
+        }
+        Ok(revision)
     }
 }
 
@@ -539,11 +568,15 @@ impl AgentLinks for NatsLinks {
         job_id: JobId,
     ) -> BoxFuture<'a, Result<(), LinkError>> {
         Box::pin(async move {
+            let job_key = key(device, job_id);
             self.buckets
                 .intents
-                .delete(key(device, job_id))
+                .delete(&job_key)
                 .await
-                .map_err(link_error)
+                .map_err(link_error)?;
+            // Its delete marker still proves the job was given.
+            self.given().remove(&job_key);
+            Ok(())
         })
     }
 }
