@@ -151,15 +151,15 @@ pub fn by_part(flat: &str) -> String {
     let mut parts: std::collections::BTreeMap<String, f64> = Default::default();
     for line in flat.lines() {
         let mut words = line.split_whitespace();
-        let (Some(percent), Some(dso), Some(_), Some(symbol)) =
-            (words.next(), words.next(), words.next(), words.next())
-        else {
+        let (Some(percent), Some(dso), Some(_)) = (words.next(), words.next(), words.next()) else {
             continue;
         };
+        // The symbol is the rest: `<&mut X as Y>::f` has spaces.
+        let symbol = words.collect::<Vec<_>>().join(" ");
         let Ok(percent) = percent.trim_end_matches('%').parse::<f64>() else {
             continue;
         };
-        *parts.entry(part_of(dso, symbol)).or_default() += percent;
+        *parts.entry(part_of(dso, &symbol)).or_default() += percent;
     }
     let mut parts: Vec<(String, f64)> = parts.into_iter().collect();
     parts.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -169,6 +169,18 @@ pub fn by_part(flat: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// How ring's C and assembly functions begin.
+const RING_C: [&str; 8] = [
+    "ring_core_",
+    "fiat_",
+    "fe_",
+    "fe4_",
+    "ge_",
+    "sc_",
+    "x25519_",
+    "constant_time_",
+];
 
 fn part_of(dso: &str, symbol: &str) -> String {
     const ALLOCATOR: [&str; 8] = [
@@ -197,9 +209,15 @@ fn part_of(dso: &str, symbol: &str) -> String {
         return "libc, other".to_owned();
     }
     // `<serde_json::read::SliceRead as ...>::parse_str`: the type's crate.
-    let path = symbol.trim_start_matches('<').trim_start_matches('&');
+    let path = symbol
+        .trim_start_matches('<')
+        .trim_start_matches('&')
+        .trim_start_matches("mut ")
+        .trim_start_matches("dyn ");
     match path.split_once("::") {
         Some((krate, _)) if !krate.contains(' ') => krate.to_owned(),
+        // ring's C and assembly (its Ed25519 signatures: every intent).
+        _ if RING_C.iter().any(|p| symbol.starts_with(p)) => "ring".to_owned(),
         _ => dso.to_owned(),
     }
 }
@@ -217,12 +235,14 @@ mod tests {
      2.05%  drover             [.] uuid::parser::decode_hex32
      1.03%  drover             [.] <serde_json::read::SliceRead as serde_json::read::Read>::parse_str
      1.37%  drover             [.] serde_json::read::SliceRead::skip_to_escape
+     1.00%  drover             [.] <&mut serde_json::de::Deserializer<R> as serde_core::de::Deserializer>::deserialize_any
      0.50%  drover             [.] 0x0000000000025271
+     1.56%  drover             [.] constant_time_conditional_memxor.constprop.0
 ";
         assert_eq!(
             by_part(flat),
             "  7.19%  memory copies (libc)\n  6.85%  allocator (libc)\n  3.42%  kernel\n  \
-             2.40%  serde_json\n  2.05%  uuid\n  0.50%  drover"
+             3.40%  serde_json\n  2.05%  uuid\n  1.56%  ring\n  0.50%  drover"
         );
     }
 }
