@@ -215,21 +215,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let (manifest, path, work) = work_manifest(&run, options.deployment_concurrency);
     let engines_before = engine_stats(&apis).await?;
     let nats_dirs = nats_dirs(dir.path(), broker.is_some(), options, cluster);
-    let monitors = nats_dirs
-        .iter()
-        .map(|dir| nats_endpoint(dir, MONITOR_KEY))
-        .collect::<Result<Vec<_>>>()?;
-    let nats_before = match monitors.is_empty() {
-        true => None,
-        false => Some(NatsCounts::read(&http, &monitors, CP_USER).await?),
-    };
-    let profiler = match &options.profile {
-        Some(out) => Some(start_profiles(
-            &http, out, &cps, &brokers, &nats_dirs, devices, options,
-        )?),
-        None => None,
-    };
-    let commits_before = store_commits(&apis).await?;
+    let watch = Watch::start(&http, &apis, &cps, &brokers, &nats_dirs, devices, options).await?;
     let start = usages(&cps)?;
     let brokers_start = usages(&brokers)?;
     let load_before = procstat::load_average().unwrap_or(f64::NAN);
@@ -240,20 +226,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let end = usages(&cps)?;
     let brokers_end = usages(&brokers)?;
     let load_after = procstat::load_average().unwrap_or(f64::NAN);
-    let commits = store_commits(&apis).await?.saturating_sub(commits_before);
-    if let Some(profiler) = profiler {
-        for report in profiler.finish().await? {
-            eprintln!("profile: {}", report.display());
-        }
-    }
-    let nats = match nats_before {
-        Some(before) => Some(
-            NatsCounts::read(&http, &monitors, CP_USER)
-                .await?
-                .since(&before),
-        ),
-        None => None,
-    };
+    let (nats, commits) = watch.finish(&http, &apis).await?;
     let mut views_ms = Vec::new();
     for (name, path) in VIEWS {
         views_ms.push((name, timed(api, path, VIEW_QUERIES).await?));
@@ -265,28 +238,21 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         &engines_after,
         options.deployment_concurrency.is_some(),
     );
-    let broker_rss: Vec<u64> = brokers_end
-        .iter()
-        .map(|u| u.rss_bytes / (1024 * 1024))
-        .collect();
     let broker_cpu = (!brokers.is_empty())
         .then(|| cpu_between(&brokers_start, &brokers_end).as_secs_f64() * 1000.0 / devices as f64);
     shutdown.cancel();
     drop(fleet);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    drop(control_planes);
-    drop(broker);
+    drop((control_planes, broker));
     if options.keep {
-        let kept = dir.keep();
-        eprintln!("kept {}", kept.display());
+        eprintln!("kept {}", dir.keep().display());
     }
     let n = devices as f64;
-    eprintln!(
-        "written per device: control planes {:.1} KiB in {commits} store commits ({:.2} per device), brokers {:.1} KiB",
-        written_between(&start, &end) as f64 / 1024.0 / n,
-        commits as f64 / n,
-        written_between(&brokers_start, &brokers_end) as f64 / 1024.0 / n
+    let (cp_written, broker_written) = (
+        written_between(&start, &end),
+        written_between(&brokers_start, &brokers_end),
     );
+    say_writes(cp_written, broker_written, commits, devices);
     let idle_growth: u64 = between(&before_agents, &idle, |b, a| {
         a.rss_bytes.saturating_sub(b.rss_bytes)
     });
@@ -299,13 +265,10 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         cpu_ms_per_device: cpu_between(&start, &end).as_secs_f64() * 1000.0 / n,
         broker_cpu_ms_per_device: broker_cpu,
         idle_rss_kib_per_device: idle_growth as f64 / 1024.0 / n,
-        written_kib_per_device: (written_between(&start, &end)
-            + written_between(&brokers_start, &brokers_end)) as f64
-            / 1024.0
-            / n,
+        written_kib_per_device: (cp_written + broker_written) as f64 / 1024.0 / n,
         complete,
-        control_plane_rss_mib: idle.iter().map(|u| u.rss_bytes / (1024 * 1024)).collect(),
-        broker_rss_mib: broker_rss,
+        control_plane_rss_mib: mib(&idle),
+        broker_rss_mib: mib(&brokers_end),
         cluster,
         work,
         passes,
@@ -315,6 +278,91 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         views_ms,
         nats,
     })
+}
+
+/// Each process's RSS in MiB.
+fn mib(usages: &[Usage]) -> Vec<u64> {
+    usages.iter().map(|u| u.rss_bytes / (1024 * 1024)).collect()
+}
+
+/// The control planes' and the brokers' writes apart, with the store's
+/// commits (stderr).
+fn say_writes(control_planes: u64, brokers: u64, commits: u64, devices: usize) {
+    let n = devices.max(1) as f64;
+    eprintln!(
+        "written per device: control planes {:.1} KiB in {commits} store commits ({:.2} per device), brokers {:.1} KiB",
+        control_planes as f64 / 1024.0 / n,
+        commits as f64 / n,
+        brokers as f64 / 1024.0 / n
+    );
+}
+
+/// What the benchmark watches around a run beside the processes' usage:
+/// the NATS servers' counters, the store commits, the profiles.
+struct Watch {
+    monitors: Vec<String>,
+    nats_before: Option<NatsCounts>,
+    commits_before: u64,
+    profiler: Option<Profiler>,
+}
+
+impl Watch {
+    async fn start(
+        http: &reqwest::Client,
+        apis: &[Api],
+        cps: &[&Process],
+        brokers: &[&Process],
+        nats_dirs: &[PathBuf],
+        devices: usize,
+        options: &BenchOptions,
+    ) -> Result<Self> {
+        let monitors = nats_dirs
+            .iter()
+            .map(|dir| nats_endpoint(dir, MONITOR_KEY))
+            .collect::<Result<Vec<_>>>()?;
+        let nats_before = match monitors.is_empty() {
+            true => None,
+            false => Some(NatsCounts::read(http, &monitors, CP_USER).await?),
+        };
+        let profiler = match &options.profile {
+            Some(out) => Some(start_profiles(
+                http, out, cps, brokers, nats_dirs, devices, options,
+            )?),
+            None => None,
+        };
+        Ok(Self {
+            monitors,
+            nats_before,
+            commits_before: store_commits(apis).await?,
+            profiler,
+        })
+    }
+
+    /// What the NATS servers counted during the run and the commits made;
+    /// the profiles written (their paths on stderr).
+    async fn finish(
+        self,
+        http: &reqwest::Client,
+        apis: &[Api],
+    ) -> Result<(Option<NatsCounts>, u64)> {
+        let commits = store_commits(apis)
+            .await?
+            .saturating_sub(self.commits_before);
+        if let Some(profiler) = self.profiler {
+            for report in profiler.finish().await? {
+                eprintln!("profile: {}", report.display());
+            }
+        }
+        let nats = match self.nats_before {
+            Some(before) => Some(
+                NatsCounts::read(http, &self.monitors, CP_USER)
+                    .await?
+                    .since(&before),
+            ),
+            None => None,
+        };
+        Ok((nats, commits))
+    }
 }
 
 /// The directories of the NATS servers the run has (none over MQTT, or
