@@ -58,6 +58,35 @@ pub struct NatsLinks {
     /// and a round trip a status). A key not here (another replica's, or
     /// one put before a restart) is looked up in the bucket.
     given: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Statuses this replica put into the status bucket, as it read them,
+    /// until its watch hands them over: each is read from JSON once.
+    parsed: std::sync::Mutex<ParsedStatuses>,
+}
+
+/// Statuses as the replica that put them read them, by revision, with
+/// their keys; at most [`PARSED_STATUSES`], past which the watch reads
+/// them from JSON again.
+#[derive(Default)]
+struct ParsedStatuses(std::collections::BTreeMap<u64, (String, Box<JobStatus>)>);
+
+/// 16 for each status in flight.
+const PARSED_STATUSES: usize = 16 * STATUSES_IN_FLIGHT;
+
+impl ParsedStatuses {
+    fn keep(&mut self, revision: u64, key: String, status: Box<JobStatus>) {
+        if self.0.len() < PARSED_STATUSES {
+            self.0.insert(revision, (key, status));
+        }
+    }
+
+    /// The status put at `revision` under `key`. Every one kept up to
+    /// `revision` goes: one the watch passed before its put was answered
+    /// is not kept past the watch's next status.
+    fn take(&mut self, revision: u64, key: &str) -> Option<Box<JobStatus>> {
+        let later = self.0.split_off(&(revision + 1));
+        let (kept, status) = std::mem::replace(&mut self.0, later).remove(&revision)?;
+        (kept == key).then_some(status)
+    }
 }
 
 /// The most job keys [`NatsLinks::given`] remembers (about 25 MiB): five
@@ -117,7 +146,12 @@ impl NatsLinks {
             joining: tokio::sync::watch::Sender::new(None),
             logs: Arc::default(),
             given: Default::default(),
+            parsed: Default::default(),
         })
+    }
+
+    fn parsed(&self) -> std::sync::MutexGuard<'_, ParsedStatuses> {
+        self.parsed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn given(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
@@ -226,7 +260,8 @@ impl NatsLinks {
                                 let revision = entry.revision;
                                 let current = entry.seen_current
                                     || backlog_end.is_some_and(|end| revision >= end);
-                                if let Some(inbound) = status_event(entry)
+                                let parsed = self.parsed().take(revision, &entry.key);
+                                if let Some(inbound) = status_event(entry, parsed)
                                     && !self.send(inbound).await
                                 {
                                     return;
@@ -358,13 +393,17 @@ impl NatsLinks {
             Ok(Checked::NotGiven(status)) => return self.hand_to_core(device, status).await,
             Err(answer) => return answer,
         };
+        let job_key = key(device, status.job_id);
         match self
             .buckets
             .statuses
-            .put(key(device, status.job_id), payload.to_vec().into())
+            .put(&job_key, payload.to_vec().into())
             .await
         {
-            Ok(_) => StatusReply::Stored,
+            Ok(revision) => {
+                self.parsed().keep(revision, job_key, Box::new(status));
+                StatusReply::Stored
+            }
             Err(e) => StatusReply::Failed(format!("cannot store the status: {e}")),
         }
     }
@@ -578,5 +617,60 @@ impl AgentLinks for NatsLinks {
             self.given().remove(&job_key);
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(seq: u64) -> Box<JobStatus> {
+        Box::new(JobStatus {
+            job_id: JobId::random(),
+            device_id: DeviceId::new("d1".to_owned()).expect("id"),
+            attempt: 1,
+            kind: "system-upgrade".into(),
+            state: drover_model::JobState::Running,
+            steps: Vec::new(),
+            error: None,
+            output: None,
+            accepted_at: Timestamp::UNIX_EPOCH,
+            started_at: None,
+            finished_at: None,
+            boot_id: "b".into(),
+            completion_heartbeat_at: None,
+            seq,
+            failure: None,
+            reason: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_kept_status_is_taken_once_by_its_revision_and_key() {
+        let mut parsed = ParsedStatuses::default();
+        parsed.keep(5, "d1.a".into(), status(1));
+        parsed.keep(7, "d1.b".into(), status(2));
+        // Another key at that revision (another stream's view) is not it.
+        assert!(parsed.take(5, "d1.z").is_none());
+        // Taken once: the revision is gone after it.
+        assert_eq!(parsed.take(7, "d1.b").map(|s| s.seq), Some(2));
+        assert!(parsed.take(7, "d1.b").is_none());
+        assert!(parsed.0.is_empty());
+    }
+
+    #[test]
+    fn a_status_the_watch_passed_before_it_was_kept_goes_at_the_next_one() {
+        let mut parsed = ParsedStatuses::default();
+        // The watch brought revision 3 before its put was answered.
+        assert!(parsed.take(3, "d1.a").is_none());
+        parsed.keep(3, "d1.a".into(), status(1));
+        parsed.keep(4, "d1.b".into(), status(2));
+        assert_eq!(parsed.take(4, "d1.b").map(|s| s.seq), Some(2));
+        assert!(parsed.0.is_empty(), "revision 3 is not kept forever");
+        // And the bound holds: past it nothing more is kept.
+        for revision in 0..(PARSED_STATUSES as u64 + 10) {
+            parsed.keep(revision + 10, format!("d1.{revision}"), status(revision));
+        }
+        assert_eq!(parsed.0.len(), PARSED_STATUSES);
     }
 }

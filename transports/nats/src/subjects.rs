@@ -93,8 +93,13 @@ pub(crate) async fn reply_hello(
     }
 }
 
-/// A status entry as an inbound event, or None for what is not one.
-pub(crate) fn status_event(entry: async_nats::jetstream::kv::Entry) -> Option<Inbound> {
+/// A status entry as an inbound event, or None for what is not one;
+/// `parsed` is the entry's value already read (by the replica that put
+/// it), else it is read here.
+pub(crate) fn status_event(
+    entry: async_nats::jetstream::kv::Entry,
+    parsed: Option<Box<JobStatus>>,
+) -> Option<Inbound> {
     if entry.operation != async_nats::jetstream::kv::Operation::Put {
         return None;
     }
@@ -102,12 +107,15 @@ pub(crate) fn status_event(entry: async_nats::jetstream::kv::Entry) -> Option<In
         warn!(key = %entry.key, "status under a malformed key ignored");
         return None;
     };
-    let status: JobStatus = match serde_json::from_slice(&entry.value) {
-        Ok(status) => status,
-        Err(e) => {
-            warn!(key = %entry.key, error = %e, "unreadable status ignored");
-            return None;
-        }
+    let status = match parsed {
+        Some(status) => status,
+        None => match serde_json::from_slice::<JobStatus>(&entry.value) {
+            Ok(status) => Box::new(status),
+            Err(e) => {
+                warn!(key = %entry.key, error = %e, "unreadable status ignored");
+                return None;
+            }
+        },
     };
     if status.job_id != job {
         warn!(key = %entry.key, "status names another job than its key; ignored");
@@ -120,7 +128,7 @@ pub(crate) fn status_event(entry: async_nats::jetstream::kv::Entry) -> Option<In
         .map_or(now, |stored| stored.min(now));
     Some(Inbound::Status {
         device,
-        status: Box::new(status),
+        status,
         received_at,
         position: Some(entry.revision),
         reply: Reply::none(),
