@@ -36,6 +36,8 @@ pub mod kv;
 pub mod links;
 pub mod logs;
 #[cfg(feature = "server")]
+mod parsed;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 mod subjects;
