@@ -510,3 +510,20 @@ pub fn block_from<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
         .skip_while(|l| !l.starts_with(heading))
         .collect()
 }
+
+/// Issue 56's real apt failure: a package whose dependency no archive
+/// has, by the name a Deployment installs it ([`upload_needy_package`]).
+pub const NEEDY_PACKAGE: &str = "drover-needy_1.0_all";
+/// What apt says of it among the reason lines.
+pub const NEEDY_UNMET: &str = "drover-needy : Depends: drover-missing (>= 2.0)";
+
+/// Builds [`NEEDY_PACKAGE`] and uploads it to the control plane's
+/// repository with `drover packages upload`.
+pub fn upload_needy_package(cp: &ControlPlane) {
+    let build = tempfile::tempdir().expect("build dir");
+    let needy = debroot::Pkg::new("drover-needy", "1.0")
+        .depends("drover-missing (>= 2.0)")
+        .build(build.path(), build.path());
+    let out = cp.cli(&["packages", "upload", needy.to_str().expect("path")]);
+    assert!(out.status.success(), "{out:?}");
+}

@@ -1212,6 +1212,55 @@ async fn the_run_and_device_pages_show_a_failed_jobs_reason_in_dpkgs_words() {
     browser.close().await.expect("close");
 }
 
+/// Issue 56's end-to-end case in the browser: a package whose dependency
+/// no archive has, installed by a real apt in a disposable Debian root,
+/// fails; the device page shows apt's own words on why (the unmet
+/// dependency and its `E:` line) under the job's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_page_shows_an_unmet_dependency_in_apts_words() {
+    let sandbox = drover_tests::debroot::Sandbox::new();
+    let cp = ControlPlane::start(&[]);
+    drover_tests::upload_needy_package(&cp);
+    cp.apply_device("needy-1", &["fleet"], json!({})).await;
+    let agent = upgrading_agent(&cp, &sandbox, "needy-1");
+    cp.wait_for_agents(&["needy-1"]).await;
+    cp.apply(json!({
+        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
+        "metadata": {"name": "needy"},
+        "spec": {
+            "targets": {"filter": {"groups": ["fleet"]}},
+            "packageInstallV1": {"package": drover_tests::NEEDY_PACKAGE},
+            "maxConcurrency": 1, "retries": 0, "deadlineSeconds": 600
+        }
+    }))
+    .await;
+    let said = drover_tests::NEEDY_UNMET;
+    eventually(Duration::from_secs(120), "the install to fail", || async {
+        let jobs = cp.get("/devices/needy-1/jobs").await;
+        (jobs["items"][0]["state"] == "failed").then_some(())
+    })
+    .await;
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    log_in(&browser, &cp).await;
+    go(&browser, &cp, "#/devices/needy-1").await;
+    let reason = wait_text(
+        &browser,
+        "#device-jobs tbody tr pre.reason",
+        "apt's reason in the device's history",
+        |t| t.contains(said),
+    )
+    .await;
+    assert!(
+        reason.lines().any(|l| l.starts_with("E: ")),
+        "{reason}\n{}",
+        agent.log()
+    );
+    screenshot(&browser, "device-unmet-dependency").await;
+    browser.close().await.expect("close");
+}
+
 /// Logs `browser` in with `token` and waits for the header to say who.
 async fn log_in_as(browser: &Client, cp: &ControlPlane, token: &str, who: &str) {
     go(browser, cp, "login").await;

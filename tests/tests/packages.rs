@@ -673,18 +673,13 @@ async fn a_jobs_secret_reaches_the_device_sealed_and_rests_nowhere_in_clear() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     let cp = ControlPlane::start(&[]);
-    let build = tempfile::tempdir().expect("build dir");
-    let needy = Pkg::new("drover-needy", "1.0")
-        .depends("drover-missing (>= 2.0)")
-        .build(build.path(), build.path());
-    let out = drover(&cp, &["packages", "upload", needy.to_str().expect("path")]);
-    assert!(out.status.success(), "{}", text(&out));
+    drover_tests::upload_needy_package(&cp);
     let root = Sandbox::new();
     cp.apply_device("n1", &["needy"], json!({})).await;
     let agent = agent_in(&cp, "n1", &root);
     cp.wait_for_agents(&["n1"]).await;
 
-    let deployment = deploy(&cp, "needy", "needy", "drover-needy_1.0_all").await;
+    let deployment = deploy(&cp, "needy", "needy", drover_tests::NEEDY_PACKAGE).await;
     assert_eq!(deployment["status"]["phase"], "Failed", "{deployment}");
     assert_eq!(root.package("drover-needy"), None, "installed anyway");
 
@@ -693,9 +688,7 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     assert_eq!(job["state"], "failed", "{jobs}\n{}", agent.log());
     let reason = drover_tests::reason_lines(job);
     assert!(
-        reason
-            .iter()
-            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        reason.iter().any(|l| l.contains(drover_tests::NEEDY_UNMET)),
         "apt's unmet dependency is not in the reason: {reason:#?}\n{job:#}"
     );
     assert!(
@@ -711,18 +704,14 @@ async fn a_package_with_an_unmet_dependency_fails_with_apts_own_reason() {
     let described = text(&drover(&cp, &["describe", "device", "n1"]));
     let block = drover_tests::block_from(&described, "why job ");
     assert!(
-        block
-            .iter()
-            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        block.iter().any(|l| l.contains(drover_tests::NEEDY_UNMET)),
         "{described}"
     );
     // And under the deployment's errors, for the attempt that failed.
     let described = text(&drover(&cp, &["describe", "deployment", "needy"]));
     let block = drover_tests::block_from(&described, "why n1 (attempt 1) failed:");
     assert!(
-        block
-            .iter()
-            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        block.iter().any(|l| l.contains(drover_tests::NEEDY_UNMET)),
         "{described}"
     );
 }

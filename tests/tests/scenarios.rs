@@ -263,16 +263,10 @@ async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
     fleet: Fleet,
     devices: Vec<String>,
 ) {
-    use drover_sandbox::{Pkg, Sandbox};
     let cp = &fleet.cp;
     let device = &devices[0];
-    let build = tempfile::tempdir().expect("build dir");
-    let needy = Pkg::new("drover-needy", "1.0")
-        .depends("drover-missing (>= 2.0)")
-        .build(build.path(), build.path());
-    let out = cp.cli(&["packages", "upload", needy.to_str().expect("path")]);
-    assert!(out.status.success(), "{out:?}");
-    let root = Sandbox::new();
+    drover_tests::upload_needy_package(cp);
+    let root = drover_sandbox::Sandbox::new();
     register(&fleet, &devices).await;
     let agent = fleet.agent_updating(
         device,
@@ -287,7 +281,7 @@ async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
         "metadata": {"name": "needy"},
         "spec": {
             "targets": {"filter": {"groups": ["fleet"]}},
-            "packageInstallV1": {"package": "drover-needy_1.0_all"},
+            "packageInstallV1": {"package": drover_tests::NEEDY_PACKAGE},
             "maxConcurrency": 1,
             "retries": 0,
             "deadlineSeconds": 600
@@ -313,9 +307,7 @@ async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
     let job = &jobs["items"][0];
     let reason = drover_tests::reason_lines(job);
     assert!(
-        reason
-            .iter()
-            .any(|l| l.contains("drover-needy : Depends: drover-missing (>= 2.0)")),
+        reason.iter().any(|l| l.contains(drover_tests::NEEDY_UNMET)),
         "apt's unmet dependency is not in the reason: {reason:#?}\n{job:#}"
     );
     assert!(reason.iter().any(|l| l.starts_with("E: ")), "{reason:#?}");
