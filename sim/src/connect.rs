@@ -46,29 +46,6 @@ enum Login {
     Jwt(transport_nats::KeyLogin),
 }
 
-/// A device's key, signing as the agent's does.
-struct SimKey(ring::signature::Ed25519KeyPair);
-
-impl drover_model::enroll::Signer for SimKey {
-    fn public_key(&self) -> String {
-        use ring::signature::KeyPair;
-        drover_model::signing::hex(self.0.public_key().as_ref())
-    }
-
-    fn sign(&self, message: &[u8]) -> Vec<u8> {
-        self.0.sign(message).as_ref().to_vec()
-    }
-}
-
-fn sim_key(index: usize) -> Result<SimKey> {
-    let mut seed = [0u8; 32];
-    seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
-    seed[31] = 0xc0;
-    ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
-        .map(SimKey)
-        .map_err(|_| anyhow::anyhow!("a key from a seed"))
-}
-
 /// The server's configuration and each device's login.
 fn logins(dir: &Path, devices: usize, auth: Auth) -> Result<(String, Vec<Login>)> {
     let ids: Vec<DeviceId> = (0..devices)
@@ -98,23 +75,7 @@ fn logins(dir: &Path, devices: usize, auth: Auth) -> Result<(String, Vec<Login>)
             let config = authority.server_config(&dir.join("accounts"))?;
             let mut logins = Vec::with_capacity(devices);
             for (index, id) in ids.iter().enumerate() {
-                let key = sim_key(index)?;
-                let nkey =
-                    drover_model::nkey::user_nkey(&drover_model::enroll::Signer::public_key(&key))
-                        .context("a user nkey")?;
-                let (publish, subscribe) = transport_nats::server::device_permissions(
-                    id,
-                    transport_nats::server::DirectStatusPuts::Denied,
-                );
-                let jwt = authority.user_jwt(
-                    &nkey,
-                    id.as_str(),
-                    Some(&transport_nats::jwt::Permissions { publish, subscribe }),
-                )?;
-                logins.push(Login::Jwt(transport_nats::KeyLogin {
-                    jwt,
-                    signer: Arc::new(key),
-                }));
+                logins.push(Login::Jwt(crate::keys::nats_login(&authority, index, id)?));
             }
             Ok((config, logins))
         }

@@ -5,14 +5,13 @@
 //! its key, and the control plane's CPU per device.
 
 use crate::harness::{Api, Process, Serve, Transport, http_builder, start_drover};
+pub(crate) use crate::keys::{SimKey, key};
 use crate::procstat;
 use crate::ws::{Target, open_at};
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
 use drover_model::enroll::Signer;
-use drover_model::signing::hex;
 use futures_util::SinkExt;
-use ring::signature::{Ed25519KeyPair, KeyPair};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -39,29 +38,6 @@ pub struct EnrollFigures {
     /// Requests that were refused or failed and were asked again.
     pub retries: usize,
     pub load: (f64, f64),
-}
-
-/// A simulated device's key, signing as the agent's does.
-pub(crate) struct SimKey(Ed25519KeyPair);
-
-impl Signer for SimKey {
-    fn public_key(&self) -> String {
-        hex(self.0.public_key().as_ref())
-    }
-
-    fn sign(&self, message: &[u8]) -> Vec<u8> {
-        self.0.sign(message).as_ref().to_vec()
-    }
-}
-
-/// A device's key, the same for the same index in every run.
-pub(crate) fn key(index: usize) -> Result<SimKey> {
-    let mut seed = [0u8; 32];
-    seed[..8].copy_from_slice(&(index as u64).to_le_bytes());
-    seed[31] = 0xd5;
-    Ed25519KeyPair::from_seed_unchecked(&seed)
-        .map(SimKey)
-        .map_err(|_| anyhow::anyhow!("a key from a seed"))
 }
 
 /// One enrollment request, by the agent's own side of the conversation.

@@ -17,6 +17,7 @@ pub mod enroll_nats;
 pub mod floor;
 pub mod footprint;
 pub mod harness;
+pub(crate) mod keys;
 pub mod logins;
 pub mod mqtt;
 pub mod nats;

@@ -11,6 +11,8 @@
 //! (`$SYS.REQ.CLAIMS.UPDATE`), closing the connections of users revoked.
 
 use crate::jwt::{self, JwtError, Permissions};
+use crate::server::{DirectStatusPuts, device_permissions};
+use drover_model::DeviceId;
 use nkeys::KeyPair;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -142,6 +144,19 @@ impl Authority {
             jwt::user_claims(&self.account.public_key(), permissions, false),
             now(),
         )?)
+    }
+
+    /// An accepted device's user JWT: bound to its key (`public_key`, the
+    /// agent's Ed25519 key in hex, as its user nkey) and to its own subjects.
+    pub fn device_jwt(&self, device: &DeviceId, public_key: &str) -> Result<String, String> {
+        let nkey = drover_model::nkey::user_nkey(public_key).ok_or("not an Ed25519 key")?;
+        let (publish, subscribe) = device_permissions(device, DirectStatusPuts::Denied);
+        self.user_jwt(
+            &nkey,
+            device.as_str(),
+            Some(&Permissions { publish, subscribe }),
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The enrollment user's JWT (issue 55): a bearer JWT, the same in every

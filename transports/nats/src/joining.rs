@@ -11,10 +11,8 @@
 //! adds the device, signs and pushes it, and reads it back to see that it
 //! held (two replicas revoking at once may each push over the other).
 
-use crate::authority::{ACCOUNT_NAME, Authority, CLAIMS_UPDATE};
-use crate::jwt::Permissions;
+use crate::authority::{ACCOUNT_NAME, CLAIMS_UPDATE};
 use crate::links::{Joining, NatsLinks};
-use crate::server::{DirectStatusPuts, device_permissions};
 use crate::subjects::Messages;
 use crate::{ENROLL_PREFIX, EnrollReply, EnrollRequest, HELLO_QUEUE, enroll_inbox_prefix};
 use drover_contract::gate::{EnrollAnswer, Proof};
@@ -145,7 +143,7 @@ async fn answer(joining: &Joining, device: &DeviceId, payload: &[u8]) -> EnrollR
         })
         .await;
     match answer {
-        EnrollAnswer::Accepted => match user_jwt(&joining.authority, device, &public_key) {
+        EnrollAnswer::Accepted => match joining.authority.device_jwt(device, &public_key) {
             Ok(jwt) => EnrollReply::Accepted { jwt },
             Err(e) => refused(format!(
                 "the control plane cannot sign this device's JWT: {e}"
@@ -159,19 +157,6 @@ async fn answer(joining: &Joining, device: &DeviceId, payload: &[u8]) -> EnrollR
             refused(message)
         }
     }
-}
-
-/// The device's user JWT: bound to its key, with its own subjects only.
-fn user_jwt(authority: &Authority, device: &DeviceId, public_key: &str) -> Result<String, String> {
-    let nkey = drover_model::nkey::user_nkey(public_key).ok_or("not an Ed25519 key")?;
-    let (publish, subscribe) = device_permissions(device, DirectStatusPuts::Denied);
-    authority
-        .user_jwt(
-            &nkey,
-            device.as_str(),
-            Some(&Permissions { publish, subscribe }),
-        )
-        .map_err(|e| e.to_string())
 }
 
 /// The revocations in the account's JWT the servers hold now.
