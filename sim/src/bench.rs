@@ -8,9 +8,11 @@
 //! connected idle device, and bytes written to storage per device per run.
 
 use crate::bench_fleet::{AGENTS_PER_PROCESS, AgentProcesses, Fleet, spawn_agents};
+use crate::connect::Auth;
 use crate::harness::{
-    Api, CP_USER, MONITOR_KEY, PROFILE_KEY, Process, Serve, Transport, http_builder, nats_endpoint,
-    register, start_drover, start_mosquitto, start_nats, start_nats_cluster, timed, wait_for,
+    Api, MONITOR_KEY, NatsAuth, PROFILE_KEY, Process, Serve, Transport, http_builder,
+    nats_endpoint, register, start_drover, start_mosquitto, start_nats, start_nats_cluster, timed,
+    wait_for,
 };
 use crate::nats_counts::NatsCounts;
 use crate::procstat::{self, Usage};
@@ -23,6 +25,10 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use transport_nats::authority::Authority;
+
+/// The name the control plane gives its NATS connections.
+const CP_NAME: &str = "drover control plane";
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -51,6 +57,10 @@ pub struct BenchOptions {
     pub profile: Option<PathBuf>,
     /// How long a NATS server's own profiler samples from apply.
     pub profile_seconds: u64,
+    /// How NATS devices log in: as accepted devices by their user JWTs
+    /// (the servers trust Drover's operator, the control plane serves with
+    /// `--nats-authority`), or as hand-registered ones by bcrypt passwords.
+    pub nats_login: Auth,
 }
 
 /// A data directory for replica `index` beside the first one (DIR/data):
@@ -144,20 +154,15 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         bail!("several replicas are measured with WebSocket or NATS agents");
     }
     let cluster = options.nats_cluster && (options.transport == Transport::Nats || store_on_nats);
-    let broker = start_broker(
-        options.transport,
-        dir.path(),
-        &tokens,
-        cluster,
-        store_on_nats,
-    )?;
+    let keys = dir.path().join("keys");
+    let (authority, broker) = start_broker(options, &keys, &tokens, (cluster, store_on_nats))?;
     let broker_url = broker.as_ref().map(|(_, url)| url.clone());
     let serve = Serve {
         transport: options.transport,
         broker_url: broker_url.as_deref(),
         nats_replicas: if cluster { 3 } else { 1 },
         store_on_nats,
-        nats_authority: None,
+        nats_authority: authority.is_some().then_some(keys.as_path()),
     };
     let mut control_planes = Vec::new();
     let mut agent_addrs = Vec::new();
@@ -194,7 +199,10 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         (Some(url), Transport::Nats | Transport::Mqtt) => url.clone(),
         _ => agent_addrs.join(","),
     };
-    let mut fleet = start_fleet(options, dir.path(), &agent_url, &tokens, &shutdown)?;
+    let login = authority
+        .as_ref()
+        .map(|authority| (authority, keys.as_path()));
+    let mut fleet = start_fleet(options, dir.path(), &agent_url, &tokens, login, &shutdown)?;
     let connect_seconds = wait_for(
         "every simulated agent to be registered",
         Duration::from_secs(600),
@@ -270,6 +278,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         control_plane_rss_mib: mib(&idle),
         broker_rss_mib: mib(&brokers_end),
         cluster,
+        nats_jwt: authority.is_some(),
         work,
         passes,
         pass_seconds,
@@ -322,7 +331,7 @@ impl Watch {
             .collect::<Result<Vec<_>>>()?;
         let nats_before = match monitors.is_empty() {
             true => None,
-            false => Some(NatsCounts::read(http, &monitors, CP_USER).await?),
+            false => Some(NatsCounts::read(http, &monitors, CP_NAME).await?),
         };
         let profiler = match &options.profile {
             Some(out) => Some(start_profiles(
@@ -355,7 +364,7 @@ impl Watch {
         }
         let nats = match self.nats_before {
             Some(before) => Some(
-                NatsCounts::read(http, &self.monitors, CP_USER)
+                NatsCounts::read(http, &self.monitors, CP_NAME)
                     .await?
                     .since(&before),
             ),
@@ -411,26 +420,39 @@ fn start_profiles(
     Ok(profiler)
 }
 
+/// A broker's processes (a cluster's nodes) and its URLs, comma-separated.
+type Broker = (Vec<Process>, String);
+
 /// The broker the agents (or the replicas' store) need: one nats-server,
 /// a three-node cluster, or mosquitto; none for WebSocket on one replica.
+/// NATS devices logging in by JWTs: with the authority in `keys` the
+/// servers trust.
 fn start_broker(
-    transport: Transport,
-    dir: &Path,
+    options: &BenchOptions,
+    keys: &Path,
     tokens: &[(DeviceId, String)],
-    cluster: bool,
-    store_on_nats: bool,
-) -> Result<Option<(Vec<Process>, String)>> {
-    Ok(match transport {
+    (cluster, store_on_nats): (bool, bool),
+) -> Result<(Option<Authority>, Option<Broker>)> {
+    let transport = options.transport;
+    let dir = keys.parent().context("the keys' directory")?;
+    let authority = (transport == Transport::Nats && options.nats_login == Auth::Jwt)
+        .then(|| Authority::load_or_create(keys))
+        .transpose()?;
+    let nats_auth = match &authority {
+        Some(authority) => NatsAuth::Operator(authority),
+        None => NatsAuth::Passwords(tokens),
+    };
+    let broker = match transport {
         Transport::Nats | Transport::Websocket if cluster => {
-            let (nodes, urls) = start_nats_cluster(dir, tokens)?;
+            let (nodes, urls) = start_nats_cluster(dir, nats_auth)?;
             Some((nodes, urls.join(",")))
         }
         Transport::Nats => {
-            let (process, url) = start_nats(dir, tokens)?;
+            let (process, url) = start_nats(dir, nats_auth)?;
             Some((vec![process], url))
         }
         Transport::Websocket if store_on_nats => {
-            let (process, url) = start_nats(dir, tokens)?;
+            let (process, url) = start_nats(dir, nats_auth)?;
             Some((vec![process], url))
         }
         Transport::Mqtt => {
@@ -438,7 +460,8 @@ fn start_broker(
             Some((vec![process], url))
         }
         Transport::Websocket => None,
-    })
+    };
+    Ok((authority, broker))
 }
 
 /// The simulated agents: in this process up to [`AGENTS_PER_PROCESS`]
@@ -448,6 +471,7 @@ fn start_fleet(
     dir: &Path,
     agent_url: &str,
     tokens: &[(DeviceId, String)],
+    login: Option<(&Authority, &Path)>,
     shutdown: &CancellationToken,
 ) -> Result<Fleet> {
     let processes = match options.agent_processes {
@@ -464,6 +488,7 @@ fn start_fleet(
             agent_url,
             0,
             tokens,
+            login.map(|(authority, _)| authority),
             behaviour,
             shutdown,
         )?)
@@ -475,6 +500,7 @@ fn start_fleet(
             tokens.len(),
             processes,
             options.statuses_per_job,
+            login.map(|(_, keys)| keys),
         )?)
     })
 }

@@ -3,6 +3,7 @@
 //! cannot hold them all (its open files).
 
 use crate::harness::{Process, Transport};
+use crate::nats::NatsLogin;
 use crate::{Behaviour, SimAgent, Stats};
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
@@ -17,11 +18,14 @@ use tokio_util::sync::CancellationToken;
 /// WebSocket and NATS `agent_url` may name several places, comma-separated
 /// (replicas' agent ports, a cluster's nodes): device number `i` goes to
 /// place `i % places`, so several simulator processes spread a fleet alike.
+/// Over NATS with `authority` each device logs in as an accepted one, by
+/// the user JWT `authority` signs for its key; else by its token.
 pub fn spawn_agents(
     transport: Transport,
     agent_url: &str,
     first: usize,
     tokens: &[(DeviceId, String)],
+    authority: Option<&transport_nats::authority::Authority>,
     behaviour: Behaviour,
     shutdown: &CancellationToken,
 ) -> Result<Arc<Stats>> {
@@ -61,9 +65,15 @@ pub fn spawn_agents(
                 ));
             }
             Transport::Nats => {
+                let login = match authority {
+                    Some(authority) => {
+                        NatsLogin::Key(crate::keys::nats_login(authority, index, device)?)
+                    }
+                    None => NatsLogin::Token(token),
+                };
                 tokio::spawn(crate::nats::play(
                     places[index % places.len()].to_owned(),
-                    token,
+                    login,
                     agent,
                     shutdown,
                 ));
@@ -92,6 +102,7 @@ impl AgentProcesses {
         devices: usize,
         processes: usize,
         statuses_per_job: usize,
+        nats_authority: Option<&Path>,
     ) -> Result<Self> {
         let sim = std::env::current_exe().context("this simulator's own path")?;
         let mut started = Self {
@@ -101,7 +112,8 @@ impl AgentProcesses {
         for (i, (first, count)) in shares(devices, processes).into_iter().enumerate() {
             let log_path = dir.join(format!("agents-{i}.log"));
             let log = std::fs::File::create(&log_path)?;
-            let child = Command::new(&sim)
+            let mut command = Command::new(&sim);
+            command
                 .arg("agents")
                 .args(["--transport", transport_name(transport)])
                 .args(["--url", agent_url])
@@ -110,7 +122,11 @@ impl AgentProcesses {
                 .args(["--prefix", "bench-"])
                 .args(["--first", &first.to_string()])
                 .args(["--devices", &count.to_string()])
-                .args(["--statuses-per-job", &statuses_per_job.to_string()])
+                .args(["--statuses-per-job", &statuses_per_job.to_string()]);
+            if let Some(keys) = nats_authority {
+                command.arg("--nats-authority").arg(keys);
+            }
+            let child = command
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

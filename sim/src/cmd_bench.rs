@@ -4,6 +4,7 @@ use crate::beside_this;
 use anyhow::Result;
 use clap::Args;
 use drover_sim::bench::{self, BenchOptions};
+use drover_sim::connect::Auth;
 use drover_sim::harness::Transport;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,6 +54,13 @@ pub(crate) struct BenchArgs {
     /// apply (its binary has no symbols for perf).
     #[arg(long, default_value_t = 10)]
     profile_seconds: u64,
+    /// With --transport nats: how the devices log in. `jwt`: as accepted
+    /// devices, each by the user JWT signed for its key (the servers trust
+    /// Drover's operator; the control plane serves with --nats-authority).
+    /// `password`: as hand-registered devices, by bcrypt passwords in the
+    /// servers' configuration.
+    #[arg(long, value_enum, default_value_t = Auth::Jwt)]
+    nats_login: Auth,
 }
 
 /// `bench`: measures a run (or Deployment) over each fleet size.
@@ -71,6 +79,7 @@ pub(crate) async fn bench_cmd(args: BenchArgs) -> Result<()> {
         agent_processes,
         profile,
         profile_seconds,
+        nats_login,
     } = args;
     let drover = beside_this(drover, "drover")?;
     let options = BenchOptions {
@@ -86,6 +95,7 @@ pub(crate) async fn bench_cmd(args: BenchArgs) -> Result<()> {
         agent_processes,
         profile,
         profile_seconds,
+        nats_login,
     };
     println!("{}", drover_sim::summary::header());
     let mut counted = Vec::new();

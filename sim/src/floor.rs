@@ -5,7 +5,9 @@
 //! rate, times the messages and KV writes a device needs, is the floor
 //! every NATS figure of `bench` is compared with.
 
-use crate::harness::{CP_PASSWORD, CP_USER, free_port, start_nats_cluster, start_nats_with};
+use crate::harness::{
+    CP_PASSWORD, CP_USER, NatsAuth, free_port, start_nats_cluster, start_nats_with,
+};
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::{self, stream};
@@ -53,7 +55,7 @@ pub async fn measure(
             let (node, url) = start_nats_with(dir.path(), free_port()?, &auth)?;
             (vec![node], vec![url])
         }
-        3 => start_nats_cluster(dir.path(), &[])?,
+        3 => start_nats_cluster(dir.path(), NatsAuth::Passwords(&[]))?,
         other => bail!("replicas is 1 (one server) or 3 (a cluster), not {other}"),
     };
     let client = async_nats::ConnectOptions::with_user_and_password(

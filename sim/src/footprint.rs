@@ -216,7 +216,10 @@ pub async fn measure_agent(
     let token = secrets.device_token(&device);
     let tokens = vec![(device.clone(), token.clone())];
     let broker = match transport {
-        Transport::Nats => Some(harness::start_nats(dir.path(), &tokens)?),
+        Transport::Nats => Some(harness::start_nats(
+            dir.path(),
+            harness::NatsAuth::Passwords(&tokens),
+        )?),
         Transport::Mqtt => Some(harness::start_mosquitto(dir.path(), &tokens, "")?),
         Transport::Websocket => None,
     };

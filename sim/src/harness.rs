@@ -46,16 +46,38 @@ pub(crate) fn free_port() -> Result<u16> {
 pub(crate) const CP_USER: &str = "drover-control-plane";
 pub(crate) const CP_PASSWORD: &str = "bench-secret";
 
-/// Starts nats-server with JetStream and one user per device.
-pub(crate) fn start_nats(dir: &Path, tokens: &[(DeviceId, String)]) -> Result<(Process, String)> {
+/// How nats-server lets devices and the control plane in.
+#[derive(Clone, Copy)]
+pub(crate) enum NatsAuth<'a> {
+    /// Hand-registered devices: a user and a bcrypt password per device
+    /// in the server's configuration (`drover nats-config --device`).
+    Passwords(&'a [(DeviceId, String)]),
+    /// Accepted devices: the servers trust Drover's operator
+    /// (`drover nats-config --authority`), and each device logs in by the
+    /// user JWT the control plane signed for it.
+    Operator(&'a transport_nats::authority::Authority),
+}
+
+impl NatsAuth<'_> {
+    /// The server's lines for it; a node's resolver keeps the accounts'
+    /// JWTs in `node_dir`/accounts.
+    fn config(&self, node_dir: &Path) -> Result<String> {
+        match self {
+            Self::Passwords(tokens) => transport_nats::server::authorization_config(
+                (CP_USER, CP_PASSWORD),
+                &broker_passwords(tokens),
+                transport_nats::server::DirectStatusPuts::Denied,
+            )
+            .map_err(anyhow::Error::msg),
+            Self::Operator(authority) => Ok(authority.server_config(&node_dir.join("accounts"))?),
+        }
+    }
+}
+
+/// Starts nats-server with JetStream, letting in by `auth`.
+pub(crate) fn start_nats(dir: &Path, auth: NatsAuth<'_>) -> Result<(Process, String)> {
     let port = free_port()?;
-    let auth = transport_nats::server::authorization_config(
-        (CP_USER, CP_PASSWORD),
-        &broker_passwords(tokens),
-        transport_nats::server::DirectStatusPuts::Denied,
-    )
-    .map_err(anyhow::Error::msg)?;
-    start_nats_with(dir, port, &auth)
+    start_nats_with(dir, port, &auth.config(dir)?)
 }
 
 /// Starts nats-server with JetStream on `port` and `auth_config` (its
@@ -136,14 +158,8 @@ pub(crate) fn nats_endpoint(dir: &Path, key: &str) -> Result<String> {
 /// loopback, one store directory each); returns them and their client URLs.
 pub(crate) fn start_nats_cluster(
     dir: &Path,
-    tokens: &[(DeviceId, String)],
+    auth: NatsAuth<'_>,
 ) -> Result<(Vec<Process>, Vec<String>)> {
-    let auth = transport_nats::server::authorization_config(
-        (CP_USER, CP_PASSWORD),
-        &broker_passwords(tokens),
-        transport_nats::server::DirectStatusPuts::Denied,
-    )
-    .map_err(anyhow::Error::msg)?;
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let mut nodes = Vec::new();
@@ -156,6 +172,7 @@ pub(crate) fn start_nats_cluster(
             .collect();
         let node = dir.join(format!("n{i}"));
         std::fs::create_dir_all(&node)?;
+        let auth = auth.config(&node)?;
         let config = format!(
             "server_name: n{i}\nlisten: \"127.0.0.1:{}\"\nmax_connections: 100000\nwrite_deadline: \"30s\"\n\
              jetstream {{ store_dir: {:?}, max_file_store: 64G }}\n\

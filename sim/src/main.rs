@@ -138,6 +138,11 @@ struct AgentsArgs {
     heartbeat_seconds: u64,
     #[arg(long, default_value_t = 7)]
     statuses_per_job: usize,
+    /// Over NATS: log each device in as an accepted one, by the user JWT
+    /// the keys in DIR (`drover nats-config --authority`) sign for its key,
+    /// instead of by its token's password.
+    #[arg(long)]
+    nats_authority: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -227,7 +232,11 @@ async fn agents(args: AgentsArgs) -> Result<()> {
         first,
         heartbeat_seconds,
         statuses_per_job,
+        nats_authority,
     } = args;
+    let authority = nats_authority
+        .map(|dir| transport_nats::authority::Authority::load_or_create(&dir))
+        .transpose()?;
     let secrets = drover_server::auth::Secrets::load_or_create(&data, None)?;
     let tokens: Vec<_> = device_id_range(&prefix, first, devices)
         .into_iter()
@@ -242,7 +251,13 @@ async fn agents(args: AgentsArgs) -> Result<()> {
         statuses_per_job,
     };
     let stats = drover_sim::bench_fleet::spawn_agents(
-        transport, &url, first, &tokens, behaviour, &shutdown,
+        transport,
+        &url,
+        first,
+        &tokens,
+        authority.as_ref(),
+        behaviour,
+        &shutdown,
     )?;
     let mut report = tokio::time::interval(Duration::from_secs(5));
     loop {

@@ -1,6 +1,7 @@
 //! Simulated agents over NATS JetStream: one client per device, logged in
-//! with its device id and broker password, on the subjects `drover nats-config`
-//! permits: the republished intent subject, a hello after every connect,
+//! as a hand-registered device (its id and the broker password its token
+//! derives) or as an accepted one (its user JWT, signing the server's nonce
+//! with its key), on the subjects its login permits: the republished intent subject, a hello after every connect,
 //! status requests (a control plane's answer confirms each) and heartbeats.
 
 use crate::SimAgent;
@@ -19,14 +20,41 @@ use transport_nats::{
     HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
 
+/// How a simulated device logs in to NATS.
+#[derive(Clone)]
+pub enum NatsLogin {
+    /// A hand-registered device: its id, and the password its token derives.
+    Token(String),
+    /// An accepted device: its user JWT and its key.
+    Key(transport_nats::KeyLogin),
+}
+
+impl NatsLogin {
+    fn options(&self, device: &drover_model::DeviceId) -> async_nats::ConnectOptions {
+        match self {
+            Self::Token(token) => async_nats::ConnectOptions::with_user_and_password(
+                device.to_string(),
+                drover_model::credentials::broker_password(token, device),
+            ),
+            Self::Key(login) => {
+                let signer = login.signer.clone();
+                async_nats::ConnectOptions::new().jwt(login.jwt.clone(), move |nonce| {
+                    let signature = signer.sign(&nonce);
+                    async move { Ok(signature) }
+                })
+            }
+        }
+    }
+}
+
 /// Plays one agent until `shutdown`; async-nats reconnects by itself, and
 /// a session that failed is started again, both after the real agent's
 /// backoff (a fleet connecting at once is met as the real one would be).
-pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: CancellationToken) {
+pub async fn play(url: String, login: NatsLogin, mut agent: SimAgent, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(RECONNECT_INITIAL, BACKOFF_MAX);
     loop {
         let started = tokio::time::Instant::now();
-        match session(&url, &token, &mut agent, &shutdown).await {
+        match session(&url, &login, &mut agent, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
                 agent.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -43,20 +71,18 @@ pub async fn play(url: String, token: String, mut agent: SimAgent, shutdown: Can
 
 async fn session(
     url: &str,
-    token: &str,
+    login: &NatsLogin,
     agent: &mut SimAgent,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let connected = Arc::new(AtomicBool::new(false));
-    let client = async_nats::ConnectOptions::with_user_and_password(
-        agent.device.to_string(),
-        drover_model::credentials::broker_password(token, &agent.device),
-    )
-    .custom_inbox_prefix(inbox_prefix(&agent.device))
-    .connection_timeout(CONNECT_TIMEOUT)
-    .reconnect_delay_callback(reconnect_delays(BACKOFF_MAX, connected.clone()))
-    .connect(url)
-    .await?;
+    let client = login
+        .options(&agent.device)
+        .custom_inbox_prefix(inbox_prefix(&agent.device))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .reconnect_delay_callback(reconnect_delays(BACKOFF_MAX, connected.clone()))
+        .connect(url)
+        .await?;
     connected.store(true, Ordering::Relaxed);
     let js = async_nats::jetstream::new(client.clone());
     let mut intents = client

@@ -30,11 +30,14 @@ pub struct NatsCounts {
 
 impl NatsCounts {
     /// Reads every node's monitoring endpoint (`http://127.0.0.1:PORT`);
-    /// `control_plane_user` names the control plane's connections.
+    /// the control plane's connections are those whose name begins with
+    /// `control_plane_name`, among each node's busiest (a control plane
+    /// logged in by a JWT is known to the server by a key it makes at
+    /// each start, so not by its user).
     pub async fn read(
         http: &reqwest::Client,
         monitors: &[String],
-        control_plane_user: &str,
+        control_plane_name: &str,
     ) -> Result<Self> {
         let mut counts = Self::default();
         for monitor in monitors {
@@ -50,8 +53,13 @@ impl NatsCounts {
             let varz = get("/varz").await?;
             counts.in_msgs += varz["in_msgs"].as_u64().unwrap_or(0);
             counts.out_msgs += varz["out_msgs"].as_u64().unwrap_or(0);
-            let connz = get(&format!("/connz?user={control_plane_user}&limit=1000")).await?;
-            for connection in connz["connections"].as_array().into_iter().flatten() {
+            let connz = get("/connz?sort=msgs_from&limit=16").await?;
+            let connections = connz["connections"].as_array().into_iter().flatten();
+            for connection in connections.filter(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|name| name.starts_with(control_plane_name))
+            }) {
                 // A client's in_msgs are what it published, its out_msgs
                 // what the server delivered to it.
                 counts.control_plane_in += connection["in_msgs"].as_u64().unwrap_or(0);

@@ -30,6 +30,9 @@ pub struct Figures {
     /// Each broker process's RSS after the run (three for a cluster).
     pub broker_rss_mib: Vec<u64>,
     pub cluster: bool,
+    /// Over NATS: the devices logged in by their user JWTs (else by
+    /// passwords).
+    pub nats_jwt: bool,
     /// "TaskRun", or "Deployment (N at once)".
     pub work: String,
     /// Passes over the run or deployment, and the time they took in all.
@@ -65,8 +68,10 @@ impl Figures {
             (Transport::Websocket, _, false) => "WebSocket",
             (Transport::Websocket, false, true) => "WebSocket, JetStream store",
             (Transport::Websocket, true, true) => "WebSocket, JetStream store on 3 nodes (R3)",
-            (Transport::Nats, false, _) => "NATS",
-            (Transport::Nats, true, _) => "NATS, 3-node cluster (R3)",
+            (Transport::Nats, false, _) if self.nats_jwt => "NATS, JWT logins",
+            (Transport::Nats, false, _) => "NATS, password logins",
+            (Transport::Nats, true, _) if self.nats_jwt => "NATS, JWT logins, 3-node cluster (R3)",
+            (Transport::Nats, true, _) => "NATS, password logins, 3-node cluster (R3)",
             (Transport::Mqtt, _, _) => "MQTT",
         };
         if self.replicas > 1 {
