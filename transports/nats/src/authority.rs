@@ -11,7 +11,7 @@
 //! (`$SYS.REQ.CLAIMS.UPDATE`), closing the connections of users revoked.
 
 use crate::jwt::{self, JwtError, Permissions};
-use crate::server::{DirectStatusPuts, device_permissions};
+use crate::server::{AUTH_TIMEOUT_SECONDS, DirectStatusPuts, device_permissions};
 use drover_model::DeviceId;
 use nkeys::KeyPair;
 use std::collections::BTreeMap;
@@ -227,8 +227,12 @@ impl Authority {
     /// over the preloaded ones, at every start too).
     pub fn server_config(&self, resolver_dir: &Path) -> Result<String, AuthorityError> {
         let system = self.system.public_key();
+        // As with passwords (server.rs): after a server's restart the
+        // whole fleet logs in at once, and a login the server has not got
+        // to in its default 2 s is cut off and made again, costing it more.
         Ok(format!(
             "operator: {operator}\nsystem_account: {system}\n\
+             authorization: {{ timeout: {AUTH_TIMEOUT_SECONDS} }}\n\
              resolver: {{ type: full, dir: {dir}, allow_delete: false, interval: \"2m\" }}\n\
              resolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
             operator = self.operator_jwt()?,
@@ -276,5 +280,25 @@ mod tests {
         let claims = jwt::claims(&jwt).expect("claims");
         assert_eq!(claims["nats"]["issuer_account"], first.account());
         assert_ne!(claims["iss"], first.account(), "signed by the signing key");
+    }
+
+    /// A fleet logging in at once after a server's restart is not cut off
+    /// by nats-server's default 2 s to authenticate (nats_jwt.rs shows
+    /// the server takes the block beside an operator).
+    #[test]
+    fn the_servers_lines_give_a_login_the_same_time_as_a_password_login() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let authority = Authority::load_or_create(dir.path()).expect("made");
+        let config = authority.server_config(dir.path()).expect("config");
+        assert!(
+            config.contains(&format!(
+                "authorization: {{ timeout: {AUTH_TIMEOUT_SECONDS} }}"
+            )),
+            "{config}"
+        );
+        let passwords =
+            crate::server::authorization_config(("cp", "secret"), &[], DirectStatusPuts::Denied)
+                .expect("passwords");
+        assert!(passwords.contains(&format!("timeout: {AUTH_TIMEOUT_SECONDS}")));
     }
 }

@@ -185,7 +185,7 @@ const DEVICE_BCRYPT_COST: u32 = 4;
 const CONTROL_PLANE_BCRYPT_COST: u32 = 11;
 
 /// How long nats-server gives a client to authenticate.
-const AUTH_TIMEOUT_SECONDS: u32 = 10;
+pub(crate) const AUTH_TIMEOUT_SECONDS: u32 = 10;
 
 /// `password` in the bcrypt form nats-server checks (`$2a$…`).
 fn bcrypt_of(password: &str, cost: u32) -> Result<String, String> {
