@@ -61,6 +61,9 @@ pub struct BenchOptions {
     /// (the servers trust Drover's operator, the control plane serves with
     /// `--nats-authority`), or as hand-registered ones by bcrypt passwords.
     pub nats_login: Auth,
+    /// Over NATS: the agents' first attempts spread over this (zero: all
+    /// at once, as after a server's restart with no spread).
+    pub first_attempt_spread: Duration,
 }
 
 /// A data directory for replica `index` beside the first one (DIR/data):
@@ -478,11 +481,12 @@ fn start_fleet(
         0 => tokens.len().div_ceil(AGENTS_PER_PROCESS),
         n => n,
     };
+    let behaviour = Behaviour {
+        statuses_per_job: options.statuses_per_job,
+        first_attempt_spread: options.first_attempt_spread,
+        ..Behaviour::default()
+    };
     Ok(if processes <= 1 && options.agent_processes == 0 {
-        let behaviour = Behaviour {
-            statuses_per_job: options.statuses_per_job,
-            ..Behaviour::default()
-        };
         Fleet::Here(spawn_agents(
             options.transport,
             agent_url,
@@ -499,7 +503,7 @@ fn start_fleet(
             agent_url,
             tokens.len(),
             processes,
-            options.statuses_per_job,
+            &behaviour,
             login.map(|(_, keys)| keys),
         )?)
     })

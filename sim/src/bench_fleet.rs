@@ -101,7 +101,7 @@ impl AgentProcesses {
         agent_url: &str,
         devices: usize,
         processes: usize,
-        statuses_per_job: usize,
+        behaviour: &Behaviour,
         nats_authority: Option<&Path>,
     ) -> Result<Self> {
         let sim = std::env::current_exe().context("this simulator's own path")?;
@@ -122,7 +122,14 @@ impl AgentProcesses {
                 .args(["--prefix", "bench-"])
                 .args(["--first", &first.to_string()])
                 .args(["--devices", &count.to_string()])
-                .args(["--statuses-per-job", &statuses_per_job.to_string()]);
+                .args([
+                    "--statuses-per-job",
+                    &behaviour.statuses_per_job.to_string(),
+                ])
+                .args([
+                    "--first-attempt-spread-ms",
+                    &behaviour.first_attempt_spread.as_millis().to_string(),
+                ]);
             if let Some(keys) = nats_authority {
                 command.arg("--nats-authority").arg(keys);
             }

@@ -61,6 +61,11 @@ pub(crate) struct BenchArgs {
     /// servers' configuration.
     #[arg(long, value_enum, default_value_t = Auth::Jwt)]
     nats_login: Auth,
+    /// With --transport nats: each simulated agent makes its first attempt
+    /// at a random moment within this many seconds, as a fleet spreading
+    /// its reconnects after a server's restart would (0: all at once).
+    #[arg(long, default_value_t = 0.0)]
+    first_attempt_spread_seconds: f64,
 }
 
 /// `bench`: measures a run (or Deployment) over each fleet size.
@@ -80,6 +85,7 @@ pub(crate) async fn bench_cmd(args: BenchArgs) -> Result<()> {
         profile,
         profile_seconds,
         nats_login,
+        first_attempt_spread_seconds,
     } = args;
     let drover = beside_this(drover, "drover")?;
     let options = BenchOptions {
@@ -96,6 +102,7 @@ pub(crate) async fn bench_cmd(args: BenchArgs) -> Result<()> {
         profile,
         profile_seconds,
         nats_login,
+        first_attempt_spread: Duration::from_secs_f64(first_attempt_spread_seconds.max(0.0)),
     };
     println!("{}", drover_sim::summary::header());
     let mut counted = Vec::new();

@@ -47,6 +47,10 @@ pub struct Behaviour {
     /// Statuses sent per job, the final one included (a real agent in
     /// simulate mode sends 7: accepted, running at each of 5 steps, succeeded).
     pub statuses_per_job: usize,
+    /// Over NATS: each agent makes its first attempt at a random moment
+    /// within this, as a fleet spreading its reconnects after a server's
+    /// restart would (zero: all at once).
+    pub first_attempt_spread: Duration,
 }
 
 impl Default for Behaviour {
@@ -54,6 +58,7 @@ impl Default for Behaviour {
         Self {
             heartbeat: Duration::from_secs(30),
             statuses_per_job: 7,
+            first_attempt_spread: Duration::ZERO,
         }
     }
 }

@@ -143,6 +143,10 @@ struct AgentsArgs {
     /// instead of by its token's password.
     #[arg(long)]
     nats_authority: Option<PathBuf>,
+    /// Over NATS: each agent's first attempt at a random moment within
+    /// this many milliseconds (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    first_attempt_spread_ms: u64,
 }
 
 #[derive(Args)]
@@ -233,6 +237,7 @@ async fn agents(args: AgentsArgs) -> Result<()> {
         heartbeat_seconds,
         statuses_per_job,
         nats_authority,
+        first_attempt_spread_ms,
     } = args;
     let authority = nats_authority
         .map(|dir| transport_nats::authority::Authority::load_or_create(&dir))
@@ -249,6 +254,7 @@ async fn agents(args: AgentsArgs) -> Result<()> {
     let behaviour = Behaviour {
         heartbeat: Duration::from_secs(heartbeat_seconds.max(1)),
         statuses_per_job,
+        first_attempt_spread: Duration::from_millis(first_attempt_spread_ms),
     };
     let stats = drover_sim::bench_fleet::spawn_agents(
         transport,

@@ -52,6 +52,13 @@ impl NatsLogin {
 /// backoff (a fleet connecting at once is met as the real one would be).
 pub async fn play(url: String, login: NatsLogin, mut agent: SimAgent, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(RECONNECT_INITIAL, BACKOFF_MAX);
+    let spread = agent.behaviour.first_attempt_spread.as_millis() as u64;
+    if spread > 0 {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(fastrand::u64(0..spread))) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
     loop {
         let started = tokio::time::Instant::now();
         match session(&url, &login, &mut agent, &shutdown).await {
