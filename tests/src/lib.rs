@@ -517,6 +517,22 @@ pub const NEEDY_PACKAGE: &str = "drover-needy_1.0_all";
 /// What apt says of it among the reason lines.
 pub const NEEDY_UNMET: &str = "drover-needy : Depends: drover-missing (>= 2.0)";
 
+/// A Deployment named `name` installing `package` on the devices of
+/// `group`, one at a time, without retries.
+pub fn install_deployment(name: &str, group: &str, package: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": API_VERSION, "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "targets": {"filter": {"groups": [group]}},
+            "packageInstallV1": {"package": package},
+            "maxConcurrency": 1,
+            "retries": 0,
+            "deadlineSeconds": 600
+        }
+    })
+}
+
 /// Builds [`NEEDY_PACKAGE`] and uploads it to the control plane's
 /// repository with `drover packages upload`.
 pub fn upload_needy_package(cp: &ControlPlane) {

@@ -1224,15 +1224,11 @@ async fn the_device_page_shows_an_unmet_dependency_in_apts_words() {
     cp.apply_device("needy-1", &["fleet"], json!({})).await;
     let agent = upgrading_agent(&cp, &sandbox, "needy-1");
     cp.wait_for_agents(&["needy-1"]).await;
-    cp.apply(json!({
-        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
-        "metadata": {"name": "needy"},
-        "spec": {
-            "targets": {"filter": {"groups": ["fleet"]}},
-            "packageInstallV1": {"package": drover_tests::NEEDY_PACKAGE},
-            "maxConcurrency": 1, "retries": 0, "deadlineSeconds": 600
-        }
-    }))
+    cp.apply(drover_tests::install_deployment(
+        "needy",
+        "fleet",
+        drover_tests::NEEDY_PACKAGE,
+    ))
     .await;
     let said = drover_tests::NEEDY_UNMET;
     eventually(Duration::from_secs(120), "the install to fail", || async {

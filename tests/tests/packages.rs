@@ -41,18 +41,8 @@ fn agent_in(cp: &ControlPlane, device: &str, sandbox: &Sandbox) -> AgentProcess 
 }
 
 async fn deploy(cp: &ControlPlane, name: &str, group: &str, package: &str) -> Value {
-    cp.apply(json!({
-        "apiVersion": API_VERSION, "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "targets": {"filter": {"groups": [group]}},
-            "packageInstallV1": {"package": package},
-            "maxConcurrency": 1,
-            "retries": 0,
-            "deadlineSeconds": 600
-        }
-    }))
-    .await;
+    cp.apply(drover_tests::install_deployment(name, group, package))
+        .await;
     eventually(
         Duration::from_secs(120),
         &format!("deployment {name} to finish"),

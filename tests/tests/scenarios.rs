@@ -276,17 +276,11 @@ async fn a_failed_jobs_reason_in_apts_words_comes_over_the_transport(
         ),
     );
     cp.wait_for_agents(&names(&devices)).await;
-    cp.apply(json!({
-        "apiVersion": drover_tests::API_VERSION, "kind": "Deployment",
-        "metadata": {"name": "needy"},
-        "spec": {
-            "targets": {"filter": {"groups": ["fleet"]}},
-            "packageInstallV1": {"package": drover_tests::NEEDY_PACKAGE},
-            "maxConcurrency": 1,
-            "retries": 0,
-            "deadlineSeconds": 600
-        }
-    }))
+    cp.apply(drover_tests::install_deployment(
+        "needy",
+        "fleet",
+        drover_tests::NEEDY_PACKAGE,
+    ))
     .await;
     let finished = eventually(
         Duration::from_secs(120),
