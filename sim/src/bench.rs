@@ -8,6 +8,7 @@
 //! connected idle device, and bytes written to storage per device per run.
 
 use crate::bench_fleet::{AGENTS_PER_PROCESS, AgentProcesses, Fleet, spawn_agents};
+use crate::bench_usage::{between, cpu_between, mib, say_writes, usages, written_between};
 use crate::connect::Auth;
 use crate::harness::{
     Api, MONITOR_KEY, NatsAuth, PROFILE_KEY, Process, Serve, Transport, http_builder,
@@ -15,7 +16,7 @@ use crate::harness::{
     wait_for,
 };
 use crate::nats_counts::NatsCounts;
-use crate::procstat::{self, Usage};
+use crate::procstat;
 use crate::profile::Profiler;
 use crate::summary::{Figures, VIEW_QUERIES, VIEWS};
 use crate::{Behaviour, device_ids};
@@ -81,33 +82,6 @@ fn replica_dir(dir: &Path, index: usize) -> Result<PathBuf> {
             .with_context(|| format!("copy {file} to replica {index}"))?;
     }
     Ok(replica)
-}
-
-/// CPU, memory and writes of several processes, summed (memory: each one's).
-fn usages(processes: &[&Process]) -> Result<Vec<Usage>> {
-    processes
-        .iter()
-        .map(|p| procstat::usage(p.0.id()).context("a process's usage"))
-        .collect()
-}
-
-/// What several processes used between two readings, summed.
-fn between<T: std::iter::Sum>(
-    before: &[Usage],
-    after: &[Usage],
-    grown: impl Fn(&Usage, &Usage) -> T,
-) -> T {
-    before.iter().zip(after).map(|(b, a)| grown(b, a)).sum()
-}
-
-fn cpu_between(before: &[Usage], after: &[Usage]) -> Duration {
-    between(before, after, |b, a| a.cpu.saturating_sub(b.cpu))
-}
-
-fn written_between(before: &[Usage], after: &[Usage]) -> u64 {
-    between(before, after, |b, a| {
-        a.written_bytes.saturating_sub(b.written_bytes)
-    })
 }
 
 /// The store commits every replica has made (`/metrics`'
@@ -290,23 +264,6 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         views_ms,
         nats,
     })
-}
-
-/// Each process's RSS in MiB.
-fn mib(usages: &[Usage]) -> Vec<u64> {
-    usages.iter().map(|u| u.rss_bytes / (1024 * 1024)).collect()
-}
-
-/// The control planes' and the brokers' writes apart, with the store's
-/// commits (stderr).
-fn say_writes(control_planes: u64, brokers: u64, commits: u64, devices: usize) {
-    let n = devices.max(1) as f64;
-    eprintln!(
-        "written per device: control planes {:.1} KiB in {commits} store commits ({:.2} per device), brokers {:.1} KiB",
-        control_planes as f64 / 1024.0 / n,
-        commits as f64 / n,
-        brokers as f64 / 1024.0 / n
-    );
 }
 
 /// What the benchmark watches around a run beside the processes' usage:

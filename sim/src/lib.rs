@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod bench_fleet;
+pub(crate) mod bench_usage;
 pub mod connect;
 pub mod connect_mqtt;
 pub mod enroll;
