@@ -8,7 +8,9 @@
 //! connected idle device, and bytes written to storage per device per run.
 
 use crate::bench_fleet::{AGENTS_PER_PROCESS, AgentProcesses, Fleet, spawn_agents};
-use crate::bench_usage::{between, cpu_between, mib, say_writes, usages, written_between};
+use crate::bench_usage::{
+    between, cpu_between, mib, say_connect_cpu, say_writes, usages, written_between,
+};
 use crate::connect::Auth;
 use crate::harness::{
     Api, MONITOR_KEY, NatsAuth, PROFILE_KEY, Process, Serve, Transport, http_builder,
@@ -169,7 +171,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
     let api = &apis[0];
     register(&api.base, &api.token, &ids).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before_agents = usages(&cps)?;
+    let (before_agents, brokers_before) = (usages(&cps)?, usages(&brokers)?);
 
     let shutdown = CancellationToken::new();
     let agent_url = match (&broker_url, options.transport) {
@@ -192,6 +194,7 @@ pub async fn measure(options: &BenchOptions, devices: usize) -> Result<Figures> 
         },
     )
     .await?;
+    say_connect_cpu(&cps, &brokers, (&before_agents, &brokers_before), devices)?;
     // Idle: every agent connected, nothing to do.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let idle = usages(&cps)?;

@@ -50,3 +50,23 @@ pub(crate) fn say_writes(control_planes: u64, brokers: u64, commits: u64, device
         brokers as f64 / 1024.0 / n
     );
 }
+
+/// The control planes' and the brokers' CPU per device from `before`
+/// (control planes, brokers) until now: what the fleet's connecting cost
+/// them (stderr).
+pub(crate) fn say_connect_cpu(
+    control_planes: &[&Process],
+    brokers: &[&Process],
+    before: (&[Usage], &[Usage]),
+    devices: usize,
+) -> Result<()> {
+    let n = devices.max(1) as f64;
+    let per_device =
+        |was: &[Usage], now: &[Usage]| cpu_between(was, now).as_secs_f64() * 1000.0 / n;
+    eprintln!(
+        "while connecting, CPU per device: control planes {:.2} ms, brokers {:.2} ms",
+        per_device(before.0, &usages(control_planes)?),
+        per_device(before.1, &usages(brokers)?)
+    );
+    Ok(())
+}
