@@ -4,12 +4,17 @@
 //! --device`) or by user JWTs signed by Drover's account (`drover
 //! nats-config --authority`). No control plane: the figure is the
 //! server's cost of letting devices in. Each device that fails tries again
-//! after the agent's own backoff, as the agent does.
+//! after the agent's own backoff, as the agent does. With `--restart`, once
+//! every device is in the server is killed and started again under them,
+//! and they come back by async-nats's reconnects timed by the agent's own
+//! rule (`reconnect_delays`): the figures are then the restart's, from the
+//! kill until the new server holds every device, and the attempts it took
+//! beyond one per device.
 
-use crate::harness::{free_port, start_nats_with};
+use crate::harness::{MONITOR_KEY, Process, free_port, nats_endpoint, start_nats_with};
 use crate::procstat;
 use agent_core::backoff::Backoff;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
 use std::path::Path;
 use std::sync::Arc;
@@ -82,8 +87,10 @@ fn logins(dir: &Path, devices: usize, auth: Auth) -> Result<(String, Vec<Login>)
     }
 }
 
-/// Connects once as `login`.
-async fn connect(url: &str, login: &Login) -> Result<async_nats::Client> {
+/// Connects once as `login`; with `reconnect`, a lost connection is made
+/// again as the agent makes it (async-nats's reconnects, timed by the
+/// agent's rule), without end.
+async fn connect(url: &str, login: &Login, reconnect: bool) -> Result<async_nats::Client> {
     let options = match login {
         Login::Password(user, password) => {
             async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
@@ -96,23 +103,33 @@ async fn connect(url: &str, login: &Login) -> Result<async_nats::Client> {
             })
         }
     };
+    let options = match reconnect {
+        true => options.max_reconnects(None).reconnect_delay_callback(
+            transport_nats::agent::reconnect_delays(
+                agent_core::backoff::DEFAULT_BACKOFF_MAX,
+                Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            ),
+        ),
+        false => options.max_reconnects(Some(1)),
+    };
     Ok(options
         .connection_timeout(transport_nats::agent::CONNECT_TIMEOUT)
-        .max_reconnects(Some(1))
         .connect(url)
         .await?)
 }
 
-/// One run: a fresh server, N devices connecting at once.
-pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
+/// One run: a fresh server, N devices connecting at once; with `restart`,
+/// then the server killed and started again under them.
+pub async fn measure(devices: usize, auth: Auth, restart: bool) -> Result<ConnectFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-nats-connect-")
         .tempdir()?;
     let (config, logins) = logins(dir.path(), devices, auth)?;
-    let (server, url) = start_nats_with(dir.path(), free_port()?, &config)?;
+    let port = free_port()?;
+    let (mut server, url) = start_nats_with(dir.path(), port, &config)?;
     let retries = Arc::new(AtomicUsize::new(0));
     let before = procstat::usage(server.0.id()).context("the server's usage")?;
-    let load_before = procstat::load_average().unwrap_or(f64::NAN);
+    let mut load_before = procstat::load_average().unwrap_or(f64::NAN);
     let started = Instant::now();
     let tasks: Vec<_> = logins
         .into_iter()
@@ -123,7 +140,7 @@ pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
                 let deadline = Instant::now() + Duration::from_secs(600);
                 loop {
                     let attempt = Instant::now();
-                    match connect(&url, &login).await {
+                    match connect(&url, &login, restart).await {
                         Ok(client) => return Ok(client),
                         Err(e) if Instant::now() < deadline => {
                             if retries.fetch_add(1, Ordering::Relaxed) < 3 {
@@ -141,7 +158,18 @@ pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
     for task in tasks {
         clients.push(task.await??);
     }
-    let connected = started.elapsed();
+    let mut connected = started.elapsed();
+    let mut retries = retries.load(Ordering::Relaxed);
+    let mut before = before;
+    if restart {
+        load_before = procstat::load_average().unwrap_or(f64::NAN);
+        let killed = Instant::now();
+        server = restart_server(server, dir.path(), port, &config)?;
+        before = procstat::usage(server.0.id()).context("the server's usage")?;
+        let attempts = all_in_again(dir.path(), devices).await?;
+        connected = killed.elapsed();
+        retries = attempts.saturating_sub(devices);
+    }
     let after = procstat::usage(server.0.id()).context("the server's usage")?;
     let load_after = procstat::load_average().unwrap_or(f64::NAN);
     // Closed before the next run, which needs the file descriptors.
@@ -157,7 +185,43 @@ pub async fn measure(devices: usize, auth: Auth) -> Result<ConnectFigures> {
         devices,
         connected,
         server_cpu_per_device: after.cpu.saturating_sub(before.cpu) / devices.max(1) as u32,
-        retries: retries.load(Ordering::Relaxed),
+        retries,
         load: (load_before, load_after),
     })
+}
+
+/// Kills `server` as a crash would (SIGKILL) and starts it again on the
+/// same port, configuration and store.
+fn restart_server(server: Process, dir: &Path, port: u16, config: &str) -> Result<Process> {
+    let mut old = server;
+    let _ = old.0.kill();
+    let _ = old.0.wait();
+    // Its handle's own drop would signal a process already gone.
+    std::mem::forget(old);
+    Ok(start_nats_with(dir, port, config)?.0)
+}
+
+/// Waits until the restarted server in `dir` holds `devices` clients;
+/// returns the connections it accepted in all (`/varz`
+/// `total_connections`), attempts that failed included.
+async fn all_in_again(dir: &Path, devices: usize) -> Result<usize> {
+    let monitor = nats_endpoint(dir, MONITOR_KEY)?;
+    let http = crate::harness::http_builder().build()?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let varz: serde_json::Value = match http.get(format!("{monitor}/varz")).send().await {
+            Ok(answer) => answer.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        if varz["connections"].as_u64().unwrap_or(0) >= devices as u64 {
+            return Ok(varz["total_connections"].as_u64().unwrap_or(0) as usize);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} of {devices} in again after ten minutes",
+                varz["connections"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

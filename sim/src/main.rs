@@ -93,6 +93,12 @@ struct NatsConnectArgs {
     /// Runs of each row: each figure's median with its minimum and maximum.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Once every device is in, kill the server (SIGKILL) and start it
+    /// again on the same port and store: the figures are then from the
+    /// kill until every device is in again by the agent's own reconnect
+    /// rule, and the attempts the new server took beyond one per device.
+    #[arg(long)]
+    restart: bool,
 }
 
 #[derive(Args)]
@@ -442,15 +448,19 @@ async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
 async fn nats_connect_cmd(args: NatsConnectArgs) -> Result<()> {
     use drover_sim::connect::{ConnectFigures, measure};
     use drover_sim::spread::Spread;
+    let connected = match args.restart {
+        true => "all in again after the server's restart, s",
+        false => "all connected, s",
+    };
     println!(
-        "| devices | login | all connected, s | server CPU per device, ms | retries | load before → after |"
+        "| devices | login | {connected} | server CPU per device, ms | retries | load before → after |"
     );
     println!("|---|---|---|---|---|---|");
     for size in &args.devices {
         for auth in &args.auth {
             let mut runs = Vec::new();
             for run in 1..=args.runs.max(1) {
-                match measure(*size, *auth).await {
+                match measure(*size, *auth, args.restart).await {
                     Ok(one) => {
                         eprintln!("run {run}: {auth:?} {one:?}");
                         runs.push(one);
