@@ -55,7 +55,7 @@ if [ "$quick" = 1 ]; then
     replicated=1000
     patch=2000
 else
-    "$sim" footprint --idle-seconds 120 --jobs 5 --latency-jobs 1000 \
+    "$sim" footprint --idle-seconds 120 --jobs 5 --latency-jobs 500 \
         --variant sled=target/release/drover-agent-sled "${cross[@]}"
     sizes=1000,10000
     large=1000,10000,15000
