@@ -95,13 +95,7 @@ async fn connect(url: &str, login: &Login, reconnect: bool) -> Result<async_nats
         Login::Password(user, password) => {
             async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
         }
-        Login::Jwt(login) => {
-            let signer = login.signer.clone();
-            async_nats::ConnectOptions::new().jwt(login.jwt.clone(), move |nonce| {
-                let signature = signer.sign(&nonce);
-                async move { Ok(signature) }
-            })
-        }
+        Login::Jwt(login) => crate::keys::jwt_options(&login.jwt, login.signer.clone()),
     };
     let options = match reconnect {
         true => options.max_reconnects(None).reconnect_delay_callback(

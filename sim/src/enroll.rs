@@ -5,7 +5,7 @@
 //! its key, and the control plane's CPU per device.
 
 use crate::harness::{Api, Process, Serve, Transport, http_builder, start_drover};
-pub(crate) use crate::keys::{SimKey, key};
+use crate::keys::{SimKey, key};
 use crate::procstat;
 use crate::ws::{Target, open_at};
 use anyhow::{Context, Result, bail};

@@ -10,8 +10,9 @@
 //! when the control plane had accepted them all (its API), and "all in" is
 //! when the last device's own login was let in.
 
-use crate::enroll::{EnrollFigures, image_token, key};
+use crate::enroll::{EnrollFigures, image_token};
 use crate::harness::{Serve, Transport, start_drover, start_mosquitto_dynsec};
+use crate::keys::key;
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;

@@ -9,8 +9,9 @@
 //! until every one is in by its JWT, and the control plane's and the
 //! server's CPU per device.
 
-use crate::enroll::{EnrollFigures, image_token, key};
+use crate::enroll::{EnrollFigures, image_token};
 use crate::harness::{Process, Serve, Transport, free_port, start_drover, start_nats_with};
+use crate::keys::key;
 use crate::procstat;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
@@ -89,12 +90,7 @@ async fn device(fleet: Arc<Fleet>, index: usize) -> Result<async_nats::Client> {
     };
     fleet.accepted.fetch_add(1, Ordering::Relaxed);
     loop {
-        let key = signer.clone();
-        let client = async_nats::ConnectOptions::new()
-            .jwt(jwt.clone(), move |nonce| {
-                let signature = key.sign(&nonce);
-                async move { Ok(signature) }
-            })
+        let client = crate::keys::jwt_options(&jwt, signer.clone())
             .custom_inbox_prefix(inbox_prefix(&device))
             .connection_timeout(Duration::from_secs(20))
             .connect(&fleet.url)

@@ -32,6 +32,15 @@ pub(crate) fn key(index: usize) -> Result<SimKey> {
         .map_err(|_| anyhow::anyhow!("a key from a seed"))
 }
 
+/// async-nats options that log in as `jwt`, signing the server's nonce
+/// with `signer`, as the agent does.
+pub(crate) fn jwt_options(jwt: &str, signer: Arc<dyn Signer>) -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::new().jwt(jwt.to_owned(), move |nonce| {
+        let signature = signer.sign(&nonce);
+        async move { Ok(signature) }
+    })
+}
+
 /// How device number `index` logs in to NATS once accepted: its key and
 /// the user JWT the control plane grants an accepted device (signed by
 /// `authority`, as `drover serve --nats-authority` signs it).

@@ -36,13 +36,7 @@ impl NatsLogin {
                 device.to_string(),
                 drover_model::credentials::broker_password(token, device),
             ),
-            Self::Key(login) => {
-                let signer = login.signer.clone();
-                async_nats::ConnectOptions::new().jwt(login.jwt.clone(), move |nonce| {
-                    let signature = signer.sign(&nonce);
-                    async move { Ok(signature) }
-                })
-            }
+            Self::Key(login) => crate::keys::jwt_options(&login.jwt, login.signer.clone()),
         }
     }
 }
