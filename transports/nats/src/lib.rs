@@ -25,6 +25,8 @@ pub mod agent;
 pub mod authority;
 pub mod enrolling;
 #[cfg(feature = "server")]
+mod heartbeats;
+#[cfg(feature = "server")]
 mod held;
 #[cfg(feature = "server")]
 pub mod joining;

@@ -11,20 +11,18 @@
 //! after the last position the control plane committed, so a status stored
 //! by a replica that then died is still handed over. Hellos (answered
 //! through the same queue group, only into the device's own inbox) and
-//! heartbeats come from plain subjects.
+//! heartbeats (the heartbeats module) come from plain subjects.
 
 use crate::parsed::ParsedStatuses;
 use crate::server::Buckets;
 use crate::subjects::{Messages, own_inbox, reply_hello, status_event};
-use crate::{
-    HEARTBEAT_PREFIX, HELLO_PREFIX, HELLO_QUEUE, MAX_VALUE_BYTES, STATUS_PREFIX, StatusReply, key,
-};
+use crate::{HELLO_PREFIX, HELLO_QUEUE, MAX_VALUE_BYTES, STATUS_PREFIX, StatusReply, key};
 use drover_contract::BoxFuture;
 use drover_contract::link::{
     AgentHello, AgentLinks, Answer, Delivered, Event, HealthCell, Inbound, LinkError, LinkHealth,
     LinkState, Reply,
 };
-use drover_model::model::{Heartbeat, Hello, Intent, JobStatus};
+use drover_model::model::{Hello, Intent, JobStatus};
 use drover_model::{DeviceId, JobId};
 use futures_util::StreamExt;
 use jiff::Timestamp;
@@ -444,42 +442,6 @@ impl NatsLinks {
             Err(e) => Err(StatusReply::Failed(format!(
                 "cannot read the intent bucket: {e}"
             ))),
-        }
-    }
-
-    async fn heartbeats(self: Arc<Self>, shutdown: CancellationToken) {
-        let subscription = self
-            .buckets
-            .client
-            .subscribe(format!("{HEARTBEAT_PREFIX}.*"))
-            .await;
-        let Some(mut messages) = Messages::new(subscription, "heartbeats", &shutdown) else {
-            return;
-        };
-        while let Some((device, message)) = messages.next().await {
-            let heartbeat: Heartbeat = match serde_json::from_slice(&message.payload) {
-                Ok(heartbeat) => heartbeat,
-                Err(e) => {
-                    debug!(device = %device, error = %e, "unreadable heartbeat ignored");
-                    continue;
-                }
-            };
-            if heartbeat.device_id != device {
-                warn!(device = %device, "heartbeat naming another device ignored");
-                continue;
-            }
-            let heartbeat = Box::new(heartbeat);
-            let reply = Reply::none();
-            if !self
-                .send(Inbound::Heartbeat {
-                    device,
-                    heartbeat,
-                    reply,
-                })
-                .await
-            {
-                return;
-            }
         }
     }
 }
