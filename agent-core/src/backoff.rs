@@ -151,6 +151,13 @@ pub fn delay(failures: u32, initial: Duration, max: Duration) -> Duration {
     half + Duration::from_millis(fastrand::u64(0..=half.as_millis() as u64))
 }
 
+/// A random wait in `[0, window]`: where in a window one device starts
+/// (a fleet spread over it, decision 0020).
+pub fn within(window: Duration) -> Duration {
+    let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(fastrand::u64(0..=millis))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

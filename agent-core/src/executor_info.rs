@@ -12,6 +12,10 @@ pub struct LinkState {
     pub connected: bool,
     pub last_contact: Option<Timestamp>,
     pub last_error: Option<String>,
+    /// The window the control plane named, over which this agent spreads
+    /// its first reconnect after a loss (NATS; decision 0020).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect_spread_ms: Option<u64>,
 }
 
 /// The answer to `drover-agent status`.

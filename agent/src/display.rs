@@ -28,6 +28,12 @@ pub fn print_status(info: &AgentInfo) {
     if let Some(error) = &link.last_error {
         out!("link error:    {error}");
     }
+    if let Some(ms) = link.reconnect_spread_ms.filter(|ms| *ms > 0) {
+        out!(
+            "reconnect:     within {:.1} s of a lost connection (the control plane's window)",
+            ms as f64 / 1000.0
+        );
+    }
     match &info.current_job {
         Some(job) => out!("current job:   {} {} {:?}", job.job_id, job.kind, job.state),
         None => out!("current job:   none"),

@@ -85,6 +85,7 @@ complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-password -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-ca -d 'CA certificate of the nats-server (requires TLS)' -r -F
 complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-authority -d 'Servers that trust Drover\'s operator (`drover nats-config --authority DIR`): the keys there sign this control plane\'s own JWT (instead of --nats-user and --nats-password), each accepted device\'s JWT, and the revocations pushed to the servers. Keep DIR outside the data directory, readable by this control plane only' -r -F
+complete -c drover -n "__fish_drover_using_subcommand serve" -l nats-logins-per-second -d 'Logins a second the NATS servers take: agents spread their first reconnect after a lost connection over the devices heard from divided by this (decision 0020); 0 for no spread' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-url -d 'mqtt://HOST:PORT (or mqtts://) of the broker (mosquitto)' -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-user -r
 complete -c drover -n "__fish_drover_using_subcommand serve" -l mqtt-password -r

@@ -7,9 +7,11 @@
 //! after the agent's own backoff, as the agent does. With `--restart`, once
 //! every device is in the server is killed and started again under them,
 //! and they come back by async-nats's reconnects timed by the agent's own
-//! rule (`reconnect_delays`): the figures are then the restart's, from the
-//! kill until the new server holds every device, and the attempts it took
-//! beyond one per device.
+//! rule (`reconnect_delays`), each spreading its first attempt over the
+//! window a control plane would name for the fleet (`--logins-per-second`,
+//! decision 0020): the figures are then the restart's, from the kill until
+//! the new server holds every device, and the attempts it took beyond one
+//! per device.
 
 use crate::harness::{MONITOR_KEY, Process, free_port, nats_endpoint, start_nats_with};
 use crate::procstat;
@@ -90,7 +92,11 @@ fn logins(dir: &Path, devices: usize, auth: Auth) -> Result<(String, Vec<Login>)
 /// Connects once as `login`; with `reconnect`, a lost connection is made
 /// again as the agent makes it (async-nats's reconnects, timed by the
 /// agent's rule), without end.
-async fn connect(url: &str, login: &Login, reconnect: bool) -> Result<async_nats::Client> {
+async fn connect(
+    url: &str,
+    login: &Login,
+    reconnect: Option<Duration>,
+) -> Result<async_nats::Client> {
     let options = match login {
         Login::Password(user, password) => {
             async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
@@ -98,13 +104,18 @@ async fn connect(url: &str, login: &Login, reconnect: bool) -> Result<async_nats
         Login::Jwt(login) => crate::keys::jwt_options(&login.jwt, login.signer.clone()),
     };
     let options = match reconnect {
-        true => options.max_reconnects(None).reconnect_delay_callback(
-            transport_nats::agent::reconnect_delays(
-                agent_core::backoff::DEFAULT_BACKOFF_MAX,
-                Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            ),
-        ),
-        false => options.max_reconnects(Some(1)),
+        Some(window) => {
+            let state = Arc::new(transport_nats::spread::Reconnects::default());
+            state.set_connected();
+            state.set_window(Some(u64::try_from(window.as_millis()).unwrap_or(u64::MAX)));
+            options.max_reconnects(None).reconnect_delay_callback(
+                transport_nats::agent::reconnect_delays(
+                    agent_core::backoff::DEFAULT_BACKOFF_MAX,
+                    state,
+                ),
+            )
+        }
+        None => options.max_reconnects(Some(1)),
     };
     Ok(options
         .connection_timeout(transport_nats::agent::CONNECT_TIMEOUT)
@@ -112,9 +123,14 @@ async fn connect(url: &str, login: &Login, reconnect: bool) -> Result<async_nats
         .await?)
 }
 
-/// One run: a fresh server, N devices connecting at once; with `restart`,
-/// then the server killed and started again under them.
-pub async fn measure(devices: usize, auth: Auth, restart: bool) -> Result<ConnectFigures> {
+/// One run: a fresh server, N devices connecting at once; with `restart`
+/// (the reconnect window a control plane named), then the server killed
+/// and started again under them.
+pub async fn measure(
+    devices: usize,
+    auth: Auth,
+    restart: Option<Duration>,
+) -> Result<ConnectFigures> {
     let dir = tempfile::Builder::new()
         .prefix("drover-nats-connect-")
         .tempdir()?;
@@ -155,7 +171,7 @@ pub async fn measure(devices: usize, auth: Auth, restart: bool) -> Result<Connec
     let mut connected = started.elapsed();
     let mut retries = retries.load(Ordering::Relaxed);
     let mut before = before;
-    if restart {
+    if restart.is_some() {
         load_before = procstat::load_average().unwrap_or(f64::NAN);
         let killed = Instant::now();
         server = restart_server(server, dir.path(), port, &config)?;

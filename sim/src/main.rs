@@ -99,6 +99,11 @@ struct NatsConnectArgs {
     /// rule, and the attempts the new server took beyond one per device.
     #[arg(long)]
     restart: bool,
+    /// With --restart: the logins a second the control plane sizes the
+    /// agents' reconnect window by (its `--nats-logins-per-second`); 0 for
+    /// no window, as before decision 0020.
+    #[arg(long, default_value_t = transport_nats::spread::DEFAULT_LOGINS_PER_SECOND)]
+    logins_per_second: u32,
 }
 
 #[derive(Args)]
@@ -450,19 +455,25 @@ async fn enroll_cmd(args: EnrollArgs) -> Result<()> {
 async fn nats_connect_cmd(args: NatsConnectArgs) -> Result<()> {
     use drover_sim::connect::{ConnectFigures, measure};
     use drover_sim::spread::Spread;
-    let connected = match args.restart {
-        true => "all in again after the server's restart, s",
-        false => "all connected, s",
+    // With --restart, a column for the window each row's agents spread over.
+    let (connected, window_column) = match args.restart {
+        true => (
+            "reconnect window, s | all in again after the server's restart, s",
+            "---|",
+        ),
+        false => ("all connected, s", ""),
     };
     println!(
         "| devices | login | {connected} | server CPU per device, ms | retries | load before → after |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|{window_column}---|---|---|---|");
     for size in &args.devices {
+        let window = transport_nats::spread::reconnect_spread(*size, args.logins_per_second);
+        let restart = args.restart.then_some(window);
         for auth in &args.auth {
             let mut runs = Vec::new();
             for run in 1..=args.runs.max(1) {
-                match measure(*size, *auth, args.restart).await {
+                match measure(*size, *auth, restart).await {
                     Ok(one) => {
                         eprintln!("run {run}: {auth:?} {one:?}");
                         runs.push(one);
@@ -478,7 +489,8 @@ async fn nats_connect_cmd(args: NatsConnectArgs) -> Result<()> {
                 drover_sim::connect::Auth::Jwt => "user JWT",
             };
             println!(
-                "| {size} | {login} | {} | {} | {} | {} |",
+                "| {size} | {login} | {}{} | {} | {} | {} |",
+                restart.map_or(String::new(), |w| format!("{:.1} | ", w.as_secs_f64())),
                 spread(&|r| r.connected.as_secs_f64(), 1),
                 spread(&|r| r.server_cpu_per_device.as_secs_f64() * 1000.0, 2),
                 spread(&|r| r.retries as f64, 0),

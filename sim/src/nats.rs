@@ -10,12 +10,13 @@ use drover_model::model::Hello;
 use drover_model::wire::parse_intent_bytes;
 use futures_util::StreamExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use transport_nats::agent::{
     CONNECT_TIMEOUT, RECONNECT_INITIAL, Sent, reconnect_delays, send_status,
 };
+use transport_nats::spread::Reconnects;
 use transport_nats::{
     HelloReply, INTENT_REPUBLISH_PREFIX, heartbeat_subject, hello_subject, inbox_prefix,
 };
@@ -76,22 +77,22 @@ async fn session(
     agent: &mut SimAgent,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let connected = Arc::new(AtomicBool::new(false));
+    let reconnects = Arc::new(Reconnects::default());
     let client = login
         .options(&agent.device)
         .custom_inbox_prefix(inbox_prefix(&agent.device))
         .connection_timeout(CONNECT_TIMEOUT)
-        .reconnect_delay_callback(reconnect_delays(BACKOFF_MAX, connected.clone()))
+        .reconnect_delay_callback(reconnect_delays(BACKOFF_MAX, reconnects.clone()))
         .connect(url)
         .await?;
-    connected.store(true, Ordering::Relaxed);
+    reconnects.set_connected();
     let js = async_nats::jetstream::new(client.clone());
     let mut intents = client
         .subscribe(format!("{INTENT_REPUBLISH_PREFIX}.{}.>", agent.device))
         .await?;
     agent.stats.connected.fetch_add(1, Ordering::Relaxed);
     let result = async {
-        let mut greeted = hello(&client, agent).await;
+        let mut greeted = hello(&client, agent, &reconnects).await;
         let mut heartbeat = tokio::time::interval_at(
             tokio::time::Instant::now() + agent.behaviour.heartbeat,
             agent.behaviour.heartbeat,
@@ -103,7 +104,7 @@ async fn session(
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = retry.tick() => {
                     if !greeted {
-                        greeted = hello(&client, agent).await;
+                        greeted = hello(&client, agent, &reconnects).await;
                     }
                 }
                 _ = heartbeat.tick() => publish_heartbeat(&client, agent).await,
@@ -132,7 +133,7 @@ async fn session(
     result
 }
 
-async fn hello(client: &async_nats::Client, agent: &SimAgent) -> bool {
+async fn hello(client: &async_nats::Client, agent: &SimAgent, reconnects: &Reconnects) -> bool {
     let hello = Hello {
         device_id: agent.device.clone(),
         agent_version: "sim".into(),
@@ -145,8 +146,10 @@ async fn hello(client: &async_nats::Client, agent: &SimAgent) -> bool {
     };
     let request = client.request(hello_subject(&agent.device), payload.into());
     match tokio::time::timeout(Duration::from_secs(10), request).await {
-        Ok(Ok(reply)) => serde_json::from_slice::<HelloReply>(&reply.payload)
-            .is_ok_and(|reply| reply.error.is_none()),
+        Ok(Ok(reply)) => serde_json::from_slice::<HelloReply>(&reply.payload).is_ok_and(|reply| {
+            reconnects.set_window(reply.reconnect_spread_ms);
+            reply.error.is_none()
+        }),
         _ => false,
     }
 }

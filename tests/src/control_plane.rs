@@ -247,6 +247,13 @@ impl ControlPlane {
         signal_process(self.child.id(), "-CONT");
     }
 
+    /// Starts it again on the same data (new ports) with `extra` serve
+    /// arguments instead of those it had.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+        self.restart();
+    }
+
     /// Starts it again on the same data (new ports).
     pub fn restart(&mut self) {
         self.kill9();

@@ -426,6 +426,57 @@ async fn an_agent_that_lost_its_broker_tries_again_after_its_backoff_not_at_once
     }
 }
 
+/// The window an agent spreads its first reconnect over (decision 0020) is
+/// named by its control plane in each hello's answer: the devices heard
+/// from over `--nats-logins-per-second` (one device at one login a second:
+/// 1,000 ms), shown on the agent's status socket. After a control plane
+/// set to 0 (no spread) takes over and the broker restarts under the
+/// agent, the agent comes back and takes the new window, 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_takes_the_reconnect_window_its_control_plane_names() {
+    let dir = ControlPlane::prepare();
+    let mut nats = NatsServer::start(&nats_config(dir.path(), &["wide-1"]));
+    let url = nats.url();
+    let serve = |rate: &'static str| {
+        [
+            "--nats-url",
+            &url,
+            "--nats-user",
+            CP_USER,
+            "--nats-password",
+            CP_PASSWORD,
+            "--nats-logins-per-second",
+            rate,
+        ]
+        .map(str::to_owned)
+    };
+    let args = serve("1");
+    let mut cp = ControlPlane::start_in(dir, &args.each_ref().map(String::as_str));
+    cp.apply_device("wide-1", &["fleet"], json!({})).await;
+    let agent = nats_agent(&cp, &url, "wide-1", None, "");
+    cp.wait_for_agents(&["wide-1"]).await;
+    let window = |agent: &AgentProcess| agent.status()["link"]["reconnectSpreadMs"].as_u64();
+    eventually(Duration::from_secs(20), "a window of 1000 ms", || async {
+        (window(&agent) == Some(1000)).then_some(())
+    })
+    .await;
+
+    let args = serve("0");
+    cp.restart_with(&args.each_ref().map(String::as_str));
+    nats.restart();
+    eventually(
+        Duration::from_secs(30),
+        "no window after the restart",
+        || async { (window(&agent) == Some(0)).then_some(()) },
+    )
+    .await;
+    assert!(
+        agent.log().contains("reconnected to NATS"),
+        "the agent came back by reconnecting:\n{}",
+        agent.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_and_the_control_plane_speak_tls_to_nats() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -348,6 +348,11 @@ pub struct NatsArgs {
     /// data directory, readable by this control plane only.
     #[arg(long, requires = "nats_url", value_name = "DIR")]
     pub nats_authority: Option<PathBuf>,
+    /// Logins a second the NATS servers take: agents spread their first
+    /// reconnect after a lost connection over the devices heard from
+    /// divided by this (decision 0020); 0 for no spread.
+    #[arg(long, requires = "nats_url", default_value_t = transport_nats::spread::DEFAULT_LOGINS_PER_SECOND)]
+    pub nats_logins_per_second: u32,
 }
 
 impl NatsArgs {

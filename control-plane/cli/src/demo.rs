@@ -216,6 +216,7 @@ fn demo_serve_options(dir: &Path) -> Result<ServeOptions> {
         operator_token: None,
         nats: None,
         nats_authority: None,
+        nats_logins_per_second: transport_nats::spread::DEFAULT_LOGINS_PER_SECOND,
         store_on_nats: false,
         max_agent_connections: 1000,
         mqtt: None,

@@ -44,6 +44,9 @@ pub struct ServeOptions {
     /// The keys NATS servers trusting Drover's operator take JWTs from
     /// (issue 55); None: the servers' own users and passwords.
     pub nats_authority: Option<PathBuf>,
+    /// Logins a second the NATS servers take, which sizes the window agents
+    /// spread their reconnects over (0: none).
+    pub nats_logins_per_second: u32,
     /// Keep the control plane's state in NATS JetStream KV (several replicas)
     /// instead of the embedded database (one replica).
     pub store_on_nats: bool,

@@ -60,7 +60,11 @@ pub(super) async fn broker_links(
             .await?
             .map(|(_, position)| position)
             .unwrap_or(0);
-        let link = transport_nats::links::NatsLinks::new(buckets, events_tx.clone());
+        let link = transport_nats::links::NatsLinks::new(
+            buckets,
+            events_tx.clone(),
+            options.nats_logins_per_second,
+        );
         links.push(link.clone());
         info!(url = %nats.url, resume_after, "serving agents over NATS JetStream");
         tasks.push(tokio::spawn(

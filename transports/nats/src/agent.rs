@@ -7,6 +7,7 @@
 //! timed by the agent's one reconnect rule ([`reconnect_delay`]); the first
 //! connection is retried by the link's supervisor with the same rule.
 
+use crate::spread::Reconnects;
 use crate::{
     HEARTBEAT_PREFIX, HelloReply, INTENT_REPUBLISH_PREFIX, MAX_VALUE_BYTES, NatsError,
     NatsSettings, STATUS_BUCKET, StatusReply, connect_options, heartbeat_subject, held_subject,
@@ -21,7 +22,6 @@ use drover_model::model::{Hello, JobStatus};
 use drover_model::wire::intent_json;
 use futures_util::StreamExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -64,16 +64,21 @@ pub fn reconnect_delay(attempts: usize, backoff_max: Duration) -> Duration {
 
 /// async-nats's delay callback for one session: no delay before the
 /// session's first connection (the link's supervisor already waited its
-/// backoff), then [`reconnect_delay`] once `connected` is set.
+/// backoff), then [`reconnect_delay`] once it has connected; the first
+/// attempt after each loss waits, besides, a random part of the window the
+/// control plane named (decision 0020), so that a fleet whose server
+/// restarted comes back spread over it instead of all at once.
 pub fn reconnect_delays(
     backoff_max: Duration,
-    connected: Arc<AtomicBool>,
+    state: Arc<Reconnects>,
 ) -> impl Fn(usize) -> Duration + Send + Sync + 'static {
     move |attempts| {
-        if connected.load(Ordering::Relaxed) {
-            reconnect_delay(attempts, backoff_max)
-        } else {
+        if !state.connected() {
             Duration::ZERO
+        } else if attempts <= 1 {
+            reconnect_delay(attempts, backoff_max) + agent_core::backoff::within(state.window())
+        } else {
+            reconnect_delay(attempts, backoff_max)
         }
     }
 }
@@ -237,11 +242,11 @@ async fn serve(
 ) -> Result<(), NatsError> {
     let device = agent.device_id().clone();
     let (events_tx, mut events) = mpsc::channel::<async_nats::Event>(16);
-    let connected = Arc::new(AtomicBool::new(false));
+    let reconnects = Arc::new(Reconnects::default());
     let options = connect_options(nats)
         .custom_inbox_prefix(inbox_prefix(&device))
         .name(format!("drover-agent {device}"))
-        .reconnect_delay_callback(reconnect_delays(settings.backoff_max, connected.clone()))
+        .reconnect_delay_callback(reconnect_delays(settings.backoff_max, reconnects.clone()))
         .event_callback(move |event| {
             let tx = events_tx.clone();
             async move {
@@ -252,7 +257,7 @@ async fn serve(
         client = options.connect(nats.addresses()?) => client.map_err(|e| connect_error(&nats.url, &e))?,
         _ = shutdown.cancelled() => return Ok(()),
     };
-    connected.store(true, Ordering::Relaxed);
+    reconnects.set_connected();
     let js = jetstream::new(client.clone());
     // Subscribe before reading current values, so nothing falls in between.
     let mut intents = client
@@ -268,7 +273,7 @@ async fn serve(
         warn!("{USING_TOKEN}");
     }
     mark_connected(agent);
-    let mut greeted = hello(&client, agent).await;
+    let mut greeted = hello(&client, agent, &reconnects).await;
     send_heartbeat(&client, agent).await;
     flush_outbox(&client, &js, agent).await;
     let mut heartbeat = tokio::time::interval(settings.heartbeat_interval);
@@ -284,7 +289,7 @@ async fn serve(
                 Some(async_nats::Event::Connected) => {
                     info!("reconnected to NATS; saying hello again");
                     mark_connected(agent);
-                    greeted = hello(&client, agent).await;
+                    greeted = hello(&client, agent, &reconnects).await;
                     flush_outbox(&client, &js, agent).await;
                 }
                 Some(async_nats::Event::Disconnected) => agent.update_link(|l| l.connected = false),
@@ -319,7 +324,7 @@ async fn serve(
                 crate::logs::answer(&client, agent, &request.payload);
             }
             _ = heartbeat.tick() => send_heartbeat(&client, agent).await,
-            _ = hello_retry.tick(), if !greeted => greeted = hello(&client, agent).await,
+            _ = hello_retry.tick(), if !greeted => greeted = hello(&client, agent, &reconnects).await,
             _ = agent.heartbeat_wanted().notified() => {
                 flush_outbox(&client, &js, agent).await;
                 send_heartbeat(&client, agent).await;
@@ -366,7 +371,7 @@ fn admit(agent: &Agent, payload: &[u8]) {
 /// Says hello: the control plane records the agent, puts again every intent
 /// the agent does not hold, and answers with its clock. Returns whether a
 /// control plane answered; an unanswered hello is sent again later.
-async fn hello(client: &async_nats::Client, agent: &Agent) -> bool {
+async fn hello(client: &async_nats::Client, agent: &Agent, reconnects: &Reconnects) -> bool {
     let jobs = match agent.held_jobs() {
         Ok(jobs) => jobs,
         Err(e) => {
@@ -400,10 +405,16 @@ async fn hello(client: &async_nats::Client, agent: &Agent) -> bool {
         Ok(HelloReply {
             server_time,
             error: None,
+            reconnect_spread_ms,
         }) => {
             agent.observe_control_plane_time(server_time);
+            let window = reconnects.set_window(reconnect_spread_ms);
+            agent.update_link(|l| {
+                l.reconnect_spread_ms = reconnect_spread_ms.map(|_| window.as_millis() as u64)
+            });
             info!(
                 held = hello.jobs.len(),
+                reconnect_spread_ms = window.as_millis() as u64,
                 "the control plane answered the hello"
             );
             true
@@ -578,14 +589,43 @@ mod tests {
         // A cap under the first delay is the first delay.
         assert!(reconnect_delay(5, Duration::ZERO) <= RECONNECT_INITIAL);
 
-        let connected = Arc::new(AtomicBool::new(false));
-        let delays = reconnect_delays(max, connected.clone());
+        let state = Arc::new(Reconnects::default());
+        let delays = reconnect_delays(max, state.clone());
         assert_eq!(
             delays(1),
             Duration::ZERO,
             "a session's first connection waits not"
         );
-        connected.store(true, Ordering::Relaxed);
+        state.set_connected();
         assert!(delays(1) >= RECONNECT_INITIAL / 2);
+    }
+
+    #[test]
+    fn the_first_reconnect_after_a_loss_is_spread_over_the_named_window() {
+        let max = Duration::from_secs(60);
+        let state = Arc::new(Reconnects::default());
+        state.set_connected();
+        let delays = reconnect_delays(max, state.clone());
+        // No window named (a small fleet, an older control plane): as before.
+        assert!((0..200).all(|_| delays(1) <= RECONNECT_INITIAL));
+        let window = Duration::from_secs(10);
+        assert_eq!(state.set_window(Some(10_000)), window);
+        let firsts: Vec<Duration> = (0..200).map(|_| delays(1)).collect();
+        assert!(
+            firsts
+                .iter()
+                .all(|d| *d >= RECONNECT_INITIAL / 2 && *d <= RECONNECT_INITIAL + window)
+        );
+        // Spread, not shifted: some early in the window, some late.
+        assert!(
+            firsts.iter().any(|d| *d < Duration::from_secs(4)),
+            "{firsts:?}"
+        );
+        assert!(
+            firsts.iter().any(|d| *d > Duration::from_secs(7)),
+            "{firsts:?}"
+        );
+        // Later attempts follow the backoff alone.
+        assert!((0..200).all(|_| delays(2) <= 2 * RECONNECT_INITIAL));
     }
 }

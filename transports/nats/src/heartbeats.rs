@@ -33,6 +33,7 @@ impl NatsLinks {
                 warn!(device = %device, "heartbeat naming another device ignored");
                 continue;
             }
+            self.fleet.heard(&device);
             let heartbeat = Box::new(heartbeat);
             let reply = Reply::none();
             if !self

@@ -41,6 +41,7 @@ pub mod logs;
 mod parsed;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod spread;
 #[cfg(feature = "server")]
 mod subjects;
 
@@ -105,13 +106,17 @@ pub fn status_subject(device: &DeviceId) -> String {
 }
 
 /// The control plane's answer to a hello: its clock, by which the agent
-/// judges expiry (A12), or why the hello was refused.
+/// judges expiry (A12), or why the hello was refused; and the window over
+/// which the agent spreads its first reconnect after a loss
+/// ([`spread`]; absent from an older control plane: none).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HelloReply {
     pub server_time: jiff::Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect_spread_ms: Option<u64>,
 }
 
 pub fn hello_subject(device: &DeviceId) -> String {

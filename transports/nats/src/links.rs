@@ -60,6 +60,8 @@ pub struct NatsLinks {
     /// Statuses this replica put into the status bucket, as it read them,
     /// until its watch hands them over: each is read from JSON once.
     parsed: std::sync::Mutex<ParsedStatuses>,
+    /// The devices heard from, which size the reconnect window.
+    pub(crate) fleet: crate::spread::Fleet,
 }
 
 /// The most job keys [`NatsLinks::given`] remembers (about 25 MiB): five
@@ -110,7 +112,9 @@ fn link_error(e: impl std::fmt::Display) -> LinkError {
 }
 
 impl NatsLinks {
-    pub fn new(buckets: Buckets, events: mpsc::Sender<Event>) -> Arc<Self> {
+    /// `logins_per_second`: what the servers take, which sizes the window
+    /// agents spread their reconnects over (0: no window).
+    pub fn new(buckets: Buckets, events: mpsc::Sender<Event>, logins_per_second: u32) -> Arc<Self> {
         Arc::new(Self {
             buckets,
             events,
@@ -120,6 +124,7 @@ impl NatsLinks {
             logs: Arc::default(),
             given: Default::default(),
             parsed: Default::default(),
+            fleet: crate::spread::Fleet::new(logins_per_second),
         })
     }
 
@@ -297,20 +302,22 @@ impl NatsLinks {
                     // Answered in its own task: hellos do not wait on each other.
                     let client = client.clone();
                     let reply_to = reply_to.clone();
+                    self.fleet.heard(&device);
+                    let window = self.fleet.window();
                     tokio::spawn(async move {
-                        let error = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-                            Ok(Ok(Answer::Stored)) => None,
-                            Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Some(e),
-                            Ok(Err(_)) | Err(_) => Some("the control plane did not answer".into()),
+                        let answer = match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                            Ok(Ok(Answer::Stored)) => Ok(window),
+                            Ok(Ok(Answer::Refused(e) | Answer::Failed(e))) => Err(e),
+                            Ok(Err(_)) | Err(_) => Err("the control plane did not answer".into()),
                         };
-                        reply_hello(&client, reply_to, error).await;
+                        reply_hello(&client, reply_to, answer).await;
                     });
                     None
                 }
             };
             if let Some(error) = answer {
                 warn!(device = %device, %error, "hello refused");
-                reply_hello(&client, reply_to, Some(error)).await;
+                reply_hello(&client, reply_to, Err(error)).await;
             }
         }
     }

@@ -77,14 +77,20 @@ pub(crate) fn device_of(subject: &str) -> Option<DeviceId> {
         .and_then(|d| DeviceId::new(d).ok())
 }
 
+/// Answers a hello: the time, and `error` or the reconnect window.
 pub(crate) async fn reply_hello(
     client: &async_nats::Client,
     reply_to: async_nats::Subject,
-    error: Option<String>,
+    answer: Result<std::time::Duration, String>,
 ) {
+    let (error, window) = match answer {
+        Ok(window) => (None, Some(window)),
+        Err(error) => (Some(error), None),
+    };
     let reply = HelloReply {
         server_time: Timestamp::now(),
         error,
+        reconnect_spread_ms: window.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
     };
     if let Ok(payload) = serde_json::to_vec(&reply)
         && let Err(e) = client.publish(reply_to, payload.into()).await

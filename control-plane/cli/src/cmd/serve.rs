@@ -29,6 +29,7 @@ pub async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             operator_token: cli.token.clone(),
             nats: args.nats.settings(),
             nats_authority: args.nats.nats_authority.clone(),
+            nats_logins_per_second: args.nats.nats_logins_per_second,
             store_on_nats: args.store == StoreKind::Nats,
             max_agent_connections: args.max_agent_connections,
             mqtt: args.mqtt.settings(),
