@@ -11,14 +11,18 @@
 //! window a control plane would name for the fleet (`--logins-per-second`,
 //! decision 0020): the figures are then the restart's, from the kill until
 //! the new server holds every device, and the attempts it took beyond one
-//! per device.
+//! per device. With `--cluster` the devices log in (by JWT) to three nodes
+//! of one cluster, and `--restart` kills and starts all three.
 
-use crate::harness::{MONITOR_KEY, Process, free_port, nats_endpoint, start_nats_with};
+use crate::harness::{
+    MONITOR_KEY, NatsAuth, Process, free_port, nats_endpoint, respawn_nats, start_nats_cluster,
+    start_nats_with,
+};
 use crate::procstat;
 use agent_core::backoff::Backoff;
 use anyhow::{Context, Result, bail};
 use drover_model::DeviceId;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -117,35 +121,117 @@ async fn connect(
         }
         None => options.max_reconnects(Some(1)),
     };
+    let addresses = url
+        .split(',')
+        .map(str::parse::<async_nats::ServerAddr>)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(options
         .connection_timeout(transport_nats::agent::CONNECT_TIMEOUT)
-        .connect(url)
+        .connect(addresses)
         .await?)
 }
 
-/// One run: a fresh server, N devices connecting at once; with `restart`
-/// (the reconnect window a control plane named), then the server killed
-/// and started again under them.
+/// The server, or the three nodes of a cluster, that devices log in to.
+struct Servers {
+    /// Each node: its process, its directory and its client port.
+    nodes: Vec<(Process, PathBuf, u16)>,
+    /// Every node's URL, comma-separated, as an agent is given them.
+    url: String,
+}
+
+impl Servers {
+    /// One server with `config`; or, with `cluster`, three nodes trusting
+    /// the operator whose keys `logins` left in DIR/keys.
+    fn start(dir: &Path, config: &str, cluster: bool) -> Result<Self> {
+        if !cluster {
+            let port = free_port()?;
+            let (server, url) = start_nats_with(dir, port, config)?;
+            return Ok(Self {
+                nodes: vec![(server, dir.to_path_buf(), port)],
+                url,
+            });
+        }
+        let authority = transport_nats::authority::Authority::load_or_create(&dir.join("keys"))?;
+        let (nodes, urls) = start_nats_cluster(dir, NatsAuth::Operator(&authority))?;
+        let nodes = nodes
+            .into_iter()
+            .zip(&urls)
+            .enumerate()
+            .map(|(i, (node, url))| {
+                let port = url.rsplit(':').next().and_then(|p| p.parse().ok());
+                Ok((
+                    node,
+                    dir.join(format!("n{i}")),
+                    port.context("a node's port")?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            nodes,
+            url: urls.join(","),
+        })
+    }
+
+    /// The CPU every node has used.
+    fn cpu(&self) -> Result<Duration> {
+        self.nodes
+            .iter()
+            .try_fold(Duration::ZERO, |sum, (node, _, _)| {
+                Ok(sum
+                    + procstat::usage(node.0.id())
+                        .context("a server's usage")?
+                        .cpu)
+            })
+    }
+
+    /// Kills every node as a crash would (SIGKILL), then starts each again
+    /// on its port, configuration and store.
+    fn restart(&mut self) -> Result<()> {
+        for (node, _, _) in &mut self.nodes {
+            let _ = node.0.kill();
+            let _ = node.0.wait();
+        }
+        for (node, dir, port) in &mut self.nodes {
+            let old = std::mem::replace(node, respawn_nats(dir, *port)?);
+            // Its handle's own drop would signal a process already gone.
+            std::mem::forget(old);
+        }
+        Ok(())
+    }
+}
+
+/// One run: a fresh server (or, with `cluster`, three nodes), N devices
+/// connecting at once; with `restart` (the reconnect window a control
+/// plane named), then every server killed and started again under them.
 pub async fn measure(
     devices: usize,
     auth: Auth,
     restart: Option<Duration>,
+    cluster: bool,
 ) -> Result<ConnectFigures> {
+    if cluster && auth != Auth::Jwt {
+        bail!("a cluster's devices log in by JWT here (--auth jwt)");
+    }
     let dir = tempfile::Builder::new()
         .prefix("drover-nats-connect-")
         .tempdir()?;
     let (config, logins) = logins(dir.path(), devices, auth)?;
-    let port = free_port()?;
-    let (mut server, url) = start_nats_with(dir.path(), port, &config)?;
+    let mut servers = Servers::start(dir.path(), &config, cluster)?;
+    let url = servers.url.clone();
     let retries = Arc::new(AtomicUsize::new(0));
-    let before = procstat::usage(server.0.id()).context("the server's usage")?;
+    let mut before = servers.cpu()?;
     let mut load_before = procstat::load_average().unwrap_or(f64::NAN);
+    // A cluster's fleet comes in spread over the window, as after a
+    // restart: all at once, 50,000 take minutes (decision 0019), and only
+    // the restart is measured.
+    let first_spread = restart.filter(|_| cluster).unwrap_or_default();
     let started = Instant::now();
     let tasks: Vec<_> = logins
         .into_iter()
         .map(|login| {
             let (url, retries) = (url.clone(), retries.clone());
             tokio::spawn(async move {
+                tokio::time::sleep(agent_core::backoff::within(first_spread)).await;
                 let mut backoff = Backoff::new(RECONNECT_INITIAL, Duration::from_secs(60));
                 let deadline = Instant::now() + Duration::from_secs(600);
                 loop {
@@ -170,17 +256,16 @@ pub async fn measure(
     }
     let mut connected = started.elapsed();
     let mut retries = retries.load(Ordering::Relaxed);
-    let mut before = before;
     if restart.is_some() {
         load_before = procstat::load_average().unwrap_or(f64::NAN);
         let killed = Instant::now();
-        server = restart_server(server, dir.path(), port, &config)?;
-        before = procstat::usage(server.0.id()).context("the server's usage")?;
-        let attempts = all_in_again(dir.path(), devices).await?;
+        servers.restart()?;
+        before = servers.cpu()?;
+        let attempts = all_in_again(&servers, devices).await?;
         connected = killed.elapsed();
         retries = attempts.saturating_sub(devices);
     }
-    let after = procstat::usage(server.0.id()).context("the server's usage")?;
+    let after = servers.cpu()?;
     let load_after = procstat::load_average().unwrap_or(f64::NAN);
     // Closed before the next run, which needs the file descriptors.
     let closing: Vec<_> = clients
@@ -190,47 +275,42 @@ pub async fn measure(
     for closed in closing {
         let _ = closed.await;
     }
-    drop(server);
+    drop(servers);
     Ok(ConnectFigures {
         devices,
         connected,
-        server_cpu_per_device: after.cpu.saturating_sub(before.cpu) / devices.max(1) as u32,
+        server_cpu_per_device: after.saturating_sub(before) / devices.max(1) as u32,
         retries,
         load: (load_before, load_after),
     })
 }
 
-/// Kills `server` as a crash would (SIGKILL) and starts it again on the
-/// same port, configuration and store.
-fn restart_server(server: Process, dir: &Path, port: u16, config: &str) -> Result<Process> {
-    let mut old = server;
-    let _ = old.0.kill();
-    let _ = old.0.wait();
-    // Its handle's own drop would signal a process already gone.
-    std::mem::forget(old);
-    Ok(start_nats_with(dir, port, config)?.0)
-}
-
-/// Waits until the restarted server in `dir` holds `devices` clients;
-/// returns the connections it accepted in all (`/varz`
+/// Waits until the restarted servers hold `devices` clients between them;
+/// returns the connections they accepted in all (`/varz`
 /// `total_connections`), attempts that failed included.
-async fn all_in_again(dir: &Path, devices: usize) -> Result<usize> {
-    let monitor = nats_endpoint(dir, MONITOR_KEY)?;
+async fn all_in_again(servers: &Servers, devices: usize) -> Result<usize> {
+    let monitors = servers
+        .nodes
+        .iter()
+        .map(|(_, dir, _)| nats_endpoint(dir, MONITOR_KEY))
+        .collect::<Result<Vec<_>>>()?;
     let http = crate::harness::http_builder().build()?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let varz: serde_json::Value = match http.get(format!("{monitor}/varz")).send().await {
-            Ok(answer) => answer.json().await.unwrap_or_default(),
-            Err(_) => serde_json::Value::Null,
-        };
-        if varz["connections"].as_u64().unwrap_or(0) >= devices as u64 {
-            return Ok(varz["total_connections"].as_u64().unwrap_or(0) as usize);
+        let (mut connections, mut total) = (0, 0);
+        for monitor in &monitors {
+            let varz: serde_json::Value = match http.get(format!("{monitor}/varz")).send().await {
+                Ok(answer) => answer.json().await.unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            };
+            connections += varz["connections"].as_u64().unwrap_or(0);
+            total += varz["total_connections"].as_u64().unwrap_or(0);
+        }
+        if connections >= devices as u64 {
+            return Ok(total as usize);
         }
         if Instant::now() > deadline {
-            bail!(
-                "{} of {devices} in again after ten minutes",
-                varz["connections"]
-            );
+            bail!("{connections} of {devices} in again after ten minutes");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

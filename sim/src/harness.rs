@@ -110,7 +110,18 @@ fn spawn_nats(dir: &Path, config: &str, port: u16) -> Result<Process> {
         free_port()?
     );
     std::fs::write(&path, config)?;
-    let log = std::fs::File::create(dir.join("nats.log"))?;
+    respawn_nats(dir, port)
+}
+
+/// Starts nats-server again from the configuration [`spawn_nats`] wrote
+/// in `dir` (the same port, store and endpoints), its log appended to,
+/// and waits until it listens on `port`.
+pub(crate) fn respawn_nats(dir: &Path, port: u16) -> Result<Process> {
+    let path = dir.join("nats.conf");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("nats.log"))?;
     let binary = std::env::var_os("DROVER_NATS_SERVER").unwrap_or_else(|| "nats-server".into());
     let child = Command::new(binary)
         .arg("-c")

@@ -104,6 +104,10 @@ struct NatsConnectArgs {
     /// no window, as before decision 0020.
     #[arg(long, default_value_t = transport_nats::spread::DEFAULT_LOGINS_PER_SECOND)]
     logins_per_second: u32,
+    /// Three nodes as one cluster (devices given all three, by JWT); with
+    /// --restart all three are killed and started again.
+    #[arg(long)]
+    cluster: bool,
 }
 
 #[derive(Args)]
@@ -473,7 +477,7 @@ async fn nats_connect_cmd(args: NatsConnectArgs) -> Result<()> {
         for auth in &args.auth {
             let mut runs = Vec::new();
             for run in 1..=args.runs.max(1) {
-                match measure(*size, *auth, restart).await {
+                match measure(*size, *auth, restart, args.cluster).await {
                     Ok(one) => {
                         eprintln!("run {run}: {auth:?} {one:?}");
                         runs.push(one);
