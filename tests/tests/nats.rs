@@ -35,6 +35,21 @@ fn nats_config(dir: &Path, devices: &[&str]) -> String {
     ControlPlane::drover_in(dir, &args)
 }
 
+/// `serve`'s arguments for the nats-server at `url`, logging in as the
+/// control plane's user.
+fn cp_nats_args(url: &str) -> Vec<String> {
+    [
+        "--nats-url",
+        url,
+        "--nats-user",
+        CP_USER,
+        "--nats-password",
+        CP_PASSWORD,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlPlane) {
     let dir = ControlPlane::prepare();
     let mut config = nats_config(dir.path(), devices);
@@ -51,14 +66,7 @@ fn fleet(devices: &[&str], tls: Option<(&Path, &Path)>) -> (NatsServer, ControlP
     } else {
         nats.url()
     };
-    let mut extra = vec![
-        "--nats-url".to_owned(),
-        url,
-        "--nats-user".into(),
-        CP_USER.into(),
-        "--nats-password".into(),
-        CP_PASSWORD.into(),
-    ];
+    let mut extra = cp_nats_args(&url);
     if let Some((cert, _)) = tls {
         extra.push("--nats-ca".into());
         extra.push(cert.display().to_string());
@@ -75,16 +83,9 @@ fn two_replicas(devices: &[&str]) -> (NatsServer, ControlPlane, ControlPlane) {
     let dir = ControlPlane::prepare();
     let nats = NatsServer::start(&nats_config(dir.path(), devices));
     let url = nats.url();
-    let serve_args = [
-        "--store",
-        "nats",
-        "--nats-url",
-        &url,
-        "--nats-user",
-        CP_USER,
-        "--nats-password",
-        CP_PASSWORD,
-    ];
+    let mut serve_args = vec!["--store".to_owned(), "nats".into()];
+    serve_args.extend(cp_nats_args(&url));
+    let serve_args: Vec<&str> = serve_args.iter().map(String::as_str).collect();
     let dir_b = ControlPlane::prepare_replica(dir.path());
     let first = ControlPlane::start_in(dir, &serve_args);
     let second = ControlPlane::start_in(dir_b, &serve_args);
@@ -437,21 +438,13 @@ async fn an_agent_takes_the_reconnect_window_its_control_plane_names() {
     let dir = ControlPlane::prepare();
     let mut nats = NatsServer::start(&nats_config(dir.path(), &["wide-1"]));
     let url = nats.url();
-    let serve = |rate: &'static str| {
-        [
-            "--nats-url",
-            &url,
-            "--nats-user",
-            CP_USER,
-            "--nats-password",
-            CP_PASSWORD,
-            "--nats-logins-per-second",
-            rate,
-        ]
-        .map(str::to_owned)
+    let serve = |rate: &str| {
+        let mut args = cp_nats_args(&url);
+        args.extend(["--nats-logins-per-second".to_owned(), rate.to_owned()]);
+        args
     };
     let args = serve("1");
-    let mut cp = ControlPlane::start_in(dir, &args.each_ref().map(String::as_str));
+    let mut cp = ControlPlane::start_in(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     cp.apply_device("wide-1", &["fleet"], json!({})).await;
     let agent = nats_agent(&cp, &url, "wide-1", None, "");
     cp.wait_for_agents(&["wide-1"]).await;
@@ -462,7 +455,7 @@ async fn an_agent_takes_the_reconnect_window_its_control_plane_names() {
     .await;
 
     let args = serve("0");
-    cp.restart_with(&args.each_ref().map(String::as_str));
+    cp.restart_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
     nats.restart();
     eventually(
         Duration::from_secs(30),
