@@ -333,6 +333,8 @@ async fn upload_into(
             ));
         }
         if let Err(used) = reservation.grow(chunk.len() as u64, limits.quota) {
+            drop((file, tmp, reservation));
+            drain_refused(&mut stream, size, limits.stall).await;
             return Err(ApiError(
                 StatusCode::INSUFFICIENT_STORAGE,
                 format!(
@@ -393,6 +395,24 @@ async fn upload_into(
             Box::pin(upload_check(db, record)).await
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads and drops the rest of a refused upload before it is answered.
+/// A server that closes a connection with bytes still unread resets it, and
+/// a client cut off while it is still sending reports a broken pipe instead
+/// of the refusal. Bounded as an upload is: [`MAX_UPLOAD_BYTES`] in all,
+/// and no more than the stall timeout between two chunks.
+async fn drain_refused(
+    stream: &mut axum::body::BodyDataStream,
+    mut size: u64,
+    stall: std::time::Duration,
+) {
+    while size <= MAX_UPLOAD_BYTES {
+        match tokio::time::timeout(stall, stream.next()).await {
+            Ok(Some(Ok(chunk))) => size += chunk.len() as u64,
+            _ => return,
+        }
     }
 }
 

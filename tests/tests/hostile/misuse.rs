@@ -433,6 +433,62 @@ fn uploads_at_once_share_one_quota_and_name_no_path<'a>(
     })
 }
 
+/// An upload refused for the quota part-way through is read to its end
+/// before it is answered, so a client that sends its whole body before it
+/// reads (as curl does) reads the 507, not a reset connection: a server
+/// that closes with the body unread resets the connection, and the client
+/// then fails on its next write with a broken pipe (the flaky failure of
+/// the row above). Positive control: the refusal gave back the quota it
+/// held, so a small package is stored after it.
+fn a_refused_upload_is_read_to_its_end_before_the_answer<'a>(
+    cp: &'a ControlPlane,
+    people: &'a People,
+) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
+    Box::pin(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = cp.api.trim_start_matches("http://");
+        let mut socket = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect to the API");
+        // Past the quota by more than any socket buffer holds.
+        let chunk = vec![0u8; 1 << 20];
+        let chunks = QUOTA_MIB + 32;
+        let head = format!(
+            "POST /api/v1/packages HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/vnd.debian.binary-package\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            people.operator,
+            chunks * chunk.len()
+        );
+        socket.write_all(head.as_bytes()).await.expect("headers");
+        for sent in 0..chunks {
+            if let Err(e) = socket.write_all(&chunk).await {
+                panic!("the control plane cut the upload off after {sent} MiB unread: {e}");
+            }
+        }
+        let mut answer = Vec::new();
+        socket
+            .read_to_end(&mut answer)
+            .await
+            .expect("the answer after the whole body");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 507"), "{answer}");
+        assert!(answer.contains("the package store is full"), "{answer}");
+        let (status, text) = send(
+            cp,
+            Some(&people.operator),
+            "POST",
+            "/api/v1/packages",
+            handmade_deb(&[(
+                "./control",
+                b"Package: small\nVersion: 1.0\nArchitecture: all\nMaintainer: T <t@t.invalid>\nDescription: d\n",
+            )]),
+        )
+        .await;
+        assert_eq!(status, 201, "the refused upload held no quota: {text}");
+    })
+}
+
 /// A finished assessment the agent ran on its own, as device `device`
 /// reports it: `pending` packages and the running kernel `kernel`.
 fn own_assessment(device: &str, job: &str, pending: usize, kernel: &str, finished: &str) -> Value {
@@ -644,6 +700,10 @@ const ROWS: &[(&str, Row)] = &[
     (
         "uploads at once share one quota and name no path",
         uploads_at_once_share_one_quota_and_name_no_path,
+    ),
+    (
+        "a refused upload is read to its end before the answer",
+        a_refused_upload_is_read_to_its_end_before_the_answer,
     ),
     (
         "an assessment beyond the bounds is not kept",
