@@ -7,6 +7,7 @@
 //! connection, as the real outbox does. The end-to-end tests use it at small
 //! N; [`bench`] drives it at fleet scale.
 
+pub mod acceptance;
 pub mod bench;
 pub mod bench_fleet;
 pub(crate) mod bench_usage;
