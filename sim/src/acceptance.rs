@@ -21,11 +21,14 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// the job, and when the agent's acceptance reached it. Both are the control
 /// plane's clock, so the figure is the whole round trip: store commit,
 /// delivery over the transport, the agent's durable record, its answer.
-pub(crate) async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f64, f64, usize)>> {
+/// The agent's own stamp of its acceptance (the same machine's clock) splits
+/// it in two: the way out, and the way back.
+pub(crate) async fn accept_latency(api: &Api, count: usize) -> Result<Option<Acceptance>> {
     if count == 0 {
         return Ok(None);
     }
     let mut samples = Vec::with_capacity(count);
+    let (mut out, mut back) = (Vec::new(), Vec::new());
     for n in 0..count {
         let name = format!("latency-{n}");
         api.post(
@@ -37,7 +40,7 @@ pub(crate) async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f6
         )
         .await?;
         let started = Instant::now();
-        let (created, acked) = loop {
+        let (created, acked, agent) = loop {
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("{name}: the agent did not accept its job within 60 s");
             }
@@ -47,19 +50,43 @@ pub(crate) async fn accept_latency(api: &Api, count: usize) -> Result<Option<(f6
                 item["createdAt"].as_str(),
                 item["delivery"]["acked"]["at"].as_str(),
             ) {
+                let agent = item["status"]["acceptedAt"].as_str();
                 break (
                     created.parse::<jiff::Timestamp>()?,
                     acked.parse::<jiff::Timestamp>()?,
+                    agent.and_then(|a| a.parse::<jiff::Timestamp>().ok()),
                 );
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        samples.push(acked.duration_since(created).as_secs_f64() * 1000.0);
+        let ms = |from: jiff::Timestamp, to: jiff::Timestamp| {
+            to.duration_since(from).as_secs_f64() * 1000.0
+        };
+        samples.push(ms(created, acked));
+        if let Some(agent) = agent {
+            out.push(ms(created, agent));
+            back.push(ms(agent, acked));
+        }
     }
-    samples.sort_by(f64::total_cmp);
-    Ok(Some((
-        percentile(&samples, 0.5),
-        percentile(&samples, 0.99),
-        samples.len(),
-    )))
+    let p50_p99 = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (percentile(&values, 0.5), percentile(&values, 0.99))
+    };
+    Ok(Some(Acceptance {
+        jobs: samples.len(),
+        total: p50_p99(samples),
+        out: p50_p99(out),
+        back: p50_p99(back),
+    }))
+}
+
+/// Intent → accepted (p50, p99 in ms), and its two halves: made → the
+/// agent's stamp of its acceptance, and that stamp → accepted (of the
+/// samples whose target showed the agent's status when read).
+#[derive(Debug, Clone, Copy)]
+pub struct Acceptance {
+    pub jobs: usize,
+    pub total: (f64, f64),
+    pub out: (f64, f64),
+    pub back: (f64, f64),
 }

@@ -6,7 +6,7 @@
 //! runs in simulate mode (`apt-get -s`, changes nothing on this machine).
 //! It prints figures; it asserts nothing.
 
-use crate::acceptance::accept_latency;
+use crate::acceptance::{Acceptance, accept_latency};
 use crate::harness::{self, Api, Process, Transport};
 use crate::procstat::{self, Memory};
 use anyhow::{Context, Result, bail};
@@ -49,8 +49,8 @@ pub struct AgentFigures {
     pub written_per_assessment: u64,
     pub own_written_per_assessment: u64,
     pub seconds_per_assessment: f64,
-    /// Intent → accepted at the control plane: (p50, p99, jobs), in ms.
-    pub accept_ms: Option<(f64, f64, usize)>,
+    /// Intent → accepted at the control plane, in ms.
+    pub accept_ms: Option<Acceptance>,
     /// Peak resident set over the idle period and the upgrade jobs.
     pub peak_rss_kib: u64,
     /// Peak resident set once the acceptance jobs (inventory refreshes,
@@ -495,9 +495,20 @@ pub fn print(agents: &[AgentFigures], mender: Option<&MenderFigures>, sizes: &[(
             kib(a.written_per_assessment),
             a.seconds_per_assessment
         );
-        if let Some((p50, p99, n)) = a.accept_ms {
+        if let Some(Acceptance {
+            jobs,
+            total,
+            out,
+            back,
+        }) = a.accept_ms
+        {
             println!(
-                "| intent → accepted at the control plane, {t}, {n} jobs | p50 {p50:.1} ms, p99 {p99:.1} ms | – | p99 ≤ 20 ms |"
+                "| intent → accepted at the control plane, {t}, {jobs} jobs | p50 {:.1} ms, p99 {:.1} ms | – | p99 ≤ 20 ms |",
+                total.0, total.1
+            );
+            println!(
+                "| of it: made → the agent's acceptance / → accepted at the control plane, {t} | p50 {:.1} / {:.1} ms, p99 {:.1} / {:.1} ms | – | |",
+                out.0, back.0, out.1, back.1
             );
         }
     }
