@@ -11,11 +11,14 @@ use drover_tests::{
 };
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// chromedriver on a free port, stopped when dropped.
+/// chromedriver on a free port, stopped when dropped with the browsers it
+/// started: they are in its process group, and outlive a killed
+/// chromedriver otherwise (a test that panics never closes its browser).
 struct Driver {
     child: Child,
     url: String,
@@ -25,6 +28,7 @@ impl Driver {
     async fn start() -> Self {
         let port = free_port();
         let child = Command::new("chromedriver")
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -65,7 +69,8 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.wait();
     }
 }
@@ -1400,6 +1405,7 @@ async fn the_dashboard_shows_who_you_are_and_only_what_your_role_may_do() {
         |t| t == "Resume",
     )
     .await;
+    browser.close().await.expect("close");
 }
 
 /// Issue 53, findings 12 and 16. A device's own assessment names a pending
@@ -1558,4 +1564,5 @@ async fn the_fleet_page_lists_devices_waiting_to_join_and_an_admin_accepts_one()
         .unwrap_or_default();
     assert_eq!(accepted["via"], "dashboard", "{accepted}");
     assert_eq!(accepted["outcome"], "applied", "{accepted}");
+    browser.close().await.expect("close");
 }
